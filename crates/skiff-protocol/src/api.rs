@@ -1,0 +1,195 @@
+//! JSON payloads of the client API (`/v1/...`), shared by the gateway and the CLI.
+
+use crate::ids::{RunId, SessionId};
+use crate::transcript::TranscriptEntry;
+use serde::{Deserialize, Serialize};
+
+/// Status of a run. Terminal: succeeded, failed, cancelled, timed_out, orphaned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunStatus {
+    Queued,
+    Starting,
+    Running,
+    WaitingInput,
+    WaitingApproval,
+    Cancelling,
+    Succeeded,
+    Failed,
+    Cancelled,
+    TimedOut,
+    Orphaned,
+}
+
+impl RunStatus {
+    pub const ALL: [RunStatus; 11] = [
+        RunStatus::Queued,
+        RunStatus::Starting,
+        RunStatus::Running,
+        RunStatus::WaitingInput,
+        RunStatus::WaitingApproval,
+        RunStatus::Cancelling,
+        RunStatus::Succeeded,
+        RunStatus::Failed,
+        RunStatus::Cancelled,
+        RunStatus::TimedOut,
+        RunStatus::Orphaned,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunStatus::Queued => "queued",
+            RunStatus::Starting => "starting",
+            RunStatus::Running => "running",
+            RunStatus::WaitingInput => "waiting_input",
+            RunStatus::WaitingApproval => "waiting_approval",
+            RunStatus::Cancelling => "cancelling",
+            RunStatus::Succeeded => "succeeded",
+            RunStatus::Failed => "failed",
+            RunStatus::Cancelled => "cancelled",
+            RunStatus::TimedOut => "timed_out",
+            RunStatus::Orphaned => "orphaned",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|st| st.as_str() == s)
+    }
+
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            RunStatus::Succeeded
+                | RunStatus::Failed
+                | RunStatus::Cancelled
+                | RunStatus::TimedOut
+                | RunStatus::Orphaned
+        )
+    }
+}
+
+impl std::fmt::Display for RunStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// `POST /v1/sessions`
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSessionRequest {
+    pub prompt: String,
+    /// Absolute path of a git repository or plain directory on the gateway host.
+    pub workspace: String,
+    /// `provider/model-id`; the configured default when absent.
+    #[serde(default)]
+    pub model: Option<String>,
+}
+
+/// `POST /v1/sessions/{id}/messages`
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SendMessageRequest {
+    pub prompt: String,
+}
+
+/// How a session's workspace is held.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum WorkspaceView {
+    /// A managed worktree of the user's repository, on its own branch.
+    Git {
+        source: String,
+        path: String,
+        branch: String,
+        base_commit: String,
+    },
+    /// A gateway-owned copy of a plain directory.
+    Plain { source: String, path: String },
+}
+
+impl WorkspaceView {
+    pub fn path(&self) -> &str {
+        match self {
+            WorkspaceView::Git { path, .. } | WorkspaceView::Plain { path, .. } => path,
+        }
+    }
+}
+
+/// The model a session uses, labelled so that a scripted stand-in is never mistaken for a
+/// real model.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelView {
+    #[serde(rename = "ref")]
+    pub model_ref: String,
+    pub scripted: bool,
+    /// What to show a person: `anthropic/claude-sonnet-4-5`, or `scripted/demo (scripted)`.
+    pub label: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunView {
+    pub id: RunId,
+    pub session_id: SessionId,
+    pub status: RunStatus,
+    pub model: String,
+    #[serde(default)]
+    pub error: Option<String>,
+    pub created_at_ms: i64,
+    #[serde(default)]
+    pub finished_at_ms: Option<i64>,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionView {
+    pub id: SessionId,
+    pub title: String,
+    pub workspace: WorkspaceView,
+    pub model: ModelView,
+    /// `local` until workers exist.
+    pub placement: String,
+    pub created_at_ms: i64,
+    pub updated_at_ms: i64,
+    /// The newest run, if any.
+    #[serde(default)]
+    pub last_run: Option<RunView>,
+}
+
+/// `POST /v1/sessions` and `POST /v1/sessions/{id}/messages` answer with the session and the
+/// run they started.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunStarted {
+    pub session: SessionView,
+    pub run: RunView,
+}
+
+/// `GET /v1/sessions/{id}`
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionDetail {
+    pub session: SessionView,
+    pub runs: Vec<RunView>,
+    /// The transcript from the root to the leaf.
+    pub transcript: Vec<TranscriptEntry>,
+}
+
+/// `GET /v1/sessions`
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionList {
+    pub sessions: Vec<SessionView>,
+}
+
+/// Every error answer of the API. `code` is a stable string scripts may match on.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApiError {
+    pub code: String,
+    pub message: String,
+}

@@ -1,0 +1,14 @@
+//! Types that cross a process boundary: ids, API payloads, live events, transcript entries and
+//! the normalized model conversation.
+//!
+//! This crate is serde types only. It deliberately has no tokio, no I/O and no behaviour beyond
+//! small pure helpers, so that every process (gateway, CLI, later the worker) can share it
+//! without pulling in each other's machinery.
+
+pub mod api;
+pub mod event;
+pub mod ids;
+pub mod model;
+pub mod transcript;
+
+pub use ids::{AttemptId, EntryId, RunId, SessionId};

@@ -1,0 +1,171 @@
+//! The normalized model conversation: what the agent loop sends to a model and the events it
+//! gets back, independent of any provider's wire format.
+//!
+//! These cross a process boundary once workers exist (the worker sends a [`ModelRequest`] to the
+//! gateway's inference proxy), which is why they live here.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// A model reference, `provider/model-id` (for example `anthropic/claude-sonnet-4-5`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct ModelRef(String);
+
+impl ModelRef {
+    /// Parses `provider/model-id`; both halves must be non-empty.
+    pub fn parse(s: &str) -> Option<Self> {
+        let (provider, model) = s.split_once('/')?;
+        let ok = !provider.is_empty()
+            && !model.is_empty()
+            && !s.chars().any(|c| c.is_whitespace() || c.is_control());
+        ok.then(|| Self(s.to_owned()))
+    }
+
+    pub fn provider(&self) -> &str {
+        self.0.split_once('/').map_or("", |(p, _)| p)
+    }
+
+    pub fn model_id(&self) -> &str {
+        self.0.split_once('/').map_or("", |(_, m)| m)
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for ModelRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A tool the model may call, with the JSON schema of its arguments.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolSpec {
+    pub name: String,
+    pub description: String,
+    pub parameters: Value,
+}
+
+/// A tool call as the model made it. `arguments` is the parsed JSON when the model produced
+/// valid JSON, else the raw text as a JSON string (the tool then reports the error).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolCall {
+    pub id: String,
+    pub name: String,
+    pub arguments: Value,
+}
+
+/// One message of the model context.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "role", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Message {
+    User {
+        text: String,
+    },
+    Assistant {
+        text: String,
+        tool_calls: Vec<ToolCall>,
+    },
+    ToolResult {
+        call_id: String,
+        name: String,
+        content: String,
+        is_error: bool,
+    },
+}
+
+/// Everything a provider request is built from. The request body is a pure function of this
+/// value: the same request gives byte-identical bodies, whichever process builds it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelRequest {
+    pub model: ModelRef,
+    pub system: String,
+    pub messages: Vec<Message>,
+    pub tools: Vec<ToolSpec>,
+    pub max_output_tokens: u32,
+}
+
+/// Token usage of one model response.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Usage {
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+}
+
+/// Why the model stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StopReason {
+    EndTurn,
+    ToolUse,
+    MaxTokens,
+    Cancelled,
+    Other,
+}
+
+/// What went wrong with a model call, coarse enough for callers to decide on retries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ModelErrorKind {
+    /// The provider could not be reached, or the connection dropped mid-response.
+    Connection,
+    /// The provider answered 429 and retrying did not help (or would wait too long).
+    RateLimited,
+    /// The provider rejected the request (4xx other than 429).
+    Rejected,
+    /// The provider failed (5xx).
+    ProviderFailed,
+    /// The response did not follow the provider's wire format.
+    MalformedResponse,
+    /// The gateway's own configuration is incomplete (missing key, unknown model).
+    Configuration,
+    /// The provider sent nothing for too long.
+    Timeout,
+}
+
+/// The normalized stream every adapter produces. A stream ends with exactly one `Done` or one
+/// `Error`; nothing follows either.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ModelEvent {
+    TextDelta {
+        text: String,
+    },
+    /// A complete tool call (argument fragments are assembled by the adapter).
+    ToolCall {
+        call: ToolCall,
+    },
+    Usage {
+        usage: Usage,
+    },
+    Done {
+        stop_reason: StopReason,
+    },
+    Error {
+        kind: ModelErrorKind,
+        message: String,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn model_ref_needs_both_halves() {
+        let r = ModelRef::parse("anthropic/claude-sonnet-4-5").unwrap();
+        assert_eq!(r.provider(), "anthropic");
+        assert_eq!(r.model_id(), "claude-sonnet-4-5");
+        assert!(ModelRef::parse("gpt-4o").is_none());
+        assert!(ModelRef::parse("/x").is_none());
+        assert!(ModelRef::parse("x/").is_none());
+        assert!(ModelRef::parse("a/b c").is_none());
+    }
+}

@@ -1,0 +1,61 @@
+//! The transcript: a tree of entries with a leaf pointer per session. The gateway assigns ids
+//! and parent ids; writers submit [`EntryBody`] values only.
+
+use crate::ids::{EntryId, RunId};
+use crate::model::{ToolCall, Usage};
+use serde::{Deserialize, Serialize};
+
+/// The semantic content of an entry; what a writer submits.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum EntryBody {
+    UserMessage {
+        text: String,
+    },
+    AssistantMessage {
+        text: String,
+        tool_calls: Vec<ToolCall>,
+        model: String,
+        usage: Usage,
+        stop_reason: crate::model::StopReason,
+    },
+    ToolResult {
+        call_id: String,
+        name: String,
+        content: String,
+        is_error: bool,
+    },
+    /// Something the user should know that is not part of the model context (an error, a
+    /// cancellation, lost work).
+    Notice {
+        text: String,
+    },
+    /// A summary that replaces everything before it in the model context.
+    Compaction {
+        summary: String,
+    },
+}
+
+impl EntryBody {
+    /// The stable name of this entry's kind, as stored.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            EntryBody::UserMessage { .. } => "user_message",
+            EntryBody::AssistantMessage { .. } => "assistant_message",
+            EntryBody::ToolResult { .. } => "tool_result",
+            EntryBody::Notice { .. } => "notice",
+            EntryBody::Compaction { .. } => "compaction",
+        }
+    }
+}
+
+/// A committed entry.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TranscriptEntry {
+    pub id: EntryId,
+    pub parent_id: Option<EntryId>,
+    pub run_id: Option<RunId>,
+    pub created_at_ms: i64,
+    pub body: EntryBody,
+}
