@@ -1,0 +1,53 @@
+//! The agent loop and its tools.
+//!
+//! The loop is generic over a [`ModelClient`] (where model calls go) and a [`SessionBackend`]
+//! (where transcript commits and live events are written). It deliberately knows nothing of
+//! SQL, HTTP or SSH: the gateway runs it with a store-backed backend, and a worker will run the
+//! very same code with a backend made of gateway RPCs.
+
+mod context;
+pub mod tools;
+mod turn;
+
+pub use turn::{AgentConfig, TurnOutcome, run_turn};
+
+use futures_util::stream::BoxStream;
+use skiff_protocol::EntryId;
+use skiff_protocol::event::EventKind;
+use skiff_protocol::model::{ModelEvent, ModelRequest};
+use skiff_protocol::transcript::{EntryBody, TranscriptEntry};
+use std::future::Future;
+use tokio_util::sync::CancellationToken;
+
+/// Where model calls go. The stream ends with exactly one `Done` or `Error`; when `cancel`
+/// fires it ends promptly with `Done { stop_reason: Cancelled }`.
+pub trait ModelClient: Send + Sync {
+    fn stream(
+        &self,
+        request: ModelRequest,
+        cancel: CancellationToken,
+    ) -> BoxStream<'static, ModelEvent>;
+}
+
+/// A backend failure the loop cannot work around (the run fails with this message).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct BackendError(pub String);
+
+/// Where the transcript lives and live events go, for one session and one run.
+pub trait SessionBackend: Send + Sync {
+    /// The transcript from the root to the current leaf.
+    fn transcript(&self)
+    -> impl Future<Output = Result<Vec<TranscriptEntry>, BackendError>> + Send;
+
+    /// Appends entries under `base_leaf` (compare-and-swap) and returns them with the ids the
+    /// backend assigned.
+    fn commit(
+        &self,
+        base_leaf: Option<EntryId>,
+        bodies: Vec<EntryBody>,
+    ) -> impl Future<Output = Result<Vec<TranscriptEntry>, BackendError>> + Send;
+
+    /// Publishes a live event. Delivery problems are the backend's to handle.
+    fn publish(&self, event: EventKind) -> impl Future<Output = ()> + Send;
+}

@@ -1,0 +1,221 @@
+//! The tools the model can call. Each tool parses its JSON arguments into a typed struct
+//! (unknown or mistyped arguments are a tool error the model sees), and every file tool is
+//! contained to the workspace by [`paths::Workspace`].
+
+mod exec;
+mod files;
+mod paths;
+mod search;
+
+pub use paths::Workspace;
+
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+use skiff_protocol::model::{ToolCall, ToolSpec};
+use std::path::PathBuf;
+use tokio_util::sync::CancellationToken;
+
+/// The most text a single tool result may carry into the model context.
+pub const MAX_RESULT_BYTES: usize = 64 * 1024;
+
+/// A tool's answer. Errors are answers too: the model reads them and can recover.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ToolOutput {
+    pub content: String,
+    pub is_error: bool,
+}
+
+impl ToolOutput {
+    pub fn ok(content: impl Into<String>) -> Self {
+        Self {
+            content: content.into(),
+            is_error: false,
+        }
+    }
+
+    pub fn error(content: impl Into<String>) -> Self {
+        Self {
+            content: content.into(),
+            is_error: true,
+        }
+    }
+}
+
+/// The tool set of one workspace.
+#[derive(Clone, Debug)]
+pub struct Tools {
+    workspace: Workspace,
+    exec_env: Vec<(String, String)>,
+}
+
+impl Tools {
+    /// Tools working in `root`; `exec_env` is added to the clean environment of `exec`.
+    pub fn new(root: PathBuf, exec_env: Vec<(String, String)>) -> std::io::Result<Self> {
+        Ok(Self {
+            workspace: Workspace::new(root)?,
+            exec_env,
+        })
+    }
+
+    pub fn workspace(&self) -> &Workspace {
+        &self.workspace
+    }
+
+    /// The JSON schemas the model sees, in a fixed order (request bodies must be stable).
+    pub fn specs(&self) -> Vec<ToolSpec> {
+        specs()
+    }
+
+    /// Runs one call. Never panics and never fails the loop: every problem becomes an error
+    /// result.
+    pub async fn call(&self, call: &ToolCall, cancel: &CancellationToken) -> ToolOutput {
+        let ws = self.workspace.clone();
+        let args = &call.arguments;
+        let out = match call.name.as_str() {
+            "read" => blocking(parse(call, args), move |a| files::read(&ws, a)).await,
+            "write" => blocking(parse(call, args), move |a| files::write(&ws, a)).await,
+            "edit" => blocking(parse(call, args), move |a| files::edit(&ws, a)).await,
+            "ls" => blocking(parse(call, args), move |a| files::ls(&ws, a)).await,
+            "find" => blocking(parse(call, args), move |a| search::find(&ws, a)).await,
+            "grep" => blocking(parse(call, args), move |a| search::grep(&ws, a)).await,
+            "exec" => match parse(call, args) {
+                Ok(a) => exec::exec(&self.workspace, &self.exec_env, a, cancel).await,
+                Err(e) => Err(e),
+            },
+            other => Err(format!(
+                "unknown tool `{other}`; available tools: read, write, edit, ls, find, grep, exec"
+            )),
+        };
+        match out {
+            Ok(text) => ToolOutput::ok(text),
+            Err(text) => ToolOutput::error(text),
+        }
+    }
+}
+
+fn parse<T: DeserializeOwned>(call: &ToolCall, args: &Value) -> Result<T, String> {
+    if let Value::String(raw) = args {
+        return Err(format!(
+            "arguments for `{}` are not a JSON object: {raw}",
+            call.name
+        ));
+    }
+    serde_json::from_value(args.clone())
+        .map_err(|e| format!("invalid arguments for `{}`: {e}", call.name))
+}
+
+async fn blocking<A: Send + 'static>(
+    args: Result<A, String>,
+    f: impl FnOnce(A) -> Result<String, String> + Send + 'static,
+) -> Result<String, String> {
+    let args = args?;
+    tokio::task::spawn_blocking(move || f(args))
+        .await
+        .map_err(|e| format!("the tool crashed: {e}"))?
+}
+
+/// The main argument of a call, for one-line display (`read src/lib.rs`).
+pub fn summary(call: &ToolCall) -> String {
+    let key = match call.name.as_str() {
+        "find" | "grep" => "pattern",
+        "exec" => "command",
+        _ => "path",
+    };
+    let text = call
+        .arguments
+        .get(key)
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    let line = text.lines().next().unwrap_or("");
+    if line.chars().count() > 120 {
+        format!("{}…", line.chars().take(119).collect::<String>())
+    } else {
+        line.to_owned()
+    }
+}
+
+/// Cuts `text` to [`MAX_RESULT_BYTES`] on a character boundary, saying so visibly.
+pub(crate) fn cap(mut text: String, hint: &str) -> String {
+    if text.len() <= MAX_RESULT_BYTES {
+        return text;
+    }
+    let mut end = MAX_RESULT_BYTES;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    let dropped = text.len() - end;
+    text.truncate(end);
+    text.push_str(&format!("\n[… {dropped} more bytes not shown; {hint} …]"));
+    text
+}
+
+fn specs() -> Vec<ToolSpec> {
+    let spec = |name: &str, description: &str, parameters: Value| ToolSpec {
+        name: name.to_owned(),
+        description: description.to_owned(),
+        parameters,
+    };
+    vec![
+        spec(
+            "read",
+            "Read a text file of the workspace. Returns numbered lines. Use offset (1-based line) and limit (number of lines) for large files.",
+            json!({"type": "object", "additionalProperties": false, "required": ["path"], "properties": {
+                "path": {"type": "string", "description": "Path relative to the workspace root"},
+                "offset": {"type": "integer", "minimum": 1, "description": "First line to read (1-based)"},
+                "limit": {"type": "integer", "minimum": 1, "description": "Maximum number of lines"}
+            }}),
+        ),
+        spec(
+            "write",
+            "Create or overwrite a file with the given content. Parent directories are created.",
+            json!({"type": "object", "additionalProperties": false, "required": ["path", "content"], "properties": {
+                "path": {"type": "string"},
+                "content": {"type": "string"}
+            }}),
+        ),
+        spec(
+            "edit",
+            "Replace exact text in a file. Each old_text must occur exactly once in the file and edits must not overlap; all edits apply together or none do.",
+            json!({"type": "object", "additionalProperties": false, "required": ["path", "edits"], "properties": {
+                "path": {"type": "string"},
+                "edits": {"type": "array", "minItems": 1, "items": {
+                    "type": "object", "additionalProperties": false, "required": ["old_text", "new_text"],
+                    "properties": {"old_text": {"type": "string"}, "new_text": {"type": "string"}}
+                }}
+            }}),
+        ),
+        spec(
+            "ls",
+            "List a directory of the workspace (the root when path is omitted). Directories end with /.",
+            json!({"type": "object", "additionalProperties": false, "properties": {
+                "path": {"type": "string"}
+            }}),
+        ),
+        spec(
+            "find",
+            "Find files whose workspace-relative path matches a glob (for example **/*.rs). Respects .gitignore.",
+            json!({"type": "object", "additionalProperties": false, "required": ["pattern"], "properties": {
+                "pattern": {"type": "string"},
+                "path": {"type": "string", "description": "Directory to search in"}
+            }}),
+        ),
+        spec(
+            "grep",
+            "Search file contents with a regular expression. Respects .gitignore. Returns path:line: text.",
+            json!({"type": "object", "additionalProperties": false, "required": ["pattern"], "properties": {
+                "pattern": {"type": "string"},
+                "path": {"type": "string", "description": "File or directory to search in"},
+                "glob": {"type": "string", "description": "Only search files matching this glob"},
+                "ignore_case": {"type": "boolean"}
+            }}),
+        ),
+        spec(
+            "exec",
+            "Run a shell command with bash -lc in the workspace root. Returns the exit code and the combined output (long output is truncated in the middle). The whole process group is killed on timeout.",
+            json!({"type": "object", "additionalProperties": false, "required": ["command"], "properties": {
+                "command": {"type": "string"},
+                "timeout_s": {"type": "integer", "minimum": 1, "maximum": 3600, "description": "Default 120"}
+            }}),
+        ),
+    ]
+}

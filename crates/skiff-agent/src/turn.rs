@@ -1,0 +1,256 @@
+//! One turn of the agent loop: ask the model, run the tools it calls, commit everything, until
+//! the model stops calling tools, the run is cancelled, or something fails.
+
+use crate::tools::Tools;
+use crate::{BackendError, ModelClient, SessionBackend, context};
+use futures_util::StreamExt;
+use skiff_protocol::EntryId;
+use skiff_protocol::event::EventKind;
+use skiff_protocol::model::{ModelEvent, ModelRef, ModelRequest, StopReason, ToolCall, Usage};
+use skiff_protocol::transcript::EntryBody;
+use std::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+/// What the loop needs besides its model and backend.
+#[derive(Clone, Debug)]
+pub struct AgentConfig {
+    pub model: ModelRef,
+    /// The label people see for the model (`scripted/demo (scripted)`).
+    pub model_label: String,
+    pub max_steps: usize,
+    pub max_output_tokens: u32,
+}
+
+/// How a turn ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TurnOutcome {
+    Completed,
+    Cancelled,
+    Failed(String),
+}
+
+// INVARIANT: the system prompt names no absolute path, host or placement, so the provider
+// request for a session is the same whether the loop runs on the gateway or on a worker
+// (prompt-cache affinity across placements).
+const SYSTEM_PROMPT: &str = "You are Skiff's coding agent. You work inside one workspace (a \
+directory, usually a git repository) through the tools you are given; every path is relative to \
+the workspace root. Read before you edit, keep changes focused, run the project's checks with \
+`exec` when they exist, and commit finished work with git when the user asks for it. When you \
+are done, reply with a short summary of what you changed.";
+
+/// Runs one turn. The user's message is already in the transcript.
+pub async fn run_turn<M: ModelClient, B: SessionBackend>(
+    model: &M,
+    backend: &B,
+    tools: &Tools,
+    config: &AgentConfig,
+    cancel: &CancellationToken,
+) -> TurnOutcome {
+    match drive(model, backend, tools, config, cancel).await {
+        Ok(outcome) => outcome,
+        Err(e) => TurnOutcome::Failed(e.0),
+    }
+}
+
+async fn drive<M: ModelClient, B: SessionBackend>(
+    model: &M,
+    backend: &B,
+    tools: &Tools,
+    config: &AgentConfig,
+    cancel: &CancellationToken,
+) -> Result<TurnOutcome, BackendError> {
+    let mut entries = backend.transcript().await?;
+    for _ in 0..config.max_steps {
+        let leaf = entries.last().map(|e| e.id.clone());
+        let request = ModelRequest {
+            model: config.model.clone(),
+            system: SYSTEM_PROMPT.to_owned(),
+            messages: context::messages(&entries),
+            tools: tools.specs(),
+            max_output_tokens: config.max_output_tokens,
+        };
+        backend
+            .publish(EventKind::ModelRequest {
+                model: config.model_label.clone(),
+            })
+            .await;
+        let reply = stream_reply(model, backend, request, cancel).await;
+
+        // An interrupted reply keeps its text but not its tool calls: they were never run, and
+        // a call without a result would make the next request invalid.
+        let interrupted = reply.error.is_some() || reply.stop_reason == StopReason::Cancelled;
+        let assistant = EntryBody::AssistantMessage {
+            text: reply.text.clone(),
+            tool_calls: if interrupted {
+                Vec::new()
+            } else {
+                reply.tool_calls.clone()
+            },
+            model: config.model_label.clone(),
+            usage: reply.usage,
+            stop_reason: reply.stop_reason,
+        };
+        if interrupted {
+            let mut bodies = Vec::new();
+            if !reply.text.is_empty() {
+                bodies.push(assistant);
+            }
+            let outcome = match reply.error {
+                Some(error) => {
+                    bodies.push(EntryBody::Notice {
+                        text: format!("The model call failed: {error}"),
+                    });
+                    TurnOutcome::Failed(format!("model call failed: {error}"))
+                }
+                None => {
+                    bodies.push(cancelled_notice());
+                    TurnOutcome::Cancelled
+                }
+            };
+            commit(backend, &mut entries, leaf, bodies).await?;
+            return Ok(outcome);
+        }
+        commit(backend, &mut entries, leaf, vec![assistant]).await?;
+        if reply.tool_calls.is_empty() {
+            return Ok(TurnOutcome::Completed);
+        }
+
+        let mut results = Vec::with_capacity(reply.tool_calls.len());
+        for call in &reply.tool_calls {
+            results.push(run_tool(backend, tools, call, cancel).await);
+        }
+        let cancelled = cancel.is_cancelled();
+        if cancelled {
+            results.push(cancelled_notice());
+        }
+        let leaf = entries.last().map(|e| e.id.clone());
+        commit(backend, &mut entries, leaf, results).await?;
+        if cancelled {
+            return Ok(TurnOutcome::Cancelled);
+        }
+    }
+    let text = format!(
+        "Stopped after {} model steps without finishing; send a message to continue.",
+        config.max_steps
+    );
+    let leaf = entries.last().map(|e| e.id.clone());
+    commit(
+        backend,
+        &mut entries,
+        leaf,
+        vec![EntryBody::Notice { text: text.clone() }],
+    )
+    .await?;
+    Ok(TurnOutcome::Failed(text))
+}
+
+fn cancelled_notice() -> EntryBody {
+    EntryBody::Notice {
+        text: "The run was cancelled.".to_owned(),
+    }
+}
+
+async fn commit<B: SessionBackend>(
+    backend: &B,
+    entries: &mut Vec<skiff_protocol::transcript::TranscriptEntry>,
+    leaf: Option<EntryId>,
+    bodies: Vec<EntryBody>,
+) -> Result<(), BackendError> {
+    let committed = backend.commit(leaf, bodies).await?;
+    for entry in &committed {
+        backend
+            .publish(EventKind::Entry {
+                entry: entry.clone(),
+            })
+            .await;
+    }
+    entries.extend(committed);
+    Ok(())
+}
+
+struct Reply {
+    text: String,
+    tool_calls: Vec<ToolCall>,
+    usage: Usage,
+    stop_reason: StopReason,
+    error: Option<String>,
+}
+
+async fn stream_reply<M: ModelClient, B: SessionBackend>(
+    model: &M,
+    backend: &B,
+    request: ModelRequest,
+    cancel: &CancellationToken,
+) -> Reply {
+    let mut reply = Reply {
+        text: String::new(),
+        tool_calls: Vec::new(),
+        usage: Usage::default(),
+        stop_reason: StopReason::Other,
+        error: None,
+    };
+    let mut stream = model.stream(request, cancel.clone());
+    while let Some(event) = stream.next().await {
+        match event {
+            ModelEvent::TextDelta { text } => {
+                reply.text.push_str(&text);
+                backend.publish(EventKind::TextDelta { text }).await;
+            }
+            ModelEvent::ToolCall { call } => reply.tool_calls.push(call),
+            ModelEvent::Usage { usage } => {
+                reply.usage.input_tokens += usage.input_tokens;
+                reply.usage.output_tokens += usage.output_tokens;
+            }
+            ModelEvent::Done { stop_reason } => {
+                reply.stop_reason = stop_reason;
+                return reply;
+            }
+            ModelEvent::Error { message, .. } => {
+                reply.error = Some(message);
+                return reply;
+            }
+        }
+    }
+    // A client that ends without a terminal event broke its contract; never hang or guess.
+    if cancel.is_cancelled() {
+        reply.stop_reason = StopReason::Cancelled;
+    } else {
+        reply.error = Some("the model stream ended without finishing".to_owned());
+    }
+    reply
+}
+
+async fn run_tool<B: SessionBackend>(
+    backend: &B,
+    tools: &Tools,
+    call: &ToolCall,
+    cancel: &CancellationToken,
+) -> EntryBody {
+    backend
+        .publish(EventKind::ToolStarted {
+            call_id: call.id.clone(),
+            name: call.name.clone(),
+            summary: crate::tools::summary(call),
+        })
+        .await;
+    let started = Instant::now();
+    let output = if cancel.is_cancelled() {
+        crate::tools::ToolOutput::error("not run: the run was cancelled")
+    } else {
+        tools.call(call, cancel).await
+    };
+    backend
+        .publish(EventKind::ToolFinished {
+            call_id: call.id.clone(),
+            name: call.name.clone(),
+            is_error: output.is_error,
+            duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+        })
+        .await;
+    EntryBody::ToolResult {
+        call_id: call.id.clone(),
+        name: call.name.clone(),
+        content: output.content,
+        is_error: output.is_error,
+    }
+}

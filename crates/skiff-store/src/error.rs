@@ -1,0 +1,37 @@
+use skiff_protocol::api::RunStatus;
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("could not open the database at {path}: {source}")]
+    Open {
+        path: String,
+        #[source]
+        source: rusqlite::Error,
+    },
+    #[error("{what} {id} not found")]
+    NotFound { what: &'static str, id: String },
+    #[error(
+        "transcript of session {session} moved: expected leaf {expected}, found {actual}; reload and retry"
+    )]
+    LeafConflict {
+        session: String,
+        expected: String,
+        actual: String,
+    },
+    #[error("session {session} is busy with run {run}; wait for it to finish or cancel it")]
+    SessionBusy { session: String, run: String },
+    #[error("run {run} already has an active attempt")]
+    AttemptActive { run: String },
+    #[error("run {run} cannot move from {from} to {to}")]
+    IllegalRunTransition {
+        run: String,
+        from: RunStatus,
+        to: RunStatus,
+    },
+    #[error("stored {what} is unreadable: {detail}")]
+    Corrupt { what: &'static str, detail: String },
+    #[error("database error: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+}

@@ -1,0 +1,127 @@
+//! SQLite persistence for the gateway: sessions, the transcript tree, runs and their state
+//! machine, attempts, the per-session event log, tokens and audit rows.
+//!
+//! This is the only crate that speaks SQL. Every row carries `owner_id` and `tenant_id`, and
+//! every query filters by the caller's [`Scope`]: a caller asking for someone else's row gets
+//! "not found". State changes go through checked transitions ([`transition`]) inside a
+//! transaction; an illegal move is an error, never a panic.
+//!
+//! The connection is synchronous (rusqlite, WAL). Calls are short and serialized by one mutex;
+//! callers in async code call them directly.
+
+mod error;
+mod events;
+mod ids;
+mod migrations;
+mod runs;
+mod sessions;
+mod tokens;
+mod transcript;
+pub mod transition;
+
+pub use error::{Error, Result};
+pub use ids::mint;
+pub use runs::{AttemptStatus, RunRow};
+pub use sessions::{NewSession, SessionRow};
+pub use tokens::AuditRow;
+
+use rusqlite::Connection;
+use std::path::Path;
+use std::sync::{Mutex, MutexGuard};
+
+/// Who is asking. Every row is scoped by both.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Scope {
+    pub owner_id: String,
+    pub tenant_id: String,
+}
+
+impl Scope {
+    pub fn new(owner_id: impl Into<String>, tenant_id: impl Into<String>) -> Self {
+        Self {
+            owner_id: owner_id.into(),
+            tenant_id: tenant_id.into(),
+        }
+    }
+}
+
+/// The database. Cheap to share behind an `Arc`.
+pub struct Store {
+    conn: Mutex<Connection>,
+}
+
+impl Store {
+    /// Opens (creating if needed) the database at `path`, in WAL mode, and migrates it.
+    pub fn open(path: &Path) -> Result<Self> {
+        let conn = Connection::open(path).map_err(|source| Error::Open {
+            path: path.display().to_string(),
+            source,
+        })?;
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        Self::init(conn)
+    }
+
+    /// A private in-memory database, for tests and benchmarks.
+    pub fn open_in_memory() -> Result<Self> {
+        Self::init(Connection::open_in_memory()?)
+    }
+
+    fn init(mut conn: Connection) -> Result<Self> {
+        // NORMAL is durable across application crashes in WAL mode; only an OS crash can lose
+        // the last transactions, and never corrupts the file.
+        conn.pragma_update(None, "synchronous", "NORMAL")?;
+        conn.pragma_update(None, "foreign_keys", "ON")?;
+        conn.busy_timeout(std::time::Duration::from_secs(5))?;
+        migrations::migrate(&mut conn)?;
+        Ok(Self {
+            conn: Mutex::new(conn),
+        })
+    }
+
+    fn conn(&self) -> MutexGuard<'_, Connection> {
+        // A panic while holding the lock cannot leave SQLite half-written (transactions roll
+        // back on drop), so a poisoned lock is safe to keep using.
+        self.conn.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+pub(crate) fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+/// Reads a JSON column; a decoding failure surfaces as a conversion error naming the column.
+pub(crate) fn json_col<T: serde::de::DeserializeOwned>(
+    row: &rusqlite::Row<'_>,
+    idx: usize,
+) -> rusqlite::Result<T> {
+    let text: String = row.get(idx)?;
+    serde_json::from_str(&text).map_err(|e| {
+        rusqlite::Error::FromSqlConversionFailure(idx, rusqlite::types::Type::Text, Box::new(e))
+    })
+}
+
+/// Reads an id column into its typed wrapper.
+pub(crate) fn id_col<T>(
+    row: &rusqlite::Row<'_>,
+    idx: usize,
+    parse: fn(&str) -> Option<T>,
+) -> rusqlite::Result<T> {
+    let text: String = row.get(idx)?;
+    parse(&text).ok_or_else(|| {
+        rusqlite::Error::FromSqlConversionFailure(
+            idx,
+            rusqlite::types::Type::Text,
+            format!("malformed id {text:?}").into(),
+        )
+    })
+}
+
+pub(crate) fn to_json<T: serde::Serialize>(what: &'static str, value: &T) -> Result<String> {
+    serde_json::to_string(value).map_err(|e| Error::Corrupt {
+        what,
+        detail: e.to_string(),
+    })
+}

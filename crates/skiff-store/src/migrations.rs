@@ -1,0 +1,112 @@
+//! Schema migrations, applied in order and tracked with `PRAGMA user_version`.
+
+use crate::Result;
+use rusqlite::Connection;
+
+const MIGRATIONS: &[&str] = &[r#"
+CREATE TABLE tokens (
+    hash          TEXT PRIMARY KEY,
+    owner_id      TEXT NOT NULL,
+    tenant_id     TEXT NOT NULL,
+    label         TEXT NOT NULL,
+    created_at_ms INTEGER NOT NULL
+);
+
+CREATE TABLE sessions (
+    id                 TEXT PRIMARY KEY,
+    owner_id           TEXT NOT NULL,
+    tenant_id          TEXT NOT NULL,
+    title              TEXT NOT NULL,
+    workspace          TEXT NOT NULL,  -- JSON WorkspaceView
+    model_ref          TEXT NOT NULL,
+    placement          TEXT NOT NULL DEFAULT 'local',
+    lifecycle_revision INTEGER NOT NULL DEFAULT 0,
+    leaf_entry_id      TEXT,
+    created_at_ms      INTEGER NOT NULL,
+    updated_at_ms      INTEGER NOT NULL
+);
+CREATE INDEX sessions_by_scope ON sessions(owner_id, tenant_id, updated_at_ms);
+
+CREATE TABLE entries (
+    id            TEXT PRIMARY KEY,
+    session_id    TEXT NOT NULL REFERENCES sessions(id),
+    owner_id      TEXT NOT NULL,
+    tenant_id     TEXT NOT NULL,
+    parent_id     TEXT REFERENCES entries(id),
+    run_id        TEXT,
+    kind          TEXT NOT NULL,
+    body          TEXT NOT NULL,  -- JSON EntryBody
+    created_at_ms INTEGER NOT NULL
+);
+CREATE INDEX entries_by_session ON entries(session_id);
+
+CREATE TABLE runs (
+    id             TEXT PRIMARY KEY,
+    session_id     TEXT NOT NULL REFERENCES sessions(id),
+    owner_id       TEXT NOT NULL,
+    tenant_id      TEXT NOT NULL,
+    status         TEXT NOT NULL,
+    model_ref      TEXT NOT NULL,
+    error          TEXT,
+    input_tokens   INTEGER NOT NULL DEFAULT 0,
+    output_tokens  INTEGER NOT NULL DEFAULT 0,
+    created_at_ms  INTEGER NOT NULL,
+    finished_at_ms INTEGER
+);
+CREATE INDEX runs_by_session ON runs(session_id, created_at_ms);
+-- Turn admission: at most one unfinished run per session.
+CREATE UNIQUE INDEX runs_one_open_per_session ON runs(session_id)
+    WHERE status IN ('queued','starting','running','waiting_input','waiting_approval','cancelling');
+
+CREATE TABLE attempts (
+    id                     TEXT PRIMARY KEY,
+    run_id                 TEXT NOT NULL REFERENCES runs(id),
+    session_id             TEXT NOT NULL REFERENCES sessions(id),
+    owner_id               TEXT NOT NULL,
+    tenant_id              TEXT NOT NULL,
+    runtime_node           TEXT NOT NULL,
+    owner_epoch            INTEGER NOT NULL,
+    status                 TEXT NOT NULL,
+    resume_from_attempt_id TEXT REFERENCES attempts(id),
+    checkpoint_artifact_id TEXT,
+    started_at_ms          INTEGER NOT NULL,
+    finished_at_ms         INTEGER
+);
+-- At most one active attempt per run, enforced by the schema rather than by callers.
+CREATE UNIQUE INDEX attempts_one_active_per_run ON attempts(run_id)
+    WHERE status IN ('starting','running');
+
+CREATE TABLE events (
+    session_id TEXT NOT NULL,
+    seq        INTEGER NOT NULL,
+    owner_id   TEXT NOT NULL,
+    tenant_id  TEXT NOT NULL,
+    run_id     TEXT,
+    at_ms      INTEGER NOT NULL,
+    body       TEXT NOT NULL,  -- JSON EventKind
+    PRIMARY KEY (session_id, seq)
+) WITHOUT ROWID;
+
+CREATE TABLE audit (
+    id        INTEGER PRIMARY KEY,
+    at_ms     INTEGER NOT NULL,
+    owner_id  TEXT NOT NULL,
+    tenant_id TEXT NOT NULL,
+    actor     TEXT NOT NULL,
+    action    TEXT NOT NULL,
+    target    TEXT NOT NULL,
+    decision  TEXT NOT NULL,
+    detail    TEXT NOT NULL  -- JSON metadata only: never prompts, completions or secrets
+);
+"#];
+
+pub(crate) fn migrate(conn: &mut Connection) -> Result<()> {
+    let current: usize = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
+    for (i, sql) in MIGRATIONS.iter().enumerate().skip(current) {
+        let tx = conn.transaction()?;
+        tx.execute_batch(sql)?;
+        tx.pragma_update(None, "user_version", i + 1)?;
+        tx.commit()?;
+    }
+    Ok(())
+}

@@ -1,0 +1,335 @@
+//! Runs (one user turn and everything it causes) and attempts (one execution of a run on one
+//! runtime node). Turn admission and "one active attempt per run" are unique indexes, so they
+//! hold even if two callers race.
+
+use crate::transition::run_allowed;
+use crate::{Error, Result, Scope, Store, id_col, mint, now_ms};
+use rusqlite::{ErrorCode, OptionalExtension, Row, TransactionBehavior, params};
+use skiff_protocol::api::RunStatus;
+use skiff_protocol::model::Usage;
+use skiff_protocol::{AttemptId, RunId, SessionId};
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct RunRow {
+    pub id: RunId,
+    pub session_id: SessionId,
+    pub status: RunStatus,
+    pub model_ref: String,
+    pub error: Option<String>,
+    pub usage: Usage,
+    pub created_at_ms: i64,
+    pub finished_at_ms: Option<i64>,
+}
+
+/// Status of an attempt. `Starting` and `Running` are active.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttemptStatus {
+    Starting,
+    Running,
+    Succeeded,
+    Failed,
+    Cancelled,
+    Orphaned,
+}
+
+impl AttemptStatus {
+    fn as_str(self) -> &'static str {
+        match self {
+            AttemptStatus::Starting => "starting",
+            AttemptStatus::Running => "running",
+            AttemptStatus::Succeeded => "succeeded",
+            AttemptStatus::Failed => "failed",
+            AttemptStatus::Cancelled => "cancelled",
+            AttemptStatus::Orphaned => "orphaned",
+        }
+    }
+}
+
+const COLUMNS: &str = "id, session_id, status, model_ref, error, input_tokens, output_tokens, \
+                       created_at_ms, finished_at_ms";
+const OPEN_STATUSES: &str =
+    "'queued','starting','running','waiting_input','waiting_approval','cancelling'";
+
+fn from_row(row: &Row<'_>) -> rusqlite::Result<RunRow> {
+    let status: String = row.get(2)?;
+    Ok(RunRow {
+        id: id_col(row, 0, RunId::parse)?,
+        session_id: id_col(row, 1, SessionId::parse)?,
+        status: RunStatus::parse(&status).ok_or_else(|| {
+            rusqlite::Error::FromSqlConversionFailure(
+                2,
+                rusqlite::types::Type::Text,
+                format!("unknown run status {status:?}").into(),
+            )
+        })?,
+        model_ref: row.get(3)?,
+        error: row.get(4)?,
+        usage: Usage {
+            input_tokens: row.get(5)?,
+            output_tokens: row.get(6)?,
+        },
+        created_at_ms: row.get(7)?,
+        finished_at_ms: row.get(8)?,
+    })
+}
+
+fn is_unique_violation(e: &rusqlite::Error) -> bool {
+    matches!(e, rusqlite::Error::SqliteFailure(f, _) if f.code == ErrorCode::ConstraintViolation)
+}
+
+impl Store {
+    /// Admits a new turn: creates a queued run unless the session already has an unfinished one.
+    pub fn create_run(
+        &self,
+        scope: &Scope,
+        session: &SessionId,
+        model_ref: &str,
+    ) -> Result<RunRow> {
+        let id = RunId::from_suffix(&mint()?);
+        let now = now_ms();
+        {
+            let mut conn = self.conn();
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let touched = tx.execute(
+                "UPDATE sessions SET updated_at_ms = ?1 WHERE id = ?2 AND owner_id = ?3 AND tenant_id = ?4",
+                params![now, session.as_str(), scope.owner_id, scope.tenant_id],
+            )?;
+            if touched == 0 {
+                return Err(Error::NotFound {
+                    what: "session",
+                    id: session.to_string(),
+                });
+            }
+            let inserted = tx.execute(
+                "INSERT INTO runs (id, session_id, owner_id, tenant_id, status, model_ref, created_at_ms) \
+                 VALUES (?1, ?2, ?3, ?4, 'queued', ?5, ?6)",
+                params![id.as_str(), session.as_str(), scope.owner_id, scope.tenant_id, model_ref, now],
+            );
+            match inserted {
+                Ok(_) => tx.commit()?,
+                Err(e) if is_unique_violation(&e) => {
+                    let open: String = tx.query_row(
+                        &format!(
+                            "SELECT id FROM runs WHERE session_id = ?1 AND status IN ({OPEN_STATUSES})"
+                        ),
+                        params![session.as_str()],
+                        |r| r.get(0),
+                    )?;
+                    return Err(Error::SessionBusy {
+                        session: session.to_string(),
+                        run: open,
+                    });
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        self.run(scope, &id)
+    }
+
+    pub fn run(&self, scope: &Scope, id: &RunId) -> Result<RunRow> {
+        self.conn()
+            .query_row(
+                &format!(
+                    "SELECT {COLUMNS} FROM runs WHERE id = ?1 AND owner_id = ?2 AND tenant_id = ?3"
+                ),
+                params![id.as_str(), scope.owner_id, scope.tenant_id],
+                from_row,
+            )
+            .optional()?
+            .ok_or_else(|| Error::NotFound {
+                what: "run",
+                id: id.to_string(),
+            })
+    }
+
+    /// Runs of a session, oldest first.
+    pub fn runs(&self, scope: &Scope, session: &SessionId) -> Result<Vec<RunRow>> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare_cached(&format!(
+            "SELECT {COLUMNS} FROM runs WHERE session_id = ?1 AND owner_id = ?2 AND tenant_id = ?3 \
+             ORDER BY created_at_ms, rowid"
+        ))?;
+        let rows = stmt
+            .query_map(
+                params![session.as_str(), scope.owner_id, scope.tenant_id],
+                from_row,
+            )?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        Ok(rows)
+    }
+
+    /// The session's unfinished run, if any.
+    pub fn open_run(&self, scope: &Scope, session: &SessionId) -> Result<Option<RunRow>> {
+        Ok(self
+            .runs(scope, session)?
+            .into_iter()
+            .find(|r| !r.status.is_terminal()))
+    }
+
+    /// Moves a run to `to` if the state machine allows it.
+    pub fn transition_run(
+        &self,
+        scope: &Scope,
+        id: &RunId,
+        to: RunStatus,
+        error: Option<&str>,
+    ) -> Result<RunRow> {
+        {
+            let mut conn = self.conn();
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let from: Option<String> = tx
+                .query_row(
+                    "SELECT status FROM runs WHERE id = ?1 AND owner_id = ?2 AND tenant_id = ?3",
+                    params![id.as_str(), scope.owner_id, scope.tenant_id],
+                    |r| r.get(0),
+                )
+                .optional()?;
+            let from =
+                from.as_deref()
+                    .and_then(RunStatus::parse)
+                    .ok_or_else(|| Error::NotFound {
+                        what: "run",
+                        id: id.to_string(),
+                    })?;
+            if !run_allowed(from, to) {
+                return Err(Error::IllegalRunTransition {
+                    run: id.to_string(),
+                    from,
+                    to,
+                });
+            }
+            let finished = to.is_terminal().then(now_ms);
+            tx.execute(
+                "UPDATE runs SET status = ?1, error = COALESCE(?2, error), \
+                 finished_at_ms = COALESCE(?3, finished_at_ms) WHERE id = ?4",
+                params![to.as_str(), error, finished, id.as_str()],
+            )?;
+            tx.commit()?;
+        }
+        self.run(scope, id)
+    }
+
+    /// Adds a model response's token usage to the run's totals.
+    pub fn add_run_usage(&self, scope: &Scope, id: &RunId, usage: Usage) -> Result<()> {
+        self.conn().execute(
+            "UPDATE runs SET input_tokens = input_tokens + ?1, output_tokens = output_tokens + ?2 \
+             WHERE id = ?3 AND owner_id = ?4 AND tenant_id = ?5",
+            params![
+                usage.input_tokens,
+                usage.output_tokens,
+                id.as_str(),
+                scope.owner_id,
+                scope.tenant_id
+            ],
+        )?;
+        Ok(())
+    }
+
+    /// Starts an attempt of `run` on `runtime_node`. Refused while another attempt is active.
+    pub fn start_attempt(
+        &self,
+        scope: &Scope,
+        run: &RunRow,
+        runtime_node: &str,
+        owner_epoch: i64,
+    ) -> Result<AttemptId> {
+        let id = AttemptId::from_suffix(&mint()?);
+        let inserted = self.conn().execute(
+            "INSERT INTO attempts (id, run_id, session_id, owner_id, tenant_id, runtime_node, \
+             owner_epoch, status, started_at_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'running', ?8)",
+            params![
+                id.as_str(),
+                run.id.as_str(),
+                run.session_id.as_str(),
+                scope.owner_id,
+                scope.tenant_id,
+                runtime_node,
+                owner_epoch,
+                now_ms()
+            ],
+        );
+        match inserted {
+            Ok(_) => Ok(id),
+            Err(e) if is_unique_violation(&e) => Err(Error::AttemptActive {
+                run: run.id.to_string(),
+            }),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    pub fn finish_attempt(
+        &self,
+        scope: &Scope,
+        id: &AttemptId,
+        status: AttemptStatus,
+    ) -> Result<()> {
+        self.conn().execute(
+            "UPDATE attempts SET status = ?1, finished_at_ms = ?2 \
+             WHERE id = ?3 AND owner_id = ?4 AND tenant_id = ?5 AND status IN ('starting','running')",
+            params![status.as_str(), now_ms(), id.as_str(), scope.owner_id, scope.tenant_id],
+        )?;
+        Ok(())
+    }
+
+    /// Status of an attempt, for tests and diagnostics.
+    pub fn attempt_status(&self, id: &AttemptId) -> Result<String> {
+        self.conn()
+            .query_row(
+                "SELECT status FROM attempts WHERE id = ?1",
+                params![id.as_str()],
+                |r| r.get(0),
+            )
+            .optional()?
+            .ok_or_else(|| Error::NotFound {
+                what: "attempt",
+                id: id.to_string(),
+            })
+    }
+
+    /// Called once at gateway start, before anything runs: an attempt still marked active
+    /// belonged to a process that is gone, so it and its run become `orphaned` (never
+    /// `succeeded`). Returns the orphaned runs so the caller can tell their sessions.
+    pub fn orphan_active_on_start(&self, reason: &str) -> Result<Vec<(Scope, RunRow)>> {
+        let now = now_ms();
+        let mut conn = self.conn();
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        tx.execute(
+            "UPDATE attempts SET status = 'orphaned', finished_at_ms = ?1 \
+             WHERE status IN ('starting','running')",
+            params![now],
+        )?;
+        let orphaned = {
+            let mut stmt = tx.prepare(&format!(
+                "SELECT owner_id, tenant_id, {COLUMNS} FROM runs WHERE status IN ({OPEN_STATUSES})"
+            ))?;
+            stmt.query_map([], |row| {
+                let scope = Scope::new(row.get::<_, String>(0)?, row.get::<_, String>(1)?);
+                // Columns of the run follow the two scope columns.
+                let run = RunRow {
+                    id: id_col(row, 2, RunId::parse)?,
+                    session_id: id_col(row, 3, SessionId::parse)?,
+                    status: RunStatus::Orphaned,
+                    model_ref: row.get(5)?,
+                    error: Some(reason.to_owned()),
+                    usage: Usage {
+                        input_tokens: row.get(7)?,
+                        output_tokens: row.get(8)?,
+                    },
+                    created_at_ms: row.get(9)?,
+                    finished_at_ms: Some(now),
+                };
+                Ok((scope, run))
+            })?
+            .collect::<rusqlite::Result<Vec<_>>>()?
+        };
+        tx.execute(
+            &format!(
+                "UPDATE runs SET status = 'orphaned', error = ?1, finished_at_ms = ?2 \
+                 WHERE status IN ({OPEN_STATUSES})"
+            ),
+            params![reason, now],
+        )?;
+        tx.commit()?;
+        Ok(orphaned)
+    }
+}

@@ -1,0 +1,96 @@
+//! API tokens (stored as hashes only) and the append-only audit log.
+
+use crate::{Result, Scope, Store, now_ms};
+use rusqlite::{OptionalExtension, params};
+
+/// An audit row: metadata only, never prompts, completions or credentials.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AuditRow {
+    pub at_ms: i64,
+    pub owner_id: String,
+    pub tenant_id: String,
+    pub actor: String,
+    pub action: String,
+    pub target: String,
+    pub decision: String,
+    pub detail: serde_json::Value,
+}
+
+impl Store {
+    /// Records a token by its hash. The plaintext never reaches the database.
+    pub fn insert_token(&self, hash: &str, scope: &Scope, label: &str) -> Result<()> {
+        self.conn().execute(
+            "INSERT INTO tokens (hash, owner_id, tenant_id, label, created_at_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
+            params![hash, scope.owner_id, scope.tenant_id, label, now_ms()],
+        )?;
+        Ok(())
+    }
+
+    /// The scope a token hash grants, if it is known.
+    pub fn token_scope(&self, hash: &str) -> Result<Option<Scope>> {
+        Ok(self
+            .conn()
+            .query_row(
+                "SELECT owner_id, tenant_id FROM tokens WHERE hash = ?1",
+                params![hash],
+                |r| Ok(Scope::new(r.get::<_, String>(0)?, r.get::<_, String>(1)?)),
+            )
+            .optional()?)
+    }
+
+    /// Removes every token with this label (used when the admin token is re-minted).
+    pub fn delete_tokens_labelled(&self, label: &str) -> Result<usize> {
+        Ok(self
+            .conn()
+            .execute("DELETE FROM tokens WHERE label = ?1", params![label])?)
+    }
+
+    pub fn audit(
+        &self,
+        scope: &Scope,
+        actor: &str,
+        action: &str,
+        target: &str,
+        decision: &str,
+        detail: &serde_json::Value,
+    ) -> Result<()> {
+        self.conn().execute(
+            "INSERT INTO audit (at_ms, owner_id, tenant_id, actor, action, target, decision, detail)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+            params![
+                now_ms(),
+                scope.owner_id,
+                scope.tenant_id,
+                actor,
+                action,
+                target,
+                decision,
+                detail.to_string()
+            ],
+        )?;
+        Ok(())
+    }
+
+    /// Every audit row, oldest first.
+    pub fn audit_rows(&self) -> Result<Vec<AuditRow>> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare(
+            "SELECT at_ms, owner_id, tenant_id, actor, action, target, decision, detail FROM audit ORDER BY id",
+        )?;
+        let rows = stmt
+            .query_map([], |r| {
+                Ok(AuditRow {
+                    at_ms: r.get(0)?,
+                    owner_id: r.get(1)?,
+                    tenant_id: r.get(2)?,
+                    actor: r.get(3)?,
+                    action: r.get(4)?,
+                    target: r.get(5)?,
+                    decision: r.get(6)?,
+                    detail: crate::json_col(r, 7)?,
+                })
+            })?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        Ok(rows)
+    }
+}
