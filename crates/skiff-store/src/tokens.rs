@@ -1,7 +1,7 @@
 //! API tokens (stored as hashes only) and the append-only audit log.
 
 use crate::{Result, Scope, Store, now_ms};
-use rusqlite::{OptionalExtension, params};
+use rusqlite::params;
 
 /// An audit row: metadata only, never prompts, completions or credentials.
 #[derive(Clone, Debug, PartialEq)]
@@ -17,32 +17,18 @@ pub struct AuditRow {
 }
 
 impl Store {
-    /// Records a token by its hash. The plaintext never reaches the database.
-    pub fn insert_token(&self, hash: &str, scope: &Scope, label: &str) -> Result<()> {
-        self.conn().execute(
+    /// Replaces every token labelled `label` by one with this hash, in one transaction. The
+    /// plaintext never reaches the database.
+    pub fn replace_token(&self, label: &str, hash: &str, scope: &Scope) -> Result<()> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        tx.execute("DELETE FROM tokens WHERE label = ?1", params![label])?;
+        tx.execute(
             "INSERT INTO tokens (hash, owner_id, tenant_id, label, created_at_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
             params![hash, scope.owner_id, scope.tenant_id, label, now_ms()],
         )?;
+        tx.commit()?;
         Ok(())
-    }
-
-    /// The scope a token hash grants, if it is known.
-    pub fn token_scope(&self, hash: &str) -> Result<Option<Scope>> {
-        Ok(self
-            .conn()
-            .query_row(
-                "SELECT owner_id, tenant_id FROM tokens WHERE hash = ?1",
-                params![hash],
-                |r| Ok(Scope::new(r.get::<_, String>(0)?, r.get::<_, String>(1)?)),
-            )
-            .optional()?)
-    }
-
-    /// Removes every token with this label (used when the admin token is re-minted).
-    pub fn delete_tokens_labelled(&self, label: &str) -> Result<usize> {
-        Ok(self
-            .conn()
-            .execute("DELETE FROM tokens WHERE label = ?1", params![label])?)
     }
 
     pub fn audit(
@@ -89,6 +75,24 @@ impl Store {
                     decision: r.get(6)?,
                     detail: crate::json_col(r, 7)?,
                 })
+            })?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        Ok(rows)
+    }
+}
+
+impl Store {
+    /// Every stored token hash with the scope it grants and its label.
+    pub fn tokens(&self) -> Result<Vec<(String, Scope, String)>> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare("SELECT hash, owner_id, tenant_id, label FROM tokens")?;
+        let rows = stmt
+            .query_map([], |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    Scope::new(r.get::<_, String>(1)?, r.get::<_, String>(2)?),
+                    r.get::<_, String>(3)?,
+                ))
             })?
             .collect::<rusqlite::Result<Vec<_>>>()?;
         Ok(rows)

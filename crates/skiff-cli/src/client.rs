@@ -1,0 +1,170 @@
+//! A small client of the gateway API, used by every session command and the demo.
+
+use anyhow::{Context, Result, anyhow};
+use futures_util::{Stream, StreamExt};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use skiff_protocol::SessionId;
+use skiff_protocol::api::{
+    ApiError, CreateSessionRequest, RunStarted, RunView, SendMessageRequest, SessionDetail,
+    SessionList,
+};
+use skiff_protocol::event::SessionEvent;
+use std::path::Path;
+
+/// Why a command failed, for the exit code.
+#[derive(Debug)]
+pub enum Failure {
+    /// The gateway could not be reached (exit 3).
+    Unreachable(String),
+    /// The gateway refused (exit 1).
+    Refused(ApiError),
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failure::Unreachable(m) => f.write_str(m),
+            Failure::Refused(e) => write!(f, "{} ({})", e.message, e.code),
+        }
+    }
+}
+
+impl std::error::Error for Failure {}
+
+#[derive(Clone)]
+pub struct Client {
+    url: String,
+    token: String,
+    http: reqwest::Client,
+}
+
+impl Client {
+    pub fn new(url: &str, token: &str) -> Self {
+        Self {
+            url: url.trim_end_matches('/').to_owned(),
+            token: token.to_owned(),
+            http: reqwest::Client::new(),
+        }
+    }
+
+    /// `SKIFF_URL`/`SKIFF_TOKEN` win; otherwise `<state-dir>/gateway.json`.
+    pub fn discover(state_dir: &Path) -> Result<Self> {
+        let env_url = std::env::var("SKIFF_URL").ok().filter(|s| !s.is_empty());
+        let env_token = std::env::var("SKIFF_TOKEN").ok().filter(|s| !s.is_empty());
+        if let (Some(url), Some(token)) = (&env_url, &env_token) {
+            return Ok(Self::new(url, token));
+        }
+        let path = state_dir.join("gateway.json");
+        let file: Option<skiff_gateway::GatewayFile> = match std::fs::read_to_string(&path) {
+            Ok(text) => Some(
+                serde_json::from_str(&text)
+                    .with_context(|| format!("{} is not a valid gateway file", path.display()))?,
+            ),
+            Err(_) => None,
+        };
+        let url = env_url.or_else(|| file.as_ref().map(|f| f.url.clone()));
+        let token = env_token.or_else(|| file.map(|f| f.token));
+        match (url, token) {
+            (Some(url), Some(token)) => Ok(Self::new(&url, &token)),
+            _ => Err(Failure::Unreachable(format!(
+                "no gateway found: {} does not exist. Start one with `skiff gateway`, or set SKIFF_URL and SKIFF_TOKEN",
+                path.display()
+            ))
+            .into()),
+        }
+    }
+
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    fn unreachable(&self, e: reqwest::Error) -> anyhow::Error {
+        Failure::Unreachable(format!(
+            "cannot reach the gateway at {}: {e}. Is `skiff gateway` running?",
+            self.url
+        ))
+        .into()
+    }
+
+    async fn send<T: DeserializeOwned>(&self, req: reqwest::RequestBuilder) -> Result<T> {
+        let resp = req.bearer_auth(&self.token).send().await.map_err(|e| self.unreachable(e))?;
+        let status = resp.status();
+        let bytes = resp.bytes().await.map_err(|e| self.unreachable(e))?;
+        if status.is_success() {
+            return serde_json::from_slice(&bytes)
+                .with_context(|| format!("unexpected answer from the gateway at {}", self.url));
+        }
+        let err = serde_json::from_slice::<ApiError>(&bytes).unwrap_or_else(|_| ApiError {
+            code: status.as_u16().to_string(),
+            message: String::from_utf8_lossy(&bytes).into_owned(),
+        });
+        Err(Failure::Refused(err).into())
+    }
+
+    fn get(&self, path: &str) -> reqwest::RequestBuilder {
+        self.http.get(format!("{}{path}", self.url))
+    }
+
+    fn post(&self, path: &str, body: &impl Serialize) -> reqwest::RequestBuilder {
+        self.http.post(format!("{}{path}", self.url)).json(body)
+    }
+
+    pub async fn create_session(&self, req: &CreateSessionRequest) -> Result<RunStarted> {
+        self.send(self.post("/v1/sessions", req)).await
+    }
+
+    pub async fn sessions(&self) -> Result<SessionList> {
+        self.send(self.get("/v1/sessions")).await
+    }
+
+    pub async fn session(&self, id: &str) -> Result<SessionDetail> {
+        self.send(self.get(&format!("/v1/sessions/{id}"))).await
+    }
+
+    pub async fn send_message(&self, id: &str, prompt: &str) -> Result<RunStarted> {
+        let body = SendMessageRequest { prompt: prompt.to_owned() };
+        self.send(self.post(&format!("/v1/sessions/{id}/messages"), &body)).await
+    }
+
+    pub async fn cancel(&self, id: &str) -> Result<RunView> {
+        self.send(self.post(&format!("/v1/sessions/{id}/cancel"), &serde_json::json!({}))).await
+    }
+
+    /// The session's events after `after`, live, until the caller stops reading.
+    pub async fn events(
+        &self,
+        id: &SessionId,
+        after: u64,
+    ) -> Result<impl Stream<Item = Result<SessionEvent>> + use<>> {
+        let resp = self
+            .get(&format!("/v1/sessions/{id}/events?after={after}"))
+            .bearer_auth(&self.token)
+            .send()
+            .await
+            .map_err(|e| self.unreachable(e))?;
+        if !resp.status().is_success() {
+            let status = resp.status();
+            let err = resp.json::<ApiError>().await.unwrap_or_else(|_| ApiError {
+                code: status.as_u16().to_string(),
+                message: format!("the event stream was refused ({status})"),
+            });
+            return Err(Failure::Refused(err).into());
+        }
+        let mut parser = skiff_llm::sse::SseParser::default();
+        let url = self.url.clone();
+        Ok(resp.bytes_stream().flat_map(move |chunk| {
+            let items: Vec<Result<SessionEvent>> = match chunk {
+                Ok(bytes) => parser
+                    .push(&bytes)
+                    .into_iter()
+                    .map(|e| serde_json::from_str(&e.data).context("malformed event from the gateway"))
+                    .collect(),
+                Err(e) => vec![Err(anyhow!(Failure::Unreachable(format!(
+                    "lost the event stream from {url}: {e}"
+                ))))],
+            };
+            futures_util::stream::iter(items)
+        }))
+    }
+}

@@ -1,0 +1,78 @@
+//! `skiff gateway`
+
+use anyhow::Result;
+use clap::{Args, ValueEnum};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Args)]
+pub struct GatewayArgs {
+    /// Address of the HTTP+WebSocket API
+    #[arg(long, default_value = "127.0.0.1:7777", value_name = "ADDR")]
+    listen: String,
+    /// Configuration file [default: <state-dir>/skiff.toml; a missing file means defaults]
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Log format on stderr
+    #[arg(long, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+pub async fn run(args: GatewayArgs, state_dir: PathBuf) -> Result<ExitCode> {
+    init_logging(args.log_format);
+    let mut running = skiff_gateway::start(skiff_gateway::Options {
+        state_dir: state_dir.clone(),
+        listen: args.listen,
+        config: args.config,
+    })
+    .await?;
+    // The one line on stdout: where the gateway is. Scripts and tests wait for it.
+    println!("skiff gateway listening on {}", running.url);
+    eprintln!(
+        "token and URL written to {} (mode 0600); the CLI finds them there",
+        state_dir.join("gateway.json").display()
+    );
+    let stopped = tokio::select! {
+        result = running.wait() => Some(result),
+        () = shutdown_signal() => None,
+    };
+    match stopped {
+        Some(result) => result?,
+        None => {
+            tracing::info!("shutting down");
+            running.shutdown().await;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}

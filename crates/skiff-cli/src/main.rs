@@ -1,0 +1,83 @@
+//! `skiff`: parses the command line, calls the crates, prints (for people, or `--json`).
+
+mod client;
+mod demo;
+mod gateway;
+mod render;
+mod session;
+
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+const EXIT_CODES: &str = "Exit codes:
+  0  success
+  1  the thing failed (a run failed or was cancelled, the gateway refused a request)
+  2  usage error
+  3  the gateway is unreachable or at capacity
+
+Environment:
+  SKIFF_URL, SKIFF_TOKEN   the gateway to talk to (win over <state-dir>/gateway.json)";
+
+#[derive(Parser)]
+#[command(
+    name = "skiff",
+    version,
+    about = "Run AI coding-agent sessions on machines you own, with the conversation, keys and policy kept at home.",
+    after_help = EXIT_CODES
+)]
+struct Cli {
+    /// State directory [default: $XDG_STATE_HOME/skiff, else ~/.local/state/skiff]
+    #[arg(long, global = true, value_name = "DIR")]
+    state_dir: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Start the control plane (API, sessions, runs)
+    Gateway(gateway::GatewayArgs),
+    /// Create, follow and control sessions
+    #[command(subcommand)]
+    Session(session::SessionCommand),
+    /// Run the whole flow offline: a gateway, a sample repository, a session that edits, tests and commits
+    Demo(demo::DemoArgs),
+}
+
+fn default_state_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("XDG_STATE_HOME").filter(|d| !d.is_empty()) {
+        return PathBuf::from(dir).join("skiff");
+    }
+    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."));
+    home.join(".local/state/skiff")
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let state_dir = cli.state_dir.unwrap_or_else(default_state_dir);
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let result = runtime.block_on(async move {
+        match cli.command {
+            Command::Gateway(args) => gateway::run(args, state_dir).await,
+            Command::Session(cmd) => session::run(cmd, &state_dir).await,
+            Command::Demo(args) => demo::run(args, &state_dir).await,
+        }
+    });
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            match e.downcast_ref::<client::Failure>() {
+                Some(client::Failure::Unreachable(_)) => ExitCode::from(3),
+                _ => ExitCode::from(1),
+            }
+        }
+    }
+}

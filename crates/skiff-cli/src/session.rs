@@ -1,0 +1,207 @@
+//! `skiff session new|list|show|send|watch|cancel`
+
+use crate::client::Client;
+use crate::render::{self, Live};
+use anyhow::{Context, Result};
+use clap::{Args, Subcommand};
+use futures_util::StreamExt;
+use skiff_protocol::api::{CreateSessionRequest, RunStarted, RunStatus};
+use skiff_protocol::event::EventKind;
+use skiff_protocol::{RunId, SessionId};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+#[derive(Subcommand)]
+pub enum SessionCommand {
+    /// Create a session and run its first turn, streaming it
+    New(NewArgs),
+    /// List sessions, newest activity first
+    List(JsonArg),
+    /// Show a session: workspace, branch, runs and transcript
+    Show(IdArgs),
+    /// Send the next message and stream the turn
+    Send(SendArgs),
+    /// Follow a session's current turn (after replaying its history)
+    Watch(IdArgs),
+    /// Cancel the running turn
+    Cancel(IdArgs),
+}
+
+#[derive(Args)]
+pub struct JsonArg {
+    /// Print JSON for scripts
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+pub struct IdArgs {
+    /// Session id (ses_…)
+    id: String,
+    #[command(flatten)]
+    out: JsonArg,
+}
+
+#[derive(Args)]
+pub struct NewArgs {
+    /// The first message
+    prompt: String,
+    /// Git repository or directory to work on [default: the current directory]
+    #[arg(long, value_name = "DIR")]
+    workspace: Option<PathBuf>,
+    /// Model as provider/model-id [default: models.default, else scripted/demo]
+    #[arg(long, value_name = "REF")]
+    model: Option<String>,
+    /// Start the turn and return without streaming it
+    #[arg(long)]
+    detach: bool,
+    #[command(flatten)]
+    out: JsonArg,
+}
+
+#[derive(Args)]
+pub struct SendArgs {
+    /// Session id (ses_…)
+    id: String,
+    /// The message
+    prompt: String,
+    /// Start the turn and return without streaming it
+    #[arg(long)]
+    detach: bool,
+    #[command(flatten)]
+    out: JsonArg,
+}
+
+pub async fn run(cmd: SessionCommand, state_dir: &Path) -> Result<ExitCode> {
+    let client = Client::discover(state_dir)?;
+    match cmd {
+        SessionCommand::New(args) => {
+            let workspace = match args.workspace {
+                Some(dir) => dir,
+                None => std::env::current_dir().context("cannot read the current directory")?,
+            };
+            let workspace = std::path::absolute(&workspace)
+                .with_context(|| format!("cannot resolve {}", workspace.display()))?;
+            let started = client
+                .create_session(&CreateSessionRequest {
+                    prompt: args.prompt,
+                    workspace: workspace.display().to_string(),
+                    model: args.model,
+                })
+                .await?;
+            started_turn(&client, started, args.detach, args.out.json).await
+        }
+        SessionCommand::Send(args) => {
+            let started = client.send_message(&args.id, &args.prompt).await?;
+            started_turn(&client, started, args.detach, args.out.json).await
+        }
+        SessionCommand::List(out) => {
+            let list = client.sessions().await?;
+            if out.json {
+                println!("{}", serde_json::to_string_pretty(&list)?);
+            } else {
+                print!("{}", render::session_table(&list.sessions));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        SessionCommand::Show(args) => {
+            let detail = client.session(&args.id).await?;
+            if args.out.json {
+                println!("{}", serde_json::to_string_pretty(&detail)?);
+                return Ok(ExitCode::SUCCESS);
+            }
+            let s = &detail.session;
+            println!("session    {}", s.id);
+            println!("title      {}", s.title);
+            println!("state      {}", render::state(s));
+            println!("placement  {}", s.placement);
+            println!("model      {}", s.model.label);
+            match &s.workspace {
+                skiff_protocol::api::WorkspaceView::Git { source, path, branch, base_commit } => {
+                    println!("workspace  {path} (git worktree of {source})");
+                    println!("branch     {branch} (from {})", &base_commit[..base_commit.len().min(12)]);
+                }
+                skiff_protocol::api::WorkspaceView::Plain { source, path } => {
+                    println!("workspace  {path} (copy of {source})");
+                }
+            }
+            println!("runs       {}", detail.runs.len());
+            for run in &detail.runs {
+                let err = run.error.as_deref().map(|e| format!(": {e}")).unwrap_or_default();
+                println!("  {}  {}  in {} / out {} tokens{err}", run.id, run.status, run.input_tokens, run.output_tokens);
+            }
+            println!();
+            print!("{}", render::transcript(&detail.transcript));
+            Ok(ExitCode::SUCCESS)
+        }
+        SessionCommand::Watch(args) => {
+            let detail = client.session(&args.id).await?;
+            let Some(run) = detail.runs.last() else {
+                eprintln!("session {} has no runs yet", args.id);
+                return Ok(ExitCode::SUCCESS);
+            };
+            follow(&client, &detail.session.id, &run.id, args.out.json).await
+        }
+        SessionCommand::Cancel(args) => {
+            let run = client.cancel(&args.id).await?;
+            if args.out.json {
+                println!("{}", serde_json::to_string(&run)?);
+            } else {
+                eprintln!("cancelling run {} of session {}", run.id, args.id);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+async fn started_turn(client: &Client, started: RunStarted, detach: bool, json: bool) -> Result<ExitCode> {
+    if detach {
+        if json {
+            println!("{}", serde_json::to_string(&started)?);
+        } else {
+            println!("{}", started.session.id);
+            eprintln!(
+                "started run {} of session {}; follow it with `skiff session watch {}`",
+                started.run.id, started.session.id, started.session.id
+            );
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    if !json {
+        eprintln!(
+            "session {} · {} · {}",
+            started.session.id,
+            started.session.model.label,
+            started.session.workspace.path()
+        );
+    }
+    follow(client, &started.session.id, &started.run.id, json).await
+}
+
+/// Streams a session's events until `run` ends; the exit code says how it ended.
+pub async fn follow(client: &Client, session: &SessionId, run: &RunId, json: bool) -> Result<ExitCode> {
+    let status = follow_until_end(client, session, run, &mut Live::new(json)).await?;
+    Ok(if status == RunStatus::Succeeded { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}
+
+pub async fn follow_until_end(client: &Client, session: &SessionId, run: &RunId, live: &mut Live) -> Result<RunStatus> {
+    let mut events = std::pin::pin!(client.events(session, 0).await?);
+    while let Some(event) = events.next().await {
+        let event = event?;
+        if event.run_id.as_ref() != Some(run) {
+            continue;
+        }
+        live.show(&event);
+        if let EventKind::RunStatus { status, .. } = event.kind {
+            if status.is_terminal() {
+                live.finish();
+                return Ok(status);
+            }
+        }
+    }
+    live.finish();
+    anyhow::bail!(crate::client::Failure::Unreachable(format!(
+        "the gateway at {} closed the event stream before run {run} ended",
+        client.url()
+    )))
+}

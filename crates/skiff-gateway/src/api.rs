@@ -1,0 +1,211 @@
+//! The client API: JSON over HTTP under `/v1`, and a per-session event stream as SSE or
+//! WebSocket. Every route requires a bearer token; the token's scope decides what is visible.
+
+use crate::Core;
+use crate::error::Error;
+use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
+use axum::extract::{Path, Query, Request, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Extension, Json, Router};
+use futures_util::StreamExt;
+use serde::Deserialize;
+use serde_json::json;
+use skiff_protocol::SessionId;
+use skiff_protocol::api::{ApiError, CreateSessionRequest, SendMessageRequest, SessionList};
+use skiff_store::Scope;
+use std::sync::Arc;
+use std::time::Duration;
+
+type Shared = State<Arc<Core>>;
+
+pub(crate) fn router(core: Arc<Core>) -> Router {
+    Router::new()
+        .route("/v1/health", get(health))
+        .route("/v1/sessions", get(list_sessions).post(create_session))
+        .route("/v1/sessions/{id}", get(show_session))
+        .route("/v1/sessions/{id}/messages", post(send_message))
+        .route("/v1/sessions/{id}/cancel", post(cancel))
+        .route("/v1/sessions/{id}/events", get(events_sse))
+        .route("/v1/sessions/{id}/events/ws", get(events_ws))
+        .fallback(not_found)
+        .layer(middleware::from_fn_with_state(core.clone(), authenticate))
+        .with_state(core)
+}
+
+impl IntoResponse for Error {
+    fn into_response(self) -> Response {
+        let (status, body) = self.to_api();
+        if status.is_server_error() {
+            tracing::error!(error = %self, "request failed");
+        }
+        (status, Json(body)).into_response()
+    }
+}
+
+fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
+    (
+        status,
+        Json(ApiError {
+            code: code.to_owned(),
+            message: message.into(),
+        }),
+    )
+        .into_response()
+}
+
+async fn authenticate(State(core): Shared, mut req: Request, next: Next) -> Response {
+    let presented = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    match presented.and_then(|t| core.tokens.verify(t)) {
+        Some(scope) => {
+            req.extensions_mut().insert(scope);
+            next.run(req).await
+        }
+        None => {
+            let anonymous = Scope::new("-", "-");
+            let reason = if presented.is_some() { "invalid token" } else { "no token" };
+            core.audit(&anonymous, "auth", req.uri().path(), "denied", json!({ "reason": reason }));
+            error(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "missing or invalid token: send `Authorization: Bearer <token>` (the token is in the gateway's gateway.json)",
+            )
+        }
+    }
+}
+
+async fn not_found() -> Response {
+    error(StatusCode::NOT_FOUND, "not_found", "no such route")
+}
+
+fn session_id(raw: &str) -> Result<SessionId, Error> {
+    SessionId::parse(raw).ok_or_else(|| Error::BadRequest(format!("{raw:?} is not a session id (ses_…)")))
+}
+
+async fn health() -> Json<serde_json::Value> {
+    Json(json!({ "status": "ok", "version": env!("CARGO_PKG_VERSION") }))
+}
+
+async fn list_sessions(State(core): Shared, Extension(scope): Extension<Scope>) -> Result<Json<SessionList>, Error> {
+    Ok(Json(SessionList {
+        sessions: core.list(&scope)?,
+    }))
+}
+
+async fn create_session(
+    State(core): Shared,
+    Extension(scope): Extension<Scope>,
+    body: Result<Json<CreateSessionRequest>, axum::extract::rejection::JsonRejection>,
+) -> Result<Response, Error> {
+    let Json(req) = body.map_err(|e| Error::BadRequest(e.body_text()))?;
+    let started = core.create_session(&scope, req).await?;
+    Ok((StatusCode::CREATED, Json(started)).into_response())
+}
+
+async fn show_session(
+    State(core): Shared,
+    Extension(scope): Extension<Scope>,
+    Path(id): Path<String>,
+) -> Result<Response, Error> {
+    Ok(Json(core.detail(&scope, &session_id(&id)?)?).into_response())
+}
+
+async fn send_message(
+    State(core): Shared,
+    Extension(scope): Extension<Scope>,
+    Path(id): Path<String>,
+    body: Result<Json<SendMessageRequest>, axum::extract::rejection::JsonRejection>,
+) -> Result<Response, Error> {
+    let Json(req) = body.map_err(|e| Error::BadRequest(e.body_text()))?;
+    let started = core.send(&scope, &session_id(&id)?, &req.prompt).await?;
+    Ok((StatusCode::CREATED, Json(started)).into_response())
+}
+
+async fn cancel(
+    State(core): Shared,
+    Extension(scope): Extension<Scope>,
+    Path(id): Path<String>,
+) -> Result<Response, Error> {
+    Ok(Json(core.cancel(&scope, &session_id(&id)?)?).into_response())
+}
+
+#[derive(Deserialize)]
+struct EventsQuery {
+    /// Resume after this cursor (0: from the beginning).
+    after: Option<u64>,
+}
+
+fn resume_cursor(q: &EventsQuery, headers: &HeaderMap) -> u64 {
+    let last_event_id = headers
+        .get("last-event-id")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok());
+    q.after.or(last_event_id).unwrap_or(0)
+}
+
+/// `GET /v1/sessions/{id}/events?after=N`: server-sent events, one per session event, with the
+/// cursor as the SSE id (so the standard `Last-Event-ID` header resumes too).
+async fn events_sse(
+    State(core): Shared,
+    Extension(scope): Extension<Scope>,
+    Path(id): Path<String>,
+    Query(q): Query<EventsQuery>,
+    headers: HeaderMap,
+) -> Result<Response, Error> {
+    let stream = core.hub.subscribe(scope, session_id(&id)?, resume_cursor(&q, &headers))?;
+    let sse = stream.map(|item| {
+        let event = item.map_err(axum::Error::new)?;
+        Event::default()
+            .id(event.cursor.to_string())
+            .json_data(&event)
+            .map_err(axum::Error::new)
+    });
+    Ok(Sse::new(sse)
+        .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+        .into_response())
+}
+
+/// `GET /v1/sessions/{id}/events/ws?after=N`: the same events as JSON text frames.
+async fn events_ws(
+    State(core): Shared,
+    Extension(scope): Extension<Scope>,
+    Path(id): Path<String>,
+    Query(q): Query<EventsQuery>,
+    headers: HeaderMap,
+    ws: WebSocketUpgrade,
+) -> Result<Response, Error> {
+    let stream = core.hub.subscribe(scope, session_id(&id)?, resume_cursor(&q, &headers))?;
+    Ok(ws.on_upgrade(move |socket| forward_ws(socket, stream)))
+}
+
+async fn forward_ws(
+    mut socket: WebSocket,
+    stream: impl futures_util::Stream<Item = Result<skiff_protocol::event::SessionEvent, skiff_store::Error>> + Send,
+) {
+    let mut stream = std::pin::pin!(stream);
+    loop {
+        tokio::select! {
+            item = stream.next() => {
+                let Some(Ok(event)) = item else { break };
+                let Ok(text) = serde_json::to_string(&event) else { break };
+                if socket.send(Message::Text(text.into())).await.is_err() {
+                    break;
+                }
+            }
+            incoming = socket.recv() => {
+                // The client only ever closes; anything else is ignored.
+                if !matches!(incoming, Some(Ok(_))) {
+                    break;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,64 @@
+//! The agent loop's backends for local placement: model calls through the gateway's own
+//! catalog, transcript commits into the store, live events into the hub.
+
+use crate::Core;
+use futures_util::stream::BoxStream;
+use skiff_agent::{BackendError, ModelClient, SessionBackend};
+use skiff_llm::Catalog;
+use skiff_protocol::event::EventKind;
+use skiff_protocol::model::{ModelEvent, ModelRequest};
+use skiff_protocol::transcript::{EntryBody, TranscriptEntry};
+use skiff_protocol::{EntryId, RunId, SessionId};
+use skiff_store::Scope;
+use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
+
+pub(crate) struct CatalogClient(pub Catalog);
+
+impl ModelClient for CatalogClient {
+    fn stream(&self, request: ModelRequest, cancel: CancellationToken) -> BoxStream<'static, ModelEvent> {
+        self.0.stream(request, cancel)
+    }
+}
+
+/// Writes one run's transcript entries and events.
+pub(crate) struct StoreBackend {
+    pub core: Arc<Core>,
+    pub scope: Scope,
+    pub session: SessionId,
+    pub run: RunId,
+}
+
+impl SessionBackend for StoreBackend {
+    async fn transcript(&self) -> Result<Vec<TranscriptEntry>, BackendError> {
+        self.core
+            .store
+            .transcript(&self.scope, &self.session)
+            .map_err(|e| BackendError(e.to_string()))
+    }
+
+    async fn commit(
+        &self,
+        base_leaf: Option<EntryId>,
+        bodies: Vec<EntryBody>,
+    ) -> Result<Vec<TranscriptEntry>, BackendError> {
+        let store = &self.core.store;
+        let entries = store
+            .append_entries(&self.scope, &self.session, base_leaf.as_ref(), Some(&self.run), &bodies)
+            .map_err(|e| BackendError(e.to_string()))?;
+        for body in &bodies {
+            if let EntryBody::AssistantMessage { usage, .. } = body {
+                store
+                    .add_run_usage(&self.scope, &self.run, *usage)
+                    .map_err(|e| BackendError(e.to_string()))?;
+            }
+        }
+        Ok(entries)
+    }
+
+    async fn publish(&self, event: EventKind) {
+        if let Err(e) = self.core.hub.publish(&self.scope, &self.session, Some(&self.run), event) {
+            tracing::warn!(session = %self.session, error = %e, "could not record a live event");
+        }
+    }
+}

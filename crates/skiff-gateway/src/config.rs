@@ -1,0 +1,102 @@
+//! `skiff.toml`: one struct, unknown keys rejected, errors that name the key path.
+
+use serde::Deserialize;
+use skiff_llm::ProviderConfig;
+use std::collections::BTreeMap;
+use std::path::Path;
+
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub providers: BTreeMap<String, ProviderConfig>,
+    #[serde(default)]
+    pub models: ModelsConfig,
+}
+
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelsConfig {
+    /// `provider/model-id` used when a session names no model.
+    pub default: Option<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config {path}: {source}")]
+    Read {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("invalid config {path}: {message}")]
+    Invalid { path: String, message: String },
+}
+
+impl Config {
+    /// Reads `path`; a missing file means the defaults.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = match std::fs::read_to_string(path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Self::default()),
+            Err(source) => {
+                return Err(ConfigError::Read {
+                    path: path.display().to_string(),
+                    source,
+                });
+            }
+        };
+        Self::parse(&text).map_err(|message| ConfigError::Invalid {
+            path: path.display().to_string(),
+            message,
+        })
+    }
+
+    /// Parses TOML text; the error names the key path (`providers.openai.bse_url`).
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let de = toml::Deserializer::parse(text).map_err(|e| e.message().to_owned())?;
+        serde_path_to_error::deserialize(de).map_err(|e| {
+            let path = e.path().to_string();
+            let inner = e.into_inner();
+            if path.is_empty() || path == "." {
+                inner.message().to_owned()
+            } else {
+                format!("at `{path}`: {}", inner.message())
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_config_is_the_default() {
+        let c = Config::parse("").unwrap();
+        assert!(c.providers.is_empty());
+        assert!(c.models.default.is_none());
+    }
+
+    #[test]
+    fn unknown_key_names_its_path() {
+        let err = Config::parse(
+            "[providers.openai]\napi = \"openai-completions\"\nbse_url = \"http://x\"\n",
+        )
+        .unwrap_err();
+        assert!(err.contains("providers.openai"), "{err}");
+        assert!(err.contains("bse_url"), "{err}");
+    }
+
+    #[test]
+    fn wrong_type_names_its_path() {
+        let err = Config::parse("[models]\ndefault = 3\n").unwrap_err();
+        assert!(err.contains("models.default"), "{err}");
+    }
+
+    #[test]
+    fn bad_api_names_its_path() {
+        let err = Config::parse("[providers.x]\napi = \"grpc\"\n").unwrap_err();
+        assert!(err.contains("providers.x.api"), "{err}");
+    }
+}

@@ -1,0 +1,55 @@
+//! The gateway's error type, and the one place that maps errors to API status codes and stable
+//! wire codes.
+
+use axum::http::StatusCode;
+use skiff_protocol::api::ApiError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Store(#[from] skiff_store::Error),
+    #[error(transparent)]
+    Workspace(#[from] crate::workspace::WorkspaceError),
+    #[error(transparent)]
+    Model(#[from] skiff_llm::Error),
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    #[error(transparent)]
+    StateDir(#[from] crate::state_dir::StateDirError),
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+impl Error {
+    /// HTTP status and stable code for the API.
+    pub fn to_api(&self) -> (StatusCode, ApiError) {
+        use skiff_store::Error as S;
+        let (status, code) = match self {
+            Error::Store(S::NotFound { .. }) => (StatusCode::NOT_FOUND, "not_found"),
+            Error::Store(S::SessionBusy { .. }) => (StatusCode::CONFLICT, "session_busy"),
+            Error::Store(S::LeafConflict { .. }) => (StatusCode::CONFLICT, "transcript_conflict"),
+            Error::Store(S::IllegalRunTransition { .. } | S::AttemptActive { .. }) => {
+                (StatusCode::CONFLICT, "conflict")
+            }
+            Error::Workspace(_) => (StatusCode::UNPROCESSABLE_ENTITY, "bad_workspace"),
+            Error::Model(_) => (StatusCode::UNPROCESSABLE_ENTITY, "bad_model"),
+            Error::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad_request"),
+            _ => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+        };
+        (
+            status,
+            ApiError {
+                code: code.to_owned(),
+                message: self.to_string(),
+            },
+        )
+    }
+}

@@ -1,0 +1,130 @@
+//! Live event fan-out. Publishing appends the event to the session's log in the store (which
+//! assigns the cursor) and broadcasts it. Subscribers replay from the store after their cursor,
+//! then follow the broadcast; a subscriber that falls behind the broadcast buffer re-reads the
+//! store. So a slow client never blocks the publisher, and a client that reconnects with its
+//! last cursor misses nothing and sees nothing twice.
+
+use futures_util::Stream;
+use skiff_protocol::event::{EventKind, SessionEvent};
+use skiff_protocol::{RunId, SessionId};
+use skiff_store::{Scope, Store};
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use tokio::sync::broadcast;
+
+/// Events buffered per session for live subscribers; beyond it they catch up from the store.
+const BROADCAST_CAPACITY: usize = 1024;
+const REPLAY_BATCH: usize = 512;
+
+pub struct Hub {
+    store: Arc<Store>,
+    /// INVARIANT: held across append + send, so broadcast order equals cursor order.
+    channels: Mutex<HashMap<SessionId, broadcast::Sender<SessionEvent>>>,
+}
+
+impl Hub {
+    pub fn new(store: Arc<Store>) -> Self {
+        Self {
+            store,
+            channels: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<SessionId, broadcast::Sender<SessionEvent>>> {
+        self.channels.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Persists and broadcasts an event.
+    pub fn publish(
+        &self,
+        scope: &Scope,
+        session: &SessionId,
+        run: Option<&RunId>,
+        kind: EventKind,
+    ) -> Result<SessionEvent, skiff_store::Error> {
+        let mut channels = self.lock();
+        let event = self.store.append_event(scope, session, run, kind)?;
+        if let Some(tx) = channels.get(session) {
+            if tx.send(event.clone()).is_err() {
+                // Nobody listens any more; drop the channel until someone subscribes again.
+                channels.remove(session);
+            }
+        }
+        Ok(event)
+    }
+
+    /// Every event of the session after `cursor`, then live ones, forever. Fails with "not
+    /// found" when the session is not the caller's.
+    pub fn subscribe(
+        self: &Arc<Self>,
+        scope: Scope,
+        session: SessionId,
+        cursor: u64,
+    ) -> Result<impl Stream<Item = Result<SessionEvent, skiff_store::Error>> + Send + 'static, skiff_store::Error> {
+        // INVARIANT: the live channel is per session, so checking the session's scope here is
+        // what keeps one tenant's events away from another.
+        self.store.session(&scope, &session)?;
+        // Subscribe before the first store read: anything appended after this point is in the
+        // channel, anything before it is in the store.
+        let rx = self
+            .lock()
+            .entry(session.clone())
+            .or_insert_with(|| broadcast::channel(BROADCAST_CAPACITY).0)
+            .subscribe();
+        let state = Follow {
+            store: self.store.clone(),
+            scope,
+            session,
+            cursor,
+            backlog: VecDeque::new(),
+            rx,
+            needs_replay: true,
+        };
+        Ok(futures_util::stream::unfold(state, |mut s| async move {
+            let next = s.next().await?;
+            Some((next, s))
+        }))
+    }
+}
+
+struct Follow {
+    store: Arc<Store>,
+    scope: Scope,
+    session: SessionId,
+    cursor: u64,
+    backlog: VecDeque<SessionEvent>,
+    rx: broadcast::Receiver<SessionEvent>,
+    needs_replay: bool,
+}
+
+impl Follow {
+    async fn next(&mut self) -> Option<Result<SessionEvent, skiff_store::Error>> {
+        loop {
+            if let Some(event) = self.backlog.pop_front() {
+                self.cursor = event.cursor;
+                return Some(Ok(event));
+            }
+            if self.needs_replay {
+                match self
+                    .store
+                    .events_after(&self.scope, &self.session, self.cursor, REPLAY_BATCH)
+                {
+                    Ok(batch) if batch.is_empty() => self.needs_replay = false,
+                    Ok(batch) => self.backlog.extend(batch),
+                    Err(e) => return Some(Err(e)),
+                }
+                continue;
+            }
+            match self.rx.recv().await {
+                Ok(event) if event.cursor <= self.cursor => {}
+                Ok(event) if event.cursor == self.cursor + 1 => {
+                    self.cursor = event.cursor;
+                    return Some(Ok(event));
+                }
+                // A gap (or a lagged receiver): the store has what we missed.
+                Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => self.needs_replay = true,
+                Err(broadcast::error::RecvError::Closed) => return None,
+            }
+        }
+    }
+}

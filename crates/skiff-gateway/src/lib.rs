@@ -1,0 +1,164 @@
+//! The control plane. It owns auth, routing and policy: the API, the event fan-out, session
+//! workspaces, and the execution of runs with the agent loop in this process (placement
+//! `local`). Later capabilities (environments, placement on workers, sync) hang off [`Core`].
+//!
+//! Deliberately absent: SQL (that is `skiff-store`), provider wire formats and keys
+//! (`skiff-llm`), and the loop itself (`skiff-agent`).
+
+mod api;
+mod auth;
+mod backend;
+pub mod config;
+mod error;
+mod hub;
+mod sessions;
+pub mod state_dir;
+mod workspace;
+
+pub use error::{Error, Result};
+pub use hub::Hub;
+
+use config::Config;
+use serde::{Deserialize, Serialize};
+use skiff_protocol::api::RunStatus;
+use skiff_protocol::event::EventKind;
+use skiff_protocol::RunId;
+use skiff_store::Store;
+use state_dir::StateDir;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use tokio_util::sync::CancellationToken;
+
+/// What `skiff gateway` is started with.
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub state_dir: PathBuf,
+    pub listen: String,
+    /// `<state-dir>/skiff.toml` when absent.
+    pub config: Option<PathBuf>,
+}
+
+/// `<state-dir>/gateway.json`: how a local CLI finds and authenticates to the gateway.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct GatewayFile {
+    pub url: String,
+    pub token: String,
+}
+
+/// Everything the API handlers and run tasks share.
+pub(crate) struct Core {
+    store: Arc<Store>,
+    hub: Arc<Hub>,
+    catalog: skiff_llm::Catalog,
+    state: StateDir,
+    tokens: auth::Tokens,
+    running: Mutex<HashMap<RunId, CancellationToken>>,
+}
+
+/// A started gateway.
+pub struct Running {
+    pub url: String,
+    pub token: String,
+    pub addr: SocketAddr,
+    shutdown: CancellationToken,
+    server: tokio::task::JoinHandle<std::io::Result<()>>,
+    core: Arc<Core>,
+}
+
+impl Running {
+    /// Stops accepting requests, cancels running turns, and waits for the server to finish.
+    pub async fn shutdown(self) {
+        self.shutdown.cancel();
+        let tokens: Vec<_> = self.core.running.lock().map(|m| m.values().cloned().collect()).unwrap_or_default();
+        for token in tokens {
+            token.cancel();
+        }
+        let _ = self.server.await;
+    }
+
+    /// Waits until the server stops (it stops on its own only on an I/O error).
+    pub async fn wait(&mut self) -> std::io::Result<()> {
+        (&mut self.server).await.unwrap_or(Ok(()))
+    }
+}
+
+/// Opens the state dir and database, reconciles what a previous process left, binds the
+/// listener and starts serving.
+pub async fn start(options: Options) -> Result<Running> {
+    let state = StateDir::open(&options.state_dir)?;
+    let config_path = options.config.clone().unwrap_or_else(|| state.root().join("skiff.toml"));
+    let config = Config::load(&config_path)?;
+    let config_dir = config_path.parent().map(PathBuf::from).unwrap_or_default();
+    let catalog = skiff_llm::Catalog::new(config.providers, config.models.default, &config_dir)?;
+    let store = Arc::new(Store::open(&state.database())?);
+    let tokens = auth::Tokens::load(&store)?;
+    let hub = Arc::new(Hub::new(store.clone()));
+    let core = Arc::new(Core {
+        store,
+        hub,
+        catalog,
+        state,
+        tokens,
+        running: Mutex::new(HashMap::new()),
+    });
+    core.reconcile_on_start()?;
+
+    let listener = tokio::net::TcpListener::bind(&options.listen)
+        .await
+        .map_err(|source| Error::Listen { addr: options.listen.clone(), source })?;
+    let addr = listener.local_addr().map_err(|source| Error::Listen { addr: options.listen.clone(), source })?;
+    let url = format!("http://{addr}");
+    let token = core.admin_token(&url)?;
+
+    let shutdown = CancellationToken::new();
+    let app = api::router(core.clone());
+    let stop = shutdown.clone();
+    let server = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move { stop.cancelled().await })
+            .await
+    });
+    tracing::info!(%url, state_dir = %core.state.root().display(), "gateway listening");
+    Ok(Running { url, token, addr, shutdown, server, core })
+}
+
+impl Core {
+    /// Runs left unfinished by a previous process cannot be continuing: mark them (and their
+    /// attempts) orphaned and tell anyone watching.
+    fn reconcile_on_start(&self) -> Result<()> {
+        let orphaned = self.store.orphan_active_on_start("the gateway stopped while this run was active")?;
+        for (scope, run) in orphaned {
+            tracing::warn!(run = %run.id, session = %run.session_id, "orphaned a run left active by a previous gateway");
+            let event = EventKind::RunStatus { status: RunStatus::Orphaned, error: run.error.clone() };
+            self.hub.publish(&scope, &run.session_id, Some(&run.id), event)?;
+            self.audit(&scope, "run.orphan", run.id.as_str(), "applied", serde_json::json!({ "session": run.session_id.as_str() }));
+        }
+        Ok(())
+    }
+
+    /// The admin token for `gateway.json`: reused when the file holds a token this database
+    /// knows, otherwise minted (and only its hash stored). The file always gets the current URL.
+    fn admin_token(&self, url: &str) -> Result<String> {
+        let path = self.state.gateway_file();
+        let existing = std::fs::read_to_string(&path)
+            .ok()
+            .and_then(|text| serde_json::from_str::<GatewayFile>(&text).ok())
+            .map(|f| f.token)
+            .filter(|t| self.tokens.verify(t).is_some());
+        let token = match existing {
+            Some(token) => token,
+            None => {
+                let token = auth::mint()?;
+                self.tokens.replace(&self.store, auth::ADMIN_LABEL, &token, auth::admin_scope())?;
+                self.audit(&auth::admin_scope(), "token.mint", auth::ADMIN_LABEL, "applied", serde_json::json!({}));
+                token
+            }
+        };
+        let file = GatewayFile { url: url.to_owned(), token: token.clone() };
+        let json = serde_json::to_string_pretty(&file).map_err(|e| Error::BadRequest(e.to_string()))?;
+        self.state.write_gateway_file(&json)?;
+        Ok(token)
+    }
+}

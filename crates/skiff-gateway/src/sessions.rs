@@ -1,0 +1,289 @@
+//! Sessions and their runs: creating a session (workspace first, then rows), admitting a turn,
+//! executing it with the agent loop in this process (placement `local`), and cancelling it.
+
+use crate::backend::{CatalogClient, StoreBackend};
+use crate::error::{Error, Result};
+use crate::{Core, workspace};
+use serde_json::json;
+use skiff_agent::tools::Tools;
+use skiff_agent::{AgentConfig, TurnOutcome, run_turn};
+use skiff_protocol::api::{
+    CreateSessionRequest, RunStarted, RunStatus, RunView, SessionDetail, SessionView,
+};
+use skiff_protocol::event::EventKind;
+use skiff_protocol::model::ModelRef;
+use skiff_protocol::transcript::EntryBody;
+use skiff_protocol::{RunId, SessionId};
+use skiff_store::{AttemptStatus, NewSession, RunRow, Scope, SessionRow};
+use std::path::Path;
+use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
+
+const MAX_STEPS: usize = 50;
+const MAX_OUTPUT_TOKENS: u32 = 8192;
+const MAX_PROMPT_BYTES: usize = 256 * 1024;
+/// This process, as a runtime node of attempts.
+const RUNTIME_NODE: &str = "gateway";
+
+fn title_of(prompt: &str) -> String {
+    let line = prompt.lines().find(|l| !l.trim().is_empty()).unwrap_or("").trim();
+    if line.chars().count() > 72 {
+        format!("{}…", line.chars().take(71).collect::<String>())
+    } else {
+        line.to_owned()
+    }
+}
+
+fn check_prompt(prompt: &str) -> Result<()> {
+    if prompt.trim().is_empty() {
+        return Err(Error::BadRequest("the prompt is empty; say what the agent should do".into()));
+    }
+    if prompt.len() > MAX_PROMPT_BYTES {
+        return Err(Error::BadRequest(format!(
+            "the prompt is {} bytes; the limit is {MAX_PROMPT_BYTES}",
+            prompt.len()
+        )));
+    }
+    Ok(())
+}
+
+pub(crate) fn run_view(run: &RunRow) -> RunView {
+    RunView {
+        id: run.id.clone(),
+        session_id: run.session_id.clone(),
+        status: run.status,
+        model: run.model_ref.clone(),
+        error: run.error.clone(),
+        created_at_ms: run.created_at_ms,
+        finished_at_ms: run.finished_at_ms,
+        input_tokens: run.usage.input_tokens,
+        output_tokens: run.usage.output_tokens,
+    }
+}
+
+impl Core {
+    pub(crate) fn session_view(&self, scope: &Scope, row: SessionRow) -> Result<SessionView> {
+        let last_run = self.store.runs(scope, &row.id)?.last().map(run_view);
+        let model = ModelRef::parse(&row.model_ref)
+            .map(|m| self.catalog.describe(&m))
+            .unwrap_or_else(|| skiff_protocol::api::ModelView {
+                model_ref: row.model_ref.clone(),
+                scripted: false,
+                label: row.model_ref.clone(),
+            });
+        Ok(SessionView {
+            id: row.id,
+            title: row.title,
+            workspace: row.workspace,
+            model,
+            placement: row.placement,
+            created_at_ms: row.created_at_ms,
+            updated_at_ms: row.updated_at_ms,
+            last_run,
+        })
+    }
+
+    pub(crate) fn list(&self, scope: &Scope) -> Result<Vec<SessionView>> {
+        self.store
+            .sessions(scope)?
+            .into_iter()
+            .map(|row| self.session_view(scope, row))
+            .collect()
+    }
+
+    pub(crate) fn detail(&self, scope: &Scope, id: &SessionId) -> Result<SessionDetail> {
+        let row = self.store.session(scope, id)?;
+        let runs = self.store.runs(scope, id)?.iter().map(run_view).collect();
+        let transcript = self.store.transcript(scope, id)?;
+        Ok(SessionDetail {
+            session: self.session_view(scope, row)?,
+            runs,
+            transcript,
+        })
+    }
+
+    /// Creates a session with its own workspace and starts its first run.
+    pub(crate) async fn create_session(
+        self: &Arc<Self>,
+        scope: &Scope,
+        req: CreateSessionRequest,
+    ) -> Result<RunStarted> {
+        check_prompt(&req.prompt)?;
+        // Resolve the model before touching the disk: a typo must not leave a worktree behind.
+        let model = self.catalog.resolve(req.model.as_deref())?;
+        let source = Path::new(&req.workspace);
+        if !source.is_absolute() {
+            return Err(Error::BadRequest(format!(
+                "workspace {} must be an absolute path on the gateway host",
+                req.workspace
+            )));
+        }
+        let id = SessionId::from_suffix(&skiff_store::mint()?);
+        let workspace = workspace::prepare(source, &id, &self.state).await?;
+        self.store.create_session(
+            scope,
+            &NewSession {
+                id: id.clone(),
+                title: title_of(&req.prompt),
+                workspace: workspace.clone(),
+                model_ref: model.to_string(),
+            },
+        )?;
+        self.audit(scope, "session.create", id.as_str(), "allowed", json!({
+            "workspace_kind": match workspace { skiff_protocol::api::WorkspaceView::Git { .. } => "git", _ => "plain" },
+            "model": model.as_str(),
+        }));
+        self.start_run(scope, &id, &req.prompt).await
+    }
+
+    /// Admits a new turn on an existing session.
+    pub(crate) async fn send(self: &Arc<Self>, scope: &Scope, id: &SessionId, prompt: &str) -> Result<RunStarted> {
+        check_prompt(prompt)?;
+        self.store.session(scope, id)?;
+        self.start_run(scope, id, prompt).await
+    }
+
+    async fn start_run(self: &Arc<Self>, scope: &Scope, id: &SessionId, prompt: &str) -> Result<RunStarted> {
+        let session = self.store.session(scope, id)?;
+        // Admission first: only the admitted turn may write the user's message.
+        let run = self.store.create_run(scope, id, &session.model_ref)?;
+        let leaf = self.store.leaf(scope, id)?;
+        let entries = self.store.append_entries(
+            scope,
+            id,
+            leaf.as_ref(),
+            Some(&run.id),
+            &[EntryBody::UserMessage { text: prompt.to_owned() }],
+        )?;
+        self.hub.publish(scope, id, Some(&run.id), EventKind::RunStatus { status: RunStatus::Queued, error: None })?;
+        for entry in entries {
+            self.hub.publish(scope, id, Some(&run.id), EventKind::Entry { entry })?;
+        }
+        self.audit(scope, "run.start", run.id.as_str(), "allowed", json!({ "session": id.as_str() }));
+
+        let cancel = CancellationToken::new();
+        self.running_lock().insert(run.id.clone(), cancel.clone());
+        let core = self.clone();
+        let (scope2, run2) = (scope.clone(), run.clone());
+        tokio::spawn(async move {
+            let run_id = run2.id.clone();
+            core.execute(scope2, session, run2, cancel).await;
+            core.running_lock().remove(&run_id);
+        });
+        let session = self.store.session(scope, id)?;
+        Ok(RunStarted {
+            session: self.session_view(scope, session)?,
+            run: run_view(&run),
+        })
+    }
+
+    /// Asks the session's unfinished run to stop. The model call and any running tool stop
+    /// within moments; the run then ends `cancelled`.
+    pub(crate) fn cancel(&self, scope: &Scope, id: &SessionId) -> Result<RunView> {
+        let Some(run) = self.store.open_run(scope, id)? else {
+            return Err(Error::BadRequest(format!("session {id} has no running turn to cancel")));
+        };
+        let token = self.running_lock().get(&run.id).cloned();
+        let run = if run.status == RunStatus::Cancelling {
+            run
+        } else {
+            let run = self.store.transition_run(scope, &run.id, RunStatus::Cancelling, None)?;
+            self.hub.publish(scope, id, Some(&run.id), EventKind::RunStatus { status: RunStatus::Cancelling, error: None })?;
+            run
+        };
+        self.audit(scope, "run.cancel", run.id.as_str(), "allowed", json!({ "session": id.as_str() }));
+        match token {
+            Some(token) => token.cancel(),
+            // No task owns it (it never started): finish it here.
+            None => {
+                self.finish(scope, id, &run.id, RunStatus::Cancelled, None);
+            }
+        }
+        Ok(run_view(&self.store.run(scope, &run.id)?))
+    }
+
+    async fn execute(self: &Arc<Self>, scope: Scope, session: SessionRow, run: RunRow, cancel: CancellationToken) {
+        let status = match self.prepare_and_run(&scope, &session, &run, &cancel).await {
+            Ok(_) if cancel.is_cancelled() => (RunStatus::Cancelled, None),
+            Ok(TurnOutcome::Completed) => (RunStatus::Succeeded, None),
+            Ok(TurnOutcome::Cancelled) => (RunStatus::Cancelled, None),
+            Ok(TurnOutcome::Failed(e)) => (RunStatus::Failed, Some(e)),
+            Err(e) => (RunStatus::Failed, Some(e.to_string())),
+        };
+        self.finish(&scope, &session.id, &run.id, status.0, status.1.as_deref());
+    }
+
+    async fn prepare_and_run(
+        self: &Arc<Self>,
+        scope: &Scope,
+        session: &SessionRow,
+        run: &RunRow,
+        cancel: &CancellationToken,
+    ) -> Result<TurnOutcome> {
+        for status in [RunStatus::Starting, RunStatus::Running] {
+            self.store.transition_run(scope, &run.id, status, None)?;
+            self.hub.publish(scope, &session.id, Some(&run.id), EventKind::RunStatus { status, error: None })?;
+        }
+        let model = ModelRef::parse(&session.model_ref)
+            .ok_or_else(|| Error::BadRequest(format!("session model {} is not a model ref", session.model_ref)))?;
+        let config = AgentConfig {
+            model_label: self.catalog.describe(&model).label,
+            model,
+            max_steps: MAX_STEPS,
+            max_output_tokens: MAX_OUTPUT_TOKENS,
+        };
+        let tools = Tools::new(session.workspace.path().into(), Vec::new())
+            .map_err(|e| Error::BadRequest(format!("workspace {} is gone: {e}", session.workspace.path())))?;
+        let backend = StoreBackend {
+            core: self.clone(),
+            scope: scope.clone(),
+            session: session.id.clone(),
+            run: run.id.clone(),
+        };
+        let attempt = self.store.start_attempt(scope, run, RUNTIME_NODE, 1)?;
+        let outcome = run_turn(&CatalogClient(self.catalog.clone()), &backend, &tools, &config, cancel).await;
+        let attempt_status = match (&outcome, cancel.is_cancelled()) {
+            (_, true) | (TurnOutcome::Cancelled, _) => AttemptStatus::Cancelled,
+            (TurnOutcome::Completed, _) => AttemptStatus::Succeeded,
+            (TurnOutcome::Failed(_), _) => AttemptStatus::Failed,
+        };
+        self.store.finish_attempt(scope, &attempt, attempt_status)?;
+        Ok(outcome)
+    }
+
+    /// Moves a run to its terminal status and tells subscribers. Cancellation wins over a
+    /// late success: a cancelled run goes through `cancelling`.
+    fn finish(&self, scope: &Scope, session: &SessionId, run: &RunId, status: RunStatus, error: Option<&str>) {
+        let current = self.store.run(scope, run).map(|r| r.status);
+        let status = match (current, status) {
+            (Ok(RunStatus::Cancelling), RunStatus::Succeeded) => RunStatus::Cancelled,
+            (Ok(RunStatus::Starting | RunStatus::Running), RunStatus::Cancelled) => {
+                if let Err(e) = self.store.transition_run(scope, run, RunStatus::Cancelling, None) {
+                    tracing::warn!(%run, error = %e, "could not mark the run cancelling");
+                }
+                RunStatus::Cancelled
+            }
+            _ => status,
+        };
+        match self.store.transition_run(scope, run, status, error) {
+            Ok(_) => {
+                let event = EventKind::RunStatus { status, error: error.map(str::to_owned) };
+                if let Err(e) = self.hub.publish(scope, session, Some(run), event) {
+                    tracing::warn!(%run, error = %e, "could not publish the end of the run");
+                }
+                tracing::info!(%session, %run, %status, "run finished");
+            }
+            Err(e) => tracing::warn!(%run, error = %e, "could not record the end of the run"),
+        }
+    }
+
+    fn running_lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<RunId, CancellationToken>> {
+        self.running.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn audit(&self, scope: &Scope, action: &str, target: &str, decision: &str, detail: serde_json::Value) {
+        if let Err(e) = self.store.audit(scope, "api", action, target, decision, &detail) {
+            tracing::warn!(action, error = %e, "could not write an audit row");
+        }
+    }
+}

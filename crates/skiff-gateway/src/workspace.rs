@@ -1,0 +1,176 @@
+//! Each session owns its workspace. For a git repository: a managed worktree on branch
+//! `skiff/<session-id>`, created from the repository's HEAD with the user's uncommitted and
+//! untracked-but-not-ignored changes carried over. For a plain directory: a gateway-owned copy.
+//!
+//! The user's live checkout is never written: its working tree, index and HEAD stay as they
+//! were. (The repository's object store and ref namespace do gain the session branch and the
+//! worktree's metadata; that is what `git worktree add` is.)
+
+use crate::state_dir::StateDir;
+use skiff_process::Cmd;
+use skiff_protocol::SessionId;
+use skiff_protocol::api::WorkspaceView;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Debug, thiserror::Error)]
+pub enum WorkspaceError {
+    #[error("workspace {0} does not exist or is not a directory")]
+    Missing(String),
+    #[error("workspace {path} contains the gateway's state dir {state}; choose a workspace outside it or move the state dir (--state-dir)")]
+    ContainsStateDir { path: String, state: String },
+    #[error("repository {0} has no commits yet; make a first commit, or use a directory that is not a git repository")]
+    NoCommits(String),
+    #[error("preparing the session workspace from {path} failed: {source}")]
+    Prepare {
+        path: String,
+        #[source]
+        source: skiff_process::Error,
+    },
+    #[error("cannot create {path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Git, as the gateway runs it on the user's repository: never prompting, never running the
+/// repository's hooks.
+fn git(dir: &Path) -> Cmd {
+    Cmd::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(["-c", "core.hooksPath=/dev/null"])
+        .env("GIT_TERMINAL_PROMPT", "0")
+        .timeout(Duration::from_secs(300))
+}
+
+/// Creates the session's own workspace from `source`.
+pub async fn prepare(
+    source: &Path,
+    session: &SessionId,
+    state: &StateDir,
+) -> Result<WorkspaceView, WorkspaceError> {
+    let source = source
+        .canonicalize()
+        .ok()
+        .filter(|p| p.is_dir())
+        .ok_or_else(|| WorkspaceError::Missing(source.display().to_string()))?;
+    if state.root().starts_with(&source) {
+        return Err(WorkspaceError::ContainsStateDir {
+            path: source.display().to_string(),
+            state: state.root().display().to_string(),
+        });
+    }
+    let cancel = CancellationToken::new();
+    let toplevel = git(&source)
+        .args(["rev-parse", "--show-toplevel"])
+        .run(&cancel)
+        .await
+        .ok()
+        .filter(|f| f.status.success())
+        .map(|f| PathBuf::from(f.stdout.into_string().trim()));
+    match toplevel {
+        Some(repo) => worktree(&repo, session, state, &cancel).await,
+        None => copy(&source, session, state, &cancel).await,
+    }
+}
+
+async fn worktree(
+    repo: &Path,
+    session: &SessionId,
+    state: &StateDir,
+    cancel: &CancellationToken,
+) -> Result<WorkspaceView, WorkspaceError> {
+    let failed = |source| WorkspaceError::Prepare {
+        path: repo.display().to_string(),
+        source,
+    };
+    let head = git(repo)
+        .args(["rev-parse", "--verify", "--quiet", "HEAD^{commit}"])
+        .run_checked(cancel)
+        .await
+        .map_err(|_| WorkspaceError::NoCommits(repo.display().to_string()))?
+        .trim()
+        .to_owned();
+
+    // Snapshot the user's working state as a tree through a private index, so the user's own
+    // index is not touched. `add -A` takes tracked changes, deletions and untracked files that
+    // are not ignored.
+    let index = state.tmp().join(format!("{session}.index"));
+    let with_index = |cmd: Cmd| cmd.env("GIT_INDEX_FILE", index.as_os_str());
+    with_index(git(repo).args(["read-tree", &head]))
+        .run_checked(cancel)
+        .await
+        .map_err(failed)?;
+    with_index(git(repo).args(["add", "-A"]))
+        .run_checked(cancel)
+        .await
+        .map_err(failed)?;
+    let tree = with_index(git(repo).arg("write-tree"))
+        .run_checked(cancel)
+        .await
+        .map_err(failed)?
+        .trim()
+        .to_owned();
+    let _ = std::fs::remove_file(&index);
+
+    let path = state.worktree(session.as_str());
+    let branch = format!("skiff/{session}");
+    git(repo)
+        .args(["worktree", "add", "--quiet", "-b", &branch])
+        .arg(&path)
+        .arg(&head)
+        .run_checked(cancel)
+        .await
+        .map_err(failed)?;
+    // Lay the snapshot over the fresh checkout, then unstage: the worktree shows exactly the
+    // user's uncommitted changes, as changes.
+    git(&path)
+        .args(["read-tree", "-m", "-u", &head, &tree])
+        .run_checked(cancel)
+        .await
+        .map_err(failed)?;
+    git(&path)
+        .args(["reset", "--quiet"])
+        .run_checked(cancel)
+        .await
+        .map_err(failed)?;
+    Ok(WorkspaceView::Git {
+        source: repo.display().to_string(),
+        path: path.display().to_string(),
+        branch,
+        base_commit: head,
+    })
+}
+
+async fn copy(
+    source: &Path,
+    session: &SessionId,
+    state: &StateDir,
+    cancel: &CancellationToken,
+) -> Result<WorkspaceView, WorkspaceError> {
+    let path = state.workspace_copy(session.as_str());
+    let failed = |e| WorkspaceError::Prepare {
+        path: source.display().to_string(),
+        source: e,
+    };
+    std::fs::create_dir_all(&path).map_err(|source| WorkspaceError::Io {
+        path: path.display().to_string(),
+        source,
+    })?;
+    Cmd::new("cp")
+        .arg("-a")
+        .arg(source.join("."))
+        .arg(&path)
+        .timeout(Duration::from_secs(600))
+        .run_checked(cancel)
+        .await
+        .map_err(failed)?;
+    Ok(WorkspaceView::Plain {
+        source: source.display().to_string(),
+        path: path.display().to_string(),
+    })
+}
