@@ -48,7 +48,9 @@ pub enum Error {
 
 /// Variables a child may inherit from Skiff's own environment. Everything else — provider API
 /// keys, tokens, `SSH_AUTH_SOCK` — is dropped.
-const INHERITED: &[&str] = &["PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TMPDIR", "TZ"];
+const INHERITED: &[&str] = &[
+    "PATH", "HOME", "USER", "LOGNAME", "LANG", "LC_ALL", "TMPDIR", "TZ",
+];
 const DEFAULT_PATH: &str = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin";
 
 /// How a finished command ended.
@@ -292,7 +294,11 @@ mod tests {
             .await
             .unwrap_err();
         assert!(matches!(err, Error::TimedOut { .. }), "{err}");
-        let pid: i32 = std::fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
+        let pid: i32 = std::fs::read_to_string(&pidfile)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
         assert!(!process_alive(pid), "background sleep {pid} survived");
     }
 
@@ -304,7 +310,10 @@ mod tests {
             .await
             .unwrap_err();
         let msg = err.to_string();
-        assert!(msg.contains("boom") && msg.contains("exit status: 3"), "{msg}");
+        assert!(
+            msg.contains("boom") && msg.contains("exit status: 3"),
+            "{msg}"
+        );
     }
 
     #[tokio::test]

@@ -1,0 +1,85 @@
+//! A gateway process for one test, and helpers to run the CLI against it.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+
+pub const SKIFF: &str = env!("CARGO_BIN_EXE_skiff");
+
+pub struct Gateway {
+    pub state_dir: PathBuf,
+    pub url: String,
+    pub token: String,
+    child: Child,
+    _dir: tempfile::TempDir,
+}
+
+impl Gateway {
+    /// Starts `skiff gateway` with a config holding a scripted provider `fake` that replays
+    /// `script` (TOML), and waits for its "listening" line.
+    pub fn start(script: &str) -> Gateway {
+        let dir = tempfile::tempdir().unwrap();
+        let state_dir = dir.path().join("state");
+        std::fs::write(dir.path().join("script.toml"), script).unwrap();
+        let config = dir.path().join("skiff.toml");
+        std::fs::write(&config, "[providers.fake]\napi = \"scripted\"\nscript = \"script.toml\"\n").unwrap();
+        let mut child = Command::new(SKIFF)
+            .arg("--state-dir")
+            .arg(&state_dir)
+            .args(["gateway", "--listen", "127.0.0.1:0", "--config"])
+            .arg(&config)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        let url = line
+            .trim()
+            .strip_prefix("skiff gateway listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line from the gateway: {line:?}"))
+            .to_owned();
+        let file: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(state_dir.join("gateway.json")).unwrap()).unwrap();
+        let token = file["token"].as_str().unwrap().to_owned();
+        Gateway { state_dir, url, token, child, _dir: dir }
+    }
+
+    /// A `skiff` command that finds this gateway through its state dir.
+    pub fn cli(&self) -> Command {
+        let mut cmd = Command::new(SKIFF);
+        cmd.arg("--state-dir").arg(&self.state_dir).env_remove("SKIFF_URL").env_remove("SKIFF_TOKEN");
+        cmd
+    }
+
+    pub fn run(&self, args: &[&str]) -> Output {
+        self.cli().args(args).output().unwrap()
+    }
+
+    pub fn json(&self, args: &[&str]) -> serde_json::Value {
+        let out = self.run(args);
+        assert!(out.status.success(), "skiff {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+pub fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+pub fn git(repo: &Path, args: &[&str]) -> String {
+    let out = Command::new("git").arg("-C").arg(repo).args(args).output().unwrap();
+    assert!(out.status.success(), "git {args:?}: {}", stderr(&out));
+    stdout(&out)
+}

@@ -1,0 +1,6 @@
+//! End-to-end: the real `skiff` binary, a real gateway process, real git repositories, and a
+//! scripted model (the only stand-in).
+
+mod bad_input;
+mod harness;
+mod session;

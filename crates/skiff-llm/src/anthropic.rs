@@ -1,0 +1,444 @@
+//! The Anthropic Messages wire format (`api = "anthropic-messages"`): request body, headers
+//! and stream decoding.
+//!
+//! The transport (sending, retries, timeouts, HTTP errors) is `http`'s, not this module's.
+
+use crate::drive::Failure;
+use crate::http::{Adapter, malformed, tool_arguments};
+use crate::sse::SseEvent;
+use reqwest::header::HeaderName;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use skiff_protocol::model::{
+    Message, ModelErrorKind, ModelEvent, ModelRequest, StopReason, ToolCall, Usage,
+};
+use std::collections::BTreeMap;
+
+const API_VERSION: &str = "2023-06-01";
+// `from_static` is evaluated at compile time here, so a typo cannot become a runtime panic.
+const X_API_KEY: HeaderName = HeaderName::from_static("x-api-key");
+const ANTHROPIC_VERSION: HeaderName = HeaderName::from_static("anthropic-version");
+
+/// The body of `POST {base_url}/v1/messages` for `request`: compact JSON with sorted keys, so
+/// the same request always gives the same bytes.
+pub fn request_body(request: &ModelRequest) -> Vec<u8> {
+    let mut messages = Vec::with_capacity(request.messages.len());
+    // Results of one assistant turn go together in the user message that follows it.
+    let mut results = Vec::new();
+    for message in &request.messages {
+        let wire = match message {
+            Message::ToolResult {
+                call_id,
+                content,
+                is_error,
+                ..
+            } => {
+                results.push(json!({
+                    "type": "tool_result",
+                    "tool_use_id": call_id,
+                    "content": content,
+                    "is_error": is_error,
+                }));
+                continue;
+            }
+            Message::User { text } => json!({ "role": "user", "content": text }),
+            Message::Assistant { text, tool_calls } => {
+                // The API rejects empty text blocks.
+                let text = (!text.is_empty()).then(|| json!({ "type": "text", "text": text }));
+                let calls = tool_calls.iter().map(|call| {
+                    json!({
+                        "type": "tool_use",
+                        "id": call.id,
+                        "name": call.name,
+                        "input": tool_input(&call.arguments),
+                    })
+                });
+                let content: Vec<Value> = text.into_iter().chain(calls).collect();
+                json!({ "role": "assistant", "content": content })
+            }
+        };
+        push_results(&mut messages, &mut results);
+        messages.push(wire);
+    }
+    push_results(&mut messages, &mut results);
+
+    let mut body = json!({
+        "model": request.model.model_id(),
+        "max_tokens": request.max_output_tokens,
+        "messages": messages,
+        "stream": true,
+    });
+    if !request.system.is_empty() {
+        body["system"] = json!(request.system);
+    }
+    if !request.tools.is_empty() {
+        body["tools"] = request
+            .tools
+            .iter()
+            .map(|tool| {
+                json!({
+                    "name": tool.name,
+                    "description": tool.description,
+                    "input_schema": tool.parameters,
+                })
+            })
+            .collect();
+    }
+    body.to_string().into_bytes()
+}
+
+fn push_results(messages: &mut Vec<Value>, results: &mut Vec<Value>) {
+    if !results.is_empty() {
+        messages.push(json!({ "role": "user", "content": std::mem::take(results) }));
+    }
+}
+
+/// The API requires `input` to be an object. Arguments that were not valid JSON are replayed as
+/// none: the tool result that follows already tells the model what was wrong.
+fn tool_input(arguments: &Value) -> Value {
+    match arguments {
+        Value::Object(_) => arguments.clone(),
+        _ => json!({}),
+    }
+}
+
+/// Decoding state of one streamed response.
+#[derive(Default)]
+pub(crate) struct Decoder {
+    usage: Usage,
+    stop: Option<StopReason>,
+    /// Tool-use blocks being assembled, by content block index.
+    calls: BTreeMap<u64, PartialCall>,
+}
+
+struct PartialCall {
+    id: String,
+    name: String,
+    /// The block's initial `input`, used when no `input_json_delta` follows.
+    input: Value,
+    json: String,
+}
+
+#[derive(Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum Event {
+    MessageStart {
+        message: StartMessage,
+    },
+    ContentBlockStart {
+        index: u64,
+        content_block: Block,
+    },
+    ContentBlockDelta {
+        index: u64,
+        delta: Delta,
+    },
+    ContentBlockStop {
+        index: u64,
+    },
+    MessageDelta {
+        delta: MessageDelta,
+        usage: Option<DeltaUsage>,
+    },
+    MessageStop,
+    Error {
+        error: ErrorBody,
+    },
+    /// `ping` and event types added after this was written, which the API says to ignore.
+    #[serde(other)]
+    Other,
+}
+
+#[derive(Deserialize)]
+struct StartMessage {
+    #[serde(default)]
+    usage: StartUsage,
+}
+
+/// Defaults because compatible proxies do not always report usage.
+#[derive(Deserialize, Default)]
+struct StartUsage {
+    #[serde(default)]
+    input_tokens: u64,
+}
+
+#[derive(Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+enum Block {
+    Text {
+        text: String,
+    },
+    ToolUse {
+        id: String,
+        name: String,
+        input: Option<Value>,
+    },
+    /// Thinking and other block types, which carry nothing the agent uses.
+    #[serde(other)]
+    Other,
+}
+
+#[derive(Deserialize)]
+#[serde(tag = "type")]
+enum Delta {
+    #[serde(rename = "text_delta")]
+    Text { text: String },
+    #[serde(rename = "input_json_delta")]
+    InputJson { partial_json: String },
+    #[serde(other)]
+    Other,
+}
+
+#[derive(Deserialize)]
+struct MessageDelta {
+    stop_reason: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct DeltaUsage {
+    input_tokens: Option<u64>,
+    output_tokens: Option<u64>,
+}
+
+#[derive(Deserialize)]
+struct ErrorBody {
+    #[serde(rename = "type")]
+    kind: String,
+    message: String,
+}
+
+impl Adapter for Decoder {
+    const PATH: &'static str = "/v1/messages";
+
+    fn request_body(request: &ModelRequest) -> Vec<u8> {
+        request_body(request)
+    }
+
+    fn headers(api_key: Option<&str>) -> Vec<(HeaderName, String)> {
+        let key = api_key.map(|key| (X_API_KEY, key.to_owned()));
+        key.into_iter()
+            .chain([(ANTHROPIC_VERSION, API_VERSION.to_owned())])
+            .collect()
+    }
+
+    fn decode(
+        &mut self,
+        event: SseEvent,
+        out: &mut Vec<ModelEvent>,
+    ) -> Result<Option<StopReason>, Failure> {
+        // The `type` inside the data repeats the `event:` field; decoding the data alone keeps
+        // one source of truth.
+        let decoded: Event =
+            serde_json::from_str(&event.data).map_err(|e| malformed(&event, &e))?;
+        match decoded {
+            Event::MessageStart { message } => self.usage.input_tokens = message.usage.input_tokens,
+            Event::ContentBlockStart {
+                index,
+                content_block,
+            } => match content_block {
+                Block::Text { text } if !text.is_empty() => {
+                    out.push(ModelEvent::TextDelta { text })
+                }
+                Block::ToolUse { id, name, input } => {
+                    let input = input.unwrap_or(Value::Null);
+                    let json = String::new();
+                    self.calls.insert(
+                        index,
+                        PartialCall {
+                            id,
+                            name,
+                            input,
+                            json,
+                        },
+                    );
+                }
+                Block::Text { .. } | Block::Other => {}
+            },
+            Event::ContentBlockDelta { index, delta } => match delta {
+                Delta::Text { text } => out.push(ModelEvent::TextDelta { text }),
+                Delta::InputJson { partial_json } => {
+                    if let Some(call) = self.calls.get_mut(&index) {
+                        call.json.push_str(&partial_json);
+                    }
+                }
+                Delta::Other => {}
+            },
+            Event::ContentBlockStop { index } => {
+                if let Some(call) = self.calls.remove(&index) {
+                    let arguments = match call.input {
+                        Value::Object(input) if call.json.is_empty() => Value::Object(input),
+                        _ => tool_arguments(call.json),
+                    };
+                    let call = ToolCall {
+                        id: call.id,
+                        name: call.name,
+                        arguments,
+                    };
+                    out.push(ModelEvent::ToolCall { call });
+                }
+            }
+            Event::MessageDelta { delta, usage } => {
+                if let Some(reason) = delta.stop_reason {
+                    self.stop = Some(match reason.as_str() {
+                        "end_turn" | "stop_sequence" => StopReason::EndTurn,
+                        "tool_use" => StopReason::ToolUse,
+                        "max_tokens" => StopReason::MaxTokens,
+                        _ => StopReason::Other,
+                    });
+                }
+                // Counts in message_delta are cumulative, so they replace earlier ones.
+                if let Some(usage) = usage {
+                    self.usage.input_tokens = usage.input_tokens.unwrap_or(self.usage.input_tokens);
+                    self.usage.output_tokens =
+                        usage.output_tokens.unwrap_or(self.usage.output_tokens);
+                }
+            }
+            Event::MessageStop => {
+                out.push(ModelEvent::Usage { usage: self.usage });
+                return Ok(Some(self.stop.unwrap_or(StopReason::Other)));
+            }
+            Event::Error { error } => {
+                // Overload is the same condition as an HTTP 529 before streaming started.
+                let kind = match error.kind.as_str() {
+                    "rate_limit_error" | "overloaded_error" => ModelErrorKind::RateLimited,
+                    _ => ModelErrorKind::ProviderFailed,
+                };
+                return Err(Failure::new(
+                    kind,
+                    format!(
+                        "reported an error mid-response: {} ({})",
+                        error.message, error.kind
+                    ),
+                ));
+            }
+            Event::Other => {}
+        }
+        Ok(None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use skiff_protocol::model::{ModelRef, ToolSpec};
+
+    fn request() -> ModelRequest {
+        let call = |id: &str| ToolCall {
+            id: id.into(),
+            name: "read".into(),
+            arguments: json!({ "path": "README.md" }),
+        };
+        let result = |id: &str, is_error| Message::ToolResult {
+            call_id: id.into(),
+            name: "read".into(),
+            content: "# Skiff".into(),
+            is_error,
+        };
+        ModelRequest {
+            model: ModelRef::parse("anthropic/claude-sonnet-4-5").unwrap(),
+            system: "You are terse.".into(),
+            messages: vec![
+                Message::User {
+                    text: "Read the README twice".into(),
+                },
+                Message::Assistant {
+                    text: "Reading.".into(),
+                    tool_calls: vec![call("toolu_1"), call("toolu_2")],
+                },
+                result("toolu_1", false),
+                result("toolu_2", true),
+            ],
+            tools: vec![ToolSpec {
+                name: "read".into(),
+                description: "Read a file".into(),
+                parameters: json!({ "type": "object", "properties": { "path": { "type": "string" } } }),
+            }],
+            max_output_tokens: 2048,
+        }
+    }
+
+    #[test]
+    fn request_body_is_a_pure_function_of_the_request() {
+        assert_eq!(request_body(&request()), request_body(&request().clone()));
+    }
+
+    #[test]
+    fn request_body_snapshot() {
+        let body: Value = serde_json::from_slice(&request_body(&request())).unwrap();
+        insta::assert_snapshot!(serde_json::to_string_pretty(&body).unwrap(), @r##"
+        {
+          "max_tokens": 2048,
+          "messages": [
+            {
+              "content": "Read the README twice",
+              "role": "user"
+            },
+            {
+              "content": [
+                {
+                  "text": "Reading.",
+                  "type": "text"
+                },
+                {
+                  "id": "toolu_1",
+                  "input": {
+                    "path": "README.md"
+                  },
+                  "name": "read",
+                  "type": "tool_use"
+                },
+                {
+                  "id": "toolu_2",
+                  "input": {
+                    "path": "README.md"
+                  },
+                  "name": "read",
+                  "type": "tool_use"
+                }
+              ],
+              "role": "assistant"
+            },
+            {
+              "content": [
+                {
+                  "content": "# Skiff",
+                  "is_error": false,
+                  "tool_use_id": "toolu_1",
+                  "type": "tool_result"
+                },
+                {
+                  "content": "# Skiff",
+                  "is_error": true,
+                  "tool_use_id": "toolu_2",
+                  "type": "tool_result"
+                }
+              ],
+              "role": "user"
+            }
+          ],
+          "model": "claude-sonnet-4-5",
+          "stream": true,
+          "system": "You are terse.",
+          "tools": [
+            {
+              "description": "Read a file",
+              "input_schema": {
+                "properties": {
+                  "path": {
+                    "type": "string"
+                  }
+                },
+                "type": "object"
+              },
+              "name": "read"
+            }
+          ]
+        }
+        "##);
+    }
+
+    #[test]
+    fn non_object_arguments_are_replayed_as_empty_input() {
+        assert_eq!(tool_input(&Value::String("{oops".into())), json!({}));
+    }
+}

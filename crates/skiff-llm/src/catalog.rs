@@ -1,0 +1,317 @@
+//! The model catalog: provider configuration, validation, model-ref resolution and dispatch of a
+//! request to its adapter.
+//!
+//! It owns which providers exist and what a model ref means. It deliberately does not parse
+//! skiff.toml (the gateway does, so key paths appear in errors) and knows no wire format.
+
+use crate::drive::{Failure, drive};
+use crate::http::HttpProvider;
+use crate::scripted::Script;
+use crate::{Error, Result, anthropic, http, openai};
+use futures_util::stream::BoxStream;
+use serde::Deserialize;
+use skiff_protocol::api::ModelView;
+use skiff_protocol::model::{ModelErrorKind, ModelEvent, ModelRef, ModelRequest};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+const BUILTIN_SCRIPTED: &str = "scripted";
+const DEMO_MODEL: &str = "scripted/demo";
+const DEMO_SCRIPT: &str = include_str!("scripted/demo.toml");
+const DEFAULT_IDLE_TIMEOUT_S: u64 = 120;
+const DEFAULT_MAX_RETRIES: u32 = 2;
+
+/// One `[providers.<name>]` table of skiff.toml.
+#[derive(Deserialize, Clone, Debug)]
+#[serde(deny_unknown_fields)]
+pub struct ProviderConfig {
+    pub api: Api,
+    /// Required for the two HTTP apis, for example `https://api.openai.com/v1`.
+    #[serde(default)]
+    pub base_url: Option<String>,
+    /// The environment variable holding the API key; unset for local servers that need none.
+    #[serde(default)]
+    pub api_key_env: Option<String>,
+    /// Required for `api = "scripted"`; a relative path resolves against the config file's
+    /// directory.
+    #[serde(default)]
+    pub script: Option<PathBuf>,
+    /// Longest silence tolerated while waiting for the provider, in seconds (default 120).
+    #[serde(default)]
+    pub idle_timeout_s: Option<u64>,
+    /// Retries on 429/503/529 before anything streamed, waiting `retry-after` when it is at most
+    /// 10 s, else 1 s when absent (default 2).
+    #[serde(default)]
+    pub max_retries: Option<u32>,
+}
+
+#[derive(Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum Api {
+    OpenaiCompletions,
+    AnthropicMessages,
+    Scripted,
+}
+
+impl Api {
+    fn as_str(self) -> &'static str {
+        match self {
+            Api::OpenaiCompletions => "openai-completions",
+            Api::AnthropicMessages => "anthropic-messages",
+            Api::Scripted => "scripted",
+        }
+    }
+}
+
+/// The configured providers. Cheap to clone; shared by every session. Holds no API key (keys
+/// are read from the environment per call), so `Debug` is safe to log.
+#[derive(Clone, Debug)]
+pub struct Catalog {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    providers: BTreeMap<String, Provider>,
+    default_model: ModelRef,
+    client: reqwest::Client,
+}
+
+#[derive(Debug)]
+enum Provider {
+    OpenAi(HttpProvider),
+    Anthropic(HttpProvider),
+    Scripted { script: Script, builtin: bool },
+}
+
+impl Catalog {
+    /// Validates every provider: `base_url` present and a valid http(s) URL for the HTTP apis,
+    /// the script file readable and well-formed for `scripted`. Unless the configuration names
+    /// a provider `scripted` itself, a built-in one with the single model `scripted/demo` exists.
+    pub fn new(
+        providers: BTreeMap<String, ProviderConfig>,
+        default_model: Option<String>,
+        config_dir: &Path,
+    ) -> Result<Catalog> {
+        let mut built = BTreeMap::new();
+        for (name, config) in providers {
+            let provider = Provider::from_config(&name, config, config_dir)?;
+            built.insert(name, provider);
+        }
+        if !built.contains_key(BUILTIN_SCRIPTED) {
+            let script = Script::parse(DEMO_SCRIPT).map_err(|problem| Error::InvalidScript {
+                provider: BUILTIN_SCRIPTED.to_owned(),
+                path: PathBuf::from("<built-in demo script>"),
+                problem,
+            })?;
+            built.insert(
+                BUILTIN_SCRIPTED.to_owned(),
+                Provider::Scripted {
+                    script,
+                    builtin: true,
+                },
+            );
+        }
+        // Without a configured default, `scripted/demo` always resolves: a provider named
+        // `scripted` exists, built-in or the user's own.
+        let (default_model, _) = lookup(&built, default_model.as_deref().unwrap_or(DEMO_MODEL))
+            .map_err(|e| Error::InvalidDefaultModel(Box::new(e)))?;
+        let client = reqwest::Client::builder()
+            .build()
+            .map_err(Error::HttpClient)?;
+        Ok(Catalog {
+            inner: Arc::new(Inner {
+                providers: built,
+                default_model,
+                client,
+            }),
+        })
+    }
+
+    /// `None` gives the configured default model, else `scripted/demo`.
+    pub fn resolve(&self, model: Option<&str>) -> Result<ModelRef> {
+        match model {
+            None => Ok(self.inner.default_model.clone()),
+            Some(model) => lookup(&self.inner.providers, model).map(|(model_ref, _)| model_ref),
+        }
+    }
+
+    /// How to show `model` to a person; a scripted model is always labelled as such.
+    pub fn describe(&self, model: &ModelRef) -> ModelView {
+        let scripted = matches!(
+            self.inner.providers.get(model.provider()),
+            Some(Provider::Scripted { .. })
+        );
+        ModelView {
+            model_ref: model.to_string(),
+            scripted,
+            label: if scripted {
+                format!("{model} (scripted)")
+            } else {
+                model.to_string()
+            },
+        }
+    }
+
+    /// Streams the model's answer to `request`. Never panics; the stream always ends with
+    /// exactly one `Done` or `Error` and nothing after it. When `cancel` fires, the request in
+    /// flight is dropped and the stream ends promptly with `Done { stop_reason: Cancelled }`.
+    pub fn stream(
+        &self,
+        request: ModelRequest,
+        cancel: CancellationToken,
+    ) -> BoxStream<'static, ModelEvent> {
+        let inner = Arc::clone(&self.inner);
+        drive(cancel, move |emitter| async move {
+            // Looked up again because a stored ref may predate a configuration change.
+            let (_, provider) = lookup(&inner.providers, request.model.as_str())
+                .map_err(|e| Failure::new(ModelErrorKind::Configuration, e.to_string()))?;
+            match provider {
+                Provider::OpenAi(provider) => {
+                    http::run::<openai::Decoder>(&inner.client, provider, &request, &emitter).await
+                }
+                Provider::Anthropic(provider) => {
+                    http::run::<anthropic::Decoder>(&inner.client, provider, &request, &emitter)
+                        .await
+                }
+                Provider::Scripted { script, .. } => Ok(script.play(&request, &emitter).await),
+            }
+        })
+    }
+}
+
+impl Provider {
+    fn from_config(name: &str, config: ProviderConfig, config_dir: &Path) -> Result<Provider> {
+        if name.contains('/') || ModelRef::parse(&format!("{name}/m")).is_none() {
+            return Err(invalid(
+                name,
+                "a provider name must be non-empty, without `/` or whitespace, because models are named `provider/model`".to_owned(),
+            ));
+        }
+        match config.api {
+            Api::Scripted => scripted_provider(name, config, config_dir),
+            Api::OpenaiCompletions => {
+                http_provider(name, config, "https://api.openai.com/v1").map(Provider::OpenAi)
+            }
+            Api::AnthropicMessages => {
+                http_provider(name, config, "https://api.anthropic.com").map(Provider::Anthropic)
+            }
+        }
+    }
+}
+
+fn scripted_provider(name: &str, config: ProviderConfig, config_dir: &Path) -> Result<Provider> {
+    if config.base_url.is_some() {
+        return Err(unused(name, config.api, "base_url"));
+    }
+    if config.api_key_env.is_some() {
+        return Err(unused(name, config.api, "api_key_env"));
+    }
+    let Some(script) = config.script else {
+        return Err(invalid(
+            name,
+            "api = \"scripted\" needs `script`, the path of a script file".to_owned(),
+        ));
+    };
+    let path = config_dir.join(script);
+    let script = std::fs::read_to_string(&path)
+        .map_err(|e| e.to_string())
+        .and_then(|text| Script::parse(&text))
+        .map_err(|problem| Error::InvalidScript {
+            provider: name.to_owned(),
+            path,
+            problem,
+        })?;
+    Ok(Provider::Scripted {
+        script,
+        builtin: false,
+    })
+}
+
+fn http_provider(name: &str, config: ProviderConfig, example_url: &str) -> Result<HttpProvider> {
+    if config.script.is_some() {
+        return Err(unused(name, config.api, "script"));
+    }
+    let Some(base_url) = config.base_url else {
+        return Err(invalid(
+            name,
+            format!(
+                "api = \"{}\" needs `base_url`, for example \"{example_url}\"",
+                config.api.as_str()
+            ),
+        ));
+    };
+    match reqwest::Url::parse(&base_url) {
+        Ok(url) if matches!(url.scheme(), "http" | "https") => {}
+        Ok(_) => {
+            let problem = format!("base_url `{base_url}` must start with http:// or https://");
+            return Err(invalid(name, problem));
+        }
+        Err(e) => {
+            let problem = format!("base_url `{base_url}` is not a valid URL: {e}");
+            return Err(invalid(name, problem));
+        }
+    }
+    let idle_timeout_s = config.idle_timeout_s.unwrap_or(DEFAULT_IDLE_TIMEOUT_S);
+    if idle_timeout_s == 0 {
+        return Err(invalid(
+            name,
+            "idle_timeout_s must be at least 1".to_owned(),
+        ));
+    }
+    Ok(HttpProvider {
+        name: name.to_owned(),
+        base_url: base_url.trim_end_matches('/').to_owned(),
+        api_key_env: config.api_key_env,
+        idle_timeout: Duration::from_secs(idle_timeout_s),
+        max_retries: config.max_retries.unwrap_or(DEFAULT_MAX_RETRIES),
+    })
+}
+
+fn invalid(provider: &str, problem: String) -> Error {
+    Error::InvalidProvider {
+        provider: provider.to_owned(),
+        problem,
+    }
+}
+
+fn unused(provider: &str, api: Api, field: &str) -> Error {
+    let problem = format!(
+        "`{field}` has no meaning for api = \"{}\"; remove it",
+        api.as_str()
+    );
+    invalid(provider, problem)
+}
+
+/// For error messages; never empty, since a `scripted` provider always exists.
+fn configured(providers: &BTreeMap<String, Provider>) -> String {
+    let names: Vec<&str> = providers.keys().map(String::as_str).collect();
+    names.join(", ")
+}
+
+/// Resolves `model` to its ref and provider; the one place that decides what a ref means.
+fn lookup<'a>(
+    providers: &'a BTreeMap<String, Provider>,
+    model: &str,
+) -> Result<(ModelRef, &'a Provider)> {
+    let model_ref = ModelRef::parse(model).ok_or_else(|| Error::MalformedModelRef {
+        model: model.to_owned(),
+        configured: configured(providers),
+    })?;
+    match providers.get(model_ref.provider()) {
+        None => Err(Error::UnknownProvider {
+            model: model.to_owned(),
+            provider: model_ref.provider().to_owned(),
+            configured: configured(providers),
+        }),
+        Some(Provider::Scripted { builtin: true, .. }) if model != DEMO_MODEL => {
+            Err(Error::UnknownScriptedModel {
+                model: model.to_owned(),
+            })
+        }
+        Some(provider) => Ok((model_ref, provider)),
+    }
+}

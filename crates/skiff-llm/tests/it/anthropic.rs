@@ -1,0 +1,190 @@
+//! `api = "anthropic-messages"` against the fake provider.
+
+use crate::transport::Wire;
+use crate::{request, run, tool_calls};
+use serde_json::{Value, json};
+use skiff_protocol::model::{ModelErrorKind, ModelEvent, StopReason, Usage};
+use skiff_test_support::anthropic_sse::{
+    error, message_delta, message_start, message_stop, ping, text_block, tool_use_block,
+};
+use skiff_test_support::{FakeProvider, FakeResponse};
+
+const ANTHROPIC: Wire = Wire {
+    provider: "anthropic",
+    api: "anthropic-messages",
+    model: "anthropic/claude-sonnet-4-5",
+    hello,
+    partial,
+    error_body,
+    key_header: "x-api-key",
+    key_value: str::to_owned,
+};
+
+fn hello() -> Vec<String> {
+    [
+        message_start(25),
+        ping(),
+        text_block(0, &["Hello", " world"]),
+        message_delta("end_turn", 3),
+        message_stop(),
+    ]
+    .concat()
+}
+
+fn partial() -> Vec<String> {
+    [message_start(25), text_block(0, &["Hello"])].concat()
+}
+
+fn error_body(message: &str) -> String {
+    json!({ "type": "error", "error": { "type": "invalid_request_error", "message": message } })
+        .to_string()
+}
+
+crate::transport_tests!(ANTHROPIC);
+
+async fn stream(events: Vec<Vec<String>>) -> Vec<ModelEvent> {
+    let fake = FakeProvider::start(vec![FakeResponse::sse(events.concat())]).await;
+    run(
+        &ANTHROPIC.catalog(&fake.base_url(), ""),
+        request(ANTHROPIC.model),
+    )
+    .await
+}
+
+#[tokio::test]
+async fn text_usage_and_stop_reason() {
+    let events = stream(vec![hello()]).await;
+    assert_eq!(
+        events,
+        [
+            ModelEvent::TextDelta {
+                text: "Hello".into()
+            },
+            ModelEvent::TextDelta {
+                text: " world".into()
+            },
+            ModelEvent::Usage {
+                usage: Usage {
+                    input_tokens: 25,
+                    output_tokens: 3
+                }
+            },
+            ModelEvent::Done {
+                stop_reason: StopReason::EndTurn
+            },
+        ]
+    );
+}
+
+#[tokio::test]
+async fn request_goes_to_messages_with_version_header() {
+    let fake = FakeProvider::start(vec![FakeResponse::sse(hello())]).await;
+    run(
+        &ANTHROPIC.catalog(&fake.base_url(), ""),
+        request(ANTHROPIC.model),
+    )
+    .await;
+    let sent = &fake.requests()[0];
+    assert_eq!(sent.path, "/v1/messages");
+    assert_eq!(sent.header("anthropic-version"), Some("2023-06-01"));
+    let body: Value = serde_json::from_slice(&sent.body).unwrap();
+    assert_eq!(body["model"], "claude-sonnet-4-5");
+    assert_eq!(body["max_tokens"], 4096);
+    assert_eq!(body["stream"], true);
+    assert_eq!(body["system"], "You are a careful coding agent.");
+    assert_eq!(body["tools"][0]["input_schema"]["type"], "object");
+}
+
+#[tokio::test]
+async fn tool_use_input_split_across_deltas_is_reassembled() {
+    let events = stream(vec![
+        message_start(40),
+        text_block(0, &["Reading both."]),
+        tool_use_block(1, "toolu_a", "read", r#"{"path":"README.md"}"#, 7),
+        tool_use_block(2, "toolu_b", "read", r#"{"path":"src/lib.rs"}"#, 5),
+        message_delta("tool_use", 30),
+        message_stop(),
+    ])
+    .await;
+    let calls = tool_calls(&events);
+    assert_eq!(calls.len(), 2);
+    assert_eq!(
+        (calls[0].id.as_str(), calls[0].name.as_str()),
+        ("toolu_a", "read")
+    );
+    assert_eq!(calls[0].arguments, json!({ "path": "README.md" }));
+    assert_eq!(calls[1].arguments, json!({ "path": "src/lib.rs" }));
+    assert_eq!(
+        &events[events.len() - 2..],
+        [
+            ModelEvent::Usage {
+                usage: Usage {
+                    input_tokens: 40,
+                    output_tokens: 30
+                }
+            },
+            ModelEvent::Done {
+                stop_reason: StopReason::ToolUse
+            },
+        ]
+    );
+}
+
+#[tokio::test]
+async fn tool_use_without_input_has_empty_arguments() {
+    let events = stream(vec![
+        message_start(1),
+        tool_use_block(0, "toolu_a", "ls", "", 1),
+        message_delta("tool_use", 1),
+        message_stop(),
+    ])
+    .await;
+    assert_eq!(tool_calls(&events)[0].arguments, json!({}));
+}
+
+#[tokio::test]
+async fn invalid_tool_input_is_kept_as_text() {
+    let events = stream(vec![
+        message_start(1),
+        tool_use_block(0, "toolu_a", "read", r#"{"path": "READ"#, 3),
+        message_delta("tool_use", 1),
+        message_stop(),
+    ])
+    .await;
+    assert_eq!(
+        tool_calls(&events)[0].arguments,
+        Value::String(r#"{"path": "READ"#.into())
+    );
+    assert!(matches!(events.last(), Some(ModelEvent::Done { .. })));
+}
+
+#[tokio::test]
+async fn max_tokens_stop_reason() {
+    let events = stream(vec![
+        message_start(1),
+        text_block(0, &["Hel"]),
+        message_delta("max_tokens", 1),
+        message_stop(),
+    ])
+    .await;
+    assert_eq!(
+        events.last(),
+        Some(&ModelEvent::Done {
+            stop_reason: StopReason::MaxTokens
+        })
+    );
+}
+
+#[tokio::test]
+async fn error_event_carries_the_providers_message() {
+    let events = stream(vec![
+        message_start(1),
+        text_block(0, &["Hel"]),
+        error("api_error", "Internal server error"),
+    ])
+    .await;
+    let (kind, message) = crate::error(&events);
+    assert_eq!(kind, ModelErrorKind::ProviderFailed);
+    assert!(message.contains("Internal server error"), "{message}");
+    assert!(message.contains("provider `anthropic`"), "{message}");
+}

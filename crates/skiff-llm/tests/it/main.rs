@@ -1,0 +1,108 @@
+//! Integration tests of skiff-llm: both HTTP adapters against the fake provider, the scripted
+//! model, and the catalog. Every stream is checked to end with exactly one terminal event.
+
+// clippy.toml allows these in `#[test]` functions only; the helpers here are test code too.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "test helpers fail the test on the spot"
+)]
+
+mod anthropic;
+mod catalog;
+mod openai;
+mod scripted;
+mod transport;
+
+use futures_util::StreamExt;
+use futures_util::stream::BoxStream;
+use serde_json::json;
+use skiff_llm::{Catalog, ProviderConfig};
+use skiff_protocol::model::{
+    Message, ModelErrorKind, ModelEvent, ModelRef, ModelRequest, ToolCall, ToolSpec,
+};
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// A catalog from the body of a skiff.toml `[providers]` section, as the gateway builds it.
+pub fn catalog_in(providers_toml: &str, config_dir: &Path) -> Catalog {
+    let providers: BTreeMap<String, ProviderConfig> = toml::from_str(providers_toml).unwrap();
+    Catalog::new(providers, None, config_dir).unwrap()
+}
+
+pub fn catalog(providers_toml: &str) -> Catalog {
+    catalog_in(providers_toml, Path::new("/nonexistent"))
+}
+
+pub fn request(model: &str) -> ModelRequest {
+    ModelRequest {
+        model: ModelRef::parse(model).unwrap(),
+        system: "You are a careful coding agent.".into(),
+        messages: vec![Message::User {
+            text: "What is in this repository?".into(),
+        }],
+        tools: vec![ToolSpec {
+            name: "read".into(),
+            description: "Read a file".into(),
+            parameters: json!({ "type": "object", "properties": { "path": { "type": "string" } } }),
+        }],
+        max_output_tokens: 4096,
+    }
+}
+
+/// Runs `request` to the end of its stream (failing after 20 s rather than hanging).
+pub async fn run(catalog: &Catalog, request: ModelRequest) -> Vec<ModelEvent> {
+    collect(catalog.stream(request, CancellationToken::new())).await
+}
+
+pub async fn collect(stream: BoxStream<'static, ModelEvent>) -> Vec<ModelEvent> {
+    let events = tokio::time::timeout(Duration::from_secs(20), stream.collect::<Vec<_>>())
+        .await
+        .expect("the stream did not end within 20s");
+    assert_ends_once(&events);
+    events
+}
+
+pub fn assert_ends_once(events: &[ModelEvent]) {
+    let terminal = |e: &ModelEvent| matches!(e, ModelEvent::Done { .. } | ModelEvent::Error { .. });
+    assert_eq!(
+        events.iter().filter(|e| terminal(e)).count(),
+        1,
+        "expected exactly one Done or Error: {events:#?}"
+    );
+    assert!(
+        events.last().is_some_and(terminal),
+        "the terminal event must come last: {events:#?}"
+    );
+}
+
+pub fn text(events: &[ModelEvent]) -> String {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            ModelEvent::TextDelta { text } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
+pub fn tool_calls(events: &[ModelEvent]) -> Vec<ToolCall> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            ModelEvent::ToolCall { call } => Some(call.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The stream's error; panics if it ended otherwise.
+pub fn error(events: &[ModelEvent]) -> (ModelErrorKind, String) {
+    match events.last() {
+        Some(ModelEvent::Error { kind, message }) => (*kind, message.clone()),
+        other => panic!("expected an error, got {other:?} in {events:#?}"),
+    }
+}

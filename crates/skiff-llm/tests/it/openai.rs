@@ -1,0 +1,159 @@
+//! `api = "openai-completions"` against the fake provider.
+
+use crate::transport::Wire;
+use crate::{request, run, tool_calls};
+use serde_json::{Value, json};
+use skiff_protocol::model::{ModelErrorKind, ModelEvent, StopReason, Usage};
+use skiff_test_support::openai_sse::{done, finish, text_chunks, tool_call, usage};
+use skiff_test_support::{FakeProvider, FakeResponse};
+
+const OPENAI: Wire = Wire {
+    provider: "openai",
+    api: "openai-completions",
+    model: "openai/gpt-4o-mini",
+    hello,
+    partial,
+    error_body,
+    key_header: "authorization",
+    key_value: bearer,
+};
+
+fn hello() -> Vec<String> {
+    [
+        text_chunks(&["Hello", " world"]),
+        finish("stop"),
+        usage(10, 2),
+        done(),
+    ]
+    .concat()
+}
+
+fn partial() -> Vec<String> {
+    text_chunks(&["Hello"])
+}
+
+fn error_body(message: &str) -> String {
+    json!({ "error": { "message": message, "type": "invalid_request_error", "param": null, "code": null } })
+        .to_string()
+}
+
+fn bearer(key: &str) -> String {
+    format!("Bearer {key}")
+}
+
+crate::transport_tests!(OPENAI);
+
+async fn stream(events: Vec<Vec<String>>) -> (FakeProvider, Vec<ModelEvent>) {
+    let fake = FakeProvider::start(vec![FakeResponse::sse(events.concat())]).await;
+    let events = run(&OPENAI.catalog(&fake.base_url(), ""), request(OPENAI.model)).await;
+    (fake, events)
+}
+
+#[tokio::test]
+async fn text_usage_and_stop_reason() {
+    let (_, events) = stream(vec![hello()]).await;
+    assert_eq!(
+        events,
+        [
+            ModelEvent::TextDelta {
+                text: "Hello".into()
+            },
+            ModelEvent::TextDelta {
+                text: " world".into()
+            },
+            ModelEvent::Usage {
+                usage: Usage {
+                    input_tokens: 10,
+                    output_tokens: 2
+                }
+            },
+            ModelEvent::Done {
+                stop_reason: StopReason::EndTurn
+            },
+        ]
+    );
+}
+
+#[tokio::test]
+async fn request_goes_to_chat_completions_with_a_streaming_body() {
+    let fake = FakeProvider::start(vec![FakeResponse::sse(hello())]).await;
+    let catalog = OPENAI.catalog(&format!("{}/v1/", fake.base_url()), "");
+    run(&catalog, request(OPENAI.model)).await;
+    let sent = &fake.requests()[0];
+    assert_eq!(sent.path, "/v1/chat/completions");
+    let body: Value = serde_json::from_slice(&sent.body).unwrap();
+    assert_eq!(body["model"], "gpt-4o-mini");
+    assert_eq!(body["stream"], true);
+    assert_eq!(body["stream_options"], json!({ "include_usage": true }));
+    assert_eq!(body["max_completion_tokens"], 4096);
+    assert_eq!(body["messages"][0]["role"], "system");
+    assert_eq!(body["messages"][1]["role"], "user");
+    assert_eq!(body["tools"][0]["function"]["name"], "read");
+}
+
+#[tokio::test]
+async fn tool_call_arguments_split_across_deltas_are_reassembled() {
+    let (_, events) = stream(vec![
+        text_chunks(&["Reading both."]),
+        tool_call(0, "call_a", "read", r#"{"path":"README.md"}"#, 7),
+        tool_call(1, "call_b", "read", r#"{"path":"src/lib.rs"}"#, 5),
+        finish("tool_calls"),
+        usage(20, 9),
+        done(),
+    ])
+    .await;
+    let calls = tool_calls(&events);
+    assert_eq!(calls.len(), 2);
+    assert_eq!(
+        (calls[0].id.as_str(), calls[0].name.as_str()),
+        ("call_a", "read")
+    );
+    assert_eq!(calls[0].arguments, json!({ "path": "README.md" }));
+    assert_eq!(calls[1].id, "call_b");
+    assert_eq!(calls[1].arguments, json!({ "path": "src/lib.rs" }));
+    assert_eq!(
+        events.last(),
+        Some(&ModelEvent::Done {
+            stop_reason: StopReason::ToolUse
+        })
+    );
+}
+
+#[tokio::test]
+async fn invalid_tool_arguments_are_kept_as_text() {
+    let (_, events) = stream(vec![
+        tool_call(0, "call_a", "read", r#"{"path": "READ"#, 3),
+        finish("tool_calls"),
+        done(),
+    ])
+    .await;
+    let calls = tool_calls(&events);
+    assert_eq!(
+        calls[0].arguments,
+        Value::String(r#"{"path": "READ"#.into())
+    );
+    assert!(matches!(events.last(), Some(ModelEvent::Done { .. })));
+}
+
+#[tokio::test]
+async fn length_stops_with_max_tokens() {
+    let (_, events) = stream(vec![text_chunks(&["Hel"]), finish("length"), done()]).await;
+    assert_eq!(
+        events.last(),
+        Some(&ModelEvent::Done {
+            stop_reason: StopReason::MaxTokens
+        })
+    );
+}
+
+#[tokio::test]
+async fn an_error_chunk_mid_stream_is_reported() {
+    let (_, events) = stream(vec![
+        text_chunks(&["Hel"]),
+        vec!["data: {\"error\":{\"message\":\"The server is overloaded\"}}\n\n".into()],
+    ])
+    .await;
+    let (kind, message) = crate::error(&events);
+    assert_eq!(kind, ModelErrorKind::ProviderFailed);
+    assert!(message.contains("The server is overloaded"), "{message}");
+}

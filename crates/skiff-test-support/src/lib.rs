@@ -1,0 +1,56 @@
+//! Test-only helpers: a fake model provider that speaks real HTTP and server-sent events (and
+//! can misbehave on purpose), builders for the OpenAI and Anthropic stream formats, and
+//! temporary git repositories.
+//!
+//! Nothing here is linked into a shipped binary. It deliberately does not mock Skiff's own
+//! types: fakes sit on the far side of a real wire format so the code under test runs unchanged.
+
+// A helper that cannot do its job should fail the test on the spot, with the reason.
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "test support: failing loudly is the point"
+)]
+
+pub mod anthropic_sse;
+mod fake_provider;
+mod git;
+pub mod openai_sse;
+
+pub use fake_provider::{FakeProvider, FakeResponse, RecordedRequest};
+pub use git::TempGitRepo;
+
+/// Splits `text` into `n` pieces of roughly equal length (fewer when it is shorter), never
+/// inside a UTF-8 character, as a provider splits streamed JSON.
+fn fragments(text: &str, n: usize) -> Vec<&str> {
+    let chars: Vec<usize> = text.char_indices().map(|(i, _)| i).collect();
+    let n = n.clamp(1, chars.len().max(1));
+    let mut pieces = Vec::with_capacity(n);
+    let mut start = 0;
+    for k in 1..=n {
+        let end = if k == n {
+            text.len()
+        } else {
+            chars[k * chars.len() / n]
+        };
+        pieces.push(&text[start..end]);
+        start = end;
+    }
+    pieces
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fragments;
+
+    #[test]
+    fn fragments_rejoin_to_the_text() {
+        for (text, n) in [("{\"a\":1}", 3), ("é€😀", 2), ("ab", 5), ("", 3)] {
+            let pieces = fragments(text, n);
+            assert_eq!(pieces.concat(), text);
+            assert!(pieces.len() <= n.max(1));
+        }
+        assert_eq!(fragments("abcdef", 3), ["ab", "cd", "ef"]);
+    }
+}
