@@ -131,11 +131,12 @@ pub async fn run(args: DemoArgs, user_state_dir: &Path) -> Result<ExitCode> {
         repo.display(),
         if live_status.trim().is_empty() { "git status is clean" } else { "it has the changes it had before" }
     );
+    let skiff = std::env::current_exe().map(|p| p.display().to_string()).unwrap_or_else(|_| "skiff".into());
     println!();
     println!("Look at it:");
     println!("  git -C {} log -p main..{branch}", repo.display());
-    println!("  skiff --state-dir {} gateway --listen 127.0.0.1:0 &", state_dir.display());
-    println!("  skiff --state-dir {} session show {}", state_dir.display(), session.id);
+    println!("  {skiff} --state-dir {} gateway --listen 127.0.0.1:0 &", state_dir.display());
+    println!("  {skiff} --state-dir {} session show {}", state_dir.display(), session.id);
     eprintln!("\ndemo finished in {:.1} s", started.elapsed().as_secs_f64());
     Ok(ExitCode::SUCCESS)
 }

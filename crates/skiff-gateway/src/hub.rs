@@ -128,3 +128,68 @@ impl Follow {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures_util::StreamExt;
+    use skiff_protocol::api::WorkspaceView;
+    use skiff_store::NewSession;
+
+    fn hub_with_session() -> (Arc<Hub>, Scope, SessionId) {
+        let store = Arc::new(Store::open_in_memory().unwrap());
+        let scope = Scope::new("usr_a", "ten_a");
+        let id = SessionId::from_suffix("test");
+        store
+            .create_session(
+                &scope,
+                &NewSession {
+                    id: id.clone(),
+                    title: "t".into(),
+                    workspace: WorkspaceView::Plain { source: "/s".into(), path: "/p".into() },
+                    model_ref: "scripted/demo".into(),
+                },
+            )
+            .unwrap();
+        (Arc::new(Hub::new(store)), scope, id)
+    }
+
+    fn delta(i: usize) -> EventKind {
+        EventKind::TextDelta { text: i.to_string() }
+    }
+
+    #[tokio::test]
+    async fn a_subscriber_far_behind_the_buffer_still_gets_everything_once_in_order() {
+        let (hub, scope, id) = hub_with_session();
+        let mut stream = std::pin::pin!(hub.subscribe(scope.clone(), id.clone(), 0).unwrap());
+        let total = BROADCAST_CAPACITY * 3;
+        for i in 0..total {
+            hub.publish(&scope, &id, None, delta(i)).unwrap();
+        }
+        for expected in 1..=total as u64 {
+            let event = stream.next().await.unwrap().unwrap();
+            assert_eq!(event.cursor, expected);
+        }
+    }
+
+    #[tokio::test]
+    async fn resuming_from_a_cursor_replays_the_rest_then_follows_live() {
+        let (hub, scope, id) = hub_with_session();
+        for i in 0..10 {
+            hub.publish(&scope, &id, None, delta(i)).unwrap();
+        }
+        let mut stream = std::pin::pin!(hub.subscribe(scope.clone(), id.clone(), 7).unwrap());
+        for expected in 8..=10 {
+            assert_eq!(stream.next().await.unwrap().unwrap().cursor, expected);
+        }
+        hub.publish(&scope, &id, None, delta(10)).unwrap();
+        assert_eq!(stream.next().await.unwrap().unwrap().cursor, 11);
+    }
+
+    #[tokio::test]
+    async fn another_tenant_cannot_subscribe() {
+        let (hub, _scope, id) = hub_with_session();
+        let err = hub.subscribe(Scope::new("usr_a", "ten_b"), id, 0).err().unwrap();
+        assert!(matches!(err, skiff_store::Error::NotFound { .. }));
+    }
+}

@@ -127,6 +127,9 @@ pub fn summary(call: &ToolCall) -> String {
         .and_then(Value::as_str)
         .unwrap_or("");
     let line = text.lines().next().unwrap_or("");
+    if line.is_empty() && call.name == "ls" {
+        return ".".to_owned();
+    }
     if line.chars().count() > 120 {
         format!("{}…", line.chars().take(119).collect::<String>())
     } else {

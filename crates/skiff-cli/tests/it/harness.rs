@@ -10,6 +10,7 @@ pub struct Gateway {
     pub state_dir: PathBuf,
     pub url: String,
     pub token: String,
+    config: PathBuf,
     child: Child,
     _dir: tempfile::TempDir,
 }
@@ -23,26 +24,20 @@ impl Gateway {
         std::fs::write(dir.path().join("script.toml"), script).unwrap();
         let config = dir.path().join("skiff.toml");
         std::fs::write(&config, "[providers.fake]\napi = \"scripted\"\nscript = \"script.toml\"\n").unwrap();
-        let mut child = Command::new(SKIFF)
-            .arg("--state-dir")
-            .arg(&state_dir)
-            .args(["gateway", "--listen", "127.0.0.1:0", "--config"])
-            .arg(&config)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-        let url = line
-            .trim()
-            .strip_prefix("skiff gateway listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line from the gateway: {line:?}"))
-            .to_owned();
-        let file: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(state_dir.join("gateway.json")).unwrap()).unwrap();
-        let token = file["token"].as_str().unwrap().to_owned();
-        Gateway { state_dir, url, token, child, _dir: dir }
+        let (child, url) = spawn(&state_dir, &config);
+        let token = read_token(&state_dir);
+        Gateway { state_dir, url, token, config, child, _dir: dir }
+    }
+
+    /// Kills the gateway without warning (no shutdown path runs) and starts a new one on the
+    /// same state dir.
+    pub fn crash_and_restart(&mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+        let (child, url) = spawn(&self.state_dir, &self.config);
+        self.child = child;
+        self.url = url;
+        assert_eq!(read_token(&self.state_dir), self.token, "the admin token changed across a restart");
     }
 
     /// A `skiff` command that finds this gateway through its state dir.
@@ -61,6 +56,32 @@ impl Gateway {
         assert!(out.status.success(), "skiff {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
         serde_json::from_slice(&out.stdout).unwrap()
     }
+}
+
+fn spawn(state_dir: &Path, config: &Path) -> (Child, String) {
+    let mut child = Command::new(SKIFF)
+        .arg("--state-dir")
+        .arg(state_dir)
+        .args(["gateway", "--listen", "127.0.0.1:0", "--config"])
+        .arg(config)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let url = line
+        .trim()
+        .strip_prefix("skiff gateway listening on ")
+        .unwrap_or_else(|| panic!("unexpected first line from the gateway: {line:?}"))
+        .to_owned();
+    (child, url)
+}
+
+fn read_token(state_dir: &Path) -> String {
+    let file: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(state_dir.join("gateway.json")).unwrap()).unwrap();
+    file["token"].as_str().unwrap().to_owned()
 }
 
 impl Drop for Gateway {
