@@ -88,7 +88,11 @@ impl Client {
     }
 
     async fn send<T: DeserializeOwned>(&self, req: reqwest::RequestBuilder) -> Result<T> {
-        let resp = req.bearer_auth(&self.token).send().await.map_err(|e| self.unreachable(e))?;
+        let resp = req
+            .bearer_auth(&self.token)
+            .send()
+            .await
+            .map_err(|e| self.unreachable(e))?;
         let status = resp.status();
         let bytes = resp.bytes().await.map_err(|e| self.unreachable(e))?;
         if status.is_success() {
@@ -123,12 +127,16 @@ impl Client {
     }
 
     pub async fn send_message(&self, id: &str, prompt: &str) -> Result<RunStarted> {
-        let body = SendMessageRequest { prompt: prompt.to_owned() };
-        self.send(self.post(&format!("/v1/sessions/{id}/messages"), &body)).await
+        let body = SendMessageRequest {
+            prompt: prompt.to_owned(),
+        };
+        self.send(self.post(&format!("/v1/sessions/{id}/messages"), &body))
+            .await
     }
 
     pub async fn cancel(&self, id: &str) -> Result<RunView> {
-        self.send(self.post(&format!("/v1/sessions/{id}/cancel"), &serde_json::json!({}))).await
+        self.send(self.post(&format!("/v1/sessions/{id}/cancel"), &serde_json::json!({})))
+            .await
     }
 
     /// The session's events after `after`, live, until the caller stops reading.
@@ -158,7 +166,9 @@ impl Client {
                 Ok(bytes) => parser
                     .push(&bytes)
                     .into_iter()
-                    .map(|e| serde_json::from_str(&e.data).context("malformed event from the gateway"))
+                    .map(|e| {
+                        serde_json::from_str(&e.data).context("malformed event from the gateway")
+                    })
                     .collect(),
                 Err(e) => vec![Err(anyhow!(Failure::Unreachable(format!(
                     "lost the event stream from {url}: {e}"

@@ -27,8 +27,16 @@ pub struct DemoArgs {
 const PROMPT: &str = "greet.sh prints \"Helo\" instead of \"Hello\". Fix the typo, run ./test.sh to check, and commit the fix.";
 
 const FILES: &[(&str, &str, bool)] = &[
-    ("README.md", "# greeter\n\nA tiny greeter. `./greet.sh NAME` prints a greeting; `./test.sh` checks it.\n", false),
-    ("greet.sh", "#!/usr/bin/env bash\necho \"Helo, ${1:-world}!\"\n", true),
+    (
+        "README.md",
+        "# greeter\n\nA tiny greeter. `./greet.sh NAME` prints a greeting; `./test.sh` checks it.\n",
+        false,
+    ),
+    (
+        "greet.sh",
+        "#!/usr/bin/env bash\necho \"Helo, ${1:-world}!\"\n",
+        true,
+    ),
     (
         "test.sh",
         "#!/usr/bin/env bash\nset -euo pipefail\nout=$(./greet.sh Skiff)\nif [ \"$out\" != \"Hello, Skiff!\" ]; then\n  echo \"FAIL: expected 'Hello, Skiff!', got '$out'\"\n  exit 1\nfi\necho \"ok: $out\"\n",
@@ -81,10 +89,16 @@ pub async fn run(args: DemoArgs, user_state_dir: &Path) -> Result<ExitCode> {
         .config
         .or_else(|| Some(user_state_dir.join("skiff.toml")).filter(|p| p.exists()));
 
-    step(&format!("creating a sample git repository at {}", repo.display()));
+    step(&format!(
+        "creating a sample git repository at {}",
+        repo.display()
+    ));
     sample_repo(&repo).await?;
 
-    step(&format!("starting a gateway with state dir {}", state_dir.display()));
+    step(&format!(
+        "starting a gateway with state dir {}",
+        state_dir.display()
+    ));
     let gateway = skiff_gateway::start(skiff_gateway::Options {
         state_dir: state_dir.clone(),
         listen: "127.0.0.1:0".into(),
@@ -102,41 +116,78 @@ pub async fn run(args: DemoArgs, user_state_dir: &Path) -> Result<ExitCode> {
             })
             .await?;
         let session = started_run.session.clone();
-        step(&format!("session {} on {}", session.id, session.model.label));
+        step(&format!(
+            "session {} on {}",
+            session.id, session.model.label
+        ));
         if let WorkspaceView::Git { path, branch, .. } = &session.workspace {
             step(&format!("its own worktree {path} on branch {branch}"));
         }
         eprintln!("\nyou    {PROMPT}\n");
-        let status = follow_until_end(&client, &session.id, &started_run.run.id, &mut Live::new(args.json)).await?;
+        let status = follow_until_end(
+            &client,
+            &session.id,
+            &started_run.run.id,
+            &mut Live::new(args.json),
+        )
+        .await?;
         anyhow::Ok((session, status))
     }
     .await;
     gateway.shutdown().await;
     let (session, status) = outcome?;
     if status != RunStatus::Succeeded {
-        bail!("the demo session ended {status}; see `skiff --state-dir {} session show {}`", state_dir.display(), session.id);
+        bail!(
+            "the demo session ended {status}; see `skiff --state-dir {} session show {}`",
+            state_dir.display(),
+            session.id
+        );
     }
 
-    let WorkspaceView::Git { branch, base_commit, .. } = &session.workspace else {
+    let WorkspaceView::Git {
+        branch,
+        base_commit,
+        ..
+    } = &session.workspace
+    else {
         bail!("the demo workspace should be a git worktree");
     };
     let commit = git(&repo, &["rev-parse", "--short", branch]).await?;
     let changes = git(&repo, &["diff", "--stat", base_commit, branch]).await?;
     let live_status = git(&repo, &["status", "--short"]).await?;
     println!();
-    println!("What changed (on branch {branch}, commit {}):", commit.trim());
+    println!(
+        "What changed (on branch {branch}, commit {}):",
+        commit.trim()
+    );
     print!("{changes}");
     println!(
         "Your checkout at {} is untouched ({}).",
         repo.display(),
-        if live_status.trim().is_empty() { "git status is clean" } else { "it has the changes it had before" }
+        if live_status.trim().is_empty() {
+            "git status is clean"
+        } else {
+            "it has the changes it had before"
+        }
     );
-    let skiff = std::env::current_exe().map(|p| p.display().to_string()).unwrap_or_else(|_| "skiff".into());
+    let skiff = std::env::current_exe()
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|_| "skiff".into());
     println!();
     println!("Look at it:");
     println!("  git -C {} log -p main..{branch}", repo.display());
-    println!("  {skiff} --state-dir {} gateway --listen 127.0.0.1:0 &", state_dir.display());
-    println!("  {skiff} --state-dir {} session show {}", state_dir.display(), session.id);
-    eprintln!("\ndemo finished in {:.1} s", started.elapsed().as_secs_f64());
+    println!(
+        "  {skiff} --state-dir {} gateway --listen 127.0.0.1:0 &",
+        state_dir.display()
+    );
+    println!(
+        "  {skiff} --state-dir {} session show {}",
+        state_dir.display(),
+        session.id
+    );
+    eprintln!(
+        "\ndemo finished in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
     Ok(ExitCode::SUCCESS)
 }

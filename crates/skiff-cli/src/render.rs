@@ -20,7 +20,12 @@ pub struct Live {
 
 impl Live {
     pub fn new(json: bool) -> Self {
-        Self { json, spinner: None, mid_line: false, pending_tools: Vec::new() }
+        Self {
+            json,
+            spinner: None,
+            mid_line: false,
+            pending_tools: Vec::new(),
+        }
     }
 
     fn spin(&mut self, message: String) {
@@ -29,7 +34,10 @@ impl Live {
         }
         let bar = self.spinner.get_or_insert_with(|| {
             let bar = ProgressBar::new_spinner();
-            bar.set_style(ProgressStyle::with_template("{spinner} {msg}").unwrap_or_else(|_| ProgressStyle::default_spinner()));
+            bar.set_style(
+                ProgressStyle::with_template("{spinner} {msg}")
+                    .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+            );
             bar.enable_steady_tick(Duration::from_millis(100));
             bar
         });
@@ -65,13 +73,22 @@ impl Live {
                 let _ = std::io::stdout().flush();
                 self.mid_line = !text.ends_with('\n');
             }
-            EventKind::ToolStarted { call_id, name, summary } => {
+            EventKind::ToolStarted {
+                call_id,
+                name,
+                summary,
+            } => {
                 self.line_break();
                 let row = format!("{name} {summary}");
                 self.spin(format!("running {row}"));
                 self.pending_tools.push((call_id.clone(), row));
             }
-            EventKind::ToolFinished { call_id, is_error, duration_ms, .. } => {
+            EventKind::ToolFinished {
+                call_id,
+                is_error,
+                duration_ms,
+                ..
+            } => {
                 self.stop_spinner();
                 let row = self
                     .pending_tools
@@ -163,7 +180,10 @@ pub fn session_table(sessions: &[SessionView]) -> String {
             ]
         })
         .collect();
-    table(&["ID", "STATE", "PLACEMENT", "MODEL", "UPDATED", "TITLE"], &rows)
+    table(
+        &["ID", "STATE", "PLACEMENT", "MODEL", "UPDATED", "TITLE"],
+        &rows,
+    )
 }
 
 fn table<const N: usize>(header: &[&str; N], rows: &[[String; N]]) -> String {
@@ -179,7 +199,13 @@ fn table<const N: usize>(header: &[&str; N], rows: &[[String; N]]) -> String {
             .iter()
             .zip(widths)
             .enumerate()
-            .map(|(i, (c, w))| if i + 1 == N { (*c).to_owned() } else { format!("{c:<w$}") })
+            .map(|(i, (c, w))| {
+                if i + 1 == N {
+                    (*c).to_owned()
+                } else {
+                    format!("{c:<w$}")
+                }
+            })
             .collect();
         out.push_str(parts.join("  ").trim_end());
         out.push('\n');
@@ -197,7 +223,9 @@ pub fn transcript(entries: &[TranscriptEntry]) -> String {
     for entry in entries {
         match &entry.body {
             EntryBody::UserMessage { text } => out.push_str(&format!("you    {}\n", indent(text))),
-            EntryBody::AssistantMessage { text, tool_calls, .. } => {
+            EntryBody::AssistantMessage {
+                text, tool_calls, ..
+            } => {
                 if !text.is_empty() {
                     out.push_str(&format!("agent  {}\n", indent(text)));
                 }
@@ -207,13 +235,20 @@ pub fn transcript(entries: &[TranscriptEntry]) -> String {
                     out.push_str(&format!("  ▸ {} {args}\n", call.name));
                 }
             }
-            EntryBody::ToolResult { name, content, is_error, .. } => {
+            EntryBody::ToolResult {
+                name,
+                content,
+                is_error,
+                ..
+            } => {
                 let first = content.lines().next().unwrap_or("");
                 let mark = if *is_error { "✗" } else { "✓" };
                 out.push_str(&format!("    {mark} {name}: {first}\n"));
             }
             EntryBody::Notice { text } => out.push_str(&format!("  ! {text}\n")),
-            EntryBody::Compaction { summary } => out.push_str(&format!("  (compacted) {}\n", indent(summary))),
+            EntryBody::Compaction { summary } => {
+                out.push_str(&format!("  (compacted) {}\n", indent(summary)))
+            }
         }
     }
     out

@@ -117,9 +117,17 @@ pub async fn run(cmd: SessionCommand, state_dir: &Path) -> Result<ExitCode> {
             println!("placement  {}", s.placement);
             println!("model      {}", s.model.label);
             match &s.workspace {
-                skiff_protocol::api::WorkspaceView::Git { source, path, branch, base_commit } => {
+                skiff_protocol::api::WorkspaceView::Git {
+                    source,
+                    path,
+                    branch,
+                    base_commit,
+                } => {
                     println!("workspace  {path} (git worktree of {source})");
-                    println!("branch     {branch} (from {})", &base_commit[..base_commit.len().min(12)]);
+                    println!(
+                        "branch     {branch} (from {})",
+                        &base_commit[..base_commit.len().min(12)]
+                    );
                 }
                 skiff_protocol::api::WorkspaceView::Plain { source, path } => {
                     println!("workspace  {path} (copy of {source})");
@@ -127,8 +135,15 @@ pub async fn run(cmd: SessionCommand, state_dir: &Path) -> Result<ExitCode> {
             }
             println!("runs       {}", detail.runs.len());
             for run in &detail.runs {
-                let err = run.error.as_deref().map(|e| format!(": {e}")).unwrap_or_default();
-                println!("  {}  {}  in {} / out {} tokens{err}", run.id, run.status, run.input_tokens, run.output_tokens);
+                let err = run
+                    .error
+                    .as_deref()
+                    .map(|e| format!(": {e}"))
+                    .unwrap_or_default();
+                println!(
+                    "  {}  {}  in {} / out {} tokens{err}",
+                    run.id, run.status, run.input_tokens, run.output_tokens
+                );
             }
             println!();
             print!("{}", render::transcript(&detail.transcript));
@@ -154,7 +169,12 @@ pub async fn run(cmd: SessionCommand, state_dir: &Path) -> Result<ExitCode> {
     }
 }
 
-async fn started_turn(client: &Client, started: RunStarted, detach: bool, json: bool) -> Result<ExitCode> {
+async fn started_turn(
+    client: &Client,
+    started: RunStarted,
+    detach: bool,
+    json: bool,
+) -> Result<ExitCode> {
     if detach {
         if json {
             println!("{}", serde_json::to_string(&started)?);
@@ -179,12 +199,26 @@ async fn started_turn(client: &Client, started: RunStarted, detach: bool, json: 
 }
 
 /// Streams a session's events until `run` ends; the exit code says how it ended.
-pub async fn follow(client: &Client, session: &SessionId, run: &RunId, json: bool) -> Result<ExitCode> {
+pub async fn follow(
+    client: &Client,
+    session: &SessionId,
+    run: &RunId,
+    json: bool,
+) -> Result<ExitCode> {
     let status = follow_until_end(client, session, run, &mut Live::new(json)).await?;
-    Ok(if status == RunStatus::Succeeded { ExitCode::SUCCESS } else { ExitCode::from(1) })
+    Ok(if status == RunStatus::Succeeded {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
 }
 
-pub async fn follow_until_end(client: &Client, session: &SessionId, run: &RunId, live: &mut Live) -> Result<RunStatus> {
+pub async fn follow_until_end(
+    client: &Client,
+    session: &SessionId,
+    run: &RunId,
+    live: &mut Live,
+) -> Result<RunStatus> {
     let mut events = std::pin::pin!(client.events(session, 0).await?);
     while let Some(event) = events.next().await {
         let event = event?;
@@ -192,11 +226,11 @@ pub async fn follow_until_end(client: &Client, session: &SessionId, run: &RunId,
             continue;
         }
         live.show(&event);
-        if let EventKind::RunStatus { status, .. } = event.kind {
-            if status.is_terminal() {
-                live.finish();
-                return Ok(status);
-            }
+        if let EventKind::RunStatus { status, .. } = event.kind
+            && status.is_terminal()
+        {
+            live.finish();
+            return Ok(status);
         }
     }
     live.finish();

@@ -71,8 +71,18 @@ async fn authenticate(State(core): Shared, mut req: Request, next: Next) -> Resp
         }
         None => {
             let anonymous = Scope::new("-", "-");
-            let reason = if presented.is_some() { "invalid token" } else { "no token" };
-            core.audit(&anonymous, "auth", req.uri().path(), "denied", json!({ "reason": reason }));
+            let reason = if presented.is_some() {
+                "invalid token"
+            } else {
+                "no token"
+            };
+            core.audit(
+                &anonymous,
+                "auth",
+                req.uri().path(),
+                "denied",
+                json!({ "reason": reason }),
+            );
             error(
                 StatusCode::UNAUTHORIZED,
                 "unauthorized",
@@ -87,14 +97,18 @@ async fn not_found() -> Response {
 }
 
 fn session_id(raw: &str) -> Result<SessionId, Error> {
-    SessionId::parse(raw).ok_or_else(|| Error::BadRequest(format!("{raw:?} is not a session id (ses_…)")))
+    SessionId::parse(raw)
+        .ok_or_else(|| Error::BadRequest(format!("{raw:?} is not a session id (ses_…)")))
 }
 
 async fn health() -> Json<serde_json::Value> {
     Json(json!({ "status": "ok", "version": env!("CARGO_PKG_VERSION") }))
 }
 
-async fn list_sessions(State(core): Shared, Extension(scope): Extension<Scope>) -> Result<Json<SessionList>, Error> {
+async fn list_sessions(
+    State(core): Shared,
+    Extension(scope): Extension<Scope>,
+) -> Result<Json<SessionList>, Error> {
     Ok(Json(SessionList {
         sessions: core.list(&scope)?,
     }))
@@ -160,12 +174,14 @@ async fn events_sse(
     Query(q): Query<EventsQuery>,
     headers: HeaderMap,
 ) -> Result<Response, Error> {
-    let stream = core.hub.subscribe(scope, session_id(&id)?, resume_cursor(&q, &headers))?;
+    let stream = core
+        .hub
+        .subscribe(scope, session_id(&id)?, resume_cursor(&q, &headers))?;
     let sse = stream.map(|item| {
         let event = item.map_err(axum::Error::new)?;
         Event::default()
             .id(event.cursor.to_string())
-            .json_data(&event)
+            .json_data(&*event)
             .map_err(axum::Error::new)
     });
     Ok(Sse::new(sse)
@@ -182,20 +198,24 @@ async fn events_ws(
     headers: HeaderMap,
     ws: WebSocketUpgrade,
 ) -> Result<Response, Error> {
-    let stream = core.hub.subscribe(scope, session_id(&id)?, resume_cursor(&q, &headers))?;
+    let stream = core
+        .hub
+        .subscribe(scope, session_id(&id)?, resume_cursor(&q, &headers))?;
     Ok(ws.on_upgrade(move |socket| forward_ws(socket, stream)))
 }
 
 async fn forward_ws(
     mut socket: WebSocket,
-    stream: impl futures_util::Stream<Item = Result<skiff_protocol::event::SessionEvent, skiff_store::Error>> + Send,
+    stream: impl futures_util::Stream<
+        Item = Result<Arc<skiff_protocol::event::SessionEvent>, skiff_store::Error>,
+    > + Send,
 ) {
     let mut stream = std::pin::pin!(stream);
     loop {
         tokio::select! {
             item = stream.next() => {
                 let Some(Ok(event)) = item else { break };
-                let Ok(text) = serde_json::to_string(&event) else { break };
+                let Ok(text) = serde_json::to_string(&*event) else { break };
                 if socket.send(Message::Text(text.into())).await.is_err() {
                     break;
                 }

@@ -16,7 +16,11 @@ pub fn admin_scope() -> Scope {
 
 /// A fresh token: `skf_` and 32 random base32 characters.
 pub fn mint() -> Result<String, skiff_store::Error> {
-    Ok(format!("skf_{}{}", skiff_store::mint()?, skiff_store::mint()?))
+    Ok(format!(
+        "skf_{}{}",
+        skiff_store::mint()?,
+        skiff_store::mint()?
+    ))
 }
 
 /// The known token hashes, loaded from the store at start.
@@ -29,7 +33,9 @@ impl Tokens {
         let known = store
             .tokens()?
             .into_iter()
-            .filter_map(|(hex, scope, label)| Some((blake3::Hash::from_hex(hex).ok()?, scope, label)))
+            .filter_map(|(hex, scope, label)| {
+                Some((blake3::Hash::from_hex(hex).ok()?, scope, label))
+            })
             .collect();
         Ok(Self {
             known: RwLock::new(known),
@@ -38,7 +44,13 @@ impl Tokens {
 
     /// Replaces every token labelled `label` with `token`: its hash is stored (the plaintext
     /// never is) and from now on only it is accepted under that label.
-    pub fn replace(&self, store: &Store, label: &str, token: &str, scope: Scope) -> Result<(), skiff_store::Error> {
+    pub fn replace(
+        &self,
+        store: &Store,
+        label: &str,
+        token: &str,
+        scope: Scope,
+    ) -> Result<(), skiff_store::Error> {
         let hash = blake3::hash(token.as_bytes());
         store.replace_token(label, &hash.to_hex(), &scope)?;
         let mut known = self.known.write().unwrap_or_else(|p| p.into_inner());

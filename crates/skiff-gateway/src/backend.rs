@@ -16,7 +16,11 @@ use tokio_util::sync::CancellationToken;
 pub(crate) struct CatalogClient(pub Catalog);
 
 impl ModelClient for CatalogClient {
-    fn stream(&self, request: ModelRequest, cancel: CancellationToken) -> BoxStream<'static, ModelEvent> {
+    fn stream(
+        &self,
+        request: ModelRequest,
+        cancel: CancellationToken,
+    ) -> BoxStream<'static, ModelEvent> {
         self.0.stream(request, cancel)
     }
 }
@@ -44,7 +48,13 @@ impl SessionBackend for StoreBackend {
     ) -> Result<Vec<TranscriptEntry>, BackendError> {
         let store = &self.core.store;
         let entries = store
-            .append_entries(&self.scope, &self.session, base_leaf.as_ref(), Some(&self.run), &bodies)
+            .append_entries(
+                &self.scope,
+                &self.session,
+                base_leaf.as_ref(),
+                Some(&self.run),
+                &bodies,
+            )
             .map_err(|e| BackendError(e.to_string()))?;
         for body in &bodies {
             if let EntryBody::AssistantMessage { usage, .. } = body {
@@ -57,7 +67,11 @@ impl SessionBackend for StoreBackend {
     }
 
     async fn publish(&self, event: EventKind) {
-        if let Err(e) = self.core.hub.publish(&self.scope, &self.session, Some(&self.run), event) {
+        if let Err(e) = self
+            .core
+            .hub
+            .publish(&self.scope, &self.session, Some(&self.run), event)
+        {
             tracing::warn!(session = %self.session, error = %e, "could not record a live event");
         }
     }

@@ -1,7 +1,8 @@
 //! Live event fan-out. Publishing appends the event to the session's log in the store (which
 //! assigns the cursor) and broadcasts it. Subscribers replay from the store after their cursor,
 //! then follow the broadcast; a subscriber that falls behind the broadcast buffer re-reads the
-//! store. So a slow client never blocks the publisher, and a client that reconnects with its
+//! store. Events are shared (`Arc`) rather than copied per subscriber. So a slow client never
+//! blocks the publisher, and a client that reconnects with its
 //! last cursor misses nothing and sees nothing twice.
 
 use futures_util::Stream;
@@ -13,13 +14,13 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::broadcast;
 
 /// Events buffered per session for live subscribers; beyond it they catch up from the store.
-const BROADCAST_CAPACITY: usize = 1024;
+const BROADCAST_CAPACITY: usize = 4096;
 const REPLAY_BATCH: usize = 512;
 
 pub struct Hub {
     store: Arc<Store>,
     /// INVARIANT: held across append + send, so broadcast order equals cursor order.
-    channels: Mutex<HashMap<SessionId, broadcast::Sender<SessionEvent>>>,
+    channels: Mutex<HashMap<SessionId, broadcast::Sender<Arc<SessionEvent>>>>,
 }
 
 impl Hub {
@@ -30,7 +31,9 @@ impl Hub {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<SessionId, broadcast::Sender<SessionEvent>>> {
+    fn lock(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<SessionId, broadcast::Sender<Arc<SessionEvent>>>> {
         self.channels.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -41,14 +44,14 @@ impl Hub {
         session: &SessionId,
         run: Option<&RunId>,
         kind: EventKind,
-    ) -> Result<SessionEvent, skiff_store::Error> {
+    ) -> Result<Arc<SessionEvent>, skiff_store::Error> {
         let mut channels = self.lock();
-        let event = self.store.append_event(scope, session, run, kind)?;
-        if let Some(tx) = channels.get(session) {
-            if tx.send(event.clone()).is_err() {
-                // Nobody listens any more; drop the channel until someone subscribes again.
-                channels.remove(session);
-            }
+        let event = Arc::new(self.store.append_event(scope, session, run, kind)?);
+        if let Some(tx) = channels.get(session)
+            && tx.send(event.clone()).is_err()
+        {
+            // Nobody listens any more; drop the channel until someone subscribes again.
+            channels.remove(session);
         }
         Ok(event)
     }
@@ -60,7 +63,10 @@ impl Hub {
         scope: Scope,
         session: SessionId,
         cursor: u64,
-    ) -> Result<impl Stream<Item = Result<SessionEvent, skiff_store::Error>> + Send + 'static, skiff_store::Error> {
+    ) -> Result<
+        impl Stream<Item = Result<Arc<SessionEvent>, skiff_store::Error>> + Send + 'static,
+        skiff_store::Error,
+    > {
         // INVARIANT: the live channel is per session, so checking the session's scope here is
         // what keeps one tenant's events away from another.
         self.store.session(&scope, &session)?;
@@ -92,13 +98,13 @@ struct Follow {
     scope: Scope,
     session: SessionId,
     cursor: u64,
-    backlog: VecDeque<SessionEvent>,
-    rx: broadcast::Receiver<SessionEvent>,
+    backlog: VecDeque<Arc<SessionEvent>>,
+    rx: broadcast::Receiver<Arc<SessionEvent>>,
     needs_replay: bool,
 }
 
 impl Follow {
-    async fn next(&mut self) -> Option<Result<SessionEvent, skiff_store::Error>> {
+    async fn next(&mut self) -> Option<Result<Arc<SessionEvent>, skiff_store::Error>> {
         loop {
             if let Some(event) = self.backlog.pop_front() {
                 self.cursor = event.cursor;
@@ -110,7 +116,7 @@ impl Follow {
                     .events_after(&self.scope, &self.session, self.cursor, REPLAY_BATCH)
                 {
                     Ok(batch) if batch.is_empty() => self.needs_replay = false,
-                    Ok(batch) => self.backlog.extend(batch),
+                    Ok(batch) => self.backlog.extend(batch.into_iter().map(Arc::new)),
                     Err(e) => return Some(Err(e)),
                 }
                 continue;
@@ -146,7 +152,10 @@ mod tests {
                 &NewSession {
                     id: id.clone(),
                     title: "t".into(),
-                    workspace: WorkspaceView::Plain { source: "/s".into(), path: "/p".into() },
+                    workspace: WorkspaceView::Plain {
+                        source: "/s".into(),
+                        path: "/p".into(),
+                    },
                     model_ref: "scripted/demo".into(),
                 },
             )
@@ -155,7 +164,9 @@ mod tests {
     }
 
     fn delta(i: usize) -> EventKind {
-        EventKind::TextDelta { text: i.to_string() }
+        EventKind::TextDelta {
+            text: i.to_string(),
+        }
     }
 
     #[tokio::test]
@@ -189,7 +200,10 @@ mod tests {
     #[tokio::test]
     async fn another_tenant_cannot_subscribe() {
         let (hub, _scope, id) = hub_with_session();
-        let err = hub.subscribe(Scope::new("usr_a", "ten_b"), id, 0).err().unwrap();
+        let err = hub
+            .subscribe(Scope::new("usr_a", "ten_b"), id, 0)
+            .err()
+            .unwrap();
         assert!(matches!(err, skiff_store::Error::NotFound { .. }));
     }
 }

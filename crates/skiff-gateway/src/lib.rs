@@ -20,9 +20,9 @@ pub use hub::Hub;
 
 use config::Config;
 use serde::{Deserialize, Serialize};
+use skiff_protocol::RunId;
 use skiff_protocol::api::RunStatus;
 use skiff_protocol::event::EventKind;
-use skiff_protocol::RunId;
 use skiff_store::Store;
 use state_dir::StateDir;
 use std::collections::HashMap;
@@ -71,7 +71,12 @@ impl Running {
     /// Stops accepting requests, cancels running turns, and waits for the server to finish.
     pub async fn shutdown(self) {
         self.shutdown.cancel();
-        let tokens: Vec<_> = self.core.running.lock().map(|m| m.values().cloned().collect()).unwrap_or_default();
+        let tokens: Vec<_> = self
+            .core
+            .running
+            .lock()
+            .map(|m| m.values().cloned().collect())
+            .unwrap_or_default();
         for token in tokens {
             token.cancel();
         }
@@ -88,7 +93,10 @@ impl Running {
 /// listener and starts serving.
 pub async fn start(options: Options) -> Result<Running> {
     let state = StateDir::open(&options.state_dir)?;
-    let config_path = options.config.clone().unwrap_or_else(|| state.root().join("skiff.toml"));
+    let config_path = options
+        .config
+        .clone()
+        .unwrap_or_else(|| state.root().join("skiff.toml"));
     let config = Config::load(&config_path)?;
     let config_dir = config_path.parent().map(PathBuf::from).unwrap_or_default();
     let catalog = skiff_llm::Catalog::new(config.providers, config.models.default, &config_dir)?;
@@ -107,8 +115,14 @@ pub async fn start(options: Options) -> Result<Running> {
 
     let listener = tokio::net::TcpListener::bind(&options.listen)
         .await
-        .map_err(|source| Error::Listen { addr: options.listen.clone(), source })?;
-    let addr = listener.local_addr().map_err(|source| Error::Listen { addr: options.listen.clone(), source })?;
+        .map_err(|source| Error::Listen {
+            addr: options.listen.clone(),
+            source,
+        })?;
+    let addr = listener.local_addr().map_err(|source| Error::Listen {
+        addr: options.listen.clone(),
+        source,
+    })?;
     let url = format!("http://{addr}");
     let token = core.admin_token(&url)?;
 
@@ -121,19 +135,38 @@ pub async fn start(options: Options) -> Result<Running> {
             .await
     });
     tracing::info!(%url, state_dir = %core.state.root().display(), "gateway listening");
-    Ok(Running { url, token, addr, shutdown, server, core })
+    Ok(Running {
+        url,
+        token,
+        addr,
+        shutdown,
+        server,
+        core,
+    })
 }
 
 impl Core {
     /// Runs left unfinished by a previous process cannot be continuing: mark them (and their
     /// attempts) orphaned and tell anyone watching.
     fn reconcile_on_start(&self) -> Result<()> {
-        let orphaned = self.store.orphan_active_on_start("the gateway stopped while this run was active")?;
+        let orphaned = self
+            .store
+            .orphan_active_on_start("the gateway stopped while this run was active")?;
         for (scope, run) in orphaned {
             tracing::warn!(run = %run.id, session = %run.session_id, "orphaned a run left active by a previous gateway");
-            let event = EventKind::RunStatus { status: RunStatus::Orphaned, error: run.error.clone() };
-            self.hub.publish(&scope, &run.session_id, Some(&run.id), event)?;
-            self.audit(&scope, "run.orphan", run.id.as_str(), "applied", serde_json::json!({ "session": run.session_id.as_str() }));
+            let event = EventKind::RunStatus {
+                status: RunStatus::Orphaned,
+                error: run.error.clone(),
+            };
+            self.hub
+                .publish(&scope, &run.session_id, Some(&run.id), event)?;
+            self.audit(
+                &scope,
+                "run.orphan",
+                run.id.as_str(),
+                "applied",
+                serde_json::json!({ "session": run.session_id.as_str() }),
+            );
         }
         Ok(())
     }
@@ -151,13 +184,24 @@ impl Core {
             Some(token) => token,
             None => {
                 let token = auth::mint()?;
-                self.tokens.replace(&self.store, auth::ADMIN_LABEL, &token, auth::admin_scope())?;
-                self.audit(&auth::admin_scope(), "token.mint", auth::ADMIN_LABEL, "applied", serde_json::json!({}));
+                self.tokens
+                    .replace(&self.store, auth::ADMIN_LABEL, &token, auth::admin_scope())?;
+                self.audit(
+                    &auth::admin_scope(),
+                    "token.mint",
+                    auth::ADMIN_LABEL,
+                    "applied",
+                    serde_json::json!({}),
+                );
                 token
             }
         };
-        let file = GatewayFile { url: url.to_owned(), token: token.clone() };
-        let json = serde_json::to_string_pretty(&file).map_err(|e| Error::BadRequest(e.to_string()))?;
+        let file = GatewayFile {
+            url: url.to_owned(),
+            token: token.clone(),
+        };
+        let json =
+            serde_json::to_string_pretty(&file).map_err(|e| Error::BadRequest(e.to_string()))?;
         self.state.write_gateway_file(&json)?;
         Ok(token)
     }

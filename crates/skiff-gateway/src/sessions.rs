@@ -26,7 +26,11 @@ const MAX_PROMPT_BYTES: usize = 256 * 1024;
 const RUNTIME_NODE: &str = "gateway";
 
 fn title_of(prompt: &str) -> String {
-    let line = prompt.lines().find(|l| !l.trim().is_empty()).unwrap_or("").trim();
+    let line = prompt
+        .lines()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("")
+        .trim();
     if line.chars().count() > 72 {
         format!("{}…", line.chars().take(71).collect::<String>())
     } else {
@@ -36,7 +40,9 @@ fn title_of(prompt: &str) -> String {
 
 fn check_prompt(prompt: &str) -> Result<()> {
     if prompt.trim().is_empty() {
-        return Err(Error::BadRequest("the prompt is empty; say what the agent should do".into()));
+        return Err(Error::BadRequest(
+            "the prompt is empty; say what the agent should do".into(),
+        ));
     }
     if prompt.len() > MAX_PROMPT_BYTES {
         return Err(Error::BadRequest(format!(
@@ -137,13 +143,23 @@ impl Core {
     }
 
     /// Admits a new turn on an existing session.
-    pub(crate) async fn send(self: &Arc<Self>, scope: &Scope, id: &SessionId, prompt: &str) -> Result<RunStarted> {
+    pub(crate) async fn send(
+        self: &Arc<Self>,
+        scope: &Scope,
+        id: &SessionId,
+        prompt: &str,
+    ) -> Result<RunStarted> {
         check_prompt(prompt)?;
         self.store.session(scope, id)?;
         self.start_run(scope, id, prompt).await
     }
 
-    async fn start_run(self: &Arc<Self>, scope: &Scope, id: &SessionId, prompt: &str) -> Result<RunStarted> {
+    async fn start_run(
+        self: &Arc<Self>,
+        scope: &Scope,
+        id: &SessionId,
+        prompt: &str,
+    ) -> Result<RunStarted> {
         let session = self.store.session(scope, id)?;
         // Admission first: only the admitted turn may write the user's message.
         let run = self.store.create_run(scope, id, &session.model_ref)?;
@@ -153,13 +169,30 @@ impl Core {
             id,
             leaf.as_ref(),
             Some(&run.id),
-            &[EntryBody::UserMessage { text: prompt.to_owned() }],
+            &[EntryBody::UserMessage {
+                text: prompt.to_owned(),
+            }],
         )?;
-        self.hub.publish(scope, id, Some(&run.id), EventKind::RunStatus { status: RunStatus::Queued, error: None })?;
+        self.hub.publish(
+            scope,
+            id,
+            Some(&run.id),
+            EventKind::RunStatus {
+                status: RunStatus::Queued,
+                error: None,
+            },
+        )?;
         for entry in entries {
-            self.hub.publish(scope, id, Some(&run.id), EventKind::Entry { entry })?;
+            self.hub
+                .publish(scope, id, Some(&run.id), EventKind::Entry { entry })?;
         }
-        self.audit(scope, "run.start", run.id.as_str(), "allowed", json!({ "session": id.as_str() }));
+        self.audit(
+            scope,
+            "run.start",
+            run.id.as_str(),
+            "allowed",
+            json!({ "session": id.as_str() }),
+        );
 
         let cancel = CancellationToken::new();
         self.running_lock().insert(run.id.clone(), cancel.clone());
@@ -181,17 +214,35 @@ impl Core {
     /// within moments; the run then ends `cancelled`.
     pub(crate) fn cancel(&self, scope: &Scope, id: &SessionId) -> Result<RunView> {
         let Some(run) = self.store.open_run(scope, id)? else {
-            return Err(Error::BadRequest(format!("session {id} has no running turn to cancel")));
+            return Err(Error::BadRequest(format!(
+                "session {id} has no running turn to cancel"
+            )));
         };
         let token = self.running_lock().get(&run.id).cloned();
         let run = if run.status == RunStatus::Cancelling {
             run
         } else {
-            let run = self.store.transition_run(scope, &run.id, RunStatus::Cancelling, None)?;
-            self.hub.publish(scope, id, Some(&run.id), EventKind::RunStatus { status: RunStatus::Cancelling, error: None })?;
+            let run = self
+                .store
+                .transition_run(scope, &run.id, RunStatus::Cancelling, None)?;
+            self.hub.publish(
+                scope,
+                id,
+                Some(&run.id),
+                EventKind::RunStatus {
+                    status: RunStatus::Cancelling,
+                    error: None,
+                },
+            )?;
             run
         };
-        self.audit(scope, "run.cancel", run.id.as_str(), "allowed", json!({ "session": id.as_str() }));
+        self.audit(
+            scope,
+            "run.cancel",
+            run.id.as_str(),
+            "allowed",
+            json!({ "session": id.as_str() }),
+        );
         match token {
             Some(token) => token.cancel(),
             // No task owns it (it never started): finish it here.
@@ -202,7 +253,13 @@ impl Core {
         Ok(run_view(&self.store.run(scope, &run.id)?))
     }
 
-    async fn execute(self: &Arc<Self>, scope: Scope, session: SessionRow, run: RunRow, cancel: CancellationToken) {
+    async fn execute(
+        self: &Arc<Self>,
+        scope: Scope,
+        session: SessionRow,
+        run: RunRow,
+        cancel: CancellationToken,
+    ) {
         let status = match self.prepare_and_run(&scope, &session, &run, &cancel).await {
             Ok(_) if cancel.is_cancelled() => (RunStatus::Cancelled, None),
             Ok(TurnOutcome::Completed) => (RunStatus::Succeeded, None),
@@ -222,18 +279,34 @@ impl Core {
     ) -> Result<TurnOutcome> {
         for status in [RunStatus::Starting, RunStatus::Running] {
             self.store.transition_run(scope, &run.id, status, None)?;
-            self.hub.publish(scope, &session.id, Some(&run.id), EventKind::RunStatus { status, error: None })?;
+            self.hub.publish(
+                scope,
+                &session.id,
+                Some(&run.id),
+                EventKind::RunStatus {
+                    status,
+                    error: None,
+                },
+            )?;
         }
-        let model = ModelRef::parse(&session.model_ref)
-            .ok_or_else(|| Error::BadRequest(format!("session model {} is not a model ref", session.model_ref)))?;
+        let model = ModelRef::parse(&session.model_ref).ok_or_else(|| {
+            Error::BadRequest(format!(
+                "session model {} is not a model ref",
+                session.model_ref
+            ))
+        })?;
         let config = AgentConfig {
             model_label: self.catalog.describe(&model).label,
             model,
             max_steps: MAX_STEPS,
             max_output_tokens: MAX_OUTPUT_TOKENS,
         };
-        let tools = Tools::new(session.workspace.path().into(), Vec::new())
-            .map_err(|e| Error::BadRequest(format!("workspace {} is gone: {e}", session.workspace.path())))?;
+        let tools = Tools::new(session.workspace.path().into(), Vec::new()).map_err(|e| {
+            Error::BadRequest(format!(
+                "workspace {} is gone: {e}",
+                session.workspace.path()
+            ))
+        })?;
         let backend = StoreBackend {
             core: self.clone(),
             scope: scope.clone(),
@@ -241,7 +314,14 @@ impl Core {
             run: run.id.clone(),
         };
         let attempt = self.store.start_attempt(scope, run, RUNTIME_NODE, 1)?;
-        let outcome = run_turn(&CatalogClient(self.catalog.clone()), &backend, &tools, &config, cancel).await;
+        let outcome = run_turn(
+            &CatalogClient(self.catalog.clone()),
+            &backend,
+            &tools,
+            &config,
+            cancel,
+        )
+        .await;
         let attempt_status = match (&outcome, cancel.is_cancelled()) {
             (_, true) | (TurnOutcome::Cancelled, _) => AttemptStatus::Cancelled,
             (TurnOutcome::Completed, _) => AttemptStatus::Succeeded,
@@ -253,12 +333,22 @@ impl Core {
 
     /// Moves a run to its terminal status and tells subscribers. Cancellation wins over a
     /// late success: a cancelled run goes through `cancelling`.
-    fn finish(&self, scope: &Scope, session: &SessionId, run: &RunId, status: RunStatus, error: Option<&str>) {
+    fn finish(
+        &self,
+        scope: &Scope,
+        session: &SessionId,
+        run: &RunId,
+        status: RunStatus,
+        error: Option<&str>,
+    ) {
         let current = self.store.run(scope, run).map(|r| r.status);
         let status = match (current, status) {
             (Ok(RunStatus::Cancelling), RunStatus::Succeeded) => RunStatus::Cancelled,
             (Ok(RunStatus::Starting | RunStatus::Running), RunStatus::Cancelled) => {
-                if let Err(e) = self.store.transition_run(scope, run, RunStatus::Cancelling, None) {
+                if let Err(e) = self
+                    .store
+                    .transition_run(scope, run, RunStatus::Cancelling, None)
+                {
                     tracing::warn!(%run, error = %e, "could not mark the run cancelling");
                 }
                 RunStatus::Cancelled
@@ -267,7 +357,10 @@ impl Core {
         };
         match self.store.transition_run(scope, run, status, error) {
             Ok(_) => {
-                let event = EventKind::RunStatus { status, error: error.map(str::to_owned) };
+                let event = EventKind::RunStatus {
+                    status,
+                    error: error.map(str::to_owned),
+                };
                 if let Err(e) = self.hub.publish(scope, session, Some(run), event) {
                     tracing::warn!(%run, error = %e, "could not publish the end of the run");
                 }
@@ -277,12 +370,24 @@ impl Core {
         }
     }
 
-    fn running_lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<RunId, CancellationToken>> {
+    fn running_lock(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<RunId, CancellationToken>> {
         self.running.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub(crate) fn audit(&self, scope: &Scope, action: &str, target: &str, decision: &str, detail: serde_json::Value) {
-        if let Err(e) = self.store.audit(scope, "api", action, target, decision, &detail) {
+    pub(crate) fn audit(
+        &self,
+        scope: &Scope,
+        action: &str,
+        target: &str,
+        decision: &str,
+        detail: serde_json::Value,
+    ) {
+        if let Err(e) = self
+            .store
+            .audit(scope, "api", action, target, decision, &detail)
+        {
             tracing::warn!(action, error = %e, "could not write an audit row");
         }
     }

@@ -18,9 +18,13 @@ use tokio_util::sync::CancellationToken;
 pub enum WorkspaceError {
     #[error("workspace {0} does not exist or is not a directory")]
     Missing(String),
-    #[error("workspace {path} contains the gateway's state dir {state}; choose a workspace outside it or move the state dir (--state-dir)")]
+    #[error(
+        "workspace {path} contains the gateway's state dir {state}; choose a workspace outside it or move the state dir (--state-dir)"
+    )]
     ContainsStateDir { path: String, state: String },
-    #[error("repository {0} has no commits yet; make a first commit, or use a directory that is not a git repository")]
+    #[error(
+        "repository {0} has no commits yet; make a first commit, or use a directory that is not a git repository"
+    )]
     NoCommits(String),
     #[error("preparing the session workspace from {path} failed: {source}")]
     Prepare {

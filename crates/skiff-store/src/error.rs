@@ -32,6 +32,8 @@ pub enum Error {
     },
     #[error("stored {what} is unreadable: {detail}")]
     Corrupt { what: &'static str, detail: String },
+    #[error("could not start the database checkpoint thread: {0}")]
+    Checkpointer(std::io::Error),
     #[error("database error: {0}")]
     Sqlite(#[from] rusqlite::Error),
 }

@@ -48,6 +48,8 @@ impl Scope {
 /// The database. Cheap to share behind an `Arc`.
 pub struct Store {
     conn: Mutex<Connection>,
+    /// Dropping it stops the background checkpointer.
+    _checkpointer: Option<std::sync::mpsc::Sender<()>>,
 }
 
 impl Store {
@@ -58,7 +60,12 @@ impl Store {
             source,
         })?;
         conn.pragma_update(None, "journal_mode", "WAL")?;
-        Self::init(conn)
+        let mut store = Self::init(conn)?;
+        // Checkpoints copy the WAL back into the database and fsync; done inline they stall
+        // whichever commit triggers them for tens of milliseconds (visible as event-delivery
+        // tail latency). A background connection checkpoints instead, without blocking writers.
+        start_checkpointer(path, &mut store)?;
+        Ok(store)
     }
 
     /// A private in-memory database, for tests and benchmarks.
@@ -71,10 +78,13 @@ impl Store {
         // the last transactions, and never corrupts the file.
         conn.pragma_update(None, "synchronous", "NORMAL")?;
         conn.pragma_update(None, "foreign_keys", "ON")?;
+        // See `start_checkpointer`: file databases checkpoint in the background.
+        conn.pragma_update(None, "wal_autocheckpoint", 0)?;
         conn.busy_timeout(std::time::Duration::from_secs(5))?;
         migrations::migrate(&mut conn)?;
         Ok(Self {
             conn: Mutex::new(conn),
+            _checkpointer: None,
         })
     }
 
@@ -83,6 +93,31 @@ impl Store {
         // back on drop), so a poisoned lock is safe to keep using.
         self.conn.lock().unwrap_or_else(|p| p.into_inner())
     }
+}
+
+const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
+
+fn start_checkpointer(path: &Path, store: &mut Store) -> Result<()> {
+    let conn = Connection::open(path).map_err(|source| Error::Open {
+        path: path.display().to_string(),
+        source,
+    })?;
+    let (stop, stopped) = std::sync::mpsc::channel::<()>();
+    std::thread::Builder::new()
+        .name("skiff-store-checkpoint".into())
+        .spawn(move || {
+            // Runs until the store is dropped (the sender goes away).
+            while let Err(std::sync::mpsc::RecvTimeoutError::Timeout) =
+                stopped.recv_timeout(CHECKPOINT_EVERY)
+            {
+                // PASSIVE never blocks writers; a busy database just waits for the next tick.
+                let _ = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()));
+            }
+            let _ = conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()));
+        })
+        .map_err(Error::Checkpointer)?;
+    store._checkpointer = Some(stop);
+    Ok(())
 }
 
 pub(crate) fn now_ms() -> i64 {

@@ -1,5 +1,12 @@
 //! The agent loop and its tools, against a real temporary workspace, a scripted in-memory
 //! model client and an in-memory backend.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "test helpers fail loudly; clippy.toml only covers #[test] functions"
+)]
+
 mod tools;
 mod turn;

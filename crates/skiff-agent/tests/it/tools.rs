@@ -1,5 +1,5 @@
 use serde_json::json;
-use skiff_agent::tools::{Tools, ToolOutput};
+use skiff_agent::tools::{ToolOutput, Tools};
 use skiff_protocol::model::ToolCall;
 use tokio_util::sync::CancellationToken;
 
@@ -7,7 +7,11 @@ fn workspace() -> (tempfile::TempDir, Tools) {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("a.txt"), "one\ntwo\nthree\n").unwrap();
     std::fs::create_dir(dir.path().join("src")).unwrap();
-    std::fs::write(dir.path().join("src/lib.rs"), "fn main() {}\n// TODO: more\n").unwrap();
+    std::fs::write(
+        dir.path().join("src/lib.rs"),
+        "fn main() {}\n// TODO: more\n",
+    )
+    .unwrap();
     std::fs::write(dir.path().join(".gitignore"), "ignored/\n").unwrap();
     std::fs::create_dir(dir.path().join("ignored")).unwrap();
     std::fs::write(dir.path().join("ignored/x.rs"), "// TODO: hidden\n").unwrap();
@@ -16,18 +20,31 @@ fn workspace() -> (tempfile::TempDir, Tools) {
 }
 
 async fn call(tools: &Tools, name: &str, args: serde_json::Value) -> ToolOutput {
-    let call = ToolCall { id: "c1".into(), name: name.into(), arguments: args };
+    let call = ToolCall {
+        id: "c1".into(),
+        name: name.into(),
+        arguments: args,
+    };
     tools.call(&call, &CancellationToken::new()).await
 }
 
 #[tokio::test]
 async fn read_numbers_lines_and_pages() {
     let (_d, tools) = workspace();
-    let out = call(&tools, "read", json!({"path": "a.txt", "offset": 2, "limit": 1})).await;
+    let out = call(
+        &tools,
+        "read",
+        json!({"path": "a.txt", "offset": 2, "limit": 1}),
+    )
+    .await;
     assert!(!out.is_error, "{}", out.content);
     assert!(out.content.contains("2\ttwo"), "{}", out.content);
     assert!(!out.content.contains("one"));
-    assert!(out.content.contains("1 more lines; read with offset=3"), "{}", out.content);
+    assert!(
+        out.content.contains("1 more lines; read with offset=3"),
+        "{}",
+        out.content
+    );
 }
 
 #[tokio::test]
@@ -35,10 +52,18 @@ async fn arguments_of_the_wrong_type_are_a_tool_error() {
     let (_d, tools) = workspace();
     let out = call(&tools, "read", json!({"path": "a.txt", "offset": "two"})).await;
     assert!(out.is_error);
-    assert!(out.content.contains("invalid arguments for `read`"), "{}", out.content);
+    assert!(
+        out.content.contains("invalid arguments for `read`"),
+        "{}",
+        out.content
+    );
     let out = call(&tools, "read", json!({"file": "a.txt"})).await;
     assert!(out.is_error);
-    assert!(out.content.contains("unknown field `file`"), "{}", out.content);
+    assert!(
+        out.content.contains("unknown field `file`"),
+        "{}",
+        out.content
+    );
     let out = call(&tools, "read", json!("{not json")).await;
     assert!(out.is_error);
     assert!(out.content.contains("not a JSON object"), "{}", out.content);
@@ -52,7 +77,12 @@ async fn paths_that_escape_are_refused_and_nothing_is_written() {
     let (dir, tools) = workspace();
     let outside = tempfile::tempdir().unwrap();
     std::os::unix::fs::symlink(outside.path(), dir.path().join("out")).unwrap();
-    for path in ["../escape.txt", "/etc/passwd", "out/evil.txt", "src/../../x"] {
+    for path in [
+        "../escape.txt",
+        "/etc/passwd",
+        "out/evil.txt",
+        "src/../../x",
+    ] {
         let out = call(&tools, "write", json!({"path": path, "content": "x"})).await;
         assert!(out.is_error, "{path} was accepted");
         let out = call(&tools, "read", json!({"path": path})).await;
@@ -65,26 +95,66 @@ async fn paths_that_escape_are_refused_and_nothing_is_written() {
 #[tokio::test]
 async fn write_creates_parents_and_keeps_modes() {
     let (dir, tools) = workspace();
-    let out = call(&tools, "write", json!({"path": "new/dir/f.txt", "content": "hi"})).await;
+    let out = call(
+        &tools,
+        "write",
+        json!({"path": "new/dir/f.txt", "content": "hi"}),
+    )
+    .await;
     assert!(!out.is_error, "{}", out.content);
-    assert_eq!(std::fs::read_to_string(dir.path().join("new/dir/f.txt")).unwrap(), "hi");
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("new/dir/f.txt")).unwrap(),
+        "hi"
+    );
 }
 
 #[tokio::test]
 async fn edit_needs_unique_non_overlapping_matches_and_is_all_or_nothing() {
     let (dir, tools) = workspace();
     let path = dir.path().join("a.txt");
-    let out = call(&tools, "edit", json!({"path": "a.txt", "edits": [{"old_text": "o", "new_text": "0"}]})).await;
-    assert!(out.is_error && out.content.contains("occurs 2 times"), "{}", out.content);
-    let out = call(&tools, "edit", json!({"path": "a.txt", "edits": [
-        {"old_text": "two", "new_text": "2"}, {"old_text": "nine", "new_text": "9"}]})).await;
-    assert!(out.is_error && out.content.contains("edit 2: old_text not found"), "{}", out.content);
-    let out = call(&tools, "edit", json!({"path": "a.txt", "edits": [
-        {"old_text": "one\ntwo", "new_text": "x"}, {"old_text": "two\nthree", "new_text": "y"}]})).await;
-    assert!(out.is_error && out.content.contains("overlap"), "{}", out.content);
+    let out = call(
+        &tools,
+        "edit",
+        json!({"path": "a.txt", "edits": [{"old_text": "o", "new_text": "0"}]}),
+    )
+    .await;
+    assert!(
+        out.is_error && out.content.contains("occurs 2 times"),
+        "{}",
+        out.content
+    );
+    let out = call(
+        &tools,
+        "edit",
+        json!({"path": "a.txt", "edits": [
+        {"old_text": "two", "new_text": "2"}, {"old_text": "nine", "new_text": "9"}]}),
+    )
+    .await;
+    assert!(
+        out.is_error && out.content.contains("edit 2: old_text not found"),
+        "{}",
+        out.content
+    );
+    let out = call(
+        &tools,
+        "edit",
+        json!({"path": "a.txt", "edits": [
+        {"old_text": "one\ntwo", "new_text": "x"}, {"old_text": "two\nthree", "new_text": "y"}]}),
+    )
+    .await;
+    assert!(
+        out.is_error && out.content.contains("overlap"),
+        "{}",
+        out.content
+    );
     assert_eq!(std::fs::read_to_string(&path).unwrap(), "one\ntwo\nthree\n");
-    let out = call(&tools, "edit", json!({"path": "a.txt", "edits": [
-        {"old_text": "one", "new_text": "1"}, {"old_text": "three", "new_text": "3"}]})).await;
+    let out = call(
+        &tools,
+        "edit",
+        json!({"path": "a.txt", "edits": [
+        {"old_text": "one", "new_text": "1"}, {"old_text": "three", "new_text": "3"}]}),
+    )
+    .await;
     assert!(!out.is_error, "{}", out.content);
     assert_eq!(std::fs::read_to_string(&path).unwrap(), "1\ntwo\n3\n");
 }
@@ -93,15 +163,28 @@ async fn edit_needs_unique_non_overlapping_matches_and_is_all_or_nothing() {
 async fn ls_find_and_grep_respect_ignore_files() {
     let (_d, tools) = workspace();
     let out = call(&tools, "ls", json!({})).await;
-    assert!(out.content.contains("src/") && out.content.contains("a.txt"), "{}", out.content);
+    assert!(
+        out.content.contains("src/") && out.content.contains("a.txt"),
+        "{}",
+        out.content
+    );
     let out = call(&tools, "find", json!({"pattern": "**/*.rs"})).await;
     assert!(out.content.contains("src/lib.rs"), "{}", out.content);
     assert!(!out.content.contains("ignored/x.rs"), "{}", out.content);
-    let out = call(&tools, "grep", json!({"pattern": "todo", "ignore_case": true})).await;
+    let out = call(
+        &tools,
+        "grep",
+        json!({"pattern": "todo", "ignore_case": true}),
+    )
+    .await;
     assert!(out.content.contains("src/lib.rs:2:"), "{}", out.content);
     assert!(!out.content.contains("hidden"), "{}", out.content);
     let out = call(&tools, "grep", json!({"pattern": "("})).await;
-    assert!(out.is_error && out.content.contains("invalid regex"), "{}", out.content);
+    assert!(
+        out.is_error && out.content.contains("invalid regex"),
+        "{}",
+        out.content
+    );
 }
 
 #[tokio::test]
@@ -109,12 +192,31 @@ async fn exec_reports_exit_code_and_caps_huge_output() {
     let (_d, tools) = workspace();
     let out = call(&tools, "exec", json!({"command": "cat a.txt; exit 3"})).await;
     assert!(out.is_error);
-    assert!(out.content.starts_with("exit code: 3\none"), "{}", out.content);
-    let out = call(&tools, "exec", json!({"command": "head -c 5000000 /dev/zero | tr '\\0' x; echo END"})).await;
+    assert!(
+        out.content.starts_with("exit code: 3\none"),
+        "{}",
+        out.content
+    );
+    let out = call(
+        &tools,
+        "exec",
+        json!({"command": "head -c 5000000 /dev/zero | tr '\\0' x; echo END"}),
+    )
+    .await;
     assert!(!out.is_error);
-    assert!(out.content.len() < 100_000, "{} bytes came back", out.content.len());
-    assert!(out.content.contains("bytes of output truncated"), "no truncation marker");
-    assert!(out.content.trim_end().ends_with("END"), "the tail of the output is kept");
+    assert!(
+        out.content.len() < 100_000,
+        "{} bytes came back",
+        out.content.len()
+    );
+    assert!(
+        out.content.contains("bytes of output truncated"),
+        "no truncation marker"
+    );
+    assert!(
+        out.content.trim_end().ends_with("END"),
+        "the tail of the output is kept"
+    );
 }
 
 #[tokio::test]
@@ -123,16 +225,31 @@ async fn exec_sees_no_secrets_of_the_gateway() {
     let out = call(&tools, "exec", json!({"command": "env"})).await;
     for line in out.content.lines().skip(1) {
         let name = line.split('=').next().unwrap_or("");
-        assert!(!name.ends_with("_KEY") && !name.ends_with("TOKEN") && name != "SSH_AUTH_SOCK", "{line}");
+        assert!(
+            !name.ends_with("_KEY") && !name.ends_with("TOKEN") && name != "SSH_AUTH_SOCK",
+            "{line}"
+        );
     }
 }
 
 #[tokio::test]
 async fn exec_timeout_kills_the_process_group() {
     let (dir, tools) = workspace();
-    let out = call(&tools, "exec", json!({"command": "sleep 60 & echo $! > bg.pid; wait", "timeout_s": 1})).await;
-    assert!(out.is_error && out.content.contains("timed out after 1 s"), "{}", out.content);
+    let out = call(
+        &tools,
+        "exec",
+        json!({"command": "sleep 60 & echo $! > bg.pid; wait", "timeout_s": 1}),
+    )
+    .await;
+    assert!(
+        out.is_error && out.content.contains("timed out after 1 s"),
+        "{}",
+        out.content
+    );
     let pid = std::fs::read_to_string(dir.path().join("bg.pid")).unwrap();
     let stat = std::fs::read_to_string(format!("/proc/{}/stat", pid.trim()));
-    assert!(stat.map(|s| s.contains(") Z ")).unwrap_or(true), "background sleep survived the timeout");
+    assert!(
+        stat.map(|s| s.contains(") Z ")).unwrap_or(true),
+        "background sleep survived the timeout"
+    );
 }

@@ -4,7 +4,9 @@ use skiff_agent::tools::Tools;
 use skiff_agent::{AgentConfig, BackendError, ModelClient, SessionBackend, TurnOutcome, run_turn};
 use skiff_protocol::EntryId;
 use skiff_protocol::event::EventKind;
-use skiff_protocol::model::{Message, ModelErrorKind, ModelEvent, ModelRef, ModelRequest, StopReason, ToolCall};
+use skiff_protocol::model::{
+    Message, ModelErrorKind, ModelEvent, ModelRef, ModelRequest, StopReason, ToolCall,
+};
 use skiff_protocol::transcript::{EntryBody, TranscriptEntry};
 use std::sync::Mutex;
 use tokio_util::sync::CancellationToken;
@@ -13,8 +15,16 @@ use tokio_util::sync::CancellationToken;
 struct Scripted(Vec<Vec<ModelEvent>>);
 
 impl ModelClient for Scripted {
-    fn stream(&self, request: ModelRequest, _cancel: CancellationToken) -> BoxStream<'static, ModelEvent> {
-        let n = request.messages.iter().filter(|m| matches!(m, Message::Assistant { .. })).count();
+    fn stream(
+        &self,
+        request: ModelRequest,
+        _cancel: CancellationToken,
+    ) -> BoxStream<'static, ModelEvent> {
+        let n = request
+            .messages
+            .iter()
+            .filter(|m| matches!(m, Message::Assistant { .. }))
+            .count();
         stream::iter(self.0.get(n).cloned().unwrap_or_default()).boxed()
     }
 }
@@ -30,7 +40,11 @@ impl SessionBackend for Memory {
         Ok(self.entries.lock().unwrap().clone())
     }
 
-    async fn commit(&self, base_leaf: Option<EntryId>, bodies: Vec<EntryBody>) -> Result<Vec<TranscriptEntry>, BackendError> {
+    async fn commit(
+        &self,
+        base_leaf: Option<EntryId>,
+        bodies: Vec<EntryBody>,
+    ) -> Result<Vec<TranscriptEntry>, BackendError> {
         let mut entries = self.entries.lock().unwrap();
         if entries.last().map(|e| e.id.clone()) != base_leaf {
             return Err(BackendError("stale leaf".into()));
@@ -56,18 +70,31 @@ impl SessionBackend for Memory {
 }
 
 fn tool_turn(calls: &[(&str, serde_json::Value)]) -> Vec<ModelEvent> {
-    let mut events = vec![ModelEvent::TextDelta { text: "working".into() }];
+    let mut events = vec![ModelEvent::TextDelta {
+        text: "working".into(),
+    }];
     for (i, (name, args)) in calls.iter().enumerate() {
         events.push(ModelEvent::ToolCall {
-            call: ToolCall { id: format!("call_{i}"), name: (*name).into(), arguments: args.clone() },
+            call: ToolCall {
+                id: format!("call_{i}"),
+                name: (*name).into(),
+                arguments: args.clone(),
+            },
         });
     }
-    events.push(ModelEvent::Done { stop_reason: StopReason::ToolUse });
+    events.push(ModelEvent::Done {
+        stop_reason: StopReason::ToolUse,
+    });
     events
 }
 
 fn final_turn(text: &str) -> Vec<ModelEvent> {
-    vec![ModelEvent::TextDelta { text: text.into() }, ModelEvent::Done { stop_reason: StopReason::EndTurn }]
+    vec![
+        ModelEvent::TextDelta { text: text.into() },
+        ModelEvent::Done {
+            stop_reason: StopReason::EndTurn,
+        },
+    ]
 }
 
 fn config() -> AgentConfig {
@@ -92,7 +119,13 @@ fn backend_with_prompt() -> Memory {
 }
 
 fn kinds(memory: &Memory) -> Vec<&'static str> {
-    memory.entries.lock().unwrap().iter().map(|e| e.body.kind()).collect()
+    memory
+        .entries
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|e| e.body.kind())
+        .collect()
 }
 
 #[tokio::test]
@@ -100,23 +133,52 @@ async fn failing_tools_become_results_and_the_loop_finishes() {
     let dir = tempfile::tempdir().unwrap();
     let tools = Tools::new(dir.path().to_path_buf(), Vec::new()).unwrap();
     let model = Scripted(vec![
-        tool_turn(&[("read", json!({"path": "../etc/passwd"})), ("read", json!({"path": 7})), ("nope", json!({}))]),
+        tool_turn(&[
+            ("read", json!({"path": "../etc/passwd"})),
+            ("read", json!({"path": 7})),
+            ("nope", json!({})),
+        ]),
         final_turn("done"),
     ]);
     let memory = backend_with_prompt();
-    let outcome = run_turn(&model, &memory, &tools, &config(), &CancellationToken::new()).await;
+    let outcome = run_turn(
+        &model,
+        &memory,
+        &tools,
+        &config(),
+        &CancellationToken::new(),
+    )
+    .await;
     assert_eq!(outcome, TurnOutcome::Completed);
     assert_eq!(
         kinds(&memory),
-        ["user_message", "assistant_message", "tool_result", "tool_result", "tool_result", "assistant_message"]
+        [
+            "user_message",
+            "assistant_message",
+            "tool_result",
+            "tool_result",
+            "tool_result",
+            "assistant_message"
+        ]
     );
     let entries = memory.entries.lock().unwrap();
     for entry in &entries[2..5] {
-        assert!(matches!(entry.body, EntryBody::ToolResult { is_error: true, .. }), "{entry:?}");
+        assert!(
+            matches!(entry.body, EntryBody::ToolResult { is_error: true, .. }),
+            "{entry:?}"
+        );
     }
     let events = memory.events.lock().unwrap();
-    assert!(events.iter().any(|e| matches!(e, EventKind::ToolFinished { is_error: true, .. })));
-    assert!(events.iter().any(|e| matches!(e, EventKind::TextDelta { text } if text == "done")));
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(e, EventKind::ToolFinished { is_error: true, .. }))
+    );
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(e, EventKind::TextDelta { text } if text == "done"))
+    );
 }
 
 #[tokio::test]
@@ -124,13 +186,31 @@ async fn a_model_error_fails_the_turn_with_a_notice() {
     let dir = tempfile::tempdir().unwrap();
     let tools = Tools::new(dir.path().to_path_buf(), Vec::new()).unwrap();
     let model = Scripted(vec![vec![
-        ModelEvent::TextDelta { text: "partial".into() },
-        ModelEvent::Error { kind: ModelErrorKind::Connection, message: "connection closed".into() },
+        ModelEvent::TextDelta {
+            text: "partial".into(),
+        },
+        ModelEvent::Error {
+            kind: ModelErrorKind::Connection,
+            message: "connection closed".into(),
+        },
     ]]);
     let memory = backend_with_prompt();
-    let outcome = run_turn(&model, &memory, &tools, &config(), &CancellationToken::new()).await;
-    assert!(matches!(&outcome, TurnOutcome::Failed(m) if m.contains("connection closed")), "{outcome:?}");
-    assert_eq!(kinds(&memory), ["user_message", "assistant_message", "notice"]);
+    let outcome = run_turn(
+        &model,
+        &memory,
+        &tools,
+        &config(),
+        &CancellationToken::new(),
+    )
+    .await;
+    assert!(
+        matches!(&outcome, TurnOutcome::Failed(m) if m.contains("connection closed")),
+        "{outcome:?}"
+    );
+    assert_eq!(
+        kinds(&memory),
+        ["user_message", "assistant_message", "notice"]
+    );
 }
 
 #[tokio::test]
@@ -145,19 +225,35 @@ async fn cancelling_during_a_tool_kills_it_and_keeps_the_transcript_well_formed(
     let cancel = CancellationToken::new();
     let started = std::time::Instant::now();
     let config = config();
-    let (outcome, ()) = tokio::join!(run_turn(&model, &memory, &tools, &config, &cancel), async {
-        // Cancel as soon as the exec tool has started.
-        loop {
-            let started_exec = memory.events.lock().unwrap().iter().any(|e| matches!(e, EventKind::ToolStarted { name, .. } if name == "exec"));
-            if started_exec {
-                cancel.cancel();
-                break;
+    let (outcome, ()) =
+        tokio::join!(run_turn(&model, &memory, &tools, &config, &cancel), async {
+            // Cancel as soon as the exec tool has started.
+            loop {
+                let started_exec =
+                    memory.events.lock().unwrap().iter().any(
+                        |e| matches!(e, EventKind::ToolStarted { name, .. } if name == "exec"),
+                    );
+                if started_exec {
+                    cancel.cancel();
+                    break;
+                }
+                tokio::task::yield_now().await;
             }
-            tokio::task::yield_now().await;
-        }
-    });
+        });
     assert_eq!(outcome, TurnOutcome::Cancelled);
-    assert!(started.elapsed().as_secs() < 20, "sleep 30 was not interrupted");
+    assert!(
+        started.elapsed().as_secs() < 20,
+        "sleep 30 was not interrupted"
+    );
     // Every tool call has a result (the second one was not run), then the notice.
-    assert_eq!(kinds(&memory), ["user_message", "assistant_message", "tool_result", "tool_result", "notice"]);
+    assert_eq!(
+        kinds(&memory),
+        [
+            "user_message",
+            "assistant_message",
+            "tool_result",
+            "tool_result",
+            "notice"
+        ]
+    );
 }

@@ -23,10 +23,21 @@ impl Gateway {
         let state_dir = dir.path().join("state");
         std::fs::write(dir.path().join("script.toml"), script).unwrap();
         let config = dir.path().join("skiff.toml");
-        std::fs::write(&config, "[providers.fake]\napi = \"scripted\"\nscript = \"script.toml\"\n").unwrap();
+        std::fs::write(
+            &config,
+            "[providers.fake]\napi = \"scripted\"\nscript = \"script.toml\"\n",
+        )
+        .unwrap();
         let (child, url) = spawn(&state_dir, &config);
         let token = read_token(&state_dir);
-        Gateway { state_dir, url, token, config, child, _dir: dir }
+        Gateway {
+            state_dir,
+            url,
+            token,
+            config,
+            child,
+            _dir: dir,
+        }
     }
 
     /// Kills the gateway without warning (no shutdown path runs) and starts a new one on the
@@ -37,13 +48,20 @@ impl Gateway {
         let (child, url) = spawn(&self.state_dir, &self.config);
         self.child = child;
         self.url = url;
-        assert_eq!(read_token(&self.state_dir), self.token, "the admin token changed across a restart");
+        assert_eq!(
+            read_token(&self.state_dir),
+            self.token,
+            "the admin token changed across a restart"
+        );
     }
 
     /// A `skiff` command that finds this gateway through its state dir.
     pub fn cli(&self) -> Command {
         let mut cmd = Command::new(SKIFF);
-        cmd.arg("--state-dir").arg(&self.state_dir).env_remove("SKIFF_URL").env_remove("SKIFF_TOKEN");
+        cmd.arg("--state-dir")
+            .arg(&self.state_dir)
+            .env_remove("SKIFF_URL")
+            .env_remove("SKIFF_TOKEN");
         cmd
     }
 
@@ -53,7 +71,11 @@ impl Gateway {
 
     pub fn json(&self, args: &[&str]) -> serde_json::Value {
         let out = self.run(args);
-        assert!(out.status.success(), "skiff {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "skiff {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         serde_json::from_slice(&out.stdout).unwrap()
     }
 }
@@ -69,7 +91,9 @@ fn spawn(state_dir: &Path, config: &Path) -> (Child, String) {
         .spawn()
         .unwrap();
     let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
     let url = line
         .trim()
         .strip_prefix("skiff gateway listening on ")
@@ -80,7 +104,8 @@ fn spawn(state_dir: &Path, config: &Path) -> (Child, String) {
 
 fn read_token(state_dir: &Path) -> String {
     let file: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(state_dir.join("gateway.json")).unwrap()).unwrap();
+        serde_json::from_str(&std::fs::read_to_string(state_dir.join("gateway.json")).unwrap())
+            .unwrap();
     file["token"].as_str().unwrap().to_owned()
 }
 
@@ -100,7 +125,12 @@ pub fn stderr(out: &Output) -> String {
 }
 
 pub fn git(repo: &Path, args: &[&str]) -> String {
-    let out = Command::new("git").arg("-C").arg(repo).args(args).output().unwrap();
+    let out = Command::new("git")
+        .arg("-C")
+        .arg(repo)
+        .args(args)
+        .output()
+        .unwrap();
     assert!(out.status.success(), "git {args:?}: {}", stderr(&out));
     stdout(&out)
 }

@@ -1,6 +1,13 @@
 //! End-to-end: the real `skiff` binary, a real gateway process, real git repositories, and a
 //! scripted model (the only stand-in).
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "test helpers fail loudly; clippy.toml only covers #[test] functions"
+)]
+
 mod api;
 mod bad_input;
 mod harness;

@@ -36,36 +36,83 @@ fn a_session_commits_on_its_own_branch_and_leaves_the_checkout_alone() {
     let status_before = git(repo.path(), &["status", "--porcelain"]);
     let head_before = git(repo.path(), &["rev-parse", "HEAD"]);
 
-    let out = gw.run(&["session", "new", "--workspace", repo.path().to_str().unwrap(), "--model", "fake/e2e", "finalize the notes"]);
-    assert!(out.status.success(), "exit {:?}\n{}", out.status, stderr(&out));
+    let out = gw.run(&[
+        "session",
+        "new",
+        "--workspace",
+        repo.path().to_str().unwrap(),
+        "--model",
+        "fake/e2e",
+        "finalize the notes",
+    ]);
+    assert!(
+        out.status.success(),
+        "exit {:?}\n{}",
+        out.status,
+        stderr(&out)
+    );
     let shown = stdout(&out);
-    assert!(shown.contains("Reading the file.") && shown.contains("All done."), "{shown}");
+    assert!(
+        shown.contains("Reading the file.") && shown.contains("All done."),
+        "{shown}"
+    );
     assert!(shown.contains("▸ read notes.txt  ✓"), "{shown}");
     assert!(shown.contains("▸ edit notes.txt  ✓"), "{shown}");
-    assert!(stderr(&out).contains("fake/e2e (scripted)"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("fake/e2e (scripted)"),
+        "{}",
+        stderr(&out)
+    );
 
     let list = gw.json(&["session", "list", "--json"]);
     let id = list["sessions"][0]["id"].as_str().unwrap().to_owned();
     let branch = format!("skiff/{id}");
 
     // The commit is on the session branch, with the agent's edit and the user's carried work.
-    assert_eq!(git(repo.path(), &["log", "-1", "--format=%s", &branch]).trim(), "agent: finalize notes");
-    assert_eq!(git(repo.path(), &["show", &format!("{branch}:notes.txt")]), "final notes\n");
-    assert_eq!(git(repo.path(), &["show", &format!("{branch}:keep.txt")]), "changed by the user\n");
-    assert_eq!(git(repo.path(), &["show", &format!("{branch}:scratch.txt")]), "untracked\n");
+    assert_eq!(
+        git(repo.path(), &["log", "-1", "--format=%s", &branch]).trim(),
+        "agent: finalize notes"
+    );
+    assert_eq!(
+        git(repo.path(), &["show", &format!("{branch}:notes.txt")]),
+        "final notes\n"
+    );
+    assert_eq!(
+        git(repo.path(), &["show", &format!("{branch}:keep.txt")]),
+        "changed by the user\n"
+    );
+    assert_eq!(
+        git(repo.path(), &["show", &format!("{branch}:scratch.txt")]),
+        "untracked\n"
+    );
 
     // The live checkout is exactly as it was.
     assert_eq!(git(repo.path(), &["status", "--porcelain"]), status_before);
     assert_eq!(git(repo.path(), &["rev-parse", "HEAD"]), head_before);
-    assert_eq!(std::fs::read_to_string(repo.path().join("notes.txt")).unwrap(), "draft notes\n");
+    assert_eq!(
+        std::fs::read_to_string(repo.path().join("notes.txt")).unwrap(),
+        "draft notes\n"
+    );
 
     // The transcript has the shape of the turn, with gateway-assigned ids chained by parent.
     let detail = gw.json(&["session", "show", &id, "--json"]);
     let transcript = detail["transcript"].as_array().unwrap();
-    let kinds: Vec<&str> = transcript.iter().map(|e| e["body"]["kind"].as_str().unwrap()).collect();
+    let kinds: Vec<&str> = transcript
+        .iter()
+        .map(|e| e["body"]["kind"].as_str().unwrap())
+        .collect();
     assert_eq!(
         kinds,
-        ["user_message", "assistant_message", "tool_result", "assistant_message", "tool_result", "assistant_message", "tool_result", "assistant_message"]
+        [
+            "user_message",
+            "assistant_message",
+            "tool_result",
+            "assistant_message",
+            "tool_result",
+            "assistant_message",
+            "tool_result",
+            "assistant_message"
+        ]
     );
     for pair in transcript.windows(2) {
         assert_eq!(pair[1]["parent_id"], pair[0]["id"]);
@@ -84,7 +131,10 @@ fn a_session_commits_on_its_own_branch_and_leaves_the_checkout_alone() {
 fn cancel_stops_a_running_command_and_ends_the_run_cancelled() {
     let fifo_dir = tempfile::tempdir().unwrap();
     let fifo = fifo_dir.path().join("pid");
-    let made = std::process::Command::new("mkfifo").arg(&fifo).status().unwrap();
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
     assert!(made.success());
     let script = format!(
         "[[turns]]\ntext = \"Running a long command.\"\n[[turns.tool_calls]]\nname = \"exec\"\narguments = {{ command = \"sleep 300 & echo $! > {}; wait\" }}\n",
@@ -93,13 +143,31 @@ fn cancel_stops_a_running_command_and_ends_the_run_cancelled() {
     let gw = Gateway::start(&script);
     let repo = TempGitRepo::new(&[("a.txt", "a\n")]);
 
-    let started = gw.json(&["session", "new", "--detach", "--json", "--workspace", repo.path().to_str().unwrap(), "--model", "fake/slow", "wait"]);
+    let started = gw.json(&[
+        "session",
+        "new",
+        "--detach",
+        "--json",
+        "--workspace",
+        repo.path().to_str().unwrap(),
+        "--model",
+        "fake/slow",
+        "wait",
+    ]);
     let id = started["session"]["id"].as_str().unwrap().to_owned();
-    let mut watch = gw.cli().args(["session", "watch", &id, "--json"]).stdout(Stdio::piped()).spawn().unwrap();
+    let mut watch = gw
+        .cli()
+        .args(["session", "watch", &id, "--json"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
 
     // The command has started once it tells us its child's pid.
     let mut pid = String::new();
-    std::fs::File::open(&fifo).unwrap().read_to_string(&mut pid).unwrap();
+    std::fs::File::open(&fifo)
+        .unwrap()
+        .read_to_string(&mut pid)
+        .unwrap();
     let pid = pid.trim().to_owned();
     assert!(std::path::Path::new(&format!("/proc/{pid}")).exists());
 
@@ -111,13 +179,20 @@ fn cancel_stops_a_running_command_and_ends_the_run_cancelled() {
         .map(|l| serde_json::from_str(&l.unwrap()).unwrap())
         .collect();
     let status = watch.wait().unwrap();
-    assert_eq!(status.code(), Some(1), "watch exits non-zero for a cancelled run");
+    assert_eq!(
+        status.code(),
+        Some(1),
+        "watch exits non-zero for a cancelled run"
+    );
     let last = lines.last().unwrap();
     assert_eq!(last["type"], "run_status");
     assert_eq!(last["status"], "cancelled");
 
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"));
-    assert!(stat.map(|s| s.contains(") Z ")).unwrap_or(true), "the sleep survived the cancel");
+    assert!(
+        stat.map(|s| s.contains(") Z ")).unwrap_or(true),
+        "the sleep survived the cancel"
+    );
 
     let detail = gw.json(&["session", "show", &id, "--json"]);
     assert_eq!(detail["runs"][0]["status"], "cancelled");
@@ -138,15 +213,34 @@ fn a_plain_directory_gets_a_gateway_owned_copy() {
     let gw = Gateway::start(script);
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("input.txt"), "data").unwrap();
-    let out = gw.run(&["session", "new", "--json", "--workspace", dir.path().to_str().unwrap(), "--model", "fake/plain", "write it"]);
+    let out = gw.run(&[
+        "session",
+        "new",
+        "--json",
+        "--workspace",
+        dir.path().to_str().unwrap(),
+        "--model",
+        "fake/plain",
+        "write it",
+    ]);
     assert!(out.status.success(), "{}", stderr(&out));
-    let first: serde_json::Value = serde_json::from_str(stdout(&out).lines().next().unwrap()).unwrap();
+    let first: serde_json::Value =
+        serde_json::from_str(stdout(&out).lines().next().unwrap()).unwrap();
     let id = first["session_id"].as_str().unwrap();
     let detail = gw.json(&["session", "show", id, "--json"]);
     let copy = std::path::PathBuf::from(detail["session"]["workspace"]["path"].as_str().unwrap());
     assert_eq!(detail["session"]["workspace"]["kind"], "plain");
     assert!(copy.starts_with(&gw.state_dir));
-    assert_eq!(std::fs::read_to_string(copy.join("out.txt")).unwrap(), "made by the agent");
-    assert_eq!(std::fs::read_to_string(copy.join("input.txt")).unwrap(), "data");
-    assert!(!dir.path().join("out.txt").exists(), "the user's directory was written");
+    assert_eq!(
+        std::fs::read_to_string(copy.join("out.txt")).unwrap(),
+        "made by the agent"
+    );
+    assert_eq!(
+        std::fs::read_to_string(copy.join("input.txt")).unwrap(),
+        "data"
+    );
+    assert!(
+        !dir.path().join("out.txt").exists(),
+        "the user's directory was written"
+    );
 }

@@ -1,5 +1,12 @@
 //! Integration tests of the store against a real SQLite file.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "test helpers fail loudly; clippy.toml only covers #[test] functions"
+)]
+
 use skiff_protocol::SessionId;
 use skiff_protocol::api::{RunStatus, WorkspaceView};
 use skiff_protocol::event::EventKind;
