@@ -56,6 +56,11 @@ id_type!(
     "att_"
 );
 id_type!(
+    /// An environment: one leased box.
+    EnvironmentId,
+    "env_"
+);
+id_type!(
     /// A transcript entry.
     EntryId,
     "ent_"

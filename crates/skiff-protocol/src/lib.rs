@@ -6,9 +6,10 @@
 //! without pulling in each other's machinery.
 
 pub mod api;
+pub mod environment;
 pub mod event;
 pub mod ids;
 pub mod model;
 pub mod transcript;
 
-pub use ids::{AttemptId, EntryId, RunId, SessionId};
+pub use ids::{AttemptId, EntryId, EnvironmentId, RunId, SessionId};
