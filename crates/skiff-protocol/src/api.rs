@@ -186,6 +186,24 @@ pub struct SessionList {
     pub sessions: Vec<SessionView>,
 }
 
+/// `POST /v1/ui/tickets`: a one-use Control UI login link (`GET <gateway><login_path>`),
+/// valid until `expires_at_ms`. Trading it sets an HttpOnly session cookie.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UiTicket {
+    pub ticket: String,
+    /// `/ui/login?ticket=…`, relative to the gateway's URL.
+    pub login_path: String,
+    pub expires_at_ms: i64,
+}
+
+/// `POST /ui/login` (JSON, or the same field form-encoded): log a browser in with a token.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UiLoginRequest {
+    pub token: String,
+}
+
 /// Every error answer of the API. `code` is a stable string scripts may match on.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

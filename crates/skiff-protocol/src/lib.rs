@@ -9,6 +9,7 @@ pub mod api;
 pub mod environment;
 pub mod event;
 pub mod ids;
+pub mod lease;
 pub mod model;
 pub mod transcript;
 

@@ -30,6 +30,12 @@ pub enum Error {
         from: RunStatus,
         to: RunStatus,
     },
+    #[error("environment {env} cannot move from {from} to {to}")]
+    IllegalEnvironmentTransition {
+        env: String,
+        from: skiff_protocol::environment::EnvironmentState,
+        to: skiff_protocol::environment::EnvironmentState,
+    },
     #[error("stored {what} is unreadable: {detail}")]
     Corrupt { what: &'static str, detail: String },
     #[error("could not start the database checkpoint thread: {0}")]

@@ -9,6 +9,7 @@
 //! The connection is synchronous (rusqlite, WAL). Calls are short and serialized by one mutex;
 //! callers in async code call them directly.
 
+mod environments;
 mod error;
 mod events;
 mod ids;
@@ -19,6 +20,7 @@ mod tokens;
 mod transcript;
 pub mod transition;
 
+pub use environments::EnvironmentRow;
 pub use error::{Error, Result};
 pub use ids::mint;
 pub use runs::{AttemptStatus, RunRow};

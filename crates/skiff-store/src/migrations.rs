@@ -98,6 +98,32 @@ CREATE TABLE audit (
     decision  TEXT NOT NULL,
     detail    TEXT NOT NULL  -- JSON metadata only: never prompts, completions or secrets
 );
+"#, r#"
+CREATE TABLE environments (
+    id              TEXT PRIMARY KEY,
+    owner_id        TEXT NOT NULL,
+    tenant_id       TEXT NOT NULL,
+    profile         TEXT NOT NULL,
+    provider        TEXT NOT NULL,
+    state           TEXT NOT NULL,
+    -- Written before the provider is called; the lease id derives from it.
+    op_id           TEXT NOT NULL UNIQUE,
+    lease_id        TEXT,
+    lease           TEXT,            -- JSON: how to reach and trust the box
+    bundle_hash     TEXT,
+    error           TEXT,
+    created_at_ms   INTEGER NOT NULL,
+    updated_at_ms   INTEGER NOT NULL,
+    last_used_at_ms INTEGER NOT NULL,
+    expires_at_ms   INTEGER,
+    model_requests     INTEGER NOT NULL DEFAULT 0,
+    input_tokens       INTEGER NOT NULL DEFAULT 0,
+    output_tokens      INTEGER NOT NULL DEFAULT 0,
+    bytes_in           INTEGER NOT NULL DEFAULT 0,
+    bytes_out          INTEGER NOT NULL DEFAULT 0,
+    gateway_tool_calls INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX environments_by_scope ON environments(owner_id, tenant_id, created_at_ms);
 "#];
 
 pub(crate) fn migrate(conn: &mut Connection) -> Result<()> {

@@ -2,6 +2,7 @@
 //! inside the transaction that persists the change.
 
 use skiff_protocol::api::RunStatus;
+use skiff_protocol::environment::EnvironmentState;
 
 /// Whether a run may move from `from` to `to`.
 pub fn run_allowed(from: RunStatus, to: RunStatus) -> bool {
@@ -26,10 +27,42 @@ pub fn run_allowed(from: RunStatus, to: RunStatus) -> bool {
     }
 }
 
+/// Whether an environment may move from `from` to `to`. `destroying → destroying` records a
+/// retry that still lacks evidence.
+pub fn environment_allowed(from: EnvironmentState, to: EnvironmentState) -> bool {
+    use EnvironmentState::*;
+    match from {
+        Destroyed => false,
+        Requested => matches!(to, Provisioning | Failed | Destroying | Orphaned),
+        Provisioning => matches!(to, Bootstrapping | Failed | Destroying | Orphaned),
+        Bootstrapping => matches!(to, Ready | Failed | Destroying | Orphaned),
+        Ready => matches!(to, Attached | Idle | Draining | Failed | Destroying | Orphaned),
+        Attached => matches!(to, Idle | Draining | Failed | Orphaned),
+        Idle => matches!(to, Attached | Draining | Failed | Destroying | Orphaned),
+        Draining => matches!(to, Destroying | Failed | Orphaned),
+        Destroying => matches!(to, Destroying | Destroyed | Failed),
+        Failed | Orphaned => matches!(to, Destroying),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use RunStatus::*;
+
+    #[test]
+    fn environments_follow_the_design() {
+        use EnvironmentState as E;
+        let path = [E::Requested, E::Provisioning, E::Bootstrapping, E::Ready, E::Idle, E::Attached, E::Idle, E::Draining, E::Destroying, E::Destroyed];
+        for pair in path.windows(2) {
+            assert!(environment_allowed(pair[0], pair[1]), "{} -> {}", pair[0], pair[1]);
+        }
+        for to in E::ALL {
+            assert!(!environment_allowed(E::Destroyed, to));
+        }
+        assert!(!environment_allowed(E::Attached, E::Destroying), "an attached box is drained first");
+        assert!(!environment_allowed(E::Failed, E::Ready));
+    }
 
     #[test]
     fn terminal_states_are_final() {

@@ -1,0 +1,153 @@
+//! Where boxes come from. [`WorkerProvider`] is the contract the gateway's environment state
+//! machine drives; `local` (boxes on this machine, each with its own sshd), `ssh` (a static
+//! host, development only) and `command` (any lease CLI in the Crabbox shape) implement it.
+//!
+//! Deliberately absent: policy. Providers do not decide when a box is reused, reclaimed or
+//! renewed — the gateway does — and the gateway core names no provider.
+
+mod command;
+mod config;
+pub mod local;
+mod static_ssh;
+
+pub use config::{Isolation, ProfileConfig, ProviderKind};
+
+use futures_util::future::BoxFuture;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("profile `{profile}`: {problem}")]
+    Config { profile: String, problem: String },
+    #[error("{provider} provider: {message}")]
+    Provider { provider: &'static str, message: String },
+    #[error("lease {lease} was not found by the {provider} provider")]
+    UnknownLease { provider: &'static str, lease: String },
+    #[error("{provider} provider could not prove that lease {lease} is gone: {evidence}")]
+    NoEvidence {
+        provider: &'static str,
+        lease: String,
+        evidence: String,
+    },
+    #[error(transparent)]
+    Process(#[from] skiff_process::Error),
+    #[error("{path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+pub(crate) fn io_err(path: &std::path::Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
+    move |source| Error::Io {
+        path: path.display().to_string(),
+        source,
+    }
+}
+
+/// What a provider hands back for a box: how to reach it and how to trust it.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Lease {
+    pub lease_id: String,
+    pub host: String,
+    pub port: u16,
+    pub user: String,
+    /// The private key to log in with (mode 0600, readable by the gateway only).
+    pub identity_file: PathBuf,
+    /// The box's public host key, pinned for every connection.
+    pub host_key: String,
+    #[serde(default)]
+    pub proxy_command: Option<Vec<String>>,
+    #[serde(default)]
+    pub expires_at_ms: Option<i64>,
+}
+
+/// What a provider can say about a lease.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LeaseStatus {
+    /// The box is up and should accept SSH.
+    Running,
+    /// The provider has no such box (never made, or torn down).
+    Gone,
+    /// The box exists but is broken (its sshd died, the provider reports a failure).
+    Failed(String),
+}
+
+/// A source of boxes. Every method is idempotent; `destroy` returns only once the box is
+/// proven gone.
+pub trait WorkerProvider: Send + Sync {
+    /// `local`, `ssh` or `command`.
+    fn kind(&self) -> &'static str;
+
+    /// Whether boxes of this provider are not isolated from the host (static hosts, local
+    /// boxes without root): such environments are labelled development-only.
+    fn development_only(&self) -> bool;
+
+    /// The lease id this provider uses for an operation id. Deterministic, so a gateway that
+    /// died mid-provision finds (adopts) the lease it asked for instead of making a second one.
+    fn lease_id_for(&self, op_id: &str) -> String;
+
+    /// Leases a box for `op_id`; when the lease already exists, returns it.
+    fn provision<'a>(&'a self, op_id: &'a str) -> BoxFuture<'a, Result<Lease>>;
+
+    fn inspect<'a>(&'a self, lease_id: &'a str) -> BoxFuture<'a, Result<LeaseStatus>>;
+
+    /// Extends the lease's expiry, where the provider has one.
+    fn renew<'a>(&'a self, lease_id: &'a str) -> BoxFuture<'a, Result<()>>;
+
+    /// Tears the box down and returns only once the provider shows it gone.
+    fn destroy<'a>(&'a self, lease_id: &'a str) -> BoxFuture<'a, Result<()>>;
+
+    /// Every lease the provider holds, for the orphan sweep.
+    fn list<'a>(&'a self) -> BoxFuture<'a, Result<Vec<String>>>;
+}
+
+/// What providers may need from the gateway's host.
+#[derive(Clone, Debug)]
+pub struct Context {
+    /// The gateway's own executable (local boxes reach netns sshd through `skiff box proxy`).
+    pub skiff_exe: PathBuf,
+    /// Where a provider keeps private material (client keys written from a lease CLI's
+    /// output). Inside the gateway's 0700 state dir.
+    pub private_dir: PathBuf,
+    /// Default root of local boxes.
+    pub default_box_root: PathBuf,
+}
+
+/// Builds the provider a profile names.
+pub fn build(name: &str, profile: &ProfileConfig, ctx: &Context) -> Result<Arc<dyn WorkerProvider>> {
+    profile.validate(name)?;
+    Ok(match profile.provider {
+        ProviderKind::Local => Arc::new(local::LocalProvider::new(
+            local::Boxes::new(
+                profile.root.clone().unwrap_or_else(|| ctx.default_box_root.clone()),
+                ctx.skiff_exe.clone(),
+            ),
+            profile.isolation_or_default(),
+            profile.ttl()?,
+        )),
+        ProviderKind::Ssh => Arc::new(static_ssh::StaticSsh::new(name, profile)?),
+        ProviderKind::Command => Arc::new(command::CommandProvider::new(
+            name,
+            profile,
+            ctx.private_dir.join(name),
+        )?),
+    })
+}
+
+/// `prefix` + 12 lowercase hex characters of the operation id's hash.
+pub fn derive_lease_id(prefix: &str, op_id: &str) -> String {
+    let hash = blake3::hash(op_id.as_bytes()).to_hex();
+    format!("{prefix}{}", &hash[..12])
+}
+
+pub(crate) fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}

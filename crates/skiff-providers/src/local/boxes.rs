@@ -1,0 +1,340 @@
+//! Local boxes: each one a directory with its own home and workspace root, its own host key
+//! and client key, its own user (when we are root), optionally its own network namespace, and a
+//! real `sshd`.
+//!
+//! ```text
+//! <root>/<box-id>/            root-owned 0755
+//!   box.json                  what this box is (written before anything is started)
+//!   client_key                the gateway's key for this box (0600, not readable by the box)
+//!   etc/                      sshd_config, host key (0600), authorized_keys
+//!   home/                     the box user's home (0700, owned by the box user)
+//!     workspace/              where synced workspaces go
+//!   sshd.pid, sshd.log
+//! ```
+
+use super::{netns, procs, sshd, user};
+use crate::config::Isolation;
+use crate::{Error, Result, io_err, now_ms};
+use serde::{Deserialize, Serialize};
+use skiff_protocol::lease::LeaseCliStatus;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// What a box is, written before anything of it is started, so a crash mid-create leaves
+/// enough behind to find and remove every piece.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct BoxRecord {
+    id: String,
+    isolation: Isolation,
+    port: u16,
+    user: String,
+    /// Whether `user` was created for this box (and is removed with it).
+    own_user: bool,
+    netns: Option<String>,
+    created_at_ms: i64,
+    expires_at_ms: i64,
+    /// `starting` until sshd runs, then `running`.
+    state: String,
+}
+
+/// The local boxes under one root directory.
+#[derive(Clone, Debug)]
+pub struct Boxes {
+    root: PathBuf,
+    skiff_exe: PathBuf,
+}
+
+fn provider_err(message: String) -> Error {
+    Error::Provider {
+        provider: "local",
+        message,
+    }
+}
+
+impl Boxes {
+    pub fn new(root: PathBuf, skiff_exe: PathBuf) -> Self {
+        Self { root, skiff_exe }
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    fn dir(&self, id: &str) -> PathBuf {
+        self.root.join(id)
+    }
+
+    fn read_record(&self, id: &str) -> Option<BoxRecord> {
+        let text = std::fs::read_to_string(self.dir(id).join("box.json")).ok()?;
+        serde_json::from_str(&text).ok()
+    }
+
+    fn write_record(&self, record: &BoxRecord) -> Result<()> {
+        let path = self.dir(&record.id).join("box.json");
+        let tmp = path.with_extension("json.tmp");
+        let text = serde_json::to_string_pretty(record).map_err(|e| provider_err(e.to_string()))?;
+        std::fs::write(&tmp, text).map_err(io_err(&tmp))?;
+        std::fs::rename(&tmp, &path).map_err(io_err(&path))
+    }
+
+    /// Makes sure box users can reach their homes under the root: the root is 0711 and every
+    /// directory above it lets others through.
+    fn prepare_root(&self, own_users: bool) -> Result<()> {
+        std::fs::create_dir_all(&self.root).map_err(io_err(&self.root))?;
+        if !own_users {
+            return Ok(());
+        }
+        std::fs::set_permissions(&self.root, std::fs::Permissions::from_mode(0o711))
+            .map_err(io_err(&self.root))?;
+        for dir in self.root.ancestors().skip(1) {
+            let mode = std::fs::metadata(dir).map_err(io_err(dir))?.permissions().mode();
+            if mode & 0o001 == 0 {
+                return Err(provider_err(format!(
+                    "box users cannot reach {}: {} is not searchable by others (mode {:o}); choose another `root` for local boxes",
+                    self.root.display(),
+                    dir.display(),
+                    mode & 0o777
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Creates box `id` (or returns it, when it already runs). A half-made box from an
+    /// interrupted create is removed and made again.
+    pub async fn create(&self, id: &str, isolation: Isolation, ttl: Duration) -> Result<LeaseCliStatus> {
+        if let Some(record) = self.read_record(id) {
+            if record.state == "running" && self.sshd_alive(id) {
+                return self.status_of(&record);
+            }
+            self.destroy(id).await?;
+        }
+        let root_user = rustix::process::geteuid().is_root();
+        self.prepare_root(root_user)?;
+        let dir = self.dir(id);
+        let etc = dir.join("etc");
+        let home = dir.join("home");
+        for d in [&dir, &etc, &home, &home.join("workspace")] {
+            std::fs::create_dir_all(d).map_err(io_err(d))?;
+        }
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).map_err(io_err(&dir))?;
+
+        let (user, own_user) = if root_user {
+            (user::name(id), true)
+        } else {
+            (current_user().await?, false)
+        };
+        let port = match isolation {
+            Isolation::Netns => 22,
+            Isolation::None => free_port()?,
+        };
+        let now = now_ms();
+        let mut record = BoxRecord {
+            id: id.to_owned(),
+            isolation,
+            port,
+            user: user.clone(),
+            own_user,
+            netns: (isolation == Isolation::Netns).then(|| netns::name(id)),
+            created_at_ms: now,
+            expires_at_ms: now + i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX / 2),
+            state: "starting".into(),
+        };
+        self.write_record(&record)?;
+
+        if own_user {
+            let uid = user::create(&user, &home).await?;
+            for d in [&home, &home.join("workspace")] {
+                std::os::unix::fs::chown(d, Some(uid), None).map_err(io_err(d))?;
+            }
+            std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o700)).map_err(io_err(&home))?;
+            // sshd's privilege separation directory.
+            std::fs::create_dir_all("/run/sshd").map_err(io_err(Path::new("/run/sshd")))?;
+        }
+        if let Some(ns) = &record.netns {
+            netns::create(ns).await?;
+        }
+        sshd::keygen(&etc.join("ssh_host_ed25519_key"), &format!("skiff box {id}")).await?;
+        sshd::keygen(&dir.join("client_key"), &format!("skiff gateway for {id}")).await?;
+        let client_pub = dir.join("client_key.pub");
+        let authorized = etc.join("authorized_keys");
+        std::fs::copy(&client_pub, &authorized).map_err(io_err(&authorized))?;
+        std::fs::set_permissions(&authorized, std::fs::Permissions::from_mode(0o644)).map_err(io_err(&authorized))?;
+        let config = sshd::Config {
+            etc: &etc,
+            dir: &dir,
+            port,
+            user: &user,
+        };
+        config.write()?;
+        sshd::start(&config, record.netns.as_deref()).await?;
+        record.state = "running".into();
+        self.write_record(&record)?;
+        self.status_of(&record)
+    }
+
+    fn sshd_alive(&self, id: &str) -> bool {
+        sshd::recorded_pid(&self.dir(id)).is_some_and(procs::alive)
+    }
+
+    fn status_of(&self, record: &BoxRecord) -> Result<LeaseCliStatus> {
+        let dir = self.dir(&record.id);
+        let host_key_path = dir.join("etc/ssh_host_ed25519_key.pub");
+        let host_key = std::fs::read_to_string(&host_key_path).map_err(io_err(&host_key_path))?;
+        // The comment is not part of the key.
+        let host_key = host_key.split_whitespace().take(2).collect::<Vec<_>>().join(" ");
+        let state = match record.state.as_str() {
+            "running" if self.sshd_alive(&record.id) => "running",
+            "running" => "failed",
+            other => other,
+        };
+        Ok(LeaseCliStatus {
+            id: record.id.clone(),
+            state: state.to_owned(),
+            ssh_host: "127.0.0.1".into(),
+            ssh_port: record.port,
+            ssh_user: record.user.clone(),
+            ssh_key: dir.join("client_key").display().to_string(),
+            ssh_host_key: host_key,
+            expires_at: Some(record.expires_at_ms),
+            proxy_command: record.netns.as_ref().map(|ns| {
+                vec![
+                    "ip".into(),
+                    "netns".into(),
+                    "exec".into(),
+                    ns.clone(),
+                    self.skiff_exe.display().to_string(),
+                    "box".into(),
+                    "proxy".into(),
+                    "127.0.0.1".into(),
+                    record.port.to_string(),
+                ]
+            }),
+        })
+    }
+
+    /// The box's status, or `None` when there is no such box.
+    pub fn status(&self, id: &str) -> Result<Option<LeaseCliStatus>> {
+        match self.read_record(id) {
+            Some(record) => self.status_of(&record).map(Some),
+            None if self.dir(id).exists() => Ok(Some(LeaseCliStatus {
+                id: id.to_owned(),
+                state: "failed".into(),
+                ssh_host: String::new(),
+                ssh_port: 0,
+                ssh_user: String::new(),
+                ssh_key: String::new(),
+                ssh_host_key: String::new(),
+                expires_at: None,
+                proxy_command: None,
+            })),
+            None => Ok(None),
+        }
+    }
+
+    /// Extends the box's expiry by `ttl` from now.
+    pub fn heartbeat(&self, id: &str, ttl: Duration) -> Result<LeaseCliStatus> {
+        let mut record = self
+            .read_record(id)
+            .ok_or_else(|| Error::UnknownLease { provider: "local", lease: id.to_owned() })?;
+        record.expires_at_ms = now_ms() + i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX / 2);
+        self.write_record(&record)?;
+        self.status_of(&record)
+    }
+
+    /// Ids of every box under the root.
+    pub fn list(&self) -> Result<Vec<String>> {
+        let Ok(dir) = std::fs::read_dir(&self.root) else {
+            return Ok(Vec::new());
+        };
+        let mut ids: Vec<String> = dir
+            .filter_map(std::result::Result::ok)
+            .filter(|e| e.path().is_dir())
+            .filter_map(|e| e.file_name().to_str().map(str::to_owned))
+            .collect();
+        ids.sort();
+        Ok(ids)
+    }
+
+    /// Kills the box's sshd and everything it started, removes its namespace, user and
+    /// directory, then checks each is gone. Idempotent.
+    pub async fn destroy(&self, id: &str) -> Result<()> {
+        let dir = self.dir(id);
+        let record = self.read_record(id);
+        let user = record.as_ref().filter(|r| r.own_user).map(|r| r.user.clone());
+        let ns = record.as_ref().and_then(|r| r.netns.clone());
+        let uid = match &user {
+            Some(u) => user::uid(u).await?,
+            None => None,
+        };
+
+        let sshd_pid = sshd::recorded_pid(&dir);
+        if let Some(pid) = sshd_pid {
+            procs::kill(&procs::tree(pid));
+        }
+        if let Some(uid) = uid {
+            procs::kill(&procs::owned_by(uid));
+        }
+        if let Some(ns) = &ns {
+            netns::delete(ns).await?;
+        }
+        if let Some(user) = &user {
+            user::delete(user).await?;
+        }
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir).map_err(io_err(&dir))?;
+        }
+
+        // Evidence, piece by piece.
+        let mut missing = Vec::new();
+        if let Some(pid) = sshd_pid
+            && procs::alive(pid)
+        {
+            missing.push(format!("sshd {pid} still runs"));
+        }
+        if let Some(uid) = uid {
+            let left = procs::owned_by(uid);
+            if !left.is_empty() {
+                missing.push(format!("processes of the box user remain: {left:?}"));
+            }
+        }
+        if let Some(ns) = &ns
+            && netns::exists(ns).await?
+        {
+            missing.push(format!("network namespace {ns} still exists"));
+        }
+        if let Some(user) = &user
+            && user::uid(user).await?.is_some()
+        {
+            missing.push(format!("user {user} still exists"));
+        }
+        if dir.exists() {
+            missing.push(format!("{} still exists", dir.display()));
+        }
+        if missing.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::NoEvidence {
+                provider: "local",
+                lease: id.to_owned(),
+                evidence: missing.join("; "),
+            })
+        }
+    }
+}
+
+async fn current_user() -> Result<String> {
+    let out = skiff_process::Cmd::new("id")
+        .arg("-un")
+        .run_checked(&tokio_util::sync::CancellationToken::new())
+        .await?;
+    Ok(out.trim().to_owned())
+}
+
+/// A loopback port nobody listens on right now.
+fn free_port() -> Result<u16> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(io_err(Path::new("127.0.0.1:0")))?;
+    let port = listener.local_addr().map_err(io_err(Path::new("127.0.0.1:0")))?.port();
+    Ok(port)
+}

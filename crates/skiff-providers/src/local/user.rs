@@ -1,0 +1,52 @@
+//! A box's own unprivileged user (when the gateway is root): the box's processes cannot read
+//! the gateway's state or another box's files.
+
+use crate::Result;
+use skiff_process::Cmd;
+use std::path::Path;
+use tokio_util::sync::CancellationToken;
+
+pub(crate) fn name(box_id: &str) -> String {
+    let tail = &box_id[box_id.len().saturating_sub(12)..];
+    format!("skf-{tail}")
+}
+
+/// The uid of `user`, if it exists.
+pub(crate) async fn uid(user: &str) -> Result<Option<u32>> {
+    let out = Cmd::new("id")
+        .args(["-u", user])
+        .run(&CancellationToken::new())
+        .await?;
+    Ok(out
+        .status
+        .success()
+        .then(|| out.stdout.into_string().trim().parse().ok())
+        .flatten())
+}
+
+/// Creates the user with `home` as its home, unless it exists. Returns its uid.
+pub(crate) async fn create(user: &str, home: &Path) -> Result<u32> {
+    if let Some(uid) = uid(user).await? {
+        return Ok(uid);
+    }
+    Cmd::new("useradd")
+        .args(["--system", "--no-create-home", "--shell", "/bin/bash", "--home-dir"])
+        .arg(home)
+        .arg(user)
+        .run_checked(&CancellationToken::new())
+        .await?;
+    uid(user).await?.ok_or_else(|| crate::Error::Provider {
+        provider: "local",
+        message: format!("useradd {user} succeeded but the user does not exist"),
+    })
+}
+
+pub(crate) async fn delete(user: &str) -> Result<()> {
+    if uid(user).await?.is_some() {
+        Cmd::new("userdel")
+            .arg(user)
+            .run_checked(&CancellationToken::new())
+            .await?;
+    }
+    Ok(())
+}

@@ -1,0 +1,292 @@
+//! The system OpenSSH client, driven with pinned trust.
+//!
+//! Every connection to a box uses a per-lease `known_hosts` file written from the provisioning
+//! output and `StrictHostKeyChecking=yes`, the lease's own identity only, batch mode (never a
+//! prompt), no agent or X11 forwarding and keepalives. Two multiplexed connections exist per
+//! box: `Channel::Control` for commands (and later the worker tunnel) and `Channel::Transfer` for
+//! bulk copies, so a big copy never delays a control command.
+//!
+//! Deliberately absent: `StrictHostKeyChecking=no` or `accept-new`, agent forwarding, the user's
+//! `~/.ssh/config`, and any reimplementation of SSH.
+
+use skiff_process::Cmd;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(
+        "the host key of {alias} differs from the one pinned when it was provisioned; refusing to connect. Destroy the environment and provision a new one"
+    )]
+    HostKeyChanged { alias: String },
+    #[error("cannot reach {alias} over ssh: {detail}")]
+    Unreachable { alias: String, detail: String },
+    #[error("`{command}` on {alias} failed (exit {code}): {stderr}")]
+    Remote {
+        alias: String,
+        command: String,
+        code: i32,
+        stderr: String,
+    },
+    #[error("cannot write the pinned trust for {alias} to {path}: {source}")]
+    Pin {
+        alias: String,
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Process(#[from] skiff_process::Error),
+}
+
+/// Where and how to reach one box.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Target {
+    /// The name the pinned key is recorded under (`HostKeyAlias`): the environment id.
+    pub alias: String,
+    pub host: String,
+    pub port: u16,
+    pub user: String,
+    /// Private key of this lease (mode 0600).
+    pub identity_file: PathBuf,
+    /// The box's public host key, `ssh-ed25519 AAAA…`, from the provisioning output.
+    pub host_key: String,
+    /// A command OpenSSH runs instead of opening TCP (`ProxyCommand`), as argv.
+    pub proxy_command: Option<Vec<String>>,
+}
+
+/// Which of the two connections to a box.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Channel {
+    Control,
+    Transfer,
+}
+
+/// A box's SSH client state: its pinned `known_hosts` and its multiplexing sockets, kept in a
+/// private directory of the gateway.
+#[derive(Clone, Debug)]
+pub struct Ssh {
+    target: Target,
+    dir: PathBuf,
+}
+
+impl Ssh {
+    /// Pins the target's host key in `dir/known_hosts` (replacing what was there) and returns a
+    /// client for it. `dir` must be private to the gateway.
+    pub fn pin(target: Target, dir: &Path) -> Result<Self> {
+        let pin_err = |source| Error::Pin {
+            alias: target.alias.clone(),
+            path: dir.display().to_string(),
+            source,
+        };
+        std::fs::create_dir_all(dir).map_err(pin_err)?;
+        let line = format!("{} {}\n", target.alias, target.host_key.trim());
+        std::fs::write(dir.join("known_hosts"), line).map_err(pin_err)?;
+        Ok(Self {
+            target,
+            dir: dir.to_path_buf(),
+        })
+    }
+
+    pub fn target(&self) -> &Target {
+        &self.target
+    }
+
+    fn known_hosts(&self) -> PathBuf {
+        self.dir.join("known_hosts")
+    }
+
+    /// The options every connection uses: pinned trust and nothing borrowed from the user.
+    pub fn options(&self, channel: Channel) -> Vec<OsString> {
+        let socket = match channel {
+            Channel::Control => "control.sock",
+            Channel::Transfer => "transfer.sock",
+        };
+        let mut opts: Vec<OsString> = vec!["-F".into(), "/dev/null".into()];
+        let mut o = |k: &str, v: &str| {
+            opts.push("-o".into());
+            opts.push(format!("{k}={v}").into());
+        };
+        o("StrictHostKeyChecking", "yes");
+        o("UserKnownHostsFile", &self.known_hosts().display().to_string());
+        o("GlobalKnownHostsFile", "/dev/null");
+        o("HostKeyAlias", &self.target.alias);
+        o("CheckHostIP", "no");
+        o("UpdateHostKeys", "no");
+        o("IdentitiesOnly", "yes");
+        o("IdentityFile", &self.target.identity_file.display().to_string());
+        o("IdentityAgent", "none");
+        o("BatchMode", "yes");
+        o("PasswordAuthentication", "no");
+        o("KbdInteractiveAuthentication", "no");
+        o("ForwardAgent", "no");
+        o("ForwardX11", "no");
+        o("ClearAllForwardings", "yes");
+        o("ServerAliveInterval", "15");
+        o("ServerAliveCountMax", "3");
+        o("ConnectTimeout", "10");
+        o("LogLevel", "ERROR");
+        o("ControlMaster", "auto");
+        o("ControlPath", &self.dir.join(socket).display().to_string());
+        o("ControlPersist", "120");
+        if let Some(proxy) = &self.target.proxy_command {
+            o("ProxyCommand", &shell_join(proxy));
+        }
+        opts.push("-p".into());
+        opts.push(self.target.port.to_string().into());
+        opts
+    }
+
+    fn destination(&self) -> String {
+        format!("{}@{}", self.target.user, self.target.host)
+    }
+
+    /// The `ssh` command that runs `remote` (a shell command line) on the box.
+    pub fn command(&self, channel: Channel, remote: &str) -> Cmd {
+        Cmd::new("ssh")
+            .args(self.options(channel))
+            .arg(self.destination())
+            .arg("--")
+            .arg(remote)
+            .timeout(Duration::from_secs(60))
+    }
+
+    /// Runs `remote` and returns its stdout; a non-zero exit is an error with its stderr.
+    pub async fn run(&self, remote: &str, cancel: &CancellationToken) -> Result<String> {
+        self.run_with(self.command(Channel::Control, remote), remote, cancel)
+            .await
+    }
+
+    /// Runs `remote` on the transfer connection with `input` on its stdin.
+    pub async fn run_with_input(
+        &self,
+        remote: &str,
+        input: Vec<u8>,
+        timeout: Duration,
+        cancel: &CancellationToken,
+    ) -> Result<String> {
+        let cmd = self
+            .command(Channel::Transfer, remote)
+            .stdin(input)
+            .timeout(timeout);
+        self.run_with(cmd, remote, cancel).await
+    }
+
+    async fn run_with(&self, cmd: Cmd, remote: &str, cancel: &CancellationToken) -> Result<String> {
+        let done = cmd.run(cancel).await?;
+        if done.status.success() {
+            return Ok(done.stdout.into_string());
+        }
+        let code = done.code();
+        let stderr = done.stderr.into_string().trim().to_owned();
+        Err(self.classify(code, stderr, remote))
+    }
+
+    /// Tells a refused host key and an unreachable box apart from a failing remote command.
+    fn classify(&self, code: i32, stderr: String, remote: &str) -> Error {
+        let alias = self.target.alias.clone();
+        if stderr.contains("REMOTE HOST IDENTIFICATION HAS CHANGED")
+            || stderr.contains("Host key verification failed")
+            || stderr.contains("host key for")
+        {
+            return Error::HostKeyChanged { alias };
+        }
+        // OpenSSH exits 255 for its own failures (connection, authentication).
+        if code == 255 {
+            return Error::Unreachable {
+                alias,
+                detail: if stderr.is_empty() {
+                    "ssh exited 255".into()
+                } else {
+                    stderr
+                },
+            };
+        }
+        Error::Remote {
+            alias,
+            command: remote.chars().take(80).collect(),
+            code,
+            stderr,
+        }
+    }
+
+    /// Closes the multiplexed connections (best effort; they also expire on their own).
+    pub async fn close(&self) {
+        for channel in [Channel::Control, Channel::Transfer] {
+            let _ = Cmd::new("ssh")
+                .args(self.options(channel))
+                .args(["-O", "exit"])
+                .arg(self.destination())
+                .timeout(Duration::from_secs(5))
+                .run(&CancellationToken::new())
+                .await;
+        }
+    }
+}
+
+/// Quotes argv for the shell line OpenSSH passes `ProxyCommand` to.
+pub fn shell_join(argv: &[String]) -> String {
+    argv.iter()
+        .map(|a| shell_quote(a))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Single-quotes a word for a POSIX shell.
+pub fn shell_quote(word: &str) -> String {
+    if !word.is_empty()
+        && word
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_./=:@%+,".contains(c))
+    {
+        return word.to_owned();
+    }
+    format!("'{}'", word.replace('\'', "'\\''"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quoting_survives_the_shell() {
+        assert_eq!(shell_quote("abc/def-1"), "abc/def-1");
+        assert_eq!(shell_quote("a b"), "'a b'");
+        assert_eq!(shell_quote("it's"), "'it'\\''s'");
+        assert_eq!(shell_quote(""), "''");
+    }
+
+    #[test]
+    fn options_pin_trust_and_never_relax_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let ssh = Ssh::pin(
+            Target {
+                alias: "env_x".into(),
+                host: "127.0.0.1".into(),
+                port: 2222,
+                user: "u".into(),
+                identity_file: "/k".into(),
+                host_key: "ssh-ed25519 AAAA".into(),
+                proxy_command: None,
+            },
+            dir.path(),
+        )
+        .unwrap();
+        let opts: Vec<String> = ssh
+            .options(Channel::Control)
+            .iter()
+            .map(|o| o.to_string_lossy().into_owned())
+            .collect();
+        let joined = opts.join(" ");
+        assert!(joined.contains("StrictHostKeyChecking=yes"));
+        assert!(joined.contains("ForwardAgent=no"));
+        assert!(joined.contains("BatchMode=yes"));
+        assert!(!joined.contains("accept-new") && !joined.contains("StrictHostKeyChecking=no"));
+        let pinned = std::fs::read_to_string(dir.path().join("known_hosts")).unwrap();
+        assert_eq!(pinned, "env_x ssh-ed25519 AAAA\n");
+    }
+}
