@@ -83,6 +83,7 @@ pub struct Cmd {
     stdin: Option<Vec<u8>>,
     output_cap: usize,
     merge_stderr: bool,
+    discard_output: bool,
 }
 
 impl Cmd {
@@ -96,6 +97,7 @@ impl Cmd {
             stdin: None,
             output_cap: 1 << 20,
             merge_stderr: false,
+            discard_output: false,
         }
     }
 
@@ -146,6 +148,13 @@ impl Cmd {
         self
     }
 
+    /// Sends stdout and stderr to /dev/null. For a command that leaves a daemon behind holding
+    /// its standard streams (which would otherwise never reach end-of-file).
+    pub fn discard_output(mut self) -> Self {
+        self.discard_output = true;
+        self
+    }
+
     /// A short rendering for error messages: the program and its first arguments.
     pub fn display(&self) -> String {
         let mut s = self.program.clone();
@@ -170,8 +179,16 @@ impl Cmd {
             } else {
                 Stdio::null()
             })
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
+            .stdout(if self.discard_output {
+                Stdio::null()
+            } else {
+                Stdio::piped()
+            })
+            .stderr(if self.discard_output {
+                Stdio::null()
+            } else {
+                Stdio::piped()
+            })
             .process_group(0)
             .kill_on_drop(true);
         for key in INHERITED {

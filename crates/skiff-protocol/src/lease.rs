@@ -36,7 +36,10 @@ pub struct LeaseCliStatus {
 /// Whether `id` is a well-formed lease-CLI id.
 pub fn is_lease_cli_id(id: &str) -> bool {
     id.strip_prefix("cbx_").is_some_and(|hex| {
-        hex.len() == 12 && hex.chars().all(|c| c.is_ascii_digit() || ('a'..='f').contains(&c))
+        hex.len() == 12
+            && hex
+                .chars()
+                .all(|c| c.is_ascii_digit() || ('a'..='f').contains(&c))
     })
 }
 

@@ -12,7 +12,9 @@
 //! carries the command's stderr; nothing half-parsed is returned.
 
 use crate::local::{lease_from_status, lease_status};
-use crate::{Error, Lease, LeaseStatus, ProfileConfig, Result, WorkerProvider, derive_lease_id, io_err};
+use crate::{
+    Error, Lease, LeaseStatus, ProfileConfig, Result, WorkerProvider, derive_lease_id, io_err,
+};
 use futures_util::future::BoxFuture;
 use skiff_process::Cmd;
 use skiff_protocol::lease::{LeaseCliStatus, is_lease_cli_id};
@@ -48,9 +50,15 @@ impl CommandProvider {
             .argv
             .split_first()
             .ok_or_else(|| failed(format!("profile `{}` has an empty command", self.profile)))?;
-        let cmd = Cmd::new(program.clone()).args(fixed).args(args).timeout(timeout);
+        let cmd = Cmd::new(program.clone())
+            .args(fixed)
+            .args(args)
+            .timeout(timeout);
         let shown = format!("{} {}", self.argv.join(" "), args.join(" "));
-        let done = cmd.run(&CancellationToken::new()).await.map_err(|e| failed(format!("`{shown}`: {e}")))?;
+        let done = cmd
+            .run(&CancellationToken::new())
+            .await
+            .map_err(|e| failed(format!("`{shown}`: {e}")))?;
         if !done.status.success() {
             return Err(failed(format!(
                 "`{shown}` failed ({}): {}",
@@ -64,15 +72,25 @@ impl CommandProvider {
     fn parse<T: serde::de::DeserializeOwned>(what: &str, out: &str) -> Result<T> {
         serde_json::from_str(out.trim()).map_err(|e| {
             let shown: String = out.trim().chars().take(200).collect();
-            failed(format!("`{what}` printed something that is not the expected JSON ({e}): {shown}"))
+            failed(format!(
+                "`{what}` printed something that is not the expected JSON ({e}): {shown}"
+            ))
         })
     }
 
     async fn status(&self, lease_id: &str) -> Result<LeaseCliStatus> {
-        let out = self.run(&["status", "--id", lease_id, "--json"], Duration::from_secs(60)).await?;
+        let out = self
+            .run(
+                &["status", "--id", lease_id, "--json"],
+                Duration::from_secs(60),
+            )
+            .await?;
         let status: LeaseCliStatus = Self::parse("status", &out)?;
         if status.id != lease_id {
-            return Err(failed(format!("`status --id {lease_id}` answered for lease {}", status.id)));
+            return Err(failed(format!(
+                "`status --id {lease_id}` answered for lease {}",
+                status.id
+            )));
         }
         Ok(status)
     }
@@ -113,14 +131,24 @@ impl WorkerProvider for CommandProvider {
         Box::pin(async move {
             let id = self.lease_id_for(op_id);
             let out = self
-                .run(&["warmup", "--lease-id", &id, "--json"], Duration::from_secs(600))
+                .run(
+                    &["warmup", "--lease-id", &id, "--json"],
+                    Duration::from_secs(600),
+                )
                 .await?;
             let status: LeaseCliStatus = Self::parse("warmup", &out)?;
             if status.id != id || !is_lease_cli_id(&status.id) {
-                return Err(failed(format!("`warmup --lease-id {id}` answered with lease {:?}", status.id)));
+                return Err(failed(format!(
+                    "`warmup --lease-id {id}` answered with lease {:?}",
+                    status.id
+                )));
             }
-            if status.ssh_host.is_empty() || status.ssh_port == 0 || status.ssh_host_key.is_empty() {
-                return Err(failed(format!("lease {id} has no SSH endpoint or host key yet (state {})", status.state)));
+            if status.ssh_host.is_empty() || status.ssh_port == 0 || status.ssh_host_key.is_empty()
+            {
+                return Err(failed(format!(
+                    "lease {id} has no SSH endpoint or host key yet (state {})",
+                    status.state
+                )));
             }
             let key = self.identity_file(&status)?;
             Ok(lease_from_status(status, key))
@@ -133,13 +161,16 @@ impl WorkerProvider for CommandProvider {
 
     fn renew<'a>(&'a self, lease_id: &'a str) -> BoxFuture<'a, Result<()>> {
         Box::pin(async move {
-            self.run(&["heartbeat", "--id", lease_id], Duration::from_secs(60)).await.map(drop)
+            self.run(&["heartbeat", "--id", lease_id], Duration::from_secs(60))
+                .await
+                .map(drop)
         })
     }
 
     fn destroy<'a>(&'a self, lease_id: &'a str) -> BoxFuture<'a, Result<()>> {
         Box::pin(async move {
-            self.run(&["stop", lease_id], Duration::from_secs(600)).await?;
+            self.run(&["stop", lease_id], Duration::from_secs(600))
+                .await?;
             match lease_status(&self.status(lease_id).await?.state) {
                 LeaseStatus::Gone => {
                     let _ = std::fs::remove_file(self.keys_dir.join(format!("{lease_id}.key")));
@@ -156,7 +187,9 @@ impl WorkerProvider for CommandProvider {
 
     fn list<'a>(&'a self) -> BoxFuture<'a, Result<Vec<String>>> {
         Box::pin(async move {
-            let out = self.run(&["list", "--json"], Duration::from_secs(60)).await?;
+            let out = self
+                .run(&["list", "--json"], Duration::from_secs(60))
+                .await?;
             let leases: Vec<LeaseCliStatus> = Self::parse("list", &out)?;
             Ok(leases
                 .into_iter()

@@ -123,7 +123,11 @@ impl ProfileConfig {
         duration(name, "ttl", self.ttl.as_deref(), "8h")?;
         let has = |present: bool, key: &str, allowed: &[ProviderKind]| {
             if present && !allowed.contains(&self.provider) {
-                Err(bad(format!("`{key}` does not apply to provider {:?}", self.provider).to_lowercase()))
+                Err(bad(format!(
+                    "`{key}` does not apply to provider {:?}",
+                    self.provider
+                )
+                .to_lowercase()))
             } else {
                 Ok(())
             }
@@ -152,11 +156,14 @@ impl ProfileConfig {
             }
             Command => {
                 if self.command.as_ref().is_none_or(Vec::is_empty) {
-                    return Err(bad("provider \"command\" needs `command = [\"your-lease-cli\"]`".into()));
+                    return Err(bad(
+                        "provider \"command\" needs `command = [\"your-lease-cli\"]`".into(),
+                    ));
                 }
             }
             Local => {
-                if self.isolation == Some(Isolation::Netns) && !rustix::process::geteuid().is_root() {
+                if self.isolation == Some(Isolation::Netns) && !rustix::process::geteuid().is_root()
+                {
                     return Err(bad(
                         "isolation = \"netns\" needs the gateway to run as root; use isolation = \"none\"".into(),
                     ));

@@ -23,9 +23,15 @@ pub enum Error {
     #[error("profile `{profile}`: {problem}")]
     Config { profile: String, problem: String },
     #[error("{provider} provider: {message}")]
-    Provider { provider: &'static str, message: String },
+    Provider {
+        provider: &'static str,
+        message: String,
+    },
     #[error("lease {lease} was not found by the {provider} provider")]
-    UnknownLease { provider: &'static str, lease: String },
+    UnknownLease {
+        provider: &'static str,
+        lease: String,
+    },
     #[error("{provider} provider could not prove that lease {lease} is gone: {evidence}")]
     NoEvidence {
         provider: &'static str,
@@ -119,12 +125,19 @@ pub struct Context {
 }
 
 /// Builds the provider a profile names.
-pub fn build(name: &str, profile: &ProfileConfig, ctx: &Context) -> Result<Arc<dyn WorkerProvider>> {
+pub fn build(
+    name: &str,
+    profile: &ProfileConfig,
+    ctx: &Context,
+) -> Result<Arc<dyn WorkerProvider>> {
     profile.validate(name)?;
     Ok(match profile.provider {
         ProviderKind::Local => Arc::new(local::LocalProvider::new(
             local::Boxes::new(
-                profile.root.clone().unwrap_or_else(|| ctx.default_box_root.clone()),
+                profile
+                    .root
+                    .clone()
+                    .unwrap_or_else(|| ctx.default_box_root.clone()),
                 ctx.skiff_exe.clone(),
             ),
             profile.isolation_or_default(),
@@ -137,6 +150,11 @@ pub fn build(name: &str, profile: &ProfileConfig, ctx: &Context) -> Result<Arc<d
             ctx.private_dir.join(name),
         )?),
     })
+}
+
+/// Whether this process runs as root (local boxes then get users and namespaces of their own).
+pub fn running_as_root() -> bool {
+    rustix::process::geteuid().is_root()
 }
 
 /// `prefix` + 12 lowercase hex characters of the operation id's hash.

@@ -30,8 +30,16 @@ impl StaticSsh {
             host: profile.host.clone().ok_or_else(|| missing("host"))?,
             port: profile.port.unwrap_or(22),
             user: profile.user.clone().ok_or_else(|| missing("user"))?,
-            identity_file: expand_home(&profile.identity_file.clone().ok_or_else(|| missing("identity_file"))?),
-            host_key: profile.known_host_key.clone().ok_or_else(|| missing("known_host_key"))?,
+            identity_file: expand_home(
+                &profile
+                    .identity_file
+                    .clone()
+                    .ok_or_else(|| missing("identity_file"))?,
+            ),
+            host_key: profile
+                .known_host_key
+                .clone()
+                .ok_or_else(|| missing("known_host_key"))?,
         })
     }
 }

@@ -101,24 +101,33 @@ impl Ssh {
     }
 
     /// The options every connection uses: pinned trust and nothing borrowed from the user.
-    pub fn options(&self, channel: Channel) -> Vec<OsString> {
-        let socket = match channel {
+    fn socket(&self, channel: Channel) -> PathBuf {
+        self.dir.join(match channel {
             Channel::Control => "control.sock",
             Channel::Transfer => "transfer.sock",
-        };
+        })
+    }
+
+    pub fn options(&self, channel: Channel) -> Vec<OsString> {
         let mut opts: Vec<OsString> = vec!["-F".into(), "/dev/null".into()];
         let mut o = |k: &str, v: &str| {
             opts.push("-o".into());
             opts.push(format!("{k}={v}").into());
         };
         o("StrictHostKeyChecking", "yes");
-        o("UserKnownHostsFile", &self.known_hosts().display().to_string());
+        o(
+            "UserKnownHostsFile",
+            &self.known_hosts().display().to_string(),
+        );
         o("GlobalKnownHostsFile", "/dev/null");
         o("HostKeyAlias", &self.target.alias);
         o("CheckHostIP", "no");
         o("UpdateHostKeys", "no");
         o("IdentitiesOnly", "yes");
-        o("IdentityFile", &self.target.identity_file.display().to_string());
+        o(
+            "IdentityFile",
+            &self.target.identity_file.display().to_string(),
+        );
         o("IdentityAgent", "none");
         o("BatchMode", "yes");
         o("PasswordAuthentication", "no");
@@ -130,9 +139,11 @@ impl Ssh {
         o("ServerAliveCountMax", "3");
         o("ConnectTimeout", "10");
         o("LogLevel", "ERROR");
+        // Commands ride on the channel's master connection (see `ensure_master`) when it is up,
+        // and fall back to a connection of their own when it is not.
         o("ControlMaster", "auto");
-        o("ControlPath", &self.dir.join(socket).display().to_string());
-        o("ControlPersist", "120");
+        o("ControlPath", &self.socket(channel).display().to_string());
+        o("ControlPersist", "no");
         if let Some(proxy) = &self.target.proxy_command {
             o("ProxyCommand", &shell_join(proxy));
         }
@@ -155,8 +166,47 @@ impl Ssh {
             .timeout(Duration::from_secs(60))
     }
 
+    /// Opens the channel's master connection unless it is up: the one connection every later
+    /// command of the channel multiplexes over. It runs in a session of its own (`setsid`), so
+    /// it and its `ProxyCommand` outlive the command that started it — the process helper
+    /// kills a finished command's whole process group.
+    pub async fn ensure_master(&self, channel: Channel, cancel: &CancellationToken) -> Result<()> {
+        if self.socket(channel).exists() {
+            return Ok(());
+        }
+        let log = self.dir.join(match channel {
+            Channel::Control => "control.log",
+            Channel::Transfer => "transfer.log",
+        });
+        let _ = std::fs::remove_file(&log);
+        let done = Cmd::new("setsid")
+            .args(["-w", "ssh"])
+            .args(self.options(channel))
+            .args([
+                "-o",
+                "ControlMaster=yes",
+                "-o",
+                "ControlPersist=yes",
+                "-f",
+                "-N",
+                "-E",
+            ])
+            .arg(&log)
+            .arg(self.destination())
+            .discard_output()
+            .timeout(Duration::from_secs(30))
+            .run(cancel)
+            .await?;
+        if done.status.success() {
+            return Ok(());
+        }
+        let stderr = std::fs::read_to_string(&log).unwrap_or_default();
+        Err(self.classify(done.code(), stderr.trim().to_owned(), "(connect)"))
+    }
+
     /// Runs `remote` and returns its stdout; a non-zero exit is an error with its stderr.
     pub async fn run(&self, remote: &str, cancel: &CancellationToken) -> Result<String> {
+        self.ensure_master(Channel::Control, cancel).await?;
         self.run_with(self.command(Channel::Control, remote), remote, cancel)
             .await
     }
@@ -169,6 +219,7 @@ impl Ssh {
         timeout: Duration,
         cancel: &CancellationToken,
     ) -> Result<String> {
+        self.ensure_master(Channel::Transfer, cancel).await?;
         let cmd = self
             .command(Channel::Transfer, remote)
             .stdin(input)

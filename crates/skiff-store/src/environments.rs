@@ -182,7 +182,12 @@ impl Store {
         Ok(())
     }
 
-    pub fn set_environment_bundle(&self, scope: &Scope, id: &EnvironmentId, bundle_hash: &str) -> Result<()> {
+    pub fn set_environment_bundle(
+        &self,
+        scope: &Scope,
+        id: &EnvironmentId,
+        bundle_hash: &str,
+    ) -> Result<()> {
         self.conn().execute(
             "UPDATE environments SET bundle_hash = ?1, updated_at_ms = ?2 WHERE id = ?3 AND owner_id = ?4 AND tenant_id = ?5",
             params![bundle_hash, now_ms(), id.as_str(), scope.owner_id, scope.tenant_id],

@@ -3,7 +3,8 @@
 use crate::Result;
 use rusqlite::Connection;
 
-const MIGRATIONS: &[&str] = &[r#"
+const MIGRATIONS: &[&str] = &[
+    r#"
 CREATE TABLE tokens (
     hash          TEXT PRIMARY KEY,
     owner_id      TEXT NOT NULL,
@@ -98,7 +99,8 @@ CREATE TABLE audit (
     decision  TEXT NOT NULL,
     detail    TEXT NOT NULL  -- JSON metadata only: never prompts, completions or secrets
 );
-"#, r#"
+"#,
+    r#"
 CREATE TABLE environments (
     id              TEXT PRIMARY KEY,
     owner_id        TEXT NOT NULL,
@@ -124,7 +126,8 @@ CREATE TABLE environments (
     gateway_tool_calls INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX environments_by_scope ON environments(owner_id, tenant_id, created_at_ms);
-"#];
+"#,
+];
 
 pub(crate) fn migrate(conn: &mut Connection) -> Result<()> {
     let current: usize = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;

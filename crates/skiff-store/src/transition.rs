@@ -36,7 +36,10 @@ pub fn environment_allowed(from: EnvironmentState, to: EnvironmentState) -> bool
         Requested => matches!(to, Provisioning | Failed | Destroying | Orphaned),
         Provisioning => matches!(to, Bootstrapping | Failed | Destroying | Orphaned),
         Bootstrapping => matches!(to, Ready | Failed | Destroying | Orphaned),
-        Ready => matches!(to, Attached | Idle | Draining | Failed | Destroying | Orphaned),
+        Ready => matches!(
+            to,
+            Attached | Idle | Draining | Failed | Destroying | Orphaned
+        ),
         Attached => matches!(to, Idle | Draining | Failed | Orphaned),
         Idle => matches!(to, Attached | Draining | Failed | Destroying | Orphaned),
         Draining => matches!(to, Destroying | Failed | Orphaned),
@@ -53,14 +56,33 @@ mod tests {
     #[test]
     fn environments_follow_the_design() {
         use EnvironmentState as E;
-        let path = [E::Requested, E::Provisioning, E::Bootstrapping, E::Ready, E::Idle, E::Attached, E::Idle, E::Draining, E::Destroying, E::Destroyed];
+        let path = [
+            E::Requested,
+            E::Provisioning,
+            E::Bootstrapping,
+            E::Ready,
+            E::Idle,
+            E::Attached,
+            E::Idle,
+            E::Draining,
+            E::Destroying,
+            E::Destroyed,
+        ];
         for pair in path.windows(2) {
-            assert!(environment_allowed(pair[0], pair[1]), "{} -> {}", pair[0], pair[1]);
+            assert!(
+                environment_allowed(pair[0], pair[1]),
+                "{} -> {}",
+                pair[0],
+                pair[1]
+            );
         }
         for to in E::ALL {
             assert!(!environment_allowed(E::Destroyed, to));
         }
-        assert!(!environment_allowed(E::Attached, E::Destroying), "an attached box is drained first");
+        assert!(
+            !environment_allowed(E::Attached, E::Destroying),
+            "an attached box is drained first"
+        );
         assert!(!environment_allowed(E::Failed, E::Ready));
     }
 

@@ -88,7 +88,10 @@ impl Boxes {
         std::fs::set_permissions(&self.root, std::fs::Permissions::from_mode(0o711))
             .map_err(io_err(&self.root))?;
         for dir in self.root.ancestors().skip(1) {
-            let mode = std::fs::metadata(dir).map_err(io_err(dir))?.permissions().mode();
+            let mode = std::fs::metadata(dir)
+                .map_err(io_err(dir))?
+                .permissions()
+                .mode();
             if mode & 0o001 == 0 {
                 return Err(provider_err(format!(
                     "box users cannot reach {}: {} is not searchable by others (mode {:o}); choose another `root` for local boxes",
@@ -103,7 +106,12 @@ impl Boxes {
 
     /// Creates box `id` (or returns it, when it already runs). A half-made box from an
     /// interrupted create is removed and made again.
-    pub async fn create(&self, id: &str, isolation: Isolation, ttl: Duration) -> Result<LeaseCliStatus> {
+    pub async fn create(
+        &self,
+        id: &str,
+        isolation: Isolation,
+        ttl: Duration,
+    ) -> Result<LeaseCliStatus> {
         if let Some(record) = self.read_record(id) {
             if record.state == "running" && self.sshd_alive(id) {
                 return self.status_of(&record);
@@ -118,7 +126,8 @@ impl Boxes {
         for d in [&dir, &etc, &home, &home.join("workspace")] {
             std::fs::create_dir_all(d).map_err(io_err(d))?;
         }
-        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).map_err(io_err(&dir))?;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))
+            .map_err(io_err(&dir))?;
 
         let (user, own_user) = if root_user {
             (user::name(id), true)
@@ -148,19 +157,25 @@ impl Boxes {
             for d in [&home, &home.join("workspace")] {
                 std::os::unix::fs::chown(d, Some(uid), None).map_err(io_err(d))?;
             }
-            std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o700)).map_err(io_err(&home))?;
+            std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o700))
+                .map_err(io_err(&home))?;
             // sshd's privilege separation directory.
             std::fs::create_dir_all("/run/sshd").map_err(io_err(Path::new("/run/sshd")))?;
         }
         if let Some(ns) = &record.netns {
             netns::create(ns).await?;
         }
-        sshd::keygen(&etc.join("ssh_host_ed25519_key"), &format!("skiff box {id}")).await?;
+        sshd::keygen(
+            &etc.join("ssh_host_ed25519_key"),
+            &format!("skiff box {id}"),
+        )
+        .await?;
         sshd::keygen(&dir.join("client_key"), &format!("skiff gateway for {id}")).await?;
         let client_pub = dir.join("client_key.pub");
         let authorized = etc.join("authorized_keys");
         std::fs::copy(&client_pub, &authorized).map_err(io_err(&authorized))?;
-        std::fs::set_permissions(&authorized, std::fs::Permissions::from_mode(0o644)).map_err(io_err(&authorized))?;
+        std::fs::set_permissions(&authorized, std::fs::Permissions::from_mode(0o644))
+            .map_err(io_err(&authorized))?;
         let config = sshd::Config {
             etc: &etc,
             dir: &dir,
@@ -183,7 +198,11 @@ impl Boxes {
         let host_key_path = dir.join("etc/ssh_host_ed25519_key.pub");
         let host_key = std::fs::read_to_string(&host_key_path).map_err(io_err(&host_key_path))?;
         // The comment is not part of the key.
-        let host_key = host_key.split_whitespace().take(2).collect::<Vec<_>>().join(" ");
+        let host_key = host_key
+            .split_whitespace()
+            .take(2)
+            .collect::<Vec<_>>()
+            .join(" ");
         let state = match record.state.as_str() {
             "running" if self.sshd_alive(&record.id) => "running",
             "running" => "failed",
@@ -235,9 +254,10 @@ impl Boxes {
 
     /// Extends the box's expiry by `ttl` from now.
     pub fn heartbeat(&self, id: &str, ttl: Duration) -> Result<LeaseCliStatus> {
-        let mut record = self
-            .read_record(id)
-            .ok_or_else(|| Error::UnknownLease { provider: "local", lease: id.to_owned() })?;
+        let mut record = self.read_record(id).ok_or_else(|| Error::UnknownLease {
+            provider: "local",
+            lease: id.to_owned(),
+        })?;
         record.expires_at_ms = now_ms() + i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX / 2);
         self.write_record(&record)?;
         self.status_of(&record)
@@ -262,7 +282,10 @@ impl Boxes {
     pub async fn destroy(&self, id: &str) -> Result<()> {
         let dir = self.dir(id);
         let record = self.read_record(id);
-        let user = record.as_ref().filter(|r| r.own_user).map(|r| r.user.clone());
+        let user = record
+            .as_ref()
+            .filter(|r| r.own_user)
+            .map(|r| r.user.clone());
         let ns = record.as_ref().and_then(|r| r.netns.clone());
         let uid = match &user {
             Some(u) => user::uid(u).await?,
@@ -334,7 +357,11 @@ async fn current_user() -> Result<String> {
 
 /// A loopback port nobody listens on right now.
 fn free_port() -> Result<u16> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(io_err(Path::new("127.0.0.1:0")))?;
-    let port = listener.local_addr().map_err(io_err(Path::new("127.0.0.1:0")))?.port();
+    let listener =
+        std::net::TcpListener::bind("127.0.0.1:0").map_err(io_err(Path::new("127.0.0.1:0")))?;
+    let port = listener
+        .local_addr()
+        .map_err(io_err(Path::new("127.0.0.1:0")))?
+        .port();
     Ok(port)
 }

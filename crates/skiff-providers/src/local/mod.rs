@@ -32,7 +32,10 @@ impl LocalProvider {
 }
 
 /// A lease from a lease-CLI status (shared with the `command` provider).
-pub(crate) fn lease_from_status(status: LeaseCliStatus, identity_file: std::path::PathBuf) -> Lease {
+pub(crate) fn lease_from_status(
+    status: LeaseCliStatus,
+    identity_file: std::path::PathBuf,
+) -> Lease {
     Lease {
         lease_id: status.id,
         host: status.ssh_host,

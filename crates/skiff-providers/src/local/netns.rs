@@ -14,9 +14,7 @@ pub(crate) async fn exists(ns: &str) -> Result<bool> {
         .args(["netns", "list"])
         .run_checked(&CancellationToken::new())
         .await?;
-    Ok(out
-        .lines()
-        .any(|l| l.split_whitespace().next() == Some(ns)))
+    Ok(out.lines().any(|l| l.split_whitespace().next() == Some(ns)))
 }
 
 /// Creates the namespace with loopback up (and nothing else), if it does not exist yet.

@@ -108,7 +108,11 @@ pub(crate) async fn start(config: &Config<'_>, netns: Option<&str>) -> Result<i3
     let log_text = std::fs::read_to_string(&log).unwrap_or_default();
     Err(Error::Provider {
         provider: "local",
-        message: format!("sshd did not write {}: {}", pid_file.display(), log_text.trim()),
+        message: format!(
+            "sshd did not write {}: {}",
+            pid_file.display(),
+            log_text.trim()
+        ),
     })
 }
 

@@ -29,8 +29,18 @@ pub(crate) async fn create(user: &str, home: &Path) -> Result<u32> {
     if let Some(uid) = uid(user).await? {
         return Ok(uid);
     }
+    // `*` (no password can match) rather than useradd's default `!` (locked): sshd without PAM
+    // refuses every login, key-based too, to a locked account.
     Cmd::new("useradd")
-        .args(["--system", "--no-create-home", "--shell", "/bin/bash", "--home-dir"])
+        .args([
+            "--system",
+            "--no-create-home",
+            "--shell",
+            "/bin/bash",
+            "--password",
+            "*",
+            "--home-dir",
+        ])
         .arg(home)
         .arg(user)
         .run_checked(&CancellationToken::new())

@@ -1,0 +1,189 @@
+//! `skiff box warmup|status|heartbeat|stop|list`: this machine's local boxes behind the
+//! lease-CLI contract that the `command` provider consumes — so that contract is exercised
+//! against a real CLI, and operators can see what a conforming one looks like. Plus `proxy`,
+//! the `ProxyCommand` that reaches a box's sshd inside its network namespace.
+
+use anyhow::{Context, Result, bail};
+use clap::{Args, Subcommand, ValueEnum};
+use skiff_protocol::lease::{LeaseCliStatus, is_lease_cli_id};
+use skiff_providers::Isolation;
+use skiff_providers::local::Boxes;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+#[derive(Args)]
+pub struct BoxArgs {
+    /// Where boxes live [default: /var/lib/skiff/boxes as root, else <state-dir>/boxes]
+    #[arg(long, global = true, value_name = "DIR")]
+    root: Option<PathBuf>,
+    #[command(subcommand)]
+    command: BoxCommand,
+}
+
+#[derive(Subcommand)]
+enum BoxCommand {
+    /// Lease a box (idempotent for the same id) and print its status
+    Warmup {
+        #[arg(long, value_name = "cbx_…")]
+        lease_id: String,
+        #[arg(long, value_enum)]
+        isolation: Option<IsolationArg>,
+        /// Lifetime of the lease
+        #[arg(long, default_value = "8h")]
+        ttl: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print a lease's status (state `gone` for an unknown lease)
+    Status {
+        #[arg(long, value_name = "cbx_…")]
+        id: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Extend a lease
+    Heartbeat {
+        #[arg(long, value_name = "cbx_…")]
+        id: String,
+        #[arg(long, default_value = "8h")]
+        ttl: String,
+    },
+    /// Release a lease: kill the box's sshd and everything in it, remove it
+    Stop {
+        #[arg(value_name = "cbx_…")]
+        id: String,
+    },
+    /// Every lease, as status objects
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Connect stdin/stdout to HOST:PORT (an ssh ProxyCommand)
+    #[command(hide = true)]
+    Proxy { host: String, port: u16 },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum IsolationArg {
+    None,
+    Netns,
+}
+
+fn check_id(id: &str) -> Result<()> {
+    if !is_lease_cli_id(id) {
+        bail!("lease id {id:?} is not `cbx_` followed by 12 lowercase hex characters");
+    }
+    Ok(())
+}
+
+fn ttl(text: &str) -> Result<std::time::Duration> {
+    humantime::parse_duration(text)
+        .with_context(|| format!("--ttl {text:?} is not a duration like 8h"))
+}
+
+fn print(status: &LeaseCliStatus, json: bool) -> Result<()> {
+    if json {
+        println!("{}", serde_json::to_string(status)?);
+    } else {
+        println!(
+            "{}  {}  {}@{}:{}",
+            status.id, status.state, status.ssh_user, status.ssh_host, status.ssh_port
+        );
+    }
+    Ok(())
+}
+
+fn gone(id: &str) -> LeaseCliStatus {
+    LeaseCliStatus {
+        id: id.to_owned(),
+        state: "gone".into(),
+        ssh_host: String::new(),
+        ssh_port: 0,
+        ssh_user: String::new(),
+        ssh_key: String::new(),
+        ssh_host_key: String::new(),
+        expires_at: None,
+        proxy_command: None,
+    }
+}
+
+pub async fn run(args: BoxArgs, state_dir: &Path) -> Result<ExitCode> {
+    if let BoxCommand::Proxy { host, port } = &args.command {
+        return proxy(host, *port).await;
+    }
+    let root = args.root.unwrap_or_else(|| {
+        if skiff_providers::running_as_root() {
+            PathBuf::from("/var/lib/skiff/boxes")
+        } else {
+            state_dir.join("boxes")
+        }
+    });
+    let exe = std::env::current_exe().context("cannot locate the skiff executable")?;
+    let boxes = Boxes::new(root, exe);
+    match args.command {
+        BoxCommand::Warmup {
+            lease_id,
+            isolation,
+            ttl: t,
+            json,
+        } => {
+            check_id(&lease_id)?;
+            let isolation = match isolation {
+                Some(IsolationArg::None) => Isolation::None,
+                Some(IsolationArg::Netns) => Isolation::Netns,
+                None => Isolation::host_default(),
+            };
+            let status = boxes.create(&lease_id, isolation, ttl(&t)?).await?;
+            print(&status, json)?;
+        }
+        BoxCommand::Status { id, json } => {
+            check_id(&id)?;
+            print(&boxes.status(&id)?.unwrap_or_else(|| gone(&id)), json)?;
+        }
+        BoxCommand::Heartbeat { id, ttl: t } => {
+            check_id(&id)?;
+            boxes.heartbeat(&id, ttl(&t)?)?;
+        }
+        BoxCommand::Stop { id } => {
+            check_id(&id)?;
+            boxes.destroy(&id).await?;
+        }
+        BoxCommand::List { json } => {
+            let mut all = Vec::new();
+            for id in boxes.list()? {
+                if let Some(status) = boxes.status(&id)? {
+                    all.push(status);
+                }
+            }
+            if json {
+                println!("{}", serde_json::to_string(&all)?);
+            } else {
+                for status in &all {
+                    print(status, false)?;
+                }
+            }
+        }
+        BoxCommand::Proxy { .. } => {}
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Pipes stdin/stdout to a TCP connection until either side closes.
+async fn proxy(host: &str, port: u16) -> Result<ExitCode> {
+    let stream = tokio::net::TcpStream::connect((host, port))
+        .await
+        .with_context(|| format!("cannot connect to {host}:{port}"))?;
+    let (mut from_box, mut to_box) = stream.into_split();
+    let upstream = async {
+        let _ = tokio::io::copy(&mut tokio::io::stdin(), &mut to_box).await;
+        let _ = tokio::io::AsyncWriteExt::shutdown(&mut to_box).await;
+    };
+    let downstream = async {
+        let _ = tokio::io::copy(&mut from_box, &mut tokio::io::stdout()).await;
+    };
+    // The connection is over when the box side closes.
+    tokio::select! {
+        () = async { tokio::join!(upstream, downstream); } => {}
+    }
+    Ok(ExitCode::SUCCESS)
+}

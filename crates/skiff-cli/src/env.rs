@@ -1,0 +1,301 @@
+//! `skiff env create|list|show|check|exec|destroy|sweep`
+
+use crate::client::Client;
+use crate::render::{ago, now_ms};
+use anyhow::{Result, bail};
+use clap::{Args, Subcommand};
+use skiff_protocol::environment::{
+    CreateEnvironmentRequest, EnvironmentList, EnvironmentState, EnvironmentView,
+};
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+#[derive(Subcommand)]
+pub enum EnvCommand {
+    /// Lease a box for a worker profile and bring it up (provision, bootstrap, ready)
+    Create(CreateArgs),
+    /// List environments, newest first
+    List(Json),
+    /// Show one environment
+    Show(IdArgs),
+    /// Inspect the lease and reconnect (verifies the pinned host key and the installed bundle)
+    Check(IdArgs),
+    /// Run a shell command on the box
+    Exec(ExecArgs),
+    /// Tear the box down (staged: drain, destroy, prove it is gone)
+    Destroy(DestroyArgs),
+    /// Destroy leases that providers hold but no environment owns
+    Sweep(Json),
+}
+
+#[derive(Args)]
+pub struct Json {
+    /// Print JSON for scripts
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+pub struct IdArgs {
+    /// Environment id (env_…)
+    id: String,
+    #[command(flatten)]
+    out: Json,
+}
+
+#[derive(Args)]
+pub struct CreateArgs {
+    /// Worker profile from skiff.toml (`local` always exists)
+    #[arg(long, default_value = "local")]
+    profile: String,
+    /// Hand out a warm idle environment of this profile when one has the gateway's build
+    #[arg(long)]
+    reuse: bool,
+    #[command(flatten)]
+    out: Json,
+}
+
+#[derive(Args)]
+pub struct ExecArgs {
+    /// Environment id (env_…)
+    id: String,
+    /// The command line to run on the box
+    #[arg(trailing_var_arg = true, required = true)]
+    command: Vec<String>,
+}
+
+#[derive(Args)]
+pub struct DestroyArgs {
+    /// Environment id (env_…)
+    id: String,
+    /// Do not wait for active work to end
+    #[arg(long)]
+    force: bool,
+    #[command(flatten)]
+    out: Json,
+}
+
+pub async fn run(cmd: EnvCommand, state_dir: &Path) -> Result<ExitCode> {
+    let client = Client::discover(state_dir)?;
+    match cmd {
+        EnvCommand::Create(args) => create(&client, args).await,
+        EnvCommand::List(out) => {
+            let list: EnvironmentList = client.send(client.get("/v1/environments")).await?;
+            if out.json {
+                println!("{}", serde_json::to_string_pretty(&list)?);
+            } else {
+                print!("{}", table(&list.environments));
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        EnvCommand::Show(args) => {
+            let env: EnvironmentView = client
+                .send(client.get(&format!("/v1/environments/{}", args.id)))
+                .await?;
+            print_env(&env, args.out.json)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        EnvCommand::Check(args) => {
+            let env: EnvironmentView = client
+                .send(client.post(
+                    &format!("/v1/environments/{}/check", args.id),
+                    &serde_json::json!({}),
+                ))
+                .await?;
+            print_env(&env, args.out.json)?;
+            Ok(if env.state == EnvironmentState::Failed {
+                ExitCode::from(1)
+            } else {
+                ExitCode::SUCCESS
+            })
+        }
+        EnvCommand::Exec(args) => {
+            let body = serde_json::json!({ "command": args.command.join(" ") });
+            let out: serde_json::Value = client
+                .send(client.post(&format!("/v1/environments/{}/exec", args.id), &body))
+                .await?;
+            print!("{}", out["output"].as_str().unwrap_or_default());
+            Ok(ExitCode::SUCCESS)
+        }
+        EnvCommand::Destroy(args) => {
+            let path = format!("/v1/environments/{}?force={}", args.id, args.force);
+            let env: EnvironmentView = client.send(client.delete(&path)).await?;
+            print_env(&env, args.out.json)?;
+            if env.state == EnvironmentState::Destroyed {
+                Ok(ExitCode::SUCCESS)
+            } else {
+                eprintln!(
+                    "environment {} is still {}; run `skiff env destroy {}` again",
+                    env.id, env.state, env.id
+                );
+                Ok(ExitCode::from(1))
+            }
+        }
+        EnvCommand::Sweep(out) => {
+            let swept: serde_json::Value = client
+                .send(client.post("/v1/environments/sweep", &serde_json::json!({})))
+                .await?;
+            if out.json {
+                println!("{swept}");
+            } else {
+                let ids = swept["destroyed"].as_array().cloned().unwrap_or_default();
+                if ids.is_empty() {
+                    println!("no orphaned leases");
+                }
+                for id in ids {
+                    println!(
+                        "destroyed orphaned lease {}",
+                        id.as_str().unwrap_or_default()
+                    );
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+/// Creates the environment and follows it to ready (or failed), showing each step.
+async fn create(client: &Client, args: CreateArgs) -> Result<ExitCode> {
+    let started = Instant::now();
+    let path = format!("/v1/environments?reuse={}", args.reuse);
+    let mut env: EnvironmentView = client
+        .send(client.post(
+            &path,
+            &CreateEnvironmentRequest {
+                profile: args.profile.clone(),
+            },
+        ))
+        .await?;
+    let progress = !args.out.json;
+    let mut last = None;
+    loop {
+        if progress && last != Some(env.state) {
+            eprintln!(
+                "{:>7.2}s  {}  {}",
+                started.elapsed().as_secs_f64(),
+                env.id,
+                env.state
+            );
+            last = Some(env.state);
+        }
+        if matches!(
+            env.state,
+            EnvironmentState::Idle
+                | EnvironmentState::Ready
+                | EnvironmentState::Attached
+                | EnvironmentState::Failed
+                | EnvironmentState::Destroyed
+        ) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+        env = client
+            .send(client.get(&format!("/v1/environments/{}", env.id)))
+            .await?;
+    }
+    if env.development_only && !args.out.json {
+        eprintln!(
+            "note: profile `{}` is development-only: its boxes are not isolated from the host",
+            env.profile
+        );
+    }
+    print_env(&env, args.out.json)?;
+    if env.state == EnvironmentState::Failed {
+        bail!(
+            "environment {} failed: {}",
+            env.id,
+            env.error.unwrap_or_default()
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_env(env: &EnvironmentView, json: bool) -> Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(env)?);
+        return Ok(());
+    }
+    let now = now_ms();
+    let dev = if env.development_only {
+        " (development only)"
+    } else {
+        ""
+    };
+    println!("environment  {}", env.id);
+    println!("state        {}", env.state);
+    println!(
+        "profile      {} · provider {}{dev}",
+        env.profile, env.provider
+    );
+    println!("lease        {}", env.lease_id.as_deref().unwrap_or("-"));
+    println!("ssh          {}", env.ssh_target.as_deref().unwrap_or("-"));
+    println!(
+        "bundle       {}",
+        env.bundle_hash
+            .as_deref()
+            .map(|h| &h[..h.len().min(16)])
+            .unwrap_or("-")
+    );
+    println!(
+        "age          {} · idle since {}",
+        ago(env.created_at_ms, now),
+        ago(env.last_used_at_ms, now)
+    );
+    println!(
+        "sessions     {}",
+        if env.attached_sessions.is_empty() {
+            "-".to_owned()
+        } else {
+            env.attached_sessions
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        }
+    );
+    println!("tunnel       {}", env.tunnel);
+    let a = env.accounting;
+    println!(
+        "egress       {} model requests · tokens {} in / {} out · bytes {} in / {} out · {} gateway-tool calls",
+        a.model_requests,
+        a.input_tokens,
+        a.output_tokens,
+        a.bytes_in,
+        a.bytes_out,
+        a.gateway_tool_calls
+    );
+    if let Some(error) = &env.error {
+        println!("error        {error}");
+    }
+    Ok(())
+}
+
+fn table(envs: &[EnvironmentView]) -> String {
+    if envs.is_empty() {
+        return "no environments; lease one with `skiff env create --profile local`\n".to_owned();
+    }
+    let now = now_ms();
+    let mut out = format!(
+        "{:<22}  {:<12}  {:<10}  {:<8}  {:<16}  {:<8}  {}\n",
+        "ID", "STATE", "PROFILE", "PROVIDER", "LEASE", "AGE", "NOTE"
+    );
+    for e in envs {
+        let note = if e.development_only {
+            "development only"
+        } else {
+            ""
+        };
+        out.push_str(&format!(
+            "{:<22}  {:<12}  {:<10}  {:<8}  {:<16}  {:<8}  {}\n",
+            e.id,
+            e.state.as_str(),
+            e.profile,
+            e.provider,
+            e.lease_id.as_deref().unwrap_or("-"),
+            ago(e.created_at_ms, now),
+            note
+        ));
+    }
+    out
+}

@@ -1,0 +1,113 @@
+//! API routes for environments and worker profiles (`/v1/environments`, `/v1/profiles`).
+
+use crate::Core;
+use crate::error::Error;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Extension, Json, Router};
+use serde::Deserialize;
+use skiff_protocol::EnvironmentId;
+use skiff_protocol::environment::{CreateEnvironmentRequest, EnvironmentList, ProfileList};
+use skiff_store::Scope;
+use std::sync::Arc;
+
+type Shared = State<Arc<Core>>;
+
+pub(crate) fn routes() -> Router<Arc<Core>> {
+    Router::new()
+        .route("/v1/profiles", get(profiles))
+        .route("/v1/environments", get(list).post(create))
+        .route("/v1/environments/sweep", post(sweep))
+        .route("/v1/environments/{id}", get(show).delete(destroy))
+        .route("/v1/environments/{id}/check", post(check))
+        .route("/v1/environments/{id}/exec", post(exec))
+}
+
+fn env_id(raw: &str) -> Result<EnvironmentId, Error> {
+    EnvironmentId::parse(raw)
+        .ok_or_else(|| Error::BadRequest(format!("{raw:?} is not an environment id (env_…)")))
+}
+
+async fn profiles(State(core): Shared) -> Json<ProfileList> {
+    Json(ProfileList {
+        profiles: core.envs.profile_views(),
+    })
+}
+
+async fn list(State(core): Shared, Extension(scope): Extension<Scope>) -> Result<Response, Error> {
+    Ok(Json(EnvironmentList {
+        environments: core.envs.list(&scope)?,
+    })
+    .into_response())
+}
+
+#[derive(Deserialize)]
+struct CreateQuery {
+    #[serde(default)]
+    reuse: bool,
+}
+
+async fn create(
+    State(core): Shared,
+    Extension(scope): Extension<Scope>,
+    Query(q): Query<CreateQuery>,
+    body: Result<Json<CreateEnvironmentRequest>, axum::extract::rejection::JsonRejection>,
+) -> Result<Response, Error> {
+    let Json(req) = body.map_err(|e| Error::BadRequest(e.body_text()))?;
+    let view = core.envs.create(&scope, &req.profile, q.reuse).await?;
+    Ok((StatusCode::ACCEPTED, Json(view)).into_response())
+}
+
+async fn show(
+    State(core): Shared,
+    Extension(scope): Extension<Scope>,
+    Path(id): Path<String>,
+) -> Result<Response, Error> {
+    Ok(Json(core.envs.show(&scope, &env_id(&id)?)?).into_response())
+}
+
+#[derive(Deserialize)]
+struct DestroyQuery {
+    #[serde(default)]
+    force: bool,
+}
+
+async fn destroy(
+    State(core): Shared,
+    Extension(scope): Extension<Scope>,
+    Path(id): Path<String>,
+    Query(q): Query<DestroyQuery>,
+) -> Result<Response, Error> {
+    Ok(Json(core.envs.destroy(&scope, &env_id(&id)?, q.force).await?).into_response())
+}
+
+async fn check(
+    State(core): Shared,
+    Extension(scope): Extension<Scope>,
+    Path(id): Path<String>,
+) -> Result<Response, Error> {
+    Ok(Json(core.envs.check(&scope, &env_id(&id)?).await?).into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ExecBody {
+    command: String,
+}
+
+async fn exec(
+    State(core): Shared,
+    Extension(scope): Extension<Scope>,
+    Path(id): Path<String>,
+    Json(body): Json<ExecBody>,
+) -> Result<Response, Error> {
+    let output = core.envs.exec(&scope, &env_id(&id)?, &body.command).await?;
+    Ok(Json(serde_json::json!({ "output": output })).into_response())
+}
+
+async fn sweep(State(core): Shared) -> Result<Response, Error> {
+    let swept = core.envs.sweep().await?;
+    Ok(Json(serde_json::json!({ "destroyed": swept })).into_response())
+}

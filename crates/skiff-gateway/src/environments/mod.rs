@@ -1,0 +1,614 @@
+//! Environments: leased boxes and their state machine (DESIGN §4).
+//!
+//! The intent row and its operation id are written before a provider is called, and the lease
+//! id derives from the operation id, so a gateway that dies mid-provision adopts its lease on
+//! restart instead of leasing twice. Restart reconciliation inspects every live environment;
+//! the orphan sweep destroys leases the providers hold that no environment owns. Destroy is
+//! staged and needs evidence: without proof of teardown an environment stays `destroying`.
+//!
+//! Deliberately absent: provider names and policy of providers. They come from `[profiles]`.
+
+mod bootstrap;
+
+use crate::bundle::Bundle;
+use crate::error::{Error, Result};
+use serde_json::json;
+use skiff_protocol::EnvironmentId;
+use skiff_protocol::environment::{EnvironmentState, EnvironmentView, ProfileView};
+use skiff_providers::{Context, Lease, LeaseStatus, ProfileConfig, WorkerProvider};
+use skiff_ssh::{Ssh, Target};
+use skiff_store::{EnvironmentRow, Scope, Store};
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::OnceCell;
+
+pub(crate) use bootstrap::BundleInstall;
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+struct Profile {
+    config: ProfileConfig,
+    provider: Arc<dyn WorkerProvider>,
+}
+
+pub(crate) struct Environments {
+    store: Arc<Store>,
+    profiles: BTreeMap<String, Profile>,
+    /// Per-environment SSH client state (pinned known_hosts, control sockets); 0700 via the
+    /// state dir.
+    ssh_root: PathBuf,
+    bundle: OnceCell<Bundle>,
+    /// One operation at a time per environment (bring-up, check, destroy).
+    locks: Mutex<HashMap<EnvironmentId, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+fn invalid(message: String) -> Error {
+    Error::BadRequest(message)
+}
+
+impl Environments {
+    pub(crate) fn new(
+        store: Arc<Store>,
+        configured: BTreeMap<String, ProfileConfig>,
+        ctx: &Context,
+        ssh_root: PathBuf,
+    ) -> Result<Self> {
+        let mut configured = configured;
+        configured
+            .entry("local".to_owned())
+            .or_insert_with(ProfileConfig::default_local);
+        let mut profiles = BTreeMap::new();
+        for (name, config) in configured {
+            let provider = skiff_providers::build(&name, &config, ctx)?;
+            profiles.insert(name, Profile { config, provider });
+        }
+        Ok(Self {
+            store,
+            profiles,
+            ssh_root,
+            bundle: OnceCell::new(),
+            locks: Mutex::new(HashMap::new()),
+        })
+    }
+
+    fn profile(&self, name: &str) -> Result<&Profile> {
+        self.profiles.get(name).ok_or_else(|| {
+            invalid(format!(
+                "no worker profile `{name}`; configured profiles: {}. Add a [profiles.{name}] table to skiff.toml",
+                self.profiles.keys().cloned().collect::<Vec<_>>().join(", ")
+            ))
+        })
+    }
+
+    pub(crate) fn profile_views(&self) -> Vec<ProfileView> {
+        self.profiles
+            .iter()
+            .map(|(name, p)| ProfileView {
+                name: name.clone(),
+                provider: p.provider.kind().to_owned(),
+                development_only: p.provider.development_only(),
+                idle_timeout: p.config.idle_timeout_text(),
+                ttl: p.config.ttl_text(),
+            })
+            .collect()
+    }
+
+    async fn bundle(&self) -> Result<&Bundle> {
+        self.bundle
+            .get_or_try_init(|| async {
+                tokio::task::spawn_blocking(Bundle::of_current_exe)
+                    .await
+                    .map_err(|e| invalid(format!("hashing the worker bundle crashed: {e}")))?
+                    .map_err(|e| {
+                        invalid(format!(
+                            "cannot read the skiff executable to bundle it: {e}"
+                        ))
+                    })
+            })
+            .await
+    }
+
+    fn lock(&self, id: &EnvironmentId) -> Arc<tokio::sync::Mutex<()>> {
+        self.locks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(id.clone())
+            .or_default()
+            .clone()
+    }
+
+    pub(crate) fn view(&self, row: &EnvironmentRow) -> EnvironmentView {
+        let development_only = self
+            .profiles
+            .get(&row.profile)
+            .is_some_and(|p| p.provider.development_only());
+        let lease = row
+            .lease
+            .as_deref()
+            .and_then(|l| serde_json::from_str::<Lease>(l).ok());
+        EnvironmentView {
+            id: row.id.clone(),
+            profile: row.profile.clone(),
+            provider: row.provider.clone(),
+            state: row.state,
+            lease_id: row.lease_id.clone(),
+            development_only,
+            ssh_target: lease.map(|l| format!("{}@{}:{}", l.user, l.host, l.port)),
+            bundle_hash: row.bundle_hash.clone(),
+            created_at_ms: row.created_at_ms,
+            updated_at_ms: row.updated_at_ms,
+            last_used_at_ms: row.last_used_at_ms,
+            expires_at_ms: row.expires_at_ms,
+            attached_sessions: Vec::new(),
+            tunnel: "none".into(),
+            error: row.error.clone(),
+            accounting: row.accounting,
+        }
+    }
+
+    fn audit(
+        &self,
+        scope: &Scope,
+        action: &str,
+        id: &EnvironmentId,
+        decision: &str,
+        detail: serde_json::Value,
+    ) {
+        if let Err(e) = self
+            .store
+            .audit(scope, "gateway", action, id.as_str(), decision, &detail)
+        {
+            tracing::warn!(action, error = %e, "could not write an audit row");
+        }
+    }
+
+    fn transition(
+        &self,
+        row: &EnvironmentRow,
+        to: EnvironmentState,
+        error: Option<&str>,
+    ) -> Result<EnvironmentRow> {
+        let next = self
+            .store
+            .transition_environment(&row.scope, &row.id, to, error)?;
+        tracing::info!(env = %row.id, from = %row.state, to = %to, "environment");
+        self.audit(&row.scope, "environment.transition", &row.id, "applied", json!({
+            "from": row.state.as_str(), "to": to.as_str(), "profile": row.profile, "provider": row.provider,
+            "op_id": row.op_id, "error": error,
+        }));
+        Ok(next)
+    }
+
+    fn fail(&self, row: &EnvironmentRow, error: &str) -> Result<EnvironmentRow> {
+        tracing::warn!(env = %row.id, error, "environment failed");
+        self.transition(row, EnvironmentState::Failed, Some(error))
+    }
+
+    /// Starts leasing a box for `profile` (or, with `reuse`, hands out a warm idle one with the
+    /// gateway's bundle). Returns at once; the environment moves on in the background.
+    pub(crate) async fn create(
+        self: &Arc<Self>,
+        scope: &Scope,
+        profile_name: &str,
+        reuse: bool,
+    ) -> Result<EnvironmentView> {
+        let profile = self.profile(profile_name)?;
+        if reuse && let Some(view) = self.reuse(scope, profile_name).await? {
+            return Ok(view);
+        }
+        let id = EnvironmentId::from_suffix(&skiff_store::mint()?);
+        // INVARIANT: the operation id is persisted before the provider hears of it.
+        let op_id = format!("op_{}", &id.as_str()[4..]);
+        let row = self.store.create_environment(
+            scope,
+            &id,
+            profile_name,
+            profile.provider.kind(),
+            &op_id,
+        )?;
+        self.audit(
+            scope,
+            "environment.create",
+            &id,
+            "allowed",
+            json!({ "profile": profile_name, "op_id": op_id }),
+        );
+        let view = self.view(&row);
+        let this = self.clone();
+        tokio::spawn(async move {
+            if let Err(e) = this.bring_up(row.scope.clone(), row.id.clone()).await {
+                tracing::warn!(env = %row.id, error = %e, "bringing the environment up failed");
+            }
+        });
+        Ok(view)
+    }
+
+    async fn reuse(&self, scope: &Scope, profile: &str) -> Result<Option<EnvironmentView>> {
+        let hash = self.bundle().await?.hash.clone();
+        let candidates = self.store.environments(scope)?.into_iter().filter(|r| {
+            r.profile == profile
+                && r.state == EnvironmentState::Idle
+                && r.bundle_hash.as_deref() == Some(&hash)
+        });
+        for row in candidates {
+            let lock = self.lock(&row.id);
+            let _guard = lock.lock().await;
+            if let Ok(row) = self.check_locked(&row.scope, &row.id, false).await
+                && row.state == EnvironmentState::Idle
+            {
+                self.store.touch_environment(scope, &row.id)?;
+                self.audit(
+                    scope,
+                    "environment.reuse",
+                    &row.id,
+                    "allowed",
+                    json!({ "profile": profile }),
+                );
+                return Ok(Some(self.view(&self.store.environment(scope, &row.id)?)));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Drives an environment from wherever it is (requested, provisioning, bootstrapping) to
+    /// idle. Safe to repeat: provisioning with the same operation id adopts the lease.
+    pub(crate) async fn bring_up(&self, scope: Scope, id: EnvironmentId) -> Result<()> {
+        let lock = self.lock(&id);
+        let _guard = lock.lock().await;
+        let mut row = self.store.environment(&scope, &id)?;
+        let provider = self.profile(&row.profile)?.provider.clone();
+        if row.state == EnvironmentState::Requested {
+            row = self.transition(&row, EnvironmentState::Provisioning, None)?;
+        }
+        if row.state == EnvironmentState::Provisioning {
+            let started = Instant::now();
+            let lease = provider.provision(&row.op_id).await;
+            self.audit(&scope, "provider.provision", &id, if lease.is_ok() { "ok" } else { "error" }, json!({
+                "provider": provider.kind(), "op_id": row.op_id, "duration_ms": started.elapsed().as_millis() as u64,
+                "lease_id": lease.as_ref().ok().map(|l| l.lease_id.clone()),
+            }));
+            let lease = match lease {
+                Ok(lease) => lease,
+                Err(e) => {
+                    self.fail(&row, &e.to_string())?;
+                    return Err(e.into());
+                }
+            };
+            let lease_json = serde_json::to_string(&lease).map_err(|e| invalid(e.to_string()))?;
+            self.store.set_environment_lease(
+                &scope,
+                &id,
+                &lease.lease_id,
+                &lease_json,
+                lease.expires_at_ms,
+            )?;
+            row = self.transition(&row, EnvironmentState::Bootstrapping, None)?;
+        }
+        if row.state == EnvironmentState::Bootstrapping {
+            let row_now = self.store.environment(&scope, &id)?;
+            match self.bootstrap(&row_now).await {
+                Ok(_) => {
+                    row = self.transition(&row, EnvironmentState::Ready, None)?;
+                    self.transition(&row, EnvironmentState::Idle, None)?;
+                    self.store.touch_environment(&scope, &id)?;
+                }
+                Err(e) => {
+                    self.fail(&row, &e.to_string())?;
+                    return Err(e);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn ssh_for(&self, row: &EnvironmentRow) -> Result<Ssh> {
+        let lease: Lease = row
+            .lease
+            .as_deref()
+            .and_then(|l| serde_json::from_str(l).ok())
+            .ok_or_else(|| invalid(format!("environment {} has no lease yet", row.id)))?;
+        let target = Target {
+            alias: row.id.to_string(),
+            host: lease.host,
+            port: lease.port,
+            user: lease.user,
+            identity_file: lease.identity_file,
+            host_key: lease.host_key,
+            proxy_command: lease.proxy_command,
+        };
+        Ok(Ssh::pin(target, &self.ssh_root.join(row.id.as_str()))?)
+    }
+
+    async fn bootstrap(&self, row: &EnvironmentRow) -> Result<BundleInstall> {
+        let bundle = self.bundle().await?.clone();
+        let ssh = self.ssh_for(row)?;
+        let install = bootstrap::install(&ssh, &bundle).await?;
+        self.store
+            .set_environment_bundle(&row.scope, &row.id, &bundle.hash)?;
+        self.audit(&row.scope, "bundle.install", &row.id, if install.copied { "copied" } else { "skipped" }, json!({
+            "bundle_hash": bundle.hash, "bytes": install.bytes, "duration_ms": install.duration.as_millis() as u64,
+        }));
+        Ok(install)
+    }
+
+    /// Inspects the lease and opens a fresh SSH connection that verifies the installed bundle.
+    /// A dead box or a changed host key fails the environment.
+    pub(crate) async fn check(&self, scope: &Scope, id: &EnvironmentId) -> Result<EnvironmentView> {
+        let lock = self.lock(id);
+        let _guard = lock.lock().await;
+        let row = self.check_locked(scope, id, true).await?;
+        Ok(self.view(&row))
+    }
+
+    /// `fresh`: drop the multiplexed connection first, so the pinned host key is checked on a
+    /// new one (an explicit check); otherwise reuse it (handing out a warm box).
+    async fn check_locked(
+        &self,
+        scope: &Scope,
+        id: &EnvironmentId,
+        fresh: bool,
+    ) -> Result<EnvironmentRow> {
+        let row = self.store.environment(scope, id)?;
+        if !matches!(
+            row.state,
+            EnvironmentState::Ready | EnvironmentState::Idle | EnvironmentState::Attached
+        ) {
+            return Ok(row);
+        }
+        let provider = self.profile(&row.profile)?.provider.clone();
+        let lease_id = row
+            .lease_id
+            .clone()
+            .unwrap_or_else(|| provider.lease_id_for(&row.op_id));
+        match provider.inspect(&lease_id).await {
+            Ok(LeaseStatus::Running) => {}
+            Ok(LeaseStatus::Gone) => {
+                return self.fail(
+                    &row,
+                    &format!("the provider no longer has lease {lease_id}"),
+                );
+            }
+            Ok(LeaseStatus::Failed(why)) => {
+                return self.fail(&row, &format!("lease {lease_id} is broken: {why}"));
+            }
+            Err(e) => return self.fail(&row, &format!("inspecting lease {lease_id} failed: {e}")),
+        }
+        if fresh {
+            self.ssh_for(&row)?.close().await;
+        }
+        match self.bootstrap(&row).await {
+            Ok(_) => Ok(self.store.environment(scope, id)?),
+            Err(e) => self.fail(&row, &e.to_string()),
+        }
+    }
+
+    pub(crate) fn list(&self, scope: &Scope) -> Result<Vec<EnvironmentView>> {
+        Ok(self
+            .store
+            .environments(scope)?
+            .iter()
+            .map(|r| self.view(r))
+            .collect())
+    }
+
+    pub(crate) fn show(&self, scope: &Scope, id: &EnvironmentId) -> Result<EnvironmentView> {
+        Ok(self.view(&self.store.environment(scope, id)?))
+    }
+
+    /// Runs a shell command on the box (for operators and diagnostics).
+    pub(crate) async fn exec(
+        &self,
+        scope: &Scope,
+        id: &EnvironmentId,
+        command: &str,
+    ) -> Result<String> {
+        let row = self.store.environment(scope, id)?;
+        let ssh = self.ssh_for(&row)?;
+        self.audit(scope, "environment.exec", id, "allowed", json!({}));
+        Ok(ssh
+            .run(command, &tokio_util::sync::CancellationToken::new())
+            .await?)
+    }
+
+    /// Staged destroy: stop new work → wait for active work to end (`force` skips) → provider
+    /// destroy → inspect proves absence → destroyed. Missing evidence leaves `destroying`.
+    pub(crate) async fn destroy(
+        &self,
+        scope: &Scope,
+        id: &EnvironmentId,
+        force: bool,
+    ) -> Result<EnvironmentView> {
+        let lock = self.lock(id);
+        let _guard = lock.lock().await;
+        let mut row = self.store.environment(scope, id)?;
+        if row.state == EnvironmentState::Destroyed {
+            return Ok(self.view(&row));
+        }
+        if row.state == EnvironmentState::Attached && !force {
+            return Err(invalid(format!(
+                "environment {id} is attached to a session; detach it first or pass --force"
+            )));
+        }
+        if matches!(
+            row.state,
+            EnvironmentState::Ready | EnvironmentState::Idle | EnvironmentState::Attached
+        ) {
+            // No worker connections exist yet to refuse or drain; the stage is recorded so the
+            // timeline shows it.
+            row = self.transition(&row, EnvironmentState::Draining, None)?;
+        }
+        if row.state != EnvironmentState::Destroying {
+            row = self.transition(&row, EnvironmentState::Destroying, None)?;
+        }
+        let provider = self.profile(&row.profile)?.provider.clone();
+        let lease_id = row
+            .lease_id
+            .clone()
+            .unwrap_or_else(|| provider.lease_id_for(&row.op_id));
+        if let Ok(ssh) = self.ssh_for(&row) {
+            ssh.close().await;
+        }
+        let started = Instant::now();
+        let destroyed = provider.destroy(&lease_id).await;
+        self.audit(scope, "provider.destroy", id, if destroyed.is_ok() { "ok" } else { "error" }, json!({
+            "provider": provider.kind(), "lease_id": lease_id, "duration_ms": started.elapsed().as_millis() as u64,
+            "error": destroyed.as_ref().err().map(ToString::to_string),
+        }));
+        if let Err(e) = destroyed {
+            let row = self.transition(&row, EnvironmentState::Destroying, Some(&e.to_string()))?;
+            return Ok(self.view(&row));
+        }
+        match provider.inspect(&lease_id).await {
+            Ok(LeaseStatus::Gone) => {}
+            other => {
+                let why = format!(
+                    "after destroy the provider still reports lease {lease_id}: {other:?}; retry the destroy"
+                );
+                let row = self.transition(&row, EnvironmentState::Destroying, Some(&why))?;
+                return Ok(self.view(&row));
+            }
+        }
+        let _ = std::fs::remove_dir_all(self.ssh_root.join(id.as_str()));
+        let row = self.transition(&row, EnvironmentState::Destroyed, None)?;
+        Ok(self.view(&row))
+    }
+
+    /// Destroys every lease a provider holds that no live environment owns. Returns them.
+    pub(crate) async fn sweep(&self) -> Result<Vec<String>> {
+        let owned: Vec<(String, String)> = self
+            .store
+            .live_environments()?
+            .into_iter()
+            .filter_map(|r| {
+                let provider = &self.profiles.get(&r.profile)?.provider;
+                Some((
+                    r.profile.clone(),
+                    r.lease_id
+                        .unwrap_or_else(|| provider.lease_id_for(&r.op_id)),
+                ))
+            })
+            .collect();
+        let mut swept = Vec::new();
+        for (name, profile) in &self.profiles {
+            let leases = match profile.provider.list().await {
+                Ok(leases) => leases,
+                Err(e) => {
+                    tracing::warn!(profile = %name, error = %e, "cannot list leases for the sweep");
+                    continue;
+                }
+            };
+            for lease in leases {
+                if owned.iter().any(|(_, l)| *l == lease) || swept.contains(&lease) {
+                    continue;
+                }
+                tracing::warn!(profile = %name, %lease, "destroying an orphaned lease");
+                let result = profile.provider.destroy(&lease).await;
+                let scope = crate::auth::admin_scope();
+                if let Err(e) = self.store.audit(&scope, "gateway", "provider.sweep", &lease, if result.is_ok() { "destroyed" } else { "error" },
+                    &json!({ "profile": name, "error": result.as_ref().err().map(ToString::to_string) })) {
+                    tracing::warn!(error = %e, "could not write an audit row");
+                }
+                result?;
+                swept.push(lease);
+            }
+        }
+        Ok(swept)
+    }
+
+    /// At gateway start: finish or fail what a previous process left in flight, and check that
+    /// every box believed alive still is. Then sweep orphans.
+    pub(crate) async fn reconcile_on_start(&self) -> Result<()> {
+        for row in self.store.live_environments()? {
+            let result = match row.state {
+                EnvironmentState::Requested
+                | EnvironmentState::Provisioning
+                | EnvironmentState::Bootstrapping => {
+                    tracing::info!(env = %row.id, state = %row.state, "adopting an environment left in flight");
+                    self.bring_up(row.scope.clone(), row.id.clone()).await
+                }
+                EnvironmentState::Ready | EnvironmentState::Idle | EnvironmentState::Attached => {
+                    let lock = self.lock(&row.id);
+                    let _guard = lock.lock().await;
+                    self.inspect_only(&row).await
+                }
+                EnvironmentState::Draining | EnvironmentState::Destroying => {
+                    self.destroy(&row.scope, &row.id, true).await.map(drop)
+                }
+                _ => Ok(()),
+            };
+            if let Err(e) = result {
+                tracing::warn!(env = %row.id, error = %e, "reconciling the environment failed");
+            }
+        }
+        let swept = self.sweep().await?;
+        if !swept.is_empty() {
+            tracing::warn!(?swept, "destroyed orphaned leases");
+        }
+        Ok(())
+    }
+
+    async fn inspect_only(&self, row: &EnvironmentRow) -> Result<()> {
+        let provider = self.profile(&row.profile)?.provider.clone();
+        let lease_id = row
+            .lease_id
+            .clone()
+            .unwrap_or_else(|| provider.lease_id_for(&row.op_id));
+        match provider.inspect(&lease_id).await {
+            Ok(LeaseStatus::Running) => Ok(()),
+            Ok(other) => self
+                .fail(
+                    row,
+                    &format!("found lease {lease_id} {other:?} at gateway start"),
+                )
+                .map(drop),
+            Err(e) => self
+                .fail(
+                    row,
+                    &format!("inspecting lease {lease_id} at gateway start failed: {e}"),
+                )
+                .map(drop),
+        }
+    }
+
+    /// Destroys idle environments past their idle timeout and any unattached one past its
+    /// TTL; renews leases that are close to expiring but still in use.
+    pub(crate) async fn enforce_lifetimes(&self) {
+        let now = now_ms();
+        let Ok(rows) = self.store.live_environments() else {
+            return;
+        };
+        for row in rows {
+            let Some(profile) = self.profiles.get(&row.profile) else {
+                continue;
+            };
+            let idle = profile
+                .config
+                .idle_timeout()
+                .unwrap_or(Duration::from_secs(1800));
+            let expired = row.expires_at_ms.is_some_and(|e| e <= now);
+            let idle_for =
+                Duration::from_millis(u64::try_from(now - row.last_used_at_ms).unwrap_or(0));
+            let reclaim = row.state == EnvironmentState::Idle && (idle_for >= idle || expired);
+            if reclaim {
+                tracing::info!(env = %row.id, "reclaiming an idle environment");
+                if let Err(e) = self.destroy(&row.scope, &row.id, false).await {
+                    tracing::warn!(env = %row.id, error = %e, "reclaiming failed");
+                }
+            } else if row.state == EnvironmentState::Attached
+                && let (Some(expires), Some(lease)) = (row.expires_at_ms, &row.lease_id)
+                && expires - now < 10 * 60 * 1000
+            {
+                if let Err(e) = profile.provider.renew(lease).await {
+                    tracing::warn!(env = %row.id, error = %e, "renewing the lease failed");
+                }
+            }
+        }
+    }
+}
