@@ -11,6 +11,9 @@ pub struct StaticSsh {
     user: String,
     identity_file: PathBuf,
     host_key: String,
+    /// Leases given back. A static host has no lease state of its own; this is what lets
+    /// `inspect` confirm a release.
+    released: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 fn expand_home(path: &std::path::Path) -> PathBuf {
@@ -40,6 +43,7 @@ impl StaticSsh {
                 .known_host_key
                 .clone()
                 .ok_or_else(|| missing("known_host_key"))?,
+            released: std::sync::Mutex::default(),
         })
     }
 }
@@ -72,18 +76,24 @@ impl WorkerProvider for StaticSsh {
         })
     }
 
-    /// A static host has no lease state; whether it answers is the gateway's SSH check.
-    fn inspect<'a>(&'a self, _lease_id: &'a str) -> BoxFuture<'a, Result<LeaseStatus>> {
-        Box::pin(async move { Ok(LeaseStatus::Running) })
+    /// Whether the host answers is the gateway's SSH check; a released lease is gone.
+    fn inspect<'a>(&'a self, lease_id: &'a str) -> BoxFuture<'a, Result<LeaseStatus>> {
+        Box::pin(async move {
+            let released = self.released.lock().unwrap_or_else(|p| p.into_inner()).contains(lease_id);
+            Ok(if released { LeaseStatus::Gone } else { LeaseStatus::Running })
+        })
     }
 
     fn renew<'a>(&'a self, _lease_id: &'a str) -> BoxFuture<'a, Result<()>> {
         Box::pin(async move { Ok(()) })
     }
 
-    /// Nothing to tear down: the host is yours. The gateway forgets the lease.
-    fn destroy<'a>(&'a self, _lease_id: &'a str) -> BoxFuture<'a, Result<()>> {
-        Box::pin(async move { Ok(()) })
+    /// Nothing to tear down: the host is yours. The lease is released and forgotten.
+    fn destroy<'a>(&'a self, lease_id: &'a str) -> BoxFuture<'a, Result<()>> {
+        Box::pin(async move {
+            self.released.lock().unwrap_or_else(|p| p.into_inner()).insert(lease_id.to_owned());
+            Ok(())
+        })
     }
 
     fn list<'a>(&'a self) -> BoxFuture<'a, Result<Vec<String>>> {

@@ -83,12 +83,14 @@ pub(crate) async fn start(config: &Config<'_>, netns: Option<&str>) -> Result<i3
     let pid_file = config.pid_file();
     let _ = std::fs::remove_file(&pid_file);
     let log = config.dir.join("sshd.log");
+    // sshd is started in a session of its own (`setsid -w` waits for it to daemonize): the
+    // process helper kills a finished command's whole process group, and the daemon must not be
+    // caught in that before it leaves the group itself. A box outlives the gateway by design.
+    let cmd = Cmd::new("setsid").arg("-w");
     let cmd = match netns {
-        Some(ns) => Cmd::new("ip").args(["netns", "exec", ns, SSHD]),
-        None => Cmd::new(SSHD),
+        Some(ns) => cmd.args(["ip", "netns", "exec", ns, SSHD]),
+        None => cmd.arg(SSHD),
     };
-    // The daemon leaves this command's process group right away (it calls setsid), so the
-    // helper's group kill at exit does not touch it: a box outlives the gateway by design.
     cmd.arg("-f")
         .arg(config.path())
         .arg("-E")

@@ -1,0 +1,308 @@
+//! Environments end to end: real sshd boxes (loopback and network namespaces), the real ssh
+//! client with pinned keys, the lease-CLI contract through `skiff box`, crash adoption, the
+//! orphan sweep and staged destroy.
+
+use crate::harness::{Gateway, SKIFF, stderr, stdout};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// A directory for local boxes that box users can reach (0711 under /tmp). Dropping it tears
+/// down whatever a failed test left behind.
+pub struct BoxRoot {
+    dir: tempfile::TempDir,
+}
+
+impl BoxRoot {
+    pub fn new() -> Self {
+        let dir = tempfile::Builder::new().prefix("skiff-boxes-").tempdir_in("/tmp").unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+        BoxRoot { dir }
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn boxes(&self) -> Vec<String> {
+        let mut ids: Vec<String> = std::fs::read_dir(self.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        ids.sort();
+        ids
+    }
+
+    /// sshd processes started from this root's configs.
+    pub fn sshd_count(&self) -> usize {
+        let root = self.path().display().to_string();
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .filter_map(|e| std::fs::read(e.ok()?.path().join("cmdline")).ok())
+            .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+            .filter(|c| c.contains("sshd") && c.contains(&root) && !c.contains("ip netns"))
+            .count()
+    }
+}
+
+impl Drop for BoxRoot {
+    fn drop(&mut self) {
+        let boxes = skiff_providers::local::Boxes::new(self.path().to_path_buf(), PathBuf::from(SKIFF));
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        for id in self.boxes() {
+            let _ = rt.block_on(boxes.destroy(&id));
+        }
+    }
+}
+
+fn profiles(root: &BoxRoot) -> String {
+    let r = root.path().display();
+    format!(
+        "[profiles.local]\nprovider = \"local\"\nroot = \"{r}\"\n\
+         [profiles.plain]\nprovider = \"local\"\nisolation = \"none\"\nroot = \"{r}\"\n\
+         [profiles.cloud]\nprovider = \"command\"\ncommand = [\"{SKIFF}\", \"box\", \"--root\", \"{r}\"]\n"
+    )
+}
+
+fn create(gw: &Gateway, profile: &str, extra: &[&str]) -> serde_json::Value {
+    let mut args = vec!["env", "create", "--profile", profile, "--json"];
+    args.extend_from_slice(extra);
+    let out = gw.run(&args);
+    assert!(out.status.success(), "env create --profile {profile}: {}", stderr(&out));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn exec(gw: &Gateway, id: &str, command: &str) -> String {
+    let out = gw.run(&["env", "exec", id, "--", command]);
+    assert!(out.status.success(), "env exec {command}: {}", stderr(&out));
+    stdout(&out)
+}
+
+fn audit_decisions(gw: &Gateway, action: &str) -> Vec<String> {
+    let store = skiff_store::Store::open(&gw.state_dir.join("skiff.db")).unwrap();
+    store.audit_rows().unwrap().into_iter().filter(|r| r.action == action).map(|r| r.decision).collect()
+}
+
+fn user_exists(name: &str) -> bool {
+    Command::new("id").arg(name).output().unwrap().status.success()
+}
+
+fn netns_list() -> String {
+    stdout(&Command::new("ip").args(["netns", "list"]).output().unwrap())
+}
+
+fn destroy(gw: &Gateway, id: &str) -> serde_json::Value {
+    let out = gw.run(&["env", "destroy", id, "--json"]);
+    assert!(out.status.success(), "env destroy: {}", stderr(&out));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn local_box_lifecycle(profile: &str) {
+    let root = BoxRoot::new();
+    let gw = Gateway::start_with("", &profiles(&root));
+    let env = create(&gw, profile, &[]);
+    let id = env["id"].as_str().unwrap().to_owned();
+    assert_eq!(env["state"], "idle", "{env}");
+    assert_eq!(env["development_only"], false, "root gets isolated boxes");
+    let lease = env["lease_id"].as_str().unwrap().to_owned();
+    assert_eq!(root.boxes(), [lease.clone()]);
+    assert_eq!(root.sshd_count(), 1);
+
+    // The box runs as a user of its own, and the installed bundle is the gateway's build.
+    let box_user = exec(&gw, &id, "id -un").trim().to_owned();
+    assert!(box_user.starts_with("skf-"), "{box_user}");
+    let hash = env["bundle_hash"].as_str().unwrap();
+    let local_hash = stdout(&Command::new(SKIFF).arg("--build-hash").output().unwrap());
+    assert_eq!(hash, local_hash.trim());
+    let remote_hash = exec(&gw, &id, &format!("$HOME/.skiff/bundles/{hash}/skiff --build-hash"));
+    assert_eq!(remote_hash.trim(), hash);
+    // The box sees nothing of the gateway's: not its state dir, not its environment.
+    let probe = exec(&gw, &id, &format!("ls {} 2>&1; env", gw.state_dir.display()));
+    assert!(probe.contains("Permission denied"), "{probe}");
+    assert!(!probe.contains("SKIFF_") && !probe.contains("_KEY="), "{probe}");
+
+    // Warm: the same box is handed out again and the copy is skipped.
+    let again = create(&gw, profile, &["--reuse"]);
+    assert_eq!(again["id"], env["id"]);
+    assert_eq!(audit_decisions(&gw, "bundle.install"), ["copied", "skipped"]);
+
+    let gone = destroy(&gw, &id);
+    assert_eq!(gone["state"], "destroyed");
+    assert!(root.boxes().is_empty(), "the box directory survived");
+    assert_eq!(root.sshd_count(), 0, "an sshd survived");
+    assert!(!user_exists(&box_user), "the box user survived");
+    assert!(!netns_list().contains(&lease), "the namespace survived");
+}
+
+#[test]
+fn a_loopback_box_is_provisioned_bootstrapped_reused_and_destroyed() {
+    local_box_lifecycle("plain");
+}
+
+#[test]
+fn a_netns_box_has_only_loopback_and_no_route() {
+    local_box_lifecycle("local");
+    let root = BoxRoot::new();
+    let gw = Gateway::start_with("", &profiles(&root));
+    let env = create(&gw, "local", &[]);
+    let id = env["id"].as_str().unwrap();
+    let links = exec(&gw, id, "/usr/sbin/ip -o link show");
+    let names: Vec<&str> = links.lines().map(|l| l.split(':').nth(1).unwrap().trim()).collect();
+    assert_eq!(names, ["lo"], "{links}");
+    let routes = exec(&gw, id, "/usr/sbin/ip -4 route show; /usr/sbin/ip -6 route show | grep -v '^::1 ' || true");
+    assert_eq!(routes.trim(), "", "the box has a route: {routes}");
+    destroy(&gw, id);
+}
+
+#[test]
+fn the_command_provider_drives_a_lease_cli() {
+    let root = BoxRoot::new();
+    let gw = Gateway::start_with("", &profiles(&root));
+    let env = create(&gw, "cloud", &[]);
+    let id = env["id"].as_str().unwrap();
+    let lease = env["lease_id"].as_str().unwrap();
+    assert!(skiff_protocol::lease::is_lease_cli_id(lease), "{lease}");
+    let listed = Command::new(SKIFF).args(["box", "--root", root.path().to_str().unwrap(), "list", "--json"]).output().unwrap();
+    let listed: serde_json::Value = serde_json::from_slice(&listed.stdout).unwrap();
+    assert_eq!(listed[0]["id"], lease);
+    assert_eq!(listed[0]["state"], "running");
+    assert_eq!(exec(&gw, id, "echo hello from the box").trim(), "hello from the box");
+    assert_eq!(destroy(&gw, id)["state"], "destroyed");
+    assert!(root.boxes().is_empty());
+}
+
+#[test]
+fn the_ssh_provider_reaches_a_static_host_and_says_it_is_for_development() {
+    let root = BoxRoot::new();
+    let out = Command::new(SKIFF)
+        .args(["box", "--root", root.path().to_str().unwrap(), "warmup", "--lease-id", "cbx_00000000beef", "--isolation", "none", "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let host: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let lab = format!(
+        "[profiles.lab]\nprovider = \"ssh\"\nhost = \"127.0.0.1\"\nport = {}\nuser = \"{}\"\nidentity_file = \"{}\"\nknown_host_key = \"{}\"\n",
+        host["sshPort"], host["sshUser"].as_str().unwrap(), host["sshKey"].as_str().unwrap(), host["sshHostKey"].as_str().unwrap()
+    );
+    let gw = Gateway::start_with("", &lab);
+    let env = create(&gw, "lab", &[]);
+    assert_eq!(env["state"], "idle");
+    assert_eq!(env["development_only"], true);
+    let listing = stdout(&gw.run(&["env", "list"]));
+    assert!(listing.contains("development only"), "{listing}");
+    let id = env["id"].as_str().unwrap();
+    assert_eq!(exec(&gw, id, "whoami").trim(), host["sshUser"].as_str().unwrap());
+    assert_eq!(destroy(&gw, id)["state"], "destroyed");
+    // A static host is not ours to tear down.
+    assert_eq!(root.boxes(), ["cbx_00000000beef"]);
+}
+
+#[test]
+fn an_orphaned_lease_is_swept() {
+    let root = BoxRoot::new();
+    let gw = Gateway::start_with("", &profiles(&root));
+    let kept = create(&gw, "cloud", &[]);
+    let out = Command::new(SKIFF)
+        .args(["box", "--root", root.path().to_str().unwrap(), "warmup", "--lease-id", "cbx_0000000000aa", "--isolation", "none", "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(root.boxes().len(), 2);
+    let swept = gw.json(&["env", "sweep", "--json"]);
+    assert_eq!(swept["destroyed"], serde_json::json!(["cbx_0000000000aa"]));
+    assert_eq!(root.boxes(), [kept["lease_id"].as_str().unwrap().to_owned()], "the owned lease must survive the sweep");
+    assert_eq!(audit_decisions(&gw, "provider.sweep"), ["destroyed"]);
+}
+
+fn restart_sshd(box_dir: &Path, regenerate_host_key: bool) {
+    let pid = std::fs::read_to_string(box_dir.join("sshd.pid")).unwrap();
+    assert!(Command::new("kill").arg(pid.trim()).status().unwrap().success());
+    if regenerate_host_key {
+        for f in ["ssh_host_ed25519_key", "ssh_host_ed25519_key.pub"] {
+            std::fs::remove_file(box_dir.join("etc").join(f)).unwrap();
+        }
+        let key = box_dir.join("etc/ssh_host_ed25519_key");
+        assert!(Command::new("ssh-keygen").args(["-q", "-t", "ed25519", "-N", "", "-f"]).arg(&key).status().unwrap().success());
+        let config = box_dir.join("etc/sshd_config");
+        // The old daemon must be gone before a new one binds the port.
+        let out = Command::new("/usr/sbin/sshd").arg("-f").arg(&config).output().unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+    }
+}
+
+#[test]
+fn a_changed_host_key_is_refused_and_fails_the_environment() {
+    let root = BoxRoot::new();
+    let gw = Gateway::start_with("", &profiles(&root));
+    let env = create(&gw, "plain", &[]);
+    let id = env["id"].as_str().unwrap();
+    let box_dir = root.path().join(env["lease_id"].as_str().unwrap());
+    restart_sshd(&box_dir, true);
+    let out = gw.run(&["env", "check", id, "--json"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let checked: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(checked["state"], "failed");
+    assert!(checked["error"].as_str().unwrap().contains("host key"), "{checked}");
+    assert_eq!(destroy(&gw, id)["state"], "destroyed");
+}
+
+#[test]
+fn a_box_whose_sshd_died_fails_and_still_destroys() {
+    let root = BoxRoot::new();
+    let gw = Gateway::start_with("", &profiles(&root));
+    let env = create(&gw, "plain", &[]);
+    let id = env["id"].as_str().unwrap();
+    restart_sshd(&root.path().join(env["lease_id"].as_str().unwrap()), false);
+    let out = gw.run(&["env", "check", id, "--json"]);
+    let checked: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(checked["state"], "failed", "{checked}");
+    assert_eq!(destroy(&gw, id)["state"], "destroyed");
+    assert!(root.boxes().is_empty());
+}
+
+#[test]
+fn a_gateway_killed_mid_provision_adopts_the_lease_on_restart() {
+    let root = BoxRoot::new();
+    let scratch = tempfile::tempdir().unwrap();
+    let started = scratch.path().join("started");
+    let release = scratch.path().join("release");
+    for fifo in [&started, &release] {
+        assert!(Command::new("mkfifo").arg(fifo).status().unwrap().success());
+    }
+    // A lease CLI that leases the box, then (the first time only) stalls before answering.
+    let wrapper = scratch.path().join("slow-lease-cli");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/usr/bin/env bash\nset -e\nout=$(\"{SKIFF}\" box --root \"{root}\" \"$@\")\n\
+             if [ \"$1\" = warmup ] && [ ! -e \"{once}\" ]; then touch \"{once}\"; echo > \"{started}\"; read -r _ < \"{release}\"; fi\n\
+             printf '%s\\n' \"$out\"\n",
+            root = root.path().display(),
+            once = scratch.path().join("once").display(),
+            started = started.display(),
+            release = release.display(),
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let config = format!("[profiles.slow]\nprovider = \"command\"\ncommand = [\"{}\"]\n", wrapper.display());
+    let mut gw = Gateway::start_with("", &config);
+
+    let mut create = gw.cli().args(["env", "create", "--profile", "slow", "--json"]).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null()).spawn().unwrap();
+    // The box exists and the lease CLI is mid-answer: now the gateway dies.
+    std::fs::read(&started).unwrap();
+    assert_eq!(root.boxes().len(), 1);
+    gw.crash_and_restart();
+    let _ = create.kill();
+    let _ = create.wait();
+    // Let the stalled lease CLI of the dead gateway finish; its answer goes nowhere.
+    std::fs::write(&release, "\n").unwrap();
+
+    let list = gw.json(&["env", "list", "--json"]);
+    let envs = list["environments"].as_array().unwrap();
+    assert_eq!(envs.len(), 1);
+    assert_eq!(envs[0]["state"], "idle", "{}", envs[0]);
+    assert_eq!(root.boxes(), [envs[0]["lease_id"].as_str().unwrap().to_owned()], "a second box was leased");
+    assert_eq!(root.sshd_count(), 1, "an orphaned sshd exists");
+    assert_eq!(destroy(&gw, envs[0]["id"].as_str().unwrap())["state"], "destroyed");
+}
