@@ -8,7 +8,8 @@ need_packages() {
   for pair in "$@"; do
     cmd=${pair%%:*}
     pkg=${pair#*:}
-    command -v "$cmd" >/dev/null 2>&1 || missing+=("$pkg")
+    # Daemons such as sshd live in sbin, which is not on every PATH.
+    command -v "$cmd" >/dev/null 2>&1 || [ -x "/usr/sbin/$cmd" ] || missing+=("$pkg")
   done
   [ ${#missing[@]} -eq 0 ] && return 0
   if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
