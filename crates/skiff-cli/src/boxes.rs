@@ -168,22 +168,42 @@ pub async fn run(args: BoxArgs, state_dir: &Path) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Pipes stdin/stdout to a TCP connection until either side closes.
+/// Pipes stdin/stdout to a TCP connection until the box side closes. Plain threads and
+/// blocking reads with a large buffer rather than async stdio (whose every read hops through a
+/// blocking thread) or `std::io::copy` (whose splice path stalled OpenSSH's handshake here):
+/// this carries bundle copies.
 async fn proxy(host: &str, port: u16) -> Result<ExitCode> {
-    let stream = tokio::net::TcpStream::connect((host, port))
-        .await
+    let stream = std::net::TcpStream::connect((host, port))
         .with_context(|| format!("cannot connect to {host}:{port}"))?;
-    let (mut from_box, mut to_box) = stream.into_split();
-    let upstream = async {
-        let _ = tokio::io::copy(&mut tokio::io::stdin(), &mut to_box).await;
-        let _ = tokio::io::AsyncWriteExt::shutdown(&mut to_box).await;
-    };
-    let downstream = async {
-        let _ = tokio::io::copy(&mut from_box, &mut tokio::io::stdout()).await;
-    };
-    // The connection is over when the box side closes.
-    tokio::select! {
-        () = async { tokio::join!(upstream, downstream); } => {}
-    }
+    let mut to_box = stream
+        .try_clone()
+        .context("cannot clone the box connection")?;
+    // Raw descriptors: the standard handles buffer (stdout by line), which would hold back
+    // SSH's binary stream.
+    use std::os::fd::AsFd;
+    let mut stdin = std::fs::File::from(std::io::stdin().as_fd().try_clone_to_owned()?);
+    let mut stdout = std::fs::File::from(std::io::stdout().as_fd().try_clone_to_owned()?);
+    std::thread::spawn(move || {
+        pump(&mut stdin, &mut to_box);
+        let _ = to_box.shutdown(std::net::Shutdown::Write);
+    });
+    let mut from_box = stream;
+    pump(&mut from_box, &mut stdout);
     Ok(ExitCode::SUCCESS)
+}
+
+fn pump(from: &mut impl std::io::Read, to: &mut impl std::io::Write) {
+    let mut buf = vec![0u8; 256 * 1024];
+    loop {
+        match from.read(&mut buf) {
+            Ok(0) => return,
+            Ok(n) => {
+                if to.write_all(&buf[..n]).is_err() {
+                    return;
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return,
+        }
+    }
 }

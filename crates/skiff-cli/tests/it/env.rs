@@ -15,7 +15,10 @@ pub struct BoxRoot {
 
 impl BoxRoot {
     pub fn new() -> Self {
-        let dir = tempfile::Builder::new().prefix("skiff-boxes-").tempdir_in("/tmp").unwrap();
+        let dir = tempfile::Builder::new()
+            .prefix("skiff-boxes-")
+            .tempdir_in("/tmp")
+            .unwrap();
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
         BoxRoot { dir }
     }
@@ -47,8 +50,12 @@ impl BoxRoot {
 
 impl Drop for BoxRoot {
     fn drop(&mut self) {
-        let boxes = skiff_providers::local::Boxes::new(self.path().to_path_buf(), PathBuf::from(SKIFF));
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let boxes =
+            skiff_providers::local::Boxes::new(self.path().to_path_buf(), PathBuf::from(SKIFF));
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
         for id in self.boxes() {
             let _ = rt.block_on(boxes.destroy(&id));
         }
@@ -68,7 +75,11 @@ fn create(gw: &Gateway, profile: &str, extra: &[&str]) -> serde_json::Value {
     let mut args = vec!["env", "create", "--profile", profile, "--json"];
     args.extend_from_slice(extra);
     let out = gw.run(&args);
-    assert!(out.status.success(), "env create --profile {profile}: {}", stderr(&out));
+    assert!(
+        out.status.success(),
+        "env create --profile {profile}: {}",
+        stderr(&out)
+    );
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
@@ -80,11 +91,22 @@ fn exec(gw: &Gateway, id: &str, command: &str) -> String {
 
 fn audit_decisions(gw: &Gateway, action: &str) -> Vec<String> {
     let store = skiff_store::Store::open(&gw.state_dir.join("skiff.db")).unwrap();
-    store.audit_rows().unwrap().into_iter().filter(|r| r.action == action).map(|r| r.decision).collect()
+    store
+        .audit_rows()
+        .unwrap()
+        .into_iter()
+        .filter(|r| r.action == action)
+        .map(|r| r.decision)
+        .collect()
 }
 
 fn user_exists(name: &str) -> bool {
-    Command::new("id").arg(name).output().unwrap().status.success()
+    Command::new("id")
+        .arg(name)
+        .output()
+        .unwrap()
+        .status
+        .success()
 }
 
 fn netns_list() -> String {
@@ -114,17 +136,31 @@ fn local_box_lifecycle(profile: &str) {
     let hash = env["bundle_hash"].as_str().unwrap();
     let local_hash = stdout(&Command::new(SKIFF).arg("--build-hash").output().unwrap());
     assert_eq!(hash, local_hash.trim());
-    let remote_hash = exec(&gw, &id, &format!("$HOME/.skiff/bundles/{hash}/skiff --build-hash"));
+    let remote_hash = exec(
+        &gw,
+        &id,
+        &format!("$HOME/.skiff/bundles/{hash}/skiff --build-hash"),
+    );
     assert_eq!(remote_hash.trim(), hash);
     // The box sees nothing of the gateway's: not its state dir, not its environment.
-    let probe = exec(&gw, &id, &format!("ls {} 2>&1; env", gw.state_dir.display()));
+    let probe = exec(
+        &gw,
+        &id,
+        &format!("ls {} 2>&1; env", gw.state_dir.display()),
+    );
     assert!(probe.contains("Permission denied"), "{probe}");
-    assert!(!probe.contains("SKIFF_") && !probe.contains("_KEY="), "{probe}");
+    assert!(
+        !probe.contains("SKIFF_") && !probe.contains("_KEY="),
+        "{probe}"
+    );
 
     // Warm: the same box is handed out again and the copy is skipped.
     let again = create(&gw, profile, &["--reuse"]);
     assert_eq!(again["id"], env["id"]);
-    assert_eq!(audit_decisions(&gw, "bundle.install"), ["copied", "skipped"]);
+    assert_eq!(
+        audit_decisions(&gw, "bundle.install"),
+        ["copied", "skipped"]
+    );
 
     let gone = destroy(&gw, &id);
     assert_eq!(gone["state"], "destroyed");
@@ -147,9 +183,16 @@ fn a_netns_box_has_only_loopback_and_no_route() {
     let env = create(&gw, "local", &[]);
     let id = env["id"].as_str().unwrap();
     let links = exec(&gw, id, "/usr/sbin/ip -o link show");
-    let names: Vec<&str> = links.lines().map(|l| l.split(':').nth(1).unwrap().trim()).collect();
+    let names: Vec<&str> = links
+        .lines()
+        .map(|l| l.split(':').nth(1).unwrap().trim())
+        .collect();
     assert_eq!(names, ["lo"], "{links}");
-    let routes = exec(&gw, id, "/usr/sbin/ip -4 route show; /usr/sbin/ip -6 route show | grep -v '^::1 ' || true");
+    let routes = exec(
+        &gw,
+        id,
+        "/usr/sbin/ip -4 route show; /usr/sbin/ip -6 route show | grep -v '^::1 ' || true",
+    );
     assert_eq!(routes.trim(), "", "the box has a route: {routes}");
     destroy(&gw, id);
 }
@@ -162,11 +205,23 @@ fn the_command_provider_drives_a_lease_cli() {
     let id = env["id"].as_str().unwrap();
     let lease = env["lease_id"].as_str().unwrap();
     assert!(skiff_protocol::lease::is_lease_cli_id(lease), "{lease}");
-    let listed = Command::new(SKIFF).args(["box", "--root", root.path().to_str().unwrap(), "list", "--json"]).output().unwrap();
+    let listed = Command::new(SKIFF)
+        .args([
+            "box",
+            "--root",
+            root.path().to_str().unwrap(),
+            "list",
+            "--json",
+        ])
+        .output()
+        .unwrap();
     let listed: serde_json::Value = serde_json::from_slice(&listed.stdout).unwrap();
     assert_eq!(listed[0]["id"], lease);
     assert_eq!(listed[0]["state"], "running");
-    assert_eq!(exec(&gw, id, "echo hello from the box").trim(), "hello from the box");
+    assert_eq!(
+        exec(&gw, id, "echo hello from the box").trim(),
+        "hello from the box"
+    );
     assert_eq!(destroy(&gw, id)["state"], "destroyed");
     assert!(root.boxes().is_empty());
 }
@@ -175,14 +230,27 @@ fn the_command_provider_drives_a_lease_cli() {
 fn the_ssh_provider_reaches_a_static_host_and_says_it_is_for_development() {
     let root = BoxRoot::new();
     let out = Command::new(SKIFF)
-        .args(["box", "--root", root.path().to_str().unwrap(), "warmup", "--lease-id", "cbx_00000000beef", "--isolation", "none", "--json"])
+        .args([
+            "box",
+            "--root",
+            root.path().to_str().unwrap(),
+            "warmup",
+            "--lease-id",
+            "cbx_00000000beef",
+            "--isolation",
+            "none",
+            "--json",
+        ])
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
     let host: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let lab = format!(
         "[profiles.lab]\nprovider = \"ssh\"\nhost = \"127.0.0.1\"\nport = {}\nuser = \"{}\"\nidentity_file = \"{}\"\nknown_host_key = \"{}\"\n",
-        host["sshPort"], host["sshUser"].as_str().unwrap(), host["sshKey"].as_str().unwrap(), host["sshHostKey"].as_str().unwrap()
+        host["sshPort"],
+        host["sshUser"].as_str().unwrap(),
+        host["sshKey"].as_str().unwrap(),
+        host["sshHostKey"].as_str().unwrap()
     );
     let gw = Gateway::start_with("", &lab);
     let env = create(&gw, "lab", &[]);
@@ -191,7 +259,10 @@ fn the_ssh_provider_reaches_a_static_host_and_says_it_is_for_development() {
     let listing = stdout(&gw.run(&["env", "list"]));
     assert!(listing.contains("development only"), "{listing}");
     let id = env["id"].as_str().unwrap();
-    assert_eq!(exec(&gw, id, "whoami").trim(), host["sshUser"].as_str().unwrap());
+    assert_eq!(
+        exec(&gw, id, "whoami").trim(),
+        host["sshUser"].as_str().unwrap()
+    );
     assert_eq!(destroy(&gw, id)["state"], "destroyed");
     // A static host is not ours to tear down.
     assert_eq!(root.boxes(), ["cbx_00000000beef"]);
@@ -203,29 +274,60 @@ fn an_orphaned_lease_is_swept() {
     let gw = Gateway::start_with("", &profiles(&root));
     let kept = create(&gw, "cloud", &[]);
     let out = Command::new(SKIFF)
-        .args(["box", "--root", root.path().to_str().unwrap(), "warmup", "--lease-id", "cbx_0000000000aa", "--isolation", "none", "--json"])
+        .args([
+            "box",
+            "--root",
+            root.path().to_str().unwrap(),
+            "warmup",
+            "--lease-id",
+            "cbx_0000000000aa",
+            "--isolation",
+            "none",
+            "--json",
+        ])
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(root.boxes().len(), 2);
     let swept = gw.json(&["env", "sweep", "--json"]);
     assert_eq!(swept["destroyed"], serde_json::json!(["cbx_0000000000aa"]));
-    assert_eq!(root.boxes(), [kept["lease_id"].as_str().unwrap().to_owned()], "the owned lease must survive the sweep");
+    assert_eq!(
+        root.boxes(),
+        [kept["lease_id"].as_str().unwrap().to_owned()],
+        "the owned lease must survive the sweep"
+    );
     assert_eq!(audit_decisions(&gw, "provider.sweep"), ["destroyed"]);
 }
 
 fn restart_sshd(box_dir: &Path, regenerate_host_key: bool) {
     let pid = std::fs::read_to_string(box_dir.join("sshd.pid")).unwrap();
-    assert!(Command::new("kill").arg(pid.trim()).status().unwrap().success());
+    assert!(
+        Command::new("kill")
+            .arg(pid.trim())
+            .status()
+            .unwrap()
+            .success()
+    );
     if regenerate_host_key {
         for f in ["ssh_host_ed25519_key", "ssh_host_ed25519_key.pub"] {
             std::fs::remove_file(box_dir.join("etc").join(f)).unwrap();
         }
         let key = box_dir.join("etc/ssh_host_ed25519_key");
-        assert!(Command::new("ssh-keygen").args(["-q", "-t", "ed25519", "-N", "", "-f"]).arg(&key).status().unwrap().success());
+        assert!(
+            Command::new("ssh-keygen")
+                .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+                .arg(&key)
+                .status()
+                .unwrap()
+                .success()
+        );
         let config = box_dir.join("etc/sshd_config");
         // The old daemon must be gone before a new one binds the port.
-        let out = Command::new("/usr/sbin/sshd").arg("-f").arg(&config).output().unwrap();
+        let out = Command::new("/usr/sbin/sshd")
+            .arg("-f")
+            .arg(&config)
+            .output()
+            .unwrap();
         assert!(out.status.success(), "{}", stderr(&out));
     }
 }
@@ -242,7 +344,10 @@ fn a_changed_host_key_is_refused_and_fails_the_environment() {
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     let checked: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(checked["state"], "failed");
-    assert!(checked["error"].as_str().unwrap().contains("host key"), "{checked}");
+    assert!(
+        checked["error"].as_str().unwrap().contains("host key"),
+        "{checked}"
+    );
     assert_eq!(destroy(&gw, id)["state"], "destroyed");
 }
 
@@ -285,10 +390,19 @@ fn a_gateway_killed_mid_provision_adopts_the_lease_on_restart() {
     )
     .unwrap();
     std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let config = format!("[profiles.slow]\nprovider = \"command\"\ncommand = [\"{}\"]\n", wrapper.display());
+    let config = format!(
+        "[profiles.slow]\nprovider = \"command\"\ncommand = [\"{}\"]\n",
+        wrapper.display()
+    );
     let mut gw = Gateway::start_with("", &config);
 
-    let mut create = gw.cli().args(["env", "create", "--profile", "slow", "--json"]).stdout(std::process::Stdio::null()).stderr(std::process::Stdio::null()).spawn().unwrap();
+    let mut create = gw
+        .cli()
+        .args(["env", "create", "--profile", "slow", "--json"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
     // The box exists and the lease CLI is mid-answer: now the gateway dies.
     std::fs::read(&started).unwrap();
     assert_eq!(root.boxes().len(), 1);
@@ -302,7 +416,35 @@ fn a_gateway_killed_mid_provision_adopts_the_lease_on_restart() {
     let envs = list["environments"].as_array().unwrap();
     assert_eq!(envs.len(), 1);
     assert_eq!(envs[0]["state"], "idle", "{}", envs[0]);
-    assert_eq!(root.boxes(), [envs[0]["lease_id"].as_str().unwrap().to_owned()], "a second box was leased");
+    assert_eq!(
+        root.boxes(),
+        [envs[0]["lease_id"].as_str().unwrap().to_owned()],
+        "a second box was leased"
+    );
     assert_eq!(root.sshd_count(), 1, "an orphaned sshd exists");
-    assert_eq!(destroy(&gw, envs[0]["id"].as_str().unwrap())["state"], "destroyed");
+    assert_eq!(
+        destroy(&gw, envs[0]["id"].as_str().unwrap())["state"],
+        "destroyed"
+    );
+}
+
+#[test]
+fn a_lease_cli_that_fails_or_prints_garbage_fails_the_environment_with_its_words() {
+    let config = "[profiles.garbage]\nprovider = \"command\"\ncommand = [\"sh\", \"-c\", \"echo this-is-not-json\", \"lease-cli\"]\n\
+                  [profiles.broken]\nprovider = \"command\"\ncommand = [\"sh\", \"-c\", \"echo quota exceeded for project >&2; exit 3\", \"lease-cli\"]\n";
+    let gw = Gateway::start_with("", config);
+    for (profile, words) in [
+        ("garbage", "this-is-not-json"),
+        ("broken", "quota exceeded for project"),
+    ] {
+        let out = gw.run(&["env", "create", "--profile", profile, "--json"]);
+        assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+        let env: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(env["state"], "failed");
+        assert!(env["error"].as_str().unwrap().contains(words), "{env}");
+        assert!(
+            env["lease_id"].is_null(),
+            "a lease was recorded from a failed command: {env}"
+        );
+    }
 }
