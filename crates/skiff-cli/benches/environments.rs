@@ -39,6 +39,23 @@ fn skiff(state: &std::path::Path, args: &[&str]) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null)
 }
 
+/// Tears down every box under the root when dropped, so a failed run leaves no sshd, user or
+/// namespace behind.
+struct Cleanup(std::path::PathBuf);
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let boxes = skiff_providers::local::Boxes::new(self.0.clone(), SKIFF.into());
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        for id in boxes.list().unwrap_or_default() {
+            let _ = rt.block_on(boxes.destroy(&id));
+        }
+    }
+}
+
 fn main() {
     let dir = tempfile::Builder::new()
         .prefix("skiff-bench-")
@@ -46,6 +63,7 @@ fn main() {
         .unwrap();
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
     let boxes = dir.path().join("boxes");
+    let _cleanup = Cleanup(boxes.clone());
     let state = dir.path().join("state");
     let config = dir.path().join("skiff.toml");
     let isolation = if skiff_providers::running_as_root() {

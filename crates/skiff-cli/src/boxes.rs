@@ -93,20 +93,6 @@ fn print(status: &LeaseCliStatus, json: bool) -> Result<()> {
     Ok(())
 }
 
-fn gone(id: &str) -> LeaseCliStatus {
-    LeaseCliStatus {
-        id: id.to_owned(),
-        state: "gone".into(),
-        ssh_host: String::new(),
-        ssh_port: 0,
-        ssh_user: String::new(),
-        ssh_key: String::new(),
-        ssh_host_key: String::new(),
-        expires_at: None,
-        proxy_command: None,
-    }
-}
-
 pub async fn run(args: BoxArgs, state_dir: &Path) -> Result<ExitCode> {
     if let BoxCommand::Proxy { host, port } = &args.command {
         return proxy(host, *port).await;
@@ -138,7 +124,12 @@ pub async fn run(args: BoxArgs, state_dir: &Path) -> Result<ExitCode> {
         }
         BoxCommand::Status { id, json } => {
             check_id(&id)?;
-            print(&boxes.status(&id)?.unwrap_or_else(|| gone(&id)), json)?;
+            print(
+                &boxes
+                    .status(&id)?
+                    .unwrap_or_else(|| LeaseCliStatus::without_endpoint(&id, "gone")),
+                json,
+            )?;
         }
         BoxCommand::Heartbeat { id, ttl: t } => {
             check_id(&id)?;

@@ -87,7 +87,10 @@ impl Client {
         .into()
     }
 
-    async fn send<T: DeserializeOwned>(&self, req: reqwest::RequestBuilder) -> Result<T> {
+    pub(crate) async fn send<T: DeserializeOwned>(
+        &self,
+        req: reqwest::RequestBuilder,
+    ) -> Result<T> {
         let resp = req
             .bearer_auth(&self.token)
             .send()
@@ -106,11 +109,15 @@ impl Client {
         Err(Failure::Refused(err).into())
     }
 
-    fn get(&self, path: &str) -> reqwest::RequestBuilder {
+    pub(crate) fn get(&self, path: &str) -> reqwest::RequestBuilder {
         self.http.get(format!("{}{path}", self.url))
     }
 
-    fn post(&self, path: &str, body: &impl Serialize) -> reqwest::RequestBuilder {
+    pub(crate) fn delete(&self, path: &str) -> reqwest::RequestBuilder {
+        self.http.delete(format!("{}{path}", self.url))
+    }
+
+    pub(crate) fn post(&self, path: &str, body: &impl Serialize) -> reqwest::RequestBuilder {
         self.http.post(format!("{}{path}", self.url)).json(body)
     }
 
@@ -131,6 +138,12 @@ impl Client {
             prompt: prompt.to_owned(),
         };
         self.send(self.post(&format!("/v1/sessions/{id}/messages"), &body))
+            .await
+    }
+
+    /// A one-use login link for the Control UI (`skiff ui`).
+    pub async fn ui_ticket(&self) -> Result<skiff_protocol::api::UiTicket> {
+        self.send(self.post("/v1/ui/tickets", &serde_json::json!({})))
             .await
     }
 

@@ -113,6 +113,7 @@ pub async fn run(args: DemoArgs, user_state_dir: &Path) -> Result<ExitCode> {
                 prompt: PROMPT.into(),
                 workspace: repo.display().to_string(),
                 model: None,
+                profile: None,
             })
             .await?;
         let session = started_run.session.clone();

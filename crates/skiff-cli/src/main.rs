@@ -1,10 +1,13 @@
 //! `skiff`: parses the command line, calls the crates, prints (for people, or `--json`).
 
+mod boxes;
 mod client;
 mod demo;
+mod env;
 mod gateway;
 mod render;
 mod session;
+mod ui;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -30,8 +33,11 @@ struct Cli {
     /// State directory [default: $XDG_STATE_HOME/skiff, else ~/.local/state/skiff]
     #[arg(long, global = true, value_name = "DIR")]
     state_dir: Option<PathBuf>,
+    /// Print the build hash of this executable (what a box's installed bundle is checked against)
+    #[arg(long, exclusive = true)]
+    build_hash: bool,
     #[command(subcommand)]
-    command: Command,
+    command: Option<Command>,
 }
 
 #[derive(Subcommand)]
@@ -41,8 +47,15 @@ enum Command {
     /// Create, follow and control sessions
     #[command(subcommand)]
     Session(session::SessionCommand),
+    /// Lease, inspect and tear down worker boxes
+    #[command(subcommand)]
+    Env(env::EnvCommand),
+    /// This machine's local boxes behind the lease-CLI contract (what `command` providers run)
+    Box(boxes::BoxArgs),
     /// Run the whole flow offline: a gateway, a sample repository, a session that edits, tests and commits
     Demo(demo::DemoArgs),
+    /// Print a one-use login link for the Control UI in a browser
+    Ui(ui::UiArgs),
 }
 
 fn default_state_dir() -> PathBuf {
@@ -57,6 +70,23 @@ fn default_state_dir() -> PathBuf {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if cli.build_hash {
+        return match std::env::current_exe().and_then(|exe| skiff_gateway::bundle::build_hash(&exe))
+        {
+            Ok(hash) => {
+                println!("{hash}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: cannot hash this executable: {e}");
+                ExitCode::from(1)
+            }
+        };
+    }
+    let Some(command) = cli.command else {
+        eprintln!("error: a command is required; see `skiff --help`");
+        return ExitCode::from(2);
+    };
     let state_dir = cli.state_dir.unwrap_or_else(default_state_dir);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -69,10 +99,13 @@ fn main() -> ExitCode {
         }
     };
     let result = runtime.block_on(async move {
-        match cli.command {
+        match command {
             Command::Gateway(args) => gateway::run(args, state_dir).await,
             Command::Session(cmd) => session::run(cmd, &state_dir).await,
             Command::Demo(args) => demo::run(args, &state_dir).await,
+            Command::Env(cmd) => env::run(cmd, &state_dir).await,
+            Command::Box(args) => boxes::run(args, &state_dir).await,
+            Command::Ui(args) => ui::run(args, &state_dir).await,
         }
     });
     match result {

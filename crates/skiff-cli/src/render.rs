@@ -241,7 +241,8 @@ pub fn transcript(entries: &[TranscriptEntry]) -> String {
                 is_error,
                 ..
             } => {
-                let first = content.lines().next().unwrap_or("");
+                let first = content.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
+                let first = first.split_whitespace().collect::<Vec<_>>().join(" ");
                 let mark = if *is_error { "✗" } else { "✓" };
                 out.push_str(&format!("    {mark} {name}: {first}\n"));
             }

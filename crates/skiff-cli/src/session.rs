@@ -1,4 +1,4 @@
-//! `skiff session new|list|show|send|watch|cancel`
+//! `skiff session new|list|show|send|watch|cancel|checkpoints|publish`
 
 use crate::client::Client;
 use crate::render::{self, Live};
@@ -25,6 +25,24 @@ pub enum SessionCommand {
     Watch(IdArgs),
     /// Cancel the running turn
     Cancel(IdArgs),
+    /// List the session's end-of-turn workspace checkpoints
+    Checkpoints(IdArgs),
+    /// Push the session branch from your repository, with the gateway's git credentials
+    Publish(PublishArgs),
+}
+
+#[derive(Args)]
+pub struct PublishArgs {
+    /// Session id (ses_…)
+    id: String,
+    /// A remote configured in your repository
+    #[arg(long, default_value = "origin")]
+    remote: String,
+    /// The branch to create or update there [default: skiff/<session-id>]
+    #[arg(long, value_name = "NAME")]
+    branch: Option<String>,
+    #[command(flatten)]
+    out: JsonArg,
 }
 
 #[derive(Args)]
@@ -87,6 +105,7 @@ pub async fn run(cmd: SessionCommand, state_dir: &Path) -> Result<ExitCode> {
                     prompt: args.prompt,
                     workspace: workspace.display().to_string(),
                     model: args.model,
+                    profile: None,
                 })
                 .await?;
             started_turn(&client, started, args.detach, args.out.json).await
@@ -156,6 +175,35 @@ pub async fn run(cmd: SessionCommand, state_dir: &Path) -> Result<ExitCode> {
                 return Ok(ExitCode::SUCCESS);
             };
             follow(&client, &detail.session.id, &run.id, args.out.json).await
+        }
+        SessionCommand::Checkpoints(args) => {
+            let path = format!("/v1/sessions/{}/checkpoints", args.id);
+            let list: skiff_protocol::sync::CheckpointList = client.send(client.get(&path)).await?;
+            if args.out.json {
+                println!("{}", serde_json::to_string_pretty(&list)?);
+            }
+            for c in list.checkpoints.iter().filter(|_| !args.out.json) {
+                let at = c.git_ref.as_deref().or(c.manifest.as_deref()).unwrap_or("");
+                let (seq, id, mode, files) = (c.seq, &c.id, &c.mode, c.files);
+                println!("{seq:>3}  {id}  {mode:<5}  {files} files  {at}");
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        SessionCommand::Publish(args) => {
+            let body = skiff_protocol::sync::PublishRequest {
+                remote: Some(args.remote),
+                branch: args.branch,
+            };
+            let path = format!("/v1/sessions/{}/publish", args.id);
+            let done: skiff_protocol::sync::PublishResult =
+                client.send(client.post(&path, &body)).await?;
+            if args.out.json {
+                println!("{}", serde_json::to_string(&done)?);
+            } else {
+                let short = &done.commit[..done.commit.len().min(12)];
+                println!("pushed {short} to {} as {}", done.remote, done.branch);
+            }
+            Ok(ExitCode::SUCCESS)
         }
         SessionCommand::Cancel(args) => {
             let run = client.cancel(&args.id).await?;

@@ -1,5 +1,6 @@
 //! The client API: JSON over HTTP under `/v1`, and a per-session event stream as SSE or
-//! WebSocket. Every route requires a bearer token; the token's scope decides what is visible.
+//! WebSocket. Every route requires a bearer token (or the Control UI's session cookie, see
+//! `ui`); the token's scope decides what is visible.
 
 use crate::Core;
 use crate::error::Error;
@@ -23,7 +24,7 @@ use std::time::Duration;
 type Shared = State<Arc<Core>>;
 
 pub(crate) fn router(core: Arc<Core>) -> Router {
-    Router::new()
+    let authenticated = Router::new()
         .route("/v1/health", get(health))
         .route("/v1/sessions", get(list_sessions).post(create_session))
         .route("/v1/sessions/{id}", get(show_session))
@@ -31,8 +32,15 @@ pub(crate) fn router(core: Arc<Core>) -> Router {
         .route("/v1/sessions/{id}/cancel", post(cancel))
         .route("/v1/sessions/{id}/events", get(events_sse))
         .route("/v1/sessions/{id}/events/ws", get(events_ws))
+        .route("/v1/events", get(session_changes))
+        .merge(crate::ui::api_routes())
+        .merge(crate::env_api::routes())
+        .merge(crate::sync_api::routes())
         .fallback(not_found)
-        .layer(middleware::from_fn_with_state(core.clone(), authenticate))
+        .layer(middleware::from_fn_with_state(core.clone(), authenticate));
+    crate::ui::public_routes()
+        .merge(authenticated)
+        .layer(middleware::from_fn(crate::ui::security_headers))
         .with_state(core)
 }
 
@@ -64,7 +72,29 @@ async fn authenticate(State(core): Shared, mut req: Request, next: Next) -> Resp
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::trim);
-    match presented.and_then(|t| core.tokens.verify(t)) {
+    // A bearer token, when present, decides alone; otherwise the UI's session cookie may.
+    let scope = match presented {
+        Some(token) => core.tokens.verify(token),
+        None => match crate::ui::cookie_auth(&core, &req) {
+            crate::ui::CookieAuth::Scope(scope) => Some(scope),
+            crate::ui::CookieAuth::Missing => None,
+            crate::ui::CookieAuth::CrossSite(reason) => {
+                core.audit(
+                    &Scope::new("-", "-"),
+                    "auth",
+                    req.uri().path(),
+                    "denied",
+                    json!({ "reason": reason }),
+                );
+                return error(
+                    StatusCode::FORBIDDEN,
+                    "forbidden",
+                    "cross-site request refused: a cookie-authenticated change must come from the gateway's own page",
+                );
+            }
+        },
+    };
+    match scope {
         Some(scope) => {
             req.extensions_mut().insert(scope);
             next.run(req).await
@@ -185,6 +215,56 @@ async fn events_sse(
             .map_err(axum::Error::new)
     });
     Ok(Sse::new(sse)
+        .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+        .into_response())
+}
+
+/// `GET /v1/events`: the caller's sessions as server-sent `session` events, each a
+/// `SessionView`: every session first, then a `ready` event, then a session again whenever its
+/// runs or transcript change. A follower that falls behind gets the whole list again, so a
+/// list built from this stream is never silently stale.
+async fn session_changes(
+    State(core): Shared,
+    Extension(scope): Extension<Scope>,
+) -> Result<Response, Error> {
+    // Subscribe before reading the list: a change after this point is in the channel.
+    let rx = core.hub.session_changes();
+    let snapshot = core.list(&scope)?;
+    let state = (core, scope, rx, snapshot, true);
+    let stream = futures_util::stream::unfold(state, |mut s| async move {
+        let (core, scope, rx, pending, ready) = &mut s;
+        loop {
+            if let Some(view) = pending.pop() {
+                let event = Event::default().event("session").json_data(&view);
+                return Some((event.map_err(axum::Error::new), s));
+            }
+            if std::mem::take(ready) {
+                return Some((Ok(Event::default().event("ready").data("{}")), s));
+            }
+            match rx.recv().await {
+                Ok((changed, id)) if changed == *scope => {
+                    match core.store.session(scope, &id).map_err(Error::from) {
+                        Ok(row) => match core.session_view(scope, row) {
+                            Ok(view) => pending.push(view),
+                            Err(e) => {
+                                tracing::warn!(error = %e, "cannot describe a changed session")
+                            }
+                        },
+                        Err(e) => tracing::warn!(error = %e, "cannot read a changed session"),
+                    }
+                }
+                Ok(_) => {}
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                    match core.list(scope) {
+                        Ok(all) => *pending = all,
+                        Err(e) => return Some((Err(axum::Error::new(e)), s)),
+                    }
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
+            }
+        }
+    });
+    Ok(Sse::new(stream)
         .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
         .into_response())
 }

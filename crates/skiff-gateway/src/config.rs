@@ -12,6 +12,9 @@ pub struct Config {
     pub providers: BTreeMap<String, ProviderConfig>,
     #[serde(default)]
     pub models: ModelsConfig,
+    /// Worker profiles: where boxes come from. A `local` profile exists by default.
+    #[serde(default)]
+    pub profiles: BTreeMap<String, skiff_providers::ProfileConfig>,
 }
 
 #[derive(Debug, Default, Clone, Deserialize)]

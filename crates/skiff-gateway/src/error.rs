@@ -16,6 +16,14 @@ pub enum Error {
     Config(#[from] crate::config::ConfigError),
     #[error(transparent)]
     StateDir(#[from] crate::state_dir::StateDirError),
+    #[error(transparent)]
+    Provider(#[from] skiff_providers::Error),
+    #[error(transparent)]
+    Ssh(#[from] skiff_ssh::Error),
+    #[error(transparent)]
+    Sync(#[from] skiff_sync::Error),
+    #[error("{0}")]
+    Publish(String),
     #[error("{0}")]
     BadRequest(String),
     #[error("cannot listen on {addr}: {source}")]
@@ -42,6 +50,16 @@ impl Error {
             Error::Workspace(_) => (StatusCode::UNPROCESSABLE_ENTITY, "bad_workspace"),
             Error::Model(_) => (StatusCode::UNPROCESSABLE_ENTITY, "bad_model"),
             Error::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad_request"),
+            Error::Store(S::IllegalEnvironmentTransition { .. }) => {
+                (StatusCode::CONFLICT, "conflict")
+            }
+            Error::Provider(skiff_providers::Error::Config { .. }) => {
+                (StatusCode::UNPROCESSABLE_ENTITY, "bad_profile")
+            }
+            Error::Provider(_) => (StatusCode::BAD_GATEWAY, "provider_failed"),
+            Error::Ssh(_) => (StatusCode::BAD_GATEWAY, "box_unreachable"),
+            Error::Sync(_) => (StatusCode::UNPROCESSABLE_ENTITY, "sync_refused"),
+            Error::Publish(_) => (StatusCode::BAD_GATEWAY, "publish_failed"),
             _ => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         };
         (

@@ -16,11 +16,16 @@ use tokio::sync::broadcast;
 /// Events buffered per session for live subscribers; beyond it they catch up from the store.
 const BROADCAST_CAPACITY: usize = 4096;
 const REPLAY_BATCH: usize = 512;
+/// Session-change notices buffered for list followers; a follower that lags re-reads the list.
+const CHANGES_CAPACITY: usize = 1024;
 
 pub struct Hub {
     store: Arc<Store>,
     /// INVARIANT: held across append + send, so broadcast order equals cursor order.
     channels: Mutex<HashMap<SessionId, broadcast::Sender<Arc<SessionEvent>>>>,
+    /// "This session's runs or transcript changed": what a session list follows (ids only;
+    /// followers filter by scope and read the session themselves).
+    changes: broadcast::Sender<(Scope, SessionId)>,
 }
 
 impl Hub {
@@ -28,7 +33,14 @@ impl Hub {
         Self {
             store,
             channels: Mutex::new(HashMap::new()),
+            changes: broadcast::channel(CHANGES_CAPACITY).0,
         }
+    }
+
+    /// Notices of sessions whose runs or transcript changed, from now on, for every scope
+    /// (the receiver filters). A lagged receiver should re-read the whole list.
+    pub fn session_changes(&self) -> broadcast::Receiver<(Scope, SessionId)> {
+        self.changes.subscribe()
     }
 
     fn lock(
@@ -52,6 +64,15 @@ impl Hub {
         {
             // Nobody listens any more; drop the channel until someone subscribes again.
             channels.remove(session);
+        }
+        // Streamed text and tool progress do not change what a session list shows; run
+        // statuses and committed entries (which move `updated_at_ms`) do.
+        if matches!(
+            event.kind,
+            EventKind::RunStatus { .. } | EventKind::Entry { .. }
+        ) {
+            // An error only means nobody follows the list right now.
+            let _ = self.changes.send((scope.clone(), session.clone()));
         }
         Ok(event)
     }

@@ -8,11 +8,17 @@
 mod api;
 mod auth;
 mod backend;
+pub mod bundle;
+mod checkpoints;
 pub mod config;
+mod env_api;
+mod environments;
 mod error;
 mod hub;
 mod sessions;
 pub mod state_dir;
+mod sync_api;
+mod ui;
 mod workspace;
 
 pub use error::{Error, Result};
@@ -55,6 +61,9 @@ pub(crate) struct Core {
     state: StateDir,
     tokens: auth::Tokens,
     running: Mutex<HashMap<RunId, CancellationToken>>,
+    /// The Control UI's login tickets and cookie key.
+    ui: ui::UiState,
+    envs: Arc<environments::Environments>,
 }
 
 /// A started gateway.
@@ -103,6 +112,12 @@ pub async fn start(options: Options) -> Result<Running> {
     let store = Arc::new(Store::open(&state.database())?);
     let tokens = auth::Tokens::load(&store)?;
     let hub = Arc::new(Hub::new(store.clone()));
+    let envs = Arc::new(environments::Environments::new(
+        store.clone(),
+        config.profiles,
+        &provider_context(&state)?,
+        state.root().join("ssh"),
+    )?);
     let core = Arc::new(Core {
         store,
         hub,
@@ -110,8 +125,12 @@ pub async fn start(options: Options) -> Result<Running> {
         state,
         tokens,
         running: Mutex::new(HashMap::new()),
+        ui: ui::UiState::default(),
+        envs,
     });
     core.reconcile_on_start()?;
+    core.envs.reconcile_on_start().await?;
+    spawn_lifetime_enforcer(&core);
 
     let listener = tokio::net::TcpListener::bind(&options.listen)
         .await
@@ -125,6 +144,7 @@ pub async fn start(options: Options) -> Result<Running> {
     })?;
     let url = format!("http://{addr}");
     let token = core.admin_token(&url)?;
+    core.ui.set_key(&token);
 
     let shutdown = CancellationToken::new();
     let app = api::router(core.clone());
@@ -143,6 +163,36 @@ pub async fn start(options: Options) -> Result<Running> {
         server,
         core,
     })
+}
+
+/// What providers need from this host: our executable, a private directory, the default root of
+/// local boxes (outside the 0700 state dir when boxes get users of their own).
+fn provider_context(state: &StateDir) -> Result<skiff_providers::Context> {
+    let skiff_exe = std::env::current_exe()
+        .map_err(|e| Error::BadRequest(format!("cannot locate the skiff executable: {e}")))?;
+    let default_box_root = if skiff_providers::running_as_root() {
+        PathBuf::from("/var/lib/skiff/boxes")
+    } else {
+        state.root().join("boxes")
+    };
+    Ok(skiff_providers::Context {
+        skiff_exe,
+        private_dir: state.root().join("keys"),
+        default_box_root,
+    })
+}
+
+/// Every 30 s: reclaim idle or expired environments, renew leases in use.
+fn spawn_lifetime_enforcer(core: &Arc<Core>) {
+    let envs = core.envs.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(std::time::Duration::from_secs(30));
+        tick.tick().await;
+        loop {
+            tick.tick().await;
+            envs.enforce_lifetimes().await;
+        }
+    });
 }
 
 impl Core {

@@ -115,6 +115,11 @@ impl Core {
         req: CreateSessionRequest,
     ) -> Result<RunStarted> {
         check_prompt(&req.prompt)?;
+        if let Some(profile) = &req.profile {
+            return Err(Error::BadRequest(format!(
+                "running sessions on worker profile `{profile}` is not available yet: environments can be leased (`skiff env create --profile {profile}`), but sessions still run on the gateway; omit the profile"
+            )));
+        }
         // Resolve the model before touching the disk: a typo must not leave a worktree behind.
         let model = self.catalog.resolve(req.model.as_deref())?;
         let source = Path::new(&req.workspace);
@@ -267,6 +272,7 @@ impl Core {
             Ok(TurnOutcome::Failed(e)) => (RunStatus::Failed, Some(e)),
             Err(e) => (RunStatus::Failed, Some(e.to_string())),
         };
+        self.checkpoint_turn(&scope, &session, &run.id).await;
         self.finish(&scope, &session.id, &run.id, status.0, status.1.as_deref());
     }
 

@@ -84,6 +84,9 @@ pub struct CreateSessionRequest {
     /// `provider/model-id`; the configured default when absent.
     #[serde(default)]
     pub model: Option<String>,
+    /// A worker profile to run on; the gateway itself when absent.
+    #[serde(default)]
+    pub profile: Option<String>,
 }
 
 /// `POST /v1/sessions/{id}/messages`

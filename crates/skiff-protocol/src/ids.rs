@@ -65,6 +65,11 @@ id_type!(
     EntryId,
     "ent_"
 );
+id_type!(
+    /// An artifact: a content-addressed blob with metadata (checkpoint, manifest, result, log).
+    ArtifactId,
+    "art_"
+);
 
 #[cfg(test)]
 mod tests {

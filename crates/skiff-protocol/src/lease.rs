@@ -33,6 +33,23 @@ pub struct LeaseCliStatus {
     pub proxy_command: Option<Vec<String>>,
 }
 
+impl LeaseCliStatus {
+    /// A lease with no SSH endpoint: one that is `gone`, or broken before it got one.
+    pub fn without_endpoint(id: &str, state: &str) -> Self {
+        Self {
+            id: id.to_owned(),
+            state: state.to_owned(),
+            ssh_host: String::new(),
+            ssh_port: 0,
+            ssh_user: String::new(),
+            ssh_key: String::new(),
+            ssh_host_key: String::new(),
+            expires_at: None,
+            proxy_command: None,
+        }
+    }
+}
+
 /// Whether `id` is a well-formed lease-CLI id.
 pub fn is_lease_cli_id(id: &str) -> bool {
     id.strip_prefix("cbx_").is_some_and(|hex| {

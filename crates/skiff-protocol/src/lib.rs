@@ -11,6 +11,7 @@ pub mod event;
 pub mod ids;
 pub mod lease;
 pub mod model;
+pub mod sync;
 pub mod transcript;
 
 pub use ids::{AttemptId, EntryId, EnvironmentId, RunId, SessionId};

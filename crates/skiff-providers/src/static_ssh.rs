@@ -79,8 +79,16 @@ impl WorkerProvider for StaticSsh {
     /// Whether the host answers is the gateway's SSH check; a released lease is gone.
     fn inspect<'a>(&'a self, lease_id: &'a str) -> BoxFuture<'a, Result<LeaseStatus>> {
         Box::pin(async move {
-            let released = self.released.lock().unwrap_or_else(|p| p.into_inner()).contains(lease_id);
-            Ok(if released { LeaseStatus::Gone } else { LeaseStatus::Running })
+            let released = self
+                .released
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .contains(lease_id);
+            Ok(if released {
+                LeaseStatus::Gone
+            } else {
+                LeaseStatus::Running
+            })
         })
     }
 
@@ -91,7 +99,10 @@ impl WorkerProvider for StaticSsh {
     /// Nothing to tear down: the host is yours. The lease is released and forgotten.
     fn destroy<'a>(&'a self, lease_id: &'a str) -> BoxFuture<'a, Result<()>> {
         Box::pin(async move {
-            self.released.lock().unwrap_or_else(|p| p.into_inner()).insert(lease_id.to_owned());
+            self.released
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(lease_id.to_owned());
             Ok(())
         })
     }

@@ -36,6 +36,8 @@ pub enum Error {
         from: skiff_protocol::environment::EnvironmentState,
         to: skiff_protocol::environment::EnvironmentState,
     },
+    #[error("artifact {id} is retained: {reason}")]
+    Retained { id: String, reason: String },
     #[error("stored {what} is unreadable: {detail}")]
     Corrupt { what: &'static str, detail: String },
     #[error("could not start the database checkpoint thread: {0}")]

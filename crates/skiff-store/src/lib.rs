@@ -9,6 +9,7 @@
 //! The connection is synchronous (rusqlite, WAL). Calls are short and serialized by one mutex;
 //! callers in async code call them directly.
 
+mod artifacts;
 mod environments;
 mod error;
 mod events;
@@ -20,6 +21,7 @@ mod tokens;
 mod transcript;
 pub mod transition;
 
+pub use artifacts::{ArtifactRole, ArtifactRow, NewArtifact, Retention};
 pub use environments::EnvironmentRow;
 pub use error::{Error, Result};
 pub use ids::mint;

@@ -127,6 +127,29 @@ CREATE TABLE environments (
 );
 CREATE INDEX environments_by_scope ON environments(owner_id, tenant_id, created_at_ms);
 "#,
+    r#"
+-- Content-addressed blobs live in <state>/artifacts/<blake3>; these are their metadata rows.
+-- Two tenants may hold rows for the same hash: a blob goes only when no row names it.
+CREATE TABLE artifacts (
+    id            TEXT PRIMARY KEY,
+    owner_id      TEXT NOT NULL,
+    tenant_id     TEXT NOT NULL,
+    session_id    TEXT,
+    run_id        TEXT,
+    role          TEXT NOT NULL,   -- checkpoint | manifest | result | log
+    retention     TEXT NOT NULL,   -- while_retryable | session | transient
+    hash          TEXT NOT NULL,   -- blake3 (hex) of the stored blob
+    size          INTEGER NOT NULL,
+    seq           INTEGER,         -- checkpoints: 1, 2, 3… per session
+    meta          TEXT NOT NULL DEFAULT '{}',  -- JSON metadata only (refs, counts), never content
+    created_at_ms INTEGER NOT NULL,
+    expires_at_ms INTEGER
+);
+CREATE INDEX artifacts_by_session ON artifacts(owner_id, tenant_id, session_id, role, seq);
+CREATE INDEX artifacts_by_hash ON artifacts(hash);
+CREATE UNIQUE INDEX artifacts_one_checkpoint_per_seq ON artifacts(session_id, seq)
+    WHERE role = 'checkpoint';
+"#,
 ];
 
 pub(crate) fn migrate(conn: &mut Connection) -> Result<()> {

@@ -216,34 +216,38 @@ async fn a_model_error_fails_the_turn_with_a_notice() {
 #[tokio::test]
 async fn cancelling_during_a_tool_kills_it_and_keeps_the_transcript_well_formed() {
     let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("started");
+    assert!(
+        std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success()
+    );
     let tools = Tools::new(dir.path().to_path_buf(), Vec::new()).unwrap();
+    let command = format!("echo $$ > {}; sleep 30", fifo.display());
     let model = Scripted(vec![tool_turn(&[
-        ("exec", json!({"command": "sleep 30"})),
+        ("exec", json!({"command": command})),
         ("ls", json!({})),
     ])]);
     let memory = backend_with_prompt();
     let cancel = CancellationToken::new();
-    let started = std::time::Instant::now();
     let config = config();
-    let (outcome, ()) =
-        tokio::join!(run_turn(&model, &memory, &tools, &config, &cancel), async {
-            // Cancel as soon as the exec tool has started.
-            loop {
-                let started_exec =
-                    memory.events.lock().unwrap().iter().any(
-                        |e| matches!(e, EventKind::ToolStarted { name, .. } if name == "exec"),
-                    );
-                if started_exec {
-                    cancel.cancel();
-                    break;
-                }
-                tokio::task::yield_now().await;
-            }
-        });
+    let (outcome, pid) = tokio::join!(run_turn(&model, &memory, &tools, &config, &cancel), async {
+        // Cancel once the command itself runs (its shell has finished starting up), so the
+        // kill lands on the command and not on a half-read login profile.
+        let fifo = fifo.clone();
+        let pid = tokio::task::spawn_blocking(move || std::fs::read_to_string(fifo).unwrap())
+            .await
+            .unwrap();
+        cancel.cancel();
+        pid
+    });
     assert_eq!(outcome, TurnOutcome::Cancelled);
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", pid.trim()));
     assert!(
-        started.elapsed().as_secs() < 20,
-        "sleep 30 was not interrupted"
+        stat.map(|s| s.contains(") Z ")).unwrap_or(true),
+        "the command survived the cancel"
     );
     // Every tool call has a result (the second one was not run), then the notice.
     assert_eq!(

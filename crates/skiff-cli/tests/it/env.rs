@@ -127,7 +127,7 @@ fn local_box_lifecycle(profile: &str) {
     assert_eq!(env["state"], "idle", "{env}");
     assert_eq!(env["development_only"], false, "root gets isolated boxes");
     let lease = env["lease_id"].as_str().unwrap().to_owned();
-    assert_eq!(root.boxes(), [lease.clone()]);
+    assert_eq!(root.boxes(), std::slice::from_ref(&lease));
     assert_eq!(root.sshd_count(), 1);
 
     // The box runs as a user of its own, and the installed bundle is the gateway's build.

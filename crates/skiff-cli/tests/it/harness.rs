@@ -19,13 +19,20 @@ impl Gateway {
     /// Starts `skiff gateway` with a config holding a scripted provider `fake` that replays
     /// `script` (TOML), and waits for its "listening" line.
     pub fn start(script: &str) -> Gateway {
+        Self::start_with(script, "")
+    }
+
+    /// Like [`Gateway::start`], with more configuration (worker profiles) appended.
+    pub fn start_with(script: &str, extra_config: &str) -> Gateway {
         let dir = tempfile::tempdir().unwrap();
         let state_dir = dir.path().join("state");
         std::fs::write(dir.path().join("script.toml"), script).unwrap();
         let config = dir.path().join("skiff.toml");
         std::fs::write(
             &config,
-            "[providers.fake]\napi = \"scripted\"\nscript = \"script.toml\"\n",
+            format!(
+                "[providers.fake]\napi = \"scripted\"\nscript = \"script.toml\"\n{extra_config}"
+            ),
         )
         .unwrap();
         let (child, url) = spawn(&state_dir, &config);

@@ -10,5 +10,8 @@
 
 mod api;
 mod bad_input;
+mod env;
 mod harness;
 mod session;
+mod sync;
+mod ui;

@@ -244,3 +244,54 @@ fn a_plain_directory_gets_a_gateway_owned_copy() {
         "the user's directory was written"
     );
 }
+
+#[test]
+fn session_show_reads_well() {
+    let gw = Gateway::start(EDIT_AND_COMMIT);
+    let repo = TempGitRepo::new(&[("notes.txt", "draft notes\n")]);
+    let out = gw.run(&[
+        "session",
+        "new",
+        "--workspace",
+        repo.path().to_str().unwrap(),
+        "--model",
+        "fake/e2e",
+        "finalize the notes",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let id = gw.json(&["session", "list", "--json"])["sessions"][0]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let shown = stdout(&gw.run(&["session", "show", &id]));
+    let mut settings = insta::Settings::clone_current();
+    settings.add_filter(r"(ses|run|ent)_[0-9a-z]{16}", "${1}_[id]");
+    settings.add_filter(r"/tmp/[^\s)]+", "[path]");
+    settings.add_filter(r"from [0-9a-f]{12}", "from [commit]");
+    settings.add_filter(r"in \d+ / out \d+ tokens", "in [n] / out [n] tokens");
+    settings.bind(|| {
+        insta::assert_snapshot!(shown, @r#"
+        session    ses_[id]
+        title      finalize the notes
+        state      idle
+        placement  local
+        model      fake/e2e (scripted)
+        workspace  [path] (git worktree of [path])
+        branch     skiff/ses_[id] (from [commit])
+        runs       1
+          run_[id]  succeeded  in [n] / out [n] tokens
+
+        you    finalize the notes
+        agent  Reading the file.
+          ▸ read {"path":"notes.txt"}
+            ✓ read: 1 draft notes
+        agent  Editing it.
+          ▸ edit {"edits":[{"new_text":"final","old_text":"draft"}],"path":"notes.txt"}
+            ✓ edit: applied 1 edit(s) to notes.txt
+        agent  Committing.
+          ▸ exec {"command":"git add -A && git commit -q -m 'agent: finalize notes'"}
+            ✓ exec: exit code: 0
+        agent  All done.
+        "#);
+    });
+}

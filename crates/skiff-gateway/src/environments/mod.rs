@@ -604,10 +604,9 @@ impl Environments {
             } else if row.state == EnvironmentState::Attached
                 && let (Some(expires), Some(lease)) = (row.expires_at_ms, &row.lease_id)
                 && expires - now < 10 * 60 * 1000
+                && let Err(e) = profile.provider.renew(lease).await
             {
-                if let Err(e) = profile.provider.renew(lease).await {
-                    tracing::warn!(env = %row.id, error = %e, "renewing the lease failed");
-                }
+                tracing::warn!(env = %row.id, error = %e, "renewing the lease failed");
             }
         }
     }

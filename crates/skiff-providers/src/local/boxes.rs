@@ -237,17 +237,9 @@ impl Boxes {
     pub fn status(&self, id: &str) -> Result<Option<LeaseCliStatus>> {
         match self.read_record(id) {
             Some(record) => self.status_of(&record).map(Some),
-            None if self.dir(id).exists() => Ok(Some(LeaseCliStatus {
-                id: id.to_owned(),
-                state: "failed".into(),
-                ssh_host: String::new(),
-                ssh_port: 0,
-                ssh_user: String::new(),
-                ssh_key: String::new(),
-                ssh_host_key: String::new(),
-                expires_at: None,
-                proxy_command: None,
-            })),
+            None if self.dir(id).exists() => {
+                Ok(Some(LeaseCliStatus::without_endpoint(id, "failed")))
+            }
             None => Ok(None),
         }
     }

@@ -1,0 +1,171 @@
+//! Checkpoints after local turns, and publishing a session branch to a remote.
+
+use crate::harness::{Gateway, git, stderr};
+use skiff_test_support::TempGitRepo;
+
+// Only file tools: the exec tool's `bash -lc` runs the host's login profile, which is not
+// this test's business.
+const EDIT: &str = r#"
+[[turns]]
+text = "Editing."
+[[turns.tool_calls]]
+name = "write"
+arguments = { path = "notes.txt", content = "final\n" }
+[[turns.tool_calls]]
+name = "write"
+arguments = { path = "wip.txt", content = "scratch\n" }
+
+[[turns]]
+text = "Done."
+"#;
+
+fn new_session(gw: &Gateway, workspace: &std::path::Path) -> String {
+    let out = gw.run(&[
+        "session",
+        "new",
+        "--workspace",
+        workspace.to_str().unwrap(),
+        "--model",
+        "fake/x",
+        "--json",
+        "work",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let list = gw.json(&["session", "list", "--json"]);
+    list["sessions"][0]["id"].as_str().unwrap().to_owned()
+}
+
+#[test]
+fn a_turn_leaves_a_checkpoint_and_publish_pushes_the_branch() {
+    let gw = Gateway::start(EDIT);
+    let repo = TempGitRepo::new(&[("notes.txt", "draft\n")]);
+    let remote = tempfile::tempdir().unwrap();
+    git(remote.path(), &["init", "-q", "--bare"]);
+    git(
+        repo.path(),
+        &["remote", "add", "origin", remote.path().to_str().unwrap()],
+    );
+    let status_before = git(repo.path(), &["status", "--porcelain"]);
+    let id = new_session(&gw, repo.path());
+    let branch = format!("skiff/{id}");
+    let detail = gw.json(&["session", "show", &id, "--json"]);
+    let worktree =
+        std::path::PathBuf::from(detail["session"]["workspace"]["path"].as_str().unwrap());
+
+    let list = gw.json(&["session", "checkpoints", &id, "--json"]);
+    let cps = list["checkpoints"].as_array().unwrap();
+    assert_eq!(cps.len(), 1, "{list}");
+    let cp = &cps[0];
+    assert_eq!(cp["seq"], 1);
+    assert_eq!(cp["mode"], "git");
+    assert!(cp["id"].as_str().unwrap().starts_with("art_"));
+    let git_ref = cp["git_ref"].as_str().unwrap();
+    assert_eq!(git_ref, format!("refs/skiff/checkpoints/{id}/1"));
+    // The checkpoint holds the turn's uncommitted work; the worktree still shows it uncommitted.
+    assert_eq!(
+        git(repo.path(), &["show", &format!("{git_ref}:wip.txt")]),
+        "scratch\n"
+    );
+    assert_eq!(
+        git(repo.path(), &["show", &format!("{git_ref}:notes.txt")]),
+        "final\n"
+    );
+    assert_eq!(
+        git(&worktree, &["status", "--porcelain"]),
+        " M notes.txt\n?? wip.txt\n"
+    );
+    assert_eq!(
+        git(repo.path(), &["rev-parse", &format!("{git_ref}^")]),
+        git(repo.path(), &["rev-parse", &branch])
+    );
+    let human = gw.run(&["session", "checkpoints", &id]);
+    assert!(String::from_utf8_lossy(&human.stdout).contains(git_ref));
+
+    // The agent commits (as it would with its exec tool); publish pushes that commit under
+    // the session's branch name, then under a name of our choosing.
+    git(&worktree, &["add", "notes.txt"]);
+    git(
+        &worktree,
+        &[
+            "-c",
+            "user.name=Agent",
+            "-c",
+            "user.email=a@skiff.invalid",
+            "commit",
+            "-q",
+            "-m",
+            "agent: notes",
+        ],
+    );
+    let done = gw.json(&["session", "publish", &id, "--json"]);
+    assert_eq!(done["branch"], branch.as_str());
+    assert_eq!(done["remote"], "origin");
+    let head = git(repo.path(), &["rev-parse", &branch]);
+    assert_eq!(done["commit"], head.trim());
+    assert_eq!(
+        git(
+            remote.path(),
+            &["rev-parse", &format!("refs/heads/{branch}")]
+        ),
+        head
+    );
+    assert_eq!(
+        git(remote.path(), &["log", "-1", "--format=%s", &branch]).trim(),
+        "agent: notes"
+    );
+    let done = gw.json(&[
+        "session",
+        "publish",
+        &id,
+        "--branch",
+        "feature/notes",
+        "--json",
+    ]);
+    assert_eq!(done["branch"], "feature/notes");
+    assert_eq!(
+        git(remote.path(), &["rev-parse", "refs/heads/feature/notes"]),
+        head
+    );
+
+    // Refusals: an unknown remote, a bad branch name.
+    let out = gw.run(&["session", "publish", &id, "--remote", "nowhere"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("no remote named nowhere"),
+        "{}",
+        stderr(&out)
+    );
+    let out = gw.run(&["session", "publish", &id, "--branch", "bad..name"]);
+    assert_eq!(out.status.code(), Some(1));
+    // The user's checkout is as it was.
+    assert_eq!(git(repo.path(), &["status", "--porcelain"]), status_before);
+
+    // A second turn: a second checkpoint.
+    let out = gw.run(&["session", "send", &id, "again"]);
+    assert!(
+        out.status.success() || out.status.code() == Some(1),
+        "{}",
+        stderr(&out)
+    );
+    let list = gw.json(&["session", "checkpoints", &id, "--json"]);
+    assert_eq!(list["checkpoints"].as_array().unwrap().len(), 2, "{list}");
+    assert_eq!(list["checkpoints"][1]["seq"], 2);
+}
+
+#[test]
+fn a_plain_session_checkpoints_into_the_artifact_store_and_cannot_publish() {
+    let gw = Gateway::start(EDIT);
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("notes.txt"), "draft\n").unwrap();
+    let id = new_session(&gw, dir.path());
+    let list = gw.json(&["session", "checkpoints", &id, "--json"]);
+    let cp = &list["checkpoints"][0];
+    assert_eq!(cp["mode"], "plain");
+    let manifest = cp["manifest"].as_str().unwrap();
+    let blob = gw.state_dir.join("artifacts").join(manifest);
+    let text = std::fs::read_to_string(&blob).unwrap();
+    assert!(text.contains("notes.txt"), "{text}");
+    let out = gw.run(&["session", "publish", &id]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("plain directory"), "{}", stderr(&out));
+}

@@ -1,0 +1,147 @@
+//! End-of-turn checkpoints of local sessions: after every turn, the session's workspace is
+//! checkpointed (git mode: a commit under `refs/skiff/checkpoints/<session>/<n>`, taken
+//! through a private index; plain mode: a manifest of content-addressed blobs under
+//! `<state>/artifacts/`) and recorded as a `checkpoint` artifact row.
+//!
+//! A checkpoint that fails is logged and audited, never a failed turn. Deliberately absent:
+//! restoring (failover resumes from these in the worker issue) and cadence policy (every turn).
+
+use crate::Core;
+use crate::error::Result;
+use serde_json::json;
+use skiff_protocol::api::WorkspaceView;
+use skiff_protocol::sync::{CheckpointList, CheckpointView};
+use skiff_protocol::{RunId, SessionId};
+use skiff_store::{ArtifactRole, ArtifactRow, NewArtifact, Retention, Scope, SessionRow};
+use skiff_sync::cas::Cas;
+use skiff_sync::{Limits, Rules, checkpoint};
+use std::path::{Path, PathBuf};
+use tokio_util::sync::CancellationToken;
+
+impl Core {
+    fn artifacts_dir(&self) -> PathBuf {
+        self.state.root().join("artifacts")
+    }
+
+    /// Checkpoints the session's workspace at the end of a turn. Never fails the turn.
+    pub(crate) async fn checkpoint_turn(&self, scope: &Scope, session: &SessionRow, run: &RunId) {
+        match self.take_checkpoint(scope, session, run).await {
+            Ok(row) => {
+                tracing::debug!(session = %session.id, checkpoint = %row.id, seq = ?row.seq, "checkpoint taken");
+                self.audit(
+                    scope,
+                    "checkpoint.create",
+                    row.id.as_str(),
+                    "applied",
+                    json!({ "session": session.id.as_str(), "run": run.as_str(), "seq": row.seq, "bytes": row.meta["bytes"] }),
+                );
+            }
+            Err(e) => {
+                tracing::warn!(session = %session.id, error = %e, "could not checkpoint the session's workspace");
+                self.audit(
+                    scope,
+                    "checkpoint.create",
+                    session.id.as_str(),
+                    "failed",
+                    json!({ "run": run.as_str() }),
+                );
+            }
+        }
+    }
+
+    async fn take_checkpoint(
+        &self,
+        scope: &Scope,
+        session: &SessionRow,
+        run: &RunId,
+    ) -> Result<ArtifactRow> {
+        let cancel = CancellationToken::new();
+        let cas = Cas::open(&self.artifacts_dir())?;
+        let seq = self
+            .store
+            .artifacts(scope, &session.id, ArtifactRole::Checkpoint)?
+            .last()
+            .and_then(|r| r.seq)
+            .unwrap_or(0)
+            + 1;
+        let path = Path::new(session.workspace.path());
+        let rules = Rules::load(path)?;
+        let limits = Limits::default();
+        let (meta, hash, size) = match &session.workspace {
+            WorkspaceView::Git { .. } => {
+                let cp = checkpoint::git_checkpoint(
+                    path,
+                    session.id.as_str(),
+                    seq,
+                    &rules,
+                    &limits,
+                    &self.state.tmp(),
+                    &cancel,
+                )
+                .await?;
+                let meta = json!({
+                    "mode": "git", "git_ref": cp.git_ref, "commit": cp.commit, "tree": cp.tree,
+                    "files": cp.files, "bytes": cp.bytes,
+                });
+                // The blob of a git checkpoint is its descriptor; the content is in the repo.
+                let descriptor = meta.to_string();
+                let hash = cas.put_bytes(descriptor.as_bytes())?;
+                (meta, hash, descriptor.len() as u64)
+            }
+            WorkspaceView::Plain { .. } => {
+                let cp = checkpoint::plain_checkpoint(path, &rules, &limits, &cas, &cancel).await?;
+                let size = cas.get(&cp.manifest)?.len() as u64;
+                let meta = json!({
+                    "mode": "plain", "manifest": cp.manifest, "files": cp.files, "bytes": cp.bytes,
+                });
+                (meta, cp.manifest, size)
+            }
+        };
+        let row = self.store.create_artifact(
+            scope,
+            &NewArtifact {
+                session_id: Some(session.id.clone()),
+                run_id: Some(run.clone()),
+                role: ArtifactRole::Checkpoint,
+                retention: Retention::WhileRetryable,
+                hash,
+                size,
+                meta,
+                expires_at_ms: None,
+            },
+        )?;
+        if row.seq != Some(seq) {
+            tracing::warn!(session = %session.id, expected = seq, got = ?row.seq, "checkpoint numbers raced");
+        }
+        Ok(row)
+    }
+
+    /// The session's checkpoints, oldest first.
+    pub(crate) fn checkpoints(&self, scope: &Scope, id: &SessionId) -> Result<CheckpointList> {
+        self.store.session(scope, id)?;
+        let rows = self.store.artifacts(scope, id, ArtifactRole::Checkpoint)?;
+        Ok(CheckpointList {
+            checkpoints: rows.into_iter().map(view).collect(),
+        })
+    }
+}
+
+fn view(row: ArtifactRow) -> CheckpointView {
+    let text = |key: &str| row.meta[key].as_str().map(str::to_owned);
+    CheckpointView {
+        id: row.id.clone(),
+        session_id: row
+            .session_id
+            .clone()
+            .unwrap_or_else(|| SessionId::from_suffix("unknown")),
+        run_id: row.run_id.clone(),
+        seq: row.seq.unwrap_or(0),
+        mode: text("mode").unwrap_or_default(),
+        git_ref: text("git_ref"),
+        commit: text("commit"),
+        manifest: text("manifest"),
+        files: row.meta["files"].as_u64().unwrap_or(0),
+        bytes: row.meta["bytes"].as_u64().unwrap_or(0),
+        created_at_ms: row.created_at_ms,
+    }
+}

@@ -1,0 +1,157 @@
+//! API routes for workspace sync of a session: its checkpoints
+//! (`GET /v1/sessions/{id}/checkpoints`) and publishing its branch
+//! (`POST /v1/sessions/{id}/publish`).
+//!
+//! Publishing is the gateway's own `git push` from the user's repository, with the gateway's
+//! credentials (its user's git configuration and ssh agent); a box never holds any. Audited,
+//! metadata only.
+
+use crate::Core;
+use crate::error::{Error, Result};
+use axum::extract::{Path, State};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Extension, Json, Router};
+use serde_json::json;
+use skiff_process::Cmd;
+use skiff_protocol::SessionId;
+use skiff_protocol::api::WorkspaceView;
+use skiff_protocol::sync::{PublishRequest, PublishResult};
+use skiff_store::Scope;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+type Shared = State<Arc<Core>>;
+
+pub(crate) fn routes() -> Router<Arc<Core>> {
+    Router::new()
+        .route("/v1/sessions/{id}/checkpoints", get(checkpoints))
+        .route("/v1/sessions/{id}/publish", post(publish))
+}
+
+fn session_id(raw: &str) -> Result<SessionId> {
+    SessionId::parse(raw)
+        .ok_or_else(|| Error::BadRequest(format!("{raw:?} is not a session id (ses_…)")))
+}
+
+async fn checkpoints(
+    State(core): Shared,
+    Extension(scope): Extension<Scope>,
+    Path(id): Path<String>,
+) -> Result<Response> {
+    Ok(Json(core.checkpoints(&scope, &session_id(&id)?)?).into_response())
+}
+
+async fn publish(
+    State(core): Shared,
+    Extension(scope): Extension<Scope>,
+    Path(id): Path<String>,
+    body: std::result::Result<Json<PublishRequest>, axum::extract::rejection::JsonRejection>,
+) -> Result<Response> {
+    let Json(req) = body.map_err(|e| Error::BadRequest(e.body_text()))?;
+    let id = session_id(&id)?;
+    let result = core.publish(&scope, &id, req).await;
+    let (decision, detail) = match &result {
+        Ok(r) => (
+            "applied",
+            json!({ "remote": r.remote, "branch": r.branch, "commit": r.commit }),
+        ),
+        Err(_) => ("failed", json!({})),
+    };
+    core.audit(&scope, "session.publish", id.as_str(), decision, detail);
+    Ok(Json(result?).into_response())
+}
+
+/// Git on the user's repository with the gateway's own configuration (credential helpers
+/// included), but never prompting and never running the repository's hooks.
+fn git(dir: &str) -> Cmd {
+    let mut cmd = Cmd::new("git")
+        .args(["-C", dir, "-c", "core.hooksPath=/dev/null"])
+        .env("GIT_TERMINAL_PROMPT", "0")
+        .timeout(Duration::from_secs(300));
+    if let Some(sock) = std::env::var_os("SSH_AUTH_SOCK") {
+        cmd = cmd.env("SSH_AUTH_SOCK", sock);
+    }
+    cmd
+}
+
+fn plain_name(name: &str) -> bool {
+    !name.is_empty()
+        && !name.starts_with(['-', '.'])
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+}
+
+impl Core {
+    async fn publish(
+        &self,
+        scope: &Scope,
+        id: &SessionId,
+        req: PublishRequest,
+    ) -> Result<PublishResult> {
+        let session = self.store.session(scope, id)?;
+        let WorkspaceView::Git { source, branch, .. } = &session.workspace else {
+            return Err(Error::BadRequest(format!(
+                "session {id} works on a plain directory; there is no branch to publish"
+            )));
+        };
+        let cancel = CancellationToken::new();
+        let remote = req.remote.unwrap_or_else(|| "origin".into());
+        if !plain_name(&remote) {
+            return Err(Error::BadRequest(format!(
+                "{remote:?} is not a remote name; name a remote configured in {source}"
+            )));
+        }
+        let remotes = git(source)
+            .arg("remote")
+            .run_checked(&cancel)
+            .await
+            .map_err(|e| Error::Publish(e.to_string()))?;
+        if !remotes.lines().any(|r| r.trim() == remote) {
+            return Err(Error::BadRequest(format!(
+                "{source} has no remote named {remote}; add one with `git remote add {remote} URL`"
+            )));
+        }
+        let target = req.branch.unwrap_or_else(|| branch.clone());
+        let valid = !target.starts_with('-')
+            && git(source)
+                .args(["check-ref-format", "--branch", &target])
+                .run(&cancel)
+                .await
+                .map(|f| f.status.success())
+                .unwrap_or(false);
+        if !valid {
+            return Err(Error::BadRequest(format!(
+                "{target:?} is not a valid branch name"
+            )));
+        }
+        let commit = git(source)
+            .args(["rev-parse", "--verify", "--quiet"])
+            .arg(format!("refs/heads/{branch}^{{commit}}"))
+            .run_checked(&cancel)
+            .await
+            .map_err(|_| {
+                Error::BadRequest(format!("the session branch {branch} is gone from {source}"))
+            })?
+            .trim()
+            .to_owned();
+        git(source)
+            .args(["push", "--quiet", &remote])
+            .arg(format!("refs/heads/{branch}:refs/heads/{target}"))
+            .run_checked(&cancel)
+            .await
+            .map_err(|e| {
+                Error::Publish(format!(
+                    "pushing {branch} to {remote} as {target} failed: {e}"
+                ))
+            })?;
+        Ok(PublishResult {
+            session_id: id.clone(),
+            remote,
+            branch: target,
+            commit,
+        })
+    }
+}

@@ -1,0 +1,289 @@
+//! The Control UI's edge of the gateway: its static files, browser login (a one-use ticket or
+//! the admin token, traded for an HttpOnly `SameSite=Strict` session cookie), logout, and the
+//! cross-site checks for cookie-authenticated requests.
+//!
+//! The UI itself talks only to the public API that the CLI uses. Deliberately absent: any
+//! UI-only data route, and any way for a page to see a token (the cookie is HttpOnly; a ticket
+//! leaves the URL with the redirect that trades it).
+
+mod assets;
+mod cookie;
+mod tickets;
+
+pub(crate) use assets::security_headers;
+
+use crate::Core;
+use axum::extract::{Query, Request, State};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::routing::{get, post};
+use axum::{Extension, Json, Router};
+use serde::Deserialize;
+use serde_json::json;
+use skiff_protocol::api::{ApiError, UiLoginRequest, UiTicket};
+use skiff_store::Scope;
+use std::sync::Arc;
+
+type Shared = State<Arc<Core>>;
+
+/// What the UI needs on [`Core`].
+#[derive(Default)]
+pub(crate) struct UiState {
+    tickets: tickets::Tickets,
+    cookies: cookie::Cookies,
+}
+
+impl UiState {
+    /// Called once the admin token is known: cookies are signed with a key derived from it.
+    pub(crate) fn set_key(&self, admin_token: &str) {
+        self.cookies.set_key(admin_token);
+    }
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+/// Routes anyone may reach: the page, its files, and login/logout (which check for themselves).
+pub(crate) fn public_routes() -> Router<Arc<Core>> {
+    Router::new()
+        .route("/", get(assets::index))
+        .route("/assets/{name}", get(assets::asset))
+        .route("/ui/login", get(login_with_ticket).post(login_with_token))
+        .route("/ui/logout", post(logout))
+}
+
+/// Routes behind the API's authentication.
+pub(crate) fn api_routes() -> Router<Arc<Core>> {
+    Router::new().route("/v1/ui/tickets", post(mint_ticket))
+}
+
+/// How a request without a bearer token fared with its cookie.
+pub(crate) enum CookieAuth {
+    /// No `skiff_session` cookie, or one that is not (or no longer) valid.
+    Missing,
+    Scope(Scope),
+    /// A valid cookie on a request that may come from another site; refuse it.
+    CrossSite(&'static str),
+}
+
+/// Authenticates a request by its session cookie. A state-changing request (anything but GET
+/// and HEAD) must carry an `Origin` naming this gateway; any request that carries a foreign
+/// `Origin` (a cross-site WebSocket, say) is refused whatever its method.
+pub(crate) fn cookie_auth(core: &Core, req: &Request) -> CookieAuth {
+    let Some(value) = cookie::from_headers(req.headers()) else {
+        return CookieAuth::Missing;
+    };
+    let Some(scope) = core.ui.cookies.verify(&value, now_ms()) else {
+        return CookieAuth::Missing;
+    };
+    let safe = matches!(*req.method(), Method::GET | Method::HEAD);
+    match same_origin(req.headers()) {
+        Origin::Same => CookieAuth::Scope(scope),
+        Origin::Absent if safe => CookieAuth::Scope(scope),
+        Origin::Absent => {
+            CookieAuth::CrossSite("no Origin header on a cookie-authenticated change")
+        }
+        Origin::Foreign => CookieAuth::CrossSite("Origin is not this gateway"),
+    }
+}
+
+enum Origin {
+    Same,
+    Absent,
+    Foreign,
+}
+
+/// Compares `Origin` with the `Host` the browser addressed. The gateway may be reached under
+/// several names (127.0.0.1, localhost, a forwarded port), so its "own origin" is the one the
+/// request was sent to; a page elsewhere cannot make its browser send our cookie *and* an
+/// `Origin` naming our host, because the cookie is host-bound and SameSite=Strict.
+fn same_origin(headers: &HeaderMap) -> Origin {
+    let Some(origin) = headers.get(header::ORIGIN) else {
+        return Origin::Absent;
+    };
+    let host = headers.get(header::HOST).and_then(|h| h.to_str().ok());
+    let origin = origin.to_str().ok();
+    match (origin, host) {
+        (Some(origin), Some(host))
+            if origin
+                .strip_prefix("http://")
+                .or_else(|| origin.strip_prefix("https://"))
+                == Some(host) =>
+        {
+            Origin::Same
+        }
+        _ => Origin::Foreign,
+    }
+}
+
+fn refuse(status: StatusCode, code: &str, message: &str) -> Response {
+    (
+        status,
+        Json(ApiError {
+            code: code.to_owned(),
+            message: message.to_owned(),
+        }),
+    )
+        .into_response()
+}
+
+fn anonymous() -> Scope {
+    Scope::new("-", "-")
+}
+
+/// `Set-Cookie` for a fresh browser session, or the answer explaining why there is none. No
+/// `Secure`: the gateway speaks plain HTTP on loopback; behind TLS the cookie is host-bound
+/// anyway.
+fn session_cookie(core: &Core, scope: &Scope) -> Result<HeaderValue, Box<Response>> {
+    let failed = || {
+        Box::new(refuse(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            "cannot start a browser session; see the gateway log",
+        ))
+    };
+    let value = core.ui.cookies.mint(scope, now_ms()).map_err(|e| {
+        tracing::error!(error = %e, "cannot mint a UI session cookie");
+        failed()
+    })?;
+    let header = format!(
+        "{}={value}; HttpOnly; SameSite=Strict; Path=/; Max-Age={}",
+        cookie::COOKIE_NAME,
+        cookie::COOKIE_TTL_MS / 1000
+    );
+    HeaderValue::from_str(&header).map_err(|_| failed())
+}
+
+/// `POST /v1/ui/tickets` (bearer): a one-use login link for `skiff ui`.
+async fn mint_ticket(State(core): Shared, Extension(scope): Extension<Scope>) -> Response {
+    match core.ui.tickets.mint(&scope, now_ms()) {
+        Ok((ticket, expires_at_ms)) => {
+            core.audit(&scope, "ui.ticket", "-", "applied", json!({}));
+            let login_path = format!("/ui/login?ticket={ticket}");
+            (
+                StatusCode::CREATED,
+                Json(UiTicket {
+                    ticket,
+                    login_path,
+                    expires_at_ms,
+                }),
+            )
+                .into_response()
+        }
+        Err(e) => crate::Error::Store(e).into_response(),
+    }
+}
+
+#[derive(Deserialize)]
+struct TicketQuery {
+    ticket: Option<String>,
+}
+
+/// `GET /ui/login?ticket=…`: trades the ticket (once) for a cookie and redirects to the UI, so
+/// the ticket leaves the address bar and the history at once.
+async fn login_with_ticket(State(core): Shared, Query(q): Query<TicketQuery>) -> Response {
+    let scope = q
+        .ticket
+        .as_deref()
+        .and_then(|t| core.ui.tickets.redeem(t, now_ms()));
+    let Some(scope) = scope else {
+        core.audit(
+            &anonymous(),
+            "ui.login",
+            "ticket",
+            "denied",
+            json!({ "reason": "unknown, used or expired ticket" }),
+        );
+        // The page explains and offers the token form.
+        return Redirect::to("/#login-expired").into_response();
+    };
+    let cookie = match session_cookie(&core, &scope) {
+        Ok(c) => c,
+        Err(resp) => return *resp,
+    };
+    core.audit(&scope, "ui.login", "ticket", "applied", json!({}));
+    let mut resp = Redirect::to("/").into_response();
+    resp.headers_mut().insert(header::SET_COOKIE, cookie);
+    resp.headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    resp
+}
+
+/// `POST /ui/login` with `{token}` as JSON: a cookie for the token's scope. (JSON only: a
+/// cross-site form cannot send it without a CORS preflight, which the gateway never grants.)
+async fn login_with_token(
+    State(core): Shared,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    if !matches!(same_origin(&headers), Origin::Same) {
+        core.audit(
+            &anonymous(),
+            "ui.login",
+            "token",
+            "denied",
+            json!({ "reason": "cross-site or Origin-less login" }),
+        );
+        return refuse(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            "log in from the gateway's own page",
+        );
+    }
+    let scope = serde_json::from_slice::<UiLoginRequest>(&body)
+        .ok()
+        .and_then(|p| core.tokens.verify(p.token.trim()));
+    let Some(scope) = scope else {
+        core.audit(
+            &anonymous(),
+            "ui.login",
+            "token",
+            "denied",
+            json!({ "reason": "invalid token" }),
+        );
+        return refuse(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "that token is not valid: the admin token is in the gateway's gateway.json, or run `skiff ui` for a login link",
+        );
+    };
+    let cookie = match session_cookie(&core, &scope) {
+        Ok(c) => c,
+        Err(resp) => return *resp,
+    };
+    core.audit(&scope, "ui.login", "token", "applied", json!({}));
+    let mut resp = StatusCode::NO_CONTENT.into_response();
+    resp.headers_mut().insert(header::SET_COOKIE, cookie);
+    resp
+}
+
+/// `POST /ui/logout`: revokes the cookie and tells the browser to drop it.
+async fn logout(State(core): Shared, headers: HeaderMap) -> Response {
+    if !matches!(same_origin(&headers), Origin::Same) {
+        return refuse(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            "log out from the gateway's own page",
+        );
+    }
+    if let Some(value) = cookie::from_headers(&headers) {
+        let now = now_ms();
+        if let Some(scope) = core.ui.cookies.verify(&value, now) {
+            core.audit(&scope, "ui.logout", "-", "applied", json!({}));
+        }
+        core.ui.cookies.revoke(&value, now);
+    }
+    let clear = format!(
+        "{}=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0",
+        cookie::COOKIE_NAME
+    );
+    let mut resp = StatusCode::NO_CONTENT.into_response();
+    if let Ok(v) = HeaderValue::from_str(&clear) {
+        resp.headers_mut().insert(header::SET_COOKIE, v);
+    }
+    resp
+}

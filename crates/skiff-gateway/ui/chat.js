@@ -1,0 +1,572 @@
+// One session: its header, the transcript as it streams, and the composer.
+//
+// The transcript is built from the session's event stream alone (from cursor 0, then live):
+// events are applied idempotently (entries by id, tool rows by run and call id, cursors
+// never re-applied), so a reconnect that resumes from the last cursor — or a reload that
+// replays everything — shows each thing exactly once. DOM work is batched per animation
+// frame, only the newest blocks are rendered at first, and long tool output stays collapsed.
+
+import { h, replace, fmtDuration, fmtInt, fmtBytes, frameBatcher, announce } from './dom.js';
+import { renderMarkdown } from './markdown.js';
+import { api, follow } from './api.js';
+import { placementOf, sessionState, STATE_SYMBOL } from './sidebar.js';
+
+const TERMINAL = ['succeeded', 'failed', 'cancelled', 'timed_out', 'orphaned'];
+const ACTIVE = ['queued', 'starting', 'running', 'cancelling', 'waiting_input', 'waiting_approval'];
+/** Blocks rendered when a session opens; older ones wait behind "Show earlier". */
+const WINDOW = 150;
+const PREVIEW_CHARS = 16_000;
+const PREVIEW_LINES = 120;
+
+/** The one-line "main argument" of a tool call, as the gateway summarizes it. */
+function summarize(args) {
+  if (!args || typeof args !== 'object') return typeof args === 'string' ? args : '';
+  for (const key of ['path', 'command', 'pattern', 'file', 'url', 'query']) {
+    if (typeof args[key] === 'string') return args[key];
+  }
+  const first = Object.values(args).find((v) => typeof v === 'string');
+  return first || '';
+}
+
+const TOOL_SYMBOL = { pending: '○', running: '◌', ok: '✓', error: '✕', cancelled: '⊘' };
+const TOOL_LABEL = { pending: 'queued', running: 'running', ok: 'done', error: 'failed', cancelled: 'not run' };
+const RUN_SYMBOL = { succeeded: '✓', failed: '✕', cancelled: '⊘', timed_out: '✕', orphaned: '✕' };
+
+export class ChatView {
+  constructor(id, ctx) {
+    this.id = id;
+    this.ctx = ctx;
+    this.cursor = 0;
+    this.queue = [];
+    this.blocks = [];
+    this.entries = new Set();
+    this.tools = new Map();
+    this.runs = new Map();
+    this.streaming = null;
+    this.renderStart = null;
+    this.session = ctx.sidebar.sessions.get(id) || null;
+    this.openedAt = Date.now();
+    this.schedule = frameBatcher(() => this.flush());
+    this.build();
+    this.renderHeader();
+    this.load();
+  }
+
+  build() {
+    this.titleEl = h('h1', { class: 'chat-title' }, '…');
+    this.chipEl = h('span', { class: 'chip' });
+    this.metaEl = h('div', { class: 'chat-meta' });
+    this.bannerEl = h('div', { class: 'banner', role: 'status', hidden: true });
+    this.earlierBtn = h('button', { class: 'link-btn earlier', hidden: true, onclick: () => this.showEarlier() });
+    this.listEl = h('ol', { class: 'turns' });
+    this.jumpBtn = h('button', { class: 'jump', hidden: true, onclick: () => this.scrollToBottom() }, '↓ New activity');
+    this.scroller = h('div', { class: 'transcript', tabindex: '0', role: 'log', 'aria-label': 'Transcript' },
+      this.earlierBtn, this.listEl);
+    this.scroller.addEventListener('scroll', () => {
+      if (this.atBottom()) this.jumpBtn.hidden = true;
+    });
+    this.statusEl = h('div', { class: 'run-status', role: 'status' });
+    this.input = h('textarea', {
+      id: 'composer-input',
+      rows: '3',
+      placeholder: 'Message…',
+      'aria-label': 'Message',
+      'aria-describedby': 'composer-hint',
+    });
+    this.input.addEventListener('keydown', (e) => this.onKey(e));
+    this.sendBtn = h('button', { type: 'submit', class: 'primary' }, 'Send');
+    this.stopBtn = h('button', { type: 'button', class: 'danger', onclick: () => this.stop(), hidden: true }, '■ Stop');
+    this.errorEl = h('p', { class: 'form-error', role: 'alert', hidden: true });
+    this.form = h('form', { class: 'composer', onsubmit: (e) => { e.preventDefault(); this.sendMessage(); } },
+      this.statusEl,
+      this.input,
+      h('div', { class: 'composer-bar' },
+        h('span', { id: 'composer-hint', class: 'hint' }, h('kbd', {}, 'Ctrl'), '+', h('kbd', {}, '↵'), ' send · ', h('kbd', {}, 'Esc'), ' stop'),
+        this.stopBtn, this.sendBtn),
+      this.errorEl);
+    this.el = h('section', { class: 'chat', 'aria-labelledby': 'chat-title' },
+      h('header', { class: 'chat-head' },
+        h('div', { class: 'title-row' }, this.titleEl, this.chipEl),
+        this.metaEl),
+      this.bannerEl,
+      h('div', { class: 'transcript-wrap' }, this.scroller, this.jumpBtn),
+      this.form);
+    this.titleEl.id = 'chat-title';
+  }
+
+  async load() {
+    try {
+      const detail = await api.session(this.id);
+      this.session = detail.session;
+      for (const run of detail.runs) {
+        const r = this.run(run.id);
+        r.model = r.model || run.model;
+      }
+      this.renderHeader();
+    } catch (e) {
+      if (e.status === 404) {
+        replace(this.el, h('div', { class: 'empty' },
+          h('h1', {}, 'No such session'),
+          h('p', {}, `${this.id} does not exist, or belongs to someone else.`),
+          h('a', { href: '#/new' }, 'Start a new session')));
+        return;
+      }
+      this.showBanner(`Could not load the session: ${e.message}`);
+    }
+    if (this.stopped) return;
+    this.stopFollow = follow(
+      () => `/v1/sessions/${encodeURIComponent(this.id)}/events?after=${this.cursor}`,
+      { message: (ev) => { this.queue.push(ev); this.schedule(); } },
+      (state) => this.showBanner(state === 'reconnecting' ? 'Connection lost — reconnecting… (nothing will be missed)' : null),
+    );
+  }
+
+  destroy() {
+    this.stopped = true;
+    if (this.stopFollow) this.stopFollow();
+  }
+
+  /** The session view from the list stream changed (title, state, placement). */
+  onSession(session) {
+    this.session = { ...this.session, ...session };
+    this.renderHeader();
+  }
+
+  showBanner(text) {
+    this.bannerEl.hidden = !text;
+    this.bannerEl.textContent = text || '';
+  }
+
+  renderHeader() {
+    const s = this.session;
+    if (!s) return;
+    this.titleEl.textContent = s.title || s.id;
+    this.titleEl.title = s.title || s.id;
+    const p = placementOf(s);
+    const state = this.activeRun() ? 'running' : sessionState(s);
+    replace(this.chipEl,
+      h('span', { class: `dot st-${state}`, 'aria-hidden': 'true' }, STATE_SYMBOL[state] || '○'),
+      ` ${p.label} · ${state}`);
+    this.chipEl.className = `chip pl-${p.kind}`;
+    this.chipEl.title = s.last_run?.error || `${p.label}: ${state}`;
+    const ws = s.workspace || {};
+    replace(this.metaEl,
+      h('span', { class: 'model', title: s.model?.ref }, s.model?.ref || ''),
+      s.model?.scripted ? h('span', { class: 'tag', title: 'A scripted stand-in model, not a real one' }, 'scripted') : null,
+      ws.branch ? [h('span', { class: 'sep', 'aria-hidden': 'true' }, '·'), h('span', { class: 'mono', title: `branch ${ws.branch}` }, ws.branch)] : null,
+      h('span', { class: 'sep', 'aria-hidden': 'true' }, '·'),
+      h('span', { class: 'mono path', title: ws.path }, ws.path || ''),
+      h('span', { class: 'sep', 'aria-hidden': 'true' }, '·'),
+      h('span', { class: 'mono muted' }, s.id));
+  }
+
+  run(id) {
+    if (!id) return { usageIn: 0, usageOut: 0, steps: 0 };
+    let r = this.runs.get(id);
+    if (!r) {
+      r = { id, status: null, startedAt: null, endedAt: null, model: null, usageIn: 0, usageOut: 0, steps: 0, error: null };
+      this.runs.set(id, r);
+    }
+    return r;
+  }
+
+  activeRun() {
+    for (const r of this.runs.values()) {
+      if (r.status && ACTIVE.includes(r.status)) return r;
+    }
+    return null;
+  }
+
+  // ---- events → model ----
+
+  apply(ev) {
+    if (ev.cursor <= this.cursor) return;
+    this.cursor = ev.cursor;
+    const run = this.run(ev.run_id);
+    switch (ev.type) {
+      case 'run_status': {
+        run.status = ev.status;
+        if (run.startedAt === null) run.startedAt = ev.at_ms;
+        if (TERMINAL.includes(ev.status)) {
+          run.endedAt = ev.at_ms;
+          run.error = ev.error || null;
+          this.endStreaming(ev.run_id);
+          for (const tool of this.tools.values()) {
+            if (tool.runId === ev.run_id && (tool.status === 'pending' || tool.status === 'running')) {
+              tool.status = 'cancelled';
+              this.touchTool(tool);
+            }
+          }
+          this.add({ key: `end:${ev.run_id}`, kind: 'runend', run });
+          if (ev.at_ms >= this.openedAt - 1000) announce(`Turn ${ev.status.replace('_', ' ')}`);
+        }
+        break;
+      }
+      case 'model_request':
+        run.model = ev.model;
+        break;
+      case 'text_delta': {
+        if (!this.streaming || this.streaming.runId !== ev.run_id) {
+          this.endStreaming(null);
+          this.streaming = { runId: ev.run_id, text: '' };
+          this.streaming.block = this.add({ key: `stream:${ev.cursor}`, kind: 'streaming', stream: this.streaming });
+        }
+        this.streaming.text += ev.text;
+        this.streaming.block.dirty = true;
+        break;
+      }
+      case 'tool_started': {
+        const tool = this.tool(ev.run_id, ev.call_id, ev.name);
+        tool.summary = ev.summary || tool.summary;
+        tool.status = 'running';
+        tool.startedAt = ev.at_ms;
+        this.touchTool(tool);
+        break;
+      }
+      case 'tool_finished': {
+        const tool = this.tool(ev.run_id, ev.call_id, ev.name);
+        tool.status = ev.is_error ? 'error' : 'ok';
+        tool.duration = ev.duration_ms;
+        this.touchTool(tool);
+        break;
+      }
+      case 'entry':
+        this.applyEntry(ev.entry, run);
+        break;
+      default:
+        break;
+    }
+  }
+
+  applyEntry(entry, run) {
+    if (this.entries.has(entry.id)) return;
+    this.entries.add(entry.id);
+    const body = entry.body;
+    const runId = entry.run_id;
+    switch (body.kind) {
+      case 'user_message':
+        this.add({ key: entry.id, kind: 'user', text: body.text, at: entry.created_at_ms });
+        break;
+      case 'assistant_message': {
+        if (this.streaming && this.streaming.runId === runId) this.endStreaming(runId, true);
+        const tools = body.tool_calls.map((call) => {
+          const tool = this.tool(runId, call.id, call.name);
+          tool.args = call.arguments;
+          if (!tool.summary) tool.summary = summarize(call.arguments);
+          return tool;
+        });
+        run.usageIn += body.usage?.input_tokens || 0;
+        run.usageOut += body.usage?.output_tokens || 0;
+        run.steps += 1;
+        run.model = body.model || run.model;
+        this.add({ key: entry.id, kind: 'assistant', text: body.text, tools, model: body.model, usage: body.usage });
+        break;
+      }
+      case 'tool_result': {
+        const key = `${runId}:${body.call_id}`;
+        let tool = this.tools.get(key);
+        const orphan = !tool || !tool.block;
+        tool = this.tool(runId, body.call_id, body.name);
+        tool.output = body.content;
+        tool.isError = body.is_error;
+        if (tool.status === 'pending' || tool.status === 'running') tool.status = body.is_error ? 'error' : 'ok';
+        if (orphan) this.add({ key: entry.id, kind: 'assistant', text: '', tools: [tool] });
+        this.touchTool(tool);
+        break;
+      }
+      case 'notice':
+        this.add({ key: entry.id, kind: 'notice', text: body.text });
+        break;
+      case 'compaction':
+        this.add({ key: entry.id, kind: 'notice', text: 'Earlier conversation was compacted into a summary.' });
+        break;
+      default:
+        break;
+    }
+  }
+
+  tool(runId, callId, name) {
+    const key = `${runId}:${callId}`;
+    let tool = this.tools.get(key);
+    if (!tool) {
+      tool = { key, runId, callId, name, summary: '', args: undefined, status: 'pending', duration: null, output: null, isError: false, el: null, block: null, open: false, full: false };
+      this.tools.set(key, tool);
+    }
+    if (name) tool.name = name;
+    return tool;
+  }
+
+  touchTool(tool) {
+    tool.dirty = true;
+  }
+
+  /** Ends the streaming block: dropped when its committed entry replaces it, else kept. */
+  endStreaming(runId, replaced = false) {
+    const s = this.streaming;
+    if (!s || (runId !== null && s.runId !== runId)) return;
+    this.streaming = null;
+    const block = s.block;
+    if (replaced || !s.text.trim()) {
+      this.remove(block);
+    } else {
+      block.kind = 'assistant';
+      block.text = s.text;
+      block.tools = [];
+      block.dirty = true;
+    }
+  }
+
+  add(block) {
+    block.dirty = true;
+    this.blocks.push(block);
+    if (block.tools) for (const t of block.tools) t.block = block;
+    this.fresh = true;
+    return block;
+  }
+
+  remove(block) {
+    const i = this.blocks.indexOf(block);
+    if (i >= 0) this.blocks.splice(i, 1);
+    if (block.el) block.el.remove();
+    if (this.renderStart !== null && i >= 0 && i < this.renderStart) this.renderStart -= 1;
+  }
+
+  // ---- model → DOM ----
+
+  atBottom() {
+    const s = this.scroller;
+    return s.scrollHeight - s.scrollTop - s.clientHeight < 48;
+  }
+
+  scrollToBottom() {
+    this.scroller.scrollTop = this.scroller.scrollHeight;
+    this.jumpBtn.hidden = true;
+  }
+
+  flush() {
+    if (this.stopped) return;
+    const first = this.renderStart === null;
+    const stick = first || this.atBottom();
+    this.fresh = false;
+    const events = this.queue;
+    this.queue = [];
+    for (const ev of events) this.apply(ev);
+    if (first) this.renderStart = Math.max(0, this.blocks.length - WINDOW);
+    let prev = null;
+    for (let i = this.renderStart; i < this.blocks.length; i += 1) {
+      const block = this.blocks[i];
+      if (!block.el || block.dirty) {
+        const el = this.renderBlock(block);
+        if (block.el && block.el.isConnected) block.el.replaceWith(el);
+        block.el = el;
+        block.dirty = false;
+      }
+      if (!block.el.isConnected) {
+        if (prev) prev.after(block.el);
+        else this.listEl.prepend(block.el);
+      }
+      if (block.tools) for (const t of block.tools) if (t.dirty) this.updateTool(t);
+      prev = block.el;
+    }
+    for (const t of this.tools.values()) if (t.dirty && t.el) this.updateTool(t);
+    this.earlierBtn.hidden = this.renderStart === 0;
+    if (this.renderStart > 0) this.earlierBtn.textContent = `Show earlier (${fmtInt(this.renderStart)} more)`;
+    this.renderComposer();
+    this.renderHeader();
+    if (stick) this.scrollToBottom();
+    else if (events.length) this.jumpBtn.hidden = false;
+  }
+
+  showEarlier() {
+    const before = this.scroller.scrollHeight;
+    const from = Math.max(0, this.renderStart - WINDOW);
+    const frag = document.createDocumentFragment();
+    for (let i = from; i < this.renderStart; i += 1) {
+      const block = this.blocks[i];
+      block.el = this.renderBlock(block);
+      block.dirty = false;
+      frag.append(block.el);
+    }
+    this.listEl.prepend(frag);
+    this.renderStart = from;
+    this.earlierBtn.hidden = from === 0;
+    this.earlierBtn.textContent = `Show earlier (${fmtInt(from)} more)`;
+    this.scroller.scrollTop += this.scroller.scrollHeight - before;
+  }
+
+  renderBlock(block) {
+    switch (block.kind) {
+      case 'user':
+        return h('li', { class: 'msg user' },
+          h('div', { class: 'who' }, 'you'),
+          h('div', { class: 'body plain' }, block.text));
+      case 'assistant':
+      case 'streaming': {
+        const text = block.kind === 'streaming' ? block.stream.text : block.text;
+        const body = text ? h('div', { class: 'body md' }, renderMarkdown(text)) : null;
+        if (body && block.kind === 'streaming') body.append(h('span', { class: 'caret', 'aria-hidden': 'true' }, '▌'));
+        const tools = block.tools?.length ? h('ul', { class: 'tools' }, block.tools.map((t) => this.toolEl(t))) : null;
+        return h('li', { class: `msg agent${block.kind === 'streaming' ? ' streaming' : ''}` },
+          h('div', { class: 'who' }, text ? 'agent' : ''),
+          h('div', { class: 'stack' }, body, tools));
+      }
+      case 'notice':
+        return h('li', { class: 'notice' }, h('span', { 'aria-hidden': 'true' }, '⚠ '), block.text);
+      case 'runend': {
+        const r = block.run;
+        const parts = [
+          r.status === 'succeeded' ? 'done' : r.status.replace('_', ' '),
+          r.startedAt && r.endedAt ? fmtDuration(r.endedAt - r.startedAt) : null,
+          r.steps ? `${r.steps} step${r.steps === 1 ? '' : 's'}` : null,
+          `${fmtInt(r.usageIn)} in · ${fmtInt(r.usageOut)} out tokens`,
+          r.model,
+        ].filter(Boolean);
+        return h('li', { class: `runend rs-${r.status}`, title: r.error || '' },
+          h('span', { class: 'sym', 'aria-hidden': 'true' }, RUN_SYMBOL[r.status] || '•'),
+          h('span', {}, parts.join(' · ')),
+          r.error && r.status !== 'cancelled' ? h('span', { class: 'run-error' }, r.error) : null);
+      }
+      default:
+        return h('li', {});
+    }
+  }
+
+  toolEl(tool) {
+    const head = h('button', { type: 'button', class: 'tool-head', 'aria-expanded': 'false' });
+    const body = h('div', { class: 'tool-body', hidden: true });
+    const li = h('li', { class: 'tool' }, head, body);
+    head.addEventListener('click', () => {
+      tool.open = !tool.open;
+      this.updateTool(tool);
+    });
+    tool.el = li;
+    tool.dirty = true;
+    this.updateTool(tool);
+    return li;
+  }
+
+  updateTool(tool) {
+    tool.dirty = false;
+    const li = tool.el;
+    if (!li) return;
+    const [head, body] = li.children;
+    li.dataset.status = tool.status;
+    head.setAttribute('aria-expanded', String(tool.open));
+    replace(head,
+      h('span', { class: 'chev', 'aria-hidden': 'true' }, tool.open ? '▾' : '▸'),
+      h('span', { class: 'tname' }, tool.name),
+      h('span', { class: 'targ', title: tool.summary }, tool.summary),
+      h('span', { class: `tstatus ts-${tool.status}`, title: TOOL_LABEL[tool.status] },
+        h('span', { 'aria-hidden': 'true' }, TOOL_SYMBOL[tool.status]),
+        h('span', { class: 'sr-only' }, TOOL_LABEL[tool.status])),
+      h('span', { class: 'tdur' }, tool.duration !== null ? fmtDuration(tool.duration) : ''));
+    body.hidden = !tool.open;
+    if (!tool.open) {
+      body.replaceChildren();
+      return;
+    }
+    const args = tool.args === undefined ? '' : JSON.stringify(tool.args, null, 2);
+    const out = tool.output;
+    const parts = [h('h4', {}, 'Arguments'), h('pre', { class: 'out' }, args || '(none)'), h('h4', {}, tool.isError ? 'Error' : 'Output')];
+    if (out === null) {
+      parts.push(h('p', { class: 'muted' }, tool.status === 'running' ? 'Running…' : 'No output yet.'));
+    } else {
+      let shown = out;
+      let cut = false;
+      if (!tool.full) {
+        const lines = out.split('\n', PREVIEW_LINES + 1);
+        if (lines.length > PREVIEW_LINES) {
+          shown = lines.slice(0, PREVIEW_LINES).join('\n');
+          cut = true;
+        }
+        if (shown.length > PREVIEW_CHARS) {
+          shown = shown.slice(0, PREVIEW_CHARS);
+          cut = true;
+        }
+      }
+      parts.push(h('pre', { class: `out${tool.isError ? ' err' : ''}` }, shown || '(empty)'));
+      if (cut) {
+        parts.push(h('button', { type: 'button', class: 'link-btn', onclick: () => { tool.full = true; this.updateTool(tool); } },
+          `Show all (${fmtBytes(new Blob([out]).size)}, ${fmtInt(out.split('\n').length)} lines)`));
+      }
+    }
+    replace(body, ...parts);
+  }
+
+  renderComposer() {
+    const active = this.activeRun();
+    this.stopBtn.hidden = !active;
+    this.stopBtn.disabled = active?.status === 'cancelling';
+    this.sendBtn.disabled = Boolean(active) || this.sending;
+    if (!active) {
+      this.statusEl.replaceChildren();
+      this.statusEl.hidden = true;
+      return;
+    }
+    this.statusEl.hidden = false;
+    const running = [...this.tools.values()].find((t) => t.runId === active.id && t.status === 'running');
+    const what = active.status === 'cancelling' ? 'stopping…'
+      : running ? `running ${running.name}`
+        : this.streaming ? 'writing'
+          : active.status === 'running' ? 'thinking' : active.status;
+    replace(this.statusEl,
+      h('span', { class: 'dot st-running pulse', 'aria-hidden': 'true' }, '●'),
+      ` ${what}`,
+      active.model ? h('span', { class: 'muted' }, ` · ${active.model}`) : null);
+  }
+
+  onKey(e) {
+    if (e.key === 'Enter' && (e.ctrlKey || e.metaKey)) {
+      e.preventDefault();
+      this.sendMessage();
+    } else if (e.key === 'Escape' && this.activeRun()) {
+      e.preventDefault();
+      this.stop();
+    }
+  }
+
+  showError(text) {
+    this.errorEl.hidden = !text;
+    this.errorEl.textContent = text || '';
+  }
+
+  async sendMessage() {
+    const prompt = this.input.value;
+    if (!prompt.trim()) {
+      this.showError('Write a message first.');
+      return;
+    }
+    if (this.activeRun()) {
+      this.showError('A turn is still running: wait for it, or stop it (Esc).');
+      return;
+    }
+    this.sending = true;
+    this.sendBtn.disabled = true;
+    this.showError(null);
+    try {
+      await api.send(this.id, prompt);
+      this.input.value = '';
+    } catch (e) {
+      this.showError(e.code === 'session_busy'
+        ? 'A turn is still running: wait for it, or stop it (Esc).'
+        : `Not sent: ${e.message}`);
+    } finally {
+      this.sending = false;
+      this.renderComposer();
+    }
+  }
+
+  async stop() {
+    this.stopBtn.disabled = true;
+    try {
+      await api.cancel(this.id);
+    } catch (e) {
+      this.showError(`Could not stop the turn: ${e.message}`);
+      this.stopBtn.disabled = false;
+    }
+  }
+
+  focus() {
+    this.input.focus();
+  }
+}

@@ -1,0 +1,189 @@
+// The session list: grouped Running / Waiting for you / Recent, newest activity first, patched
+// live from the `/v1/events` stream and re-rendered at most once per animation frame.
+
+import { h, replace, fmtAgo, isoTime, frameBatcher } from './dom.js';
+
+const ACTIVE_RUN = ['queued', 'starting', 'running', 'cancelling'];
+const FAILED_RUN = ['failed', 'timed_out', 'orphaned'];
+/** Placement states that mean "being set up or torn down", shown instead of the run state. */
+const PLACEMENT_STATES = ['requested', 'provisioning', 'syncing', 'starting', 'draining', 'reconciling', 'reclaimed', 'failed'];
+
+export const STATE_SYMBOL = {
+  running: '●',
+  waiting: '◐',
+  idle: '○',
+  failed: '✕',
+  provisioning: '◌',
+  requested: '◌',
+  syncing: '◌',
+  starting: '◌',
+  draining: '◌',
+  reconciling: '◌',
+  reclaimed: '⊘',
+};
+
+/** Where a session runs: `gateway`, or `worker · <environment>` with a placement state. */
+export function placementOf(s) {
+  const raw = typeof s.placement === 'string' ? s.placement : 'local';
+  if (raw === 'local') return { kind: 'gateway', label: 'gateway', state: null };
+  // Worker placements are newer than this UI's first version: accept `worker`,
+  // `worker:<env>`, or separate environment/placement-state fields.
+  const env = s.environment_id || s.environment || (raw.includes(':') ? raw.split(':').pop() : null);
+  const word = s.placement_state || PLACEMENT_STATES.find((w) => raw.includes(w)) || null;
+  return { kind: 'worker', label: env ? `worker · ${env}` : 'worker', env, state: word };
+}
+
+/** running, waiting, idle, failed — or a placement state (provisioning, syncing, reclaimed…). */
+export function sessionState(s) {
+  const p = placementOf(s);
+  if (p.state && PLACEMENT_STATES.includes(p.state)) return p.state;
+  const status = s.last_run?.status;
+  if (ACTIVE_RUN.includes(status)) return 'running';
+  if (status && status.startsWith('waiting')) return 'waiting';
+  if (FAILED_RUN.includes(status)) return 'failed';
+  return 'idle';
+}
+
+export function activityAt(s) {
+  return Math.max(s.updated_at_ms || 0, s.last_run?.created_at_ms || 0, s.last_run?.finished_at_ms || 0);
+}
+
+function group(state) {
+  if (state === 'running' || ['requested', 'provisioning', 'syncing', 'starting', 'draining', 'reconciling'].includes(state)) return 'running';
+  if (state === 'waiting') return 'waiting';
+  return 'recent';
+}
+
+const GROUPS = [
+  ['running', 'Running'],
+  ['waiting', 'Waiting for you'],
+  ['recent', 'Recent'],
+];
+
+const SEEN_KEY = 'skiff.seen';
+
+export class Sidebar {
+  constructor(container, search) {
+    this.container = container;
+    this.search = search;
+    this.sessions = new Map();
+    this.ready = false;
+    this.current = null;
+    // What this browser has seen of each session (updated_at_ms), for unread marks. Not a
+    // secret; kept across reloads.
+    try {
+      this.seen = JSON.parse(localStorage.getItem(SEEN_KEY) || '{}');
+    } catch {
+      this.seen = {};
+    }
+    this.schedule = frameBatcher(() => this.render());
+    search.addEventListener('input', () => this.schedule());
+    this.clock = setInterval(() => this.schedule(), 30_000);
+  }
+
+  saveSeen() {
+    try {
+      localStorage.setItem(SEEN_KEY, JSON.stringify(this.seen));
+    } catch {
+      // Storage full or disabled: unread marks just reset on reload.
+    }
+  }
+
+  upsert(session) {
+    if (!this.ready && this.seen[session.id] === undefined) {
+      // First sight in this browser: what already happened is not "new".
+      this.seen[session.id] = session.updated_at_ms;
+    }
+    this.sessions.set(session.id, session);
+    if (session.id === this.current) this.markSeen(session.id);
+    this.schedule();
+  }
+
+  setReady() {
+    this.ready = true;
+    this.saveSeen();
+    this.schedule();
+  }
+
+  setCurrent(id) {
+    this.current = id;
+    if (id) this.markSeen(id);
+    this.schedule();
+  }
+
+  markSeen(id) {
+    const s = this.sessions.get(id);
+    if (!s) return;
+    this.seen[id] = s.updated_at_ms;
+    this.saveSeen();
+  }
+
+  unread(s) {
+    return s.id !== this.current && s.updated_at_ms > (this.seen[s.id] ?? 0);
+  }
+
+  visible() {
+    const q = this.search.value.trim().toLowerCase();
+    return [...this.sessions.values()]
+      .filter((s) => !q || s.title.toLowerCase().includes(q) || s.id.includes(q))
+      .sort((a, b) => activityAt(b) - activityAt(a));
+  }
+
+  render() {
+    const list = this.visible();
+    if (!this.ready && list.length === 0) {
+      replace(this.container, h('p', { class: 'muted pad' }, 'Loading sessions…'));
+      return;
+    }
+    if (list.length === 0) {
+      replace(
+        this.container,
+        h('p', { class: 'muted pad' }, this.search.value ? 'No session matches.' : 'No sessions yet. Start one with New session (n).'),
+      );
+      return;
+    }
+    const focusedId = document.activeElement?.dataset?.sessionId;
+    const now = Date.now();
+    const sections = [];
+    for (const [key, label] of GROUPS) {
+      const rows = list.filter((s) => group(sessionState(s)) === key);
+      if (rows.length === 0) continue;
+      const headingId = `group-${key}`;
+      sections.push(
+        h('section', { class: 'group', 'aria-labelledby': headingId },
+          h('h2', { id: headingId, class: 'group-title' }, label),
+          h('ul', { class: 'rows' }, rows.map((s) => h('li', {}, this.row(s, now))))),
+      );
+    }
+    replace(this.container, ...sections);
+    if (focusedId) this.container.querySelector(`[data-session-id="${CSS.escape(focusedId)}"]`)?.focus();
+  }
+
+  row(s, now) {
+    const state = sessionState(s);
+    const p = placementOf(s);
+    const unread = this.unread(s);
+    return h('a', {
+      class: `srow${s.id === this.current ? ' current' : ''}`,
+      href: `#/s/${s.id}`,
+      'aria-current': s.id === this.current ? 'page' : null,
+      dataset: { sessionId: s.id, state },
+    },
+    h('span', { class: `dot st-${state}`, 'aria-hidden': 'true' }, STATE_SYMBOL[state] || '○'),
+    h('span', { class: 'stitle' }, s.title || s.id),
+    h('span', { class: 'sr-only' }, `, ${state}, runs on ${p.label}${unread ? ', unread' : ''}`),
+    unread ? h('span', { class: 'unread', title: 'New activity', 'aria-hidden': 'true' }) : null,
+    h('time', { class: 'ago', datetime: isoTime(activityAt(s)), title: new Date(activityAt(s)).toLocaleString() }, fmtAgo(activityAt(s), now)),
+    h('span', { class: `badge pl-${p.kind}`, title: p.label, 'aria-hidden': 'true' }, p.kind === 'gateway' ? 'G' : 'W'));
+  }
+
+  /** Moves keyboard focus to the next (+1) or previous (-1) session row. */
+  move(step) {
+    const rows = [...this.container.querySelectorAll('a.srow')];
+    if (rows.length === 0) return;
+    const at = rows.indexOf(document.activeElement);
+    const from = at >= 0 ? at : rows.findIndex((r) => r.dataset.sessionId === this.current);
+    const next = from < 0 ? (step > 0 ? 0 : rows.length - 1) : Math.max(0, Math.min(rows.length - 1, from + step));
+    rows[next].focus();
+  }
+}

@@ -1,0 +1,91 @@
+//! Workspace sync on the wire: the manifest a box and the gateway exchange (what a workspace
+//! holds, path by path), checkpoints as the API lists them, and publishing a session branch.
+//!
+//! Types only. Building, diffing and checking manifests is `skiff-sync`'s job.
+
+use crate::ids::{ArtifactId, RunId, SessionId};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// The manifest format this build writes and reads.
+pub const MANIFEST_VERSION: u32 = 1;
+
+/// What a workspace holds: one entry per file or symlink, keyed by its `/`-separated path
+/// relative to the workspace root. Directories are implied by the paths under them.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Manifest {
+    pub version: u32,
+    /// Git mode: the commit the workspace was laid over. `None` in plain mode.
+    #[serde(default)]
+    pub base_commit: Option<String>,
+    pub entries: BTreeMap<String, ManifestEntry>,
+}
+
+/// One path of a manifest.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ManifestEntry {
+    /// A regular file: blake3 of its bytes (hex), its size and its permission bits.
+    File {
+        blake3: String,
+        size: u64,
+        mode: u32,
+    },
+    /// A symbolic link and the target it names (never followed).
+    Symlink { target: String },
+}
+
+/// `GET /v1/sessions/{id}/checkpoints`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckpointList {
+    pub checkpoints: Vec<CheckpointView>,
+}
+
+/// One checkpoint: the state of a session's workspace at the end of a turn.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckpointView {
+    pub id: ArtifactId,
+    pub session_id: SessionId,
+    #[serde(default)]
+    pub run_id: Option<RunId>,
+    /// 1, 2, 3… in the order the session took them.
+    pub seq: u64,
+    /// `git` (a commit under `git_ref`) or `plain` (a manifest of content-addressed blobs).
+    pub mode: String,
+    /// Git mode: `refs/skiff/checkpoints/<session>/<seq>` in the user's repository.
+    #[serde(default)]
+    pub git_ref: Option<String>,
+    #[serde(default)]
+    pub commit: Option<String>,
+    /// Plain mode: blake3 of the stored manifest.
+    #[serde(default)]
+    pub manifest: Option<String>,
+    pub files: u64,
+    pub bytes: u64,
+    pub created_at_ms: i64,
+}
+
+/// `POST /v1/sessions/{id}/publish`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PublishRequest {
+    /// A remote configured in the user's repository [default: `origin`].
+    #[serde(default)]
+    pub remote: Option<String>,
+    /// The branch to create or update there [default: `skiff/<session-id>`].
+    #[serde(default)]
+    pub branch: Option<String>,
+}
+
+/// What a publish pushed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PublishResult {
+    pub session_id: SessionId,
+    pub remote: String,
+    pub branch: String,
+    pub commit: String,
+}

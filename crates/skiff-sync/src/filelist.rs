@@ -1,0 +1,278 @@
+//! Which files of a workspace sync, and whether they fit. Git mode lists what git would: the
+//! tracked files that still exist plus untracked files that are not ignored (`git ls-files
+//! --cached --others --exclude-standard`). Plain mode walks the directory, honouring `.ignore`
+//! and `.gitignore` files. Both then apply [`Rules`]. Limits are checked here, before any byte
+//! moves, and a refusal names the largest paths.
+//!
+//! Deliberately absent: hashing (that is [`crate::manifest`]) and submodules (a gitlink is
+//! skipped: its contents belong to another repository).
+
+use crate::git::{git, split_z};
+use crate::rules::Rules;
+use crate::{Error, Result, io_err, join};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use tokio_util::sync::CancellationToken;
+
+/// How a workspace is laid onto a box and brought back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// A git repository: the box gets a real repository at the base commit.
+    Git,
+    /// A plain directory: a manifest-diffed mirror.
+    Plain,
+}
+
+/// What sync accepts from one workspace.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    pub max_files: usize,
+    pub max_total_bytes: u64,
+    pub max_file_bytes: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_files: 200_000,
+            max_total_bytes: 2 << 30,
+            max_file_bytes: 256 << 20,
+        }
+    }
+}
+
+/// A file or symlink that takes part in sync.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ListedFile {
+    /// Relative, `/`-separated.
+    pub path: String,
+    pub size: u64,
+    pub symlink: bool,
+}
+
+/// The files of a workspace that sync, sorted by path.
+#[derive(Clone, Debug, Default)]
+pub struct FileList {
+    pub files: Vec<ListedFile>,
+    pub total_bytes: u64,
+}
+
+impl FileList {
+    pub fn paths(&self) -> Vec<String> {
+        self.files.iter().map(|f| f.path.clone()).collect()
+    }
+}
+
+/// Lists the files of `root` that sync, and checks them against `limits`.
+pub async fn list(
+    root: &Path,
+    mode: Mode,
+    rules: &Rules,
+    limits: &Limits,
+    cancel: &CancellationToken,
+) -> Result<FileList> {
+    let candidates = match mode {
+        Mode::Git => git_candidates(root, cancel).await?,
+        Mode::Plain => plain_candidates(root, rules)?,
+    };
+    let mut files = BTreeMap::new();
+    for path in candidates {
+        if rules.excluded(&path, false) {
+            continue;
+        }
+        let full = join(root, &path);
+        let meta = match std::fs::symlink_metadata(&full) {
+            Ok(meta) => meta,
+            // Deleted but still tracked: the deletion is the change.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(io_err(&full)(e)),
+        };
+        let ft = meta.file_type();
+        let symlink = ft.is_symlink();
+        if ft.is_dir() {
+            continue;
+        }
+        if !ft.is_file() && !symlink {
+            return Err(Error::Special {
+                path: full.display().to_string(),
+                kind: special_kind(&ft),
+            });
+        }
+        files.insert(
+            path.clone(),
+            ListedFile {
+                path,
+                size: if symlink { 0 } else { meta.len() },
+                symlink,
+            },
+        );
+    }
+    let files: Vec<ListedFile> = files.into_values().collect();
+    let total_bytes = files.iter().map(|f| f.size).sum();
+    let list = FileList { files, total_bytes };
+    check_limits(root, &list, limits)?;
+    Ok(list)
+}
+
+pub(crate) fn special_kind(ft: &std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if ft.is_fifo() {
+        "FIFO"
+    } else if ft.is_socket() {
+        "socket"
+    } else if ft.is_block_device() || ft.is_char_device() {
+        "device file"
+    } else {
+        "special file"
+    }
+}
+
+async fn git_candidates(root: &Path, cancel: &CancellationToken) -> Result<Vec<String>> {
+    let out = git(root)
+        .args([
+            "ls-files",
+            "-z",
+            "--cached",
+            "--others",
+            "--exclude-standard",
+        ])
+        .run_checked(cancel)
+        .await?;
+    Ok(split_z(&out).map(str::to_owned).collect())
+}
+
+fn plain_candidates(root: &Path, rules: &Rules) -> Result<Vec<String>> {
+    let base = root.to_path_buf();
+    let filter_rules = rules.clone();
+    let walker = ignore::WalkBuilder::new(root)
+        .hidden(false)
+        .parents(false)
+        .ignore(true)
+        .git_ignore(true)
+        .git_global(false)
+        .git_exclude(false)
+        .require_git(false)
+        .follow_links(false)
+        .filter_entry(move |entry| {
+            let Some(rel) = relative(&base, entry.path()) else {
+                return true;
+            };
+            if rel.is_empty() || !entry.file_type().is_some_and(|t| t.is_dir()) {
+                return true;
+            }
+            !filter_rules.excluded(&rel, true) || filter_rules.may_reinclude_below(&rel)
+        })
+        .build();
+    let mut out = Vec::new();
+    for entry in walker {
+        let entry = entry.map_err(|e| Error::Io {
+            path: root.display().to_string(),
+            source: std::io::Error::other(e.to_string()),
+        })?;
+        if entry.file_type().is_some_and(|t| t.is_dir()) {
+            continue;
+        }
+        if let Some(rel) = relative(root, entry.path())
+            && !rel.is_empty()
+        {
+            out.push(rel);
+        }
+    }
+    Ok(out)
+}
+
+fn relative(root: &Path, path: &Path) -> Option<String> {
+    let rel = path.strip_prefix(root).ok()?;
+    let parts: Option<Vec<&str>> = rel.iter().map(|p| p.to_str()).collect();
+    Some(parts?.join("/"))
+}
+
+/// Refuses a list over the limits, naming the largest paths (or the fullest directories, when
+/// the count is what is over).
+pub fn check_limits(root: &Path, list: &FileList, limits: &Limits) -> Result<()> {
+    let too_large = |detail: String, largest: String| Error::TooLarge {
+        root: root.display().to_string(),
+        detail,
+        largest,
+    };
+    let largest = |n: usize| {
+        let mut by_size: Vec<&ListedFile> = list.files.iter().collect();
+        by_size.sort_by(|a, b| b.size.cmp(&a.size).then(a.path.cmp(&b.path)));
+        by_size
+            .iter()
+            .take(n)
+            .map(|f| format!("{} ({})", f.path, human(f.size)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let oversized: Vec<&ListedFile> = list
+        .files
+        .iter()
+        .filter(|f| f.size > limits.max_file_bytes)
+        .collect();
+    if !oversized.is_empty() {
+        return Err(too_large(
+            format!(
+                "{} file(s) over the per-file limit of {}",
+                oversized.len(),
+                human(limits.max_file_bytes)
+            ),
+            largest(oversized.len().min(5)),
+        ));
+    }
+    if list.total_bytes > limits.max_total_bytes {
+        return Err(too_large(
+            format!(
+                "{} in all, over the limit of {}",
+                human(list.total_bytes),
+                human(limits.max_total_bytes)
+            ),
+            largest(5),
+        ));
+    }
+    if list.files.len() > limits.max_files {
+        let mut dirs: BTreeMap<&str, usize> = BTreeMap::new();
+        for f in &list.files {
+            let top = f.path.split('/').next().unwrap_or("");
+            *dirs.entry(top).or_default() += 1;
+        }
+        let mut dirs: Vec<(&str, usize)> = dirs.into_iter().collect();
+        dirs.sort_by_key(|d| std::cmp::Reverse(d.1));
+        let fullest = dirs
+            .iter()
+            .take(5)
+            .map(|(d, n)| format!("{d} ({n} files)"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        return Err(too_large(
+            format!(
+                "{} files, over the limit of {}",
+                list.files.len(),
+                limits.max_files
+            ),
+            fullest,
+        ));
+    }
+    Ok(())
+}
+
+/// `1.5 MiB`-style sizes for messages.
+pub fn human(bytes: u64) -> String {
+    const UNITS: [&str; 4] = ["B", "KiB", "MiB", "GiB"];
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit < UNITS.len() - 1 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
+    }
+}
+
+/// The absolute path of a listed file.
+pub fn full_path(root: &Path, rel: &str) -> PathBuf {
+    join(root, rel)
+}

@@ -1,0 +1,334 @@
+//! Adopting a box's git work into the managed worktree. Commits come back as a bundle of
+//! `base..skiff/<session>`; uncommitted and untracked files come back through the box's
+//! manifest and a checked transfer (see [`crate::inbound_plain`]).
+//!
+//! Before anything is written: the bundle verifies, carries exactly one ref — the session's
+//! branch — and its tip descends from the recorded base and from where the managed branch is
+//! now; the managed branch has not moved; the worktree still matches the base manifest; and
+//! every pulled byte matches the box's manifest. Then the branch is fast-forwarded with a
+//! compare-and-swap `update-ref`, the worktree is reset to the new tip and the box's
+//! uncommitted state is laid over it, so `git status` here shows what it showed on the box.
+//! Divergence stops with both sides intact (objects fetched from the bundle are inert).
+//!
+//! Git on box-produced data runs with prompts off, hooks off and no system config.
+
+use crate::filelist::{Limits, Mode};
+use crate::git::{git, split_z};
+use crate::inbound_plain::{self, Applied};
+use crate::rules::Rules;
+use crate::transfer::Remote;
+use crate::{Error, Manifest, ManifestEntry, Result, Scratch, contain, join};
+use skiff_ssh::shell_quote;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use tokio_util::sync::CancellationToken;
+
+/// What to adopt into.
+#[derive(Clone, Copy, Debug)]
+pub struct Adoption<'a> {
+    /// The managed worktree (on branch `skiff/<session>`).
+    pub worktree: &'a Path,
+    pub session: &'a str,
+    /// The base manifest recorded at dispatch (its `base_commit` is the recorded base).
+    pub base: &'a Manifest,
+    /// Where the managed branch must still be (normally the recorded base).
+    pub expected_head: &'a str,
+    pub rules: &'a Rules,
+    pub limits: &'a Limits,
+    /// A private directory of the gateway on the worktree's file system.
+    pub scratch: &'a Path,
+}
+
+/// What adoption did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Adopted {
+    /// The managed branch's commit now.
+    pub head: String,
+    /// Whether the branch moved (the box made commits).
+    pub fast_forwarded: bool,
+    pub files: Applied,
+}
+
+/// A bundle fetched from the box, in a private directory removed on drop.
+pub struct Bundle {
+    _dir: Scratch,
+    path: PathBuf,
+}
+
+impl Bundle {
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+fn branch(session: &str) -> String {
+    format!("refs/heads/skiff/{session}")
+}
+
+/// Asks the box for a bundle of `base..skiff/<session>`; `None` when the box made no commits.
+/// A bundle over `limits.max_total_bytes` is refused.
+pub async fn fetch_bundle(
+    remote: &Remote,
+    session: &str,
+    base: &str,
+    limits: &Limits,
+    scratch: &Path,
+    cancel: &CancellationToken,
+) -> Result<Option<Bundle>> {
+    let dir = remote.quoted_dir();
+    let b = shell_quote(&branch(session));
+    let tip = remote
+        .run(
+            &format!("cd {dir} && git rev-parse --verify --quiet {b}^{{commit}}"),
+            Vec::new(),
+            cancel,
+        )
+        .await?;
+    if tip.trim() == base {
+        return Ok(None);
+    }
+    let scratch = Scratch::new(scratch, "bundle-in")?;
+    let path = scratch.path().join("box.bundle");
+    remote
+        .fetch_output(
+            &format!(
+                "cd {dir} && git bundle create --quiet - {}..{b}",
+                shell_quote(base)
+            ),
+            &path,
+            limits.max_total_bytes,
+            cancel,
+        )
+        .await?;
+    Ok(Some(Bundle {
+        _dir: scratch,
+        path,
+    }))
+}
+
+/// Checks a bundle from the box against the managed worktree's repository: it verifies, and
+/// its only ref is the session's branch. Returns the tip it carries.
+pub async fn verify_bundle(
+    worktree: &Path,
+    bundle: &Path,
+    session: &str,
+    cancel: &CancellationToken,
+) -> Result<String> {
+    git(worktree)
+        .args(["bundle", "verify", "--quiet"])
+        .arg(bundle)
+        .run_checked(cancel)
+        .await
+        .map_err(|e| Error::Diverged {
+            worktree: worktree.display().to_string(),
+            detail: format!("the box's bundle does not verify: {e}"),
+        })?;
+    let heads = git(worktree)
+        .args(["bundle", "list-heads"])
+        .arg(bundle)
+        .run_checked(cancel)
+        .await?;
+    let want = branch(session);
+    let lines: Vec<&str> = heads.lines().filter(|l| !l.trim().is_empty()).collect();
+    let mut tip = None;
+    for line in &lines {
+        match line.split_once(' ') {
+            Some((sha, name)) if name == want && tip.is_none() && is_sha(sha) => {
+                tip = Some(sha.to_owned());
+            }
+            _ => {}
+        }
+    }
+    match tip {
+        Some(tip) if lines.len() == 1 => Ok(tip),
+        _ => Err(Error::ForeignRef {
+            session: session.to_owned(),
+            found: if lines.is_empty() {
+                "no refs".into()
+            } else {
+                lines
+                    .iter()
+                    .map(|l| l.split_once(' ').map_or(*l, |(_, n)| n))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            },
+        }),
+    }
+}
+
+fn is_sha(s: &str) -> bool {
+    (s.len() == 40 || s.len() == 64) && s.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+async fn rev(worktree: &Path, what: &str, cancel: &CancellationToken) -> Result<String> {
+    Ok(git(worktree)
+        .args(["rev-parse", "--verify", "--quiet"])
+        .arg(format!("{what}^{{commit}}"))
+        .run_checked(cancel)
+        .await?
+        .trim()
+        .to_owned())
+}
+
+async fn is_ancestor(
+    worktree: &Path,
+    older: &str,
+    newer: &str,
+    cancel: &CancellationToken,
+) -> Result<bool> {
+    let done = git(worktree)
+        .args(["merge-base", "--is-ancestor", older, newer])
+        .run(cancel)
+        .await?;
+    Ok(done.status.success())
+}
+
+/// Adopts the box's work: the commits in `bundle` (if any) and the uncommitted state described
+/// by `theirs` (the box's manifest, git-mode listing).
+pub async fn adopt(
+    a: &Adoption<'_>,
+    bundle: Option<&Path>,
+    theirs: &Manifest,
+    remote: &Remote,
+    cancel: &CancellationToken,
+) -> Result<Adopted> {
+    let diverged = |detail: String| Error::Diverged {
+        worktree: a.worktree.display().to_string(),
+        detail,
+    };
+    let base = a
+        .base
+        .base_commit
+        .clone()
+        .ok_or_else(|| diverged("the base manifest records no base commit".into()))?;
+    contain::check_manifest(theirs, a.limits)?;
+    contain::check_rules(theirs, a.rules)?;
+
+    // Where things stand here: the branch where it was left, the worktree as the box got it.
+    let head = rev(a.worktree, &branch(a.session), cancel).await?;
+    if head != a.expected_head {
+        return Err(diverged(format!(
+            "the managed branch skiff/{} moved to {head} (expected {})",
+            a.session, a.expected_head
+        )));
+    }
+    let checked_out = rev(a.worktree, "HEAD", cancel).await?;
+    if checked_out != head {
+        return Err(diverged(format!(
+            "the worktree has {checked_out} checked out, not the session branch"
+        )));
+    }
+    inbound_plain::check_drift(a.worktree, Mode::Git, a.base, a.rules, a.limits, cancel).await?;
+
+    // The box's commits: verified, fetched (objects only, no ref), descending from both.
+    let tip = match bundle {
+        Some(bundle) => {
+            let tip = verify_bundle(a.worktree, bundle, a.session, cancel).await?;
+            git(a.worktree)
+                .args(["fetch", "--quiet", "--no-tags", "--no-write-fetch-head"])
+                .arg(bundle)
+                .arg(branch(a.session))
+                .run_checked(cancel)
+                .await?;
+            for (older, what) in [(&base, "the recorded base"), (&head, "the managed branch")] {
+                if !is_ancestor(a.worktree, older, &tip, cancel).await? {
+                    return Err(diverged(format!(
+                        "the box's branch tip {tip} does not descend from {what} {older}"
+                    )));
+                }
+            }
+            tip
+        }
+        None => head.clone(),
+    };
+
+    // What to write: every entry of the box that differs from the base, that the commits
+    // touched, or that is uncommitted here (the reset below returns those to the tip); what to
+    // delete: known paths the box no longer has (never excluded ones).
+    let mut touched = BTreeSet::new();
+    if tip != head {
+        let committed = git(a.worktree)
+            .args(["diff", "--name-only", "--no-renames", "-z", &head, &tip])
+            .run_checked(cancel)
+            .await?;
+        for path in split_z(&committed) {
+            let here = std::fs::symlink_metadata(join(a.worktree, path)).is_ok();
+            if here
+                && !a.base.entries.contains_key(path)
+                && !tracked_at(a.worktree, &head, path, cancel).await?
+            {
+                return Err(diverged(format!(
+                    "the box's commits write {path}, which exists here but was never synced (an ignored or excluded file)"
+                )));
+            }
+            touched.insert(path.to_owned());
+        }
+        let dirty = git(a.worktree)
+            .args(["diff", "--name-only", "--no-renames", "-z", "HEAD"])
+            .run_checked(cancel)
+            .await?;
+        for path in split_z(&dirty) {
+            let here = std::fs::symlink_metadata(join(a.worktree, path)).is_ok();
+            if here && !a.base.entries.contains_key(path) {
+                return Err(diverged(format!(
+                    "{path} has uncommitted changes here but is excluded from sync; adopting the box's commits would discard them"
+                )));
+            }
+            touched.insert(path.to_owned());
+        }
+    }
+    let changed: BTreeMap<String, ManifestEntry> = theirs
+        .entries
+        .iter()
+        .filter(|(p, e)| a.base.entries.get(*p) != Some(*e) || touched.contains(*p))
+        .map(|(p, e)| (p.clone(), e.clone()))
+        .collect();
+    let tree = git(a.worktree)
+        .args(["ls-tree", "-r", "-z", "--name-only", &tip])
+        .run_checked(cancel)
+        .await?;
+    let deleted: BTreeSet<String> = a
+        .base
+        .entries
+        .keys()
+        .cloned()
+        .chain(split_z(&tree).map(str::to_owned))
+        .filter(|p| !theirs.entries.contains_key(p) && !a.rules.excluded(p, false))
+        .collect();
+    inbound_plain::precheck_writes(a.worktree, &changed, &deleted)?;
+    let staged = inbound_plain::stage(remote, &changed, a.scratch, cancel).await?;
+
+    // Every check passed: write.
+    if tip != head {
+        git(a.worktree)
+            .args(["update-ref", "-m", "skiff: adopt the box's commits"])
+            .arg(branch(a.session))
+            .args([&tip, &head])
+            .run_checked(cancel)
+            .await?;
+        git(a.worktree)
+            .args(["reset", "--quiet", "--hard", &tip])
+            .run_checked(cancel)
+            .await?;
+    }
+    let files = inbound_plain::apply(a.worktree, &staged, &changed, &deleted)?;
+    Ok(Adopted {
+        head: tip.clone(),
+        fast_forwarded: tip != head,
+        files,
+    })
+}
+
+async fn tracked_at(
+    worktree: &Path,
+    commit: &str,
+    path: &str,
+    cancel: &CancellationToken,
+) -> Result<bool> {
+    let done = git(worktree)
+        .args(["cat-file", "-e"])
+        .arg(format!("{commit}:{path}"))
+        .run(cancel)
+        .await?;
+    Ok(done.status.success())
+}

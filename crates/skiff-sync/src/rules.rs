@@ -1,0 +1,298 @@
+//! Which paths take part in sync: built-in excludes (`.git` internals, `target`,
+//! `node_modules`, `.venv`, `__pycache__`, `dist`, …) and then `.skiffignore` at the workspace
+//! root.
+//!
+//! A rule is one line: `#` starts a comment, `!` re-includes, a trailing `/` matches
+//! directories only. A pattern without `/` matches any path segment (`*.log`, `build`); a
+//! pattern with `/` is anchored at the root (`docs/out`, `/notes.txt`). A rule that matches a
+//! directory matches everything below it. The last matching rule wins, and a path no rule
+//! matches is included. `.git` is excluded outside the rules: nothing can re-include it.
+//!
+//! Deliberately absent: `.gitignore` semantics such as "a file under an excluded directory
+//! cannot be re-included" — here it can, which is what people expect of `!`.
+
+use crate::{Error, Result, io_err};
+use globset::{GlobBuilder, GlobMatcher};
+use std::path::Path;
+
+/// Excluded unless a `.skiffignore` rule re-includes them: build outputs and caches that are
+/// large, machine-specific, and rebuilt on the box.
+pub const BUILTIN: &[&str] = &[
+    "target/",
+    "node_modules/",
+    ".venv/",
+    "__pycache__/",
+    "dist/",
+    ".tox/",
+    ".mypy_cache/",
+    ".pytest_cache/",
+    ".gradle/",
+    ".next/",
+    "*.pyc",
+    ".DS_Store",
+];
+
+/// The file at the workspace root that adds rules.
+pub const FILE: &str = ".skiffignore";
+
+#[derive(Clone, Debug)]
+struct Rule {
+    negated: bool,
+    anchored: bool,
+    dir_only: bool,
+    glob: GlobMatcher,
+}
+
+impl Rule {
+    fn parse(line: &str) -> std::result::Result<Option<Rule>, String> {
+        let line = line.trim_end();
+        if line.trim().is_empty() || line.starts_with('#') {
+            return Ok(None);
+        }
+        let (negated, rest) = match line.strip_prefix('!') {
+            Some(rest) => (true, rest),
+            None => (false, line.strip_prefix('\\').unwrap_or(line)),
+        };
+        let (dir_only, rest) = match rest.strip_suffix('/') {
+            Some(rest) => (true, rest),
+            None => (false, rest),
+        };
+        let anchored = rest.contains('/');
+        let pattern = rest.strip_prefix('/').unwrap_or(rest);
+        if pattern.is_empty() {
+            return Err("the pattern is empty".into());
+        }
+        let glob = GlobBuilder::new(pattern)
+            .literal_separator(true)
+            .backslash_escape(true)
+            .build()
+            .map_err(|e| e.to_string())?
+            .compile_matcher();
+        Ok(Some(Rule {
+            negated,
+            anchored,
+            dir_only,
+            glob,
+        }))
+    }
+
+    /// Whether the rule matches `path` (a `/`-separated relative path) or a directory above it.
+    fn matches(&self, path: &str, is_dir: bool) -> bool {
+        let parts: Vec<&str> = path.split('/').collect();
+        let last = parts.len().saturating_sub(1);
+        if self.anchored {
+            let mut end = 0;
+            for (i, part) in parts.iter().enumerate() {
+                end += part.len() + usize::from(i > 0);
+                if (i < last || is_dir || !self.dir_only) && self.glob.is_match(&path[..end]) {
+                    return true;
+                }
+            }
+            false
+        } else {
+            parts
+                .iter()
+                .enumerate()
+                .any(|(i, part)| (i < last || is_dir || !self.dir_only) && self.glob.is_match(part))
+        }
+    }
+}
+
+/// An ordered rule list: built-ins first, then `.skiffignore`.
+#[derive(Clone, Debug)]
+pub struct Rules {
+    rules: Vec<Rule>,
+}
+
+impl Default for Rules {
+    fn default() -> Self {
+        Self::builtin()
+    }
+}
+
+impl Rules {
+    /// The built-in excludes alone.
+    pub fn builtin() -> Rules {
+        let rules = BUILTIN
+            .iter()
+            .filter_map(|p| Rule::parse(p).ok().flatten())
+            .collect();
+        Rules { rules }
+    }
+
+    /// The built-ins followed by the rules in `text` (the contents of a `.skiffignore`).
+    pub fn parse(text: &str) -> Result<Rules> {
+        let mut rules = Self::builtin();
+        for (i, line) in text.lines().enumerate() {
+            match Rule::parse(line) {
+                Ok(Some(rule)) => rules.rules.push(rule),
+                Ok(None) => {}
+                Err(detail) => {
+                    return Err(Error::Rule {
+                        line: i + 1,
+                        pattern: line.to_owned(),
+                        detail,
+                    });
+                }
+            }
+        }
+        Ok(rules)
+    }
+
+    /// The built-ins followed by `root/.skiffignore`, when it exists.
+    pub fn load(root: &Path) -> Result<Rules> {
+        let path = root.join(FILE);
+        match std::fs::read_to_string(&path) {
+            Ok(text) => Self::parse(&text),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Self::builtin()),
+            Err(e) => Err(io_err(&path)(e)),
+        }
+    }
+
+    /// The index of the last rule that matches, if any.
+    fn last_match(&self, path: &str, is_dir: bool) -> Option<usize> {
+        self.rules.iter().rposition(|r| r.matches(path, is_dir))
+    }
+
+    /// Whether `path` (relative, `/`-separated) stays out of sync.
+    pub fn excluded(&self, path: &str, is_dir: bool) -> bool {
+        if path.split('/').any(|p| p == ".git") {
+            return true;
+        }
+        self.last_match(path, is_dir)
+            .is_some_and(|i| !self.rules[i].negated)
+    }
+
+    /// Whether a walk must still look inside the excluded directory `dir`: a later `!` rule
+    /// might re-include something below it.
+    pub fn may_reinclude_below(&self, dir: &str) -> bool {
+        if dir.split('/').any(|p| p == ".git") {
+            return false;
+        }
+        let from = self.last_match(dir, true).map_or(0, |i| i + 1);
+        self.rules[from..].iter().any(|r| r.negated)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn builtins_and_segments() {
+        let rules = Rules::parse("*.log\n/notes.txt\ndocs/out/\n!keep.log\n").unwrap();
+        assert!(rules.excluded("target/debug/x", false));
+        assert!(rules.excluded("sub/node_modules/a/b.js", false));
+        assert!(rules.excluded(".git/config", false));
+        assert!(rules.excluded("a/.git", true));
+        assert!(rules.excluded("a/b/c.log", false));
+        assert!(!rules.excluded("a/b/keep.log", false));
+        assert!(rules.excluded("notes.txt", false));
+        assert!(!rules.excluded("sub/notes.txt", false));
+        assert!(rules.excluded("docs/out/index.html", false));
+        assert!(
+            !rules.excluded("docs/out", false),
+            "dir-only rule on a file"
+        );
+        assert!(!rules.excluded("src/main.rs", false));
+        // `target` as a file is not a directory: the built-in is dir-only.
+        assert!(!rules.excluded("target", false));
+    }
+
+    #[test]
+    fn re_include_below_an_excluded_directory() {
+        let rules = Rules::parse("!target/keep.txt\n").unwrap();
+        assert!(!rules.excluded("target/keep.txt", false));
+        assert!(rules.excluded("target/other", false));
+        assert!(rules.may_reinclude_below("target"));
+        assert!(!Rules::builtin().may_reinclude_below("target"));
+        assert!(!rules.may_reinclude_below(".git"));
+        let rules = Rules::parse("!.git/config\n").unwrap();
+        assert!(
+            rules.excluded(".git/config", false),
+            ".git is never re-included"
+        );
+    }
+
+    #[test]
+    fn bad_patterns_name_their_line() {
+        let err = Rules::parse("ok\n[\n").unwrap_err().to_string();
+        assert!(err.contains("line 2"), "{err}");
+    }
+
+    fn pattern() -> impl Strategy<Value = String> {
+        let seg = prop_oneof![
+            Just("a".to_owned()),
+            Just("b".to_owned()),
+            Just("*.log".to_owned()),
+            Just("x*".to_owned()),
+            Just("*".to_owned()),
+        ];
+        (
+            any::<bool>(),
+            any::<bool>(),
+            any::<bool>(),
+            prop::collection::vec(seg, 1..3),
+        )
+            .prop_map(|(neg, lead, dir, segs)| {
+                let mut p = String::new();
+                if neg {
+                    p.push('!');
+                }
+                if lead {
+                    p.push('/');
+                }
+                p.push_str(&segs.join("/"));
+                if dir {
+                    p.push('/');
+                }
+                p
+            })
+    }
+
+    fn path() -> impl Strategy<Value = String> {
+        let seg = prop_oneof![
+            Just("a"),
+            Just("b"),
+            Just("c.log"),
+            Just("xy"),
+            Just("target")
+        ];
+        prop::collection::vec(seg, 1..4).prop_map(|s| s.join("/"))
+    }
+
+    proptest! {
+        /// Last match wins: appending a rule decides exactly the paths it matches, with its own
+        /// polarity, and leaves every other path as it was.
+        #[test]
+        fn appending_a_rule_decides_only_what_it_matches(
+            base in prop::collection::vec(pattern(), 0..5),
+            extra in pattern(),
+            path in path(),
+            is_dir in any::<bool>(),
+        ) {
+            let before = Rules::parse(&base.join("\n")).unwrap();
+            let after = Rules::parse(&format!("{}\n{extra}", base.join("\n"))).unwrap();
+            let rule = Rule::parse(&extra).unwrap().unwrap();
+            let expected = if rule.matches(&path, is_dir) {
+                !rule.negated
+            } else {
+                before.excluded(&path, is_dir)
+            };
+            prop_assert_eq!(after.excluded(&path, is_dir), expected);
+        }
+
+        /// Repeating the whole rule list changes nothing.
+        #[test]
+        fn rules_are_idempotent(
+            base in prop::collection::vec(pattern(), 0..5),
+            path in path(),
+            is_dir in any::<bool>(),
+        ) {
+            let once = Rules::parse(&base.join("\n")).unwrap();
+            let twice = Rules::parse(&format!("{0}\n{0}", base.join("\n"))).unwrap();
+            prop_assert_eq!(once.excluded(&path, is_dir), twice.excluded(&path, is_dir));
+        }
+    }
+}

@@ -1,0 +1,194 @@
+//! Bad input from a box: each case refused with a clear error and nothing written.
+
+use crate::fixture::{TestBox, snapshot};
+use crate::plain_mode::{DIR, mirror, plain_dir, push_plain};
+use skiff_sync::filelist::{Limits, Mode};
+use skiff_sync::{Error, Manifest, ManifestEntry};
+
+fn with(theirs: &Manifest, path: &str, entry: ManifestEntry) -> Manifest {
+    let mut m = theirs.clone();
+    m.entries.insert(path.to_owned(), entry);
+    m
+}
+
+fn file(blake3: &str, size: u64) -> ManifestEntry {
+    ManifestEntry::File {
+        blake3: blake3.to_owned(),
+        size,
+        mode: 0o644,
+    }
+}
+
+#[tokio::test]
+async fn every_bad_input_is_refused_and_nothing_is_written() {
+    let tb = TestBox::new().await;
+    let remote = tb.remote(DIR);
+    let local = plain_dir();
+    let scratch = tempfile::tempdir().unwrap();
+    let (base, _) = push_plain(local.path(), &remote, scratch.path()).await;
+    // A legitimate change rides along with every bad one: it must not be written either.
+    tb.sh(&format!("cd {DIR} && echo legit > README")).await;
+    let honest = tb.manifest(DIR, Mode::Plain).await;
+    let some_hash = match honest.entries.get("README") {
+        Some(ManifestEntry::File { blake3, .. }) => blake3.clone(),
+        other => panic!("{other:?}"),
+    };
+    let before = snapshot(local.path());
+    let limits = Limits::default();
+
+    let mut cases: Vec<(&str, Manifest, Limits)> = vec![
+        (
+            "dot-dot path",
+            with(&honest, "../escape.txt", file(&some_hash, 7)),
+            limits,
+        ),
+        (
+            "nested dot-dot",
+            with(&honest, "src/../../escape", file(&some_hash, 7)),
+            limits,
+        ),
+        (
+            "absolute path",
+            with(&honest, "/etc/cron.d/x", file(&some_hash, 7)),
+            limits,
+        ),
+        (
+            "git internals",
+            with(&honest, ".git/hooks/pre-commit", file(&some_hash, 7)),
+            limits,
+        ),
+        (
+            "below a file",
+            with(&honest, "README/x", file(&some_hash, 7)),
+            limits,
+        ),
+        (
+            "manifest mismatch",
+            with(&honest, "README", file(&"0".repeat(64), 6)),
+            limits,
+        ),
+        (
+            "promised file that does not exist",
+            with(&honest, "ghost.txt", file(&some_hash, 7)),
+            limits,
+        ),
+    ];
+
+    // A symlink that resolves outside the workspace, made by the box itself.
+    tb.sh(&format!(
+        "cd {DIR} && ln -s ../../../../etc/passwd evil && ln -s /etc/shadow evil2"
+    ))
+    .await;
+    cases.push((
+        "escaping symlinks",
+        tb.manifest(DIR, Mode::Plain).await,
+        limits,
+    ));
+    tb.sh(&format!("cd {DIR} && rm evil evil2")).await;
+
+    // An oversized file.
+    tb.sh(&format!("cd {DIR} && head -c 300000 /dev/zero > big.bin"))
+        .await;
+    cases.push((
+        "over the per-file limit",
+        tb.manifest(DIR, Mode::Plain).await,
+        Limits {
+            max_file_bytes: 100_000,
+            ..Limits::default()
+        },
+    ));
+    tb.sh(&format!("cd {DIR} && rm big.bin")).await;
+
+    // A FIFO the box claims is a file: it does not transfer, so the bytes cannot match.
+    tb.sh(&format!("cd {DIR} && mkfifo pipe")).await;
+    let err = tb.try_manifest(DIR, Mode::Plain).await.unwrap_err();
+    assert!(matches!(err, Error::Special { kind: "FIFO", .. }), "{err}");
+    cases.push((
+        "a FIFO passed off as a file",
+        with(&honest, "pipe", file(&some_hash, 7)),
+        limits,
+    ));
+
+    // A device file and a socket (made by root here; a box user cannot mknod).
+    let dev = tb.path(DIR).join("null-dev");
+    let made = std::process::Command::new("mknod")
+        .arg(&dev)
+        .args(["c", "1", "3"])
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let err = skiff_sync::manifest::entry_of(&tb.path(DIR), "null-dev").unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::Special {
+                kind: "device file",
+                ..
+            }
+        ),
+        "{err}"
+    );
+    cases.push((
+        "a device passed off as a file",
+        with(&honest, "null-dev", file(&some_hash, 7)),
+        limits,
+    ));
+    let sock = tb.path(DIR).join("sock");
+    let _listener = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+    let err = skiff_sync::manifest::entry_of(&tb.path(DIR), "sock").unwrap_err();
+    assert!(
+        matches!(err, Error::Special { kind: "socket", .. }),
+        "{err}"
+    );
+    cases.push((
+        "a socket passed off as a file",
+        with(&honest, "sock", file(&some_hash, 7)),
+        limits,
+    ));
+
+    for (case, theirs, limits) in cases {
+        let err = mirror(
+            local.path(),
+            &base,
+            &theirs,
+            &remote,
+            scratch.path(),
+            &limits,
+        )
+        .await
+        .expect_err(case);
+        let msg = err.to_string();
+        assert!(
+            matches!(err, Error::Unsafe { .. } | Error::Mismatch { .. }),
+            "{case}: {msg}"
+        );
+        assert!(msg.contains("nothing was written"), "{case}: {msg}");
+        assert_eq!(snapshot(local.path()), before, "{case} wrote something");
+        assert!(
+            scratch.path().read_dir().unwrap().next().is_none(),
+            "{case}: staging left"
+        );
+    }
+
+    // Where the gateway's rules do not look, the box may not write (it could be anything here,
+    // a symlink out of the workspace included).
+    std::os::unix::fs::symlink("/tmp", local.path().join("node_modules/x/out")).unwrap();
+    let theirs = with(
+        &honest,
+        "node_modules/x/out/planted.txt",
+        file(&some_hash, 7),
+    );
+    let err = mirror(
+        local.path(),
+        &base,
+        &theirs,
+        &remote,
+        scratch.path(),
+        &Limits::default(),
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(err, Error::Unsafe { .. }), "{err}");
+    assert!(err.to_string().contains("rules exclude it"), "{err}");
+    assert!(!std::path::Path::new("/tmp/planted.txt").exists());
+}

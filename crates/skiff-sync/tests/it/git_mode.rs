@@ -1,0 +1,432 @@
+//! Git mode: outbound to a real repository on the box, adoption back, and everything that
+//! must stop it.
+
+use crate::fixture::{TestBox, Workspace, cancel, git, snapshot, status_lines};
+use skiff_sync::filelist::{Limits, Mode};
+use skiff_sync::inbound_git::{self, Adoption};
+use skiff_sync::outbound::{self, Dispatched, Outbound};
+use skiff_sync::{Error, Method, Rules};
+
+const DIR: &str = "workspace/repo";
+
+fn files() -> Vec<(&'static str, &'static str)> {
+    vec![
+        ("a.txt", "alpha\n"),
+        ("src/lib.rs", "pub fn f() {}\n"),
+        ("del.txt", "to be deleted\n"),
+        (".gitignore", "*.log\n"),
+    ]
+}
+
+/// The user's uncommitted work, carried into the managed worktree.
+fn dirty(ws: &Workspace) {
+    ws.write("a.txt", "alpha, edited\n");
+    std::fs::remove_file(ws.worktree.join("del.txt")).unwrap();
+    ws.write("new.txt", "untracked\n");
+    ws.write("debug.log", "ignored by .gitignore\n");
+    ws.write("target/out.bin", "built-in exclude\n");
+    ws.write("target/keep.txt", "re-included\n");
+    ws.write("secret.txt", "excluded by .skiffignore\n");
+    ws.write(".skiffignore", "secret.txt\n!target/keep.txt\n");
+}
+
+async fn dispatch(ws: &Workspace, tb: &TestBox) -> Dispatched {
+    let rules = Rules::load(&ws.worktree).unwrap();
+    let out = Outbound {
+        local: &ws.worktree,
+        mode: Mode::Git,
+        session: &ws.session,
+        rules: &rules,
+        limits: &Limits::default(),
+        scratch: ws.scratch.path(),
+        identity: Some(("Box Agent", "agent@skiff.invalid")),
+    };
+    outbound::push(&out, &tb.remote(DIR), &cancel())
+        .await
+        .unwrap()
+}
+
+async fn adopt(
+    ws: &Workspace,
+    tb: &TestBox,
+    base: &skiff_sync::Manifest,
+) -> skiff_sync::Result<inbound_git::Adopted> {
+    let rules = Rules::load(&ws.worktree).unwrap();
+    let remote = tb.remote(DIR);
+    let commit = base.base_commit.clone().unwrap();
+    let bundle = inbound_git::fetch_bundle(
+        &remote,
+        &ws.session,
+        &commit,
+        &Limits::default(),
+        ws.scratch.path(),
+        &cancel(),
+    )
+    .await?;
+    let theirs = tb.manifest(DIR, Mode::Git).await;
+    let a = Adoption {
+        worktree: &ws.worktree,
+        session: &ws.session,
+        base,
+        expected_head: &commit,
+        rules: &rules,
+        limits: &Limits::default(),
+        scratch: ws.scratch.path(),
+    };
+    inbound_git::adopt(
+        &a,
+        bundle.as_ref().map(|b| b.path()),
+        &theirs,
+        &remote,
+        &cancel(),
+    )
+    .await
+}
+
+#[tokio::test]
+async fn outbound_lays_a_real_repository_with_the_users_changes() {
+    let tb = TestBox::new().await;
+    let ws = Workspace::git(&files());
+    dirty(&ws);
+    let sent = dispatch(&ws, &tb).await;
+    assert_eq!(sent.method, Method::Rsync);
+    assert_eq!(
+        sent.manifest.base_commit.as_deref(),
+        Some(ws.head().as_str())
+    );
+    let keys: Vec<&str> = sent.manifest.entries.keys().map(String::as_str).collect();
+    assert_eq!(
+        keys,
+        [
+            ".gitignore",
+            ".skiffignore",
+            "a.txt",
+            "new.txt",
+            "src/lib.rs",
+            "target/keep.txt"
+        ]
+    );
+
+    let on_box = tb
+        .sh(&format!(
+            "cd {DIR} && git status --porcelain --untracked-files=all"
+        ))
+        .await;
+    assert_eq!(
+        status_lines(&on_box),
+        [
+            " D del.txt",
+            " M a.txt",
+            "?? .skiffignore",
+            "?? new.txt",
+            "?? target/keep.txt"
+        ]
+    );
+    // Exactly the local status, minus what sync excludes.
+    let local = git(
+        &ws.worktree,
+        &["status", "--porcelain", "--untracked-files=all"],
+    );
+    let expected: Vec<String> = status_lines(&local)
+        .into_iter()
+        .filter(|l| !l.ends_with("secret.txt") && !l.ends_with("target/out.bin"))
+        .collect();
+    assert_eq!(status_lines(&on_box), expected);
+    let box_head = tb
+        .sh(&format!(
+            "cd {DIR} && git rev-parse HEAD && git branch --show-current && git remote"
+        ))
+        .await;
+    assert_eq!(box_head, format!("{}\nskiff/{}\n", ws.head(), ws.session));
+    assert!(!tb.path(DIR).join("secret.txt").exists());
+    assert!(!tb.path(DIR).join("target/out.bin").exists());
+    assert!(
+        !tb.path(".skiff/sync").read_dir().unwrap().any(|_| true),
+        "the bundle was left behind"
+    );
+
+    // A second dispatch into the same, now non-empty, directory is refused.
+    let rules = Rules::builtin();
+    let again = Outbound {
+        local: &ws.worktree,
+        mode: Mode::Git,
+        session: &ws.session,
+        rules: &rules,
+        limits: &Limits::default(),
+        scratch: ws.scratch.path(),
+        identity: None,
+    };
+    let err = outbound::push(&again, &tb.remote(DIR), &cancel())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::RemoteNotEmpty { .. }), "{err}");
+}
+
+#[tokio::test]
+async fn limits_are_checked_before_anything_moves_and_name_the_largest() {
+    let tb = TestBox::new().await;
+    let ws = Workspace::git(&[("small.txt", "s\n")]);
+    ws.write("big/one.bin", &"x".repeat(300_000));
+    ws.write("big/two.bin", &"y".repeat(200_000));
+    ws.write("medium.bin", &"z".repeat(50_000));
+    let rules = Rules::builtin();
+    for (limits, says) in [
+        (
+            Limits {
+                max_file_bytes: 100_000,
+                ..Limits::default()
+            },
+            "2 file(s) over the per-file limit",
+        ),
+        (
+            Limits {
+                max_total_bytes: 400_000,
+                ..Limits::default()
+            },
+            "in all, over the limit",
+        ),
+        (
+            Limits {
+                max_files: 2,
+                ..Limits::default()
+            },
+            "4 files, over the limit of 2",
+        ),
+    ] {
+        let out = Outbound {
+            local: &ws.worktree,
+            mode: Mode::Git,
+            session: &ws.session,
+            rules: &rules,
+            limits: &limits,
+            scratch: ws.scratch.path(),
+            identity: None,
+        };
+        let err = outbound::push(&out, &tb.remote(DIR), &cancel())
+            .await
+            .unwrap_err();
+        let msg = err.to_string();
+        assert!(matches!(err, Error::TooLarge { .. }), "{msg}");
+        assert!(msg.contains(says), "{msg}");
+        if limits.max_files == 2 {
+            assert!(msg.contains("big (2 files)"), "{msg}");
+        } else {
+            assert!(msg.contains("big/one.bin (293.0 KiB)"), "{msg}");
+            assert!(msg.find("big/one.bin") < msg.find("big/two.bin"), "{msg}");
+        }
+    }
+    assert!(!tb.path(DIR).exists(), "something reached the box");
+}
+
+#[tokio::test]
+async fn adoption_fast_forwards_and_brings_back_uncommitted_work() {
+    let tb = TestBox::new().await;
+    let ws = Workspace::git(&files());
+    dirty(&ws);
+    let sent = dispatch(&ws, &tb).await;
+
+    // The agent on the box: commits the user's carried edit and one of its own, leaves more
+    // uncommitted, deletes an untracked file, adds one.
+    tb.sh(&format!(
+        "cd {DIR} && echo 'box edit' >> src/lib.rs && git add -A a.txt src/lib.rs del.txt \
+         && git commit -q -m 'box: work' && echo 'uncommitted' > a.txt && rm new.txt \
+         && mkdir -p docs && echo doc > docs/box.md && ln -s ../a.txt docs/link"
+    ))
+    .await;
+    let box_tip = tb.sh(&format!("cd {DIR} && git rev-parse HEAD")).await;
+
+    let adopted = adopt(&ws, &tb, &sent.manifest).await.unwrap();
+    assert!(adopted.fast_forwarded);
+    assert_eq!(adopted.head, box_tip.trim());
+    assert_eq!(ws.head(), box_tip.trim());
+    assert_eq!(
+        git(&ws.worktree, &["log", "-1", "--format=%s %an"]).trim(),
+        "box: work Box Agent"
+    );
+    let box_status = tb
+        .sh(&format!(
+            "cd {DIR} && git status --porcelain --untracked-files=all"
+        ))
+        .await;
+    let here = git(
+        &ws.worktree,
+        &["status", "--porcelain", "--untracked-files=all"],
+    );
+    let here: Vec<String> = status_lines(&here)
+        .into_iter()
+        .filter(|l| !l.ends_with("secret.txt") && !l.ends_with("target/out.bin"))
+        .collect();
+    assert_eq!(here, status_lines(&box_status));
+    assert_eq!(
+        std::fs::read_to_string(ws.worktree.join("a.txt")).unwrap(),
+        "uncommitted\n"
+    );
+    assert!(!ws.worktree.join("new.txt").exists());
+    assert_eq!(
+        std::fs::read_link(ws.worktree.join("docs/link"))
+            .unwrap()
+            .to_str(),
+        Some("../a.txt")
+    );
+    // What sync never saw is still here.
+    assert!(ws.worktree.join("secret.txt").exists());
+    assert!(ws.worktree.join("target/out.bin").exists());
+    assert!(ws.worktree.join("debug.log").exists());
+}
+
+#[tokio::test]
+async fn divergence_is_refused_with_both_sides_intact() {
+    let tb = TestBox::new().await;
+    let ws = Workspace::git(&files());
+    let sent = dispatch(&ws, &tb).await;
+    tb.sh(&format!(
+        "cd {DIR} && echo more >> a.txt && git commit -qam 'box: more'"
+    ))
+    .await;
+    let box_before = tb
+        .sh(&format!(
+            "cd {DIR} && git rev-parse HEAD && git status --porcelain"
+        ))
+        .await;
+
+    // The managed branch moved on the gateway while the box held the session.
+    git(
+        &ws.worktree,
+        &[
+            "-c",
+            "user.name=x",
+            "-c",
+            "user.email=x@x",
+            "commit",
+            "-q",
+            "--allow-empty",
+            "-m",
+            "local",
+        ],
+    );
+    let local_head = ws.head();
+    let local_before = snapshot(&ws.worktree);
+    let err = adopt(&ws, &tb, &sent.manifest).await.unwrap_err();
+    assert!(matches!(err, Error::Diverged { .. }), "{err}");
+    assert!(err.to_string().contains("moved"), "{err}");
+    assert_eq!(ws.head(), local_head);
+    assert_eq!(snapshot(&ws.worktree), local_before);
+    assert_eq!(
+        tb.sh(&format!(
+            "cd {DIR} && git rev-parse HEAD && git status --porcelain"
+        ))
+        .await,
+        box_before
+    );
+
+    // The box rewrote history below the base: its tip does not descend from it.
+    git(
+        &ws.worktree,
+        &[
+            "reset",
+            "-q",
+            "--hard",
+            sent.manifest.base_commit.as_deref().unwrap(),
+        ],
+    );
+    tb.sh(&format!(
+        "cd {DIR} && git checkout -q --orphan tmp && git commit -qm rewritten && \
+         git branch -f skiff/{0} tmp && git checkout -q skiff/{0} && git branch -D tmp -q",
+        ws.session
+    ))
+    .await;
+    let local_before = snapshot(&ws.worktree);
+    let err = adopt(&ws, &tb, &sent.manifest).await.unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        matches!(err, Error::Diverged { .. })
+            && (msg.contains("does not descend") || msg.contains("does not verify")),
+        "{msg}"
+    );
+    assert_eq!(snapshot(&ws.worktree), local_before);
+    assert_eq!(ws.head(), sent.manifest.base_commit.clone().unwrap());
+}
+
+#[tokio::test]
+async fn a_bundle_with_any_other_ref_is_refused() {
+    let tb = TestBox::new().await;
+    let ws = Workspace::git(&files());
+    let sent = dispatch(&ws, &tb).await;
+    let base = sent.manifest.base_commit.clone().unwrap();
+    tb.sh(&format!(
+        "cd {DIR} && echo x >> a.txt && git commit -qam box && git branch evil && git tag v1"
+    ))
+    .await;
+    let remote = tb.remote(DIR);
+    for extra in ["refs/heads/evil", "refs/tags/v1"] {
+        let path = ws.scratch.path().join("foreign.bundle");
+        remote
+            .fetch_output(
+                &format!(
+                    "cd {DIR} && git bundle create -q - {base}..skiff/{} {extra}",
+                    ws.session
+                ),
+                &path,
+                1 << 20,
+                &cancel(),
+            )
+            .await
+            .unwrap();
+        let err = inbound_git::verify_bundle(&ws.worktree, &path, &ws.session, &cancel())
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::ForeignRef { .. }), "{err}");
+        assert!(err.to_string().contains(extra), "{err}");
+        // Through adoption too: nothing moves.
+        let rules = Rules::builtin();
+        let before = snapshot(&ws.worktree);
+        let theirs = tb.manifest(DIR, Mode::Git).await;
+        let a = Adoption {
+            worktree: &ws.worktree,
+            session: &ws.session,
+            base: &sent.manifest,
+            expected_head: &base,
+            rules: &rules,
+            limits: &Limits::default(),
+            scratch: ws.scratch.path(),
+        };
+        let err = inbound_git::adopt(&a, Some(&path), &theirs, &remote, &cancel())
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::ForeignRef { .. }), "{err}");
+        assert_eq!(snapshot(&ws.worktree), before);
+        assert_eq!(ws.head(), base);
+    }
+    // A bundle larger than the limits is refused while it arrives.
+    let tiny = Limits {
+        max_total_bytes: 100,
+        ..Limits::default()
+    };
+    let err = inbound_git::fetch_bundle(
+        &remote,
+        &ws.session,
+        &base,
+        &tiny,
+        ws.scratch.path(),
+        &cancel(),
+    )
+    .await
+    .err()
+    .unwrap();
+    assert!(err.to_string().contains("more than 100 bytes"), "{err}");
+    // A bundle of some other branch alone is refused as well.
+    let path = ws.scratch.path().join("other.bundle");
+    remote
+        .fetch_output(
+            &format!("cd {DIR} && git bundle create -q - {base}..evil"),
+            &path,
+            1 << 20,
+            &cancel(),
+        )
+        .await
+        .unwrap();
+    let err = inbound_git::verify_bundle(&ws.worktree, &path, &ws.session, &cancel())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::ForeignRef { .. }), "{err}");
+}

@@ -1,0 +1,102 @@
+// A real gateway (the `skiff` binary from target/debug), a scripted model, a git repository,
+// and Debian's chromium driven by playwright-core. Nothing here downloads a browser.
+
+import { spawn, execFileSync } from 'node:child_process';
+import { mkdtempSync, writeFileSync, mkdirSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join, dirname, resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { createInterface } from 'node:readline';
+import { chromium } from 'playwright-core';
+
+const here = dirname(fileURLToPath(import.meta.url));
+export const ROOT = resolve(here, '../..');
+export const SKIFF = process.env.SKIFF_BIN || join(ROOT, 'target/debug/skiff');
+export const SHOTS = join(here, 'screenshots');
+mkdirSync(SHOTS, { recursive: true });
+
+export function tempDir(prefix) {
+  return mkdtempSync(join(tmpdir(), prefix));
+}
+
+export class Gateway {
+  constructor(script) {
+    this.dir = tempDir('skiff-ui-');
+    this.stateDir = join(this.dir, 'state');
+    this.config = join(this.dir, 'skiff.toml');
+    writeFileSync(join(this.dir, 'script.toml'), script);
+    writeFileSync(this.config, '[providers.fake]\napi = "scripted"\nscript = "script.toml"\n');
+  }
+
+  /** Starts `skiff gateway` (on `listen`, default any free port) and waits for its URL. */
+  async start(listen = '127.0.0.1:0') {
+    this.child = spawn(SKIFF, ['--state-dir', this.stateDir, 'gateway', '--listen', listen, '--config', this.config], {
+      env: { ...process.env, RUST_LOG: 'warn' },
+      stdio: ['ignore', 'pipe', 'inherit'],
+    });
+    const lines = createInterface({ input: this.child.stdout });
+    const first = await new Promise((ok, fail) => {
+      lines.once('line', ok);
+      this.child.once('exit', (code) => fail(new Error(`skiff gateway exited with ${code} before listening`)));
+    });
+    const prefix = 'skiff gateway listening on ';
+    if (!first.startsWith(prefix)) throw new Error(`unexpected first line from the gateway: ${first}`);
+    this.url = first.slice(prefix.length).trim();
+    this.listen = this.url.replace('http://', '');
+    return this;
+  }
+
+  async stop() {
+    if (!this.child || this.child.exitCode !== null) return;
+    const exited = new Promise((ok) => this.child.once('exit', ok));
+    this.child.kill('SIGKILL');
+    await exited;
+  }
+
+  cli(...args) {
+    return execFileSync(SKIFF, ['--state-dir', this.stateDir, ...args], {
+      encoding: 'utf8',
+      env: { ...process.env, SKIFF_URL: '', SKIFF_TOKEN: '' },
+    });
+  }
+
+  /** A fresh one-use login link, as `skiff ui` prints it. */
+  loginUrl() {
+    return JSON.parse(this.cli('ui', '--json')).url;
+  }
+
+  token() {
+    return JSON.parse(execFileSync('cat', [join(this.stateDir, 'gateway.json')], { encoding: 'utf8' })).token;
+  }
+
+  async api(path) {
+    const resp = await fetch(`${this.url}${path}`, { headers: { authorization: `Bearer ${this.token()}` } });
+    return resp.json();
+  }
+}
+
+/** A git repository with one commit. */
+export function gitRepo() {
+  const dir = tempDir('skiff-repo-');
+  writeFileSync(join(dir, 'README.md'), '# sample\n\nA small project.\n');
+  writeFileSync(join(dir, 'main.py'), 'print("hello")\n');
+  const git = (...args) => execFileSync('git', ['-C', dir, '-c', 'user.name=t', '-c', 'user.email=t@example.com', ...args], { stdio: 'ignore' });
+  git('init', '-q', '-b', 'main');
+  git('add', '.');
+  git('commit', '-q', '-m', 'init');
+  return dir;
+}
+
+/** Debian's chromium with a fresh user-data dir, as one browser context. */
+export async function launch() {
+  const userDataDir = tempDir('skiff-chromium-');
+  return chromium.launchPersistentContext(userDataDir, {
+    executablePath: process.env.CHROMIUM || '/usr/bin/chromium',
+    headless: true,
+    viewport: { width: 1280, height: 800 },
+    args: [
+      '--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
+      '--disable-background-networking', '--disable-component-update', '--disable-sync',
+    ],
+  });
+}

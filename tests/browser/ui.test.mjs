@@ -1,0 +1,375 @@
+// The Control UI end to end: the real `skiff` gateway, a scripted model, Debian's chromium.
+// Steps run in order and share one gateway and one browser.
+
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { join } from 'node:path';
+import { Gateway, gitRepo, launch, SHOTS } from './harness.mjs';
+
+const LONG = Array.from({ length: 70 }, (_, i) => `word${i}`).join(' ');
+const SCRIPT = `
+chunk_delay_ms = 40
+
+[[turns]]
+text = "I'll look at the files first."
+[[turns.tool_calls]]
+name = "ls"
+arguments = {}
+
+[[turns]]
+text = """
+Here is what I found:
+
+- \`README.md\` describes the project
+- **main.py** prints a greeting
+
+\`\`\`sh
+python3 main.py
+\`\`\`
+
+All done."""
+
+[[turns]]
+text = "Running a slow command now."
+[[turns.tool_calls]]
+name = "exec"
+arguments = { command = "sleep 30" }
+
+[[turns]]
+text = "Streaming start. ${LONG} Streaming end."
+
+[[turns]]
+text = "Back after the restart."
+`;
+
+let gw;
+let context;
+let page;
+let repo;
+let sessionId;
+let expiredLink;
+
+const shot = (name) => page.screenshot({ path: join(SHOTS, `${name}.png`) });
+const transcriptText = () => page.locator('.turns').innerText();
+
+before(async () => {
+  gw = await new Gateway(SCRIPT).start();
+  repo = gitRepo();
+  context = await launch();
+  page = context.pages()[0] || (await context.newPage());
+  page.on('pageerror', (e) => console.error('page error:', e));
+  page.on('console', (m) => {
+    if (m.type() === 'error') console.error('console:', m.text());
+  });
+});
+
+after(async () => {
+  await context?.close();
+  await gw?.stop();
+});
+
+test('the login link trades its ticket once for an HttpOnly cookie and leaves the URL', async () => {
+  const link = gw.loginUrl();
+  assert.match(link, /\/ui\/login\?ticket=skt_/);
+  await page.goto(link);
+  await page.waitForSelector('#app:not([hidden])');
+  assert.equal(page.url(), `${gw.url}/`, 'the ticket left the address bar');
+  const cookie = (await context.cookies()).find((c) => c.name === 'skiff_session');
+  assert.ok(cookie, 'a session cookie is set');
+  assert.equal(cookie.httpOnly, true);
+  assert.equal(cookie.sameSite, 'Strict');
+  const visible = await page.evaluate(() => ({
+    cookie: document.cookie,
+    storage: JSON.stringify({ ...localStorage }) + JSON.stringify({ ...sessionStorage }),
+    html: document.documentElement.outerHTML,
+  }));
+  assert.ok(!visible.cookie.includes('skiff_session'), 'the page cannot read the cookie');
+  const token = gw.token();
+  for (const place of [visible.storage, visible.html]) assert.ok(!place.includes(token), 'no token in the page');
+  await page.waitForSelector('#health[data-state="live"]');
+
+  // The same link again: refused (no cookie, sent to the login page to say why).
+  const again = await page.request.get(link, { maxRedirects: 0 });
+  assert.equal(again.status(), 303);
+  assert.equal(again.headers().location, '/#login-expired');
+  assert.equal(again.headers()['set-cookie'], undefined);
+  expiredLink = link;
+});
+
+test('a request without the session cookie is refused, and a cross-site change too', async () => {
+  const bare = await fetch(`${gw.url}/v1/sessions`);
+  assert.equal(bare.status, 401);
+  const omitted = await page.evaluate(async () => (await fetch('/v1/sessions', { credentials: 'omit' })).status);
+  assert.equal(omitted, 401);
+  const withCookie = await page.evaluate(async () => (await fetch('/v1/sessions')).status);
+  assert.equal(withCookie, 200);
+  // The browser's cookie, sent with another site's Origin, may not change anything.
+  const cross = await page.request.post(`${gw.url}/v1/sessions`, {
+    headers: { origin: 'http://evil.example', 'content-type': 'application/json' },
+    data: { prompt: 'x', workspace: '/tmp' },
+  });
+  assert.equal(cross.status(), 403);
+  const csp = (await page.request.get(`${gw.url}/`)).headers()['content-security-policy'];
+  assert.match(csp, /default-src 'self'/);
+});
+
+test('a session created from the target bar streams text and tool rows', async () => {
+  await page.keyboard.press('n');
+  await page.waitForSelector('#workspace');
+  assert.equal(await page.isChecked('#where-gateway'), true);
+  // Worker profiles come from the configuration; without any, the choice is calmly disabled.
+  const listed = await fetch(`${gw.url}/v1/profiles`, { headers: { authorization: `Bearer ${gw.token()}` } });
+  const profiles = listed.ok ? (await listed.json()).profiles : [];
+  if (profiles.length === 0) {
+    await page.waitForSelector('#profile option:text("no worker profiles configured")', { state: 'attached' });
+    assert.equal(await page.isDisabled('#where-worker'), true);
+  } else {
+    await page.waitForSelector(`#profile option[value="${profiles[0].name}"]`, { state: 'attached' });
+    await page.check('#where-worker');
+    assert.match(await page.locator('#target-policy').innerText(), /idle timeout .* TTL/);
+    await page.check('#where-gateway');
+  }
+  await page.fill('#workspace', repo);
+  await page.fill('#model', 'fake/x');
+  await page.fill('#new-prompt', 'Tell me about this project.');
+  await shot('new-session-1280');
+  await page.press('#new-prompt', 'Control+Enter');
+  await page.waitForURL(/#\/s\/ses_/);
+  sessionId = page.url().split('#/s/')[1];
+
+  // Text arrives while it streams, then the committed message replaces it.
+  await page.waitForSelector('.msg.agent.streaming');
+  await page.waitForSelector('.tool .tname:text("ls")');
+  await page.waitForSelector('.runend.rs-succeeded');
+  await page.waitForSelector('#composer-input');
+  const text = await transcriptText();
+  assert.match(text, /I'll look at the files first\./);
+  assert.match(text, /All done\./);
+  assert.equal(await page.locator('.md pre.code').count(), 1, 'the code block is rendered as code');
+  assert.equal(await page.locator('.md strong:text("main.py")').count(), 1);
+  assert.equal(await page.locator('.streaming').count(), 0);
+
+  // The tool row expands to its arguments and output.
+  const row = page.locator('.tool').first();
+  assert.equal(await row.getAttribute('data-status'), 'ok');
+  await row.locator('.tool-head').click();
+  await row.locator('.tool-body pre').nth(1).waitFor();
+  assert.match(await row.locator('.tool-body').innerText(), /README\.md/);
+  await row.locator('.tool-head').press('Enter');
+  assert.equal(await row.locator('.tool-body').isHidden(), true, 'Enter collapses it again');
+
+  // Usage and model per turn; the scripted model says so.
+  assert.match(await page.locator('.runend').innerText(), /in · .* out tokens · fake\/x \(scripted\)/);
+  assert.equal(await page.locator('.chat-meta .tag').innerText(), 'scripted');
+  assert.match(await page.locator('.chip').innerText(), /gateway · idle/);
+
+  // The sidebar lists it live, with its badge and state.
+  const srow = page.locator(`.srow[data-session-id="${sessionId}"]`);
+  await srow.waitFor();
+  assert.equal(await srow.locator('.badge').innerText(), 'G');
+  assert.equal(await srow.locator('.badge').getAttribute('title'), 'gateway');
+  assert.equal(await srow.getAttribute('data-state'), 'idle');
+  await shot('chat-1280');
+});
+
+test('the stop button (Esc) cancels the running turn', async () => {
+  await page.fill('#composer-input', 'Now run the slow thing.');
+  await page.press('#composer-input', 'Control+Enter');
+  await page.waitForSelector('.tool[data-status="running"] .tname:text("exec")');
+  await page.waitForSelector(`.srow[data-session-id="${sessionId}"][data-state="running"]`);
+  assert.equal(await page.isVisible('button:text("■ Stop")'), true);
+  await page.press('#composer-input', 'Escape');
+  await page.waitForSelector('.runend.rs-cancelled');
+  const exec = page.locator('.tool', { has: page.locator('.tname:text("exec")') });
+  assert.notEqual(await exec.getAttribute('data-status'), 'running');
+  await page.waitForSelector('button:text("■ Stop")', { state: 'hidden' });
+  assert.match(await transcriptText(), /cancel/i);
+});
+
+test('reloading mid-stream loses nothing and doubles nothing', async () => {
+  await page.fill('#composer-input', 'Tell me a long story.');
+  await page.press('#composer-input', 'Control+Enter');
+  await page.waitForFunction(() => document.querySelector('.msg.agent.streaming')?.innerText.includes('word5'));
+  await page.reload();
+  await page.waitForSelector('.runend.rs-succeeded >> nth=1', { timeout: 20_000 });
+  await page.waitForSelector('.streaming', { state: 'detached' });
+  const text = await transcriptText();
+  const count = (needle) => text.split(needle).length - 1;
+  assert.equal(count('Streaming start.'), 1);
+  assert.equal(count('Streaming end.'), 1);
+  assert.equal(count('word69'), 1);
+
+  // The page shows exactly what the gateway holds.
+  const detail = await gw.api(`/v1/sessions/${sessionId}`);
+  const users = detail.transcript.filter((e) => e.body.kind === 'user_message');
+  const calls = detail.transcript.flatMap((e) => (e.body.kind === 'assistant_message' ? e.body.tool_calls : []));
+  assert.equal(await page.locator('.msg.user').count(), users.length);
+  assert.equal(await page.locator('.tool').count(), calls.length);
+  assert.equal(await page.locator('.runend').count(), detail.runs.length);
+  await shot('chat-streamed-1280');
+});
+
+test('the UI reconnects after a gateway restart and resumes from its cursor', async () => {
+  const before = await page.locator('.turns > li').count();
+  await gw.stop();
+  await page.waitForSelector('#health[data-state="reconnecting"]');
+  await gw.start(gw.listen);
+  await page.waitForSelector('#health[data-state="live"]', { timeout: 20_000 });
+  await page.fill('#composer-input', 'Are you still there?');
+  await page.press('#composer-input', 'Control+Enter');
+  await page.waitForFunction(() => document.querySelectorAll('.runend').length === 4, null, { timeout: 20_000 });
+  const text = await transcriptText();
+  assert.equal(text.split('Back after the restart.').length - 1, 1);
+  assert.equal(text.split('Streaming end.').length - 1, 1);
+  assert.ok((await page.locator('.turns > li').count()) > before);
+});
+
+test('keyboard alone: j/k move through sessions, Enter opens, / searches', async () => {
+  await page.goto(`${gw.url}/#/environments`);
+  await page.waitForSelector('.srow');
+  await page.locator('body').press('j');
+  assert.equal(await page.evaluate(() => document.activeElement?.dataset.sessionId), sessionId);
+  await page.keyboard.press('Enter');
+  await page.waitForURL(new RegExp(`#/s/${sessionId}$`));
+  await page.locator('.transcript').focus();
+  await page.keyboard.press('/');
+  assert.equal(await page.evaluate(() => document.activeElement?.id), 'search');
+  await page.keyboard.type('no such title');
+  await page.waitForSelector('.session-groups :text("No session matches.")');
+  await page.keyboard.press('Escape');
+  await page.waitForSelector('.srow');
+});
+
+test('environments show a calm empty state when the gateway has none', async () => {
+  await page.goto(`${gw.url}/#/environments`);
+  await page.waitForSelector('.envs .empty');
+  assert.match(await page.locator('.envs').innerText(), /No environments/);
+  await shot('environments-1280');
+});
+
+test('the environments table shows state, lease, accounting, and destroys after confirmation', async () => {
+  // The gateway here has no environments; serve two to the page to see how they are shown.
+  const now = Date.now();
+  const env = (id, state, extra) => ({
+    id, profile: 'cloud', provider: 'crabbox', state, lease_id: `lease-${id.slice(-3)}`, development_only: false,
+    ssh_target: 'skiff@10.0.0.7:22', bundle_hash: null, created_at_ms: now - 3 * 3600e3, updated_at_ms: now,
+    last_used_at_ms: now - 300e3, expires_at_ms: null, attached_sessions: [sessionId], tunnel: 'up', error: null,
+    accounting: { model_requests: 42, input_tokens: 123456, output_tokens: 7890, bytes_in: 5_300_000, bytes_out: 81_000, gateway_tool_calls: 3 },
+    ...extra,
+  });
+  let deleted = null;
+  await page.route('**/v1/environments', (route) => route.fulfill({
+    json: { environments: [env('env_7f2', 'attached'), env('env_9c1', 'failed', { error: 'lease lost', attached_sessions: [], tunnel: 'down' })] },
+  }));
+  await page.route('**/v1/environments/*', (route) => {
+    deleted = route.request().url().split('/').pop();
+    return route.fulfill({ status: 202, json: {} });
+  });
+  await page.goto(`${gw.url}/#/environments`);
+  await page.waitForSelector('.env-table');
+  const table = await page.locator('.env-table').innerText();
+  for (const want of ['env_7f2', 'attached', 'lease-7f2', 'crabbox', '123,456', '5.1 MB', '3h · 5m', sessionId.slice(-6)]) assert.ok(table.includes(want), `${want} in ${table}`);
+  await shot('environments-table-1280');
+  await page.locator('tr', { hasText: 'env_9c1' }).locator('button.danger').click();
+  await page.waitForSelector('dialog[open]');
+  await shot('environments-confirm-1280');
+  await page.keyboard.press('Escape');
+  await page.waitForSelector('dialog[open]', { state: 'detached' });
+  assert.equal(deleted, null, 'closing the dialog destroys nothing');
+  await page.locator('tr', { hasText: 'env_9c1' }).locator('button.danger').click();
+  await page.click('dialog button[value="destroy"]');
+  await page.waitForFunction(() => !document.querySelector('dialog[open]'));
+  await new Promise((ok) => setTimeout(ok, 200));
+  assert.equal(deleted, 'env_9c1');
+  await page.setViewportSize({ width: 390, height: 844 });
+  await page.waitForTimeout(300);
+  await shot('environments-table-390');
+  await page.setViewportSize({ width: 1280, height: 800 });
+  await page.unrouteAll();
+});
+
+test('a large transcript (1,800 entries, a 1 MB tool output) renders quickly and collapsed', async () => {
+  // Real tools cap their output at 64 KB, so the gateway cannot be made to hold this; the
+  // page is served a synthetic session through the same API shapes.
+  const id = 'ses_bigtranscript';
+  const run = 'run_big';
+  const events = [];
+  const push = (kind) => events.push({ session_id: id, cursor: events.length + 1, at_ms: 1_700_000_000_000 + events.length, run_id: run, ...kind });
+  const entry = (body) => push({ type: 'entry', entry: { id: `ent_${events.length}`, parent_id: null, run_id: run, created_at_ms: 0, body } });
+  push({ type: 'run_status', status: 'queued' });
+  const big = Array.from({ length: 16_000 }, (_, i) => `line ${i} ${'x'.repeat(56)}`).join('\n');
+  for (let i = 0; i < 600; i += 1) {
+    entry({ kind: 'user_message', text: `question ${i}` });
+    entry({ kind: 'assistant_message', text: `Answer **${i}** with \`code\`.`, tool_calls: [{ id: `c${i}`, name: 'read', arguments: { path: `f${i}.txt` } }], model: 'fake/x (scripted)', usage: { input_tokens: 10, output_tokens: 5 }, stop_reason: 'tool_use' });
+    push({ type: 'tool_finished', call_id: `c${i}`, name: 'read', is_error: false, duration_ms: 3 });
+    entry({ kind: 'tool_result', call_id: `c${i}`, name: 'read', content: i === 599 ? big : `contents of f${i}`, is_error: false });
+  }
+  push({ type: 'run_status', status: 'succeeded' });
+  const sse = events.map((e) => `id: ${e.cursor}\ndata: ${JSON.stringify(e)}\n\n`).join('');
+  const view = {
+    id, title: 'A very long session', placement: 'local', created_at_ms: 0, updated_at_ms: 0, last_run: null,
+    workspace: { kind: 'plain', source: '/src', path: '/work' }, model: { ref: 'fake/x', scripted: true, label: 'fake/x (scripted)' },
+  };
+  await page.route(`**/v1/sessions/${id}`, (route) => route.fulfill({ json: { session: view, runs: [], transcript: [] } }));
+  await page.route(`**/v1/sessions/${id}/events*`, (route) => route.fulfill({
+    headers: { 'content-type': 'text/event-stream' },
+    body: route.request().url().endsWith('after=0') ? sse : '',
+  }));
+  const started = Date.now();
+  await page.goto(`${gw.url}/#/s/${id}`);
+  await page.waitForSelector('.runend.rs-succeeded');
+  const took = Date.now() - started;
+  assert.ok(took < 8000, `rendered in ${took} ms`);
+  const rendered = await page.locator('.turns > li').count();
+  assert.ok(rendered <= 160, `${rendered} blocks in the DOM at first`);
+  assert.match(await page.locator('.earlier').innerText(), /Show earlier/);
+  const last = page.locator('.tool').last();
+  await last.locator('.tool-head').click();
+  const shown = await last.locator('pre.out').nth(1).innerText();
+  assert.ok(shown.length <= 16_000, `${shown.length} characters shown before "show all"`);
+  assert.match(await last.locator('button').last().innerText(), /Show all \(1\.\d MB, 16,000 lines\)/);
+  await page.locator('.earlier').click();
+  assert.ok((await page.locator('.turns > li').count()) > rendered, 'earlier blocks render on demand');
+  await page.unrouteAll();
+});
+
+test('screenshots at phone width and in dark mode', async () => {
+  await page.setViewportSize({ width: 390, height: 844 });
+  await page.waitForTimeout(300);
+  await page.goto(`${gw.url}/#/s/${sessionId}`);
+  await page.waitForSelector('.runend');
+  await shot('chat-390');
+  await page.click('#menu');
+  await page.waitForSelector('body.drawer-open');
+  await page.waitForTimeout(250);
+  await shot('sidebar-390');
+  await page.keyboard.press('Escape');
+  await page.waitForSelector('body:not(.drawer-open)');
+  await page.waitForTimeout(250);
+  await page.goto(`${gw.url}/#/new`);
+  await page.waitForSelector('#workspace');
+  await shot('new-session-390');
+  await page.goto(`${gw.url}/#/environments`);
+  await page.waitForSelector('.envs .empty');
+  await shot('environments-390');
+
+  await page.setViewportSize({ width: 1280, height: 800 });
+  await page.emulateMedia({ colorScheme: 'dark' });
+  await page.goto(`${gw.url}/#/s/${sessionId}`);
+  await page.waitForSelector('.runend');
+  await page.locator('.tool').first().locator('.tool-head').click();
+  await shot('chat-1280-dark');
+  await page.emulateMedia({ colorScheme: 'light' });
+
+  await page.click('#logout');
+  await page.waitForSelector('#login:not([hidden])');
+  await shot('login-1280');
+  await page.goto(expiredLink);
+  await page.waitForSelector('#login:not([hidden])');
+  assert.match(await page.locator('#login-error').innerText(), /already used or has expired/);
+  assert.equal(page.url(), `${gw.url}/`);
+  const after = await page.evaluate(async () => (await fetch('/v1/sessions')).status);
+  assert.equal(after, 401, 'logged out means refused');
+  await page.setViewportSize({ width: 390, height: 844 });
+  await shot('login-390');
+});
