@@ -31,7 +31,8 @@ export class Gateway {
   /** Starts `skiff gateway` (on `listen`, default any free port) and waits for its URL. */
   async start(listen = '127.0.0.1:0') {
     this.child = spawn(SKIFF, ['--state-dir', this.stateDir, 'gateway', '--listen', listen, '--config', this.config], {
-      env: { ...process.env, RUST_LOG: 'warn' },
+      // A home of the test's own: the machine's login profile stays out of `exec`'s `bash -l`.
+      env: { ...process.env, RUST_LOG: 'warn', HOME: this.dir },
       stdio: ['ignore', 'pipe', 'inherit'],
     });
     const lines = createInterface({ input: this.child.stdout });

@@ -107,7 +107,27 @@ async fn exec(
     Ok(Json(serde_json::json!({ "output": output })).into_response())
 }
 
-async fn sweep(State(core): Shared) -> Result<Response, Error> {
+/// The sweep looks at every tenant's leases, so only the admin may start it.
+async fn sweep(State(core): Shared, Extension(scope): Extension<Scope>) -> Result<Response, Error> {
+    if scope != crate::auth::admin_scope() {
+        core.audit(
+            &scope,
+            "environment.sweep",
+            "-",
+            "denied",
+            serde_json::json!({}),
+        );
+        return Err(Error::BadRequest(
+            "only the gateway's admin may sweep orphaned leases".into(),
+        ));
+    }
+    core.audit(
+        &scope,
+        "environment.sweep",
+        "-",
+        "allowed",
+        serde_json::json!({}),
+    );
     let swept = core.envs.sweep().await?;
     Ok(Json(serde_json::json!({ "destroyed": swept })).into_response())
 }

@@ -171,7 +171,10 @@ fn provider_context(state: &StateDir) -> Result<skiff_providers::Context> {
     let skiff_exe = std::env::current_exe()
         .map_err(|e| Error::BadRequest(format!("cannot locate the skiff executable: {e}")))?;
     let default_box_root = if skiff_providers::running_as_root() {
-        PathBuf::from("/var/lib/skiff/boxes")
+        // One root per gateway (per state dir): a gateway's orphan sweep must never see
+        // another gateway's boxes on the same host.
+        let tag = blake3::hash(state.root().as_os_str().as_encoded_bytes()).to_hex();
+        PathBuf::from(format!("/var/lib/skiff/boxes-{}", &tag[..12]))
     } else {
         state.root().join("boxes")
     };

@@ -204,8 +204,16 @@ impl Core {
         let core = self.clone();
         let (scope2, run2) = (scope.clone(), run.clone());
         tokio::spawn(async move {
-            let run_id = run2.id.clone();
-            core.execute(scope2, session, run2, cancel).await;
+            let (run_id, session_id) = (run2.id.clone(), session.id.clone());
+            let turn = tokio::spawn({
+                let (core, scope) = (core.clone(), scope2.clone());
+                async move { core.execute(scope, session, run2, cancel).await }
+            });
+            // A turn that panicked must not leave its session blocked on an open run.
+            if let Err(e) = turn.await {
+                let why = format!("the turn crashed inside the gateway: {e}");
+                core.finish(&scope2, &session_id, &run_id, RunStatus::Failed, Some(&why));
+            }
             core.running_lock().remove(&run_id);
         });
         let session = self.store.session(scope, id)?;
@@ -224,6 +232,10 @@ impl Core {
             )));
         };
         let token = self.running_lock().get(&run.id).cloned();
+        // Stop the work first: whatever state the run is recorded in, nothing more should run.
+        if let Some(token) = &token {
+            token.cancel();
+        }
         let run = if run.status == RunStatus::Cancelling {
             run
         } else {
@@ -248,12 +260,9 @@ impl Core {
             "allowed",
             json!({ "session": id.as_str() }),
         );
-        match token {
-            Some(token) => token.cancel(),
-            // No task owns it (it never started): finish it here.
-            None => {
-                self.finish(scope, id, &run.id, RunStatus::Cancelled, None);
-            }
+        // No task owns it (it never started): finish it here. Otherwise the task ends it.
+        if token.is_none() {
+            self.finish(scope, id, &run.id, RunStatus::Cancelled, None);
         }
         Ok(run_view(&self.store.run(scope, &run.id)?))
     }
@@ -266,7 +275,8 @@ impl Core {
         cancel: CancellationToken,
     ) {
         let status = match self.prepare_and_run(&scope, &session, &run, &cancel).await {
-            Ok(_) if cancel.is_cancelled() => (RunStatus::Cancelled, None),
+            // A cancel wins over whatever the turn ended with, errors from racing it included.
+            _ if cancel.is_cancelled() => (RunStatus::Cancelled, None),
             Ok(TurnOutcome::Completed) => (RunStatus::Succeeded, None),
             Ok(TurnOutcome::Cancelled) => (RunStatus::Cancelled, None),
             Ok(TurnOutcome::Failed(e)) => (RunStatus::Failed, Some(e)),

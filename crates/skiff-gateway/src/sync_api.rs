@@ -64,10 +64,24 @@ async fn publish(
 }
 
 /// Git on the user's repository with the gateway's own configuration (credential helpers
-/// included), but never prompting and never running the repository's hooks.
+/// included), but never prompting, never running the repository's hooks, and never running a
+/// command that repository configuration names (an agent's `exec` can write the shared
+/// `.git/config`; `-c` on the command line wins over it).
 fn git(dir: &str) -> Cmd {
     let mut cmd = Cmd::new("git")
         .args(["-C", dir, "-c", "core.hooksPath=/dev/null"])
+        .args([
+            "-c",
+            "core.sshCommand=ssh",
+            "-c",
+            "protocol.ext.allow=never",
+        ])
+        .args([
+            "-c",
+            "core.fsmonitor=false",
+            "-c",
+            "uploadpack.packObjectsHook=",
+        ])
         .env("GIT_TERMINAL_PROMPT", "0")
         .timeout(Duration::from_secs(300));
     if let Some(sock) = std::env::var_os("SSH_AUTH_SOCK") {

@@ -233,6 +233,13 @@ impl Cmd {
             () = tokio::time::sleep(self.timeout) => Err(Error::TimedOut { command: command.clone(), timeout: self.timeout }),
             () = cancel.cancelled() => Err(Error::Cancelled { command: command.clone() }),
         };
+        if outcome.is_err() {
+            // Given up on: ask the group to stop first, so shells run their exit traps (a login
+            // profile killed outright can leave lock files behind that stall every later shell),
+            // then kill whatever is left.
+            group.signal(rustix::process::Signal::TERM);
+            let _ = tokio::time::timeout(TERM_GRACE, child.wait()).await;
+        }
         // The leader is done (or given up on): end every process it left behind, so pipes close
         // and nothing outlives the command.
         drop(group);
@@ -262,18 +269,27 @@ impl Cmd {
     }
 }
 
+/// How long a timed-out or cancelled command's process group gets between SIGTERM and SIGKILL.
+const TERM_GRACE: Duration = Duration::from_millis(300);
+
 /// Kills the child's whole process group when dropped.
 struct GroupGuard(Option<u32>);
 
-impl Drop for GroupGuard {
-    fn drop(&mut self) {
+impl GroupGuard {
+    fn signal(&self, signal: rustix::process::Signal) {
         let Some(pid) = self.0.and_then(|p| i32::try_from(p).ok()) else {
             return;
         };
         if let Some(pid) = rustix::process::Pid::from_raw(pid) {
             // ESRCH (the group is already empty) is the normal case after a clean exit.
-            let _ = rustix::process::kill_process_group(pid, rustix::process::Signal::KILL);
+            let _ = rustix::process::kill_process_group(pid, signal);
         }
+    }
+}
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        self.signal(rustix::process::Signal::KILL);
     }
 }
 

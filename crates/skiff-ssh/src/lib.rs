@@ -78,6 +78,25 @@ impl Ssh {
     /// Pins the target's host key in `dir/known_hosts` (replacing what was there) and returns a
     /// client for it. `dir` must be private to the gateway.
     pub fn pin(target: Target, dir: &Path) -> Result<Self> {
+        // These come from a provider (possibly an external lease CLI) and end up on ssh's
+        // command line and in known_hosts: nothing may start an option or break a line.
+        let suspicious = |v: &str| {
+            v.is_empty()
+                || v.starts_with('-')
+                || v.chars().any(|c| c.is_whitespace() || c.is_control())
+        };
+        if suspicious(&target.user)
+            || suspicious(&target.host)
+            || target.host_key.contains(['\n', '\r'])
+        {
+            return Err(Error::Unreachable {
+                alias: target.alias.clone(),
+                detail: format!(
+                    "the provider gave an unusable SSH endpoint (user {:?}, host {:?}); refusing to use it",
+                    target.user, target.host
+                ),
+            });
+        }
         let pin_err = |source| Error::Pin {
             alias: target.alias.clone(),
             path: dir.display().to_string(),

@@ -15,7 +15,7 @@ pub fn run_allowed(from: RunStatus, to: RunStatus) -> bool {
         return true;
     }
     match from {
-        Queued => matches!(to, Starting | Cancelled | Failed),
+        Queued => matches!(to, Starting | Cancelling | Cancelled | Failed),
         Starting => matches!(to, Running | Cancelling | Cancelled | Failed),
         Running => matches!(
             to,

@@ -59,9 +59,21 @@ pub fn check_symlink(path: &str, target: &str) -> Result<()> {
     }
     let mut stack: Vec<&str> = path.split('/').collect();
     stack.pop();
+    // `..` may only lead the target. After a name it would be resolved by the kernel through
+    // that name, which may itself be a symlink of the same manifest (`a/link -> ..`, then
+    // `e -> a/link/../../x`): a textual walk cannot see that chain, so it is refused outright.
+    let mut seen_name = false;
     for part in target.split('/') {
         match part {
             "" | "." => {}
+            ".." if seen_name => {
+                return Err(refuse(
+                    path,
+                    format!(
+                        "the symlink target {target} climbs with `..` after a name; only leading `..` is allowed"
+                    ),
+                ));
+            }
             ".." => {
                 if stack.pop().is_none() {
                     return Err(refuse(
@@ -71,7 +83,10 @@ pub fn check_symlink(path: &str, target: &str) -> Result<()> {
                 }
             }
             ".git" => return Err(refuse(path, "the symlink points into git internals")),
-            other => stack.push(other),
+            other => {
+                seen_name = true;
+                stack.push(other);
+            }
         }
     }
     Ok(())
@@ -227,6 +242,8 @@ mod tests {
     fn symlinks() {
         check_symlink("a/link", "../b").unwrap();
         check_symlink("a/b/link", "../../c/d").unwrap();
+        // A chain through another link of the manifest cannot be seen textually: refused.
+        assert!(check_symlink("e", "a/link/../../etc").is_err());
         check_symlink("link", "x/./y").unwrap();
         for (p, t) in [
             ("link", "../x"),

@@ -15,8 +15,14 @@ fn workspace() -> (tempfile::TempDir, Tools) {
     std::fs::write(dir.path().join(".gitignore"), "ignored/\n").unwrap();
     std::fs::create_dir(dir.path().join("ignored")).unwrap();
     std::fs::write(dir.path().join("ignored/x.rs"), "// TODO: hidden\n").unwrap();
-    let tools = Tools::new(dir.path().to_path_buf(), Vec::new()).unwrap();
+    let tools = Tools::new(dir.path().to_path_buf(), hermetic_home(dir.path())).unwrap();
     (dir, tools)
+}
+
+/// A home of the test's own for `bash -l`: this machine's login profile (pyenv and the like)
+/// stays out of the tests, and a command killed mid-profile cannot leave its lock files behind.
+pub(crate) fn hermetic_home(dir: &std::path::Path) -> Vec<(String, String)> {
+    vec![("HOME".to_owned(), dir.display().to_string())]
 }
 
 async fn call(tools: &Tools, name: &str, args: serde_json::Value) -> ToolOutput {

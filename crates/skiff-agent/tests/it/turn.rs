@@ -131,7 +131,11 @@ fn kinds(memory: &Memory) -> Vec<&'static str> {
 #[tokio::test]
 async fn failing_tools_become_results_and_the_loop_finishes() {
     let dir = tempfile::tempdir().unwrap();
-    let tools = Tools::new(dir.path().to_path_buf(), Vec::new()).unwrap();
+    let tools = Tools::new(
+        dir.path().to_path_buf(),
+        crate::tools::hermetic_home(dir.path()),
+    )
+    .unwrap();
     let model = Scripted(vec![
         tool_turn(&[
             ("read", json!({"path": "../etc/passwd"})),
@@ -184,7 +188,11 @@ async fn failing_tools_become_results_and_the_loop_finishes() {
 #[tokio::test]
 async fn a_model_error_fails_the_turn_with_a_notice() {
     let dir = tempfile::tempdir().unwrap();
-    let tools = Tools::new(dir.path().to_path_buf(), Vec::new()).unwrap();
+    let tools = Tools::new(
+        dir.path().to_path_buf(),
+        crate::tools::hermetic_home(dir.path()),
+    )
+    .unwrap();
     let model = Scripted(vec![vec![
         ModelEvent::TextDelta {
             text: "partial".into(),
@@ -224,7 +232,11 @@ async fn cancelling_during_a_tool_kills_it_and_keeps_the_transcript_well_formed(
             .unwrap()
             .success()
     );
-    let tools = Tools::new(dir.path().to_path_buf(), Vec::new()).unwrap();
+    let tools = Tools::new(
+        dir.path().to_path_buf(),
+        crate::tools::hermetic_home(dir.path()),
+    )
+    .unwrap();
     let command = format!("echo $$ > {}; sleep 30", fifo.display());
     let model = Scripted(vec![tool_turn(&[
         ("exec", json!({"command": command})),

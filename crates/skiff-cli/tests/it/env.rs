@@ -62,6 +62,16 @@ impl Drop for BoxRoot {
     }
 }
 
+/// A lease id no other run of these tests uses (box users and namespaces are host-wide).
+fn fresh_lease_id() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let hash = blake3::hash(format!("{nanos}-{}", std::process::id()).as_bytes()).to_hex();
+    format!("cbx_{}", &hash[..12])
+}
+
 fn profiles(root: &BoxRoot) -> String {
     let r = root.path().display();
     format!(
@@ -229,6 +239,7 @@ fn the_command_provider_drives_a_lease_cli() {
 #[test]
 fn the_ssh_provider_reaches_a_static_host_and_says_it_is_for_development() {
     let root = BoxRoot::new();
+    let beef = fresh_lease_id();
     let out = Command::new(SKIFF)
         .args([
             "box",
@@ -236,7 +247,7 @@ fn the_ssh_provider_reaches_a_static_host_and_says_it_is_for_development() {
             root.path().to_str().unwrap(),
             "warmup",
             "--lease-id",
-            "cbx_00000000beef",
+            &beef,
             "--isolation",
             "none",
             "--json",
@@ -265,12 +276,13 @@ fn the_ssh_provider_reaches_a_static_host_and_says_it_is_for_development() {
     );
     assert_eq!(destroy(&gw, id)["state"], "destroyed");
     // A static host is not ours to tear down.
-    assert_eq!(root.boxes(), ["cbx_00000000beef"]);
+    assert_eq!(root.boxes(), [beef]);
 }
 
 #[test]
 fn an_orphaned_lease_is_swept() {
     let root = BoxRoot::new();
+    let orphan = fresh_lease_id();
     let gw = Gateway::start_with("", &profiles(&root));
     let kept = create(&gw, "cloud", &[]);
     let out = Command::new(SKIFF)
@@ -280,7 +292,7 @@ fn an_orphaned_lease_is_swept() {
             root.path().to_str().unwrap(),
             "warmup",
             "--lease-id",
-            "cbx_0000000000aa",
+            &orphan,
             "--isolation",
             "none",
             "--json",
@@ -290,7 +302,7 @@ fn an_orphaned_lease_is_swept() {
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(root.boxes().len(), 2);
     let swept = gw.json(&["env", "sweep", "--json"]);
-    assert_eq!(swept["destroyed"], serde_json::json!(["cbx_0000000000aa"]));
+    assert_eq!(swept["destroyed"], serde_json::json!([&orphan]));
     assert_eq!(
         root.boxes(),
         [kept["lease_id"].as_str().unwrap().to_owned()],
@@ -322,7 +334,6 @@ fn restart_sshd(box_dir: &Path, regenerate_host_key: bool) {
                 .success()
         );
         let config = box_dir.join("etc/sshd_config");
-        // The old daemon must be gone before a new one binds the port.
         let out = Command::new("/usr/sbin/sshd")
             .arg("-f")
             .arg(&config)

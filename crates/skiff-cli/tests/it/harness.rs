@@ -94,6 +94,8 @@ fn spawn(state_dir: &Path, config: &Path) -> (Child, String) {
         .args(["gateway", "--listen", "127.0.0.1:0", "--config"])
         .arg(config)
         .env("RUST_LOG", "warn")
+        // A home of the test's own: the machine's login profile stays out of `exec`'s `bash -l`.
+        .env("HOME", state_dir.parent().unwrap_or(state_dir))
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();

@@ -427,6 +427,16 @@ impl Environments {
     ) -> Result<EnvironmentView> {
         let lock = self.lock(id);
         let _guard = lock.lock().await;
+        self.destroy_locked(scope, id, force).await
+    }
+
+    /// `destroy`, for a caller that holds the environment's lock.
+    async fn destroy_locked(
+        &self,
+        scope: &Scope,
+        id: &EnvironmentId,
+        force: bool,
+    ) -> Result<EnvironmentView> {
         let mut row = self.store.environment(scope, id)?;
         if row.state == EnvironmentState::Destroyed {
             return Ok(self.view(&row));
@@ -480,21 +490,28 @@ impl Environments {
         Ok(self.view(&row))
     }
 
+    /// Destroys the environment if, under its lock, it is still idle past `idle` or expired: it
+    /// may have been handed out since the lifetime tick looked.
+    async fn reclaim_if_still_idle(
+        &self,
+        scope: &Scope,
+        id: &EnvironmentId,
+        idle: Duration,
+    ) -> Result<()> {
+        let lock = self.lock(id);
+        let _guard = lock.lock().await;
+        let row = self.store.environment(scope, id)?;
+        let now = now_ms();
+        let idle_for = Duration::from_millis(u64::try_from(now - row.last_used_at_ms).unwrap_or(0));
+        let expired = row.expires_at_ms.is_some_and(|e| e <= now);
+        if row.state != EnvironmentState::Idle || (idle_for < idle && !expired) {
+            return Ok(());
+        }
+        self.destroy_locked(scope, id, false).await.map(drop)
+    }
+
     /// Destroys every lease a provider holds that no live environment owns. Returns them.
     pub(crate) async fn sweep(&self) -> Result<Vec<String>> {
-        let owned: Vec<(String, String)> = self
-            .store
-            .live_environments()?
-            .into_iter()
-            .filter_map(|r| {
-                let provider = &self.profiles.get(&r.profile)?.provider;
-                Some((
-                    r.profile.clone(),
-                    r.lease_id
-                        .unwrap_or_else(|| provider.lease_id_for(&r.op_id)),
-                ))
-            })
-            .collect();
         let mut swept = Vec::new();
         for (name, profile) in &self.profiles {
             let leases = match profile.provider.list().await {
@@ -504,19 +521,47 @@ impl Environments {
                     continue;
                 }
             };
+            // INVARIANT: read what we own only after the provider listed its leases. The intent
+            // row is stored before any provider call, so a lease in that list that belongs to a
+            // provision in flight already has its row here.
+            let owned: Vec<String> = self
+                .store
+                .live_environments()?
+                .into_iter()
+                .filter_map(|r| {
+                    let provider = &self.profiles.get(&r.profile)?.provider;
+                    Some(
+                        r.lease_id
+                            .unwrap_or_else(|| provider.lease_id_for(&r.op_id)),
+                    )
+                })
+                .collect();
             for lease in leases {
-                if owned.iter().any(|(_, l)| *l == lease) || swept.contains(&lease) {
+                if owned.contains(&lease) || swept.contains(&lease) {
                     continue;
                 }
                 tracing::warn!(profile = %name, %lease, "destroying an orphaned lease");
                 let result = profile.provider.destroy(&lease).await;
                 let scope = crate::auth::admin_scope();
-                if let Err(e) = self.store.audit(&scope, "gateway", "provider.sweep", &lease, if result.is_ok() { "destroyed" } else { "error" },
-                    &json!({ "profile": name, "error": result.as_ref().err().map(ToString::to_string) })) {
+                let decision = if result.is_ok() { "destroyed" } else { "error" };
+                let detail = json!({ "profile": name, "error": result.as_ref().err().map(ToString::to_string) });
+                if let Err(e) = self.store.audit(
+                    &scope,
+                    "gateway",
+                    "provider.sweep",
+                    &lease,
+                    decision,
+                    &detail,
+                ) {
                     tracing::warn!(error = %e, "could not write an audit row");
                 }
-                result?;
-                swept.push(lease);
+                // One lease that will not die must not stop the sweep (or the gateway's start).
+                match result {
+                    Ok(()) => swept.push(lease),
+                    Err(e) => {
+                        tracing::warn!(profile = %name, %lease, error = %e, "could not destroy an orphaned lease")
+                    }
+                }
             }
         }
         Ok(swept)
@@ -598,7 +643,7 @@ impl Environments {
             let reclaim = row.state == EnvironmentState::Idle && (idle_for >= idle || expired);
             if reclaim {
                 tracing::info!(env = %row.id, "reclaiming an idle environment");
-                if let Err(e) = self.destroy(&row.scope, &row.id, false).await {
+                if let Err(e) = self.reclaim_if_still_idle(&row.scope, &row.id, idle).await {
                     tracing::warn!(env = %row.id, error = %e, "reclaiming failed");
                 }
             } else if row.state == EnvironmentState::Attached

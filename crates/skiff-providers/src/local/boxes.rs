@@ -138,6 +138,7 @@ impl Boxes {
             Isolation::Netns => 22,
             Isolation::None => free_port()?,
         };
+
         let now = now_ms();
         let mut record = BoxRecord {
             id: id.to_owned(),
@@ -176,21 +177,41 @@ impl Boxes {
         std::fs::copy(&client_pub, &authorized).map_err(io_err(&authorized))?;
         std::fs::set_permissions(&authorized, std::fs::Permissions::from_mode(0o644))
             .map_err(io_err(&authorized))?;
-        let config = sshd::Config {
-            etc: &etc,
-            dir: &dir,
-            port,
-            user: &user,
-        };
-        config.write()?;
-        sshd::start(&config, record.netns.as_deref()).await?;
+        // A free loopback port can be taken by someone else before sshd binds it; then sshd
+        // fails and another port is tried. (Inside a namespace, port 22 is always ours.)
+        let mut tries = 0;
+        loop {
+            let config = sshd::Config {
+                etc: &etc,
+                dir: &dir,
+                port: record.port,
+                user: &user,
+            };
+            config.write()?;
+            match sshd::start(&config, record.netns.as_deref()).await {
+                Ok(_) => break,
+                Err(_) if isolation == Isolation::None && tries < 3 => {
+                    tries += 1;
+                    record.port = free_port()?;
+                    self.write_record(&record)?;
+                }
+                Err(e) => return Err(e),
+            }
+        }
         record.state = "running".into();
         self.write_record(&record)?;
         self.status_of(&record)
     }
 
+    /// The box's sshd pid, if that process is alive and really is this box's sshd.
+    fn sshd_pid(&self, id: &str) -> Option<i32> {
+        let dir = self.dir(id);
+        let config = dir.join("etc/sshd_config").display().to_string();
+        sshd::recorded_pid(&dir).filter(|pid| procs::alive_running(*pid, &config))
+    }
+
     fn sshd_alive(&self, id: &str) -> bool {
-        sshd::recorded_pid(&self.dir(id)).is_some_and(procs::alive)
+        self.sshd_pid(id).is_some()
     }
 
     fn status_of(&self, record: &BoxRecord) -> Result<LeaseCliStatus> {
@@ -284,7 +305,7 @@ impl Boxes {
             None => None,
         };
 
-        let sshd_pid = sshd::recorded_pid(&dir);
+        let sshd_pid = self.sshd_pid(id);
         if let Some(pid) = sshd_pid {
             procs::kill(&procs::tree(pid));
         }

@@ -40,6 +40,14 @@ pub(crate) fn alive(pid: i32) -> bool {
     read(pid).is_some_and(|p| !p.zombie)
 }
 
+/// Whether `pid` is alive and its command line mentions `needle` (a box's sshd_config path):
+/// a pid file can outlive its process, and the number may since belong to someone else.
+pub(crate) fn alive_running(pid: i32, needle: &str) -> bool {
+    alive(pid)
+        && std::fs::read(format!("/proc/{pid}/cmdline"))
+            .is_ok_and(|c| String::from_utf8_lossy(&c).contains(needle))
+}
+
 /// `pid` and every live descendant of it.
 pub(crate) fn tree(pid: i32) -> BTreeSet<i32> {
     let procs = all();

@@ -98,7 +98,8 @@ pub(crate) async fn start(config: &Config<'_>, netns: Option<&str>) -> Result<i3
         .run_checked(&CancellationToken::new())
         .await?;
     // The pid file is written by the daemonized child right after it forks.
-    for _ in 0..200 {
+    // Bounded: 15 s covers a loaded machine; sshd that failed says why in its log.
+    for _ in 0..1500 {
         if let Some(pid) = std::fs::read_to_string(&pid_file)
             .ok()
             .and_then(|s| s.trim().parse::<i32>().ok())
