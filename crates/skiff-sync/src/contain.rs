@@ -9,7 +9,7 @@ use crate::filelist::Limits;
 use crate::{Error, Manifest, ManifestEntry, Result, io_err};
 use std::path::{Path, PathBuf};
 
-fn refuse(path: &str, reason: impl Into<String>) -> Error {
+pub(crate) fn refuse(path: &str, reason: impl Into<String>) -> Error {
     Error::Unsafe {
         path: path.to_owned(),
         reason: reason.into(),

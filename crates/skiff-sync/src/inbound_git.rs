@@ -283,6 +283,7 @@ pub async fn adopt(
         .filter(|(p, e)| a.base.entries.get(*p) != Some(*e) || touched.contains(*p))
         .map(|(p, e)| (p.clone(), e.clone()))
         .collect();
+    check_commit_tree(a.worktree, &tip, cancel).await?;
     let tree = git(a.worktree)
         .args(["ls-tree", "-r", "-z", "--name-only", &tip])
         .run_checked(cancel)
@@ -331,4 +332,43 @@ async fn tracked_at(
         .run(cancel)
         .await?;
     Ok(done.status.success())
+}
+
+/// The box's commits are contained like its files: `reset --hard` writes the tip's tree into
+/// the worktree and `publish` would push it, so every path must be a plain workspace path,
+/// every symlink must stay inside, and submodules are not adopted.
+async fn check_commit_tree(
+    worktree: &std::path::Path,
+    tip: &str,
+    cancel: &CancellationToken,
+) -> Result<()> {
+    let listing = git(worktree)
+        .args(["ls-tree", "-r", "-z", "--full-tree", tip])
+        .run_checked(cancel)
+        .await?;
+    for entry in split_z(&listing) {
+        let Some((meta, path)) = entry.split_once('\t') else {
+            continue;
+        };
+        contain::check_path(path)?;
+        let mut fields = meta.split_whitespace();
+        let (mode, oid) = (fields.next().unwrap_or(""), fields.nth(1).unwrap_or(""));
+        match mode {
+            "120000" => {
+                let target = git(worktree)
+                    .args(["cat-file", "blob", oid])
+                    .run_checked(cancel)
+                    .await?;
+                contain::check_symlink(path, &target)?;
+            }
+            "160000" => {
+                return Err(contain::refuse(
+                    path,
+                    "the box committed a submodule; submodules are not adopted",
+                ));
+            }
+            _ => {}
+        }
+    }
+    Ok(())
 }

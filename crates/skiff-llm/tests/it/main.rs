@@ -66,6 +66,23 @@ pub async fn collect(stream: BoxStream<'static, ModelEvent>) -> Vec<ModelEvent> 
     events
 }
 
+/// Reads the first event, cancels, and collects the rest: a stream that ignored the cancel would
+/// play on past `collect`'s limit.
+pub async fn collect_cancelling_after_first(
+    mut stream: BoxStream<'static, ModelEvent>,
+    cancel: tokio_util::sync::CancellationToken,
+) -> Vec<ModelEvent> {
+    let first = stream
+        .next()
+        .await
+        .expect("the stream ended before its first event");
+    cancel.cancel();
+    let mut events = vec![first];
+    events.extend(collect(stream).await);
+    assert_ends_once(&events);
+    events
+}
+
 pub fn assert_ends_once(events: &[ModelEvent]) {
     let terminal = |e: &ModelEvent| matches!(e, ModelEvent::Done { .. } | ModelEvent::Error { .. });
     assert_eq!(

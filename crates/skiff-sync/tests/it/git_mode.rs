@@ -430,3 +430,30 @@ async fn a_bundle_with_any_other_ref_is_refused() {
         .unwrap_err();
     assert!(matches!(err, Error::ForeignRef { .. }), "{err}");
 }
+
+#[tokio::test]
+async fn a_commit_with_an_escaping_symlink_is_refused_even_when_the_files_hide_it() {
+    let tb = TestBox::new().await;
+    let ws = Workspace::git(&files());
+    let sent = dispatch(&ws, &tb).await;
+    let head_before = ws.head();
+
+    // The box commits a symlink out of the workspace, then removes it from its working tree,
+    // so its file manifest looks clean: only the commit carries it.
+    tb.sh(&format!(
+        "cd {DIR} && ln -s /etc/passwd leak && git add leak && git commit -q -m 'box: leak' \
+         && rm leak"
+    ))
+    .await;
+
+    let err = adopt(&ws, &tb, &sent.manifest)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("leak") && err.contains("outside the workspace"),
+        "{err}"
+    );
+    assert_eq!(ws.head(), head_before, "the branch moved");
+    assert!(!ws.worktree.join("leak").exists());
+}
