@@ -195,6 +195,20 @@ impl Store {
         Ok(())
     }
 
+    /// Records a renewed lease's new expiry.
+    pub fn set_environment_expiry(
+        &self,
+        scope: &Scope,
+        id: &EnvironmentId,
+        expires_at_ms: i64,
+    ) -> Result<()> {
+        self.conn().execute(
+            "UPDATE environments SET expires_at_ms = ?1, updated_at_ms = ?2 WHERE id = ?3 AND owner_id = ?4 AND tenant_id = ?5",
+            params![expires_at_ms, now_ms(), id.as_str(), scope.owner_id, scope.tenant_id],
+        )?;
+        Ok(())
+    }
+
     /// Marks the environment used now (the idle timeout counts from here).
     pub fn touch_environment(&self, scope: &Scope, id: &EnvironmentId) -> Result<()> {
         self.conn().execute(

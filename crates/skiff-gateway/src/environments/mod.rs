@@ -410,6 +410,15 @@ impl Environments {
         command: &str,
     ) -> Result<String> {
         let row = self.store.environment(scope, id)?;
+        if !matches!(
+            row.state,
+            EnvironmentState::Ready | EnvironmentState::Idle | EnvironmentState::Attached
+        ) {
+            return Err(invalid(format!(
+                "environment {id} is {}; there is no box to run on",
+                row.state
+            )));
+        }
         let ssh = self.ssh_for(&row)?;
         self.audit(scope, "environment.exec", id, "allowed", json!({}));
         Ok(ssh
@@ -649,9 +658,25 @@ impl Environments {
             } else if row.state == EnvironmentState::Attached
                 && let (Some(expires), Some(lease)) = (row.expires_at_ms, &row.lease_id)
                 && expires - now < 10 * 60 * 1000
-                && let Err(e) = profile.provider.renew(lease).await
             {
-                tracing::warn!(env = %row.id, error = %e, "renewing the lease failed");
+                match profile.provider.renew(lease).await {
+                    Ok(()) => {
+                        let ttl = profile
+                            .config
+                            .ttl()
+                            .unwrap_or(Duration::from_secs(8 * 3600));
+                        let until = now + i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX / 2);
+                        if let Err(e) = self
+                            .store
+                            .set_environment_expiry(&row.scope, &row.id, until)
+                        {
+                            tracing::warn!(env = %row.id, error = %e, "could not record the renewed expiry");
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(env = %row.id, error = %e, "renewing the lease failed")
+                    }
+                }
             }
         }
     }
