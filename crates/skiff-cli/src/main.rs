@@ -27,7 +27,8 @@ Environment:
     name = "skiff",
     version,
     about = "Run AI coding-agent sessions on machines you own, with the conversation, keys and policy kept at home.",
-    after_help = EXIT_CODES
+    after_help = EXIT_CODES,
+    arg_required_else_help = true
 )]
 struct Cli {
     /// State directory [default: $XDG_STATE_HOME/skiff, else ~/.local/state/skiff]
