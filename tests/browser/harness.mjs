@@ -2,7 +2,7 @@
 // and Debian's chromium driven by playwright-core. Nothing here downloads a browser.
 
 import { spawn, execFileSync } from 'node:child_process';
-import { mkdtempSync, writeFileSync, mkdirSync } from 'node:fs';
+import { mkdtempSync, writeFileSync, mkdirSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, dirname, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -15,8 +15,16 @@ export const SKIFF = process.env.SKIFF_BIN || join(ROOT, 'target/debug/skiff');
 export const SHOTS = join(here, 'screenshots');
 mkdirSync(SHOTS, { recursive: true });
 
+// Every temporary directory of this test process goes when the process does.
+const temporaries = [];
+process.on('exit', () => {
+  for (const dir of temporaries) rmSync(dir, { recursive: true, force: true });
+});
+
 export function tempDir(prefix) {
-  return mkdtempSync(join(tmpdir(), prefix));
+  const dir = mkdtempSync(join(tmpdir(), prefix));
+  temporaries.push(dir);
+  return dir;
 }
 
 export class Gateway {

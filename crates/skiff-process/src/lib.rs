@@ -317,8 +317,8 @@ mod tests {
 
     #[tokio::test]
     async fn timeout_kills_the_whole_group() {
-        let dir = tempfile_dir();
-        let pidfile = dir.join("pid");
+        let dir = tempfile::tempdir().unwrap();
+        let pidfile = dir.path().join("pid");
         let script = format!("sleep 30 & echo $! > {}; wait", pidfile.display());
         let err = Cmd::new("bash")
             .args(["-c", &script])
@@ -356,12 +356,6 @@ mod tests {
             .await
             .unwrap_err();
         assert!(err.to_string().contains("skiff-no-such-program"));
-    }
-
-    fn tempfile_dir() -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("skiff-process-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        dir
     }
 
     fn process_alive(pid: i32) -> bool {
