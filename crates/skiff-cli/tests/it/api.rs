@@ -42,20 +42,7 @@ fn cursors(events: &[serde_json::Value]) -> Vec<u64> {
 fn the_event_stream_resumes_from_a_cursor_with_nothing_missing_or_doubled() {
     let gw = Gateway::start(TWO_STEPS);
     let repo = TempGitRepo::new(&[("a.txt", "a\n")]);
-    let out = gw.run(&[
-        "session",
-        "new",
-        "--workspace",
-        repo.path().to_str().unwrap(),
-        "--model",
-        "fake/x",
-        "list",
-    ]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let id = gw.json(&["session", "list", "--json"])["sessions"][0]["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let id = gw.new_session(repo.path(), "fake/x", "list");
     let client = reqwest::blocking::Client::new();
     let url = format!("{}/v1/sessions/{id}/events", gw.url);
 

@@ -76,6 +76,24 @@ impl Gateway {
         self.cli().args(args).output().unwrap()
     }
 
+    /// Runs `session new` to completion (it must succeed) and returns the session id.
+    pub fn new_session(&self, workspace: &Path, model: &str, prompt: &str) -> String {
+        let out = self.run(&[
+            "session",
+            "new",
+            "--json",
+            "--workspace",
+            workspace.to_str().unwrap(),
+            "--model",
+            model,
+            prompt,
+        ]);
+        assert!(out.status.success(), "session new: {}", stderr(&out));
+        let first: serde_json::Value =
+            serde_json::from_str(stdout(&out).lines().next().unwrap()).unwrap();
+        first["session_id"].as_str().unwrap().to_owned()
+    }
+
     pub fn json(&self, args: &[&str]) -> serde_json::Value {
         let out = self.run(args);
         assert!(

@@ -249,20 +249,7 @@ fn a_plain_directory_gets_a_gateway_owned_copy() {
 fn session_show_reads_well() {
     let gw = Gateway::start(EDIT_AND_COMMIT);
     let repo = TempGitRepo::new(&[("notes.txt", "draft notes\n")]);
-    let out = gw.run(&[
-        "session",
-        "new",
-        "--workspace",
-        repo.path().to_str().unwrap(),
-        "--model",
-        "fake/e2e",
-        "finalize the notes",
-    ]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let id = gw.json(&["session", "list", "--json"])["sessions"][0]["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let id = gw.new_session(repo.path(), "fake/e2e", "finalize the notes");
     let shown = stdout(&gw.run(&["session", "show", &id]));
     let mut settings = insta::Settings::clone_current();
     settings.add_filter(r"(ses|run|ent)_[0-9a-z]{16}", "${1}_[id]");
