@@ -124,7 +124,8 @@ fn start_checkpointer(path: &Path, store: &mut Store) -> Result<()> {
     Ok(())
 }
 
-pub(crate) fn now_ms() -> i64 {
+/// Now, as the `*_at_ms` columns store it: Unix milliseconds.
+pub fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))

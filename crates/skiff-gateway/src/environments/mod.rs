@@ -19,6 +19,7 @@ use skiff_protocol::EnvironmentId;
 use skiff_protocol::environment::{EnvironmentState, EnvironmentView, ProfileView};
 use skiff_providers::{Context, Lease, LeaseStatus, ProfileConfig, WorkerProvider};
 use skiff_ssh::{Ssh, Target};
+use skiff_store::now_ms;
 use skiff_store::{EnvironmentRow, Scope, Store};
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -27,13 +28,6 @@ use std::time::Instant;
 use tokio::sync::OnceCell;
 
 pub(crate) use bootstrap::BundleInstall;
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
-}
 
 struct Profile {
     config: ProfileConfig,

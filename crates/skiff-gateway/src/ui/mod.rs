@@ -22,6 +22,7 @@ use serde::Deserialize;
 use serde_json::json;
 use skiff_protocol::api::{ApiError, UiLoginRequest, UiTicket};
 use skiff_store::Scope;
+use skiff_store::now_ms;
 use std::sync::Arc;
 
 type Shared = State<Arc<Core>>;
@@ -38,13 +39,6 @@ impl UiState {
     pub(crate) fn set_key(&self, admin_token: &str) {
         self.cookies.set_key(admin_token);
     }
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
 }
 
 /// Routes anyone may reach: the page, its files, and login/logout (which check for themselves).
