@@ -25,6 +25,8 @@ pub enum EnvCommand {
     Exec(ExecArgs),
     /// Tear the box down (staged: drain, destroy, prove it is gone)
     Destroy(DestroyArgs),
+    /// Wait until an environment reaches a state (for scripts)
+    Wait(WaitArgs),
     /// Destroy leases that providers hold but no environment owns
     Sweep(Json),
 }
@@ -63,6 +65,20 @@ pub struct ExecArgs {
     /// The command line to run on the box
     #[arg(trailing_var_arg = true, required = true)]
     command: Vec<String>,
+}
+
+#[derive(Args)]
+pub struct WaitArgs {
+    /// Environment id (env_…)
+    id: String,
+    /// The state to wait for, e.g. idle or destroyed
+    #[arg(long = "for", value_name = "STATE")]
+    state: String,
+    /// Give up after this long
+    #[arg(long, default_value = "5m")]
+    timeout: String,
+    #[command(flatten)]
+    out: Json,
 }
 
 #[derive(Args)]
@@ -132,6 +148,7 @@ pub async fn run(cmd: EnvCommand, state_dir: &Path) -> Result<ExitCode> {
                 Ok(ExitCode::from(1))
             }
         }
+        EnvCommand::Wait(args) => wait(&client, args).await,
         EnvCommand::Sweep(out) => {
             let swept: serde_json::Value = client
                 .send(client.post("/v1/environments/sweep", &serde_json::json!({})))
@@ -209,6 +226,41 @@ async fn create(client: &Client, args: CreateArgs) -> Result<ExitCode> {
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Polls the environment until it is in the wanted state (exit 0) or the timeout passes (1).
+async fn wait(client: &Client, args: WaitArgs) -> Result<ExitCode> {
+    let Some(want) = EnvironmentState::parse(&args.state) else {
+        bail!(
+            "{:?} is not an environment state (requested, provisioning, bootstrapping, ready, attached, idle, draining, destroying, destroyed, failed, orphaned)",
+            args.state
+        );
+    };
+    let timeout = humantime::parse_duration(&args.timeout).map_err(|e| {
+        anyhow::anyhow!(
+            "--timeout {:?} is not a duration like 5m: {e}",
+            args.timeout
+        )
+    })?;
+    let started = Instant::now();
+    loop {
+        let env: EnvironmentView = client
+            .send(client.get(&format!("/v1/environments/{}", args.id)))
+            .await?;
+        if env.state == want {
+            print_env(&env, args.out.json)?;
+            return Ok(ExitCode::SUCCESS);
+        }
+        if started.elapsed() >= timeout {
+            print_env(&env, args.out.json)?;
+            eprintln!(
+                "environment {} is still {} after {}",
+                env.id, env.state, args.timeout
+            );
+            return Ok(ExitCode::from(1));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 fn print_env(env: &EnvironmentView, json: bool) -> Result<()> {

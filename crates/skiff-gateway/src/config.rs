@@ -15,6 +15,32 @@ pub struct Config {
     /// Worker profiles: where boxes come from. A `local` profile exists by default.
     #[serde(default)]
     pub profiles: BTreeMap<String, skiff_providers::ProfileConfig>,
+    #[serde(default)]
+    pub gateway: GatewayConfig,
+}
+
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GatewayConfig {
+    /// How often idle and expired environments are reclaimed and leases in use renewed
+    /// (default `30s`).
+    #[serde(default)]
+    pub lifetime_tick: Option<String>,
+}
+
+impl GatewayConfig {
+    pub fn lifetime_tick(&self, config_path: &Path) -> Result<std::time::Duration, ConfigError> {
+        let text = self.lifetime_tick.as_deref().unwrap_or("30s");
+        humantime::parse_duration(text)
+            .ok()
+            .filter(|d| !d.is_zero())
+            .ok_or_else(|| ConfigError::Invalid {
+                path: config_path.display().to_string(),
+                message: format!(
+                    "at `gateway.lifetime_tick`: \"{text}\" is not a duration like \"30s\""
+                ),
+            })
+    }
 }
 
 #[derive(Debug, Default, Clone, Deserialize)]

@@ -107,6 +107,7 @@ pub async fn start(options: Options) -> Result<Running> {
         .clone()
         .unwrap_or_else(|| state.root().join("skiff.toml"));
     let config = Config::load(&config_path)?;
+    let lifetime_tick = config.gateway.lifetime_tick(&config_path)?;
     let config_dir = config_path.parent().map(PathBuf::from).unwrap_or_default();
     let catalog = skiff_llm::Catalog::new(config.providers, config.models.default, &config_dir)?;
     let store = Arc::new(Store::open(&state.database())?);
@@ -130,7 +131,7 @@ pub async fn start(options: Options) -> Result<Running> {
     });
     core.reconcile_on_start()?;
     core.envs.reconcile_on_start().await?;
-    spawn_lifetime_enforcer(&core);
+    spawn_lifetime_enforcer(&core, lifetime_tick);
 
     let listener = tokio::net::TcpListener::bind(&options.listen)
         .await
@@ -185,11 +186,11 @@ fn provider_context(state: &StateDir) -> Result<skiff_providers::Context> {
     })
 }
 
-/// Every 30 s: reclaim idle or expired environments, renew leases in use.
-fn spawn_lifetime_enforcer(core: &Arc<Core>) {
+/// Every `gateway.lifetime_tick`: reclaim idle or expired environments, renew leases in use.
+fn spawn_lifetime_enforcer(core: &Arc<Core>, every: std::time::Duration) {
     let envs = core.envs.clone();
     tokio::spawn(async move {
-        let mut tick = tokio::time::interval(std::time::Duration::from_secs(30));
+        let mut tick = tokio::time::interval(every);
         tick.tick().await;
         loop {
             tick.tick().await;

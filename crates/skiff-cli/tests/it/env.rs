@@ -459,3 +459,28 @@ fn a_lease_cli_that_fails_or_prints_garbage_fails_the_environment_with_its_words
         );
     }
 }
+
+#[test]
+fn an_idle_environment_is_reclaimed_after_its_idle_timeout() {
+    let root = BoxRoot::new();
+    let config = format!(
+        "[gateway]\nlifetime_tick = \"100ms\"\n[profiles.brief]\nprovider = \"local\"\nisolation = \"none\"\nidle_timeout = \"1s\"\nroot = \"{}\"\n",
+        root.path().display()
+    );
+    let gw = Gateway::start_with("", &config);
+    let env = create(&gw, "brief", &[]);
+    let id = env["id"].as_str().unwrap();
+    let out = gw.run(&[
+        "env",
+        "wait",
+        id,
+        "--for",
+        "destroyed",
+        "--timeout",
+        "60s",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(root.boxes().is_empty(), "the reclaimed box is still there");
+    assert_eq!(audit_decisions(&gw, "provider.destroy"), ["ok"]);
+}
