@@ -173,10 +173,40 @@ pub async fn run(cmd: EnvCommand, state_dir: &Path) -> Result<ExitCode> {
 }
 
 /// Creates the environment and follows it to ready (or failed), showing each step.
+/// Follows an environment until `done` holds for its state or `timeout` passes, calling
+/// `on_state` once per state it is seen in. Returns the last view and whether `done` held.
+async fn follow(
+    client: &Client,
+    mut env: EnvironmentView,
+    timeout: Duration,
+    done: impl Fn(EnvironmentState) -> bool,
+    mut on_state: impl FnMut(&EnvironmentView),
+) -> Result<(EnvironmentView, bool)> {
+    let started = Instant::now();
+    let mut last = None;
+    loop {
+        if last != Some(env.state) {
+            on_state(&env);
+            last = Some(env.state);
+        }
+        if done(env.state) {
+            return Ok((env, true));
+        }
+        if started.elapsed() >= timeout {
+            return Ok((env, false));
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+        env = client
+            .send(client.get(&format!("/v1/environments/{}", env.id)))
+            .await?;
+    }
+}
+
+/// Creates the environment and follows it to idle (or failed), showing each step.
 async fn create(client: &Client, args: CreateArgs) -> Result<ExitCode> {
     let started = Instant::now();
     let path = format!("/v1/environments?reuse={}", args.reuse);
-    let mut env: EnvironmentView = client
+    let env: EnvironmentView = client
         .send(client.post(
             &path,
             &CreateEnvironmentRequest {
@@ -184,40 +214,32 @@ async fn create(client: &Client, args: CreateArgs) -> Result<ExitCode> {
             },
         ))
         .await?;
-    let progress = !args.out.json;
-    let mut last = None;
-    loop {
-        if progress && last != Some(env.state) {
-            eprintln!(
-                "{:>7.2}s  {}  {}",
-                started.elapsed().as_secs_f64(),
-                env.id,
-                env.state
-            );
-            last = Some(env.state);
-        }
-        if matches!(
-            env.state,
+    let json = args.out.json;
+    // `ready` is a step on the way to `idle`, not a place to stop. Provisioning is bounded by
+    // the providers' own timeouts; the hour here only guards against a gateway that stalls.
+    let settled = |state| {
+        matches!(
+            state,
             EnvironmentState::Idle
-                | EnvironmentState::Ready
                 | EnvironmentState::Attached
                 | EnvironmentState::Failed
                 | EnvironmentState::Destroyed
-        ) {
-            break;
+        )
+    };
+    let (env, _) = follow(client, env, Duration::from_secs(3600), settled, |env| {
+        if !json {
+            let secs = started.elapsed().as_secs_f64();
+            eprintln!("{secs:>7.2}s  {}  {}", env.id, env.state);
         }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-        env = client
-            .send(client.get(&format!("/v1/environments/{}", env.id)))
-            .await?;
-    }
-    if env.development_only && !args.out.json {
+    })
+    .await?;
+    if env.development_only && !json {
         eprintln!(
             "note: profile `{}` is development-only: its boxes are not isolated from the host",
             env.profile
         );
     }
-    print_env(&env, args.out.json)?;
+    print_env(&env, json)?;
     if env.state == EnvironmentState::Failed {
         bail!(
             "environment {} failed: {}",
@@ -242,24 +264,19 @@ async fn wait(client: &Client, args: WaitArgs) -> Result<ExitCode> {
             args.timeout
         )
     })?;
-    let started = Instant::now();
-    loop {
-        let env: EnvironmentView = client
-            .send(client.get(&format!("/v1/environments/{}", args.id)))
-            .await?;
-        if env.state == want {
-            print_env(&env, args.out.json)?;
-            return Ok(ExitCode::SUCCESS);
-        }
-        if started.elapsed() >= timeout {
-            print_env(&env, args.out.json)?;
-            eprintln!(
-                "environment {} is still {} after {}",
-                env.id, env.state, args.timeout
-            );
-            return Ok(ExitCode::from(1));
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    let env: EnvironmentView = client
+        .send(client.get(&format!("/v1/environments/{}", args.id)))
+        .await?;
+    let (env, reached) = follow(client, env, timeout, |state| state == want, |_| {}).await?;
+    print_env(&env, args.out.json)?;
+    if reached {
+        Ok(ExitCode::SUCCESS)
+    } else {
+        eprintln!(
+            "environment {} is still {} after {}",
+            env.id, env.state, args.timeout
+        );
+        Ok(ExitCode::from(1))
     }
 }
 

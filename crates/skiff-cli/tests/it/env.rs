@@ -72,6 +72,24 @@ fn fresh_lease_id() -> String {
     format!("cbx_{}", &hash[..12])
 }
 
+/// Leases a loopback box with `skiff box`, without any gateway knowing of it.
+fn warmup_behind_the_gateway(root: &BoxRoot, lease_id: &str) -> std::process::Output {
+    let out = Command::new(SKIFF)
+        .args([
+            "box",
+            "--root",
+            root.path().to_str().unwrap(),
+            "warmup",
+            "--lease-id",
+            lease_id,
+        ])
+        .args(["--isolation", "none", "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    out
+}
+
 fn profiles(root: &BoxRoot) -> String {
     let r = root.path().display();
     format!(
@@ -240,21 +258,7 @@ fn the_command_provider_drives_a_lease_cli() {
 fn the_ssh_provider_reaches_a_static_host_and_says_it_is_for_development() {
     let root = BoxRoot::new();
     let beef = fresh_lease_id();
-    let out = Command::new(SKIFF)
-        .args([
-            "box",
-            "--root",
-            root.path().to_str().unwrap(),
-            "warmup",
-            "--lease-id",
-            &beef,
-            "--isolation",
-            "none",
-            "--json",
-        ])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", stderr(&out));
+    let out = warmup_behind_the_gateway(&root, &beef);
     let host: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let lab = format!(
         "[profiles.lab]\nprovider = \"ssh\"\nhost = \"127.0.0.1\"\nport = {}\nuser = \"{}\"\nidentity_file = \"{}\"\nknown_host_key = \"{}\"\n",
@@ -285,21 +289,7 @@ fn an_orphaned_lease_is_swept() {
     let orphan = fresh_lease_id();
     let gw = Gateway::start_with("", &profiles(&root));
     let kept = create(&gw, "cloud", &[]);
-    let out = Command::new(SKIFF)
-        .args([
-            "box",
-            "--root",
-            root.path().to_str().unwrap(),
-            "warmup",
-            "--lease-id",
-            &orphan,
-            "--isolation",
-            "none",
-            "--json",
-        ])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", stderr(&out));
+    warmup_behind_the_gateway(&root, &orphan);
     assert_eq!(root.boxes().len(), 2);
     let swept = gw.json(&["env", "sweep", "--json"]);
     assert_eq!(swept["destroyed"], serde_json::json!([&orphan]));
