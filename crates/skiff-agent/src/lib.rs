@@ -50,4 +50,12 @@ pub trait SessionBackend: Send + Sync {
 
     /// Publishes a live event. Delivery problems are the backend's to handle.
     fn publish(&self, event: EventKind) -> impl Future<Output = ()> + Send;
+
+    /// Runs a gateway-resident tool ([`tools::runs_on_gateway`]) on the gateway.
+    fn gateway_tool(
+        &self,
+        name: &str,
+        arguments: &serde_json::Value,
+        cancel: &CancellationToken,
+    ) -> impl Future<Output = tools::ToolOutput> + Send;
 }

@@ -236,6 +236,10 @@ async fn run_tool<B: SessionBackend>(
     let started = Instant::now();
     let output = if cancel.is_cancelled() {
         crate::tools::ToolOutput::error("not run: the run was cancelled")
+    } else if crate::tools::runs_on_gateway(&call.name) {
+        backend
+            .gateway_tool(&call.name, &call.arguments, cancel)
+            .await
     } else {
         tools.call(call, cancel).await
     };

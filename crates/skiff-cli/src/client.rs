@@ -133,9 +133,15 @@ impl Client {
         self.send(self.get(&format!("/v1/sessions/{id}"))).await
     }
 
-    pub async fn send_message(&self, id: &str, prompt: &str) -> Result<RunStarted> {
+    pub async fn send_message(
+        &self,
+        id: &str,
+        prompt: &str,
+        profile: Option<&str>,
+    ) -> Result<RunStarted> {
         let body = SendMessageRequest {
             prompt: prompt.to_owned(),
+            profile: profile.map(str::to_owned),
         };
         self.send(self.post(&format!("/v1/sessions/{id}/messages"), &body))
             .await

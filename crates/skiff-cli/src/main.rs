@@ -8,6 +8,7 @@ mod gateway;
 mod render;
 mod session;
 mod ui;
+mod worker;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -57,6 +58,8 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Print a one-use login link for the Control UI in a browser
     Ui(ui::UiArgs),
+    /// Worker mode: run a session's agent loop on a box (the gateway starts this over SSH)
+    Worker(worker::WorkerArgs),
 }
 
 fn default_state_dir() -> PathBuf {
@@ -107,6 +110,7 @@ fn main() -> ExitCode {
             Command::Env(cmd) => env::run(cmd, &state_dir).await,
             Command::Box(args) => boxes::run(args, &state_dir).await,
             Command::Ui(args) => ui::run(args, &state_dir).await,
+            Command::Worker(args) => worker::run(args).await,
         }
     });
     match result {
@@ -115,6 +119,7 @@ fn main() -> ExitCode {
             eprintln!("error: {e:#}");
             match e.downcast_ref::<client::Failure>() {
                 Some(client::Failure::Unreachable(_)) => ExitCode::from(3),
+                Some(client::Failure::Refused(e)) if e.code == "at_capacity" => ExitCode::from(3),
                 _ => ExitCode::from(1),
             }
         }

@@ -116,6 +116,11 @@ impl Live {
                 }
             }
             EventKind::RunStatus { .. } => {}
+            EventKind::Placement { state, detail, .. } => {
+                self.stop_spinner();
+                self.line_break();
+                eprintln!("◦ {:<13}{detail}", state.as_str());
+            }
         }
     }
 
@@ -173,7 +178,13 @@ pub fn session_table(sessions: &[SessionView]) -> String {
             [
                 s.id.to_string(),
                 state(s),
-                s.placement.clone(),
+                match &s.worker {
+                    Some(w) => match &w.environment_id {
+                        Some(env) => format!("{} {env}", s.placement),
+                        None => format!("{} ({})", s.placement, w.profile),
+                    },
+                    None => s.placement.clone(),
+                },
                 s.model.label.clone(),
                 ago(s.updated_at_ms, now),
                 s.title.clone(),

@@ -70,6 +70,9 @@ pub struct NewArgs {
     /// Model as provider/model-id [default: models.default, else scripted/demo]
     #[arg(long, value_name = "REF")]
     model: Option<String>,
+    /// Run the session on a worker box of this profile (see `skiff env`) instead of the gateway
+    #[arg(long, value_name = "PROFILE")]
+    profile: Option<String>,
     /// Start the turn and return without streaming it
     #[arg(long)]
     detach: bool,
@@ -83,6 +86,9 @@ pub struct SendArgs {
     id: String,
     /// The message
     prompt: String,
+    /// Run this turn, and the session from now on, on a worker box of this profile
+    #[arg(long, value_name = "PROFILE")]
+    profile: Option<String>,
     /// Start the turn and return without streaming it
     #[arg(long)]
     detach: bool,
@@ -105,13 +111,15 @@ pub async fn run(cmd: SessionCommand, state_dir: &Path) -> Result<ExitCode> {
                     prompt: args.prompt,
                     workspace: workspace.display().to_string(),
                     model: args.model,
-                    profile: None,
+                    profile: args.profile,
                 })
                 .await?;
             started_turn(&client, started, args.detach, args.out.json).await
         }
         SessionCommand::Send(args) => {
-            let started = client.send_message(&args.id, &args.prompt).await?;
+            let started = client
+                .send_message(&args.id, &args.prompt, args.profile.as_deref())
+                .await?;
             started_turn(&client, started, args.detach, args.out.json).await
         }
         SessionCommand::List(out) => {
@@ -133,7 +141,22 @@ pub async fn run(cmd: SessionCommand, state_dir: &Path) -> Result<ExitCode> {
             println!("session    {}", s.id);
             println!("title      {}", s.title);
             println!("state      {}", render::state(s));
-            println!("placement  {}", s.placement);
+            match &s.worker {
+                Some(w) => println!(
+                    "placement  {} on {} (profile {}, epoch {}){}",
+                    s.placement,
+                    w.environment_id
+                        .as_ref()
+                        .map_or("no box yet".to_owned(), |e| e.to_string()),
+                    w.profile,
+                    w.owner_epoch,
+                    w.error
+                        .as_ref()
+                        .map(|e| format!(": {e}"))
+                        .unwrap_or_default()
+                ),
+                None => println!("placement  {}", s.placement),
+            }
             println!("model      {}", s.model.label);
             match &s.workspace {
                 skiff_protocol::api::WorkspaceView::Git {

@@ -169,7 +169,14 @@ async fn send_message(
     body: Result<Json<SendMessageRequest>, axum::extract::rejection::JsonRejection>,
 ) -> Result<Response, Error> {
     let Json(req) = body.map_err(|e| Error::BadRequest(e.body_text()))?;
-    let started = core.send(&scope, &session_id(&id)?, &req.prompt).await?;
+    let started = core
+        .send(
+            &scope,
+            &session_id(&id)?,
+            &req.prompt,
+            req.profile.as_deref(),
+        )
+        .await?;
     Ok((StatusCode::CREATED, Json(started)).into_response())
 }
 

@@ -3,6 +3,7 @@
 
 use crate::Core;
 use futures_util::stream::BoxStream;
+use skiff_agent::tools::ToolOutput;
 use skiff_agent::{BackendError, ModelClient, SessionBackend};
 use skiff_llm::Catalog;
 use skiff_protocol::event::EventKind;
@@ -74,5 +75,16 @@ impl SessionBackend for StoreBackend {
         {
             tracing::warn!(session = %self.session, error = %e, "could not record a live event");
         }
+    }
+
+    async fn gateway_tool(
+        &self,
+        name: &str,
+        arguments: &serde_json::Value,
+        cancel: &CancellationToken,
+    ) -> ToolOutput {
+        self.core
+            .gateway_tool(&self.scope, &self.session, None, name, arguments, cancel)
+            .await
     }
 }

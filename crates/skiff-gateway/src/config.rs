@@ -26,6 +26,13 @@ pub struct GatewayConfig {
     /// (default `30s`).
     #[serde(default)]
     pub lifetime_tick: Option<String>,
+    /// How many worker sessions may hold a worker at once; past it, new ones are refused
+    /// ("at capacity") [default: 16].
+    #[serde(default)]
+    pub max_workers: Option<u64>,
+    /// Hosts the gateway-resident `web_fetch` tool may reach [default: none].
+    #[serde(default)]
+    pub web_fetch_allow: Vec<String>,
 }
 
 impl GatewayConfig {

@@ -26,6 +26,8 @@ pub enum Error {
     Publish(String),
     #[error("{0}")]
     BadRequest(String),
+    #[error("{0}")]
+    AtCapacity(String),
     #[error("cannot listen on {addr}: {source}")]
     Listen {
         addr: String,
@@ -50,6 +52,7 @@ impl Error {
             Error::Workspace(_) => (StatusCode::UNPROCESSABLE_ENTITY, "bad_workspace"),
             Error::Model(_) => (StatusCode::UNPROCESSABLE_ENTITY, "bad_model"),
             Error::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad_request"),
+            Error::AtCapacity(_) => (StatusCode::SERVICE_UNAVAILABLE, "at_capacity"),
             Error::Store(S::IllegalEnvironmentTransition { .. }) => {
                 (StatusCode::CONFLICT, "conflict")
             }

@@ -19,6 +19,7 @@ mod sessions;
 pub mod state_dir;
 mod sync_api;
 mod ui;
+mod worker;
 mod workspace;
 
 pub use error::{Error, Result};
@@ -64,6 +65,7 @@ pub(crate) struct Core {
     /// The Control UI's login tickets and cookie key.
     ui: ui::UiState,
     envs: Arc<environments::Environments>,
+    workers: worker::Workers,
 }
 
 /// A started gateway.
@@ -119,6 +121,14 @@ pub async fn start(options: Options) -> Result<Running> {
         &provider_context(&state)?,
         state.root().join("ssh"),
     )?);
+    let signer = worker::Signer::load_or_create(&state.root().join("worker-signing.key"))
+        .map_err(|e| Error::BadRequest(format!("cannot load the worker signing key: {e}")))?;
+    let workers = worker::Workers::new(
+        signer,
+        state.root().join("workers"),
+        config.gateway.max_workers.unwrap_or(16),
+        config.gateway.web_fetch_allow.clone(),
+    );
     let core = Arc::new(Core {
         store,
         hub,
@@ -128,9 +138,12 @@ pub async fn start(options: Options) -> Result<Running> {
         running: Mutex::new(HashMap::new()),
         ui: ui::UiState::default(),
         envs,
+        workers,
     });
     core.reconcile_on_start()?;
     core.envs.reconcile_on_start().await?;
+    core.envs.warm_bundle().await;
+    core.reconcile_placements_on_start()?;
     spawn_lifetime_enforcer(&core, lifetime_tick);
 
     let listener = tokio::net::TcpListener::bind(&options.listen)

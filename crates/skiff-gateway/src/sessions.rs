@@ -10,6 +10,7 @@ use skiff_agent::{AgentConfig, TurnOutcome, run_turn};
 use skiff_protocol::api::{
     CreateSessionRequest, RunStarted, RunStatus, RunView, SessionDetail, SessionView,
 };
+use skiff_protocol::environment::PlacementState;
 use skiff_protocol::event::EventKind;
 use skiff_protocol::model::ModelRef;
 use skiff_protocol::transcript::EntryBody;
@@ -19,8 +20,8 @@ use std::path::Path;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
-const MAX_STEPS: usize = 50;
-const MAX_OUTPUT_TOKENS: u32 = 8192;
+pub(crate) const MAX_STEPS: usize = 50;
+pub(crate) const MAX_OUTPUT_TOKENS: u32 = 8192;
 const MAX_PROMPT_BYTES: usize = 256 * 1024;
 /// This process, as a runtime node of attempts.
 const RUNTIME_NODE: &str = "gateway";
@@ -77,11 +78,20 @@ impl Core {
                 scripted: false,
                 label: row.model_ref.clone(),
             });
+        let worker = self.store.placement(scope, &row.id)?.map(|p| {
+            skiff_protocol::api::WorkerPlacementView {
+                profile: p.profile,
+                environment_id: p.environment_id,
+                owner_epoch: p.owner_epoch,
+                error: p.error,
+            }
+        });
         Ok(SessionView {
             id: row.id,
             title: row.title,
             workspace: row.workspace,
             model,
+            worker,
             placement: row.placement,
             created_at_ms: row.created_at_ms,
             updated_at_ms: row.updated_at_ms,
@@ -116,9 +126,8 @@ impl Core {
     ) -> Result<RunStarted> {
         check_prompt(&req.prompt)?;
         if let Some(profile) = &req.profile {
-            return Err(Error::BadRequest(format!(
-                "running sessions on worker profile `{profile}` is not available yet: environments can be leased (`skiff env create --profile {profile}`), but sessions still run on the gateway; omit the profile"
-            )));
+            self.check_profile(profile)?;
+            self.check_worker_capacity()?;
         }
         // Resolve the model before touching the disk: a typo must not leave a worktree behind.
         let model = self.catalog.resolve(req.model.as_deref())?;
@@ -143,7 +152,11 @@ impl Core {
         self.audit(scope, "session.create", id.as_str(), "allowed", json!({
             "workspace_kind": match workspace { skiff_protocol::api::WorkspaceView::Git { .. } => "git", _ => "plain" },
             "model": model.as_str(),
+            "profile": req.profile,
         }));
+        if let Some(profile) = &req.profile {
+            self.store.request_placement(scope, &id, profile)?;
+        }
         self.start_run(scope, &id, &req.prompt).await
     }
 
@@ -153,10 +166,62 @@ impl Core {
         scope: &Scope,
         id: &SessionId,
         prompt: &str,
+        profile: Option<&str>,
     ) -> Result<RunStarted> {
         check_prompt(prompt)?;
-        self.store.session(scope, id)?;
+        let session = self.store.session(scope, id)?;
+        if let Some(profile) = profile {
+            self.check_profile(profile)?;
+            let placement = self.store.placement(scope, id)?;
+            match placement {
+                Some(p) if p.profile != profile && p.state != PlacementState::Local => {
+                    return Err(Error::BadRequest(format!(
+                        "session {id} runs on profile `{}`; moving it to `{profile}` is not supported yet",
+                        p.profile
+                    )));
+                }
+                Some(_) => {}
+                None => {
+                    // Dispatch at the turn boundary: no run may be open.
+                    if let Some(run) = self.store.open_run(scope, id)? {
+                        return Err(skiff_store::Error::SessionBusy {
+                            session: id.to_string(),
+                            run: run.id.to_string(),
+                        }
+                        .into());
+                    }
+                    self.check_worker_capacity()?;
+                    self.store.request_placement(scope, id, profile)?;
+                    self.audit(
+                        scope,
+                        "session.dispatch",
+                        id.as_str(),
+                        "allowed",
+                        json!({ "profile": profile }),
+                    );
+                }
+            }
+        } else if session.placement == PlacementState::Reclaimed.as_str()
+            || session.placement == PlacementState::Failed.as_str()
+        {
+            self.check_worker_capacity()?;
+        }
         self.start_run(scope, id, prompt).await
+    }
+
+    fn check_profile(&self, profile: &str) -> Result<()> {
+        if self.envs.profile_views().iter().any(|p| p.name == profile) {
+            return Ok(());
+        }
+        Err(Error::BadRequest(format!(
+            "no worker profile `{profile}`; configured profiles: {}. Add a [profiles.{profile}] table to skiff.toml",
+            self.envs
+                .profile_views()
+                .iter()
+                .map(|p| p.name.clone())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )))
     }
 
     async fn start_run(
@@ -165,19 +230,31 @@ impl Core {
         id: &SessionId,
         prompt: &str,
     ) -> Result<RunStarted> {
+        self.start_run_with(
+            scope,
+            id,
+            EntryBody::UserMessage {
+                text: prompt.to_owned(),
+            },
+        )
+        .await
+    }
+
+    /// Admits a turn that starts with `first` (the user's message; a notice for a retried
+    /// turn) and runs it where the session is placed.
+    pub(crate) async fn start_run_with(
+        self: &Arc<Self>,
+        scope: &Scope,
+        id: &SessionId,
+        first: EntryBody,
+    ) -> Result<RunStarted> {
         let session = self.store.session(scope, id)?;
         // Admission first: only the admitted turn may write the user's message.
         let run = self.store.create_run(scope, id, &session.model_ref)?;
         let leaf = self.store.leaf(scope, id)?;
-        let entries = self.store.append_entries(
-            scope,
-            id,
-            leaf.as_ref(),
-            Some(&run.id),
-            &[EntryBody::UserMessage {
-                text: prompt.to_owned(),
-            }],
-        )?;
+        let entries =
+            self.store
+                .append_entries(scope, id, leaf.as_ref(), Some(&run.id), &[first])?;
         self.hub.publish(
             scope,
             id,
@@ -282,7 +359,10 @@ impl Core {
             Ok(TurnOutcome::Failed(e)) => (RunStatus::Failed, Some(e)),
             Err(e) => (RunStatus::Failed, Some(e.to_string())),
         };
-        self.checkpoint_turn(&scope, &session, &run.id).await;
+        // Worker sessions checkpoint after reconciling each turn (in `turn.finish`).
+        if session.placement == PlacementState::Local.as_str() {
+            self.checkpoint_turn(&scope, &session, &run.id).await;
+        }
         self.finish(&scope, &session.id, &run.id, status.0, status.1.as_deref());
     }
 
@@ -293,6 +373,20 @@ impl Core {
         run: &RunRow,
         cancel: &CancellationToken,
     ) -> Result<TurnOutcome> {
+        if session.placement != PlacementState::Local.as_str() {
+            self.store
+                .transition_run(scope, &run.id, RunStatus::Starting, None)?;
+            self.hub.publish(
+                scope,
+                &session.id,
+                Some(&run.id),
+                EventKind::RunStatus {
+                    status: RunStatus::Starting,
+                    error: None,
+                },
+            )?;
+            return self.run_turn_on_worker(scope, session, run, cancel).await;
+        }
         for status in [RunStatus::Starting, RunStatus::Running] {
             self.store.transition_run(scope, &run.id, status, None)?;
             self.hub.publish(

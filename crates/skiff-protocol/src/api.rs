@@ -94,6 +94,10 @@ pub struct CreateSessionRequest {
 #[serde(deny_unknown_fields)]
 pub struct SendMessageRequest {
     pub prompt: String,
+    /// Run this turn (and the session from now on) on a worker of this profile. A local
+    /// session is dispatched at the turn boundary; a reclaimed one gets a fresh box.
+    #[serde(default)]
+    pub profile: Option<String>,
 }
 
 /// How a session's workspace is held.
@@ -154,13 +158,30 @@ pub struct SessionView {
     pub title: String,
     pub workspace: WorkspaceView,
     pub model: ModelView,
-    /// `local` until workers exist.
+    /// Where the loop runs: `local`, or a worker placement state (`provisioning`, `active`,
+    /// `reclaimed`, …).
     pub placement: String,
+    /// Worker sessions: the profile and the environment (box) they run on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker: Option<WorkerPlacementView>,
     pub created_at_ms: i64,
     pub updated_at_ms: i64,
     /// The newest run, if any.
     #[serde(default)]
     pub last_run: Option<RunView>,
+}
+
+/// Where a worker session runs.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkerPlacementView {
+    pub profile: String,
+    #[serde(default)]
+    pub environment_id: Option<crate::EnvironmentId>,
+    pub owner_epoch: u64,
+    /// Why the placement failed or was reclaimed.
+    #[serde(default)]
+    pub error: Option<String>,
 }
 
 /// `POST /v1/sessions` and `POST /v1/sessions/{id}/messages` answer with the session and the

@@ -146,3 +146,62 @@ pub struct ProfileView {
 pub struct ProfileList {
     pub profiles: Vec<ProfileView>,
 }
+
+/// Where a session's loop runs (DESIGN §4): `local → requested → provisioning → syncing →
+/// starting → active → draining → reconciling → local | reclaimed | failed`. A worker session
+/// comes back to `active` after each turn's reconciliation; `reclaimed` means its box is gone
+/// and the next message leases a fresh one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PlacementState {
+    Local,
+    Requested,
+    Provisioning,
+    Syncing,
+    Starting,
+    Active,
+    Draining,
+    Reconciling,
+    Reclaimed,
+    Failed,
+}
+
+impl PlacementState {
+    pub const ALL: [PlacementState; 10] = [
+        PlacementState::Local,
+        PlacementState::Requested,
+        PlacementState::Provisioning,
+        PlacementState::Syncing,
+        PlacementState::Starting,
+        PlacementState::Active,
+        PlacementState::Draining,
+        PlacementState::Reconciling,
+        PlacementState::Reclaimed,
+        PlacementState::Failed,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PlacementState::Local => "local",
+            PlacementState::Requested => "requested",
+            PlacementState::Provisioning => "provisioning",
+            PlacementState::Syncing => "syncing",
+            PlacementState::Starting => "starting",
+            PlacementState::Active => "active",
+            PlacementState::Draining => "draining",
+            PlacementState::Reconciling => "reconciling",
+            PlacementState::Reclaimed => "reclaimed",
+            PlacementState::Failed => "failed",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|st| st.as_str() == s)
+    }
+}
+
+impl std::fmt::Display for PlacementState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}

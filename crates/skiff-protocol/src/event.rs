@@ -21,7 +21,7 @@ pub struct SessionEvent {
 
 /// What happened.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
 pub enum EventKind {
     /// A run changed status (queued, running, … and finally a terminal status).
     RunStatus {
@@ -48,6 +48,14 @@ pub enum EventKind {
     },
     /// A transcript entry was committed.
     Entry { entry: TranscriptEntry },
+    /// A worker session's placement moved (provisioning, syncing, starting, active, …).
+    Placement {
+        state: crate::environment::PlacementState,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        environment_id: Option<crate::EnvironmentId>,
+        /// What is happening, for people ("laying 12 files onto the box").
+        detail: String,
+    },
 }
 
 impl EventKind {

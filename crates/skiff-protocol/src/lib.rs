@@ -13,5 +13,6 @@ pub mod lease;
 pub mod model;
 pub mod sync;
 pub mod transcript;
+pub mod worker;
 
 pub use ids::{AttemptId, EntryId, EnvironmentId, RunId, SessionId};

@@ -191,7 +191,11 @@ impl Ssh {
     /// kills a finished command's whole process group.
     pub async fn ensure_master(&self, channel: Channel, cancel: &CancellationToken) -> Result<()> {
         if self.socket(channel).exists() {
-            return Ok(());
+            if self.master_alive(channel).await {
+                return Ok(());
+            }
+            // A master that was killed leaves its socket behind.
+            let _ = std::fs::remove_file(self.socket(channel));
         }
         let log = self.dir.join(match channel {
             Channel::Control => "control.log",
@@ -221,6 +225,48 @@ impl Ssh {
         }
         let stderr = std::fs::read_to_string(&log).unwrap_or_default();
         Err(self.classify(done.code(), stderr.trim().to_owned(), "(connect)"))
+    }
+
+    /// Whether the channel's master connection is up and answering.
+    pub async fn master_alive(&self, channel: Channel) -> bool {
+        Cmd::new("ssh")
+            .args(self.options(channel))
+            .args(["-O", "check"])
+            .arg(self.destination())
+            .discard_output()
+            .timeout(Duration::from_secs(5))
+            .run(&CancellationToken::new())
+            .await
+            .is_ok_and(|done| done.status.success())
+    }
+
+    /// Forwards the unix socket `remote_socket` on the box to `local_socket` on this host, over
+    /// the control master (a reverse tunnel: connections made on the box arrive here). The
+    /// forward lives as long as the master; call again after [`Ssh::ensure_master`] restarted
+    /// it.
+    pub async fn forward_socket(
+        &self,
+        remote_socket: &str,
+        local_socket: &Path,
+        cancel: &CancellationToken,
+    ) -> Result<()> {
+        self.ensure_master(Channel::Control, cancel).await?;
+        let spec = format!("{remote_socket}:{}", local_socket.display());
+        // `ClearAllForwardings=yes` (every other connection) would drop this very request.
+        let options = self.options(Channel::Control).into_iter().map(|o| {
+            if o == "ClearAllForwardings=yes" {
+                OsString::from("ClearAllForwardings=no")
+            } else {
+                o
+            }
+        });
+        let cmd = Cmd::new("ssh")
+            .args(options)
+            .args(["-O", "forward", "-R"])
+            .arg(&spec)
+            .arg(self.destination())
+            .timeout(Duration::from_secs(15));
+        self.run_with(cmd, "(forward)", cancel).await.map(|_| ())
     }
 
     /// Runs `remote` and returns its stdout; a non-zero exit is an error with its stderr.

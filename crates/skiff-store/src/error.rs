@@ -36,6 +36,12 @@ pub enum Error {
         from: skiff_protocol::environment::EnvironmentState,
         to: skiff_protocol::environment::EnvironmentState,
     },
+    #[error("session {session}'s placement cannot move from {from} to {to}")]
+    IllegalPlacementTransition {
+        session: String,
+        from: skiff_protocol::environment::PlacementState,
+        to: skiff_protocol::environment::PlacementState,
+    },
     #[error("artifact {id} is retained: {reason}")]
     Retained { id: String, reason: String },
     #[error("stored {what} is unreadable: {detail}")]

@@ -150,6 +150,54 @@ CREATE INDEX artifacts_by_hash ON artifacts(hash);
 CREATE UNIQUE INDEX artifacts_one_checkpoint_per_seq ON artifacts(session_id, seq)
     WHERE role = 'checkpoint';
 "#,
+    r#"
+-- Sessions placed on workers; `sessions.placement` mirrors `state`.
+CREATE TABLE placements (
+    session_id     TEXT PRIMARY KEY REFERENCES sessions(id),
+    owner_id       TEXT NOT NULL,
+    tenant_id      TEXT NOT NULL,
+    state          TEXT NOT NULL,
+    profile        TEXT NOT NULL,
+    generation     INTEGER NOT NULL DEFAULT 0,
+    environment_id TEXT,
+    owner_epoch    INTEGER NOT NULL DEFAULT 0,
+    base_manifest  TEXT,
+    bundle_hash    TEXT,
+    worker_pid     INTEGER,
+    error          TEXT,
+    updated_at_ms  INTEGER NOT NULL
+);
+CREATE INDEX placements_by_environment ON placements(environment_id);
+
+-- Terminal replies of worker operations: a duplicate gets the same answer.
+CREATE TABLE worker_ops (
+    session_id  TEXT NOT NULL,
+    owner_epoch INTEGER NOT NULL,
+    stream      TEXT NOT NULL,
+    seq         INTEGER NOT NULL,
+    method      TEXT NOT NULL,
+    reply       TEXT NOT NULL,  -- JSON Reply or model events; never credentials
+    at_ms       INTEGER NOT NULL,
+    PRIMARY KEY (session_id, owner_epoch, stream, seq)
+) WITHOUT ROWID;
+
+-- ACK cursors: the last applied sequence number per stream and epoch.
+CREATE TABLE worker_cursors (
+    session_id  TEXT NOT NULL,
+    owner_epoch INTEGER NOT NULL,
+    stream      TEXT NOT NULL,
+    seq         INTEGER NOT NULL,
+    PRIMARY KEY (session_id, owner_epoch, stream)
+) WITHOUT ROWID;
+
+-- Admitted credentials (by id only): each is admitted once.
+CREATE TABLE worker_credentials (
+    credential_id  TEXT PRIMARY KEY,
+    session_id     TEXT NOT NULL,
+    environment_id TEXT NOT NULL,
+    used_at_ms     INTEGER NOT NULL
+);
+"#,
 ];
 
 pub(crate) fn migrate(conn: &mut Connection) -> Result<()> {

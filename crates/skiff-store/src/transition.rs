@@ -2,7 +2,7 @@
 //! inside the transaction that persists the change.
 
 use skiff_protocol::api::RunStatus;
-use skiff_protocol::environment::EnvironmentState;
+use skiff_protocol::environment::{EnvironmentState, PlacementState};
 
 /// Whether a run may move from `from` to `to`.
 pub fn run_allowed(from: RunStatus, to: RunStatus) -> bool {
@@ -48,10 +48,56 @@ pub fn environment_allowed(from: EnvironmentState, to: EnvironmentState) -> bool
     }
 }
 
+/// Whether a session's placement may move from `from` to `to`. v1 dispatches local → worker
+/// only; a worker session goes `reconciling` after each turn and back to `active`; a dead box
+/// makes it `reclaimed`, and the next message places it again.
+pub fn placement_allowed(from: PlacementState, to: PlacementState) -> bool {
+    use PlacementState::*;
+    match from {
+        Local | Reclaimed | Failed => matches!(to, Requested),
+        Requested => matches!(to, Provisioning | Failed),
+        Provisioning => matches!(to, Syncing | Failed | Reclaimed),
+        Syncing => matches!(to, Starting | Failed | Reclaimed),
+        // `starting → starting`: a replacement worker on the same box (new epoch).
+        Starting => matches!(to, Starting | Active | Failed | Reclaimed),
+        Active => matches!(to, Starting | Reconciling | Draining | Failed | Reclaimed),
+        Reconciling => matches!(to, Active | Failed | Reclaimed),
+        Draining => matches!(to, Reconciling | Local | Failed | Reclaimed),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use RunStatus::*;
+
+    #[test]
+    fn placements_follow_the_design() {
+        use PlacementState as P;
+        let path = [
+            P::Local,
+            P::Requested,
+            P::Provisioning,
+            P::Syncing,
+            P::Starting,
+            P::Active,
+            P::Reconciling,
+            P::Active,
+            P::Reclaimed,
+            P::Requested,
+        ];
+        for pair in path.windows(2) {
+            assert!(
+                placement_allowed(pair[0], pair[1]),
+                "{} -> {}",
+                pair[0],
+                pair[1]
+            );
+        }
+        assert!(!placement_allowed(P::Local, P::Active));
+        assert!(!placement_allowed(P::Reclaimed, P::Active));
+        assert!(!placement_allowed(P::Provisioning, P::Active));
+    }
 
     #[test]
     fn environments_follow_the_design() {

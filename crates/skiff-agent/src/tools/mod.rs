@@ -114,11 +114,20 @@ async fn blocking<A: Send + 'static>(
         .map_err(|e| format!("the tool crashed: {e}"))?
 }
 
+/// The tool that runs on the gateway rather than next to the workspace (controlled egress).
+pub const WEB_FETCH: &str = "web_fetch";
+
+/// Whether the gateway, not the workspace's machine, runs this tool.
+pub fn runs_on_gateway(name: &str) -> bool {
+    name == WEB_FETCH
+}
+
 /// The main argument of a call, for one-line display (`read src/lib.rs`).
 pub fn summary(call: &ToolCall) -> String {
     let key = match call.name.as_str() {
         "find" | "grep" => "pattern",
         "exec" => "command",
+        WEB_FETCH => "url",
         _ => "path",
     };
     let text = call
@@ -210,6 +219,13 @@ fn specs() -> Vec<ToolSpec> {
                 "path": {"type": "string", "description": "File or directory to search in"},
                 "glob": {"type": "string", "description": "Only search files matching this glob"},
                 "ignore_case": {"type": "boolean"}
+            }}),
+        ),
+        spec(
+            WEB_FETCH,
+            "Fetch a web page or file over HTTP(S). Runs on the gateway, only for hosts the operator allows; the result is size-bounded text.",
+            json!({"type": "object", "additionalProperties": false, "required": ["url"], "properties": {
+                "url": {"type": "string", "description": "An http:// or https:// URL"}
             }}),
         ),
         spec(

@@ -67,6 +67,15 @@ impl SessionBackend for Memory {
     async fn publish(&self, event: EventKind) {
         self.events.lock().unwrap().push(event);
     }
+
+    async fn gateway_tool(
+        &self,
+        name: &str,
+        arguments: &serde_json::Value,
+        _cancel: &CancellationToken,
+    ) -> skiff_agent::tools::ToolOutput {
+        skiff_agent::tools::ToolOutput::ok(format!("gateway ran {name} with {arguments}"))
+    }
 }
 
 fn tool_turn(calls: &[(&str, serde_json::Value)]) -> Vec<ModelEvent> {
@@ -271,5 +280,37 @@ async fn cancelling_during_a_tool_kills_it_and_keeps_the_transcript_well_formed(
             "tool_result",
             "notice"
         ]
+    );
+}
+
+#[tokio::test]
+async fn gateway_tools_go_through_the_backend() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = Scripted(vec![
+        tool_turn(&[("web_fetch", json!({"url": "https://example.invalid/"}))]),
+        final_turn("fetched"),
+    ]);
+    let backend = backend_with_prompt();
+    let tools = Tools::new(dir.path().to_path_buf(), Vec::new()).unwrap();
+    let outcome = run_turn(
+        &model,
+        &backend,
+        &tools,
+        &config(),
+        &CancellationToken::new(),
+    )
+    .await;
+    assert_eq!(outcome, TurnOutcome::Completed);
+    let entries = backend.entries.lock().unwrap();
+    let result = entries
+        .iter()
+        .find_map(|e| match &e.body {
+            EntryBody::ToolResult { content, .. } => Some(content.clone()),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(
+        result,
+        r#"gateway ran web_fetch with {"url":"https://example.invalid/"}"#
     );
 }

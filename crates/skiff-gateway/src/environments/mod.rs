@@ -8,6 +8,7 @@
 //!
 //! Deliberately absent: provider names and policy of providers. They come from `[profiles]`.
 
+mod attach;
 mod bootstrap;
 mod lifetimes;
 mod teardown;

@@ -25,7 +25,7 @@ impl Environments {
     }
 
     /// `destroy`, for a caller that holds the environment's lock.
-    async fn destroy_locked(
+    pub(super) async fn destroy_locked(
         &self,
         scope: &Scope,
         id: &EnvironmentId,

@@ -1,0 +1,460 @@
+//! The worker endpoint: a unix socket per attached environment, admission, and the frame loop
+//! of each connection.
+//!
+//! INVARIANT: the socket lives in the 0700 state dir and is reached from a box only through
+//! the reverse forward of that environment's own SSH connection, so the socket a connection
+//! arrives on names its environment; a credential for another environment is refused.
+
+use super::{CANARY_MODEL, Live, lock};
+use crate::Core;
+use serde_json::json;
+use skiff_protocol::EnvironmentId;
+use skiff_protocol::worker::{
+    CredentialClaims, GatewayFrame, MAX_FRAME_BYTES, Method, PROTOCOL_VERSION, RefusalCode,
+    WorkerFrame,
+};
+use skiff_store::{Scope, now_ms};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+/// A refusal: what the worker is told, and what the audit records.
+pub(super) struct Refusal {
+    pub code: RefusalCode,
+    pub message: String,
+}
+
+pub(super) fn refuse(code: RefusalCode, message: impl Into<String>) -> Refusal {
+    Refusal {
+        code,
+        message: message.into(),
+    }
+}
+
+/// An admitted connection.
+pub(super) struct Admitted {
+    pub scope: Scope,
+    pub claims: CredentialClaims,
+    pub live: Arc<Live>,
+    pub conn_id: u64,
+}
+
+impl Core {
+    /// Listens for `env`'s worker (idempotent).
+    pub(crate) fn open_worker_endpoint(self: &Arc<Self>, env: &EnvironmentId) -> crate::Result<()> {
+        let workers = &self.workers;
+        let mut listeners = lock(&workers.listeners);
+        if listeners.contains_key(env) {
+            return Ok(());
+        }
+        std::fs::create_dir_all(&workers.socket_dir).map_err(|e| {
+            crate::Error::BadRequest(format!(
+                "cannot create the worker socket directory {}: {e}",
+                workers.socket_dir.display()
+            ))
+        })?;
+        let path = workers.socket_path(env);
+        let _ = std::fs::remove_file(&path);
+        let listener = UnixListener::bind(&path).map_err(|e| {
+            crate::Error::BadRequest(format!(
+                "cannot listen for workers on {}: {e}",
+                path.display()
+            ))
+        })?;
+        let stop = CancellationToken::new();
+        listeners.insert(env.clone(), stop.clone());
+        let core = self.clone();
+        let env = env.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => break,
+                    accepted = listener.accept() => match accepted {
+                        Ok((stream, _)) => {
+                            let core = core.clone();
+                            let env = env.clone();
+                            tokio::spawn(async move { core.serve_worker(env, stream).await });
+                        }
+                        Err(e) => {
+                            tracing::warn!(%env, error = %e, "worker endpoint accept failed");
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                        }
+                    }
+                }
+            }
+        });
+        Ok(())
+    }
+
+    pub(crate) fn close_worker_endpoint(&self, env: &EnvironmentId) {
+        if let Some(stop) = lock(&self.workers.listeners).remove(env) {
+            stop.cancel();
+        }
+        let _ = std::fs::remove_file(self.workers.socket_path(env));
+    }
+
+    pub(super) fn audit_worker(
+        &self,
+        scope: &Scope,
+        action: &str,
+        target: &str,
+        decision: &str,
+        detail: serde_json::Value,
+    ) {
+        if let Err(e) = self
+            .store
+            .audit(scope, "worker", action, target, decision, &detail)
+        {
+            tracing::warn!(action, error = %e, "could not write an audit row");
+        }
+    }
+
+    async fn serve_worker(self: Arc<Self>, env: EnvironmentId, stream: UnixStream) {
+        let (read, mut write) = stream.into_split();
+        let mut reader = BufReader::new(read);
+        let first = tokio::time::timeout(Duration::from_secs(10), read_frame(&mut reader)).await;
+        let admitted = match first {
+            Ok(Ok(Some(line))) => self.admit(&env, &line),
+            _ => Err(refuse(RefusalCode::BadFrame, "no hello within 10 s")),
+        };
+        let admitted = match admitted {
+            Ok(a) => a,
+            Err(r) => {
+                let scope = self
+                    .store
+                    .live_environments()
+                    .ok()
+                    .and_then(|rows| rows.into_iter().find(|r| r.id == env).map(|r| r.scope))
+                    .unwrap_or_else(crate::auth::admin_scope);
+                self.audit_worker(
+                    &scope,
+                    "worker.admit",
+                    env.as_str(),
+                    "refused",
+                    json!({ "code": r.code.as_str(), "reason": r.message }),
+                );
+                tracing::warn!(%env, code = r.code.as_str(), reason = r.message, "refused a worker");
+                let frame = GatewayFrame::Refused {
+                    code: r.code,
+                    message: r.message,
+                };
+                let _ = write_frame(&mut write, &frame).await;
+                return;
+            }
+        };
+        let (tx, mut rx) = mpsc::unbounded_channel::<GatewayFrame>();
+        // The welcome goes first: nothing may reach the worker before it.
+        if let Err(e) = self.welcome(&admitted, &tx) {
+            tracing::warn!(%env, error = %e, "could not welcome a worker");
+            return;
+        }
+        let closed =
+            admitted
+                .live
+                .connect(admitted.conn_id, admitted.claims.owner_epoch, tx.clone());
+        let writer = tokio::spawn(async move {
+            while let Some(frame) = rx.recv().await {
+                if write_frame(&mut write, &frame).await.is_err() {
+                    break;
+                }
+            }
+        });
+        let session = admitted.claims.session_id.clone();
+        tracing::info!(%env, %session, epoch = admitted.claims.owner_epoch, "worker admitted");
+        self.after_admission(&admitted).await;
+        loop {
+            let line = tokio::select! {
+                _ = closed.cancelled() => break,
+                line = read_frame(&mut reader) => line,
+            };
+            let line = match line {
+                Ok(Some(line)) => line,
+                Ok(None) => break,
+                Err(e) => {
+                    self.audit_worker(
+                        &admitted.scope,
+                        "worker.frame",
+                        session.as_str(),
+                        "refused",
+                        json!({ "code": "too_large", "reason": e.to_string() }),
+                    );
+                    let _ = tx.send(GatewayFrame::Refused {
+                        code: RefusalCode::TooLarge,
+                        message: format!("{e}; the connection is closed"),
+                    });
+                    break;
+                }
+            };
+            let frame = match serde_json::from_str::<WorkerFrame>(&line) {
+                Ok(frame) => frame,
+                Err(e) => {
+                    let reason = format!("not a frame of worker protocol {PROTOCOL_VERSION}: {e}");
+                    self.audit_worker(
+                        &admitted.scope,
+                        "worker.frame",
+                        session.as_str(),
+                        "refused",
+                        json!({ "code": "bad_frame", "reason": reason }),
+                    );
+                    let _ = tx.send(GatewayFrame::Refused {
+                        code: RefusalCode::BadFrame,
+                        message: reason,
+                    });
+                    continue;
+                }
+            };
+            self.on_frame(&admitted, frame).await;
+        }
+        admitted.live.disconnect(admitted.conn_id);
+        drop(tx);
+        writer.abort();
+        tracing::info!(%env, %session, "worker connection closed");
+        self.on_worker_disconnect(&admitted.scope, &session, admitted.claims.owner_epoch);
+    }
+
+    /// Checks a hello: signature, expiry, bindings, build, protocol, one use.
+    fn admit(&self, env: &EnvironmentId, line: &str) -> Result<Admitted, Refusal> {
+        let hello = serde_json::from_str::<WorkerFrame>(line).map_err(|e| {
+            refuse(
+                RefusalCode::BadFrame,
+                format!("the first frame must be a hello: {e}"),
+            )
+        })?;
+        let WorkerFrame::Hello {
+            protocol_version,
+            build_hash,
+            features,
+            credential,
+        } = hello
+        else {
+            return Err(refuse(
+                RefusalCode::BadFrame,
+                "the first frame must be a hello",
+            ));
+        };
+        if protocol_version != PROTOCOL_VERSION {
+            return Err(refuse(
+                RefusalCode::ProtocolMismatch,
+                format!(
+                    "this gateway speaks worker protocol {PROTOCOL_VERSION}, not {protocol_version}"
+                ),
+            ));
+        }
+        let claims = self
+            .workers
+            .signer
+            .verify(&credential)
+            .map_err(|e| refuse(RefusalCode::BadCredential, e.to_string()))?;
+        if &claims.environment_id != env {
+            return Err(refuse(
+                RefusalCode::WrongScope,
+                format!(
+                    "the credential is for {}, not this environment",
+                    claims.environment_id
+                ),
+            ));
+        }
+        if claims.expires_at_ms <= now_ms() {
+            return Err(refuse(
+                RefusalCode::CredentialExpired,
+                "the credential has expired",
+            ));
+        }
+        let gateway_hash = self.envs.bundle_hash_now();
+        if build_hash != claims.bundle_hash || Some(&build_hash) != gateway_hash.as_ref() {
+            return Err(refuse(
+                RefusalCode::BuildMismatch,
+                format!("worker build {build_hash} is not the gateway's build"),
+            ));
+        }
+        let missing: Vec<&str> = claims
+            .methods
+            .iter()
+            .map(|m| m.as_str())
+            .filter(|m| !features.iter().any(|f| f == m))
+            .collect();
+        if !missing.is_empty() {
+            return Err(refuse(
+                RefusalCode::ProtocolMismatch,
+                format!("the worker lacks features {}", missing.join(", ")),
+            ));
+        }
+        let env_row = self
+            .store
+            .live_environments()
+            .ok()
+            .and_then(|rows| rows.into_iter().find(|r| &r.id == env))
+            .ok_or_else(|| refuse(RefusalCode::WrongScope, "the environment is gone"))?;
+        if self.envs.host_key(&env_row).as_deref() != Some(claims.worker_key.as_str()) {
+            return Err(refuse(
+                RefusalCode::BadCredential,
+                "the credential is for another box",
+            ));
+        }
+        let scope = env_row.scope.clone();
+        let placement = self
+            .store
+            .placement(&scope, &claims.session_id)
+            .ok()
+            .flatten()
+            .ok_or_else(|| refuse(RefusalCode::WrongScope, "no such worker session"))?;
+        if placement.environment_id.as_ref() != Some(env) {
+            return Err(refuse(
+                RefusalCode::WrongScope,
+                "the session is not placed on this environment",
+            ));
+        }
+        if placement.owner_epoch != claims.owner_epoch {
+            return Err(refuse(
+                RefusalCode::StaleEpoch,
+                format!(
+                    "owner epoch {} is stale; the session's owner is epoch {}",
+                    claims.owner_epoch, placement.owner_epoch
+                ),
+            ));
+        }
+        match self
+            .store
+            .use_worker_credential(&claims.credential_id, &claims.session_id, env)
+        {
+            Ok(true) => {}
+            Ok(false) => {
+                return Err(refuse(
+                    RefusalCode::CredentialReplayed,
+                    "the credential was already used; each is admitted once",
+                ));
+            }
+            Err(e) => return Err(refuse(RefusalCode::Unavailable, e.to_string())),
+        }
+        self.audit_worker(
+            &scope,
+            "worker.admit",
+            claims.session_id.as_str(),
+            "allowed",
+            json!({ "env": env.as_str(), "epoch": claims.owner_epoch }),
+        );
+        Ok(Admitted {
+            scope,
+            live: self.workers.live(&claims.session_id),
+            conn_id: self.workers.conn_id(),
+            claims,
+        })
+    }
+
+    /// Mints a credential for the session's current owner on `env`.
+    pub(crate) fn mint_worker_credential(
+        &self,
+        env: &EnvironmentId,
+        worker_key: &str,
+        bundle_hash: &str,
+        session: &skiff_protocol::SessionId,
+        epoch: u64,
+    ) -> crate::Result<(String, i64)> {
+        let now = now_ms();
+        let claims = CredentialClaims {
+            credential_id: skiff_store::mint()?,
+            environment_id: env.clone(),
+            worker_key: worker_key.to_owned(),
+            bundle_hash: bundle_hash.to_owned(),
+            session_id: session.clone(),
+            owner_epoch: epoch,
+            methods: Method::ALL.to_vec(),
+            issued_at_ms: now,
+            expires_at_ms: now + super::credential::LIFETIME_MS,
+        };
+        Ok((self.workers.signer.sign(&claims), claims.expires_at_ms))
+    }
+
+    fn welcome(&self, a: &Admitted, tx: &mpsc::UnboundedSender<GatewayFrame>) -> crate::Result<()> {
+        let c = &a.claims;
+        let session = self.store.session(&a.scope, &c.session_id)?;
+        let (credential, expires) = self.mint_worker_credential(
+            &c.environment_id,
+            &c.worker_key,
+            &c.bundle_hash,
+            &c.session_id,
+            c.owner_epoch,
+        )?;
+        let cursors = self.store.worker_cursors(&c.session_id, c.owner_epoch)?;
+        let _ = tx.send(GatewayFrame::Welcome {
+            session_id: c.session_id.clone(),
+            lifecycle_revision: u64::try_from(session.lifecycle_revision).unwrap_or(0),
+            owner_epoch: c.owner_epoch,
+            credential,
+            credential_expires_at_ms: expires,
+            cursors,
+            workspace: super::place::box_workspace(&c.session_id),
+        });
+        Ok(())
+    }
+
+    async fn on_frame(self: &Arc<Self>, a: &Admitted, frame: WorkerFrame) {
+        match frame {
+            WorkerFrame::Hello { .. } => {
+                self.audit_worker(
+                    &a.scope,
+                    "worker.frame",
+                    a.claims.session_id.as_str(),
+                    "refused",
+                    json!({ "code": "bad_frame", "reason": "a second hello" }),
+                );
+                a.live.send_on(
+                    a.conn_id,
+                    GatewayFrame::Refused {
+                        code: RefusalCode::BadFrame,
+                        message: "already admitted".into(),
+                    },
+                );
+            }
+            WorkerFrame::Call { op, call } => self.on_call(a, op, call).await,
+            WorkerFrame::ModelAck { seq, received } => {
+                self.model_ack(&a.claims.session_id, a.claims.owner_epoch, seq, received);
+            }
+            WorkerFrame::ModelCancel { seq } => {
+                self.model_cancel(&a.claims.session_id, a.claims.owner_epoch, seq);
+            }
+            WorkerFrame::CanaryAnswer { nonce, text } => a.live.answer_canary(&nonce, text),
+        }
+    }
+
+    /// Whether a model call without a run is the pending readiness canary.
+    pub(super) fn canary_call(a: &Admitted, model: &str) -> bool {
+        model == CANARY_MODEL && a.live.canary_pending()
+    }
+}
+
+async fn write_frame(
+    write: &mut tokio::net::unix::OwnedWriteHalf,
+    frame: &GatewayFrame,
+) -> std::io::Result<()> {
+    let mut line = serde_json::to_string(frame).map_err(std::io::Error::other)?;
+    line.push('\n');
+    write.write_all(line.as_bytes()).await
+}
+
+/// Reads one line of at most [`MAX_FRAME_BYTES`]; `None` at the end of the stream.
+async fn read_frame(
+    reader: &mut BufReader<tokio::net::unix::OwnedReadHalf>,
+) -> std::io::Result<Option<String>> {
+    let mut buf = Vec::new();
+    let limit = u64::try_from(MAX_FRAME_BYTES).unwrap_or(u64::MAX) + 1;
+    let n = (&mut *reader)
+        .take(limit)
+        .read_until(b'\n', &mut buf)
+        .await?;
+    if n == 0 {
+        return Ok(None);
+    }
+    if buf.last() != Some(&b'\n') {
+        return Err(std::io::Error::other(format!(
+            "a frame is larger than {MAX_FRAME_BYTES} bytes"
+        )));
+    }
+    buf.pop();
+    String::from_utf8(buf)
+        .map(Some)
+        .map_err(|_| std::io::Error::other("a frame is not UTF-8"))
+}

@@ -1,0 +1,228 @@
+//! Worker sessions: the gateway's side of the worker protocol (DESIGN §5, §6).
+//!
+//! - [`endpoint`]: one unix socket per attached environment under `<state>/workers/`, reached
+//!   from the box only through the reverse forward of the environment's control SSH
+//!   connection; admission (signed one-use credential, exact build hash, protocol version).
+//! - [`ops`]: the closed RPC set with durable identity — scope and epoch checks, cached
+//!   terminal replies for duplicates, ACK cursors.
+//! - [`proxy`]: the inference proxy (the gateway's own catalog decides provider, endpoint and
+//!   key), credit windows and terminal replay; the readiness canary.
+//! - [`place`]: the placement state machine driven end to end — environment, outbound sync,
+//!   tunnel, worker start, admission, canary — running turns remotely, reconciling the
+//!   workspace after each, and recovering from tunnel blips, dead workers and dead boxes.
+//! - [`web_fetch`]: the gateway-resident tool (controlled egress, allowlisted hosts).
+//!
+//! Deliberately absent: any way for a worker to reach the HTTP API, to name another session,
+//! to supply transcript ids, or to pick a model endpoint.
+
+pub(crate) mod credential;
+mod endpoint;
+mod ops;
+pub(crate) mod place;
+mod proxy;
+pub(crate) mod web_fetch;
+
+use skiff_protocol::worker::{GatewayFrame, TurnEnd};
+use skiff_protocol::{EnvironmentId, RunId, SessionId};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio_util::sync::CancellationToken;
+
+pub(crate) use credential::Signer;
+
+/// The model reference of the readiness canary: answered by the proxy itself, never sent to a
+/// provider.
+pub(crate) const CANARY_MODEL: &str = "skiff/canary";
+
+/// What the canary must come back with for `nonce`.
+pub(crate) fn canary_answer(nonce: &str) -> String {
+    format!(
+        "canary-ok {}",
+        &blake3::hash(nonce.as_bytes()).to_hex()[..16]
+    )
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The connection a session's worker is on now.
+struct Conn {
+    id: u64,
+    epoch: u64,
+    out: mpsc::UnboundedSender<GatewayFrame>,
+    closed: CancellationToken,
+}
+
+/// One worker session as the gateway sees it in memory. The durable part is the placement row.
+#[derive(Default)]
+pub(crate) struct Live {
+    conn: Mutex<Option<Conn>>,
+    /// Bumped on every connect and disconnect.
+    changes: watch::Sender<u64>,
+    canary: Mutex<Option<(String, oneshot::Sender<String>)>>,
+    turns: Mutex<HashMap<RunId, oneshot::Sender<TurnEnd>>>,
+    /// A recovery task is repairing this session's worker.
+    recovering: Mutex<bool>,
+}
+
+impl Live {
+    fn bump(&self) {
+        self.changes.send_modify(|n| *n += 1);
+    }
+
+    /// Makes `out` the session's connection, closing the one it replaces.
+    fn connect(
+        &self,
+        id: u64,
+        epoch: u64,
+        out: mpsc::UnboundedSender<GatewayFrame>,
+    ) -> CancellationToken {
+        let closed = CancellationToken::new();
+        let old = lock(&self.conn).replace(Conn {
+            id,
+            epoch,
+            out,
+            closed: closed.clone(),
+        });
+        if let Some(old) = old {
+            old.closed.cancel();
+        }
+        self.bump();
+        closed
+    }
+
+    fn disconnect(&self, id: u64) {
+        let mut conn = lock(&self.conn);
+        if conn.as_ref().is_some_and(|c| c.id == id) {
+            *conn = None;
+            drop(conn);
+            self.bump();
+        }
+    }
+
+    /// Closes the connection (a new owner takes over, or the session is done with its worker).
+    pub(crate) fn close(&self) {
+        if let Some(conn) = lock(&self.conn).take() {
+            conn.closed.cancel();
+        }
+        self.bump();
+    }
+
+    pub(crate) fn connected_epoch(&self) -> Option<u64> {
+        lock(&self.conn).as_ref().map(|c| c.epoch)
+    }
+
+    /// Sends a frame to the worker; false when it is not connected.
+    pub(crate) fn send(&self, frame: GatewayFrame) -> bool {
+        lock(&self.conn)
+            .as_ref()
+            .is_some_and(|c| c.out.send(frame).is_ok())
+    }
+
+    fn send_on(&self, conn_id: u64, frame: GatewayFrame) -> bool {
+        lock(&self.conn)
+            .as_ref()
+            .is_some_and(|c| c.id == conn_id && c.out.send(frame).is_ok())
+    }
+
+    pub(crate) fn watch(&self) -> watch::Receiver<u64> {
+        self.changes.subscribe()
+    }
+
+    pub(crate) fn expect_turn(&self, run: &RunId) -> oneshot::Receiver<TurnEnd> {
+        let (tx, rx) = oneshot::channel();
+        lock(&self.turns).insert(run.clone(), tx);
+        rx
+    }
+
+    pub(crate) fn end_turn(&self, run: &RunId, end: TurnEnd) -> bool {
+        match lock(&self.turns).remove(run) {
+            Some(tx) => tx.send(end).is_ok(),
+            None => false,
+        }
+    }
+
+    /// Ends every turn waiting on this worker (its box is gone).
+    pub(crate) fn end_all_turns(&self, error: &str) {
+        for (_, tx) in lock(&self.turns).drain() {
+            let _ = tx.send(TurnEnd::Failed {
+                error: error.to_owned(),
+            });
+        }
+    }
+
+    pub(crate) fn expect_canary(&self, nonce: &str) -> oneshot::Receiver<String> {
+        let (tx, rx) = oneshot::channel();
+        *lock(&self.canary) = Some((nonce.to_owned(), tx));
+        rx
+    }
+
+    fn canary_pending(&self) -> bool {
+        lock(&self.canary).is_some()
+    }
+
+    fn answer_canary(&self, nonce: &str, text: String) {
+        let mut canary = lock(&self.canary);
+        if canary.as_ref().is_some_and(|(n, _)| n == nonce)
+            && let Some((_, tx)) = canary.take()
+        {
+            let _ = tx.send(text);
+        }
+    }
+}
+
+/// Every worker session of this gateway.
+pub(crate) struct Workers {
+    pub(crate) signer: Signer,
+    live: Mutex<HashMap<SessionId, Arc<Live>>>,
+    listeners: Mutex<HashMap<EnvironmentId, CancellationToken>>,
+    models: Mutex<HashMap<(SessionId, u64, u64), Arc<proxy::ModelCall>>>,
+    /// Where the per-environment endpoint sockets live (inside the 0700 state dir).
+    pub(crate) socket_dir: PathBuf,
+    pub(crate) max_workers: u64,
+    pub(crate) web_fetch_allow: Vec<String>,
+    next_conn: AtomicU64,
+}
+
+impl Workers {
+    pub(crate) fn new(
+        signer: Signer,
+        socket_dir: PathBuf,
+        max_workers: u64,
+        web_fetch_allow: Vec<String>,
+    ) -> Workers {
+        Workers {
+            signer,
+            live: Mutex::new(HashMap::new()),
+            listeners: Mutex::new(HashMap::new()),
+            models: Mutex::new(HashMap::new()),
+            socket_dir,
+            max_workers,
+            web_fetch_allow,
+            next_conn: AtomicU64::new(1),
+        }
+    }
+
+    pub(crate) fn live(&self, session: &SessionId) -> Arc<Live> {
+        lock(&self.live).entry(session.clone()).or_default().clone()
+    }
+
+    pub(crate) fn socket_path(&self, env: &EnvironmentId) -> PathBuf {
+        self.socket_dir.join(format!("{env}.sock"))
+    }
+
+    /// Whether the session's worker is connected now (for listings).
+    pub(crate) fn tunnel_up(&self, session: &SessionId) -> bool {
+        lock(&self.live)
+            .get(session)
+            .is_some_and(|l| l.connected_epoch().is_some())
+    }
+
+    fn conn_id(&self) -> u64 {
+        self.next_conn.fetch_add(1, Ordering::Relaxed)
+    }
+}

@@ -1,0 +1,396 @@
+//! The closed RPC set. Every call is checked against the connection's credential (session,
+//! method set), the session's current owner epoch and lifecycle revision, and the session's
+//! open run; a duplicate (same epoch, stream and sequence number) gets the cached terminal
+//! reply and changes nothing.
+
+use super::endpoint::{Admitted, Refusal, refuse};
+use crate::Core;
+use serde_json::json;
+use skiff_protocol::event::EventKind;
+use skiff_protocol::transcript::EntryBody;
+use skiff_protocol::worker::{Call, GatewayFrame, OpId, RefusalCode, Reply, StreamKind};
+use std::sync::Arc;
+
+impl Core {
+    pub(super) async fn on_call(self: &Arc<Self>, a: &Admitted, op: OpId, call: Call) {
+        let stream = op.stream;
+        let seq = op.seq;
+        if let Err(r) = self.check_op(a, &op, &call) {
+            self.refuse_op(a, &op, &call, r);
+            return;
+        }
+        // Duplicates: answer from the cache.
+        let session = &a.claims.session_id;
+        let epoch = op.owner_epoch;
+        if let Call::EventPublish { .. } = call {
+            let applied = self
+                .store
+                .worker_cursors(session, epoch)
+                .ok()
+                .and_then(|c| c.get(&StreamKind::Events).copied())
+                .unwrap_or(0);
+            if seq > applied {
+                self.apply_event(a, &op, call);
+            }
+            a.live.send_on(
+                a.conn_id,
+                GatewayFrame::EventAck {
+                    seq: seq.max(applied),
+                },
+            );
+            return;
+        }
+        if let Call::ModelStream { .. } = call {
+            self.model_call(a, op, call);
+            return;
+        }
+        if let Ok(Some(cached)) = self.store.worker_op_reply(session, epoch, stream, seq) {
+            if let Ok(reply) = serde_json::from_str::<Reply>(&cached) {
+                a.live
+                    .send_on(a.conn_id, GatewayFrame::Reply { stream, seq, reply });
+            }
+            return;
+        }
+        if let Call::CredentialRotate {} = call {
+            // A credential is never written to the database: the cache keeps a refusal, so a
+            // repeated rotation op mints nothing (each mint is one-use).
+            let reply = match self.rotate(a, &op) {
+                Ok(reply) => {
+                    let spent = Reply::Refused {
+                        code: RefusalCode::Conflict,
+                        message: "this rotation was already answered".into(),
+                    };
+                    if let Ok(json) = serde_json::to_string(&spent) {
+                        let _ = self.store.record_worker_op(
+                            session,
+                            epoch,
+                            stream,
+                            seq,
+                            "credential.rotate",
+                            &json,
+                        );
+                    }
+                    reply
+                }
+                Err(r) => Reply::Refused {
+                    code: r.code,
+                    message: r.message,
+                },
+            };
+            a.live
+                .send_on(a.conn_id, GatewayFrame::Reply { stream, seq, reply });
+            return;
+        }
+        // Long calls run beside the frame loop; their replies are cached before they are sent.
+        let core = self.clone();
+        let live = a.live.clone();
+        let scope = a.scope.clone();
+        let claims = a.claims.clone();
+        let conn_id = a.conn_id;
+        let work = async move {
+            let reply = match call {
+                Call::TranscriptCommit { base_leaf, entries } => {
+                    core.worker_commit(&scope, &op, base_leaf, entries)
+                }
+                Call::ToolGateway { name, arguments } => {
+                    let out = core
+                        .gateway_tool(
+                            &scope,
+                            &op.session_id,
+                            Some(&claims.environment_id),
+                            &name,
+                            &arguments,
+                            &tokio_util::sync::CancellationToken::new(),
+                        )
+                        .await;
+                    Reply::ToolOutput {
+                        content: out.content,
+                        is_error: out.is_error,
+                    }
+                }
+                Call::TurnFinish { end, manifest } => {
+                    core.worker_turn_finished(&scope, &claims, &op, end, manifest)
+                        .await
+                }
+                Call::EventPublish { .. }
+                | Call::ModelStream { .. }
+                | Call::CredentialRotate {} => {
+                    return;
+                }
+            };
+            let method = match &reply {
+                Reply::Refused { .. } => None,
+                _ => Some(()),
+            };
+            if method.is_some()
+                && let Ok(json) = serde_json::to_string(&reply)
+                && let Err(e) = core.store.record_worker_op(
+                    &op.session_id,
+                    op.owner_epoch,
+                    stream,
+                    seq,
+                    stream.as_str(),
+                    &json,
+                )
+            {
+                tracing::warn!(error = %e, "could not cache a worker reply");
+            }
+            if stream != StreamKind::Events {
+                let _ =
+                    core.store
+                        .advance_worker_cursor(&op.session_id, op.owner_epoch, stream, seq);
+            }
+            live.send_on(conn_id, GatewayFrame::Reply { stream, seq, reply });
+        };
+        // Transcript commits stay in order with the frames around them; the rest may take
+        // long (inbound sync, a web fetch) and must not hold the connection's other frames.
+        if stream == StreamKind::Transcript {
+            work.await;
+        } else {
+            tokio::spawn(work);
+        }
+    }
+
+    fn refuse_op(&self, a: &Admitted, op: &OpId, call: &Call, r: Refusal) {
+        tracing::warn!(session = %a.claims.session_id, method = call.method().as_str(), code = r.code.as_str(), reason = r.message, "refused a worker call");
+        self.audit_worker(
+            &a.scope,
+            "worker.call",
+            a.claims.session_id.as_str(),
+            "refused",
+            json!({
+                "method": call.method().as_str(), "code": r.code.as_str(), "reason": r.message,
+                "epoch": op.owner_epoch, "stream": op.stream.as_str(), "seq": op.seq,
+            }),
+        );
+        let reply = Reply::Refused {
+            code: r.code,
+            message: r.message,
+        };
+        if let Call::EventPublish { .. } = call {
+            // The worker retains events until acknowledged; a refused one is dropped for good.
+            a.live
+                .send_on(a.conn_id, GatewayFrame::EventAck { seq: op.seq });
+        }
+        a.live.send_on(
+            a.conn_id,
+            GatewayFrame::Reply {
+                stream: op.stream,
+                seq: op.seq,
+                reply,
+            },
+        );
+    }
+
+    fn check_op(&self, a: &Admitted, op: &OpId, call: &Call) -> Result<(), Refusal> {
+        let c = &a.claims;
+        if op.session_id != c.session_id {
+            return Err(refuse(
+                RefusalCode::WrongScope,
+                format!("this worker may act for session {} only", c.session_id),
+            ));
+        }
+        if !c.methods.contains(&call.method()) {
+            return Err(refuse(
+                RefusalCode::Forbidden,
+                format!(
+                    "method {} is not in this worker's set",
+                    call.method().as_str()
+                ),
+            ));
+        }
+        let expected_stream = match call {
+            Call::TranscriptCommit { .. } => StreamKind::Transcript,
+            Call::EventPublish { .. } => StreamKind::Events,
+            Call::ModelStream { .. } => StreamKind::Model,
+            Call::ToolGateway { .. } => StreamKind::Tool,
+            Call::TurnFinish { .. } | Call::CredentialRotate {} => StreamKind::Control,
+        };
+        if op.stream != expected_stream || op.seq == 0 {
+            return Err(refuse(
+                RefusalCode::BadFrame,
+                format!(
+                    "{} belongs on stream {} with a sequence number from 1",
+                    call.method().as_str(),
+                    expected_stream.as_str()
+                ),
+            ));
+        }
+        let placement = self
+            .store
+            .placement(&a.scope, &c.session_id)
+            .ok()
+            .flatten()
+            .ok_or_else(|| refuse(RefusalCode::WrongScope, "the session has no placement"))?;
+        if op.owner_epoch != placement.owner_epoch || op.owner_epoch != c.owner_epoch {
+            return Err(refuse(
+                RefusalCode::StaleEpoch,
+                format!(
+                    "owner epoch {} is stale; the session's owner is epoch {}",
+                    op.owner_epoch, placement.owner_epoch
+                ),
+            ));
+        }
+        let session = self
+            .store
+            .session(&a.scope, &c.session_id)
+            .map_err(|e| refuse(RefusalCode::Unavailable, e.to_string()))?;
+        if i64::try_from(op.lifecycle_revision).ok() != Some(session.lifecycle_revision) {
+            return Err(refuse(
+                RefusalCode::WrongScope,
+                format!(
+                    "lifecycle revision {} is not the session's",
+                    op.lifecycle_revision
+                ),
+            ));
+        }
+        let needs_run = match call {
+            Call::CredentialRotate {} => false,
+            Call::ModelStream { request, .. } => {
+                !(op.run_id.is_none() && Core::canary_call(a, request.model.as_str()))
+            }
+            _ => true,
+        };
+        if needs_run {
+            let open = self
+                .store
+                .open_run(&a.scope, &c.session_id)
+                .map_err(|e| refuse(RefusalCode::Unavailable, e.to_string()))?;
+            // A finished run's turn.finish may be repeated (answered from the cache).
+            let finished_repeat = matches!(call, Call::TurnFinish { .. });
+            match (&op.run_id, open) {
+                (Some(run), Some(open)) if *run == open.id => {}
+                (Some(_), _) if finished_repeat => {}
+                (Some(run), _) => {
+                    return Err(refuse(
+                        RefusalCode::WrongScope,
+                        format!("run {run} is not this session's open run; its writes are fenced"),
+                    ));
+                }
+                (None, _) => {
+                    return Err(refuse(
+                        RefusalCode::WrongScope,
+                        "the operation names no run",
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn apply_event(&self, a: &Admitted, op: &OpId, call: Call) {
+        let Call::EventPublish { event } = call else {
+            return;
+        };
+        // Entries and run status are the gateway's to announce, never a worker's.
+        if matches!(
+            event,
+            EventKind::Entry { .. } | EventKind::RunStatus { .. } | EventKind::Placement { .. }
+        ) {
+            self.audit_worker(&a.scope, "worker.call", a.claims.session_id.as_str(), "refused", json!({
+                "method": "event.publish", "code": "forbidden", "reason": "workers may not publish entries, run status or placement",
+            }));
+        } else if let Err(e) = self
+            .hub
+            .publish(&a.scope, &op.session_id, op.run_id.as_ref(), event)
+        {
+            tracing::warn!(error = %e, "could not publish a worker event");
+        }
+        let _ = self.store.advance_worker_cursor(
+            &op.session_id,
+            op.owner_epoch,
+            StreamKind::Events,
+            op.seq,
+        );
+    }
+
+    fn worker_commit(
+        &self,
+        scope: &skiff_store::Scope,
+        op: &OpId,
+        base_leaf: Option<skiff_protocol::EntryId>,
+        entries: Vec<EntryBody>,
+    ) -> Reply {
+        if entries.is_empty() || entries.len() > 256 {
+            return Reply::Refused {
+                code: RefusalCode::BadFrame,
+                message: "a commit carries 1 to 256 entries".into(),
+            };
+        }
+        if entries.iter().any(|e| {
+            matches!(
+                e,
+                EntryBody::UserMessage { .. } | EntryBody::Compaction { .. }
+            )
+        }) {
+            return Reply::Refused {
+                code: RefusalCode::Forbidden,
+                message: "workers commit assistant messages, tool results and notices only".into(),
+            };
+        }
+        let Some(run) = &op.run_id else {
+            return Reply::Refused {
+                code: RefusalCode::WrongScope,
+                message: "the commit names no run".into(),
+            };
+        };
+        match self.store.append_entries(
+            scope,
+            &op.session_id,
+            base_leaf.as_ref(),
+            Some(run),
+            &entries,
+        ) {
+            Ok(committed) => {
+                for body in &entries {
+                    if let EntryBody::AssistantMessage { usage, .. } = body {
+                        let _ = self.store.add_run_usage(scope, run, *usage);
+                    }
+                }
+                for entry in &committed {
+                    let _ = self.hub.publish(
+                        scope,
+                        &op.session_id,
+                        Some(run),
+                        EventKind::Entry {
+                            entry: entry.clone(),
+                        },
+                    );
+                }
+                Reply::Committed { entries: committed }
+            }
+            Err(skiff_store::Error::LeafConflict { .. }) => Reply::Refused {
+                code: RefusalCode::Conflict,
+                message: "the transcript moved: the base leaf is not the session's leaf".into(),
+            },
+            Err(e) => Reply::Refused {
+                code: RefusalCode::Unavailable,
+                message: e.to_string(),
+            },
+        }
+    }
+
+    fn rotate(&self, a: &Admitted, op: &OpId) -> Result<Reply, Refusal> {
+        let c = &a.claims;
+        let (credential, expires_at_ms) = self
+            .mint_worker_credential(
+                &c.environment_id,
+                &c.worker_key,
+                &c.bundle_hash,
+                &c.session_id,
+                op.owner_epoch,
+            )
+            .map_err(|e| refuse(RefusalCode::Unavailable, e.to_string()))?;
+        self.audit_worker(
+            &a.scope,
+            "worker.credential.rotate",
+            c.session_id.as_str(),
+            "allowed",
+            json!({ "env": c.environment_id.as_str(), "epoch": op.owner_epoch }),
+        );
+        Ok(Reply::Credential {
+            credential,
+            expires_at_ms,
+        })
+    }
+}

@@ -1,0 +1,338 @@
+//! The inference proxy. A worker sends an approved model reference, the context and
+//! constrained options; the provider, endpoint, key and headers come from the gateway's own
+//! catalog. The provider call runs in a task of its own, independent of the worker's
+//! connection: a tunnel blip does not stop it, and the worker resumes from the last event it
+//! received. A finished call's events are cached, so a worker that comes back after the end
+//! gets the same answer (terminal replay) and the provider is not asked twice. A gateway that
+//! restarts mid-call has nothing to resume: the call fails, and the turn is retried as a new
+//! turn rather than replayed.
+
+use super::endpoint::Admitted;
+use super::{CANARY_MODEL, canary_answer, lock};
+use crate::Core;
+use futures_util::StreamExt;
+use serde_json::json;
+use skiff_protocol::environment::EgressAccounting;
+use skiff_protocol::model::{Message, ModelErrorKind, ModelEvent, ModelRequest, StopReason};
+use skiff_protocol::worker::{Call, GatewayFrame, MODEL_CREDIT, OpId, RefusalCode, StreamKind};
+use skiff_protocol::{EnvironmentId, SessionId};
+use std::sync::{Arc, Mutex};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+/// The largest context a worker may send, serialized.
+pub(crate) const MAX_MODEL_REQUEST_BYTES: usize = 4 * 1024 * 1024;
+/// The most output tokens a worker may ask for.
+const MAX_OUTPUT_TOKENS: u32 = 32 * 1024;
+
+/// One model call in flight (or just finished) on the gateway.
+pub(crate) struct ModelCall {
+    events: Mutex<Vec<ModelEvent>>,
+    acked: Mutex<u64>,
+    changed: Notify,
+    cancel: CancellationToken,
+}
+
+fn terminal(event: &ModelEvent) -> bool {
+    matches!(event, ModelEvent::Done { .. } | ModelEvent::Error { .. })
+}
+
+fn error_event(message: impl Into<String>) -> ModelEvent {
+    ModelEvent::Error {
+        kind: ModelErrorKind::Connection,
+        message: message.into(),
+    }
+}
+
+impl Core {
+    pub(super) fn model_call(self: &Arc<Self>, a: &Admitted, op: OpId, call: Call) {
+        let Call::ModelStream {
+            request,
+            options,
+            resume_from,
+        } = call
+        else {
+            return;
+        };
+        let key = (op.session_id.clone(), op.owner_epoch, op.seq);
+        // Finished before: replay the cached answer.
+        if let Ok(Some(cached)) =
+            self.store
+                .worker_op_reply(&op.session_id, op.owner_epoch, StreamKind::Model, op.seq)
+            && let Ok(events) = serde_json::from_str::<Vec<ModelEvent>>(&cached)
+        {
+            for (index, event) in events.into_iter().enumerate().skip(to_usize(resume_from)) {
+                a.live.send_on(
+                    a.conn_id,
+                    GatewayFrame::Model {
+                        seq: op.seq,
+                        index: index as u64,
+                        event,
+                    },
+                );
+            }
+            return;
+        }
+        let existing = lock(&self.workers.models).get(&key).cloned();
+        let call = match existing {
+            Some(call) => call,
+            None if resume_from > 0 => {
+                // The worker had part of an answer this process never produced: the gateway
+                // restarted mid-call. Never replay a half-finished provider stream.
+                a.live.send_on(a.conn_id, GatewayFrame::Model {
+                    seq: op.seq,
+                    index: resume_from,
+                    event: error_event("the gateway restarted during this model call; the turn is retried as a new turn"),
+                });
+                return;
+            }
+            None => {
+                let session_model = self
+                    .store
+                    .session(&a.scope, &op.session_id)
+                    .map(|s| s.model_ref)
+                    .unwrap_or_default();
+                let canary = op.run_id.is_none() && Core::canary_call(a, request.model.as_str());
+                let allowed = if canary {
+                    CANARY_MODEL
+                } else {
+                    session_model.as_str()
+                };
+                if let Err(reason) = check_request(&request, &options, allowed) {
+                    self.audit_worker(
+                        &a.scope,
+                        "worker.call",
+                        op.session_id.as_str(),
+                        "refused",
+                        json!({
+                            "method": "model.stream", "code": reason.0.as_str(), "reason": reason.1,
+                        }),
+                    );
+                    a.live.send_on(
+                        a.conn_id,
+                        GatewayFrame::Model {
+                            seq: op.seq,
+                            index: 0,
+                            event: ModelEvent::Error {
+                                kind: ModelErrorKind::Rejected,
+                                message: reason.1,
+                            },
+                        },
+                    );
+                    return;
+                }
+                let call = Arc::new(ModelCall {
+                    events: Mutex::new(Vec::new()),
+                    acked: Mutex::new(0),
+                    changed: Notify::new(),
+                    cancel: CancellationToken::new(),
+                });
+                lock(&self.workers.models).insert(key.clone(), call.clone());
+                self.spawn_provider_call(
+                    a.claims.environment_id.clone(),
+                    key.clone(),
+                    request,
+                    call.clone(),
+                );
+                call
+            }
+        };
+        *lock(&call.acked) = resume_from;
+        let live = a.live.clone();
+        let conn_id = a.conn_id;
+        let seq = op.seq;
+        tokio::spawn(async move {
+            let mut sent = to_usize(resume_from);
+            loop {
+                let changed = call.changed.notified();
+                tokio::pin!(changed);
+                changed.as_mut().enable();
+                let (batch, done) = {
+                    let events = lock(&call.events);
+                    let window = to_usize(*lock(&call.acked) + MODEL_CREDIT);
+                    let end = events.len().min(window.max(sent));
+                    let batch: Vec<(usize, ModelEvent)> =
+                        (sent..end).map(|i| (i, events[i].clone())).collect();
+                    let done = events.last().is_some_and(terminal) && end == events.len();
+                    (batch, done)
+                };
+                for (index, event) in batch {
+                    if !live.send_on(
+                        conn_id,
+                        GatewayFrame::Model {
+                            seq,
+                            index: index as u64,
+                            event,
+                        },
+                    ) {
+                        return;
+                    }
+                    sent = index + 1;
+                }
+                if done {
+                    return;
+                }
+                changed.await;
+            }
+        });
+    }
+
+    fn spawn_provider_call(
+        self: &Arc<Self>,
+        env: EnvironmentId,
+        key: (SessionId, u64, u64),
+        request: ModelRequest,
+        call: Arc<ModelCall>,
+    ) {
+        let core = self.clone();
+        tokio::spawn(async move {
+            let canary = request.model.as_str() == CANARY_MODEL;
+            let bytes_out = serde_json::to_string(&request)
+                .map(|s| s.len())
+                .unwrap_or(0) as u64;
+            let mut stream = if canary {
+                let nonce = match request.messages.first() {
+                    Some(Message::User { text }) => text.clone(),
+                    _ => String::new(),
+                };
+                futures_util::stream::iter(vec![
+                    ModelEvent::TextDelta {
+                        text: canary_answer(&nonce),
+                    },
+                    ModelEvent::Done {
+                        stop_reason: StopReason::EndTurn,
+                    },
+                ])
+                .boxed()
+            } else {
+                core.catalog.stream(request, call.cancel.clone())
+            };
+            let mut usage = (0u64, 0u64);
+            let mut bytes_in = 0u64;
+            while let Some(event) = stream.next().await {
+                if let ModelEvent::Usage { usage: u } = &event {
+                    usage.0 += u.input_tokens;
+                    usage.1 += u.output_tokens;
+                }
+                bytes_in += serde_json::to_string(&event).map(|s| s.len()).unwrap_or(0) as u64;
+                let end = terminal(&event);
+                lock(&call.events).push(event);
+                call.changed.notify_waiters();
+                if end {
+                    break;
+                }
+            }
+            {
+                let mut events = lock(&call.events);
+                if !events.last().is_some_and(terminal) {
+                    events.push(error_event("the model stream ended without finishing"));
+                }
+            }
+            call.changed.notify_waiters();
+            let events = lock(&call.events).clone();
+            if let Ok(json) = serde_json::to_string(&events) {
+                let _ = core.store.record_worker_op(
+                    &key.0,
+                    key.1,
+                    StreamKind::Model,
+                    key.2,
+                    "model.stream",
+                    &json,
+                );
+                let _ = core
+                    .store
+                    .advance_worker_cursor(&key.0, key.1, StreamKind::Model, key.2);
+            }
+            if !canary {
+                let add = EgressAccounting {
+                    model_requests: 1,
+                    input_tokens: usage.0,
+                    output_tokens: usage.1,
+                    bytes_in,
+                    bytes_out,
+                    gateway_tool_calls: 0,
+                };
+                if let Err(e) = core.store.add_environment_egress(&env, add) {
+                    tracing::warn!(%env, error = %e, "could not account a model request");
+                }
+            }
+            lock(&core.workers.models).remove(&key);
+        });
+    }
+
+    pub(super) fn model_ack(&self, session: &SessionId, epoch: u64, seq: u64, received: u64) {
+        if let Some(call) = lock(&self.workers.models).get(&(session.clone(), epoch, seq)) {
+            let mut acked = lock(&call.acked);
+            *acked = (*acked).max(received);
+            drop(acked);
+            call.changed.notify_waiters();
+        }
+    }
+
+    pub(super) fn model_cancel(&self, session: &SessionId, epoch: u64, seq: u64) {
+        if let Some(call) = lock(&self.workers.models).get(&(session.clone(), epoch, seq)) {
+            call.cancel.cancel();
+        }
+    }
+
+    /// Cancels every provider call of a session (its run was cancelled or its owner fenced).
+    pub(crate) fn cancel_model_calls(&self, session: &SessionId) {
+        for ((s, _, _), call) in lock(&self.workers.models).iter() {
+            if s == session {
+                call.cancel.cancel();
+            }
+        }
+    }
+}
+
+fn to_usize(n: u64) -> usize {
+    usize::try_from(n).unwrap_or(usize::MAX)
+}
+
+/// The policy on what a worker may ask of a model.
+fn check_request(
+    request: &ModelRequest,
+    options: &skiff_protocol::worker::ModelOptions,
+    allowed_model: &str,
+) -> Result<(), (RefusalCode, String)> {
+    if request.model.as_str() != allowed_model {
+        return Err((
+            RefusalCode::NotAllowed,
+            format!(
+                "model {} is not this session's model ({allowed_model})",
+                request.model
+            ),
+        ));
+    }
+    let size = serde_json::to_string(request)
+        .map(|s| s.len())
+        .unwrap_or(usize::MAX);
+    if size > MAX_MODEL_REQUEST_BYTES {
+        return Err((
+            RefusalCode::TooLarge,
+            format!(
+                "the model request is {size} bytes; the gateway's limit is {MAX_MODEL_REQUEST_BYTES}"
+            ),
+        ));
+    }
+    if request.max_output_tokens == 0 || request.max_output_tokens > MAX_OUTPUT_TOKENS {
+        return Err((
+            RefusalCode::NotAllowed,
+            format!("max_output_tokens must be 1 to {MAX_OUTPUT_TOKENS}"),
+        ));
+    }
+    if let Some(t) = options.temperature
+        && !(0.0..=2.0).contains(&t)
+    {
+        return Err((RefusalCode::NotAllowed, "temperature must be 0 to 2".into()));
+    }
+    if let Some(r) = &options.reasoning
+        && !["low", "medium", "high"].contains(&r.as_str())
+    {
+        return Err((
+            RefusalCode::NotAllowed,
+            "reasoning must be low, medium or high".into(),
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,105 @@
+//! The agent loop's backends on a worker: every model call, transcript commit, live event and
+//! gateway tool is an operation of the worker protocol.
+
+use crate::link::Link;
+use futures_util::stream::BoxStream;
+use skiff_agent::tools::ToolOutput;
+use skiff_agent::{BackendError, ModelClient, SessionBackend};
+use skiff_protocol::event::EventKind;
+use skiff_protocol::model::{ModelEvent, ModelRequest};
+use skiff_protocol::transcript::{EntryBody, TranscriptEntry};
+use skiff_protocol::worker::{Call, Reply, StreamKind};
+use skiff_protocol::{EntryId, RunId};
+use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
+
+pub(crate) struct RpcModel {
+    pub link: Arc<Link>,
+    pub run: Option<RunId>,
+}
+
+impl ModelClient for RpcModel {
+    fn stream(
+        &self,
+        request: ModelRequest,
+        cancel: CancellationToken,
+    ) -> BoxStream<'static, ModelEvent> {
+        self.link.model_stream(self.run.clone(), request, cancel)
+    }
+}
+
+/// One run's backend. The transcript is the one the gateway handed over with the turn.
+pub(crate) struct RpcBackend {
+    pub link: Arc<Link>,
+    pub run: RunId,
+    pub transcript: Vec<TranscriptEntry>,
+}
+
+fn refused(reply: Reply, what: &str) -> BackendError {
+    match reply {
+        Reply::Refused { code, message } => BackendError(format!(
+            "the gateway refused {what} ({}): {message}",
+            code.as_str()
+        )),
+        other => BackendError(format!("the gateway answered {what} with {other:?}")),
+    }
+}
+
+impl SessionBackend for RpcBackend {
+    async fn transcript(&self) -> Result<Vec<TranscriptEntry>, BackendError> {
+        Ok(self.transcript.clone())
+    }
+
+    async fn commit(
+        &self,
+        base_leaf: Option<EntryId>,
+        bodies: Vec<EntryBody>,
+    ) -> Result<Vec<TranscriptEntry>, BackendError> {
+        let reply = self
+            .link
+            .call(
+                StreamKind::Transcript,
+                Some(self.run.clone()),
+                Call::TranscriptCommit {
+                    base_leaf,
+                    entries: bodies,
+                },
+            )
+            .await;
+        match reply {
+            Reply::Committed { entries } => Ok(entries),
+            other => Err(refused(other, "a transcript commit")),
+        }
+    }
+
+    async fn publish(&self, event: EventKind) {
+        // Committed entries reach subscribers through the gateway's own commit path.
+        if matches!(event, EventKind::Entry { .. }) {
+            return;
+        }
+        self.link.publish(Some(self.run.clone()), event).await;
+    }
+
+    async fn gateway_tool(
+        &self,
+        name: &str,
+        arguments: &serde_json::Value,
+        _cancel: &CancellationToken,
+    ) -> ToolOutput {
+        let reply = self
+            .link
+            .call(
+                StreamKind::Tool,
+                Some(self.run.clone()),
+                Call::ToolGateway {
+                    name: name.to_owned(),
+                    arguments: arguments.clone(),
+                },
+            )
+            .await;
+        match reply {
+            Reply::ToolOutput { content, is_error } => ToolOutput { content, is_error },
+            other => ToolOutput::error(refused(other, "the tool call").0),
+        }
+    }
+}

@@ -1,0 +1,209 @@
+//! The turns a gateway hands this worker, the readiness canary, and credential rotation.
+
+use crate::backend::{RpcBackend, RpcModel};
+use crate::link::Link;
+use futures_util::StreamExt;
+use skiff_agent::tools::Tools;
+use skiff_agent::{AgentConfig, TurnOutcome, run_turn};
+use skiff_protocol::RunId;
+use skiff_protocol::model::{Message, ModelEvent, ModelRef, ModelRequest};
+use skiff_protocol::worker::{Call, Reply, StreamKind, TurnAssignment, TurnEnd, WorkerFrame};
+use skiff_sync::filelist::{Limits, Mode};
+use skiff_sync::{Rules, manifest};
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Default)]
+struct State {
+    workspace: PathBuf,
+    running: HashMap<RunId, CancellationToken>,
+    /// Runs this worker started; a turn handed over again after a reconnect is not rerun.
+    seen: HashSet<RunId>,
+}
+
+pub(crate) struct Turns {
+    link: Arc<Link>,
+    state: Mutex<State>,
+}
+
+impl Turns {
+    pub(crate) fn new(link: Arc<Link>, home: PathBuf) -> Turns {
+        Turns {
+            link,
+            state: Mutex::new(State {
+                workspace: home,
+                ..State::default()
+            }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn set_workspace(&self, workspace: PathBuf) {
+        self.lock().workspace = workspace;
+    }
+
+    pub(crate) fn start(self: &Arc<Self>, turn: TurnAssignment) {
+        let cancel = CancellationToken::new();
+        let workspace = {
+            let mut state = self.lock();
+            if !state.seen.insert(turn.run_id.clone()) {
+                tracing::debug!(run = %turn.run_id, "turn already started here");
+                return;
+            }
+            state.running.insert(turn.run_id.clone(), cancel.clone());
+            state.workspace.clone()
+        };
+        let this = self.clone();
+        tokio::spawn(async move {
+            let run = turn.run_id.clone();
+            tracing::info!(%run, "turn started");
+            let end = this.run(turn, workspace.clone(), &cancel).await;
+            let manifest = scan(&workspace).await;
+            let reply = this
+                .link
+                .call(
+                    StreamKind::Control,
+                    Some(run.clone()),
+                    Call::TurnFinish { end, manifest },
+                )
+                .await;
+            tracing::info!(%run, ?reply, "turn finished");
+            this.lock().running.remove(&run);
+        });
+    }
+
+    async fn run(
+        &self,
+        turn: TurnAssignment,
+        workspace: PathBuf,
+        cancel: &CancellationToken,
+    ) -> TurnEnd {
+        let tools = match Tools::new(workspace.clone(), Vec::new()) {
+            Ok(tools) => tools,
+            Err(e) => {
+                return TurnEnd::Failed {
+                    error: format!("the workspace {} is unusable: {e}", workspace.display()),
+                };
+            }
+        };
+        let config = AgentConfig {
+            model: turn.model,
+            model_label: turn.model_label,
+            max_steps: turn.max_steps,
+            max_output_tokens: turn.max_output_tokens,
+        };
+        let model = RpcModel {
+            link: self.link.clone(),
+            run: Some(turn.run_id.clone()),
+        };
+        let backend = RpcBackend {
+            link: self.link.clone(),
+            run: turn.run_id,
+            transcript: turn.transcript,
+        };
+        match run_turn(&model, &backend, &tools, &config, cancel).await {
+            TurnOutcome::Completed => TurnEnd::Completed,
+            TurnOutcome::Cancelled => TurnEnd::Cancelled,
+            TurnOutcome::Failed(error) => TurnEnd::Failed { error },
+        }
+    }
+
+    pub(crate) fn cancel(&self, run: &RunId) {
+        if let Some(token) = self.lock().running.get(run) {
+            token.cancel();
+        }
+        // A cancel may arrive before the turn: it must not start afterwards.
+        self.lock().seen.insert(run.clone());
+    }
+
+    pub(crate) fn cancel_all(&self) {
+        for token in self.lock().running.values() {
+            token.cancel();
+        }
+    }
+
+    /// Streams the nonce through the inference proxy and answers with what came back.
+    pub(crate) fn canary(&self, nonce: String, model: ModelRef) {
+        let link = self.link.clone();
+        tokio::spawn(async move {
+            let request = ModelRequest {
+                model,
+                system: String::new(),
+                messages: vec![Message::User {
+                    text: nonce.clone(),
+                }],
+                tools: Vec::new(),
+                max_output_tokens: 64,
+            };
+            let model = RpcModel {
+                link: link.clone(),
+                run: None,
+            };
+            let mut stream =
+                skiff_agent::ModelClient::stream(&model, request, CancellationToken::new());
+            let mut text = String::new();
+            while let Some(event) = stream.next().await {
+                match event {
+                    ModelEvent::TextDelta { text: t } => text.push_str(&t),
+                    ModelEvent::Done { .. } | ModelEvent::Error { .. } => break,
+                    _ => {}
+                }
+            }
+            link.send_frame(&WorkerFrame::CanaryAnswer { nonce, text });
+        });
+    }
+}
+
+/// What the workspace holds now, for the gateway's reconciliation.
+async fn scan(workspace: &std::path::Path) -> Option<skiff_protocol::sync::Manifest> {
+    let mode = if workspace.join(".git").exists() {
+        Mode::Git
+    } else {
+        Mode::Plain
+    };
+    let rules = Rules::load(workspace).ok()?;
+    match manifest::scan(
+        workspace,
+        mode,
+        &rules,
+        &Limits::default(),
+        &CancellationToken::new(),
+    )
+    .await
+    {
+        Ok(m) => Some(m),
+        Err(e) => {
+            tracing::warn!(error = %e, "could not list the workspace for the gateway");
+            None
+        }
+    }
+}
+
+/// Asks for the next credential when a third of the current one's life is left.
+pub(crate) async fn rotate_credentials(link: Arc<Link>) {
+    loop {
+        let expires = link.credential_expires_at_ms();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+            .unwrap_or(0);
+        let left = u64::try_from(expires - now).unwrap_or(0);
+        tokio::time::sleep(Duration::from_millis((left * 2 / 3).max(1000))).await;
+        match link
+            .call(StreamKind::Control, None, Call::CredentialRotate {})
+            .await
+        {
+            Reply::Credential {
+                credential,
+                expires_at_ms,
+            } => link.set_credential(credential, expires_at_ms),
+            other => tracing::warn!(?other, "credential rotation was refused"),
+        }
+    }
+}
