@@ -22,6 +22,9 @@ pub struct DemoArgs {
     /// Print the session's events as JSON lines
     #[arg(long)]
     json: bool,
+    /// Run the session on the gateway itself instead of a worker box of the `local` profile
+    #[arg(long)]
+    on_gateway: bool,
 }
 
 const PROMPT: &str = "greet.sh prints \"Helo\" instead of \"Hello\". Fix the typo, run ./test.sh to check, and commit the fix.";
@@ -113,13 +116,19 @@ pub async fn run(args: DemoArgs, user_state_dir: &Path) -> Result<ExitCode> {
                 prompt: PROMPT.into(),
                 workspace: repo.display().to_string(),
                 model: None,
-                profile: None,
+                profile: (!args.on_gateway).then(|| "local".to_owned()),
             })
             .await?;
         let session = started_run.session.clone();
         step(&format!(
-            "session {} on {}",
-            session.id, session.model.label
+            "session {} on {}{}",
+            session.id,
+            session.model.label,
+            if args.on_gateway {
+                ", running on the gateway"
+            } else {
+                ", running on a worker box (profile local)"
+            }
         ));
         if let WorkspaceView::Git { path, branch, .. } = &session.workspace {
             step(&format!("its own worktree {path} on branch {branch}"));
@@ -135,6 +144,18 @@ pub async fn run(args: DemoArgs, user_state_dir: &Path) -> Result<ExitCode> {
         anyhow::Ok((session, status))
     }
     .await;
+    // The demo's box goes with the demo.
+    if let Ok(detail) = client.session(outcome.as_ref().map_or("", |(s, _)| s.id.as_str())).await
+        && let Some(env) = detail.session.worker.and_then(|w| w.environment_id)
+    {
+        step(&format!("tearing down worker box {env}"));
+        let torn: Result<serde_json::Value> = client
+            .send(client.delete(&format!("/v1/environments/{env}?force=true")))
+            .await;
+        if let Err(e) = torn {
+            eprintln!("warning: could not tear down {env}: {e:#}; run `skiff env destroy {env} --force`");
+        }
+    }
     gateway.shutdown().await;
     let (session, status) = outcome?;
     if status != RunStatus::Succeeded {

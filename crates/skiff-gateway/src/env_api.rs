@@ -38,7 +38,12 @@ async fn profiles(State(core): Shared) -> Json<ProfileList> {
 
 async fn list(State(core): Shared, Extension(scope): Extension<Scope>) -> Result<Response, Error> {
     Ok(Json(EnvironmentList {
-        environments: core.envs.list(&scope)?,
+        environments: core
+            .envs
+            .list(&scope)?
+            .into_iter()
+            .map(|v| core.with_worker(v))
+            .collect(),
     })
     .into_response())
 }
@@ -65,7 +70,7 @@ async fn show(
     Extension(scope): Extension<Scope>,
     Path(id): Path<String>,
 ) -> Result<Response, Error> {
-    Ok(Json(core.envs.show(&scope, &env_id(&id)?)?).into_response())
+    Ok(Json(core.with_worker(core.envs.show(&scope, &env_id(&id)?)?)).into_response())
 }
 
 #[derive(Deserialize)]
@@ -88,7 +93,7 @@ async fn check(
     Extension(scope): Extension<Scope>,
     Path(id): Path<String>,
 ) -> Result<Response, Error> {
-    Ok(Json(core.envs.check(&scope, &env_id(&id)?).await?).into_response())
+    Ok(Json(core.with_worker(core.envs.check(&scope, &env_id(&id)?).await?)).into_response())
 }
 
 #[derive(Deserialize)]

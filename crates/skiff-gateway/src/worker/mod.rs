@@ -175,6 +175,24 @@ impl Live {
     }
 }
 
+impl crate::Core {
+    /// An environment as listings show it: the sessions placed on it and their tunnel.
+    pub(crate) fn with_worker(
+        &self,
+        mut view: skiff_protocol::environment::EnvironmentView,
+    ) -> skiff_protocol::environment::EnvironmentView {
+        let sessions = self.store.sessions_on_environment(&view.id).unwrap_or_default();
+        view.tunnel = match sessions.first() {
+            None => "none".into(),
+            Some(s) if self.workers.tunnel_up(s) => "up".into(),
+            Some(s) if self.workers.recovering(s) => "reconnecting".into(),
+            Some(_) => "down".into(),
+        };
+        view.attached_sessions = sessions;
+        view
+    }
+}
+
 /// Every worker session of this gateway.
 pub(crate) struct Workers {
     pub(crate) signer: Signer,
@@ -220,6 +238,12 @@ impl Workers {
         lock(&self.live)
             .get(session)
             .is_some_and(|l| l.connected_epoch().is_some())
+    }
+
+    fn recovering(&self, session: &SessionId) -> bool {
+        lock(&self.live)
+            .get(session)
+            .is_some_and(|l| *lock(&l.recovering))
     }
 
     fn conn_id(&self) -> u64 {
