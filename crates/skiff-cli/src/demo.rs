@@ -145,7 +145,9 @@ pub async fn run(args: DemoArgs, user_state_dir: &Path) -> Result<ExitCode> {
     }
     .await;
     // The demo's box goes with the demo.
-    if let Ok(detail) = client.session(outcome.as_ref().map_or("", |(s, _)| s.id.as_str())).await
+    if let Ok(detail) = client
+        .session(outcome.as_ref().map_or("", |(s, _)| s.id.as_str()))
+        .await
         && let Some(env) = detail.session.worker.and_then(|w| w.environment_id)
     {
         step(&format!("tearing down worker box {env}"));
@@ -153,7 +155,9 @@ pub async fn run(args: DemoArgs, user_state_dir: &Path) -> Result<ExitCode> {
             .send(client.delete(&format!("/v1/environments/{env}?force=true")))
             .await;
         if let Err(e) = torn {
-            eprintln!("warning: could not tear down {env}: {e:#}; run `skiff env destroy {env} --force`");
+            eprintln!(
+                "warning: could not tear down {env}: {e:#}; run `skiff env destroy {env} --force`"
+            );
         }
     }
     gateway.shutdown().await;

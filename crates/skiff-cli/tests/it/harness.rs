@@ -11,6 +11,7 @@ pub struct Gateway {
     pub url: String,
     pub token: String,
     config: PathBuf,
+    env: Vec<(String, String)>,
     child: Child,
     _dir: tempfile::TempDir,
 }
@@ -24,6 +25,16 @@ impl Gateway {
 
     /// Like [`Gateway::start`], with more configuration (worker profiles) appended.
     pub fn start_with(script: &str, extra_config: &str) -> Gateway {
+        Self::start_full(script, extra_config, &[])
+    }
+
+    /// Like [`Gateway::start_with`], with environment variables for the gateway process
+    /// (provider keys), kept across restarts.
+    pub fn start_full(script: &str, extra_config: &str, env: &[(&str, &str)]) -> Gateway {
+        let env: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
         let dir = tempfile::tempdir().unwrap();
         let state_dir = dir.path().join("state");
         std::fs::write(dir.path().join("script.toml"), script).unwrap();
@@ -35,13 +46,14 @@ impl Gateway {
             ),
         )
         .unwrap();
-        let (child, url) = spawn(&state_dir, &config);
+        let (child, url) = spawn(&state_dir, &config, &env);
         let token = read_token(&state_dir);
         Gateway {
             state_dir,
             url,
             token,
             config,
+            env,
             child,
             _dir: dir,
         }
@@ -52,7 +64,7 @@ impl Gateway {
     pub fn crash_and_restart(&mut self) {
         self.child.kill().unwrap();
         self.child.wait().unwrap();
-        let (child, url) = spawn(&self.state_dir, &self.config);
+        let (child, url) = spawn(&self.state_dir, &self.config, &self.env);
         self.child = child;
         self.url = url;
         assert_eq!(
@@ -105,8 +117,16 @@ impl Gateway {
     }
 }
 
-fn spawn(state_dir: &Path, config: &Path) -> (Child, String) {
+/// The gateway's process id (to look at its environment, CPU and memory).
+impl Gateway {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+fn spawn(state_dir: &Path, config: &Path, env: &[(String, String)]) -> (Child, String) {
     let mut child = Command::new(SKIFF)
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .arg("--state-dir")
         .arg(state_dir)
         .args(["gateway", "--listen", "127.0.0.1:0", "--config"])

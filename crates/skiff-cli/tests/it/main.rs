@@ -15,3 +15,4 @@ mod harness;
 mod session;
 mod sync;
 mod ui;
+mod worker;

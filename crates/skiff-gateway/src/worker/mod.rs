@@ -181,7 +181,10 @@ impl crate::Core {
         &self,
         mut view: skiff_protocol::environment::EnvironmentView,
     ) -> skiff_protocol::environment::EnvironmentView {
-        let sessions = self.store.sessions_on_environment(&view.id).unwrap_or_default();
+        let sessions = self
+            .store
+            .sessions_on_environment(&view.id)
+            .unwrap_or_default();
         view.tunnel = match sessions.first() {
             None => "none".into(),
             Some(s) if self.workers.tunnel_up(s) => "up".into(),

@@ -1,0 +1,366 @@
+//! Worker sessions end to end: a real gateway, a real local box (sshd in a network namespace,
+//! its own user), the real `skiff worker` on it behind the SSH tunnel, and a fake
+//! OpenAI-compatible provider (the only stand-in) that the gateway alone talks to.
+
+use crate::env::BoxRoot;
+use crate::harness::{Gateway, git, stderr, stdout};
+use serde_json::Value;
+use skiff_test_support::{FakeProvider, FakeResponse};
+use skiff_test_support::{TempGitRepo, openai_sse};
+use std::path::Path;
+
+/// The provider key the gateway holds; it must never reach a box.
+pub const PROVIDER_KEY: &str = "sk-test-provider-key-7c1d2e9f";
+
+/// A gateway with an `openai` provider served by a fake, a `local` worker profile with boxes
+/// under a root of the test's own, and the fake's runtime.
+pub struct Rig {
+    pub gw: Gateway,
+    pub root: BoxRoot,
+    pub fake: FakeProvider,
+    _rt: tokio::runtime::Runtime,
+}
+
+impl Rig {
+    pub fn start(responses: Vec<FakeResponse>, extra_config: &str) -> Rig {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let fake = rt.block_on(FakeProvider::start(responses));
+        let root = BoxRoot::new();
+        let config = format!(
+            "[providers.openai]\napi = \"openai-completions\"\nbase_url = \"{}/v1\"\napi_key_env = \"SKIFF_TEST_PROVIDER_KEY\"\n\
+             [profiles.local]\nprovider = \"local\"\nroot = \"{}\"\n{extra_config}",
+            fake.base_url(),
+            root.path().display()
+        );
+        let gw = Gateway::start_full("", &config, &[("SKIFF_TEST_PROVIDER_KEY", PROVIDER_KEY)]);
+        Rig {
+            gw,
+            root,
+            fake,
+            _rt: rt,
+        }
+    }
+
+    /// `session new` (or `send`) with `args`, to the end of its turn; returns the output.
+    pub fn session(&self, args: &[&str]) -> std::process::Output {
+        self.gw.run(&[&["session"], args].concat())
+    }
+}
+
+/// A model reply that calls one tool.
+pub fn tool_reply(id: &str, name: &str, args: &str) -> FakeResponse {
+    let mut events = openai_sse::text_chunks(&["On it."]);
+    events.extend(openai_sse::tool_call(0, id, name, args, 3));
+    events.extend(openai_sse::finish("tool_calls"));
+    events.extend(openai_sse::usage(120, 30));
+    events.extend(openai_sse::done());
+    FakeResponse::sse(events)
+}
+
+/// A final model reply.
+pub fn text_reply(texts: &[&str]) -> FakeResponse {
+    let mut events = openai_sse::text_chunks(texts);
+    events.extend(openai_sse::finish("stop"));
+    events.extend(openai_sse::usage(200, 10));
+    events.extend(openai_sse::done());
+    FakeResponse::sse(events)
+}
+
+/// Write a file, run a command, commit: what the agent does in the end-to-end tests.
+pub fn write_run_commit() -> Vec<FakeResponse> {
+    vec![
+        tool_reply(
+            "call_1",
+            "write",
+            r#"{"path":"hello.txt","content":"hello from the box\n"}"#,
+        ),
+        tool_reply(
+            "call_2",
+            "exec",
+            r#"{"command":"cat hello.txt && wc -c hello.txt"}"#,
+        ),
+        tool_reply(
+            "call_3",
+            "exec",
+            r#"{"command":"git add hello.txt && git commit -q -m 'Add hello' && git log --format=%s -1"}"#,
+        ),
+        text_reply(&["Wrote ", "hello.txt, ", "ran it, committed."]),
+    ]
+}
+
+/// The transcript without what differs between any two sessions (ids, times, runs).
+pub fn semantic(transcript: &Value) -> Vec<Value> {
+    transcript
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["body"].clone())
+        .collect()
+}
+
+fn session_id(out: &std::process::Output) -> String {
+    let first: Value = serde_json::from_str(stdout(out).lines().next().unwrap()).unwrap();
+    first["session_id"].as_str().unwrap().to_owned()
+}
+
+pub fn new_worker_session(rig: &Rig, repo: &Path, prompt: &str) -> (std::process::Output, String) {
+    let out = rig.session(&[
+        "new",
+        "--json",
+        "--profile",
+        "local",
+        "--model",
+        "openai/gpt-fake",
+        "--workspace",
+        repo.to_str().unwrap(),
+        prompt,
+    ]);
+    let id = session_id(&out);
+    (out, id)
+}
+
+#[test]
+fn a_worker_session_commits_back_and_matches_a_local_one() {
+    // The same four replies for a local session, then for a worker session.
+    let mut responses = write_run_commit();
+    responses.extend(write_run_commit());
+    let rig = Rig::start(responses, "");
+    let repo = TempGitRepo::new(&[("README.md", "a repo\n")]);
+
+    let local = rig
+        .gw
+        .new_session(repo.path(), "openai/gpt-fake", "Say hello in a file");
+    let (out, remote) = new_worker_session(&rig, repo.path(), "Say hello in a file");
+    assert!(
+        out.status.success(),
+        "worker session failed: {}",
+        stderr(&out)
+    );
+
+    // Placement progress, then the turn, streamed like a local one.
+    let events: Vec<Value> = stdout(&out)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let placements: Vec<&str> = events
+        .iter()
+        .filter(|e| e["type"] == "placement")
+        .map(|e| e["state"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        placements,
+        [
+            "provisioning",
+            "syncing",
+            "starting",
+            "active",
+            "reconciling",
+            "active"
+        ]
+    );
+    let tools: Vec<(&str, bool)> = events
+        .iter()
+        .filter(|e| e["type"] == "tool_finished")
+        .map(|e| {
+            (
+                e["name"].as_str().unwrap(),
+                e["is_error"].as_bool().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(tools, [("write", false), ("exec", false), ("exec", false)]);
+
+    // The commit came back to the managed branch; the user's checkout is untouched.
+    let branch = format!("skiff/{remote}");
+    let log = git(repo.path(), &["log", "--format=%s", &branch]);
+    assert_eq!(log.lines().next(), Some("Add hello"), "{log}");
+    assert_eq!(
+        git(repo.path(), &["show", &format!("{branch}:hello.txt")]),
+        "hello from the box\n"
+    );
+    assert!(!repo.path().join("hello.txt").exists());
+
+    // Same script, same transcript, wherever the loop ran.
+    let local_detail = rig.gw.json(&["session", "show", "--json", &local]);
+    let remote_detail = rig.gw.json(&["session", "show", "--json", &remote]);
+    assert_eq!(
+        semantic(&local_detail["transcript"]),
+        semantic(&remote_detail["transcript"])
+    );
+    assert_eq!(remote_detail["session"]["placement"], "active");
+
+    // The gateway built every provider request; they are byte-identical across placements
+    // (prompt-cache affinity), and carry the key only on the gateway's side of the wire.
+    let requests = rig.fake.requests();
+    assert_eq!(requests.len(), 8);
+    for i in 0..4 {
+        assert_eq!(
+            String::from_utf8_lossy(&requests[i].body),
+            String::from_utf8_lossy(&requests[i + 4].body),
+            "request {i} differs between placements"
+        );
+    }
+    assert_eq!(
+        requests[4].header("authorization"),
+        Some(format!("Bearer {PROVIDER_KEY}").as_str())
+    );
+
+    // `session list` marks the worker session with its environment; `env show` has the
+    // session, the tunnel and the controlled-egress accounting.
+    let env = remote_detail["session"]["worker"]["environment_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let list = stdout(&rig.gw.run(&["session", "list"]));
+    let row = list.lines().find(|l| l.contains(&remote)).unwrap();
+    assert!(row.contains(&format!("active {env}")), "{row}");
+    let shown = rig.gw.json(&["env", "show", "--json", &env]);
+    assert_eq!(shown["state"], "attached");
+    assert_eq!(shown["attached_sessions"][0], remote.as_str());
+    assert_eq!(shown["tunnel"], "up");
+    let egress = &shown["accounting"];
+    assert_eq!(egress["model_requests"], 4);
+    assert_eq!(egress["input_tokens"], 3 * 120 + 200);
+    assert_eq!(egress["output_tokens"], 3 * 30 + 10);
+    assert!(egress["bytes_out"].as_u64().unwrap() > 1000, "{egress}");
+    assert!(egress["bytes_in"].as_u64().unwrap() > 100, "{egress}");
+}
+
+/// Every file under `dir` that contains `needle` (bytes), as paths.
+pub fn files_containing(dir: &Path, needle: &str) -> Vec<String> {
+    let mut hits = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let Ok(meta) = std::fs::symlink_metadata(&path) else {
+                continue;
+            };
+            if meta.is_dir() {
+                stack.push(path);
+            } else if meta.is_file()
+                && let Ok(bytes) = std::fs::read(&path)
+                && bytes.windows(needle.len()).any(|w| w == needle.as_bytes())
+            {
+                hits.push(path.display().to_string());
+            }
+        }
+    }
+    hits
+}
+
+/// The environment of every `skiff worker` process running as `user`.
+fn worker_environments(user: &str) -> Vec<String> {
+    let uid = std::process::Command::new("id")
+        .args(["-u", user])
+        .output()
+        .unwrap();
+    let uid = String::from_utf8_lossy(&uid.stdout).trim().to_owned();
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let status = std::fs::read_to_string(entry.path().join("status")).unwrap_or_default();
+        let owner = status
+            .lines()
+            .find(|l| l.starts_with("Uid:"))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .unwrap_or("");
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let is_worker = String::from_utf8_lossy(&cmdline).contains("worker\0--socket");
+        if owner == uid
+            && is_worker
+            && let Ok(env) = std::fs::read(entry.path().join("environ"))
+        {
+            out.push(String::from_utf8_lossy(&env).replace('\0', "\n"));
+        }
+    }
+    out
+}
+
+#[test]
+fn the_box_and_the_worker_hold_no_secret() {
+    let rig = Rig::start(write_run_commit(), "");
+    let repo = TempGitRepo::new(&[("README.md", "a repo\n")]);
+    // A git credential in the user's repository: the remote URL carries a token.
+    let forge_token = "ghp_forgetoken0123456789abcdef";
+    repo.git(&[
+        "remote",
+        "add",
+        "origin",
+        &format!("https://skiff:{forge_token}@forge.invalid/team/repo.git"),
+    ]);
+    let (out, id) = new_worker_session(&rig, repo.path(), "Say hello in a file");
+    assert!(out.status.success(), "{}", stderr(&out));
+
+    let detail = rig.gw.json(&["session", "show", "--json", &id]);
+    let env = detail["session"]["worker"]["environment_id"]
+        .as_str()
+        .unwrap();
+    let shown = rig.gw.json(&["env", "show", "--json", env]);
+    let user = shown["ssh_target"]
+        .as_str()
+        .unwrap()
+        .split('@')
+        .next()
+        .unwrap()
+        .to_owned();
+    let boxes = rig.root.boxes();
+    assert_eq!(boxes.len(), 1);
+    let box_dir = rig.root.path().join(&boxes[0]);
+
+    // The worker is running (it waits for the next turn) as the box's own user.
+    let envs = worker_environments(&user);
+    assert_eq!(envs.len(), 1, "one worker runs as {user}");
+    let admin_token = rig.gw.token.clone();
+    let signing_key = std::fs::read(rig.gw.state_dir.join("worker-signing.key")).unwrap();
+    let signing_hex: String = signing_key.iter().map(|b| format!("{b:02x}")).collect();
+    for secret in [
+        PROVIDER_KEY,
+        admin_token.as_str(),
+        forge_token,
+        signing_hex.as_str(),
+    ] {
+        assert_eq!(
+            files_containing(&box_dir, secret),
+            Vec::<String>::new(),
+            "a secret is on the box"
+        );
+        for env in &envs {
+            assert!(
+                !env.contains(secret),
+                "a secret is in a box process's environment"
+            );
+        }
+    }
+    for env in &envs {
+        for var in env.lines() {
+            let name = var.split('=').next().unwrap_or("");
+            assert!(
+                ["HOME", "USER", "PATH", "LANG"].contains(&name) || name.is_empty(),
+                "the worker's environment is not scrubbed: it has {name}"
+            );
+        }
+    }
+    // The credential file the worker was started with is gone (held in memory only).
+    assert_eq!(
+        files_containing(&box_dir, "skw1."),
+        Vec::<String>::new(),
+        "a worker credential is on the box's disk"
+    );
+    // The box's repository has no remote and no credential helper.
+    let ws = box_dir.join("home/workspaces").join(&id);
+    let remotes = std::process::Command::new("git")
+        .arg("-C")
+        .arg(&ws)
+        .args(["-c", "safe.directory=*", "remote", "-v"])
+        .output()
+        .unwrap();
+    assert!(remotes.status.success(), "{}", stderr(&remotes));
+    assert_eq!(stdout(&remotes), "");
+}
