@@ -16,3 +16,4 @@ mod session;
 mod sync;
 mod ui;
 mod worker;
+mod worker_faults;

@@ -1,0 +1,452 @@
+//! Fault injection on worker sessions, each mid-stream: the tunnel's ssh dies, the gateway
+//! restarts, the worker dies, the box dies. Nothing of the conversation is lost or doubled,
+//! and no tool call runs twice.
+
+use crate::harness::{git, stderr};
+use crate::worker::{Rig, text_reply, tool_reply};
+use serde_json::Value;
+use skiff_test_support::{FakeResponse, TempGitRepo};
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+/// The text of the slow final reply, streamed in 40 pieces 100 ms apart.
+fn slow_words() -> Vec<String> {
+    (0..40).map(|i| format!("w{i} ")).collect()
+}
+
+fn slow_reply() -> FakeResponse {
+    let words = slow_words();
+    let refs: Vec<&str> = words.iter().map(String::as_str).collect();
+    text_reply(&refs).with_delay(Duration::from_millis(100))
+}
+
+/// One exec that appends to `runs.log` (how many times it ran is visible there), then the
+/// slow reply.
+fn exec_then_slow(line: &str) -> Vec<FakeResponse> {
+    vec![
+        tool_reply(
+            "call_x",
+            "exec",
+            &format!(r#"{{"command":"echo {line} >> runs.log"}}"#),
+        ),
+        slow_reply(),
+    ]
+}
+
+/// A running `skiff session new|send --json`, its event lines arriving on a channel.
+struct Following {
+    child: Child,
+    lines: mpsc::Receiver<Value>,
+    seen: Vec<Value>,
+}
+
+impl Following {
+    fn start(rig: &Rig, args: &[&str]) -> Following {
+        let mut child = rig
+            .gw
+            .cli()
+            .arg("session")
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if let Ok(v) = serde_json::from_str::<Value>(&line)
+                    && tx.send(v).is_err()
+                {
+                    break;
+                }
+            }
+        });
+        Following {
+            child,
+            lines,
+            seen: Vec::new(),
+        }
+    }
+
+    /// Waits (up to a minute) for an event matching `pred`.
+    fn until(&mut self, what: &str, pred: impl Fn(&Value, &[Value]) -> bool) -> Value {
+        loop {
+            let event = self
+                .lines
+                .recv_timeout(Duration::from_secs(60))
+                .unwrap_or_else(|_| panic!("no {what} within 60 s; saw {:#?}", self.seen));
+            self.seen.push(event.clone());
+            if pred(&event, &self.seen) {
+                return event;
+            }
+        }
+    }
+
+    /// Waits until the second model call is streaming (its first text has arrived).
+    fn mid_second_stream(&mut self) {
+        self.until("text of the second model call", |e, seen| {
+            e["type"] == "text_delta"
+                && seen.iter().filter(|s| s["type"] == "model_request").count() == 2
+        });
+    }
+
+    fn session_id(&self) -> String {
+        self.seen[0]["session_id"].as_str().unwrap().to_owned()
+    }
+
+    fn finish(mut self) -> std::process::ExitStatus {
+        while let Ok(event) = self.lines.recv_timeout(Duration::from_secs(120)) {
+            self.seen.push(event);
+        }
+        self.child.wait().unwrap()
+    }
+}
+
+fn new_following(rig: &Rig, repo: &std::path::Path, prompt: &str) -> Following {
+    Following::start(
+        rig,
+        &[
+            "new",
+            "--json",
+            "--profile",
+            "local",
+            "--model",
+            "openai/gpt-fake",
+            "--workspace",
+            repo.to_str().unwrap(),
+            prompt,
+        ],
+    )
+}
+
+/// Processes whose command line contains every one of `needles`.
+fn pids_with(needles: &[&str]) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+            let cmd = std::fs::read(e.path().join("cmdline")).ok()?;
+            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+            needles.iter().all(|n| cmd.contains(n)).then_some(pid)
+        })
+        .collect()
+}
+
+fn kill(pids: &[i32]) {
+    assert!(!pids.is_empty(), "nothing to kill");
+    for pid in pids {
+        let _ = std::process::Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .status();
+    }
+}
+
+fn show(rig: &Rig, id: &str) -> Value {
+    rig.gw.json(&["session", "show", "--json", id])
+}
+
+fn kinds(detail: &Value) -> Vec<String> {
+    detail["transcript"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["body"]["kind"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+fn last_text(detail: &Value) -> String {
+    detail["transcript"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .rev()
+        .find(|e| e["body"]["kind"] == "assistant_message")
+        .map(|e| e["body"]["text"].as_str().unwrap().to_owned())
+        .unwrap()
+}
+
+/// The text deltas the client saw for the turn, joined: nothing missing, nothing twice.
+fn streamed_text(seen: &[Value], after_model_requests: usize) -> String {
+    let mut requests = 0;
+    let mut text = String::new();
+    for e in seen {
+        if e["type"] == "model_request" {
+            requests += 1;
+        } else if e["type"] == "text_delta" && requests > after_model_requests {
+            text.push_str(e["text"].as_str().unwrap());
+        }
+    }
+    text
+}
+
+/// Follows the session's event stream from the start until `count` runs have ended.
+fn wait_runs_ended(rig: &Rig, id: &str, count: usize) -> Value {
+    let resp = reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(120))
+        .build()
+        .unwrap()
+        .get(format!("{}/v1/sessions/{id}/events?after=0", rig.gw.url))
+        .bearer_auth(&rig.gw.token)
+        .send()
+        .unwrap();
+    let mut ended = 0;
+    for line in BufReader::new(resp).lines() {
+        let line = line.unwrap();
+        let Some(data) = line.strip_prefix("data: ") else {
+            continue;
+        };
+        let event: Value = serde_json::from_str(data).unwrap();
+        let terminal = ["succeeded", "failed", "cancelled", "orphaned", "timed_out"];
+        if event["type"] == "run_status" && terminal.contains(&event["status"].as_str().unwrap()) {
+            ended += 1;
+            if ended == count {
+                return show(rig, id);
+            }
+        }
+    }
+    panic!("the event stream ended before {count} runs of {id} ended");
+}
+
+fn runs_log(repo: &TempGitRepo, branch: &str) -> String {
+    git(repo.path(), &["show", &format!("{branch}:runs.log")])
+}
+
+fn commit_runs_log() -> FakeResponse {
+    tool_reply(
+        "call_c",
+        "exec",
+        r#"{"command":"git add runs.log && git commit -q -m 'log'"}"#,
+    )
+}
+
+#[test]
+fn killing_the_tunnel_mid_stream_loses_nothing() {
+    let mut responses = exec_then_slow("one");
+    responses.insert(1, commit_runs_log());
+    let rig = Rig::start(responses, "");
+    let repo = TempGitRepo::new(&[("README.md", "a repo\n")]);
+    let mut f = new_following(&rig, repo.path(), "log once");
+    f.until("the third model call's text", |e, seen| {
+        e["type"] == "text_delta"
+            && seen.iter().filter(|s| s["type"] == "model_request").count() == 3
+    });
+    let id = f.session_id();
+    // The control connection's ssh master carries the reverse tunnel.
+    let state = rig.gw.state_dir.display().to_string();
+    kill(&pids_with(&[
+        "ssh ",
+        &format!("{state}/ssh/"),
+        "control.sock",
+        "ControlMaster=yes",
+    ]));
+    let status = f.finish();
+    assert!(status.success(), "the turn did not survive the tunnel blip");
+    // Every word once, in order, although the stream crossed two connections.
+    let f_seen = show(&rig, &id);
+    assert_eq!(last_text(&f_seen), slow_words().concat());
+    assert_eq!(
+        kinds(&f_seen),
+        [
+            "user_message",
+            "assistant_message",
+            "tool_result",
+            "assistant_message",
+            "tool_result",
+            "assistant_message"
+        ]
+    );
+    assert_eq!(runs_log(&repo, &format!("skiff/{id}")), "one\n");
+    // The provider was asked three times: the stream was resumed, not requested again.
+    assert_eq!(rig.fake.requests().len(), 3);
+    let audit = rig.gw.run(&["session", "show", &id]);
+    assert!(audit.status.success(), "{}", stderr(&audit));
+}
+
+#[test]
+fn killing_the_worker_mid_stream_starts_a_new_one_that_finishes_the_turn() {
+    let mut responses = exec_then_slow("one");
+    // The replacement worker asks again for the step the dead one never finished.
+    responses.push(text_reply(&["finished ", "by ", "the ", "new ", "worker"]));
+    let rig = Rig::start(responses, "");
+    let repo = TempGitRepo::new(&[("README.md", "a repo\n")]);
+    let mut f = new_following(&rig, repo.path(), "log once");
+    f.mid_second_stream();
+    let id = f.session_id();
+    let epoch_before = show(&rig, &id)["session"]["worker"]["owner_epoch"]
+        .as_u64()
+        .unwrap();
+    kill(&pids_with(&[
+        "worker",
+        "--socket",
+        &rig.root.path().display().to_string(),
+    ]));
+    let status = f.finish();
+    assert!(status.success(), "the run did not finish on the new worker");
+    let detail = show(&rig, &id);
+    assert_eq!(
+        detail["session"]["worker"]["owner_epoch"].as_u64().unwrap(),
+        epoch_before + 1,
+        "the new worker owns the session under a new epoch"
+    );
+    assert_eq!(
+        kinds(&detail),
+        [
+            "user_message",
+            "assistant_message",
+            "tool_result",
+            "assistant_message"
+        ]
+    );
+    assert_eq!(last_text(&detail), "finished by the new worker");
+    assert_eq!(detail["runs"].as_array().unwrap().len(), 1);
+    // The exec ran once: its result was committed before the worker died.
+    let ws = format!("workspaces/{id}/runs.log");
+    let envs = rig.root.boxes();
+    let on_box =
+        std::fs::read_to_string(rig.root.path().join(&envs[0]).join("home").join(ws)).unwrap();
+    assert_eq!(on_box, "one\n");
+    assert_eq!(rig.fake.requests().len(), 3);
+}
+
+#[test]
+fn a_gateway_restart_mid_turn_fails_it_and_retries_it_as_a_new_turn() {
+    let mut responses = exec_then_slow("one");
+    responses.push(text_reply(&["retried ", "after ", "the ", "restart"]));
+    let mut rig = Rig::start(responses, "");
+    let repo = TempGitRepo::new(&[("README.md", "a repo\n")]);
+    let mut f = new_following(&rig, repo.path(), "log once");
+    f.mid_second_stream();
+    let id = f.session_id();
+    rig.gw.crash_and_restart();
+    // The client's stream was cut with the gateway; it says so (exit 3), the session goes on.
+    let status = f.finish();
+    assert_eq!(status.code(), Some(3));
+    let detail = wait_runs_ended(&rig, &id, 2);
+    let runs: Vec<&str> = detail["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["status"].as_str().unwrap())
+        .collect();
+    assert_eq!(runs, ["orphaned", "succeeded"]);
+    assert_eq!(
+        kinds(&detail),
+        [
+            "user_message",
+            "assistant_message",
+            "tool_result",
+            "notice",
+            "assistant_message"
+        ]
+    );
+    assert_eq!(last_text(&detail), "retried after the restart");
+    // The half-finished provider stream was not replayed: a new request made the retry, and
+    // the tool call before it ran once.
+    assert_eq!(rig.fake.requests().len(), 3);
+    let on_box = rig
+        .root
+        .path()
+        .join(&rig.root.boxes()[0])
+        .join("home/workspaces")
+        .join(&id)
+        .join("runs.log");
+    assert_eq!(std::fs::read_to_string(on_box).unwrap(), "one\n");
+}
+
+#[test]
+fn a_dead_box_reclaims_the_placement_and_the_next_message_starts_fresh_from_the_checkpoint() {
+    let responses = vec![
+        // Turn 1: log "one", commit, done (checkpoint 1 has it).
+        tool_reply("c1", "exec", r#"{"command":"echo one >> runs.log"}"#),
+        commit_runs_log(),
+        text_reply(&["logged ", "one"]),
+        // Turn 2: log "two", then the box dies mid-stream.
+        tool_reply("c2", "exec", r#"{"command":"echo two >> runs.log"}"#),
+        slow_reply(),
+        // Turn 3, on a fresh box: what is in the log?
+        tool_reply("c3", "exec", r#"{"command":"cat runs.log"}"#),
+        text_reply(&["only ", "one"]),
+    ];
+    let rig = Rig::start(responses, "");
+    let repo = TempGitRepo::new(&[("README.md", "a repo\n")]);
+    let mut f = new_following(&rig, repo.path(), "log one");
+    assert!(f.finish().success());
+    let id = {
+        let list = rig.gw.json(&["session", "list", "--json"]);
+        list["sessions"][0]["id"].as_str().unwrap().to_owned()
+    };
+    let first_env = show(&rig, &id)["session"]["worker"]["environment_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    let mut f = Following::start(&rig, &["send", "--json", &id, "log two"]);
+    f.until("the second turn's slow text", |e, seen| {
+        e["type"] == "text_delta"
+            && seen.iter().filter(|s| s["type"] == "model_request").count() == 2
+    });
+    // The box dies: sshd and everything of it, as `skiff box stop` does.
+    let boxes = skiff_providers::local::Boxes::new(
+        rig.root.path().to_path_buf(),
+        crate::harness::SKIFF.into(),
+    );
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(boxes.destroy(&rig.root.boxes()[0])).unwrap();
+    let status = f.finish();
+    assert_eq!(status.code(), Some(1), "the turn on the dead box failed");
+
+    let detail = show(&rig, &id);
+    assert_eq!(detail["session"]["placement"], "reclaimed");
+    let notice = detail["transcript"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .rev()
+        .find(|e| e["body"]["kind"] == "notice")
+        .map(|e| e["body"]["text"].as_str().unwrap().to_owned())
+        .unwrap();
+    assert!(notice.contains(&first_env), "{notice}");
+    assert!(notice.contains("since checkpoint 1"), "{notice}");
+    assert!(notice.contains("exec echo two >> runs.log"), "{notice}");
+    // The conversation is intact: both user messages and everything committed are there.
+    let users = detail["transcript"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["body"]["kind"] == "user_message")
+        .count();
+    assert_eq!(users, 2);
+
+    // The next message leases a fresh box and re-syncs from checkpoint 1.
+    let out = rig.session(&["send", "--json", &id, "what is logged?"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let detail = show(&rig, &id);
+    let second_env = detail["session"]["worker"]["environment_id"]
+        .as_str()
+        .unwrap();
+    assert_ne!(second_env, first_env);
+    assert_eq!(detail["session"]["placement"], "active");
+    let cat = detail["transcript"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .rev()
+        .find(|e| e["body"]["kind"] == "tool_result")
+        .map(|e| e["body"]["content"].as_str().unwrap().to_owned())
+        .unwrap();
+    assert!(cat.ends_with("one\n") && !cat.contains("two"), "{cat}");
+    // The dead box's environment failed and was torn down.
+    let old = rig.gw.json(&["env", "show", "--json", &first_env]);
+    assert!(
+        ["destroyed", "failed", "destroying"].contains(&old["state"].as_str().unwrap()),
+        "{old:#}"
+    );
+}
