@@ -33,21 +33,48 @@ pub struct GatewayConfig {
     /// Hosts the gateway-resident `web_fetch` tool may reach [default: none].
     #[serde(default)]
     pub web_fetch_allow: Vec<String>,
+    /// How long a worker credential lives; workers rotate at two thirds of it [default: 10m].
+    #[serde(default)]
+    pub worker_credential_ttl: Option<String>,
 }
 
 impl GatewayConfig {
     pub fn lifetime_tick(&self, config_path: &Path) -> Result<std::time::Duration, ConfigError> {
-        let text = self.lifetime_tick.as_deref().unwrap_or("30s");
-        humantime::parse_duration(text)
-            .ok()
-            .filter(|d| !d.is_zero())
-            .ok_or_else(|| ConfigError::Invalid {
-                path: config_path.display().to_string(),
-                message: format!(
-                    "at `gateway.lifetime_tick`: \"{text}\" is not a duration like \"30s\""
-                ),
-            })
+        duration(
+            config_path,
+            "lifetime_tick",
+            self.lifetime_tick.as_deref(),
+            "30s",
+        )
     }
+
+    pub fn worker_credential_ttl(
+        &self,
+        config_path: &Path,
+    ) -> Result<std::time::Duration, ConfigError> {
+        duration(
+            config_path,
+            "worker_credential_ttl",
+            self.worker_credential_ttl.as_deref(),
+            "10m",
+        )
+    }
+}
+
+fn duration(
+    config_path: &Path,
+    key: &str,
+    text: Option<&str>,
+    default: &str,
+) -> Result<std::time::Duration, ConfigError> {
+    let text = text.unwrap_or(default);
+    humantime::parse_duration(text)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| ConfigError::Invalid {
+            path: config_path.display().to_string(),
+            message: format!("at `gateway.{key}`: \"{text}\" is not a duration like \"{default}\""),
+        })
 }
 
 #[derive(Debug, Default, Clone, Deserialize)]

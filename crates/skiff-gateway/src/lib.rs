@@ -110,6 +110,7 @@ pub async fn start(options: Options) -> Result<Running> {
         .unwrap_or_else(|| state.root().join("skiff.toml"));
     let config = Config::load(&config_path)?;
     let lifetime_tick = config.gateway.lifetime_tick(&config_path)?;
+    let credential_ttl = config.gateway.worker_credential_ttl(&config_path)?;
     let config_dir = config_path.parent().map(PathBuf::from).unwrap_or_default();
     let catalog = skiff_llm::Catalog::new(config.providers, config.models.default, &config_dir)?;
     let store = Arc::new(Store::open(&state.database())?);
@@ -128,6 +129,7 @@ pub async fn start(options: Options) -> Result<Running> {
         state.root().join("workers"),
         config.gateway.max_workers.unwrap_or(16),
         config.gateway.web_fetch_allow.clone(),
+        credential_ttl,
     );
     let core = Arc::new(Core {
         store,

@@ -18,7 +18,7 @@ pub struct Rig {
     pub gw: Gateway,
     pub root: BoxRoot,
     pub fake: FakeProvider,
-    _rt: tokio::runtime::Runtime,
+    pub rt: tokio::runtime::Runtime,
 }
 
 impl Rig {
@@ -37,12 +37,7 @@ impl Rig {
             root.path().display()
         );
         let gw = Gateway::start_full("", &config, &[("SKIFF_TEST_PROVIDER_KEY", PROVIDER_KEY)]);
-        Rig {
-            gw,
-            root,
-            fake,
-            _rt: rt,
-        }
+        Rig { gw, root, fake, rt }
     }
 
     /// `session new` (or `send`) with `args`, to the end of its turn; returns the output.
@@ -363,4 +358,184 @@ fn the_box_and_the_worker_hold_no_secret() {
         .unwrap();
     assert!(remotes.status.success(), "{}", stderr(&remotes));
     assert_eq!(stdout(&remotes), "");
+}
+
+#[test]
+fn past_its_worker_limit_the_gateway_refuses_at_once() {
+    let rig = Rig::start(
+        vec![text_reply(&["one"]), text_reply(&["local"])],
+        "[gateway]\nmax_workers = 1\n",
+    );
+    let repo = TempGitRepo::new(&[("README.md", "a repo\n")]);
+    let (out, _) = new_worker_session(&rig, repo.path(), "first");
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = rig.session(&[
+        "new",
+        "--profile",
+        "local",
+        "--model",
+        "openai/gpt-fake",
+        "--workspace",
+        repo.path().to_str().unwrap(),
+        "second",
+    ]);
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(stderr(&out).contains("at capacity"), "{}", stderr(&out));
+    // Nothing was half-created: no second session, no second box; local sessions still run.
+    let list = rig.gw.json(&["session", "list", "--json"]);
+    assert_eq!(list["sessions"].as_array().unwrap().len(), 1);
+    assert_eq!(rig.root.boxes().len(), 1);
+    rig.gw
+        .new_session(repo.path(), "openai/gpt-fake", "on the gateway");
+}
+
+#[test]
+fn cancelling_a_worker_turn_stops_it_there() {
+    let words: Vec<String> = (0..60).map(|i| format!("w{i} ")).collect();
+    let refs: Vec<&str> = words.iter().map(String::as_str).collect();
+    let slow = text_reply(&refs).with_delay(std::time::Duration::from_millis(100));
+    let rig = Rig::start(vec![slow], "");
+    let repo = TempGitRepo::new(&[("README.md", "a repo\n")]);
+    let mut child = rig
+        .gw
+        .cli()
+        .args([
+            "session",
+            "new",
+            "--json",
+            "--profile",
+            "local",
+            "--model",
+            "openai/gpt-fake",
+            "--workspace",
+            repo.path().to_str().unwrap(),
+            "talk slowly",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(child.stdout.take().unwrap()));
+    let mut id = String::new();
+    for line in lines.by_ref() {
+        let event: Value = serde_json::from_str(&line.unwrap()).unwrap();
+        id = event["session_id"].as_str().unwrap().to_owned();
+        if event["type"] == "text_delta" {
+            break;
+        }
+    }
+    let out = rig.session(&["cancel", &id]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    for _ in lines.by_ref() {}
+    assert_eq!(child.wait().unwrap().code(), Some(1));
+    let detail = rig.gw.json(&["session", "show", "--json", &id]);
+    assert_eq!(detail["runs"][0]["status"], "cancelled");
+    let last = detail["transcript"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()
+        .clone();
+    assert_eq!(last["body"]["text"], "The run was cancelled.");
+    // The worker stays for the next turn.
+    assert_eq!(detail["session"]["placement"], "active");
+}
+
+#[test]
+fn a_worker_rotates_its_credential_and_reattaches_with_the_new_one() {
+    let rig = Rig::start(
+        vec![text_reply(&["first"]), text_reply(&["second"])],
+        "[gateway]\nworker_credential_ttl = \"3s\"\n",
+    );
+    let repo = TempGitRepo::new(&[("README.md", "a repo\n")]);
+    let (out, id) = new_worker_session(&rig, repo.path(), "first");
+    assert!(out.status.success(), "{}", stderr(&out));
+    let epoch =
+        rig.gw.json(&["session", "show", "--json", &id])["session"]["worker"]["owner_epoch"]
+            .clone();
+    // Past the lifetime of the credential the worker was welcomed with: only a rotated one
+    // still admits it.
+    std::thread::sleep(std::time::Duration::from_secs(4));
+    let state = rig.gw.state_dir.display().to_string();
+    let masters = crate::worker_faults::pids_with(&[
+        "ssh ",
+        &format!("{state}/ssh/"),
+        "control.sock",
+        "ControlMaster=yes",
+    ]);
+    crate::worker_faults::kill(&masters);
+    let out = rig.session(&["send", "--json", &id, "second"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let detail = rig.gw.json(&["session", "show", "--json", &id]);
+    assert_eq!(
+        detail["session"]["worker"]["owner_epoch"], epoch,
+        "the same worker came back"
+    );
+    let log = std::fs::read_to_string(
+        rig.root
+            .path()
+            .join(&rig.root.boxes()[0])
+            .join("home/.skiff/worker.log"),
+    )
+    .unwrap();
+    assert_eq!(log.matches("admitted by the gateway").count(), 2, "{log}");
+    assert!(!log.contains("refused this worker"), "{log}");
+}
+
+#[test]
+fn web_fetch_runs_on_the_gateway_for_allowed_hosts_only_and_is_accounted() {
+    let page = "Skiff docs: the worker protocol is a closed RPC set.";
+    let site_rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let site = site_rt.block_on(FakeProvider::start(vec![FakeResponse::status(
+        200,
+        &[("content-type", "text/plain")],
+        page,
+    )]));
+    let rig = Rig::start(
+        vec![
+            tool_reply(
+                "f1",
+                "web_fetch",
+                &format!(r#"{{"url":"{}/docs"}}"#, site.base_url()),
+            ),
+            tool_reply("f2", "web_fetch", r#"{"url":"http://localhost:9/secret"}"#),
+            text_reply(&["read ", "it"]),
+        ],
+        "[gateway]\nweb_fetch_allow = [\"127.0.0.1\"]\n",
+    );
+    let repo = TempGitRepo::new(&[("README.md", "a repo\n")]);
+    let (out, id) = new_worker_session(&rig, repo.path(), "read the docs");
+    assert!(out.status.success(), "{}", stderr(&out));
+    let detail = rig.gw.json(&["session", "show", "--json", &id]);
+    let results: Vec<(String, bool)> = detail["transcript"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["body"]["kind"] == "tool_result")
+        .map(|e| {
+            (
+                e["body"]["content"].as_str().unwrap().to_owned(),
+                e["body"]["is_error"].as_bool().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(results[0], (format!("HTTP 200\n\n{page}"), false));
+    assert!(
+        results[1].1 && results[1].0.contains("may not reach localhost"),
+        "{results:?}"
+    );
+    assert_eq!(
+        site.requests().len(),
+        1,
+        "only the allowed host was reached"
+    );
+    let env = detail["session"]["worker"]["environment_id"]
+        .as_str()
+        .unwrap();
+    let shown = rig.gw.json(&["env", "show", "--json", env]);
+    assert_eq!(shown["accounting"]["gateway_tool_calls"], 1);
+    assert!(shown["accounting"]["bytes_in"].as_u64().unwrap() >= page.len() as u64);
 }

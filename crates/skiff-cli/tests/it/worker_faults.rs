@@ -124,7 +124,7 @@ fn new_following(rig: &Rig, repo: &std::path::Path, prompt: &str) -> Following {
 }
 
 /// Processes whose command line contains every one of `needles`.
-fn pids_with(needles: &[&str]) -> Vec<i32> {
+pub fn pids_with(needles: &[&str]) -> Vec<i32> {
     std::fs::read_dir("/proc")
         .unwrap()
         .flatten()
@@ -137,7 +137,7 @@ fn pids_with(needles: &[&str]) -> Vec<i32> {
         .collect()
 }
 
-fn kill(pids: &[i32]) {
+pub fn kill(pids: &[i32]) {
     assert!(!pids.is_empty(), "nothing to kill");
     for pid in pids {
         let _ = std::process::Command::new("kill")

@@ -11,9 +11,6 @@ use std::path::Path;
 
 const PREFIX: &str = "skw1";
 
-/// How long a credential lives. Workers rotate at two thirds of it.
-pub(crate) const LIFETIME_MS: i64 = 10 * 60 * 1000;
-
 pub(crate) struct Signer {
     key: [u8; 32],
 }

@@ -363,7 +363,7 @@ impl Core {
             owner_epoch: epoch,
             methods: Method::ALL.to_vec(),
             issued_at_ms: now,
-            expires_at_ms: now + super::credential::LIFETIME_MS,
+            expires_at_ms: now + self.workers.credential_ttl_ms,
         };
         Ok((self.workers.signer.sign(&claims), claims.expires_at_ms))
     }

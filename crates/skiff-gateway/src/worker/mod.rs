@@ -206,6 +206,8 @@ pub(crate) struct Workers {
     pub(crate) socket_dir: PathBuf,
     pub(crate) max_workers: u64,
     pub(crate) web_fetch_allow: Vec<String>,
+    /// How long a minted credential lives.
+    pub(crate) credential_ttl_ms: i64,
     next_conn: AtomicU64,
 }
 
@@ -215,6 +217,7 @@ impl Workers {
         socket_dir: PathBuf,
         max_workers: u64,
         web_fetch_allow: Vec<String>,
+        credential_ttl: std::time::Duration,
     ) -> Workers {
         Workers {
             signer,
@@ -224,6 +227,7 @@ impl Workers {
             socket_dir,
             max_workers,
             web_fetch_allow,
+            credential_ttl_ms: i64::try_from(credential_ttl.as_millis()).unwrap_or(i64::MAX),
             next_conn: AtomicU64::new(1),
         }
     }
