@@ -233,6 +233,10 @@ export class ChatView {
       case 'entry':
         this.applyEntry(ev.entry, run);
         break;
+      case 'placement':
+        // Worker placement progress (provisioning, syncing, …): one quiet line each.
+        this.add({ key: `pl:${ev.cursor}`, kind: 'placement', state: ev.state, text: ev.detail });
+        break;
       default:
         break;
     }
@@ -412,6 +416,9 @@ export class ChatView {
       }
       case 'notice':
         return h('li', { class: 'notice' }, h('span', { 'aria-hidden': 'true' }, '⚠ '), block.text);
+      case 'placement':
+        return h('li', { class: 'placement-step' },
+          h('span', { class: 'mono' }, block.state), ' ', block.text);
       case 'runend': {
         const r = block.run;
         const parts = [

@@ -25,12 +25,11 @@ export const STATE_SYMBOL = {
 /** Where a session runs: `gateway`, or `worker · <environment>` with a placement state. */
 export function placementOf(s) {
   const raw = typeof s.placement === 'string' ? s.placement : 'local';
-  if (raw === 'local') return { kind: 'gateway', label: 'gateway', state: null };
-  // Worker placements are newer than this UI's first version: accept `worker`,
-  // `worker:<env>`, or separate environment/placement-state fields.
-  const env = s.environment_id || s.environment || (raw.includes(':') ? raw.split(':').pop() : null);
-  const word = s.placement_state || PLACEMENT_STATES.find((w) => raw.includes(w)) || null;
-  return { kind: 'worker', label: env ? `worker · ${env}` : 'worker', env, state: word };
+  if (raw === 'local' && !s.worker) return { kind: 'gateway', label: 'gateway', state: null };
+  // `placement` is the worker placement's state; `worker` says where it runs.
+  const env = s.worker?.environment_id || null;
+  const word = PLACEMENT_STATES.find((w) => raw === w) || null;
+  return { kind: 'worker', label: env ? `worker · ${env}` : `worker · ${s.worker?.profile || 'pending'}`, env, state: word };
 }
 
 /** running, waiting, idle, failed — or a placement state (provisioning, syncing, reclaimed…). */

@@ -374,7 +374,7 @@ fn a_dead_box_reclaims_the_placement_and_the_next_message_starts_fresh_from_the_
     ];
     let rig = Rig::start(responses, "");
     let repo = TempGitRepo::new(&[("README.md", "a repo\n")]);
-    let mut f = new_following(&rig, repo.path(), "log one");
+    let f = new_following(&rig, repo.path(), "log one");
     assert!(f.finish().success());
     let id = {
         let list = rig.gw.json(&["session", "list", "--json"]);
