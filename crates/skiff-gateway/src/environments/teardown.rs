@@ -37,7 +37,7 @@ impl Environments {
         }
         if row.state == EnvironmentState::Attached && !force {
             return Err(invalid(format!(
-                "environment {id} is attached to a session; detach it first or pass --force"
+                "environment {id} runs a worker session; destroying it ends that session's worker (the session is kept and its next message starts a fresh box): pass --force to do so"
             )));
         }
         if matches!(

@@ -40,7 +40,12 @@ pub(super) struct Admitted {
     pub claims: CredentialClaims,
     pub live: Arc<Live>,
     pub conn_id: u64,
+    /// Calls that run beside the frame loop (tools, turn ends), bounded per connection.
+    pub in_flight: Arc<tokio::sync::Semaphore>,
 }
+
+/// How many long calls one worker connection may have in flight.
+pub(super) const MAX_CALLS_IN_FLIGHT: usize = 8;
 
 impl Core {
     /// Listens for `env`'s worker (idempotent).
@@ -341,6 +346,7 @@ impl Core {
             live: self.workers.live(&claims.session_id),
             conn_id: self.workers.conn_id(),
             claims,
+            in_flight: Arc::new(tokio::sync::Semaphore::new(MAX_CALLS_IN_FLIGHT)),
         })
     }
 

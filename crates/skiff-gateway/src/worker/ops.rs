@@ -81,7 +81,26 @@ impl Core {
                 .send_on(a.conn_id, GatewayFrame::Reply { stream, seq, reply });
             return;
         }
-        // Long calls run beside the frame loop; their replies are cached before they are sent.
+        // Long calls run beside the frame loop, a bounded number at a time; their replies are
+        // cached before they are sent.
+        let permit = if stream == StreamKind::Transcript {
+            None
+        } else {
+            match a.in_flight.clone().try_acquire_owned() {
+                Ok(permit) => Some(permit),
+                Err(_) => {
+                    let r = refuse(
+                        RefusalCode::Unavailable,
+                        format!(
+                            "more than {} calls in flight; wait for answers",
+                            super::endpoint::MAX_CALLS_IN_FLIGHT
+                        ),
+                    );
+                    self.refuse_op(a, &op, &call, r);
+                    return;
+                }
+            }
+        };
         let core = self.clone();
         let live = a.live.clone();
         let scope = a.scope.clone();
@@ -141,6 +160,7 @@ impl Core {
                         .advance_worker_cursor(&op.session_id, op.owner_epoch, stream, seq);
             }
             live.send_on(conn_id, GatewayFrame::Reply { stream, seq, reply });
+            drop(permit);
         };
         // Transcript commits stay in order with the frames around them; the rest may take
         // long (inbound sync, a web fetch) and must not hold the connection's other frames.

@@ -22,6 +22,8 @@ use tokio_util::sync::CancellationToken;
 
 /// The largest context a worker may send, serialized.
 pub(crate) const MAX_MODEL_REQUEST_BYTES: usize = 4 * 1024 * 1024;
+/// How many model calls one session may have in flight (a loop needs one).
+const MAX_MODEL_CALLS_IN_FLIGHT: usize = 2;
 /// The most output tokens a worker may ask for.
 const MAX_OUTPUT_TOKENS: u32 = 32 * 1024;
 
@@ -87,6 +89,21 @@ impl Core {
                 return;
             }
             None => {
+                let in_flight = lock(&self.workers.models)
+                    .keys()
+                    .filter(|(s, _, _)| *s == op.session_id)
+                    .count();
+                if in_flight >= MAX_MODEL_CALLS_IN_FLIGHT {
+                    a.live.send_on(a.conn_id, GatewayFrame::Model {
+                        seq: op.seq,
+                        index: 0,
+                        event: ModelEvent::Error {
+                            kind: ModelErrorKind::RateLimited,
+                            message: format!("more than {MAX_MODEL_CALLS_IN_FLIGHT} model calls in flight for this session"),
+                        },
+                    });
+                    return;
+                }
                 let session_model = self
                     .store
                     .session(&a.scope, &op.session_id)
