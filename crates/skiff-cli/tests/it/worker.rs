@@ -542,3 +542,44 @@ fn web_fetch_runs_on_the_gateway_for_allowed_hosts_only_and_is_accounted() {
     assert_eq!(shown["accounting"]["gateway_tool_calls"], 1);
     assert!(shown["accounting"]["bytes_in"].as_u64().unwrap() >= page.len() as u64);
 }
+
+#[test]
+fn the_demo_runs_its_session_on_a_worker_box_and_tears_it_down() {
+    let home = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(crate::harness::SKIFF)
+        .arg("--state-dir")
+        .arg(home.path().join("user-state"))
+        .arg("demo")
+        .env("HOME", home.path())
+        .env("TMPDIR", home.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let err = stderr(&out);
+    for step in [
+        "running on a worker box",
+        "◦ provisioning",
+        "◦ syncing",
+        "◦ starting",
+        "◦ active",
+        "✓ run succeeded",
+        "tearing down worker box env_",
+    ] {
+        assert!(err.contains(step), "missing {step:?} in:\n{err}");
+    }
+    assert!(stdout(&out).contains("greet.sh | 2 +-"), "{}", stdout(&out));
+    // The demo's state dir is in its output; its box root is empty again.
+    let state = stdout(&out)
+        .lines()
+        .find_map(|l| l.split("--state-dir ").nth(1))
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap()
+        .to_owned();
+    let tag = blake3::hash(state.as_bytes()).to_hex();
+    let root = std::path::PathBuf::from(format!("/var/lib/skiff/boxes-{}", &tag[..12]));
+    let left: Vec<_> = std::fs::read_dir(&root)
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "boxes left behind in {}: {left:?}", root.display());
+    let _ = std::fs::remove_dir(&root);
+}
