@@ -65,8 +65,24 @@ before(async () => {
 
 after(async () => {
   await context?.close();
+  // A worker session leases a real box (sshd, a user, a namespace) that outlives a killed
+  // gateway: destroy whatever a failed step left behind before stopping it.
+  if (gw?.child && gw.child.exitCode === null) {
+    const { environments = [] } = await gw.api('/v1/environments').catch(() => ({}));
+    for (const env of environments.filter((e) => e.state !== 'destroyed')) await destroyEnvironment(env.id).catch(() => {});
+  }
   await gw?.stop();
 });
+
+/** `DELETE /v1/environments/{id}?force=true` with the gateway's token; the view it answers. */
+async function destroyEnvironment(id) {
+  const resp = await fetch(`${gw.url}/v1/environments/${id}?force=true`, {
+    method: 'DELETE',
+    headers: { authorization: `Bearer ${gw.token()}` },
+  });
+  assert.ok(resp.ok, `destroying ${id}: ${resp.status} ${await resp.clone().text()}`);
+  return resp.json();
+}
 
 test('the login link trades its ticket once for an HttpOnly cookie and leaves the URL', async () => {
   const link = gw.loginUrl();
@@ -372,4 +388,117 @@ test('screenshots at phone width and in dark mode', async () => {
   assert.equal(after, 401, 'logged out means refused');
   await page.setViewportSize({ width: 390, height: 844 });
   await shot('login-390');
+});
+
+test('a worker session on the local profile shows where it runs, its placement steps, and its turn', async () => {
+  // The step before logged out; this one logs in again. It comes last: the environments steps
+  // above want a gateway without any.
+  await page.setViewportSize({ width: 1280, height: 800 });
+  await page.goto(gw.loginUrl());
+  await page.waitForSelector('#health[data-state="live"]');
+  await page.keyboard.press('n');
+  await page.waitForSelector('#profile option[value="local"]', { state: 'attached' });
+  await page.selectOption('#profile', 'local');
+  assert.equal(await page.isChecked('#where-worker'), true, 'picking a profile picks the worker');
+  assert.match(await page.locator('#target-policy').innerText(), /Runs on a local worker \(profile local\) · idle timeout .* · TTL /);
+  await page.fill('#workspace', repo);
+  await page.fill('#model', 'fake/x');
+  await page.fill('#new-prompt', 'Look at this project on a worker.');
+  await shot('new-session-worker-1280');
+  const created = page.waitForResponse((r) => r.url().endsWith('/v1/sessions') && r.request().method() === 'POST');
+  await page.press('#new-prompt', 'Control+Enter');
+  const body = (await created).request().postDataJSON();
+  assert.equal(body.profile, 'local');
+  await page.waitForURL(/#\/s\/ses_/);
+  const workerId = page.url().split('#/s/')[1];
+  assert.notEqual(workerId, sessionId);
+
+  // The box is leased, synced and started before the turn streams; each step is a quiet row.
+  await page.waitForSelector('.placement-step');
+  await page.waitForSelector('.runend.rs-succeeded', { timeout: 120_000 });
+  await page.waitForSelector('.streaming', { state: 'detached' });
+  const steps = await page.locator('.placement-step .mono').allInnerTexts();
+  const order = ['provisioning', 'syncing', 'starting', 'active'];
+  assert.deepEqual(steps.slice(0, 4), order, `placement steps: ${steps}`);
+  assert.equal(steps.at(-1), 'active', `placement steps: ${steps}`);
+  for (const row of await page.locator('.placement-step').allInnerTexts()) assert.ok(row.trim().split(' ').length > 1, `a step says what happens: ${row}`);
+
+  // The session view says where: the worker, its profile and environment.
+  const { session } = await gw.api(`/v1/sessions/${workerId}`);
+  assert.equal(session.placement, 'active');
+  assert.equal(session.worker.profile, 'local');
+  const envId = session.worker.environment_id;
+  assert.match(envId, /^env_/);
+
+  // The turn reads exactly as a gateway session's does.
+  const text = await transcriptText();
+  assert.match(text, /I'll look at the files first\./);
+  assert.match(text, /All done\./);
+  assert.equal(await page.locator('.md pre.code').count(), 1);
+  const row = page.locator('.tool').first();
+  assert.equal(await row.locator('.tname').innerText(), 'ls');
+  assert.equal(await row.getAttribute('data-status'), 'ok');
+  await row.locator('.tool-head').click();
+  await row.locator('.tool-body pre').nth(1).waitFor();
+  assert.match(await row.locator('.tool-body').innerText(), /README\.md/);
+  await row.locator('.tool-head').press('Enter');
+  assert.match(await page.locator('.runend').innerText(), /done · .* in · .* out tokens · fake\/x \(scripted\)/);
+
+  // Header chip and sidebar badge: the worker, with its environment.
+  const chip = page.locator('.chip');
+  await page.waitForFunction((env) => document.querySelector('.chip')?.innerText.includes(env), envId);
+  assert.equal((await chip.innerText()).replace(/\s+/g, ' '), `○ worker · ${envId} · idle`);
+  assert.match(await chip.getAttribute('class'), /\bpl-worker\b/);
+  const srow = page.locator(`.srow[data-session-id="${workerId}"]`);
+  await page.waitForFunction((id) => document.querySelector(`.srow[data-session-id="${id}"] .badge`)?.title.startsWith('worker · env_'), workerId);
+  const badge = srow.locator('.badge');
+  assert.equal(await badge.innerText(), 'W');
+  assert.equal(await badge.getAttribute('title'), `worker · ${envId}`);
+  assert.match(await badge.getAttribute('class'), /\bpl-worker\b/);
+  assert.match(await srow.locator('.sr-only').innerText(), new RegExp(`runs on worker · ${envId}`));
+  assert.equal(await srow.getAttribute('data-state'), 'idle');
+  // The gateway session next to it keeps its G.
+  assert.equal(await page.locator(`.srow[data-session-id="${sessionId}"] .badge`).innerText(), 'G');
+
+  // Nothing spills sideways, on a desktop or a phone, and the long chip leaves the title room.
+  const fits = () => page.evaluate(() => {
+    const over = (el) => el.scrollWidth > el.clientWidth + 1;
+    const header = document.querySelector('.chat-head');
+    const chipBox = document.querySelector('.chip').getBoundingClientRect();
+    document.querySelector('.transcript').scrollTop = 1e9;
+    return {
+      page: !over(document.documentElement),
+      chipInside: chipBox.right <= header.getBoundingClientRect().right + 1 && chipBox.left >= 0,
+      titleRoom: document.querySelector('.chat-title').getBoundingClientRect().width >= 120,
+      steps: [...document.querySelectorAll('.placement-step')].every((el) => !over(el)),
+    };
+  });
+  const fine = { page: true, chipInside: true, titleRoom: true, steps: true };
+  assert.deepEqual(await fits(), fine);
+  await shot('chat-worker-1280');
+  await page.setViewportSize({ width: 390, height: 844 });
+  await page.waitForTimeout(300);
+  assert.deepEqual(await fits(), fine);
+  await shot('chat-worker-390');
+  await page.click('#menu');
+  await page.waitForSelector('body.drawer-open');
+  await page.waitForTimeout(250);
+  await shot('sidebar-worker-390');
+  await page.keyboard.press('Escape');
+  await page.waitForSelector('body:not(.drawer-open)');
+  await page.setViewportSize({ width: 1280, height: 800 });
+
+  // No box is left behind. The session sees its box go: reclaimed, with the reason on hover
+  // and in the chat; the conversation stays.
+  const destroyed = await destroyEnvironment(envId);
+  assert.equal(destroyed.state, 'destroyed', JSON.stringify(destroyed));
+  await page.waitForSelector(`.srow[data-session-id="${workerId}"][data-state="reclaimed"]`, { timeout: 30_000 });
+  await page.waitForFunction(() => document.querySelector('.chip')?.innerText.includes('reclaimed'));
+  const reclaimed = (await gw.api(`/v1/sessions/${workerId}`)).session;
+  assert.equal(reclaimed.placement, 'reclaimed');
+  assert.ok(reclaimed.worker.error, 'a reclaimed placement says why');
+  assert.equal(await chip.getAttribute('title'), reclaimed.worker.error);
+  assert.equal((await page.locator('.placement-step .mono').allInnerTexts()).at(-1), 'reclaimed');
+  await page.waitForSelector('.notice:has-text("Your next message starts a fresh box")');
+  assert.match(await transcriptText(), /All done\./);
 });

@@ -142,6 +142,8 @@ pub async fn start(options: Options) -> Result<Running> {
         envs,
         workers,
     });
+    core.envs
+        .set_readiness(Arc::new(worker::probe::Probe(Arc::downgrade(&core))));
     core.reconcile_on_start()?;
     core.envs.reconcile_on_start().await?;
     core.envs.warm_bundle().await;

@@ -148,7 +148,9 @@ export class ChatView {
       h('span', { class: `dot st-${state}`, 'aria-hidden': 'true' }, STATE_SYMBOL[state] || '○'),
       ` ${p.label} · ${state}`);
     this.chipEl.className = `chip pl-${p.kind}`;
-    this.chipEl.title = s.last_run?.error || `${p.label}: ${state}`;
+    // Reclaimed or failed: the reason on hover.
+    const why = ['reclaimed', 'failed'].includes(state) ? s.worker?.error : null;
+    this.chipEl.title = why || s.last_run?.error || `${p.label}: ${state}`;
     const ws = s.workspace || {};
     replace(this.metaEl,
       h('span', { class: 'model', title: s.model?.ref }, s.model?.ref || ''),

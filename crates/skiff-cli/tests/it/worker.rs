@@ -480,7 +480,8 @@ fn a_worker_rotates_its_credential_and_reattaches_with_the_new_one() {
             .join("home/.skiff/worker.log"),
     )
     .unwrap();
-    assert_eq!(log.matches("admitted by the gateway").count(), 2, "{log}");
+    let admitted = format!("admitted by the gateway session={id}");
+    assert_eq!(log.matches(&admitted).count(), 2, "{log}");
     assert!(!log.contains("refused this worker"), "{log}");
 }
 

@@ -44,6 +44,8 @@ pub(crate) struct Environments {
     bundle: OnceCell<Bundle>,
     /// One operation at a time per environment (bring-up, check, destroy).
     locks: Mutex<HashMap<EnvironmentId, Arc<tokio::sync::Mutex<()>>>>,
+    /// What makes a bootstrapped box `ready` (a worker admitted and the canary answered).
+    readiness: std::sync::OnceLock<Arc<dyn crate::worker::probe::Readiness>>,
 }
 
 fn invalid(message: String) -> Error {
@@ -72,6 +74,7 @@ impl Environments {
             ssh_root,
             bundle: OnceCell::new(),
             locks: Mutex::new(HashMap::new()),
+            readiness: std::sync::OnceLock::new(),
         })
     }
 
@@ -290,8 +293,17 @@ impl Environments {
         }
         if row.state == EnvironmentState::Bootstrapping {
             let row_now = self.store.environment(&scope, &id)?;
-            match self.bootstrap(&row_now).await {
-                Ok(_) => {
+            let verified = match self.bootstrap(&row_now).await {
+                Ok(_) => match self.readiness.get() {
+                    Some(readiness) => readiness.verify(&row_now).await.map_err(|e| {
+                        invalid(format!("the box is not ready: {e}"))
+                    }),
+                    None => Ok(()),
+                },
+                Err(e) => Err(e),
+            };
+            match verified {
+                Ok(()) => {
                     row = self.transition(&row, EnvironmentState::Ready, None)?;
                     self.transition(&row, EnvironmentState::Idle, None)?;
                     self.store.touch_environment(&scope, &id)?;
@@ -303,6 +315,11 @@ impl Environments {
             }
         }
         Ok(())
+    }
+
+    /// Sets the readiness check every bring-up ends with.
+    pub(crate) fn set_readiness(&self, readiness: Arc<dyn crate::worker::probe::Readiness>) {
+        let _ = self.readiness.set(readiness);
     }
 
     fn ssh_for(&self, row: &EnvironmentRow) -> Result<Ssh> {

@@ -300,26 +300,33 @@ impl Core {
             ));
         }
         let scope = env_row.scope.clone();
-        let placement = self
-            .store
-            .placement(&scope, &claims.session_id)
-            .ok()
-            .flatten()
-            .ok_or_else(|| refuse(RefusalCode::WrongScope, "no such worker session"))?;
-        if placement.environment_id.as_ref() != Some(env) {
-            return Err(refuse(
-                RefusalCode::WrongScope,
-                "the session is not placed on this environment",
-            ));
-        }
-        if placement.owner_epoch != claims.owner_epoch {
-            return Err(refuse(
-                RefusalCode::StaleEpoch,
-                format!(
-                    "owner epoch {} is stale; the session's owner is epoch {}",
-                    claims.owner_epoch, placement.owner_epoch
-                ),
-            ));
+        if super::probe::is_probe(&claims.session_id) {
+            // A readiness probe: no session, epoch 0, and nothing but the canary.
+            if claims.session_id != super::probe::probe_session(env)
+                || claims.owner_epoch != 0
+                || claims.methods != [Method::ModelStream]
+            {
+                return Err(refuse(RefusalCode::Forbidden, "a readiness probe may stream the canary only"));
+            }
+        } else {
+            let placement = self
+                .store
+                .placement(&scope, &claims.session_id)
+                .ok()
+                .flatten()
+                .ok_or_else(|| refuse(RefusalCode::WrongScope, "no such worker session"))?;
+            if placement.environment_id.as_ref() != Some(env) {
+                return Err(refuse(RefusalCode::WrongScope, "the session is not placed on this environment"));
+            }
+            if placement.owner_epoch != claims.owner_epoch {
+                return Err(refuse(
+                    RefusalCode::StaleEpoch,
+                    format!(
+                        "owner epoch {} is stale; the session's owner is epoch {}",
+                        claims.owner_epoch, placement.owner_epoch
+                    ),
+                ));
+            }
         }
         match self
             .store
@@ -358,6 +365,7 @@ impl Core {
         bundle_hash: &str,
         session: &skiff_protocol::SessionId,
         epoch: u64,
+        methods: Vec<Method>,
     ) -> crate::Result<(String, i64)> {
         let now = now_ms();
         let claims = CredentialClaims {
@@ -367,7 +375,7 @@ impl Core {
             bundle_hash: bundle_hash.to_owned(),
             session_id: session.clone(),
             owner_epoch: epoch,
-            methods: Method::ALL.to_vec(),
+            methods,
             issued_at_ms: now,
             expires_at_ms: now + self.workers.credential_ttl_ms,
         };
@@ -376,18 +384,23 @@ impl Core {
 
     fn welcome(&self, a: &Admitted, tx: &mpsc::UnboundedSender<GatewayFrame>) -> crate::Result<()> {
         let c = &a.claims;
-        let session = self.store.session(&a.scope, &c.session_id)?;
+        let revision = if super::probe::is_probe(&c.session_id) {
+            0
+        } else {
+            self.store.session(&a.scope, &c.session_id)?.lifecycle_revision
+        };
         let (credential, expires) = self.mint_worker_credential(
             &c.environment_id,
             &c.worker_key,
             &c.bundle_hash,
             &c.session_id,
             c.owner_epoch,
+            c.methods.clone(),
         )?;
         let cursors = self.store.worker_cursors(&c.session_id, c.owner_epoch)?;
         let _ = tx.send(GatewayFrame::Welcome {
             session_id: c.session_id.clone(),
-            lifecycle_revision: u64::try_from(session.lifecycle_revision).unwrap_or(0),
+            lifecycle_revision: u64::try_from(revision).unwrap_or(0),
             owner_epoch: c.owner_epoch,
             credential,
             credential_expires_at_ms: expires,

@@ -19,6 +19,7 @@ pub(crate) mod credential;
 mod endpoint;
 mod ops;
 pub(crate) mod place;
+pub(crate) mod probe;
 mod proxy;
 pub(crate) mod web_fetch;
 
@@ -234,6 +235,11 @@ impl Workers {
 
     pub(crate) fn live(&self, session: &SessionId) -> Arc<Live> {
         lock(&self.live).entry(session.clone()).or_default().clone()
+    }
+
+    /// Drops what is kept in memory for a session's worker.
+    pub(crate) fn forget(&self, session: &SessionId) {
+        lock(&self.live).remove(session);
     }
 
     pub(crate) fn socket_path(&self, env: &EnvironmentId) -> PathBuf {

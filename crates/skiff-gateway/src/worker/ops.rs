@@ -219,6 +219,19 @@ impl Core {
                 ),
             ));
         }
+        if super::probe::is_probe(&c.session_id) {
+            // A readiness probe streams the canary and nothing else.
+            return match call {
+                Call::ModelStream { request, .. }
+                    if op.run_id.is_none()
+                        && op.owner_epoch == 0
+                        && Core::canary_call(a, request.model.as_str()) =>
+                {
+                    Ok(())
+                }
+                _ => Err(refuse(RefusalCode::Forbidden, "a readiness probe may stream the canary only")),
+            };
+        }
         let expected_stream = match call {
             Call::TranscriptCommit { .. } => StreamKind::Transcript,
             Call::EventPublish { .. } => StreamKind::Events,
@@ -399,6 +412,7 @@ impl Core {
                 &c.bundle_hash,
                 &c.session_id,
                 op.owner_epoch,
+                c.methods.clone(),
             )
             .map_err(|e| refuse(RefusalCode::Unavailable, e.to_string()))?;
         self.audit_worker(

@@ -15,7 +15,7 @@ use skiff_protocol::environment::PlacementState;
 use skiff_protocol::event::EventKind;
 use skiff_protocol::model::ModelRef;
 use skiff_protocol::transcript::EntryBody;
-use skiff_protocol::worker::{GatewayFrame, Reply, TurnAssignment, TurnEnd};
+use skiff_protocol::worker::{GatewayFrame, Method, Reply, TurnAssignment, TurnEnd};
 use skiff_protocol::{EnvironmentId, RunId, SessionId};
 use skiff_store::{PlacementChange, PlacementRow, RunRow, Scope, SessionRow};
 use skiff_sync::filelist::{Limits, Mode};
@@ -280,19 +280,63 @@ impl Core {
     ) -> Result<PlacementRow> {
         let session = &p.session_id;
         let env = self.placement_env(scope, p)?;
-        let ssh = self.envs.ssh(&env)?;
+        let epoch = p.owner_epoch;
+        self.launch_verified(&env, session, epoch, Method::ALL.to_vec(), |pid| {
+            self.store.transition_placement(
+                scope,
+                session,
+                PlacementState::Starting,
+                &PlacementChange {
+                    worker_pid: Some(pid),
+                    ..Default::default()
+                },
+            )?;
+            self.audit(
+                scope,
+                "worker.start",
+                session.as_str(),
+                "applied",
+                json!({ "env": env.id.as_str(), "epoch": epoch, "pid": pid }),
+            );
+            Ok(())
+        })
+        .await?;
+        let p = self.place(
+            scope,
+            session,
+            PlacementState::Active,
+            &PlacementChange::default(),
+            &format!("worker ready on {} (epoch {epoch})", env.id),
+        )?;
+        self.envs.mark_attached_ready(scope, &env.id).await?;
+        self.hand_over_turn(scope, session);
+        Ok(p)
+    }
+
+    /// Starts `skiff worker` on `env` for `session` at `epoch`, allowed `methods`, and waits
+    /// until it is admitted and has streamed the canary's expected answer through the
+    /// inference proxy. `started` records the worker's pid.
+    pub(super) async fn launch_verified(
+        self: &Arc<Self>,
+        env: &skiff_store::EnvironmentRow,
+        session: &SessionId,
+        epoch: u64,
+        methods: Vec<Method>,
+        started: impl FnOnce(i64) -> Result<()>,
+    ) -> Result<()> {
+        let ssh = self.envs.ssh(env)?;
         let cancel = CancellationToken::new();
         self.open_worker_endpoint(&env.id)?;
-        let remote_socket = self.open_tunnel(&env, &ssh, &cancel).await?;
+        let remote_socket = self.open_tunnel(env, &ssh, &cancel).await?;
         let bundle = self
             .envs
             .bundle_hash_now()
             .ok_or_else(|| placement_error("the gateway's bundle is not known yet"))?;
-        let host_key = self.envs.host_key(&env).ok_or_else(|| {
+        let host_key = self.envs.host_key(env).ok_or_else(|| {
             placement_error(format!("environment {} has no pinned host key", env.id))
         })?;
         let (credential, _) =
-            self.mint_worker_credential(&env.id, &host_key, &bundle, session, p.owner_epoch)?;
+            self.mint_worker_credential(&env.id, &host_key, &bundle, session, epoch, methods)?;
         let live = self.workers.live(session);
         live.close();
         let launch = format!(
@@ -316,24 +360,8 @@ impl Core {
                 pid.trim()
             ))
         })?;
-        let p = self.store.transition_placement(
-            scope,
-            session,
-            PlacementState::Starting,
-            &PlacementChange {
-                worker_pid: Some(pid),
-                ..Default::default()
-            },
-        )?;
-        self.audit(
-            scope,
-            "worker.start",
-            session.as_str(),
-            "applied",
-            json!({ "env": env.id.as_str(), "epoch": p.owner_epoch, "pid": pid }),
-        );
-
-        if !wait_connected(&live, p.owner_epoch, ADMISSION_TIMEOUT).await {
+        started(pid)?;
+        if !wait_connected(&live, epoch, ADMISSION_TIMEOUT).await {
             let log = ssh
                 .run(
                     "tail -n 5 \"$HOME/.skiff/worker.log\" 2>/dev/null || true",
@@ -363,15 +391,7 @@ impl Core {
         if text != super::canary_answer(&nonce) {
             return Err(placement_error("the readiness canary came back wrong"));
         }
-        let p = self.place(
-            scope,
-            session,
-            PlacementState::Active,
-            &PlacementChange::default(),
-            &format!("worker ready on {} (epoch {})", env.id, p.owner_epoch),
-        )?;
-        self.hand_over_turn(scope, session);
-        Ok(p)
+        Ok(())
     }
 
     /// Makes sure the control connection is up and forwards the box's worker socket to this
