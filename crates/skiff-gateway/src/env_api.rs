@@ -85,7 +85,16 @@ async fn destroy(
     Path(id): Path<String>,
     Query(q): Query<DestroyQuery>,
 ) -> Result<Response, Error> {
-    Ok(Json(core.envs.destroy(&scope, &env_id(&id)?, q.force).await?).into_response())
+    let id = env_id(&id)?;
+    if q.force {
+        // Sessions on the box learn why it went: their placements are reclaimed first.
+        core.store.environment(&scope, &id)?;
+        for session in core.store.sessions_on_environment(&id)? {
+            core.reclaim(&scope, &session, "its box was destroyed by an operator")
+                .await;
+        }
+    }
+    Ok(Json(core.envs.destroy(&scope, &id, q.force).await?).into_response())
 }
 
 async fn check(

@@ -39,7 +39,11 @@ impl Environments {
     }
 
     /// A session's worker passed admission and the canary on this environment.
-    pub(crate) async fn mark_attached_ready(&self, scope: &Scope, id: &EnvironmentId) -> Result<()> {
+    pub(crate) async fn mark_attached_ready(
+        &self,
+        scope: &Scope,
+        id: &EnvironmentId,
+    ) -> Result<()> {
         self.store.touch_environment(scope, id)?;
         Ok(())
     }

@@ -295,9 +295,10 @@ impl Environments {
             let row_now = self.store.environment(&scope, &id)?;
             let verified = match self.bootstrap(&row_now).await {
                 Ok(_) => match self.readiness.get() {
-                    Some(readiness) => readiness.verify(&row_now).await.map_err(|e| {
-                        invalid(format!("the box is not ready: {e}"))
-                    }),
+                    Some(readiness) => readiness
+                        .verify(&row_now)
+                        .await
+                        .map_err(|e| invalid(format!("the box is not ready: {e}"))),
                     None => Ok(()),
                 },
                 Err(e) => Err(e),

@@ -44,8 +44,8 @@ impl Environments {
             row.state,
             EnvironmentState::Ready | EnvironmentState::Idle | EnvironmentState::Attached
         ) {
-            // No worker connections exist yet to refuse or drain; the stage is recorded so the
-            // timeline shows it.
+            // Worker sessions on the box were reclaimed by the caller (a forced destroy); the
+            // stage is recorded so the timeline shows it.
             row = self.transition(&row, EnvironmentState::Draining, None)?;
         }
         if row.state != EnvironmentState::Destroying {

@@ -306,7 +306,10 @@ impl Core {
                 || claims.owner_epoch != 0
                 || claims.methods != [Method::ModelStream]
             {
-                return Err(refuse(RefusalCode::Forbidden, "a readiness probe may stream the canary only"));
+                return Err(refuse(
+                    RefusalCode::Forbidden,
+                    "a readiness probe may stream the canary only",
+                ));
             }
         } else {
             let placement = self
@@ -316,7 +319,10 @@ impl Core {
                 .flatten()
                 .ok_or_else(|| refuse(RefusalCode::WrongScope, "no such worker session"))?;
             if placement.environment_id.as_ref() != Some(env) {
-                return Err(refuse(RefusalCode::WrongScope, "the session is not placed on this environment"));
+                return Err(refuse(
+                    RefusalCode::WrongScope,
+                    "the session is not placed on this environment",
+                ));
             }
             if placement.owner_epoch != claims.owner_epoch {
                 return Err(refuse(
@@ -387,7 +393,9 @@ impl Core {
         let revision = if super::probe::is_probe(&c.session_id) {
             0
         } else {
-            self.store.session(&a.scope, &c.session_id)?.lifecycle_revision
+            self.store
+                .session(&a.scope, &c.session_id)?
+                .lifecycle_revision
         };
         let (credential, expires) = self.mint_worker_credential(
             &c.environment_id,

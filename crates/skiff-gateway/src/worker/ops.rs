@@ -229,7 +229,10 @@ impl Core {
                 {
                     Ok(())
                 }
-                _ => Err(refuse(RefusalCode::Forbidden, "a readiness probe may stream the canary only")),
+                _ => Err(refuse(
+                    RefusalCode::Forbidden,
+                    "a readiness probe may stream the canary only",
+                )),
             };
         }
         let expected_stream = match call {

@@ -833,6 +833,10 @@ impl Core {
     /// the user what was lost, and end the turn that was running there.
     pub(crate) async fn reclaim(&self, scope: &Scope, session: &SessionId, reason: &str) {
         let live = self.workers.live(session);
+        // A worker that can still hear it is told to go (explicit close).
+        live.send(GatewayFrame::Shutdown {
+            reason: reason.to_owned(),
+        });
         live.close();
         self.cancel_model_calls(session);
         let p = self.store.placement(scope, session).ok().flatten();

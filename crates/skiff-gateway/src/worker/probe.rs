@@ -38,7 +38,9 @@ impl Readiness for Probe {
     fn verify<'a>(&'a self, env: &'a EnvironmentRow) -> BoxFuture<'a, Result<()>> {
         Box::pin(async move {
             let Some(core) = self.0.upgrade() else {
-                return Err(crate::Error::BadRequest("the gateway is shutting down".into()));
+                return Err(crate::Error::BadRequest(
+                    "the gateway is shutting down".into(),
+                ));
             };
             core.probe(env).await
         })
