@@ -581,6 +581,62 @@ fn the_demo_runs_its_session_on_a_worker_box_and_tears_it_down() {
     let left: Vec<_> = std::fs::read_dir(&root)
         .map(|d| d.flatten().map(|e| e.file_name()).collect())
         .unwrap_or_default();
-    assert!(left.is_empty(), "boxes left behind in {}: {left:?}", root.display());
+    assert!(
+        left.is_empty(),
+        "boxes left behind in {}: {left:?}",
+        root.display()
+    );
     let _ = std::fs::remove_dir(&root);
+}
+
+#[test]
+fn a_local_session_is_dispatched_to_a_worker_at_a_turn_boundary() {
+    let rig = Rig::start(
+        vec![
+            tool_reply(
+                "c1",
+                "write",
+                r#"{"path":"notes.txt","content":"written at home\n"}"#,
+            ),
+            text_reply(&["wrote it"]),
+            tool_reply(
+                "c2",
+                "exec",
+                r#"{"command":"cat notes.txt && hostname -I | wc -w"}"#,
+            ),
+            text_reply(&["read it on the box"]),
+        ],
+        "",
+    );
+    let repo = TempGitRepo::new(&[("README.md", "a repo\n")]);
+    let id = rig
+        .gw
+        .new_session(repo.path(), "openai/gpt-fake", "write notes");
+    assert_eq!(
+        rig.gw.json(&["session", "show", "--json", &id])["session"]["placement"],
+        "local"
+    );
+    let out = rig.session(&["send", "--profile", "local", &id, "now read them on a box"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stderr(&out).contains("◦ active"), "{}", stderr(&out));
+    let detail = rig.gw.json(&["session", "show", "--json", &id]);
+    assert_eq!(detail["session"]["placement"], "active");
+    let result = detail["transcript"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .rev()
+        .find(|e| e["body"]["kind"] == "tool_result")
+        .map(|e| e["body"]["content"].as_str().unwrap().to_owned())
+        .unwrap();
+    // The uncommitted file written on the gateway travelled with the workspace.
+    assert!(result.contains("written at home"), "{result}");
+    // A second dispatch to another profile is refused, not silently moved.
+    let out = rig.session(&["send", "--profile", "elsewhere", &id, "move"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("no worker profile `elsewhere`"),
+        "{}",
+        stderr(&out)
+    );
 }
