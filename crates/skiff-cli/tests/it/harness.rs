@@ -117,13 +117,6 @@ impl Gateway {
     }
 }
 
-/// The gateway's process id (to look at its environment, CPU and memory).
-impl Gateway {
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-}
-
 fn spawn(state_dir: &Path, config: &Path, env: &[(String, String)]) -> (Child, String) {
     let mut child = Command::new(SKIFF)
         .envs(env.iter().map(|(k, v)| (k, v)))

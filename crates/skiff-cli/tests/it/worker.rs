@@ -18,7 +18,7 @@ pub struct Rig {
     pub gw: Gateway,
     pub root: BoxRoot,
     pub fake: FakeProvider,
-    pub rt: tokio::runtime::Runtime,
+    _rt: tokio::runtime::Runtime,
 }
 
 impl Rig {
@@ -37,7 +37,12 @@ impl Rig {
             root.path().display()
         );
         let gw = Gateway::start_full("", &config, &[("SKIFF_TEST_PROVIDER_KEY", PROVIDER_KEY)]);
-        Rig { gw, root, fake, rt }
+        Rig {
+            gw,
+            root,
+            fake,
+            _rt: rt,
+        }
     }
 
     /// `session new` (or `send`) with `args`, to the end of its turn; returns the output.

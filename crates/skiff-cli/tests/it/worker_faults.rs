@@ -98,11 +98,12 @@ impl Following {
         self.seen[0]["session_id"].as_str().unwrap().to_owned()
     }
 
-    fn finish(mut self) -> std::process::ExitStatus {
+    /// Reads to the end; the exit status and every event seen.
+    fn finish(mut self) -> (std::process::ExitStatus, Vec<Value>) {
         while let Ok(event) = self.lines.recv_timeout(Duration::from_secs(120)) {
             self.seen.push(event);
         }
-        self.child.wait().unwrap()
+        (self.child.wait().unwrap(), self.seen)
     }
 }
 
@@ -244,8 +245,10 @@ fn killing_the_tunnel_mid_stream_loses_nothing() {
         "control.sock",
         "ControlMaster=yes",
     ]));
-    let status = f.finish();
+    let (status, seen) = f.finish();
     assert!(status.success(), "the turn did not survive the tunnel blip");
+    // The client saw every word once, in order, although the stream crossed two connections.
+    assert_eq!(streamed_text(&seen, 2), slow_words().concat());
     // Every word once, in order, although the stream crossed two connections.
     let f_seen = show(&rig, &id);
     assert_eq!(last_text(&f_seen), slow_words().concat());
@@ -285,7 +288,7 @@ fn killing_the_worker_mid_stream_starts_a_new_one_that_finishes_the_turn() {
         "--socket",
         &rig.root.path().display().to_string(),
     ]));
-    let status = f.finish();
+    let (status, _) = f.finish();
     assert!(status.success(), "the run did not finish on the new worker");
     let detail = show(&rig, &id);
     assert_eq!(
@@ -324,7 +327,7 @@ fn a_gateway_restart_mid_turn_fails_it_and_retries_it_as_a_new_turn() {
     let id = f.session_id();
     rig.gw.crash_and_restart();
     // The client's stream was cut with the gateway; it says so (exit 3), the session goes on.
-    let status = f.finish();
+    let (status, _) = f.finish();
     assert_eq!(status.code(), Some(3));
     let detail = wait_runs_ended(&rig, &id, 2);
     let runs: Vec<&str> = detail["runs"]
@@ -375,7 +378,7 @@ fn a_dead_box_reclaims_the_placement_and_the_next_message_starts_fresh_from_the_
     let rig = Rig::start(responses, "");
     let repo = TempGitRepo::new(&[("README.md", "a repo\n")]);
     let f = new_following(&rig, repo.path(), "log one");
-    assert!(f.finish().success());
+    assert!(f.finish().0.success());
     let id = {
         let list = rig.gw.json(&["session", "list", "--json"]);
         list["sessions"][0]["id"].as_str().unwrap().to_owned()
@@ -400,7 +403,7 @@ fn a_dead_box_reclaims_the_placement_and_the_next_message_starts_fresh_from_the_
         .build()
         .unwrap();
     rt.block_on(boxes.destroy(&rig.root.boxes()[0])).unwrap();
-    let status = f.finish();
+    let (status, _) = f.finish();
     assert_eq!(status.code(), Some(1), "the turn on the dead box failed");
 
     let detail = show(&rig, &id);

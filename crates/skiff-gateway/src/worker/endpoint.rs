@@ -214,8 +214,16 @@ impl Core {
             self.on_frame(&admitted, frame).await;
         }
         admitted.live.disconnect(admitted.conn_id);
+        // What was queued (a shutdown, a last reply) still goes out; a worker that stopped
+        // reading does not hold the connection open.
         drop(tx);
-        writer.abort();
+        let abort = writer.abort_handle();
+        if tokio::time::timeout(Duration::from_secs(2), writer)
+            .await
+            .is_err()
+        {
+            abort.abort();
+        }
         tracing::info!(%env, %session, "worker connection closed");
         self.on_worker_disconnect(&admitted.scope, &session, admitted.claims.owner_epoch);
     }

@@ -21,6 +21,8 @@ mod ops;
 pub(crate) mod place;
 pub(crate) mod probe;
 mod proxy;
+mod recover;
+mod turn;
 pub(crate) mod web_fetch;
 
 use skiff_protocol::worker::{GatewayFrame, TurnEnd};

@@ -1,0 +1,356 @@
+//! Keeping a worker session alive: a reconnecting worker gets its turn back, a turn orphaned by a
+//! gateway restart is retried as a new turn, a dropped connection repairs the tunnel, a dead
+//! worker is replaced under a new owner epoch, and a dead box reclaims the placement with a
+//! notice of what was lost since the last checkpoint.
+
+use super::lock;
+use super::place::{RECONNECT_GRACE, RECOVERY_DEADLINE, wait_connected};
+use crate::Core;
+use crate::error::Result;
+use serde_json::json;
+use skiff_protocol::api::RunStatus;
+use skiff_protocol::environment::PlacementState;
+use skiff_protocol::event::EventKind;
+use skiff_protocol::transcript::EntryBody;
+use skiff_protocol::worker::GatewayFrame;
+use skiff_protocol::{EnvironmentId, RunId, SessionId};
+use skiff_store::{PlacementChange, Scope};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+impl Core {
+    /// After a worker is admitted: a reconnecting worker gets its turn again; a session whose
+    /// turn was orphaned by a gateway restart gets it retried as a new turn.
+    pub(super) async fn after_admission(self: &Arc<Self>, a: &super::endpoint::Admitted) {
+        let session = &a.claims.session_id;
+        let Ok(Some(p)) = self.store.placement(&a.scope, session) else {
+            return;
+        };
+        if p.state != PlacementState::Active {
+            return;
+        }
+        let runs = self.store.runs(&a.scope, session).unwrap_or_default();
+        if let Some(last) = runs.last()
+            && last.status == RunStatus::Orphaned
+        {
+            // Stop whatever the worker still does for it; its writes are fenced anyway.
+            a.live.send(GatewayFrame::CancelTurn {
+                run_id: last.id.clone(),
+            });
+            if let Err(e) = self
+                .start_run_with(
+                    &a.scope,
+                    session,
+                    EntryBody::Notice {
+                        text: "The gateway restarted during the previous turn; that turn stopped and is retried as a new turn.".into(),
+                    },
+                )
+                .await
+            {
+                tracing::warn!(%session, error = %e, "could not retry the orphaned turn");
+            }
+            return;
+        }
+        self.hand_over_turn(&a.scope, session);
+    }
+
+    /// A worker's connection closed: repair the tunnel, then replace a dead worker or reclaim
+    /// a dead box.
+    pub(super) fn on_worker_disconnect(
+        self: &Arc<Self>,
+        scope: &Scope,
+        session: &SessionId,
+        epoch: u64,
+    ) {
+        let live = self.workers.live(session);
+        if !live.begin_recovery() {
+            return;
+        }
+        let core = self.clone();
+        let (scope, session) = (scope.clone(), session.clone());
+        tokio::spawn(async move {
+            core.recover(&scope, &session, epoch).await;
+            core.workers.live(&session).end_recovery();
+        });
+    }
+
+    async fn recover(self: &Arc<Self>, scope: &Scope, session: &SessionId, epoch: u64) {
+        let live = self.workers.live(session);
+        let started = std::time::Instant::now();
+        let cancel = CancellationToken::new();
+        loop {
+            if live.connected_epoch() == Some(epoch) {
+                return;
+            }
+            let Ok(Some(p)) = self.store.placement(scope, session) else {
+                return;
+            };
+            if p.owner_epoch != epoch
+                || !matches!(
+                    p.state,
+                    PlacementState::Active | PlacementState::Reconciling
+                )
+            {
+                return;
+            }
+            let Ok(env) = self.placement_env(scope, &p) else {
+                return;
+            };
+            let Ok(ssh) = self.envs.ssh(&env) else {
+                return;
+            };
+            let _ = self.open_worker_endpoint(&env.id);
+            match self.open_tunnel(&env, &ssh, &cancel).await {
+                Ok(_) => {}
+                Err(e) => {
+                    if !self.envs.box_alive(&env).await || started.elapsed() > RECOVERY_DEADLINE {
+                        self.reclaim(scope, session, &format!("its box cannot be reached: {e}"))
+                            .await;
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    continue;
+                }
+            }
+            if wait_connected(&live, epoch, RECONNECT_GRACE).await {
+                self.audit(
+                    scope,
+                    "worker.reconnect",
+                    session.as_str(),
+                    "applied",
+                    json!({ "env": env.id.as_str(), "epoch": epoch }),
+                );
+                return;
+            }
+            let pid = p.worker_pid.unwrap_or(0);
+            match ssh
+                .run(
+                    &format!("kill -0 {pid} 2>/dev/null && echo alive || echo dead"),
+                    &cancel,
+                )
+                .await
+            {
+                Ok(out) if out.trim() == "dead" => {
+                    if let Err(e) = self.replace_worker(scope, session).await {
+                        tracing::warn!(%session, error = %e, "could not replace the worker");
+                        self.reclaim(
+                            scope,
+                            session,
+                            &format!("a new worker could not start: {e}"),
+                        )
+                        .await;
+                    }
+                    return;
+                }
+                Ok(_) if started.elapsed() < RECOVERY_DEADLINE => continue,
+                Ok(_) => {
+                    let _ = self.replace_worker(scope, session).await;
+                    return;
+                }
+                Err(e) => {
+                    if !self.envs.box_alive(&env).await {
+                        self.reclaim(scope, session, &format!("its box stopped: {e}"))
+                            .await;
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// A new worker on the same box under a new owner epoch; the old one is fenced.
+    async fn replace_worker(self: &Arc<Self>, scope: &Scope, session: &SessionId) -> Result<()> {
+        let p = self.place(
+            scope,
+            session,
+            PlacementState::Starting,
+            &PlacementChange {
+                advance_epoch: true,
+                ..Default::default()
+            },
+            "the worker stopped; starting a new one (the old one is fenced)",
+        )?;
+        self.cancel_model_calls(session);
+        self.audit(
+            scope,
+            "worker.replace",
+            session.as_str(),
+            "applied",
+            json!({ "epoch": p.owner_epoch }),
+        );
+        self.start_worker(scope, &p).await.map(|_| ())
+    }
+
+    /// The session's box is gone: keep the conversation, mark the placement reclaimed, tell
+    /// the user what was lost, and end the turn that was running there.
+    pub(crate) async fn reclaim(&self, scope: &Scope, session: &SessionId, reason: &str) {
+        let live = self.workers.live(session);
+        // A worker that can still hear it is told to go (explicit close).
+        live.send(GatewayFrame::Shutdown {
+            reason: reason.to_owned(),
+        });
+        live.close();
+        self.cancel_model_calls(session);
+        let p = self.store.placement(scope, session).ok().flatten();
+        let env = p.as_ref().and_then(|p| p.environment_id.clone());
+        if let Some(env) = &env {
+            self.close_worker_endpoint(env);
+        }
+        if let Err(e) = self.place(
+            scope,
+            session,
+            PlacementState::Reclaimed,
+            &PlacementChange {
+                error: Some(reason),
+                ..Default::default()
+            },
+            reason,
+        ) {
+            tracing::warn!(%session, error = %e, "could not reclaim the placement");
+        }
+        self.audit(
+            scope,
+            "placement.reclaim",
+            session.as_str(),
+            "applied",
+            json!({ "env": env.as_ref().map(|e| e.as_str()), "reason": reason }),
+        );
+        let open = self.store.open_run(scope, session).ok().flatten();
+        let notice = self.lost_work_notice(
+            scope,
+            session,
+            env.as_ref(),
+            open.as_ref().map(|r| &r.id),
+            reason,
+        );
+        let leaf = self.store.leaf(scope, session).ok().flatten();
+        if let Ok(entries) = self.store.append_entries(
+            scope,
+            session,
+            leaf.as_ref(),
+            open.as_ref().map(|r| &r.id),
+            &[EntryBody::Notice {
+                text: notice.clone(),
+            }],
+        ) {
+            for entry in entries {
+                let _ = self.hub.publish(
+                    scope,
+                    session,
+                    open.as_ref().map(|r| &r.id),
+                    EventKind::Entry { entry },
+                );
+            }
+        }
+        live.end_all_turns(&format!("the session's box stopped ({reason})"));
+        if let Some(env) = env {
+            self.envs.abandon(scope, &env, reason).await;
+        }
+    }
+
+    /// What the user lost with a dead box: the changes the running turn made since the last
+    /// checkpoint (every finished turn was reconciled and checkpointed).
+    fn lost_work_notice(
+        &self,
+        scope: &Scope,
+        session: &SessionId,
+        env: Option<&EnvironmentId>,
+        run: Option<&RunId>,
+        reason: &str,
+    ) -> String {
+        let checkpoint = self
+            .store
+            .artifacts(scope, session, skiff_store::ArtifactRole::Checkpoint)
+            .ok()
+            .and_then(|a| a.last().and_then(|r| r.seq));
+        let mut changes = Vec::new();
+        if let (Some(run), Ok(entries)) = (run, self.store.transcript(scope, session)) {
+            for entry in entries.iter().filter(|e| e.run_id.as_ref() == Some(run)) {
+                if let EntryBody::AssistantMessage { tool_calls, .. } = &entry.body {
+                    for call in tool_calls
+                        .iter()
+                        .filter(|c| matches!(c.name.as_str(), "write" | "edit" | "exec"))
+                    {
+                        changes.push(format!(
+                            "{} {}",
+                            call.name,
+                            skiff_agent::tools::summary(call)
+                        ));
+                    }
+                }
+            }
+        }
+        let env = env
+            .map(|e| e.to_string())
+            .unwrap_or_else(|| "its box".into());
+        let since = match checkpoint {
+            Some(n) => format!("checkpoint {n}"),
+            None => "the start of the session".into(),
+        };
+        let lost = if changes.is_empty() {
+            format!("Workspace changes made there since {since} were lost (none were recorded).")
+        } else {
+            format!(
+                "Workspace changes made there since {since} were lost: {}.",
+                changes.join("; ")
+            )
+        };
+        format!(
+            "The worker box {env} stopped ({reason}). The conversation is intact. {lost} Your next message starts a fresh box from {since}."
+        )
+    }
+
+    /// At gateway start: placements caught mid-placement failed; active ones get their
+    /// endpoint back and wait for their worker to re-attach (repairing the tunnel if needed).
+    pub(crate) fn reconcile_placements_on_start(self: &Arc<Self>) -> Result<()> {
+        for p in self.store.live_placements()? {
+            match p.state {
+                PlacementState::Active | PlacementState::Reconciling => {
+                    if p.state == PlacementState::Reconciling {
+                        self.place(
+                            &p.scope,
+                            &p.session_id,
+                            PlacementState::Active,
+                            &PlacementChange::default(),
+                            "the gateway restarted during reconciliation",
+                        )?;
+                    }
+                    if let Some(env) = &p.environment_id {
+                        self.open_worker_endpoint(env)?;
+                    }
+                    self.on_worker_disconnect(&p.scope, &p.session_id, p.owner_epoch);
+                }
+                _ => {
+                    let why = "the gateway restarted while placing this session; send a message to try again";
+                    self.place(
+                        &p.scope,
+                        &p.session_id,
+                        PlacementState::Failed,
+                        &PlacementChange {
+                            error: Some(why),
+                            ..Default::default()
+                        },
+                        why,
+                    )?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl super::Live {
+    fn begin_recovery(&self) -> bool {
+        let mut r = lock(&self.recovering);
+        if *r {
+            return false;
+        }
+        *r = true;
+        true
+    }
+
+    fn end_recovery(&self) {
+        *lock(&self.recovering) = false;
+    }
+}
