@@ -176,6 +176,7 @@ CREATE TABLE worker_ops (
     stream      TEXT NOT NULL,
     seq         INTEGER NOT NULL,
     method      TEXT NOT NULL,
+    call_hash   TEXT NOT NULL,  -- blake3 of the call: a sequence number is not reusable
     reply       TEXT NOT NULL,  -- JSON Reply or model events; never credentials
     at_ms       INTEGER NOT NULL,
     PRIMARY KEY (session_id, owner_epoch, stream, seq)

@@ -63,6 +63,16 @@ fn from_row(row: &Row<'_>) -> rusqlite::Result<PlacementRow> {
     })
 }
 
+/// A worker operation's terminal reply, with what identifies the call it answered.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CachedOp {
+    pub method: String,
+    /// blake3 of the call's JSON: a repeated sequence number must repeat the same call.
+    pub call_hash: String,
+    /// JSON: a `Reply`, or a model call's events.
+    pub reply: String,
+}
+
 /// What a placement transition also records.
 #[derive(Clone, Debug, Default)]
 pub struct PlacementChange<'a> {
@@ -240,20 +250,27 @@ impl Store {
             })
     }
 
-    /// The cached terminal reply of a worker operation, if it was applied (JSON).
-    pub fn worker_op_reply(
+    /// The cached terminal reply of a worker operation, if it was applied.
+    pub fn worker_op(
         &self,
         session: &SessionId,
         epoch: u64,
         stream: StreamKind,
         seq: u64,
-    ) -> Result<Option<String>> {
+    ) -> Result<Option<CachedOp>> {
         Ok(self
             .conn()
             .query_row(
-                "SELECT reply FROM worker_ops WHERE session_id = ?1 AND owner_epoch = ?2 AND stream = ?3 AND seq = ?4",
+                "SELECT method, call_hash, reply FROM worker_ops \
+                 WHERE session_id = ?1 AND owner_epoch = ?2 AND stream = ?3 AND seq = ?4",
                 params![session.as_str(), epoch, stream.as_str(), seq],
-                |r| r.get(0),
+                |r| {
+                    Ok(CachedOp {
+                        method: r.get(0)?,
+                        call_hash: r.get(1)?,
+                        reply: r.get(2)?,
+                    })
+                },
             )
             .optional()?)
     }
@@ -266,13 +283,12 @@ impl Store {
         epoch: u64,
         stream: StreamKind,
         seq: u64,
-        method: &str,
-        reply_json: &str,
+        op: &CachedOp,
     ) -> Result<()> {
         self.conn().execute(
-            "INSERT OR IGNORE INTO worker_ops (session_id, owner_epoch, stream, seq, method, reply, at_ms) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-            params![session.as_str(), epoch, stream.as_str(), seq, method, reply_json, now_ms()],
+            "INSERT OR IGNORE INTO worker_ops (session_id, owner_epoch, stream, seq, method, call_hash, reply, at_ms) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+            params![session.as_str(), epoch, stream.as_str(), seq, op.method, op.call_hash, op.reply, now_ms()],
         )?;
         Ok(())
     }

@@ -17,3 +17,4 @@ mod sync;
 mod ui;
 mod worker;
 mod worker_faults;
+mod worker_hostile;

@@ -8,7 +8,10 @@ use crate::Core;
 use serde_json::json;
 use skiff_protocol::event::EventKind;
 use skiff_protocol::transcript::EntryBody;
-use skiff_protocol::worker::{Call, GatewayFrame, OpId, RefusalCode, Reply, StreamKind};
+use skiff_protocol::worker::{
+    Call, EVENT_WINDOW, GatewayFrame, OpId, RefusalCode, Reply, StreamKind,
+};
+use skiff_store::CachedOp;
 use std::sync::Arc;
 
 impl Core {
@@ -29,6 +32,16 @@ impl Core {
                 .ok()
                 .and_then(|c| c.get(&StreamKind::Events).copied())
                 .unwrap_or(0);
+            // A worker holds at most a window of unacknowledged events; a number beyond it
+            // would skip the events in between.
+            if seq > applied + EVENT_WINDOW {
+                let r = refuse(
+                    RefusalCode::BadFrame,
+                    format!("event {seq} is beyond the window after {applied}"),
+                );
+                self.refuse_op(a, &op, &call, r);
+                return;
+            }
             if seq > applied {
                 self.apply_event(a, &op, call);
             }
@@ -44,8 +57,18 @@ impl Core {
             self.model_call(a, op, call);
             return;
         }
-        if let Ok(Some(cached)) = self.store.worker_op_reply(session, epoch, stream, seq) {
-            if let Ok(reply) = serde_json::from_str::<Reply>(&cached) {
+        let hash = call_hash(&call);
+        if let Ok(Some(cached)) = self.store.worker_op(session, epoch, stream, seq) {
+            if cached.method != call.method().as_str() || cached.call_hash != hash {
+                let r = refuse(
+                    RefusalCode::Conflict,
+                    format!(
+                        "{} {seq} already answered another operation; sequence numbers are not reusable",
+                        stream.as_str()
+                    ),
+                );
+                self.refuse_op(a, &op, &call, r);
+            } else if let Ok(reply) = serde_json::from_str::<Reply>(&cached.reply) {
                 a.live
                     .send_on(a.conn_id, GatewayFrame::Reply { stream, seq, reply });
             }
@@ -60,15 +83,15 @@ impl Core {
                         code: RefusalCode::Conflict,
                         message: "this rotation was already answered".into(),
                     };
-                    if let Ok(json) = serde_json::to_string(&spent) {
-                        let _ = self.store.record_worker_op(
-                            session,
-                            epoch,
-                            stream,
-                            seq,
-                            "credential.rotate",
-                            &json,
-                        );
+                    if let Ok(reply) = serde_json::to_string(&spent) {
+                        let cached = CachedOp {
+                            method: call.method().as_str().to_owned(),
+                            call_hash: hash.clone(),
+                            reply,
+                        };
+                        let _ = self
+                            .store
+                            .record_worker_op(session, epoch, stream, seq, &cached);
                     }
                     reply
                 }
@@ -101,6 +124,7 @@ impl Core {
                 }
             }
         };
+        let method = call.method().as_str();
         let core = self.clone();
         let live = a.live.clone();
         let scope = a.scope.clone();
@@ -137,22 +161,34 @@ impl Core {
                     return;
                 }
             };
-            let method = match &reply {
-                Reply::Refused { .. } => None,
-                _ => Some(()),
-            };
-            if method.is_some()
-                && let Ok(json) = serde_json::to_string(&reply)
-                && let Err(e) = core.store.record_worker_op(
+            if let Reply::Refused { code, message } = &reply {
+                // Refused inside the call (a forbidden entry kind, a moved leaf…): audited like
+                // every refusal, and not cached, so a corrected call may follow.
+                core.audit_worker(
+                    &scope,
+                    "worker.call",
+                    op.session_id.as_str(),
+                    "refused",
+                    json!({
+                        "method": method, "code": code.as_str(), "reason": message,
+                        "epoch": op.owner_epoch, "stream": stream.as_str(), "seq": seq,
+                    }),
+                );
+            } else if let Ok(reply) = serde_json::to_string(&reply) {
+                let cached = CachedOp {
+                    method: method.to_owned(),
+                    call_hash: hash,
+                    reply,
+                };
+                if let Err(e) = core.store.record_worker_op(
                     &op.session_id,
                     op.owner_epoch,
                     stream,
                     seq,
-                    stream.as_str(),
-                    &json,
-                )
-            {
-                tracing::warn!(error = %e, "could not cache a worker reply");
+                    &cached,
+                ) {
+                    tracing::warn!(error = %e, "could not cache a worker reply");
+                }
             }
             if stream != StreamKind::Events {
                 let _ =
@@ -430,4 +466,10 @@ impl Core {
             expires_at_ms,
         })
     }
+}
+
+/// What identifies a call for duplicate detection: its method and content.
+pub(super) fn call_hash(call: &Call) -> String {
+    let json = serde_json::to_vec(call).unwrap_or_default();
+    blake3::hash(&json).to_hex().to_string()
 }

@@ -29,6 +29,7 @@ const MAX_OUTPUT_TOKENS: u32 = 32 * 1024;
 
 /// One model call in flight (or just finished) on the gateway.
 pub(crate) struct ModelCall {
+    request_hash: String,
     events: Mutex<Vec<ModelEvent>>,
     acked: Mutex<u64>,
     changed: Notify,
@@ -57,12 +58,30 @@ impl Core {
             return;
         };
         let key = (op.session_id.clone(), op.owner_epoch, op.seq);
+        // A resent call differs only in `resume_from`: the request identifies it.
+        let hash = request_hash(&request);
+        let reused = |a: &Admitted| {
+            a.live.send_on(a.conn_id, GatewayFrame::Model {
+                seq: op.seq,
+                index: resume_from,
+                event: ModelEvent::Error {
+                    kind: ModelErrorKind::Rejected,
+                    message: format!("model {} already answered another request; sequence numbers are not reusable", op.seq),
+                },
+            });
+        };
         // Finished before: replay the cached answer.
         if let Ok(Some(cached)) =
             self.store
-                .worker_op_reply(&op.session_id, op.owner_epoch, StreamKind::Model, op.seq)
-            && let Ok(events) = serde_json::from_str::<Vec<ModelEvent>>(&cached)
+                .worker_op(&op.session_id, op.owner_epoch, StreamKind::Model, op.seq)
         {
+            if cached.call_hash != hash {
+                reused(a);
+                return;
+            }
+            let Ok(events) = serde_json::from_str::<Vec<ModelEvent>>(&cached.reply) else {
+                return;
+            };
             for (index, event) in events.into_iter().enumerate().skip(to_usize(resume_from)) {
                 a.live.send_on(
                     a.conn_id,
@@ -77,6 +96,10 @@ impl Core {
         }
         let existing = lock(&self.workers.models).get(&key).cloned();
         let call = match existing {
+            Some(call) if call.request_hash != hash => {
+                reused(a);
+                return;
+            }
             Some(call) => call,
             None if resume_from > 0 => {
                 // The worker had part of an answer this process never produced: the gateway
@@ -139,6 +162,7 @@ impl Core {
                     return;
                 }
                 let call = Arc::new(ModelCall {
+                    request_hash: hash.clone(),
                     events: Mutex::new(Vec::new()),
                     acked: Mutex::new(0),
                     changed: Notify::new(),
@@ -247,15 +271,15 @@ impl Core {
             }
             call.changed.notify_waiters();
             let events = lock(&call.events).clone();
-            if let Ok(json) = serde_json::to_string(&events) {
-                let _ = core.store.record_worker_op(
-                    &key.0,
-                    key.1,
-                    StreamKind::Model,
-                    key.2,
-                    "model.stream",
-                    &json,
-                );
+            if let Ok(reply) = serde_json::to_string(&events) {
+                let cached = skiff_store::CachedOp {
+                    method: "model.stream".to_owned(),
+                    call_hash: call.request_hash.clone(),
+                    reply,
+                };
+                let _ =
+                    core.store
+                        .record_worker_op(&key.0, key.1, StreamKind::Model, key.2, &cached);
                 let _ = core
                     .store
                     .advance_worker_cursor(&key.0, key.1, StreamKind::Model, key.2);
@@ -352,4 +376,9 @@ fn check_request(
         ));
     }
     Ok(())
+}
+
+fn request_hash(request: &ModelRequest) -> String {
+    let json = serde_json::to_vec(request).unwrap_or_default();
+    blake3::hash(&json).to_hex().to_string()
 }
