@@ -27,9 +27,9 @@ use std::time::{Duration, Instant};
 /// How long the gateway has to answer a frame.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// A sequence number far past any the real worker reaches at the same owner epoch. The gateway
-/// recognises a duplicate by stream and number alone, so a test op that reused the real
-/// worker's next number would answer the real worker's op with the test's cached reply.
+/// A sequence number far past any the real worker reaches at the same owner epoch, so the
+/// test's operations never collide with the real worker's (a collision is refused as a
+/// conflict, which would fail the real worker's turn).
 const FAR: u64 = 1_000_000;
 
 /// The session's model in every test here.
@@ -779,6 +779,17 @@ fn during_a_turn_a_worker_cannot_forge_entries_pick_models_or_apply_anything_twi
     );
     conn.send(&commit);
     assert_eq!(conn.reply(StreamKind::Transcript, seq), first);
+    // The same number with another call is not a duplicate: it is refused, never answered
+    // with the first call's reply.
+    let reuse = call(
+        ident.op(Some(&run), "transcript", seq),
+        "transcript.commit",
+        json!({ "base_leaf": leaf, "entries": [notice("a different commit")] }),
+    );
+    conn.send(&reuse);
+    let (code, _) = conn.refused_reply(StreamKind::Transcript, seq);
+    assert_eq!(code, RefusalCode::Conflict);
+    t.expect_audited("worker.call", RefusalCode::Conflict);
     let after = transcript(&rig, &id);
     assert_eq!(after.len(), before.len() + 1);
     assert_eq!(after.last().unwrap()["id"], entries[0].id.as_str());
