@@ -645,3 +645,45 @@ fn a_local_session_is_dispatched_to_a_worker_at_a_turn_boundary() {
         stderr(&out)
     );
 }
+
+#[test]
+fn a_placement_that_fails_says_why_and_gives_its_box_back() {
+    let rig = Rig::start(vec![text_reply(&["never asked"])], "");
+    // A plain workspace with a file over the sync limit (sparse: no disk is spent).
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("notes.txt"), "small\n").unwrap();
+    let big = std::fs::File::create(dir.path().join("disk.img")).unwrap();
+    big.set_len(300 << 20).unwrap();
+    let (out, id) = new_worker_session(&rig, dir.path(), "look");
+    assert_eq!(out.status.code(), Some(1));
+    // The run's end names the file and the limit.
+    let end = stdout(&out)
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .find(|e| e["type"] == "run_status" && e["status"] == "failed")
+        .unwrap();
+    let error = end["error"].as_str().unwrap();
+    assert!(
+        error.contains("disk.img") && error.contains("per-file limit"),
+        "{error}"
+    );
+    let detail = rig.gw.json(&["session", "show", "--json", &id]);
+    assert_eq!(detail["session"]["placement"], "failed");
+    assert!(
+        detail["session"]["worker"]["error"]
+            .as_str()
+            .unwrap()
+            .contains("disk.img")
+    );
+    // The box it had leased is torn down, not left attached to nobody.
+    let envs = rig.gw.json(&["env", "list", "--json"]);
+    let states: Vec<&str> = envs["environments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["state"].as_str().unwrap())
+        .collect();
+    assert_eq!(states, ["destroyed"]);
+    assert!(rig.root.boxes().is_empty());
+    assert_eq!(rig.fake.requests().len(), 0, "no model call was made");
+}

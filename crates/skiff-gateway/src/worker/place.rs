@@ -131,19 +131,7 @@ impl Core {
         if p.state == PlacementState::Provisioning {
             let env = match self.envs.acquire(scope, &p.profile).await {
                 Ok(env) => env,
-                Err(e) => {
-                    self.place(
-                        scope,
-                        id,
-                        PlacementState::Failed,
-                        &PlacementChange {
-                            error: Some(&e.to_string()),
-                            ..Default::default()
-                        },
-                        "no box",
-                    )?;
-                    return Err(e);
-                }
+                Err(e) => return Err(self.fail_placement(scope, &p, e, "no box").await),
             };
             p = self.place(
                 scope,
@@ -177,17 +165,8 @@ impl Core {
                     )?;
                 }
                 Err(e) => {
-                    self.place(
-                        scope,
-                        id,
-                        PlacementState::Failed,
-                        &PlacementChange {
-                            error: Some(&e.to_string()),
-                            ..Default::default()
-                        },
-                        "the workspace could not be laid onto the box",
-                    )?;
-                    return Err(e);
+                    let why = "the workspace could not be laid onto the box";
+                    return Err(self.fail_placement(scope, &p, e, why).await);
                 }
             }
         }
@@ -195,18 +174,8 @@ impl Core {
             match self.start_worker(scope, &p).await {
                 Ok(row) => p = row,
                 Err(e) => {
-                    let why = e.to_string();
-                    self.place(
-                        scope,
-                        id,
-                        PlacementState::Failed,
-                        &PlacementChange {
-                            error: Some(&why),
-                            ..Default::default()
-                        },
-                        "the worker did not become ready",
-                    )?;
-                    return Err(e);
+                    let why = "the worker did not become ready";
+                    return Err(self.fail_placement(scope, &p, e, why).await);
                 }
             }
         }
@@ -217,6 +186,44 @@ impl Core {
             )));
         }
         Ok(p)
+    }
+
+    /// The placement failed: record why, and give up the box it had (its state is unknown,
+    /// and an attached box nobody uses would be paid for until its TTL). Returns `e`.
+    async fn fail_placement(
+        &self,
+        scope: &Scope,
+        p: &PlacementRow,
+        e: Error,
+        detail: &str,
+    ) -> Error {
+        let why = e.to_string();
+        let change = PlacementChange {
+            error: Some(&why),
+            ..Default::default()
+        };
+        if let Err(e) = self.place(
+            scope,
+            &p.session_id,
+            PlacementState::Failed,
+            &change,
+            detail,
+        ) {
+            tracing::warn!(session = %p.session_id, error = %e, "could not record a failed placement");
+        }
+        let env = self
+            .store
+            .placement(scope, &p.session_id)
+            .ok()
+            .flatten()
+            .and_then(|p| p.environment_id);
+        if let Some(env) = env {
+            self.close_worker_endpoint(&env);
+            self.envs
+                .abandon(scope, &env, &format!("placing a session failed: {why}"))
+                .await;
+        }
+        e
     }
 
     async fn sync_out(
