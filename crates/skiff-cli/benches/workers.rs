@@ -1,27 +1,34 @@
 //! Worker figures (printed, never asserted), all from one run.
 //!
-//! A. Streaming through a worker. A fake OpenAI-compatible provider answers every turn with
-//!    20,000 small text chunks. The same reply goes to a session on the gateway itself
-//!    ("direct") and to a worker session on a local box, whose model calls travel worker → SSH
-//!    tunnel → the gateway's inference proxy → provider, and whose live events travel back the
-//!    same way before the gateway publishes them. Each session is created with a warm-up turn
-//!    (provisioning is not counted), then the two take turns (`session send`) for 5 rounds.
-//!    One client follows each session on `GET /v1/sessions/{id}/events` and timestamps every
-//!    event when its line arrives.
-//!    - TTFT: the turn's `model_request` event → its first `text_delta`, both at that client.
-//!      On a worker the `model_request` event crosses the tunnel just ahead of the model call,
-//!      so the difference to direct is what the worker path adds between the call leaving the
-//!      loop and its first token showing: proxy admission, the provider call, the token's trip
-//!      back to the worker and the `text_delta` event's trip to the gateway.
-//!    - send → first token: `skiff session send` spawned → first `text_delta` (turn dispatch
-//!      included; the CLI's process start is in both).
-//!    - throughput: `text_delta` events / (last arrival − first arrival).
-//!    The ceiling is the bench itself reading the fake's reply over HTTP.
-//! B. 50 worker sessions through one gateway (`[gateway] max_workers = 64`): the gateway
-//!    process's CPU time (utime + stime) and RSS with no worker, after 50 sessions finished
-//!    their first turn (creation and provisioning, all at once), over an idle window with the
-//!    50 attached, and over one more short turn on each of the 50, all at once. Completion is
-//!    polled with `skiff session list --json` once a second; those polls are in the figures.
+//! Part A, streaming through a worker. A fake OpenAI-compatible provider answers every turn
+//! with 20,000 small text chunks. The same reply goes to a session on the gateway itself
+//! ("direct") and to a worker session on a local box, whose model calls travel worker → SSH
+//! tunnel → the gateway's inference proxy → provider, and whose live events travel back the
+//! same way before the gateway publishes them. Each session is created with a warm-up turn
+//! (provisioning is not counted), then the two take turns (`session send`) for 5 rounds. One
+//! client follows each session on `GET /v1/sessions/{id}/events` and timestamps every event
+//! when its line arrives.
+//!
+//! - TTFT: the turn's `model_request` event → its first `text_delta`, both at that client. On
+//!   a worker the `model_request` event crosses the tunnel just ahead of the model call, so
+//!   the difference to direct is what the worker path adds between the call leaving the loop
+//!   and its first token showing: proxy admission, the provider call, the token's trip back
+//!   to the worker and the `text_delta` event's trip to the gateway.
+//! - send → first token: `skiff session send` spawned → first `text_delta` (turn dispatch
+//!   included; the CLI's process start is in both).
+//! - throughput: `text_delta` events / (last arrival − first arrival). The ceiling is the
+//!   bench itself reading the fake's reply over HTTP.
+//! - CPU per turn (send to run end): the gateway process, the children it reaped, and the
+//!   worker path outside it (ssh masters, everything in the box's network namespace).
+//!
+//! A turn that goes silent for a minute is reported as stalled and cancelled, not waited on.
+//!
+//! Part B, 50 worker sessions through one gateway (`[gateway] max_workers = 64`): the gateway
+//! process's CPU time (utime + stime) and RSS with no worker, after 50 sessions finished their
+//! first turn (created one after the other, detached; placed all at once), over an idle
+//! window with the 50 attached, and over one more short turn on each of the 50, all at once.
+//! Completion is polled with `skiff session list --json` once a second; those polls are in
+//! the figures. Beside the gateway: the ssh masters and everything in the boxes, as PSS.
 //!
 //! `cargo bench -p skiff-cli --bench workers` (as root: boxes get users and namespaces)
 
@@ -31,7 +38,7 @@ use serde_json::Value;
 use skiff_test_support::{FakeProvider, FakeResponse, TempGitRepo, openai_sse};
 use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -43,6 +50,8 @@ const SESSIONS: usize = 50;
 const MODEL: &str = "openai/m";
 /// How long a turn or a wait may take before the bench gives up.
 const PATIENCE: Duration = Duration::from_secs(600);
+/// How long a followed turn may go without any event before it counts as stalled.
+const STALL: Duration = Duration::from_secs(60);
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -90,6 +99,8 @@ impl Drop for Cleanup {
 struct Rig {
     gateway: Child,
     pid: u32,
+    /// The kernel's clock ticks per second (CPU times in /proc are in ticks).
+    ticks_per_s: f64,
     state: PathBuf,
     home: PathBuf,
     boxes: PathBuf,
@@ -159,9 +170,21 @@ impl Rig {
         let file: Value =
             serde_json::from_str(&std::fs::read_to_string(state.join("gateway.json")).unwrap())
                 .unwrap();
+        let ticks_per_s = String::from_utf8(
+            Command::new("getconf")
+                .arg("CLK_TCK")
+                .output()
+                .unwrap()
+                .stdout,
+        )
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
         Rig {
             gateway,
             pid,
+            ticks_per_s,
             state,
             home,
             boxes,
@@ -299,20 +322,40 @@ struct Turn {
     send_to_first: Duration,
     tokens_per_s: f64,
     deltas: usize,
+    /// Filled in by [`turn`]: CPU seconds spent from the send to the run's end.
+    cpu: Cpu,
 }
 
-/// Reads `events` until `run` ends (it must succeed), timing its text.
-fn collect(events: &mpsc::Receiver<(Instant, String)>, run: &str, sent: Instant) -> Turn {
+/// CPU seconds over one turn: the gateway itself, the children it reaped (git, rsync, ssh
+/// commands), and the worker path outside it (ssh masters and their box proxies, the box's
+/// sshd, the worker).
+#[derive(Clone, Copy, Default)]
+struct Cpu {
+    gateway: f64,
+    reaped: f64,
+    outside: f64,
+}
+
+type Events = mpsc::Receiver<(Instant, String)>;
+
+/// Reads `events` until `run` ends, timing its text. `Err` says how far a run got that
+/// failed or went silent for [`STALL`].
+fn collect(events: &Events, run: &str, sent: Instant) -> Result<Turn, String> {
     let (mut model_request, mut first, mut last, mut deltas) = (None, None, None, 0);
+    let mut last_type = String::from("none");
     loop {
-        let (at, data) = events
-            .recv_timeout(PATIENCE)
-            .unwrap_or_else(|e| panic!("no end of run {run}: {e}"));
+        let Ok((at, data)) = events.recv_timeout(STALL) else {
+            return Err(format!(
+                "stalled: no event for {} s after {deltas} of {TOKENS} text_delta events (last event: {last_type})",
+                STALL.as_secs()
+            ));
+        };
         let event: Value = serde_json::from_str(&data).unwrap();
         if event["run_id"] != run {
             continue;
         }
-        match event["type"].as_str().unwrap() {
+        last_type = event["type"].as_str().unwrap().to_owned();
+        match last_type.as_str() {
             "model_request" => {
                 model_request.get_or_insert(at);
             }
@@ -322,28 +365,54 @@ fn collect(events: &mpsc::Receiver<(Instant, String)>, run: &str, sent: Instant)
                 deltas += 1;
             }
             "run_status" if terminal(&event["status"]) => {
-                assert_eq!(event["status"], "succeeded", "run {run}: {event}");
+                if event["status"] != "succeeded" {
+                    return Err(format!(
+                        "run {run} ended after {deltas} text_delta events: {event}"
+                    ));
+                }
                 break;
             }
             _ => {}
         }
     }
     let (model_request, first, last) = (model_request.unwrap(), first.unwrap(), last.unwrap());
-    Turn {
+    Ok(Turn {
         ttft: first - model_request,
         send_to_first: first - sent,
         tokens_per_s: deltas as f64 / (last - first).as_secs_f64(),
         deltas,
-    }
+        cpu: Cpu::default(),
+    })
 }
 
-/// `session send` (detached) and the turn as the follower saw it.
-fn turn(rig: &Rig, events: &mpsc::Receiver<(Instant, String)>, session: &str) -> Turn {
+/// Cancels a stalled run and waits for it to end, so that its environment can go.
+fn cancel(rig: &Rig, events: &Events, session: &str, run: &str) {
+    rig.json(&["session", "cancel", session, "--json"]);
+    let deadline = Instant::now() + PATIENCE;
+    while Instant::now() < deadline {
+        let Ok((_, data)) = events.recv_timeout(STALL) else {
+            break;
+        };
+        let event: Value = serde_json::from_str(&data).unwrap();
+        if event["run_id"] == run && event["type"] == "run_status" && terminal(&event["status"]) {
+            return;
+        }
+    }
+    eprintln!("run {run} did not end after its cancel");
+}
+
+/// `session send` (detached) and the turn as the follower saw it; a failed or stalled turn is
+/// cancelled.
+fn turn(rig: &Rig, events: &Events, session: &str) -> Result<Turn, String> {
     // Whatever is still queued belongs to earlier runs.
     while events.try_recv().is_ok() {}
+    let before = rig.cpu_snapshot();
     let sent = Instant::now();
     let started = rig.json(&["session", "send", session, "go", "--detach", "--json"]);
-    collect(events, started["run"]["id"].as_str().unwrap(), sent)
+    let run = started["run"]["id"].as_str().unwrap();
+    let mut turn = collect(events, run, sent).inspect_err(|_| cancel(rig, events, session, run))?;
+    turn.cpu = rig.cpu_since(&before);
+    Ok(turn)
 }
 
 /// The ceiling: the fake's reply read by the bench over HTTP, with nothing in between.
@@ -397,29 +466,37 @@ fn part_a() {
         let started = Instant::now();
         let run = rig.new_session(profile, "go");
         let session = run["session"]["id"].as_str().unwrap().to_owned();
+        let run = run["run"]["id"].as_str().unwrap().to_owned();
         let events = rig.follow(&session);
-        collect(&events, run["run"]["id"].as_str().unwrap(), started);
-        warmups.push(started.elapsed());
+        let warmup = collect(&events, &run, started).map(|_| started.elapsed());
+        if warmup.is_err() {
+            cancel(&rig, &events, &session, &run);
+        }
+        warmups.push(warmup);
         sessions.push((session, events));
     }
     let detail = rig.json(&["session", "show", "--json", &sessions[1].0]);
-    assert_eq!(detail["session"]["placement"], "active", "{detail}");
-    assert!(detail["session"]["worker"]["environment_id"].is_string());
+    let env = detail["session"]["worker"]["environment_id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("the worker session has no box: {detail}"))
+        .to_owned();
+    let direct_warmup = warmups[0].clone().unwrap();
+    let mut worker_failure = warmups[1].clone().err();
 
     // Alternate, so that the box's background noise falls on both alike.
     let (mut direct, mut worker) = (Vec::new(), Vec::new());
     for _ in 0..ROUNDS {
-        direct.push(turn(&rig, &sessions[0].1, &sessions[0].0));
-        worker.push(turn(&rig, &sessions[1].1, &sessions[1].0));
+        direct.push(turn(&rig, &sessions[0].1, &sessions[0].0).unwrap());
+        if worker_failure.is_none() {
+            match turn(&rig, &sessions[1].1, &sessions[1].0) {
+                Ok(t) => worker.push(t),
+                Err(e) => worker_failure = Some(e),
+            }
+        }
     }
     for t in direct.iter().chain(&worker) {
         assert_eq!(t.deltas, TOKENS, "every chunk is one text_delta event");
     }
-    assert_eq!(rig.fake.requests().len(), 2 * (ROUNDS + 1));
-    let env = detail["session"]["worker"]["environment_id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
     rig.json(&["env", "destroy", &env, "--force", "--json"]);
 
     let figures = |turns: &[Turn]| {
@@ -429,8 +506,6 @@ fn part_a() {
             median(turns.iter().map(|t| t.tokens_per_s).collect()),
         )
     };
-    let (d_ttft, d_send, d_rate) = figures(&direct);
-    let (w_ttft, w_send, w_rate) = figures(&worker);
     let all = |turns: &[Turn], f: fn(&Turn) -> f64| {
         turns
             .iter()
@@ -438,14 +513,54 @@ fn part_a() {
             .collect::<Vec<_>>()
             .join(" ")
     };
+    let (d_ttft, d_send, d_rate) = figures(&direct);
     println!("A. one {TOKENS}-chunk reply per turn, median of {ROUNDS} turns each");
-    println!("  provider alone (bench reads the fake)   {ceiling:>10.0} tokens/s");
+    println!("  provider alone (bench reads the fake)  {ceiling:>9.0} tokens/s");
+    match &warmups[1] {
+        Ok(w) => println!(
+            "  warm-up turn incl. creation  direct {:>7.0} ms   worker {:>7.0} ms (with provisioning)",
+            ms(direct_warmup),
+            ms(*w)
+        ),
+        Err(_) => println!(
+            "  warm-up turn incl. creation  direct {:>7.0} ms   worker -",
+            ms(direct_warmup)
+        ),
+    }
+    if let Some(failure) = &worker_failure {
+        println!(
+            "  WORKER TURN FAILED after {} good worker turns: {failure}",
+            worker.len()
+        );
+    }
+    if worker.is_empty() {
+        println!("                       direct");
+        println!("  TTFT (ms)          {d_ttft:>8.1}");
+        println!("  send → first (ms)  {d_send:>8.1}");
+        println!("  tokens/s           {d_rate:>8.0}");
+        println!(
+            "  gateway CPU s/turn {:>8.2}",
+            median(direct.iter().map(|t| t.cpu.gateway).collect())
+        );
+        println!("  throughput worker/direct         -   (target >= 0.90)");
+        println!("  added TTFT                       -   (target <= 5 ms)");
+        println!(
+            "  per turn: tokens/s direct [{}]",
+            all(&direct, |t| t.tokens_per_s)
+        );
+        return;
+    }
+    let (w_ttft, w_send, w_rate) = figures(&worker);
+    let cpu =
+        |turns: &[Turn], f: fn(&Cpu) -> f64| median(turns.iter().map(|t| f(&t.cpu)).collect());
     println!(
-        "  warm-up turn incl. creation   direct {:>8.0} ms   worker {:>8.0} ms (box provisioning)",
-        ms(warmups[0]),
-        ms(warmups[1])
+        "                       direct       worker{}",
+        if worker.len() < ROUNDS {
+            format!(" ({} of {ROUNDS} turns)", worker.len())
+        } else {
+            String::new()
+        }
     );
-    println!("                       direct       worker");
     println!("  TTFT (ms)          {d_ttft:>8.1}     {w_ttft:>8.1}");
     println!("  send → first (ms)  {d_send:>8.1}     {w_send:>8.1}");
     println!("  tokens/s           {d_rate:>8.0}     {w_rate:>8.0}");
@@ -458,6 +573,22 @@ fn part_a() {
         w_ttft - d_ttft
     );
     println!("  added send → first token     {:>8.1} ms", w_send - d_send);
+    println!("  CPU s per turn, send to run end (median):");
+    println!(
+        "    gateway process    {:>8.2}     {:>8.2}",
+        cpu(&direct, |c| c.gateway),
+        cpu(&worker, |c| c.gateway)
+    );
+    println!(
+        "    its reaped children{:>8.2}     {:>8.2}   (git, rsync, ssh commands)",
+        cpu(&direct, |c| c.reaped),
+        cpu(&worker, |c| c.reaped)
+    );
+    println!(
+        "    outside the gateway{:>8.2}     {:>8.2}   (ssh masters, box proxies, sshd, worker)",
+        cpu(&direct, |c| c.outside),
+        cpu(&worker, |c| c.outside)
+    );
     println!(
         "  per turn: tokens/s direct [{}] worker [{}]",
         all(&direct, |t| t.tokens_per_s),
@@ -479,7 +610,8 @@ struct Sample {
     threads: u64,
 }
 
-fn sample(pid: u32, ticks_per_s: f64) -> Sample {
+fn sample(rig: &Rig) -> Sample {
+    let pid = rig.pid;
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
     // After the command name (in parentheses, which may hold spaces): state is field 3,
     // utime and stime are fields 14 and 15.
@@ -491,38 +623,166 @@ fn sample(pid: u32, ticks_per_s: f64) -> Sample {
         line.split_whitespace().nth(1).unwrap().parse().unwrap()
     };
     Sample {
-        cpu: Duration::from_secs_f64(ticks as f64 / ticks_per_s),
+        cpu: Duration::from_secs_f64(ticks as f64 / rig.ticks_per_s),
         rss_kb: field("VmRSS:"),
         hwm_kb: field("VmHWM:"),
         threads: field("Threads:"),
     }
 }
 
-/// Processes other than the gateway whose command line names `needle`, and their RSS in kB.
-fn processes_naming(needle: &str, except: u32) -> (usize, u64) {
-    let (mut count, mut rss) = (0, 0);
+/// One process as /proc shows it.
+struct Proc {
+    pid: u32,
+    ppid: u32,
+    cmdline: String,
+    /// utime + stime, and cutime + cstime (children reaped), in ticks.
+    ticks: u64,
+    reaped_ticks: u64,
+    /// The inode of its network namespace.
+    netns: u64,
+}
+
+fn procs() -> Vec<Proc> {
+    let mut all = Vec::new();
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
         let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
             continue;
         };
-        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+        let (Ok(cmdline), Ok(stat)) = (
+            std::fs::read(entry.path().join("cmdline")),
+            std::fs::read_to_string(entry.path().join("stat")),
+        ) else {
             continue;
         };
-        if pid == except || !String::from_utf8_lossy(&cmdline).contains(needle) {
+        // After the command name (in parentheses, which may hold spaces): state is field 3,
+        // ppid 4, utime and stime 14 and 15, cutime and cstime 16 and 17.
+        let Some(close) = stat.rfind(')') else {
+            continue;
+        };
+        let f: Vec<u64> = stat[close + 2..]
+            .split(' ')
+            .map(|v| v.parse().unwrap_or(0))
+            .collect();
+        if f.len() < 15 {
             continue;
         }
-        count += 1;
-        if let Ok(status) = std::fs::read_to_string(entry.path().join("status"))
-            && let Some(line) = status.lines().find(|l| l.starts_with("VmRSS:"))
-        {
-            rss += line
-                .split_whitespace()
-                .nth(1)
-                .and_then(|v| v.parse::<u64>().ok())
-                .unwrap_or(0);
+        let netns = std::fs::read_link(entry.path().join("ns/net"))
+            .ok()
+            .and_then(|l| {
+                let l = l.to_string_lossy().into_owned();
+                l.strip_prefix("net:[")?.strip_suffix(']')?.parse().ok()
+            })
+            .unwrap_or(0);
+        all.push(Proc {
+            pid,
+            netns,
+            ppid: u32::try_from(f[1]).unwrap_or(0),
+            cmdline: String::from_utf8_lossy(&cmdline).replace('\0', " "),
+            ticks: f[11] + f[12],
+            reaped_ticks: f[13] + f[14],
+        });
+    }
+    all
+}
+
+/// Processes other than `except` whose command line names one of `needles`, their
+/// descendants, and every process in one of the network namespaces `netns` (a box's sshd and
+/// worker name the box root; the box proxy that carries an ssh master's connection into the
+/// box's namespace names nothing of ours and has left its parent behind).
+fn ours(all: &[Proc], needles: &[&str], netns: &[u64], except: u32) -> Vec<u32> {
+    let mut pids: Vec<u32> = all
+        .iter()
+        .filter(|p| p.pid != except)
+        .filter(|p| needles.iter().any(|n| p.cmdline.contains(n)) || netns.contains(&p.netns))
+        .map(|p| p.pid)
+        .collect();
+    loop {
+        let more: Vec<u32> = all
+            .iter()
+            .filter(|p| p.pid != except && pids.contains(&p.ppid) && !pids.contains(&p.pid))
+            .map(|p| p.pid)
+            .collect();
+        if more.is_empty() {
+            return pids;
+        }
+        pids.extend(more);
+    }
+}
+
+/// The network namespaces (inodes) of the boxes under `root`.
+fn box_namespaces(root: &Path) -> Vec<u64> {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| {
+            let record: Value =
+                serde_json::from_str(&std::fs::read_to_string(e.path().join("box.json")).ok()?)
+                    .ok()?;
+            let name = record["netns"].as_str()?;
+            Some(std::fs::metadata(format!("/run/netns/{name}")).ok()?.ino())
+        })
+        .collect()
+}
+
+/// How many processes match (see [`ours`]), and their proportional set size in kB (shared
+/// pages split between the processes that map them, so the sum is what they cost together).
+fn count_processes(rig: &Rig, needles: &[&str], netns: &[u64]) -> (usize, u64) {
+    let pids = ours(&procs(), needles, netns, rig.pid);
+    let pss = pids
+        .iter()
+        .filter_map(|pid| {
+            let rollup = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
+            let line = rollup.lines().find(|l| l.starts_with("Pss:"))?;
+            line.split_whitespace().nth(1)?.parse::<u64>().ok()
+        })
+        .sum();
+    (pids.len(), pss)
+}
+
+/// Ticks per process at one moment: the gateway's own and reaped, and everything outside.
+struct CpuSnapshot {
+    gateway: (u64, u64),
+    outside: std::collections::HashMap<u32, u64>,
+}
+
+impl Rig {
+    fn cpu_snapshot(&self) -> CpuSnapshot {
+        let all = procs();
+        let needles = [self.state.to_str().unwrap(), self.boxes.to_str().unwrap()];
+        let outside = ours(&all, &needles, &box_namespaces(&self.boxes), self.pid);
+        let gateway = all
+            .iter()
+            .find(|p| p.pid == self.pid)
+            .map_or((0, 0), |p| (p.ticks, p.reaped_ticks));
+        CpuSnapshot {
+            gateway,
+            outside: all
+                .iter()
+                .filter(|p| outside.contains(&p.pid))
+                .map(|p| (p.pid, p.ticks))
+                .collect(),
         }
     }
-    (count, rss)
+
+    /// CPU seconds since `before` (a process that started and ended in between is not seen,
+    /// unless the gateway reaped it).
+    fn cpu_since(&self, before: &CpuSnapshot) -> Cpu {
+        let after = self.cpu_snapshot();
+        let tick = 1.0 / self.ticks_per_s;
+        let outside: u64 = after
+            .outside
+            .iter()
+            .map(|(pid, t)| t - before.outside.get(pid).copied().unwrap_or(0).min(*t))
+            .sum();
+        Cpu {
+            gateway: (after.gateway.0 - before.gateway.0) as f64 * tick,
+            reaped: (after.gateway.1 - before.gateway.1) as f64 * tick,
+            outside: outside as f64 * tick,
+        }
+    }
 }
 
 /// Runs `f` for every item on threads of its own, all at once, and returns the results in order.
@@ -534,45 +794,39 @@ fn all_at_once<T: Send, R: Send>(items: Vec<T>, f: impl Fn(T) -> R + Sync) -> Ve
 }
 
 fn part_b() {
-    let ticks_per_s: f64 = String::from_utf8(
-        Command::new("getconf")
-            .arg("CLK_TCK")
-            .output()
-            .unwrap()
-            .stdout,
-    )
-    .unwrap()
-    .trim()
-    .parse()
-    .unwrap();
     let responses = (0..2 * SESSIONS).map(|_| reply(&["ok"])).collect();
     let rig = Rig::start(responses, "[gateway]\nmax_workers = 64\n");
     let state = rig.state.display().to_string();
     let boxes = rig.boxes.display().to_string();
     std::thread::sleep(Duration::from_secs(1));
-    let empty = sample(rig.pid, ticks_per_s);
+    let empty = sample(&rig);
 
     let started = Instant::now();
-    let first: Vec<(String, String)> = all_at_once((0..SESSIONS).collect(), |_| {
-        let run = rig.new_session(Some("local"), "hi");
-        (
-            run["session"]["id"].as_str().unwrap().to_owned(),
-            run["run"]["id"].as_str().unwrap().to_owned(),
-        )
-    });
+    // One after the other: concurrent `git worktree add` on one repository fails in git
+    // itself. Detached, each returns once its workspace exists, so the 50 placements
+    // (provisioning, sync, worker start) still run all at once.
+    let first: Vec<(String, String)> = (0..SESSIONS)
+        .map(|_| {
+            let run = rig.new_session(Some("local"), "hi");
+            (
+                run["session"]["id"].as_str().unwrap().to_owned(),
+                run["run"]["id"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
     let created = started.elapsed();
     rig.wait_runs(&first);
     let placed = started.elapsed();
-    let after_placing = sample(rig.pid, ticks_per_s);
+    let after_placing = sample(&rig);
 
     // Idle: let the last reconciliations settle, then watch a quiet window.
     std::thread::sleep(Duration::from_secs(2));
-    let idle_from = sample(rig.pid, ticks_per_s);
+    let idle_from = sample(&rig);
     let window = Duration::from_secs(10);
     std::thread::sleep(window);
-    let attached = sample(rig.pid, ticks_per_s);
-    let helpers = processes_naming(&state, rig.pid);
-    let on_boxes = processes_naming(&boxes, rig.pid);
+    let attached = sample(&rig);
+    let helpers = count_processes(&rig, &[&state], &[]);
+    let on_boxes = count_processes(&rig, &[&boxes], &box_namespaces(&rig.boxes));
 
     let turn_started = Instant::now();
     let second: Vec<(String, String)> = all_at_once(first.clone(), |(session, _)| {
@@ -581,7 +835,7 @@ fn part_b() {
     });
     rig.wait_runs(&second);
     let turned = turn_started.elapsed();
-    let after_turn = sample(rig.pid, ticks_per_s);
+    let after_turn = sample(&rig);
     assert_eq!(rig.fake.requests().len(), 2 * SESSIONS);
 
     // Teardown through the gateway; the rig's drop destroys anything it leaves.
@@ -604,7 +858,10 @@ fn part_b() {
     let mb = |kb: u64| kb as f64 / 1024.0;
     let secs = |a: Sample, b: Sample| (b.cpu - a.cpu).as_secs_f64();
     println!();
-    println!("B. {SESSIONS} worker sessions through one gateway ({ticks_per_s} ticks/s)");
+    println!(
+        "B. {SESSIONS} worker sessions through one gateway ({} ticks/s)",
+        rig.ticks_per_s
+    );
     println!(
         "  created (detached) in {:.1} s; all first turns done after {:.1} s",
         created.as_secs_f64(),
@@ -617,7 +874,7 @@ fn part_b() {
         empty.threads
     );
     println!(
-        "  gateway with {SESSIONS} attached, idle  RSS {:>7.1} MB   CPU {:>7.2} s   threads {}   (peak RSS {:.1} MB)",
+        "  gateway with {SESSIONS} attached, idle  RSS {:>7.1} MB   CPU {:>7.2} s   threads {}   (peak RSS so far {:.1} MB)",
         mb(attached.rss_kb),
         attached.cpu.as_secs_f64(),
         attached.threads,
@@ -632,9 +889,11 @@ fn part_b() {
         secs(empty, after_placing) * 1000.0 / n
     );
     println!(
-        "  idle, {SESSIONS} attached: CPU {:.1} ms/s in all, {:.3} ms/s per worker",
+        "  idle, {SESSIONS} attached, over {} s: CPU {:.1} ms/s in all, {:.3} ms/s per worker (resolution {:.1} ms/s)",
+        window.as_secs(),
         secs(idle_from, attached) * 1000.0 / window.as_secs_f64(),
-        secs(idle_from, attached) * 1000.0 / window.as_secs_f64() / n
+        secs(idle_from, attached) * 1000.0 / window.as_secs_f64() / n,
+        1000.0 / rig.ticks_per_s / window.as_secs_f64()
     );
     println!(
         "  one short turn on each of the {SESSIONS}, all at once: {:.1} s wall, CPU {:.2} s in all, {:.1} ms per turn",
@@ -643,14 +902,16 @@ fn part_b() {
         secs(attached, after_turn) * 1000.0 / n
     );
     println!(
-        "  other processes naming the state dir (ssh masters, tunnels): {} using {:.1} MB RSS",
+        "  ssh masters (gateway side): {} processes, {:.1} MB PSS, {:.2} MB per worker",
         helpers.0,
-        mb(helpers.1)
+        mb(helpers.1),
+        mb(helpers.1) / n
     );
     println!(
-        "  processes naming the box root (sshd, workers): {} using {:.1} MB RSS",
+        "  in the boxes (sshd, workers, box proxies): {} processes, {:.1} MB PSS, {:.2} MB per worker",
         on_boxes.0,
-        mb(on_boxes.1)
+        mb(on_boxes.1),
+        mb(on_boxes.1) / n
     );
     println!(
         "  teardown: {} environments destroyed in {:.1} s; boxes left {left}",

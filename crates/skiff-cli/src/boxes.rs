@@ -166,6 +166,11 @@ pub async fn run(args: BoxArgs, state_dir: &Path) -> Result<ExitCode> {
 async fn proxy(host: &str, port: u16) -> Result<ExitCode> {
     let stream = std::net::TcpStream::connect((host, port))
         .with_context(|| format!("cannot connect to {host}:{port}"))?;
+    // SSH packets carry token streams: Nagle's algorithm would hold each small one back until
+    // the previous is acknowledged (tens of milliseconds with delayed ACKs).
+    stream
+        .set_nodelay(true)
+        .context("cannot set TCP_NODELAY on the box connection")?;
     let mut to_box = stream
         .try_clone()
         .context("cannot clone the box connection")?;

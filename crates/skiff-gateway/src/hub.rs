@@ -57,8 +57,21 @@ impl Hub {
         run: Option<&RunId>,
         kind: EventKind,
     ) -> Result<Arc<SessionEvent>, skiff_store::Error> {
+        self.publish_with(scope, session, || {
+            self.store.append_event(scope, session, run, kind)
+        })
+    }
+
+    /// Persists an event with `append` (which may record more in the same transaction) and
+    /// broadcasts it.
+    pub fn publish_with(
+        &self,
+        scope: &Scope,
+        session: &SessionId,
+        append: impl FnOnce() -> Result<SessionEvent, skiff_store::Error>,
+    ) -> Result<Arc<SessionEvent>, skiff_store::Error> {
         let mut channels = self.lock();
-        let event = Arc::new(self.store.append_event(scope, session, run, kind)?);
+        let event = Arc::new(append()?);
         if let Some(tx) = channels.get(session)
             && tx.send(event.clone()).is_err()
         {

@@ -15,12 +15,47 @@ impl Store {
         run: Option<&RunId>,
         kind: EventKind,
     ) -> Result<SessionEvent> {
+        self.append_event_with(scope, session, run, kind, None)
+    }
+
+    /// Appends a worker's live event and moves its ACK cursor (`epoch`, `seq`) in the same
+    /// transaction: applied and acknowledged are one fact.
+    pub fn append_worker_event(
+        &self,
+        scope: &Scope,
+        session: &SessionId,
+        run: Option<&RunId>,
+        kind: EventKind,
+        epoch: u64,
+        seq: u64,
+    ) -> Result<SessionEvent> {
+        self.append_event_with(scope, session, run, kind, Some((epoch, seq)))
+    }
+
+    fn append_event_with(
+        &self,
+        scope: &Scope,
+        session: &SessionId,
+        run: Option<&RunId>,
+        kind: EventKind,
+        cursor_of: Option<(u64, u64)>,
+    ) -> Result<SessionEvent> {
         let body = to_json("event", &kind)?;
         let at_ms = now_ms();
-        let cursor: i64 = self.conn().query_row(
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        if let Some((epoch, seq)) = cursor_of {
+            tx.prepare_cached(
+                "INSERT INTO worker_cursors (session_id, owner_epoch, stream, seq) VALUES (?1, ?2, 'events', ?3) \
+                 ON CONFLICT(session_id, owner_epoch, stream) DO UPDATE SET seq = MAX(seq, ?3)",
+            )?
+            .execute(params![session.as_str(), epoch, seq])?;
+        }
+        let cursor: i64 = tx.prepare_cached(
             "INSERT INTO events (session_id, seq, owner_id, tenant_id, run_id, at_ms, body)
              SELECT ?1, COALESCE(MAX(seq), 0) + 1, ?2, ?3, ?4, ?5, ?6 FROM events WHERE session_id = ?1
              RETURNING seq",
+        )?.query_row(
             params![
                 session.as_str(),
                 scope.owner_id,
@@ -31,6 +66,7 @@ impl Store {
             ],
             |r| r.get(0),
         )?;
+        tx.commit()?;
         Ok(SessionEvent {
             session_id: session.clone(),
             cursor: u64::try_from(cursor).map_err(|e| Error::Corrupt {

@@ -142,10 +142,10 @@ impl Store {
     pub fn placement(&self, scope: &Scope, session: &SessionId) -> Result<Option<PlacementRow>> {
         Ok(self
             .conn()
+            .prepare_cached(&format!(
+                "SELECT {COLUMNS} FROM placements WHERE session_id = ?1 AND owner_id = ?2 AND tenant_id = ?3"
+            ))?
             .query_row(
-                &format!(
-                    "SELECT {COLUMNS} FROM placements WHERE session_id = ?1 AND owner_id = ?2 AND tenant_id = ?3"
-                ),
                 params![session.as_str(), scope.owner_id, scope.tenant_id],
                 from_row,
             )
@@ -300,7 +300,7 @@ impl Store {
         epoch: u64,
     ) -> Result<BTreeMap<StreamKind, u64>> {
         let conn = self.conn();
-        let mut stmt = conn.prepare(
+        let mut stmt = conn.prepare_cached(
             "SELECT stream, seq FROM worker_cursors WHERE session_id = ?1 AND owner_epoch = ?2",
         )?;
         let rows = stmt
@@ -334,11 +334,12 @@ impl Store {
         stream: StreamKind,
         seq: u64,
     ) -> Result<()> {
-        self.conn().execute(
-            "INSERT INTO worker_cursors (session_id, owner_epoch, stream, seq) VALUES (?1, ?2, ?3, ?4) \
-             ON CONFLICT(session_id, owner_epoch, stream) DO UPDATE SET seq = MAX(seq, ?4)",
-            params![session.as_str(), epoch, stream.as_str(), seq],
-        )?;
+        self.conn()
+            .prepare_cached(
+                "INSERT INTO worker_cursors (session_id, owner_epoch, stream, seq) VALUES (?1, ?2, ?3, ?4) \
+                 ON CONFLICT(session_id, owner_epoch, stream) DO UPDATE SET seq = MAX(seq, ?4)",
+            )?
+            .execute(params![session.as_str(), epoch, stream.as_str(), seq])?;
         Ok(())
     }
 

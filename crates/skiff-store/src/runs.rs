@@ -160,10 +160,18 @@ impl Store {
 
     /// The session's unfinished run, if any.
     pub fn open_run(&self, scope: &Scope, session: &SessionId) -> Result<Option<RunRow>> {
-        Ok(self
-            .runs(scope, session)?
-            .into_iter()
-            .find(|r| !r.status.is_terminal()))
+        // The partial unique index `runs_one_open_per_session` answers this directly.
+        let conn = self.conn();
+        let mut stmt = conn.prepare_cached(&format!(
+            "SELECT {COLUMNS} FROM runs WHERE session_id = ?1 AND owner_id = ?2 AND tenant_id = ?3 \
+             AND status IN ('queued','starting','running','waiting_input','waiting_approval','cancelling')"
+        ))?;
+        Ok(stmt
+            .query_row(
+                params![session.as_str(), scope.owner_id, scope.tenant_id],
+                from_row,
+            )
+            .optional()?)
     }
 
     /// Moves a run to `to` if the state machine allows it.

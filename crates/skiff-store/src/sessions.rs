@@ -66,10 +66,10 @@ impl Store {
 
     pub fn session(&self, scope: &Scope, id: &SessionId) -> Result<SessionRow> {
         self.conn()
+            .prepare_cached(&format!(
+                "SELECT {COLUMNS} FROM sessions WHERE id = ?1 AND owner_id = ?2 AND tenant_id = ?3"
+            ))?
             .query_row(
-                &format!(
-                    "SELECT {COLUMNS} FROM sessions WHERE id = ?1 AND owner_id = ?2 AND tenant_id = ?3"
-                ),
                 params![id.as_str(), scope.owner_id, scope.tenant_id],
                 from_row,
             )

@@ -687,3 +687,30 @@ fn a_placement_that_fails_says_why_and_gives_its_box_back() {
     assert!(rig.root.boxes().is_empty());
     assert_eq!(rig.fake.requests().len(), 0, "no model call was made");
 }
+
+#[test]
+fn a_long_reply_streams_through_the_credit_window_to_the_end() {
+    // Far more events than one credit window (256): the worker's acknowledgements must keep
+    // the window moving after the provider has finished.
+    let words: Vec<String> = (0..1000).map(|i| format!("t{i} ")).collect();
+    let refs: Vec<&str> = words.iter().map(String::as_str).collect();
+    let rig = Rig::start(vec![text_reply(&refs)], "");
+    let repo = TempGitRepo::new(&[("README.md", "a repo\n")]);
+    let (out, id) = new_worker_session(&rig, repo.path(), "talk a lot");
+    assert!(out.status.success(), "{}", stderr(&out));
+    let streamed: String = stdout(&out)
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|e| e["type"] == "text_delta")
+        .map(|e| e["text"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(streamed, words.concat());
+    let detail = rig.gw.json(&["session", "show", "--json", &id]);
+    let last = detail["transcript"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()
+        .clone();
+    assert_eq!(last["body"]["text"], words.concat());
+}

@@ -362,18 +362,27 @@ impl Core {
             self.audit_worker(&a.scope, "worker.call", a.claims.session_id.as_str(), "refused", json!({
                 "method": "event.publish", "code": "forbidden", "reason": "workers may not publish entries, run status or placement",
             }));
-        } else if let Err(e) = self
-            .hub
-            .publish(&a.scope, &op.session_id, op.run_id.as_ref(), event)
-        {
+            let _ = self.store.advance_worker_cursor(
+                &op.session_id,
+                op.owner_epoch,
+                StreamKind::Events,
+                op.seq,
+            );
+            return;
+        }
+        let published = self.hub.publish_with(&a.scope, &op.session_id, || {
+            self.store.append_worker_event(
+                &a.scope,
+                &op.session_id,
+                op.run_id.as_ref(),
+                event,
+                op.owner_epoch,
+                op.seq,
+            )
+        });
+        if let Err(e) = published {
             tracing::warn!(error = %e, "could not publish a worker event");
         }
-        let _ = self.store.advance_worker_cursor(
-            &op.session_id,
-            op.owner_epoch,
-            StreamKind::Events,
-            op.seq,
-        );
     }
 
     fn worker_commit(

@@ -36,6 +36,13 @@ pub(crate) struct ModelCall {
     cancel: CancellationToken,
 }
 
+impl ModelCall {
+    /// The provider's answer is complete (the worker may not have all of it yet).
+    fn finished(&self) -> bool {
+        lock(&self.events).last().is_some_and(terminal)
+    }
+}
+
 fn terminal(event: &ModelEvent) -> bool {
     matches!(event, ModelEvent::Done { .. } | ModelEvent::Error { .. })
 }
@@ -113,8 +120,8 @@ impl Core {
             }
             None => {
                 let in_flight = lock(&self.workers.models)
-                    .keys()
-                    .filter(|(s, _, _)| *s == op.session_id)
+                    .iter()
+                    .filter(|((s, _, _), call)| *s == op.session_id && !call.finished())
                     .count();
                 if in_flight >= MAX_MODEL_CALLS_IN_FLIGHT {
                     a.live.send_on(a.conn_id, GatewayFrame::Model {
@@ -297,16 +304,29 @@ impl Core {
                     tracing::warn!(%env, error = %e, "could not account a model request");
                 }
             }
-            lock(&core.workers.models).remove(&key);
+            // The worker's acknowledgements move the sender's window: the call stays until the
+            // worker has the whole answer (a worker that comes back later gets the cache).
+            let mut models = lock(&core.workers.models);
+            if *lock(&call.acked) >= lock(&call.events).len() as u64 {
+                models.remove(&key);
+            }
         });
     }
 
     pub(super) fn model_ack(&self, session: &SessionId, epoch: u64, seq: u64, received: u64) {
-        if let Some(call) = lock(&self.workers.models).get(&(session.clone(), epoch, seq)) {
+        let key = (session.clone(), epoch, seq);
+        let mut models = lock(&self.workers.models);
+        let Some(call) = models.get(&key).cloned() else {
+            return;
+        };
+        let acked = {
             let mut acked = lock(&call.acked);
             *acked = (*acked).max(received);
-            drop(acked);
-            call.changed.notify_waiters();
+            *acked
+        };
+        call.changed.notify_waiters();
+        if call.finished() && acked >= lock(&call.events).len() as u64 {
+            models.remove(&key);
         }
     }
 
@@ -318,11 +338,14 @@ impl Core {
 
     /// Cancels every provider call of a session (its run was cancelled or its owner fenced).
     pub(crate) fn cancel_model_calls(&self, session: &SessionId) {
-        for ((s, _, _), call) in lock(&self.workers.models).iter() {
+        let mut models = lock(&self.workers.models);
+        for ((s, _, _), call) in models.iter() {
             if s == session {
                 call.cancel.cancel();
             }
         }
+        // Finished calls are in the cache; a fenced worker has nothing more to receive.
+        models.retain(|(s, _, _), call| s != session || !call.finished());
     }
 }
 
