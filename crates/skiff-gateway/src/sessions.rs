@@ -465,7 +465,12 @@ impl Core {
             }
             _ => status,
         };
-        match self.store.transition_run(scope, run, status, error) {
+        // Late events of a worker's turn are fenced from here on (cleared before and after
+        // the transition: an event checked in between may have cached the run as open).
+        self.workers.run_ended(session, run);
+        let transitioned = self.store.transition_run(scope, run, status, error);
+        self.workers.run_ended(session, run);
+        match transitioned {
             Ok(_) => {
                 let event = EventKind::RunStatus {
                     status,

@@ -42,7 +42,14 @@ pub(super) struct Admitted {
     pub conn_id: u64,
     /// Calls that run beside the frame loop (tools, turn ends), bounded per connection.
     pub in_flight: Arc<tokio::sync::Semaphore>,
+    /// The session's lifecycle revision at admission (v1 never changes it).
+    pub revision: u64,
+    /// Live events applied but not yet acknowledged: acknowledgements go out in batches.
+    pub pending_ack: std::sync::Mutex<Option<u64>>,
 }
+
+/// Acknowledge live events at least every this many, and whenever the worker's frames pause.
+const ACK_EVERY: u64 = 64;
 
 /// How many long calls one worker connection may have in flight.
 pub(super) const MAX_CALLS_IN_FLIGHT: usize = 8;
@@ -212,6 +219,16 @@ impl Core {
                 }
             };
             self.on_frame(&admitted, frame).await;
+            // Batched acknowledgements: when the worker's frames pause, or every ACK_EVERY.
+            let mut pending = lock(&admitted.pending_ack);
+            if let Some(seq) = *pending
+                && (reader.buffer().is_empty() || seq % ACK_EVERY == 0)
+            {
+                admitted
+                    .live
+                    .send_on(admitted.conn_id, GatewayFrame::EventAck { seq });
+                *pending = None;
+            }
         }
         admitted.live.disconnect(admitted.conn_id);
         // What was queued (a shutdown, a last reply) still goes out; a worker that stopped
@@ -362,12 +379,22 @@ impl Core {
             "allowed",
             json!({ "env": env.as_str(), "epoch": claims.owner_epoch }),
         );
+        let revision = if super::probe::is_probe(&claims.session_id) {
+            0
+        } else {
+            self.store
+                .session(&scope, &claims.session_id)
+                .map(|s| u64::try_from(s.lifecycle_revision).unwrap_or(0))
+                .map_err(|e| refuse(RefusalCode::Unavailable, e.to_string()))?
+        };
         Ok(Admitted {
             scope,
             live: self.workers.live(&claims.session_id),
             conn_id: self.workers.conn_id(),
             claims,
             in_flight: Arc::new(tokio::sync::Semaphore::new(MAX_CALLS_IN_FLIGHT)),
+            revision,
+            pending_ack: std::sync::Mutex::new(None),
         })
     }
 

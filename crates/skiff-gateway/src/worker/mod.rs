@@ -70,6 +70,10 @@ pub(crate) struct Live {
     turns: Mutex<HashMap<RunId, oneshot::Sender<TurnEnd>>>,
     /// A recovery task is repairing this session's worker.
     recovering: Mutex<bool>,
+    /// The run handed to the worker, while it is open (cleared when it ends).
+    open_run: Mutex<Option<RunId>>,
+    /// The last live event applied, per epoch (mirrors the persisted ACK cursor).
+    applied_events: Mutex<Option<(u64, u64)>>,
 }
 
 impl Live {
@@ -113,6 +117,31 @@ impl Live {
             conn.closed.cancel();
         }
         self.bump();
+    }
+
+    pub(crate) fn open_run(&self) -> Option<RunId> {
+        lock(&self.open_run).clone()
+    }
+
+    pub(crate) fn set_open_run(&self, run: Option<RunId>) {
+        *lock(&self.open_run) = run;
+    }
+
+    /// The last live event applied at `epoch`; `load` reads the persisted cursor once.
+    fn applied_events(&self, epoch: u64, load: impl FnOnce() -> u64) -> u64 {
+        let mut applied = lock(&self.applied_events);
+        match *applied {
+            Some((e, seq)) if e == epoch => seq,
+            _ => {
+                let seq = load();
+                *applied = Some((epoch, seq));
+                seq
+            }
+        }
+    }
+
+    fn set_applied_events(&self, epoch: u64, seq: u64) {
+        *lock(&self.applied_events) = Some((epoch, seq));
     }
 
     pub(crate) fn connected_epoch(&self) -> Option<u64> {
@@ -237,6 +266,16 @@ impl Workers {
 
     pub(crate) fn live(&self, session: &SessionId) -> Arc<Live> {
         lock(&self.live).entry(session.clone()).or_default().clone()
+    }
+
+    /// A run ended: late events naming it are fenced from now on.
+    pub(crate) fn run_ended(&self, session: &SessionId, run: &RunId) {
+        if let Some(live) = lock(&self.live).get(session) {
+            let mut open = lock(&live.open_run);
+            if open.as_ref() == Some(run) {
+                *open = None;
+            }
+        }
     }
 
     /// Drops what is kept in memory for a session's worker.

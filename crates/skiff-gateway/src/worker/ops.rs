@@ -26,12 +26,13 @@ impl Core {
         let session = &a.claims.session_id;
         let epoch = op.owner_epoch;
         if let Call::EventPublish { .. } = call {
-            let applied = self
-                .store
-                .worker_cursors(session, epoch)
-                .ok()
-                .and_then(|c| c.get(&StreamKind::Events).copied())
-                .unwrap_or(0);
+            let applied = a.live.applied_events(epoch, || {
+                self.store
+                    .worker_cursors(session, epoch)
+                    .ok()
+                    .and_then(|c| c.get(&StreamKind::Events).copied())
+                    .unwrap_or(0)
+            });
             // A worker holds at most a window of unacknowledged events; a number beyond it
             // would skip the events in between.
             if seq > applied + EVENT_WINDOW {
@@ -44,13 +45,10 @@ impl Core {
             }
             if seq > applied {
                 self.apply_event(a, &op, call);
+                a.live.set_applied_events(epoch, seq);
             }
-            a.live.send_on(
-                a.conn_id,
-                GatewayFrame::EventAck {
-                    seq: seq.max(applied),
-                },
-            );
+            let mut pending = super::lock(&a.pending_ack);
+            *pending = Some(pending.unwrap_or(0).max(seq).max(applied));
             return;
         }
         if let Call::ModelStream { .. } = call {
@@ -288,6 +286,9 @@ impl Core {
                 ),
             ));
         }
+        if let Call::EventPublish { .. } = call {
+            return self.check_event(a, op);
+        }
         let placement = self
             .store
             .placement(&a.scope, &c.session_id)
@@ -348,6 +349,54 @@ impl Core {
             }
         }
         Ok(())
+    }
+
+    /// The hot path (one call per streamed token): the connection's own epoch and revision,
+    /// and the open run the gateway handed over, all in memory. Sound because every epoch
+    /// advance closes the session's connection, and every run's end clears the open run; when
+    /// memory has no open run, the store decides.
+    fn check_event(&self, a: &Admitted, op: &OpId) -> Result<(), Refusal> {
+        if op.owner_epoch != a.claims.owner_epoch {
+            return Err(refuse(
+                RefusalCode::StaleEpoch,
+                format!(
+                    "owner epoch {} is stale; this connection's owner is epoch {}",
+                    op.owner_epoch, a.claims.owner_epoch
+                ),
+            ));
+        }
+        if op.lifecycle_revision != a.revision {
+            return Err(refuse(
+                RefusalCode::WrongScope,
+                format!(
+                    "lifecycle revision {} is not the session's",
+                    op.lifecycle_revision
+                ),
+            ));
+        }
+        let Some(run) = &op.run_id else {
+            return Err(refuse(
+                RefusalCode::WrongScope,
+                "the operation names no run",
+            ));
+        };
+        if a.live.open_run().as_ref() == Some(run) {
+            return Ok(());
+        }
+        let open = self
+            .store
+            .open_run(&a.scope, &a.claims.session_id)
+            .map_err(|e| refuse(RefusalCode::Unavailable, e.to_string()))?;
+        match open {
+            Some(open) if &open.id == run => {
+                a.live.set_open_run(Some(open.id));
+                Ok(())
+            }
+            _ => Err(refuse(
+                RefusalCode::WrongScope,
+                format!("run {run} is not this session's open run; its writes are fenced"),
+            )),
+        }
     }
 
     fn apply_event(&self, a: &Admitted, op: &OpId, call: Call) {

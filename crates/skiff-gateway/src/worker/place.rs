@@ -53,6 +53,11 @@ impl Core {
         let row = self
             .store
             .transition_placement(scope, session, to, change)?;
+        if change.advance_epoch {
+            // INVARIANT: no connection of an older epoch outlives the advance (the event hot
+            // path checks epochs per connection).
+            self.workers.live(session).close();
+        }
         let event = EventKind::Placement {
             state: to,
             environment_id: row.environment_id.clone(),

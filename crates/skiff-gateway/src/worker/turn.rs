@@ -46,7 +46,9 @@ impl Core {
             max_output_tokens: crate::sessions::MAX_OUTPUT_TOKENS,
             transcript,
         };
-        self.workers.live(session).send(GatewayFrame::Turn { turn });
+        let live = self.workers.live(session);
+        live.set_open_run(Some(run.id.clone()));
+        live.send(GatewayFrame::Turn { turn });
     }
 
     /// Runs the admitted run on the session's worker and waits for its end.
