@@ -183,9 +183,22 @@ async fn proxy(host: &str, port: u16) -> Result<ExitCode> {
         pump(&mut stdin, &mut to_box);
         let _ = to_box.shutdown(std::net::Shutdown::Write);
     });
-    let mut from_box = stream;
+    let mut from_box = QuickAck(stream);
     pump(&mut from_box, &mut stdout);
     Ok(ExitCode::SUCCESS)
+}
+
+/// Reads from the box acknowledging at once: sshd sends small packets without `TCP_NODELAY`
+/// (it sets it only for interactive sessions), so each one otherwise waits for this side's
+/// delayed ACK of the one before. Linux clears quick-ACK mode by itself; it is set per read.
+struct QuickAck(std::net::TcpStream);
+
+impl std::io::Read for QuickAck {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.0.read(buf)?;
+        let _ = rustix::net::sockopt::set_tcp_quickack(&self.0, true);
+        Ok(n)
+    }
 }
 
 fn pump(from: &mut impl std::io::Read, to: &mut impl std::io::Write) {

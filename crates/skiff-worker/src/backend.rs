@@ -73,8 +73,9 @@ impl SessionBackend for RpcBackend {
     }
 
     async fn publish(&self, event: EventKind) {
-        // Committed entries reach subscribers through the gateway's own commit path.
-        if matches!(event, EventKind::Entry { .. }) {
+        // Committed entries reach subscribers through the gateway's commit path, and streamed
+        // text through its inference proxy: neither travels back over the tunnel.
+        if matches!(event, EventKind::Entry { .. } | EventKind::TextDelta { .. }) {
             return;
         }
         self.link.publish(Some(self.run.clone()), event).await;

@@ -171,10 +171,11 @@ async fn connect_once(
 
     let (tx, mut rx) = mpsc::unbounded_channel::<String>();
     let writer = tokio::spawn(async move {
-        while let Some(line) = rx.recv().await {
-            if write.write_all(line.as_bytes()).await.is_err()
-                || write.write_all(b"\n").await.is_err()
-            {
+        while let Some(mut line) = rx.recv().await {
+            // One write per frame: a frame split in two makes two small SSH packets, and the
+            // second can wait for the first's acknowledgement (Nagle) on the box's sshd.
+            line.push('\n');
+            if write.write_all(line.as_bytes()).await.is_err() {
                 break;
             }
         }

@@ -1,6 +1,7 @@
 //! The inference proxy. A worker sends an approved model reference, the context and
 //! constrained options; the provider, endpoint, key and headers come from the gateway's own
-//! catalog. The provider call runs in a task of its own, independent of the worker's
+//! catalog. Streamed text is published to the session's followers here, as the provider sends
+//! it, exactly as a local session's loop would; the worker uses it for its loop only. The provider call runs in a task of its own, independent of the worker's
 //! connection: a tunnel blip does not stop it, and the worker resumes from the last event it
 //! received. A finished call's events are cached, so a worker that comes back after the end
 //! gets the same answer (terminal replay) and the provider is not asked twice. A gateway that
@@ -13,6 +14,7 @@ use crate::Core;
 use futures_util::StreamExt;
 use serde_json::json;
 use skiff_protocol::environment::EgressAccounting;
+use skiff_protocol::event::EventKind;
 use skiff_protocol::model::{Message, ModelErrorKind, ModelEvent, ModelRequest, StopReason};
 use skiff_protocol::worker::{Call, GatewayFrame, MODEL_CREDIT, OpId, RefusalCode, StreamKind};
 use skiff_protocol::{EnvironmentId, SessionId};
@@ -176,11 +178,13 @@ impl Core {
                     cancel: CancellationToken::new(),
                 });
                 lock(&self.workers.models).insert(key.clone(), call.clone());
+                let stream_to = op.run_id.clone().map(|run| (a.scope.clone(), run));
                 self.spawn_provider_call(
                     a.claims.environment_id.clone(),
                     key.clone(),
                     request,
                     call.clone(),
+                    stream_to,
                 );
                 call
             }
@@ -231,6 +235,7 @@ impl Core {
         key: (SessionId, u64, u64),
         request: ModelRequest,
         call: Arc<ModelCall>,
+        stream_to: Option<(skiff_store::Scope, skiff_protocol::RunId)>,
     ) {
         let core = self.clone();
         tokio::spawn(async move {
@@ -263,6 +268,15 @@ impl Core {
                     usage.1 += u.output_tokens;
                 }
                 bytes_in += serde_json::to_string(&event).map(|s| s.len()).unwrap_or(0) as u64;
+                // Streamed text goes to the session's followers from here, as it arrives: the
+                // worker gets it for its loop but does not send it back (half the tunnel
+                // traffic, and the live stream does not wait on the box).
+                if let (ModelEvent::TextDelta { text }, Some((scope, run))) = (&event, &stream_to) {
+                    let delta = EventKind::TextDelta { text: text.clone() };
+                    if let Err(e) = core.hub.publish(scope, &key.0, Some(run), delta) {
+                        tracing::warn!(error = %e, "could not publish streamed text");
+                    }
+                }
                 let end = terminal(&event);
                 lock(&call.events).push(event);
                 call.changed.notify_waiters();
