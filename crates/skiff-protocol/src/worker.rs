@@ -335,11 +335,12 @@ pub enum GatewayFrame {
         seq: u64,
         reply: Reply,
     },
-    /// Model event number `index` (from 0) of model operation `seq`.
+    /// Model events of model operation `seq`, numbered from `index` (the first is 0): as many
+    /// as the provider had sent and the worker's credit allows, in one frame.
     Model {
         seq: u64,
         index: u64,
-        event: ModelEvent,
+        events: Vec<ModelEvent>,
     },
     /// Live events up to `seq` are applied; the worker may forget them.
     EventAck {

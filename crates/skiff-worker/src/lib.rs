@@ -197,7 +197,11 @@ async fn connect_once(
         };
         match frame {
             GatewayFrame::Reply { stream, seq, reply } => link.on_reply(stream, seq, reply),
-            GatewayFrame::Model { seq, index, event } => link.on_model_event(seq, index, event),
+            GatewayFrame::Model { seq, index, events } => {
+                for (i, event) in (index..).zip(events) {
+                    link.on_model_event(seq, i, event);
+                }
+            }
             GatewayFrame::EventAck { seq } => link.on_event_ack(seq),
             GatewayFrame::Turn { turn } => turns.start(turn),
             GatewayFrame::CancelTurn { run_id } => turns.cancel(&run_id),

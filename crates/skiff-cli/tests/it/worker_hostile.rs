@@ -381,11 +381,14 @@ impl Conn {
     /// The last event of model call `seq` (a `Done` or an `Error`).
     fn model_end(&mut self, seq: u64) -> ModelEvent {
         self.until(&format!("the end of model call {seq}"), |f| match f {
-            GatewayFrame::Model { seq: n, event, .. }
+            GatewayFrame::Model { seq: n, events, .. }
                 if *n == seq
-                    && matches!(event, ModelEvent::Done { .. } | ModelEvent::Error { .. }) =>
+                    && matches!(
+                        events.last(),
+                        Some(ModelEvent::Done { .. } | ModelEvent::Error { .. })
+                    ) =>
             {
-                Some(event.clone())
+                events.last().cloned()
             }
             _ => None,
         })

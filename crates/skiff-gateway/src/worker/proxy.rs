@@ -73,10 +73,10 @@ impl Core {
             a.live.send_on(a.conn_id, GatewayFrame::Model {
                 seq: op.seq,
                 index: resume_from,
-                event: ModelEvent::Error {
+                events: vec![ModelEvent::Error {
                     kind: ModelErrorKind::Rejected,
                     message: format!("model {} already answered another request; sequence numbers are not reusable", op.seq),
-                },
+                }],
             });
         };
         // Finished before: replay the cached answer.
@@ -91,16 +91,15 @@ impl Core {
             let Ok(events) = serde_json::from_str::<Vec<ModelEvent>>(&cached.reply) else {
                 return;
             };
-            for (index, event) in events.into_iter().enumerate().skip(to_usize(resume_from)) {
-                a.live.send_on(
-                    a.conn_id,
-                    GatewayFrame::Model {
-                        seq: op.seq,
-                        index: index as u64,
-                        event,
-                    },
-                );
-            }
+            let events: Vec<ModelEvent> = events.into_iter().skip(to_usize(resume_from)).collect();
+            a.live.send_on(
+                a.conn_id,
+                GatewayFrame::Model {
+                    seq: op.seq,
+                    index: resume_from,
+                    events,
+                },
+            );
             return;
         }
         let existing = lock(&self.workers.models).get(&key).cloned();
@@ -116,7 +115,7 @@ impl Core {
                 a.live.send_on(a.conn_id, GatewayFrame::Model {
                     seq: op.seq,
                     index: resume_from,
-                    event: error_event("the gateway restarted during this model call; the turn is retried as a new turn"),
+                    events: vec![error_event("the gateway restarted during this model call; the turn is retried as a new turn")],
                 });
                 return;
             }
@@ -129,10 +128,10 @@ impl Core {
                     a.live.send_on(a.conn_id, GatewayFrame::Model {
                         seq: op.seq,
                         index: 0,
-                        event: ModelEvent::Error {
+                        events: vec![ModelEvent::Error {
                             kind: ModelErrorKind::RateLimited,
                             message: format!("more than {MAX_MODEL_CALLS_IN_FLIGHT} model calls in flight for this session"),
-                        },
+                        }],
                     });
                     return;
                 }
@@ -162,10 +161,10 @@ impl Core {
                         GatewayFrame::Model {
                             seq: op.seq,
                             index: 0,
-                            event: ModelEvent::Error {
+                            events: vec![ModelEvent::Error {
                                 kind: ModelErrorKind::Rejected,
                                 message: reason.1,
-                            },
+                            }],
                         },
                     );
                     return;
@@ -199,27 +198,25 @@ impl Core {
                 let changed = call.changed.notified();
                 tokio::pin!(changed);
                 changed.as_mut().enable();
-                let (batch, done) = {
+                let (batch, end, done) = {
                     let events = lock(&call.events);
                     let window = to_usize(*lock(&call.acked) + MODEL_CREDIT);
                     let end = events.len().min(window.max(sent));
-                    let batch: Vec<(usize, ModelEvent)> =
-                        (sent..end).map(|i| (i, events[i].clone())).collect();
+                    let batch: Vec<ModelEvent> = events[sent..end].to_vec();
                     let done = events.last().is_some_and(terminal) && end == events.len();
-                    (batch, done)
+                    (batch, end, done)
                 };
-                for (index, event) in batch {
-                    if !live.send_on(
-                        conn_id,
-                        GatewayFrame::Model {
-                            seq,
-                            index: index as u64,
-                            event,
-                        },
-                    ) {
+                // Whatever arrived since the last frame goes in one frame.
+                if !batch.is_empty() {
+                    let frame = GatewayFrame::Model {
+                        seq,
+                        index: sent as u64,
+                        events: batch,
+                    };
+                    if !live.send_on(conn_id, frame) {
                         return;
                     }
-                    sent = index + 1;
+                    sent = end;
                 }
                 if done {
                     return;
