@@ -38,16 +38,6 @@ impl Environments {
         Ok(row.id)
     }
 
-    /// A session's worker passed admission and the canary on this environment.
-    pub(crate) async fn mark_attached_ready(
-        &self,
-        scope: &Scope,
-        id: &EnvironmentId,
-    ) -> Result<()> {
-        self.store.touch_environment(scope, id)?;
-        Ok(())
-    }
-
     /// Hashes the gateway's bundle now, so workers can be admitted before any bring-up.
     pub(crate) async fn warm_bundle(&self) {
         if let Err(e) = self.bundle().await {

@@ -313,7 +313,8 @@ impl Core {
             &PlacementChange::default(),
             &format!("worker ready on {} (epoch {epoch})", env.id),
         )?;
-        self.envs.mark_attached_ready(scope, &env.id).await?;
+        // The box is in use from now on (its idle time counts from here).
+        self.store.touch_environment(scope, &env.id)?;
         self.hand_over_turn(scope, session);
         Ok(p)
     }
