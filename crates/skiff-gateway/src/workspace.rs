@@ -51,6 +51,22 @@ fn git(dir: &Path) -> Cmd {
         .timeout(Duration::from_secs(300))
 }
 
+/// The lock serializing `git worktree add` on one repository (per process).
+fn repo_lock(repo: &Path) -> std::sync::Arc<tokio::sync::Mutex<()>> {
+    static LOCKS: std::sync::OnceLock<
+        std::sync::Mutex<
+            std::collections::HashMap<PathBuf, std::sync::Arc<tokio::sync::Mutex<()>>>,
+        >,
+    > = std::sync::OnceLock::new();
+    LOCKS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .entry(repo.to_path_buf())
+        .or_default()
+        .clone()
+}
+
 /// Creates the session's own workspace from `source`.
 pub async fn prepare(
     source: &Path,
@@ -123,13 +139,19 @@ async fn worktree(
 
     let path = state.worktree(session.as_str());
     let branch = format!("skiff/{session}");
-    git(repo)
-        .args(["worktree", "add", "--quiet", "-b", &branch])
-        .arg(&path)
-        .arg(&head)
-        .run_checked(cancel)
-        .await
-        .map_err(failed)?;
+    // git's own worktree bookkeeping is not safe against itself: concurrent `worktree add`
+    // on one repository can fail ("failed to read …/commondir"). One at a time per repository.
+    let lock = repo_lock(repo);
+    let added = {
+        let _one_at_a_time = lock.lock().await;
+        git(repo)
+            .args(["worktree", "add", "--quiet", "-b", &branch])
+            .arg(&path)
+            .arg(&head)
+            .run_checked(cancel)
+            .await
+    };
+    added.map_err(failed)?;
     // Lay the snapshot over the fresh checkout, then unstage: the worktree shows exactly the
     // user's uncommitted changes, as changes.
     git(&path)

@@ -282,3 +282,34 @@ fn session_show_reads_well() {
         "#);
     });
 }
+
+#[test]
+fn sessions_created_at_once_on_one_repository_all_get_their_worktree() {
+    let gw = Gateway::start("[[turns]]\ntext = \"ok\"\n");
+    let repo = TempGitRepo::new(&[("a.txt", "a\n")]);
+    let outs: Vec<std::process::Output> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..8)
+            .map(|i| {
+                let (gw, repo) = (&gw, &repo);
+                s.spawn(move || {
+                    gw.run(&[
+                        "session",
+                        "new",
+                        "--detach",
+                        "--model",
+                        "fake/x",
+                        "--workspace",
+                        repo.path().to_str().unwrap(),
+                        &format!("session {i}"),
+                    ])
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for out in &outs {
+        assert!(out.status.success(), "{}", stderr(out));
+    }
+    let branches = git(repo.path(), &["branch", "--list", "skiff/*"]);
+    assert_eq!(branches.lines().count(), 8, "{branches}");
+}
