@@ -72,6 +72,13 @@ impl Finished {
     }
 }
 
+/// What a child reads on stdin.
+#[derive(Debug, Clone)]
+enum Input {
+    Bytes(Vec<u8>),
+    File(PathBuf),
+}
+
 /// A command to run. Build it, then call [`Cmd::run`] or [`Cmd::run_checked`].
 #[derive(Debug, Clone)]
 pub struct Cmd {
@@ -80,7 +87,7 @@ pub struct Cmd {
     cwd: Option<PathBuf>,
     env: Vec<(String, OsString)>,
     timeout: Duration,
-    stdin: Option<Vec<u8>>,
+    stdin: Option<Input>,
     output_cap: usize,
     merge_stderr: bool,
     discard_output: bool,
@@ -132,7 +139,14 @@ impl Cmd {
     }
 
     pub fn stdin(mut self, bytes: Vec<u8>) -> Self {
-        self.stdin = Some(bytes);
+        self.stdin = Some(Input::Bytes(bytes));
+        self
+    }
+
+    /// Gives the child this file as its stdin (it reads it itself: nothing is buffered here,
+    /// which matters for large files such as the worker bundle).
+    pub fn stdin_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.stdin = Some(Input::File(path.into()));
         self
     }
 
@@ -174,10 +188,13 @@ impl Cmd {
         let mut cmd = tokio::process::Command::new(&self.program);
         cmd.args(&self.args)
             .env_clear()
-            .stdin(if self.stdin.is_some() {
-                Stdio::piped()
-            } else {
-                Stdio::null()
+            .stdin(match &self.stdin {
+                None => Stdio::null(),
+                Some(Input::Bytes(_)) => Stdio::piped(),
+                Some(Input::File(path)) => match std::fs::File::open(path) {
+                    Ok(file) => Stdio::from(file),
+                    Err(source) => return Err(Error::Io { command, source }),
+                },
             })
             .stdout(if self.discard_output {
                 Stdio::null()
@@ -215,7 +232,7 @@ impl Cmd {
             source,
         };
 
-        if let (Some(bytes), Some(mut pipe)) = (self.stdin, child.stdin.take()) {
+        if let (Some(Input::Bytes(bytes)), Some(mut pipe)) = (self.stdin, child.stdin.take()) {
             // Write stdin concurrently so a child that fills its stdout first cannot deadlock us.
             tokio::spawn(async move {
                 let _ = pipe.write_all(&bytes).await;

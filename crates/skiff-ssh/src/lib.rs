@@ -292,6 +292,23 @@ impl Ssh {
         self.run_with(cmd, remote, cancel).await
     }
 
+    /// Runs `remote` on the transfer connection with the file at `input` on its stdin (read
+    /// by `ssh` itself, never held in memory here).
+    pub async fn run_with_file_input(
+        &self,
+        remote: &str,
+        input: &Path,
+        timeout: Duration,
+        cancel: &CancellationToken,
+    ) -> Result<String> {
+        self.ensure_master(Channel::Transfer, cancel).await?;
+        let cmd = self
+            .command(Channel::Transfer, remote)
+            .stdin_file(input)
+            .timeout(timeout);
+        self.run_with(cmd, remote, cancel).await
+    }
+
     async fn run_with(&self, cmd: Cmd, remote: &str, cancel: &CancellationToken) -> Result<String> {
         let done = cmd.run(cancel).await?;
         if done.status.success() {

@@ -31,10 +31,12 @@ pub(crate) async fn install(ssh: &Ssh, bundle: &Bundle) -> Result<BundleInstall>
             duration: started.elapsed(),
         });
     }
-    let bytes = tokio::fs::read(&bundle.exe)
+    // Streamed from the file by `ssh` itself: many boxes bootstrapping at once must not each
+    // hold a copy of the executable in the gateway's memory.
+    let size = tokio::fs::metadata(&bundle.exe)
         .await
-        .map_err(|e| Error::BadRequest(format!("cannot read {}: {e}", bundle.exe.display())))?;
-    let size = bytes.len() as u64;
+        .map_err(|e| Error::BadRequest(format!("cannot read {}: {e}", bundle.exe.display())))?
+        .len();
     let manifest = skiff_ssh::shell_quote(&bundle.manifest());
     let script = format!(
         "set -e; umask 077; d=\"$HOME/{dir}\"; mkdir -p \"$d\"; cat > \"$d/skiff.part\"; \
@@ -43,7 +45,7 @@ pub(crate) async fn install(ssh: &Ssh, bundle: &Bundle) -> Result<BundleInstall>
         hash = bundle.hash
     );
     let installed = ssh
-        .run_with_input(&script, bytes, Duration::from_secs(600), &cancel)
+        .run_with_file_input(&script, &bundle.exe, Duration::from_secs(600), &cancel)
         .await?;
     if installed.trim() != bundle.hash {
         return Err(Error::BadRequest(format!(
