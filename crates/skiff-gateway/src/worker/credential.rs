@@ -40,10 +40,19 @@ fn unhex(text: &str) -> Option<Vec<u8>> {
 impl Signer {
     /// Loads the signing key from `path`, creating it (mode 0600) on first use.
     pub(crate) fn load_or_create(path: &Path) -> std::io::Result<Signer> {
-        if let Ok(bytes) = std::fs::read(path)
-            && let Ok(key) = <[u8; 32]>::try_from(bytes.as_slice())
-        {
-            return Ok(Signer { key });
+        match std::fs::read(path) {
+            Ok(bytes) => {
+                return <[u8; 32]>::try_from(bytes.as_slice())
+                    .map(|key| Signer { key })
+                    .map_err(|_| {
+                        std::io::Error::other(format!(
+                            "{} is not a 32-byte key; remove it to mint a new one (workers then restart)",
+                            path.display()
+                        ))
+                    });
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
         }
         let mut key = [0u8; 32];
         getrandom::fill(&mut key).map_err(|e| std::io::Error::other(e.to_string()))?;
@@ -127,8 +136,14 @@ mod tests {
 
         let other = Signer::load_or_create(&dir.path().join("k2")).unwrap();
         assert!(other.verify(&token).is_err());
-        // The key survives a restart.
+        // The key survives a restart; a damaged key file is an error, never replaced.
         let again = Signer::load_or_create(&dir.path().join("k")).unwrap();
         assert!(again.verify(&token).is_ok());
+        std::fs::write(dir.path().join("bad"), b"short").unwrap();
+        let err = Signer::load_or_create(&dir.path().join("bad"))
+            .err()
+            .unwrap();
+        assert!(err.to_string().contains("not a 32-byte key"), "{err}");
+        assert_eq!(std::fs::read(dir.path().join("bad")).unwrap(), b"short");
     }
 }
