@@ -146,7 +146,11 @@ pub async fn start(options: Options) -> Result<Running> {
         .set_readiness(Arc::new(worker::probe::Probe(Arc::downgrade(&core))));
     core.reconcile_on_start()?;
     core.envs.reconcile_on_start().await?;
-    core.envs.warm_bundle().await;
+    // Workers that re-attach are admitted against the bundle hash; without any, it is
+    // computed at the first bring-up instead of delaying every start.
+    if !core.store.live_placements()?.is_empty() {
+        core.envs.warm_bundle().await;
+    }
     core.reconcile_placements_on_start()?;
     spawn_lifetime_enforcer(&core, lifetime_tick);
 

@@ -63,6 +63,38 @@ fn from_row(row: &Row<'_>) -> rusqlite::Result<PlacementRow> {
     })
 }
 
+/// Reads the current placement state with `sql` (inside the transaction that will change it)
+/// and checks that the state machine allows `to`.
+fn checked_move(
+    tx: &rusqlite::Transaction<'_>,
+    sql: &str,
+    what: &'static str,
+    scope: &Scope,
+    session: &SessionId,
+    to: PlacementState,
+) -> Result<()> {
+    let from: String = tx
+        .query_row(
+            sql,
+            params![session.as_str(), scope.owner_id, scope.tenant_id],
+            |r| r.get(0),
+        )
+        .optional()?
+        .ok_or_else(|| Error::NotFound {
+            what,
+            id: session.to_string(),
+        })?;
+    let from = parse_state(&from)?;
+    if !placement_allowed(from, to) {
+        return Err(Error::IllegalPlacementTransition {
+            session: session.to_string(),
+            from,
+            to,
+        });
+    }
+    Ok(())
+}
+
 /// A worker operation's terminal reply, with what identifies the call it answered.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CachedOp {
@@ -98,26 +130,15 @@ impl Store {
         {
             let mut conn = self.conn();
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let from: String = tx
-                .query_row(
-                    "SELECT placement FROM sessions WHERE id = ?1 AND owner_id = ?2 AND tenant_id = ?3",
-                    params![session.as_str(), scope.owner_id, scope.tenant_id],
-                    |r| r.get(0),
-                )
-                .optional()?
-                .ok_or_else(|| Error::NotFound {
-                    what: "session",
-                    id: session.to_string(),
-                })?;
-            let from = parse_state(&from)?;
             let to = PlacementState::Requested;
-            if !placement_allowed(from, to) {
-                return Err(Error::IllegalPlacementTransition {
-                    session: session.to_string(),
-                    from,
-                    to,
-                });
-            }
+            checked_move(
+                &tx,
+                "SELECT placement FROM sessions WHERE id = ?1 AND owner_id = ?2 AND tenant_id = ?3",
+                "session",
+                scope,
+                session,
+                to,
+            )?;
             let now = now_ms();
             tx.execute(
                 "INSERT INTO placements (session_id, owner_id, tenant_id, state, profile, updated_at_ms) \
@@ -197,25 +218,14 @@ impl Store {
         {
             let mut conn = self.conn();
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let from: String = tx
-                .query_row(
-                    "SELECT state FROM placements WHERE session_id = ?1 AND owner_id = ?2 AND tenant_id = ?3",
-                    params![session.as_str(), scope.owner_id, scope.tenant_id],
-                    |r| r.get(0),
-                )
-                .optional()?
-                .ok_or_else(|| Error::NotFound {
-                    what: "placement",
-                    id: session.to_string(),
-                })?;
-            let from = parse_state(&from)?;
-            if !placement_allowed(from, to) {
-                return Err(Error::IllegalPlacementTransition {
-                    session: session.to_string(),
-                    from,
-                    to,
-                });
-            }
+            checked_move(
+                &tx,
+                "SELECT state FROM placements WHERE session_id = ?1 AND owner_id = ?2 AND tenant_id = ?3",
+                "placement",
+                scope,
+                session,
+                to,
+            )?;
             let now = now_ms();
             tx.execute(
                 "UPDATE placements SET state = ?1, generation = generation + 1, \

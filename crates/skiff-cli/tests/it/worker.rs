@@ -107,8 +107,9 @@ fn session_id(out: &std::process::Output) -> String {
     first["session_id"].as_str().unwrap().to_owned()
 }
 
-pub fn new_worker_session(rig: &Rig, repo: &Path, prompt: &str) -> (std::process::Output, String) {
-    let out = rig.session(&[
+/// `session new --json` on the `local` worker profile with the fake's model.
+pub fn new_worker_session_args<'a>(repo: &'a Path, prompt: &'a str) -> [&'a str; 9] {
+    [
         "new",
         "--json",
         "--profile",
@@ -118,7 +119,11 @@ pub fn new_worker_session(rig: &Rig, repo: &Path, prompt: &str) -> (std::process
         "--workspace",
         repo.to_str().unwrap(),
         prompt,
-    ]);
+    ]
+}
+
+pub fn new_worker_session(rig: &Rig, repo: &Path, prompt: &str) -> (std::process::Output, String) {
+    let out = rig.session(&new_worker_session_args(repo, prompt));
     let id = session_id(&out);
     (out, id)
 }

@@ -3,7 +3,7 @@
 //! and no tool call runs twice.
 
 use crate::harness::{git, stderr};
-use crate::worker::{Rig, text_reply, tool_reply};
+use crate::worker::{Rig, new_worker_session_args, text_reply, tool_reply};
 use serde_json::Value;
 use skiff_test_support::{FakeResponse, TempGitRepo};
 use std::io::{BufRead, BufReader};
@@ -108,20 +108,7 @@ impl Following {
 }
 
 fn new_following(rig: &Rig, repo: &std::path::Path, prompt: &str) -> Following {
-    Following::start(
-        rig,
-        &[
-            "new",
-            "--json",
-            "--profile",
-            "local",
-            "--model",
-            "openai/gpt-fake",
-            "--workspace",
-            repo.to_str().unwrap(),
-            prompt,
-        ],
-    )
+    Following::start(rig, &new_worker_session_args(repo, prompt))
 }
 
 /// Processes whose command line contains every one of `needles`.

@@ -7,7 +7,6 @@ use crate::error::Result;
 use skiff_protocol::EnvironmentId;
 use skiff_protocol::environment::EnvironmentState;
 use skiff_providers::{Lease, LeaseStatus};
-use skiff_ssh::Ssh;
 use skiff_store::{EnvironmentRow, Scope};
 use std::sync::Arc;
 
@@ -43,11 +42,6 @@ impl Environments {
         if let Err(e) = self.bundle().await {
             tracing::warn!(error = %e, "cannot hash the worker bundle");
         }
-    }
-
-    /// The pinned SSH client of an environment.
-    pub(crate) fn ssh(&self, row: &EnvironmentRow) -> Result<Ssh> {
-        self.ssh_for(row)
     }
 
     /// The gateway's bundle hash, once known (it is computed at the first bring-up).

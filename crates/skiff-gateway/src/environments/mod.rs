@@ -323,7 +323,8 @@ impl Environments {
         let _ = self.readiness.set(readiness);
     }
 
-    fn ssh_for(&self, row: &EnvironmentRow) -> Result<Ssh> {
+    /// The pinned SSH client of an environment.
+    pub(crate) fn ssh(&self, row: &EnvironmentRow) -> Result<Ssh> {
         let lease: Lease = row
             .lease
             .as_deref()
@@ -343,7 +344,7 @@ impl Environments {
 
     async fn bootstrap(&self, row: &EnvironmentRow) -> Result<BundleInstall> {
         let bundle = self.bundle().await?.clone();
-        let ssh = self.ssh_for(row)?;
+        let ssh = self.ssh(row)?;
         let install = bootstrap::install(&ssh, &bundle).await?;
         self.store
             .set_environment_bundle(&row.scope, &row.id, &bundle.hash)?;
@@ -396,7 +397,7 @@ impl Environments {
             Err(e) => return self.fail(&row, &format!("inspecting lease {lease_id} failed: {e}")),
         }
         if fresh {
-            self.ssh_for(&row)?.close().await;
+            self.ssh(&row)?.close().await;
         }
         match self.bootstrap(&row).await {
             Ok(_) => Ok(self.store.environment(scope, id)?),
@@ -434,7 +435,7 @@ impl Environments {
                 row.state
             )));
         }
-        let ssh = self.ssh_for(&row)?;
+        let ssh = self.ssh(&row)?;
         self.audit(scope, "environment.exec", id, "allowed", json!({}));
         Ok(ssh
             .run(command, &tokio_util::sync::CancellationToken::new())

@@ -56,7 +56,7 @@ impl Environments {
             .lease_id
             .clone()
             .unwrap_or_else(|| provider.lease_id_for(&row.op_id));
-        if let Ok(ssh) = self.ssh_for(&row) {
+        if let Ok(ssh) = self.ssh(&row) {
             ssh.close().await;
         }
         let started = Instant::now();

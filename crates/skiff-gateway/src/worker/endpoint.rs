@@ -425,13 +425,6 @@ impl Core {
 
     fn welcome(&self, a: &Admitted, tx: &mpsc::UnboundedSender<GatewayFrame>) -> crate::Result<()> {
         let c = &a.claims;
-        let revision = if super::probe::is_probe(&c.session_id) {
-            0
-        } else {
-            self.store
-                .session(&a.scope, &c.session_id)?
-                .lifecycle_revision
-        };
         let (credential, expires) = self.mint_worker_credential(
             &c.environment_id,
             &c.worker_key,
@@ -443,7 +436,7 @@ impl Core {
         let cursors = self.store.worker_cursors(&c.session_id, c.owner_epoch)?;
         let _ = tx.send(GatewayFrame::Welcome {
             session_id: c.session_id.clone(),
-            lifecycle_revision: u64::try_from(revision).unwrap_or(0),
+            lifecycle_revision: a.revision,
             owner_epoch: c.owner_epoch,
             credential,
             credential_expires_at_ms: expires,

@@ -188,11 +188,9 @@ impl Core {
                     tracing::warn!(error = %e, "could not cache a worker reply");
                 }
             }
-            if stream != StreamKind::Events {
-                let _ =
-                    core.store
-                        .advance_worker_cursor(&op.session_id, op.owner_epoch, stream, seq);
-            }
+            let _ = core
+                .store
+                .advance_worker_cursor(&op.session_id, op.owner_epoch, stream, seq);
             live.send_on(conn_id, GatewayFrame::Reply { stream, seq, reply });
             drop(permit);
         };
@@ -304,19 +302,7 @@ impl Core {
                 ),
             ));
         }
-        let session = self
-            .store
-            .session(&a.scope, &c.session_id)
-            .map_err(|e| refuse(RefusalCode::Unavailable, e.to_string()))?;
-        if i64::try_from(op.lifecycle_revision).ok() != Some(session.lifecycle_revision) {
-            return Err(refuse(
-                RefusalCode::WrongScope,
-                format!(
-                    "lifecycle revision {} is not the session's",
-                    op.lifecycle_revision
-                ),
-            ));
-        }
+        check_revision(a, op)?;
         let needs_run = match call {
             Call::CredentialRotate {} => false,
             Call::ModelStream { request, .. } => {
@@ -365,15 +351,7 @@ impl Core {
                 ),
             ));
         }
-        if op.lifecycle_revision != a.revision {
-            return Err(refuse(
-                RefusalCode::WrongScope,
-                format!(
-                    "lifecycle revision {} is not the session's",
-                    op.lifecycle_revision
-                ),
-            ));
-        }
+        check_revision(a, op)?;
         let Some(run) = &op.run_id else {
             return Err(refuse(
                 RefusalCode::WrongScope,
@@ -524,6 +502,20 @@ impl Core {
             expires_at_ms,
         })
     }
+}
+
+/// The session's lifecycle revision, as read at admission (v1 never changes it).
+fn check_revision(a: &Admitted, op: &OpId) -> Result<(), Refusal> {
+    if op.lifecycle_revision != a.revision {
+        return Err(refuse(
+            RefusalCode::WrongScope,
+            format!(
+                "lifecycle revision {} is not the session's",
+                op.lifecycle_revision
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// What identifies a call for duplicate detection: its method and content.
