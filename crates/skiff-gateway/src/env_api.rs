@@ -102,7 +102,21 @@ async fn check(
     Extension(scope): Extension<Scope>,
     Path(id): Path<String>,
 ) -> Result<Response, Error> {
-    Ok(Json(core.with_worker(core.envs.check(&scope, &env_id(&id)?).await?)).into_response())
+    let id = env_id(&id)?;
+    let view = core.envs.check(&scope, &id).await?;
+    if view.state == skiff_protocol::environment::EnvironmentState::Failed {
+        // A failed box cannot run its sessions' turns: their placements are reclaimed now,
+        // not left `active` until someone destroys the box by hand.
+        let why = format!(
+            "its box failed a check: {}",
+            view.error.as_deref().unwrap_or("no reason recorded")
+        );
+        for session in core.store.sessions_on_environment(&id)? {
+            core.reclaim(&scope, &session, &why).await;
+        }
+    }
+    let view = core.envs.show(&scope, &id)?;
+    Ok(Json(core.with_worker(view)).into_response())
 }
 
 #[derive(Deserialize)]

@@ -17,6 +17,8 @@ pub enum Error {
     #[error(transparent)]
     StateDir(#[from] crate::state_dir::StateDirError),
     #[error(transparent)]
+    StateDirLocked(#[from] crate::state_dir::LockError),
+    #[error(transparent)]
     Provider(#[from] skiff_providers::Error),
     #[error(transparent)]
     Ssh(#[from] skiff_ssh::Error),
@@ -26,8 +28,6 @@ pub enum Error {
     Publish(String),
     #[error("{0}")]
     BadRequest(String),
-    #[error("{0}")]
-    AtCapacity(String),
     #[error("cannot listen on {addr}: {source}")]
     Listen {
         addr: String,
@@ -44,6 +44,9 @@ impl Error {
         use skiff_store::Error as S;
         let (status, code) = match self {
             Error::Store(S::NotFound { .. }) => (StatusCode::NOT_FOUND, "not_found"),
+            Error::Store(S::WorkersAtCapacity { .. }) => {
+                (StatusCode::SERVICE_UNAVAILABLE, "at_capacity")
+            }
             Error::Store(S::SessionBusy { .. }) => (StatusCode::CONFLICT, "session_busy"),
             Error::Store(S::LeafConflict { .. }) => (StatusCode::CONFLICT, "transcript_conflict"),
             Error::Store(S::IllegalRunTransition { .. } | S::AttemptActive { .. }) => {
@@ -52,7 +55,6 @@ impl Error {
             Error::Workspace(_) => (StatusCode::UNPROCESSABLE_ENTITY, "bad_workspace"),
             Error::Model(_) => (StatusCode::UNPROCESSABLE_ENTITY, "bad_model"),
             Error::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad_request"),
-            Error::AtCapacity(_) => (StatusCode::SERVICE_UNAVAILABLE, "at_capacity"),
             Error::Store(S::IllegalEnvironmentTransition { .. }) => {
                 (StatusCode::CONFLICT, "conflict")
             }

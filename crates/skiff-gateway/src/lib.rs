@@ -66,6 +66,8 @@ pub(crate) struct Core {
     ui: ui::UiState,
     envs: Arc<environments::Environments>,
     workers: worker::Workers,
+    /// This process's hold on the state dir (one gateway per state dir).
+    _lock: state_dir::StateDirLock,
 }
 
 /// A started gateway.
@@ -104,6 +106,7 @@ impl Running {
 /// listener and starts serving.
 pub async fn start(options: Options) -> Result<Running> {
     let state = StateDir::open(&options.state_dir)?;
+    let lock = state.lock()?;
     let config_path = options
         .config
         .clone()
@@ -141,6 +144,7 @@ pub async fn start(options: Options) -> Result<Running> {
         ui: ui::UiState::default(),
         envs,
         workers,
+        _lock: lock,
     });
     core.envs
         .set_readiness(Arc::new(worker::probe::Probe(Arc::downgrade(&core))));
@@ -151,7 +155,7 @@ pub async fn start(options: Options) -> Result<Running> {
     if !core.store.live_placements()?.is_empty() {
         core.envs.warm_bundle().await;
     }
-    core.reconcile_placements_on_start()?;
+    core.reconcile_placements_on_start().await?;
     spawn_lifetime_enforcer(&core, lifetime_tick);
 
     let listener = tokio::net::TcpListener::bind(&options.listen)

@@ -140,7 +140,9 @@ impl Core {
         }
         let id = SessionId::from_suffix(&skiff_store::mint()?);
         let workspace = workspace::prepare(source, &id, &self.state).await?;
-        self.store.create_session(
+        // The worker slot is claimed with the session row, after the slow workspace step:
+        // the check above is only the quick answer when the gateway is plainly full.
+        let created = self.store.create_session_placed(
             scope,
             &NewSession {
                 id: id.clone(),
@@ -148,15 +150,19 @@ impl Core {
                 workspace: workspace.clone(),
                 model_ref: model.to_string(),
             },
-        )?;
+            req.profile
+                .as_deref()
+                .map(|p| (p, self.workers.max_workers)),
+        );
+        if let Err(e) = created {
+            workspace::discard(&workspace).await;
+            return Err(e.into());
+        }
         self.audit(scope, "session.create", id.as_str(), "allowed", json!({
             "workspace_kind": match workspace { skiff_protocol::api::WorkspaceView::Git { .. } => "git", _ => "plain" },
             "model": model.as_str(),
             "profile": req.profile,
         }));
-        if let Some(profile) = &req.profile {
-            self.store.request_placement(scope, &id, profile)?;
-        }
         self.start_run(scope, &id, &req.prompt).await
     }
 
@@ -190,8 +196,8 @@ impl Core {
                         }
                         .into());
                     }
-                    self.check_worker_capacity()?;
-                    self.store.request_placement(scope, id, profile)?;
+                    self.store
+                        .request_placement(scope, id, profile, self.workers.max_workers)?;
                     self.audit(
                         scope,
                         "session.dispatch",

@@ -22,6 +22,27 @@ fn err(path: &Path) -> impl FnOnce(std::io::Error) -> StateDirError + '_ {
     }
 }
 
+/// Why the state dir could not be taken.
+#[derive(Debug, thiserror::Error)]
+pub enum LockError {
+    #[error(
+        "another gateway (pid {pid}) is using the state dir {dir}; stop it first, or start this one with another --state-dir"
+    )]
+    InUse { dir: String, pid: String },
+    #[error("cannot lock the state dir ({path}): {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Holds the state dir for one gateway process; dropping it releases the lock.
+#[derive(Debug)]
+pub struct StateDirLock {
+    _file: fs::File,
+}
+
 #[derive(Clone, Debug)]
 pub struct StateDir {
     root: PathBuf,
@@ -42,6 +63,55 @@ impl StateDir {
 
     pub fn root(&self) -> &Path {
         &self.root
+    }
+
+    /// Takes the state dir for this process: an exclusive lock on `gateway.lock`, held until
+    /// the returned guard is dropped (or the process dies — the kernel releases it, so a
+    /// crashed gateway never blocks the next one). It must be taken before anything in the
+    /// directory is read or repaired: restart reconciliation on a live gateway's state would
+    /// orphan its running turns.
+    pub fn lock(&self) -> Result<StateDirLock, LockError> {
+        let path = self.root.join("gateway.lock");
+        let mut file = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(&path)
+            .map_err(|source| LockError::Io {
+                path: path.display().to_string(),
+                source,
+            })?;
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(fs::TryLockError::WouldBlock) => {
+                let mut holder = String::new();
+                let _ = std::io::Read::read_to_string(&mut file, &mut holder);
+                return Err(LockError::InUse {
+                    dir: self.root.display().to_string(),
+                    pid: holder.trim().to_owned(),
+                });
+            }
+            Err(fs::TryLockError::Error(source)) => {
+                return Err(LockError::Io {
+                    path: path.display().to_string(),
+                    source,
+                });
+            }
+        }
+        // The holder's pid, for the message a second gateway prints.
+        let write_pid = |file: &mut fs::File| -> std::io::Result<()> {
+            file.set_len(0)?;
+            std::io::Seek::seek(file, std::io::SeekFrom::Start(0))?;
+            file.write_all(std::process::id().to_string().as_bytes())?;
+            file.sync_all()
+        };
+        write_pid(&mut file).map_err(|source| LockError::Io {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Ok(StateDirLock { _file: file })
     }
 
     pub fn database(&self) -> PathBuf {

@@ -200,3 +200,44 @@ async fn copy(
         path: path.display().to_string(),
     })
 }
+
+/// Removes a workspace `prepare` made for a session that was then refused (nothing of it is
+/// kept: the worktree, its branch, or the plain copy). Best effort, logged: the session never
+/// existed for anyone.
+pub async fn discard(view: &WorkspaceView) {
+    let cancel = CancellationToken::new();
+    let result = match view {
+        WorkspaceView::Git {
+            source,
+            path,
+            branch,
+            ..
+        } => {
+            let repo = Path::new(source);
+            let lock = repo_lock(repo);
+            let _one_at_a_time = lock.lock().await;
+            let removed = git(repo)
+                .args(["worktree", "remove", "--force"])
+                .arg(path)
+                .run_checked(&cancel)
+                .await;
+            match removed {
+                Ok(_) => git(repo)
+                    .args(["branch", "-D", branch])
+                    .run_checked(&cancel)
+                    .await
+                    .map(drop),
+                Err(e) => Err(e),
+            }
+        }
+        WorkspaceView::Plain { path, .. } => {
+            std::fs::remove_dir_all(path).map_err(|source| skiff_process::Error::Io {
+                command: format!("rm -r {path}"),
+                source,
+            })
+        }
+    };
+    if let Err(e) = result {
+        tracing::warn!(workspace = view.path(), error = %e, "could not remove a refused session's workspace");
+    }
+}

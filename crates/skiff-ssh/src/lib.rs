@@ -72,6 +72,8 @@ pub enum Channel {
 pub struct Ssh {
     target: Target,
     dir: PathBuf,
+    /// Transfers ride the control connection (see [`Ssh::transfers_over_control`]).
+    transfer_over_control: bool,
 }
 
 impl Ssh {
@@ -108,7 +110,42 @@ impl Ssh {
         Ok(Self {
             target,
             dir: dir.to_path_buf(),
+            transfer_over_control: false,
         })
+    }
+
+    /// This client with its transfers (rsync, bundles, file lists) carried over the control
+    /// connection. For a half-dead box: its sshd accepts no new connection, but the
+    /// connection the gateway already holds still works, and the box's work can come home
+    /// through it.
+    pub fn transfers_over_control(&self) -> Ssh {
+        Ssh {
+            transfer_over_control: true,
+            ..self.clone()
+        }
+    }
+
+    /// Whether the box accepts a new SSH connection now (one of its own, never a
+    /// multiplexed one): `false` with a live control master means a half-dead box.
+    pub async fn accepts_new_connections(&self) -> bool {
+        let options = self.options(Channel::Control).into_iter().map(|o| {
+            if o.to_string_lossy().starts_with("ControlMaster=") {
+                OsString::from("ControlMaster=no")
+            } else if o.to_string_lossy().starts_with("ControlPath=") {
+                OsString::from("ControlPath=none")
+            } else {
+                o
+            }
+        });
+        Cmd::new("ssh")
+            .args(options)
+            .arg(self.destination())
+            .args(["--", "true"])
+            .discard_output()
+            .timeout(Duration::from_secs(15))
+            .run(&CancellationToken::new())
+            .await
+            .is_ok_and(|done| done.status.success())
     }
 
     pub fn target(&self) -> &Target {
@@ -122,8 +159,8 @@ impl Ssh {
     /// The options every connection uses: pinned trust and nothing borrowed from the user.
     fn socket(&self, channel: Channel) -> PathBuf {
         self.dir.join(match channel {
-            Channel::Control => "control.sock",
-            Channel::Transfer => "transfer.sock",
+            Channel::Transfer if !self.transfer_over_control => "transfer.sock",
+            Channel::Control | Channel::Transfer => "control.sock",
         })
     }
 

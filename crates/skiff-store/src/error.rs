@@ -42,6 +42,10 @@ pub enum Error {
         from: skiff_protocol::environment::PlacementState,
         to: skiff_protocol::environment::PlacementState,
     },
+    #[error(
+        "the gateway is at capacity: {live} of {max} workers are in use; try again when a worker session finishes, or raise [gateway] max_workers"
+    )]
+    WorkersAtCapacity { live: u64, max: u64 },
     #[error("artifact {id} is retained: {reason}")]
     Retained { id: String, reason: String },
     #[error("stored {what} is unreadable: {detail}")]

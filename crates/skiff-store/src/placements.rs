@@ -118,39 +118,73 @@ pub struct PlacementChange<'a> {
     pub error: Option<&'a str>,
 }
 
+/// `request_placement` inside the caller's immediate transaction.
+pub(crate) fn request_in(
+    tx: &rusqlite::Transaction<'_>,
+    scope: &Scope,
+    session: &SessionId,
+    profile: &str,
+    max_live: u64,
+) -> Result<()> {
+    let to = PlacementState::Requested;
+    checked_move(
+        tx,
+        "SELECT placement FROM sessions WHERE id = ?1 AND owner_id = ?2 AND tenant_id = ?3",
+        "session",
+        scope,
+        session,
+        to,
+    )?;
+    let live: u64 = tx.query_row(LIVE_COUNT, [], |r| r.get(0))?;
+    if live >= max_live {
+        return Err(Error::WorkersAtCapacity {
+            live,
+            max: max_live,
+        });
+    }
+    let now = now_ms();
+    tx.execute(
+        "INSERT INTO placements (session_id, owner_id, tenant_id, state, profile, updated_at_ms) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6) \
+         ON CONFLICT(session_id) DO UPDATE SET state = ?4, profile = ?5, error = NULL, \
+         environment_id = NULL, worker_pid = NULL, generation = generation + 1, updated_at_ms = ?6",
+        params![
+            session.as_str(),
+            scope.owner_id,
+            scope.tenant_id,
+            to.as_str(),
+            profile,
+            now
+        ],
+    )?;
+    tx.execute(
+        "UPDATE sessions SET placement = ?1, updated_at_ms = ?2 WHERE id = ?3",
+        params![to.as_str(), now, session.as_str()],
+    )?;
+    Ok(())
+}
+
+const LIVE_COUNT: &str =
+    "SELECT COUNT(*) FROM placements WHERE state NOT IN ('local','reclaimed','failed')";
+
 impl Store {
-    /// Places a session on a worker profile: `local|reclaimed|failed → requested`. Creates the
-    /// row the first time.
+    /// Places a session on a worker profile: `local|reclaimed|failed → requested`, claiming
+    /// one of `max_live` worker slots. Creates the row the first time.
+    ///
+    /// INVARIANT: the count and the claim are one immediate transaction, so concurrent
+    /// requests can never together exceed `max_live` (a requested placement is a held slot;
+    /// it is given back when the placement fails, is reclaimed or comes home).
     pub fn request_placement(
         &self,
         scope: &Scope,
         session: &SessionId,
         profile: &str,
+        max_live: u64,
     ) -> Result<PlacementRow> {
         {
             let mut conn = self.conn();
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let to = PlacementState::Requested;
-            checked_move(
-                &tx,
-                "SELECT placement FROM sessions WHERE id = ?1 AND owner_id = ?2 AND tenant_id = ?3",
-                "session",
-                scope,
-                session,
-                to,
-            )?;
-            let now = now_ms();
-            tx.execute(
-                "INSERT INTO placements (session_id, owner_id, tenant_id, state, profile, updated_at_ms) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6) \
-                 ON CONFLICT(session_id) DO UPDATE SET state = ?4, profile = ?5, error = NULL, \
-                 environment_id = NULL, worker_pid = NULL, generation = generation + 1, updated_at_ms = ?6",
-                params![session.as_str(), scope.owner_id, scope.tenant_id, to.as_str(), profile, now],
-            )?;
-            tx.execute(
-                "UPDATE sessions SET placement = ?1, updated_at_ms = ?2 WHERE id = ?3",
-                params![to.as_str(), now, session.as_str()],
-            )?;
+            request_in(&tx, scope, session, profile, max_live)?;
             tx.commit()?;
         }
         self.placement(scope, session)?
@@ -200,11 +234,7 @@ impl Store {
 
     /// How many placements hold (or are getting) a worker right now.
     pub fn count_live_placements(&self) -> Result<u64> {
-        Ok(self.conn().query_row(
-            "SELECT COUNT(*) FROM placements WHERE state NOT IN ('local','reclaimed','failed')",
-            [],
-            |r| r.get(0),
-        )?)
+        Ok(self.conn().query_row(LIVE_COUNT, [], |r| r.get(0))?)
     }
 
     /// Moves a placement to `to` if the state machine allows it.

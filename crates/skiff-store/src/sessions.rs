@@ -46,21 +46,41 @@ fn from_row(row: &Row<'_>) -> rusqlite::Result<SessionRow> {
 
 impl Store {
     pub fn create_session(&self, scope: &Scope, new: &NewSession) -> Result<SessionRow> {
+        self.create_session_placed(scope, new, None)
+    }
+
+    /// Creates a session, and when `placement` names a worker profile (and the gateway's
+    /// worker limit), places it there claiming a worker slot — in one transaction, so a
+    /// session refused for capacity leaves no row behind.
+    pub fn create_session_placed(
+        &self,
+        scope: &Scope,
+        new: &NewSession,
+        placement: Option<(&str, u64)>,
+    ) -> Result<SessionRow> {
         let now = now_ms();
         let workspace = to_json("session workspace", &new.workspace)?;
-        self.conn().execute(
-            "INSERT INTO sessions (id, owner_id, tenant_id, title, workspace, model_ref, \
-             created_at_ms, updated_at_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7)",
-            params![
-                new.id.as_str(),
-                scope.owner_id,
-                scope.tenant_id,
-                new.title,
-                workspace,
-                new.model_ref,
-                now
-            ],
-        )?;
+        {
+            let mut conn = self.conn();
+            let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+            tx.execute(
+                "INSERT INTO sessions (id, owner_id, tenant_id, title, workspace, model_ref, \
+                 created_at_ms, updated_at_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7)",
+                params![
+                    new.id.as_str(),
+                    scope.owner_id,
+                    scope.tenant_id,
+                    new.title,
+                    workspace,
+                    new.model_ref,
+                    now
+                ],
+            )?;
+            if let Some((profile, max_live)) = placement {
+                crate::placements::request_in(&tx, scope, &new.id, profile, max_live)?;
+            }
+            tx.commit()?;
+        }
         self.session(scope, &new.id)
     }
 

@@ -74,6 +74,11 @@ impl Gateway {
         );
     }
 
+    /// The config file this gateway was started with.
+    pub fn config_path(&self) -> &Path {
+        &self.config
+    }
+
     /// A `skiff` command that finds this gateway through its state dir.
     pub fn cli(&self) -> Command {
         let mut cmd = Command::new(SKIFF);

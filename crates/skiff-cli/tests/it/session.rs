@@ -313,3 +313,66 @@ fn sessions_created_at_once_on_one_repository_all_get_their_worktree() {
     let branches = git(repo.path(), &["branch", "--list", "skiff/*"]);
     assert_eq!(branches.lines().count(), 8, "{branches}");
 }
+
+#[test]
+fn a_second_gateway_on_a_state_dir_in_use_exits_and_leaves_the_first_ones_turns_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let started = dir.path().join("started");
+    let release = dir.path().join("release");
+    for fifo in [&started, &release] {
+        assert!(
+            std::process::Command::new("mkfifo")
+                .arg(fifo)
+                .status()
+                .unwrap()
+                .success()
+        );
+    }
+    let script = format!(
+        "[[turns]]\ntext = \"Waiting.\"\n[[turns.tool_calls]]\nname = \"exec\"\narguments = {{ command = \"echo go > {}; cat {}\" }}\n[[turns]]\ntext = \"Done.\"\n",
+        started.display(),
+        release.display()
+    );
+    let gw = Gateway::start(&script);
+    let repo = TempGitRepo::new(&[("a.txt", "a\n")]);
+    let run = gw.json(&[
+        "session",
+        "new",
+        "--detach",
+        "--json",
+        "--workspace",
+        repo.path().to_str().unwrap(),
+        "--model",
+        "fake/wait",
+        "wait for me",
+    ]);
+    let id = run["session"]["id"].as_str().unwrap().to_owned();
+    // The turn is running once its command has started.
+    let mut go = String::new();
+    std::fs::File::open(&started)
+        .unwrap()
+        .read_to_string(&mut go)
+        .unwrap();
+
+    // Same state dir, another port: refused before it reads or repairs anything.
+    let second = std::process::Command::new(crate::harness::SKIFF)
+        .arg("--state-dir")
+        .arg(&gw.state_dir)
+        .args(["gateway", "--listen", "127.0.0.1:0", "--config"])
+        .arg(gw.config_path())
+        .output()
+        .unwrap();
+    assert!(!second.status.success());
+    let err = stderr(&second);
+    assert!(
+        err.contains("another gateway (pid ") && err.contains("is using the state dir"),
+        "{err}"
+    );
+
+    // The first gateway's turn was not orphaned: it finishes when its command does.
+    std::fs::write(&release, "done\n").unwrap();
+    let out = gw.run(&["session", "watch", &id, "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let detail = gw.json(&["session", "show", "--json", &id]);
+    assert_eq!(detail["runs"][0]["status"], "succeeded");
+}

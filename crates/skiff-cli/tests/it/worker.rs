@@ -719,3 +719,41 @@ fn a_long_reply_streams_through_the_credit_window_to_the_end() {
         .clone();
     assert_eq!(last["body"]["text"], words.concat());
 }
+
+#[test]
+fn twenty_requests_at_once_never_exceed_the_worker_limit() {
+    let rig = Rig::start(
+        vec![text_reply(&["one"]), text_reply(&["two"])],
+        "[gateway]\nmax_workers = 2\n",
+    );
+    let repo = TempGitRepo::new(&[("README.md", "a repo\n")]);
+    let outputs: Vec<std::process::Output> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..20)
+            .map(|i| {
+                let rig = &rig;
+                let repo = repo.path();
+                s.spawn(move || {
+                    let prompt = format!("request {i}");
+                    rig.session(&new_worker_session_args(repo, &prompt))
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let ok = outputs.iter().filter(|o| o.status.success()).count();
+    let refused: Vec<_> = outputs
+        .iter()
+        .filter(|o| o.status.code() == Some(3))
+        .collect();
+    assert_eq!(ok, 2, "exactly max_workers sessions are placed");
+    assert_eq!(refused.len(), 18, "every other request is refused");
+    for out in refused {
+        assert!(stderr(out).contains("at capacity"), "{}", stderr(out));
+    }
+    // Refused requests leave nothing behind: no session, no box, no branch.
+    let list = rig.gw.json(&["session", "list", "--json"]);
+    assert_eq!(list["sessions"].as_array().unwrap().len(), 2);
+    assert!(rig.root.boxes().len() <= 2, "{:?}", rig.root.boxes());
+    let branches = git(repo.path(), &["branch", "--list", "skiff/*"]);
+    assert_eq!(branches.lines().count(), 2, "{branches}");
+}

@@ -440,3 +440,216 @@ fn a_dead_box_reclaims_the_placement_and_the_next_message_starts_fresh_from_the_
         "{old:#}"
     );
 }
+
+/// Fills `path` with `len` bytes that do not compress.
+fn incompressible(path: &std::path::Path, len: usize) {
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let bytes: Vec<u8> = (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect();
+    std::fs::write(path, bytes).unwrap();
+}
+
+#[test]
+fn a_gateway_killed_at_each_placement_step_leaves_no_box_attached_without_a_session() {
+    let responses = (0..6).map(|_| text_reply(&["placed"])).collect();
+    let mut rig = Rig::start(responses, "");
+    let repo = TempGitRepo::new(&[("README.md", "a repo\n")]);
+    // Big enough that laying the workspace onto the box takes a moment.
+    incompressible(&repo.path().join("blob.bin"), 48 << 20);
+    for step in ["provisioning", "syncing", "starting"] {
+        let mut f = new_following(&rig, repo.path(), "place me");
+        f.until(&format!("the {step} step"), |e, _| {
+            e["type"] == "placement" && e["state"] == step
+        });
+        rig.gw.crash_and_restart();
+        let _ = f.finish();
+        // The restarted gateway reconciled before it listened: every box still attached
+        // belongs to a live placement, and no box is kept for an environment that is gone.
+        let envs = rig.gw.json(&["env", "list", "--json"]);
+        let envs = envs["environments"].as_array().unwrap();
+        for env in envs {
+            if env["state"] == "attached" {
+                assert!(
+                    !env["attached_sessions"].as_array().unwrap().is_empty(),
+                    "killed at {step}: an environment is attached to no session: {env:#}"
+                );
+            }
+        }
+        let alive = envs
+            .iter()
+            .filter(|e| ["ready", "idle", "attached"].contains(&e["state"].as_str().unwrap()))
+            .count();
+        assert!(
+            rig.root.boxes().len() <= alive,
+            "killed at {step}: boxes {:?} for {alive} live environments",
+            rig.root.boxes()
+        );
+    }
+}
+
+/// The `skiff` executable installed on the test's only box.
+fn installed_bundle(rig: &Rig) -> std::path::PathBuf {
+    let boxes = rig.root.boxes();
+    let bundles = rig.root.path().join(&boxes[0]).join("home/.skiff/bundles");
+    let hash = std::fs::read_dir(&bundles)
+        .unwrap()
+        .flatten()
+        .next()
+        .unwrap()
+        .file_name();
+    bundles.join(hash).join("skiff")
+}
+
+#[test]
+fn a_replacement_worker_that_dies_before_admission_is_retried_and_the_box_kept() {
+    let mut responses = exec_then_slow("one");
+    responses.push(text_reply(&["finished ", "after ", "a ", "retry"]));
+    let rig = Rig::start(responses, "");
+    let repo = TempGitRepo::new(&[("README.md", "a repo\n")]);
+    let mut f = new_following(&rig, repo.path(), "log once");
+    f.mid_second_stream();
+    let id = f.session_id();
+    let env_before = show(&rig, &id)["session"]["worker"]["environment_id"].clone();
+    // The first replacement cannot start: the worker's executable is away.
+    let bundle = installed_bundle(&rig);
+    let away = bundle.with_extension("away");
+    std::fs::rename(&bundle, &away).unwrap();
+    kill(&pids_with(&[
+        "worker",
+        "--socket",
+        &rig.root.path().display().to_string(),
+    ]));
+    f.until("a second attempt", |e, _| {
+        e["type"] == "placement"
+            && e["detail"]
+                .as_str()
+                .is_some_and(|d| d.contains("the box answers, trying again"))
+    });
+    std::fs::rename(&away, &bundle).unwrap();
+    let (status, _) = f.finish();
+    assert!(status.success(), "the turn did not finish after the retry");
+    let detail = show(&rig, &id);
+    assert_eq!(detail["session"]["placement"], "active");
+    assert_eq!(
+        detail["session"]["worker"]["environment_id"], env_before,
+        "the healthy box was kept"
+    );
+    assert_eq!(last_text(&detail), "finished after a retry");
+    assert!(
+        !kinds(&detail).contains(&"notice".to_owned()),
+        "nothing was reported lost"
+    );
+    let ws = format!("workspaces/{id}/runs.log");
+    let on_box = std::fs::read_to_string(
+        rig.root
+            .path()
+            .join(&rig.root.boxes()[0])
+            .join("home")
+            .join(ws),
+    )
+    .unwrap();
+    assert_eq!(on_box, "one\n", "the exec ran once");
+}
+
+#[test]
+fn a_box_that_takes_no_new_connections_gives_its_work_back_over_the_open_one() {
+    let responses = vec![
+        text_reply(&["first ", "turn"]),
+        tool_reply(
+            "call_w",
+            "write",
+            r#"{"path":"hello.txt","content":"made on a half-dead box\n"}"#,
+        ),
+        tool_reply(
+            "call_c",
+            "exec",
+            r#"{"command":"git add hello.txt && git commit -q -m 'Add hello'"}"#,
+        ),
+        text_reply(&["committed"]),
+        text_reply(&["on ", "a ", "fresh ", "box"]),
+    ];
+    let rig = Rig::start(responses, "");
+    let repo = TempGitRepo::new(&[("README.md", "a repo\n")]);
+    let (out, id) = crate::worker::new_worker_session(&rig, repo.path(), "first");
+    assert!(out.status.success(), "{}", stderr(&out));
+    let env_before = show(&rig, &id)["session"]["worker"]["environment_id"].clone();
+
+    // The box's sshd stops answering new connections; the connections it has stay up. The
+    // gateway's transfer connection is gone, so bringing work back needs a new one.
+    let box_dir = rig.root.path().join(&rig.root.boxes()[0]);
+    let listener = std::fs::read_to_string(box_dir.join("sshd.pid")).unwrap();
+    let stopped = std::process::Command::new("kill")
+        .args(["-STOP", listener.trim()])
+        .status()
+        .unwrap();
+    assert!(stopped.success());
+    kill(&pids_with(&[
+        "ControlMaster=yes",
+        "transfer.sock",
+        &rig.gw.state_dir.display().to_string(),
+    ]));
+
+    let out = rig.session(&["send", "--json", &id, "commit a file"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let branch = format!("skiff/{id}");
+    assert_eq!(
+        git(repo.path(), &["show", &format!("{branch}:hello.txt")]),
+        "made on a half-dead box\n",
+        "the turn's commit came home over the open connection"
+    );
+    let detail = wait_placement(&rig, &id, "reclaimed");
+    let notices: Vec<String> = detail["transcript"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["body"]["kind"] == "notice")
+        .map(|e| e["body"]["text"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(notices.len(), 1, "{notices:#?}");
+    assert!(
+        notices[0].contains("accepts no new SSH connections")
+            && notices[0].contains("brought back")
+            && notices[0].contains("Nothing the agent changed there"),
+        "{}",
+        notices[0]
+    );
+    // The next message places the session on a fresh box.
+    let out = rig.session(&["send", "--json", &id, "go on"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let detail = show(&rig, &id);
+    assert_eq!(detail["session"]["placement"], "active");
+    assert_ne!(detail["session"]["worker"]["environment_id"], env_before);
+}
+
+/// Follows the session's events until its placement reaches `state`.
+fn wait_placement(rig: &Rig, id: &str, state: &str) -> Value {
+    let detail = show(rig, id);
+    if detail["session"]["placement"] == state {
+        return detail;
+    }
+    let resp = reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(120))
+        .build()
+        .unwrap()
+        .get(format!("{}/v1/sessions/{id}/events?after=0", rig.gw.url))
+        .bearer_auth(&rig.gw.token)
+        .send()
+        .unwrap();
+    for line in BufReader::new(resp).lines() {
+        let line = line.unwrap();
+        let Some(data) = line.strip_prefix("data: ") else {
+            continue;
+        };
+        let event: Value = serde_json::from_str(data).unwrap();
+        if event["type"] == "placement" && event["state"] == state {
+            return show(rig, id);
+        }
+    }
+    panic!("the event stream ended before {id} was {state}");
+}

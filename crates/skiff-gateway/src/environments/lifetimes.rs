@@ -8,7 +8,60 @@ use skiff_providers::LeaseStatus;
 use skiff_store::EnvironmentRow;
 use std::time::Duration;
 
+/// How long an attached box may go without a placement naming it before the lifetime tick
+/// releases it. A session records its box right after attaching it; this only has to be long
+/// enough that no live placement is ever caught between the two.
+const UNOWNED_GRACE: Duration = Duration::from_secs(60);
+
 impl Environments {
+    /// Whether a live worker placement names this environment. A database error counts as
+    /// "yes": nothing is destroyed on a guess.
+    fn has_session(&self, row: &EnvironmentRow) -> bool {
+        match self.store.sessions_on_environment(&row.id) {
+            Ok(sessions) => !sessions.is_empty(),
+            Err(e) => {
+                tracing::warn!(env = %row.id, error = %e, "cannot tell whether a session uses the environment");
+                true
+            }
+        }
+    }
+
+    /// Destroys an attached box that no placement owns (a gateway crashed between attaching
+    /// it and recording it, or a placement ended without giving it back). Its contents are a
+    /// half-laid workspace at most: the session's work lives on the gateway.
+    async fn release_unowned(&self, row: &EnvironmentRow, why: &str) {
+        let lock = self.lock(&row.id);
+        let _guard = lock.lock().await;
+        // Under the lock: it may have been recorded on a placement since the caller looked.
+        match self.store.environment(&row.scope, &row.id) {
+            Ok(now) if now.state == EnvironmentState::Attached && !self.has_session(&now) => {}
+            _ => return,
+        }
+        tracing::warn!(env = %row.id, why, "releasing an environment no session owns");
+        self.audit(
+            &row.scope,
+            "environment.release",
+            &row.id,
+            "applied",
+            serde_json::json!({ "reason": why }),
+        );
+        if let Err(e) = self.destroy_locked(&row.scope, &row.id, true).await {
+            tracing::warn!(env = %row.id, error = %e, "could not destroy an unowned environment");
+        }
+    }
+
+    /// At gateway start, after placements were reconciled: no box stays attached without a
+    /// live placement (no live placement can be between attaching and recording now).
+    pub(crate) async fn release_unowned_on_start(&self) -> Result<()> {
+        for row in self.store.live_environments()? {
+            if row.state == EnvironmentState::Attached && !self.has_session(&row) {
+                self.release_unowned(&row, "attached to no worker session at gateway start")
+                    .await;
+            }
+        }
+        Ok(())
+    }
+
     /// At gateway start: finish or fail what a previous process left in flight, and check that
     /// every box believed alive still is. Then sweep orphans.
     pub(crate) async fn reconcile_on_start(&self) -> Result<()> {
@@ -87,6 +140,15 @@ impl Environments {
                 tracing::info!(env = %row.id, "reclaiming an idle environment");
                 if let Err(e) = self.reclaim_if_still_idle(&row.scope, &row.id, idle).await {
                     tracing::warn!(env = %row.id, error = %e, "reclaiming failed");
+                }
+            } else if row.state == EnvironmentState::Attached && !self.has_session(&row) {
+                // Never renewed: a box nobody uses is released instead (after a grace that
+                // covers the moment between attaching a box and recording it on the placement).
+                let since =
+                    Duration::from_millis(u64::try_from(now - row.last_used_at_ms).unwrap_or(0));
+                if since >= UNOWNED_GRACE {
+                    self.release_unowned(&row, "attached to no worker session")
+                        .await;
                 }
             } else if row.state == EnvironmentState::Attached
                 && let (Some(expires), Some(lease)) = (row.expires_at_ms, &row.lease_id)

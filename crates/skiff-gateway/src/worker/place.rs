@@ -75,14 +75,13 @@ impl Core {
         Ok(row)
     }
 
-    /// Refuses a new worker when the gateway already runs as many as it may.
+    /// The quick answer when the gateway plainly runs as many workers as it may. Only an
+    /// answer: the slot itself is claimed atomically by `request_placement`.
     pub(crate) fn check_worker_capacity(&self) -> Result<()> {
         let live = self.store.count_live_placements()?;
-        if live >= self.workers.max_workers {
-            return Err(Error::AtCapacity(format!(
-                "the gateway is at capacity: {live} of {} workers are in use; try again when a worker session finishes, or raise [gateway] max_workers",
-                self.workers.max_workers
-            )));
+        let max = self.workers.max_workers;
+        if live >= max {
+            return Err(skiff_store::Error::WorkersAtCapacity { live, max }.into());
         }
         Ok(())
     }
@@ -121,8 +120,9 @@ impl Core {
             )?;
         }
         if matches!(p.state, PlacementState::Reclaimed | PlacementState::Failed) {
-            self.check_worker_capacity()?;
-            p = self.store.request_placement(scope, id, &p.profile)?;
+            p = self
+                .store
+                .request_placement(scope, id, &p.profile, self.workers.max_workers)?;
         }
         if p.state == PlacementState::Requested {
             p = self.place(

@@ -19,6 +19,11 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
+/// How often a dead worker is replaced on a box that still answers before the placement is
+/// given up, and the pause before the second attempt (doubled each time).
+const REPLACE_ATTEMPTS: u32 = 3;
+const REPLACE_BACKOFF: Duration = Duration::from_secs(1);
+
 impl Core {
     /// After a worker is admitted: a reconnecting worker gets its turn again; a session whose
     /// turn was orphaned by a gateway restart gets it retried as a new turn.
@@ -132,20 +137,12 @@ impl Core {
                 .await
             {
                 Ok(out) if out.trim() == "dead" => {
-                    if let Err(e) = self.replace_worker(scope, session).await {
-                        tracing::warn!(%session, error = %e, "could not replace the worker");
-                        self.reclaim(
-                            scope,
-                            session,
-                            &format!("a new worker could not start: {e}"),
-                        )
-                        .await;
-                    }
+                    self.replace_with_retries(scope, session, &env, &ssh).await;
                     return;
                 }
                 Ok(_) if started.elapsed() < RECOVERY_DEADLINE => continue,
                 Ok(_) => {
-                    let _ = self.replace_worker(scope, session).await;
+                    self.replace_with_retries(scope, session, &env, &ssh).await;
                     return;
                 }
                 Err(e) => {
@@ -157,6 +154,60 @@ impl Core {
                 }
             }
         }
+    }
+
+    /// Replaces the worker, trying again (with backoff) while the box itself answers: a
+    /// replacement that died before admission says nothing about the box. The placement is
+    /// reclaimed only on evidence — the box no longer answers and its provider no longer
+    /// reports it running — or when every attempt failed on a box that still answers.
+    async fn replace_with_retries(
+        self: &Arc<Self>,
+        scope: &Scope,
+        session: &SessionId,
+        env: &skiff_store::EnvironmentRow,
+        ssh: &skiff_ssh::Ssh,
+    ) {
+        let mut backoff = REPLACE_BACKOFF;
+        let mut last = String::new();
+        for attempt in 1..=REPLACE_ATTEMPTS {
+            match self.replace_worker(scope, session).await {
+                Ok(()) => return,
+                Err(e) => last = e.to_string(),
+            }
+            tracing::warn!(%session, attempt, error = %last, "a replacement worker did not start");
+            let answers = ssh.run("true", &CancellationToken::new()).await.is_ok();
+            if !answers && !self.envs.box_alive(env).await {
+                self.reclaim(scope, session, &format!("its box stopped: {last}"))
+                    .await;
+                return;
+            }
+            if attempt == REPLACE_ATTEMPTS {
+                break;
+            }
+            // Still the session's, still on this box: say so, and try again.
+            if let Err(e) = self.place(
+                scope,
+                session,
+                PlacementState::Starting,
+                &PlacementChange::default(),
+                &format!(
+                    "a new worker did not start ({last}); the box answers, trying again in {} s (attempt {} of {REPLACE_ATTEMPTS})",
+                    backoff.as_secs(),
+                    attempt + 1
+                ),
+            ) {
+                tracing::warn!(%session, error = %e, "could not record the retry");
+                return;
+            }
+            tokio::time::sleep(backoff).await;
+            backoff *= 2;
+        }
+        self.reclaim(
+            scope,
+            session,
+            &format!("no new worker could start after {REPLACE_ATTEMPTS} attempts on a box that still answers: {last}"),
+        )
+        .await;
     }
 
     /// A new worker on the same box under a new owner epoch; the old one is fenced.
@@ -185,6 +236,16 @@ impl Core {
     /// The session's box is gone: keep the conversation, mark the placement reclaimed, tell
     /// the user what was lost, and end the turn that was running there.
     pub(crate) async fn reclaim(&self, scope: &Scope, session: &SessionId, reason: &str) {
+        let p = self.store.placement(scope, session).ok().flatten();
+        if p.as_ref().is_some_and(|p| {
+            matches!(
+                p.state,
+                PlacementState::Reclaimed | PlacementState::Failed | PlacementState::Local
+            )
+        }) {
+            // Already settled (a second path found the same dead box): one notice, not two.
+            return;
+        }
         let live = self.workers.live(session);
         // A worker that can still hear it is told to go (explicit close).
         live.send(GatewayFrame::Shutdown {
@@ -192,7 +253,6 @@ impl Core {
         });
         live.close();
         self.cancel_model_calls(session);
-        let p = self.store.placement(scope, session).ok().flatten();
         let env = p.as_ref().and_then(|p| p.environment_id.clone());
         if let Some(env) = &env {
             self.close_worker_endpoint(env);
@@ -259,14 +319,23 @@ impl Core {
         run: Option<&RunId>,
         reason: &str,
     ) -> String {
-        let checkpoint = self
+        let run = run.cloned();
+        let run = run.as_ref();
+        let last = self
             .store
             .artifacts(scope, session, skiff_store::ArtifactRole::Checkpoint)
             .ok()
-            .and_then(|a| a.last().and_then(|r| r.seq));
+            .and_then(|a| a.last().map(|r| (r.seq, r.created_at_ms)));
+        let checkpoint = last.and_then(|(seq, _)| seq);
+        let since_ms = last.map_or(i64::MIN, |(_, at)| at);
+        // Every change the agent made after the last checkpoint — in the running turn and in
+        // any turn since whose work never came back — not only the open run's.
         let mut changes = Vec::new();
-        if let (Some(run), Ok(entries)) = (run, self.store.transcript(scope, session)) {
-            for entry in entries.iter().filter(|e| e.run_id.as_ref() == Some(run)) {
+        if let Ok(entries) = self.store.transcript(scope, session) {
+            let after = entries.iter().filter(|e| {
+                e.created_at_ms > since_ms || (run.is_some() && e.run_id.as_ref() == run)
+            });
+            for entry in after {
                 if let EntryBody::AssistantMessage { tool_calls, .. } = &entry.body {
                     for call in tool_calls
                         .iter()
@@ -289,7 +358,7 @@ impl Core {
             None => "the start of the session".into(),
         };
         let lost = if changes.is_empty() {
-            format!("Workspace changes made there since {since} were lost (none were recorded).")
+            format!("Nothing the agent changed there since {since} was lost.")
         } else {
             format!(
                 "Workspace changes made there since {since} were lost: {}.",
@@ -303,7 +372,7 @@ impl Core {
 
     /// At gateway start: placements caught mid-placement failed; active ones get their
     /// endpoint back and wait for their worker to re-attach (repairing the tunnel if needed).
-    pub(crate) fn reconcile_placements_on_start(self: &Arc<Self>) -> Result<()> {
+    pub(crate) async fn reconcile_placements_on_start(self: &Arc<Self>) -> Result<()> {
         for p in self.store.live_placements()? {
             match p.state {
                 PlacementState::Active | PlacementState::Reconciling => {
@@ -336,7 +405,9 @@ impl Core {
                 }
             }
         }
-        Ok(())
+        // Boxes attached to no live placement now (a crash between attaching a box and
+        // recording it, or mid-sync above) are given up, never renewed for ever.
+        self.envs.release_unowned_on_start().await
     }
 }
 

@@ -137,8 +137,36 @@ impl Core {
             // turn's reconciliation carries whatever it left in the workspace.
             return Reply::Finished;
         }
-        let end = match self.reconcile(scope, session, theirs, &run).await {
+        let end = match self
+            .reconcile(scope, session, theirs.clone(), &run, false)
+            .await
+        {
             Ok(()) => end,
+            Err(e) if self.half_dead(scope, session).await => {
+                // The box's sshd takes no new connection, but the one the gateway holds still
+                // works: bring the work home through it, then give the box up (its next turn
+                // could not come back), with one notice that says which of the two happened.
+                let captured = self.reconcile(scope, session, theirs, &run, true).await;
+                let reason = match &captured {
+                    Ok(()) => format!(
+                        "it accepts no new SSH connections ({e}); this turn's work was brought back over the connection still open"
+                    ),
+                    Err(again) => format!(
+                        "it accepts no new SSH connections, and the work could not be brought back over the connection still open either: {again}"
+                    ),
+                };
+                let end = match captured {
+                    Ok(()) => end,
+                    Err(_) => TurnEnd::Failed {
+                        error: format!("the session's box {reason}"),
+                    },
+                };
+                self.workers.live(session).end_turn(&run, end);
+                let core = self.clone();
+                let (scope, session) = (scope.clone(), session.clone());
+                tokio::spawn(async move { core.reclaim(&scope, &session, &reason).await });
+                return Reply::Finished;
+            }
             Err(e) => {
                 let text = format!(
                     "The box's work could not be brought back: {e}. Nothing was overwritten; the box keeps its copy."
@@ -167,12 +195,30 @@ impl Core {
         Reply::Finished
     }
 
+    /// Whether the session's box is half dead: no new SSH connection opens, while the
+    /// control connection the gateway holds still answers.
+    async fn half_dead(&self, scope: &Scope, session: &SessionId) -> bool {
+        let Ok(Some(p)) = self.store.placement(scope, session) else {
+            return false;
+        };
+        let Ok(env) = self.placement_env(scope, &p) else {
+            return false;
+        };
+        let Ok(ssh) = self.envs.ssh(&env) else {
+            return false;
+        };
+        !ssh.accepts_new_connections().await && ssh.master_alive(skiff_ssh::Channel::Control).await
+    }
+
+    /// Brings the box's work back; `over_control` carries the transfers over the control
+    /// connection (a half-dead box).
     async fn reconcile(
         &self,
         scope: &Scope,
         session_id: &SessionId,
         theirs: Option<skiff_protocol::sync::Manifest>,
         run: &RunId,
+        over_control: bool,
     ) -> Result<()> {
         let p = self.place(
             scope,
@@ -181,7 +227,9 @@ impl Core {
             &PlacementChange::default(),
             "bringing the box's work back",
         )?;
-        let result = self.reconcile_inner(scope, session_id, &p, theirs).await;
+        let result = self
+            .reconcile_inner(scope, session_id, &p, theirs, over_control)
+            .await;
         let base = result.as_ref().ok().cloned();
         let detail = match &result {
             Ok(_) => "the box's work is in the session's workspace".to_owned(),
@@ -210,13 +258,18 @@ impl Core {
         session_id: &SessionId,
         p: &PlacementRow,
         theirs: Option<skiff_protocol::sync::Manifest>,
+        over_control: bool,
     ) -> Result<String> {
         let mut theirs =
             theirs.ok_or_else(|| placement_error("the worker could not list its workspace"))?;
         let session = self.store.session(scope, session_id)?;
         let base = manifest::from_json(p.base_manifest.as_deref().unwrap_or(""))?;
         let env = self.placement_env(scope, p)?;
-        let remote = Remote::new(self.envs.ssh(&env)?, &box_workspace(session_id))?;
+        let mut ssh = self.envs.ssh(&env)?;
+        if over_control {
+            ssh = ssh.transfers_over_control();
+        }
+        let remote = Remote::new(ssh, &box_workspace(session_id))?;
         let local = Path::new(session.workspace.path());
         let rules = Rules::load(local)?;
         let limits = Limits::default();
