@@ -61,6 +61,10 @@ enum BoxCommand {
     /// Connect stdin/stdout to HOST:PORT (an ssh ProxyCommand)
     #[command(hide = true)]
     Proxy { host: String, port: u16 },
+    /// Print the manifest of a workspace on this box (JSON), for the gateway to capture a
+    /// box's work when no worker can start there
+    #[command(hide = true)]
+    Scan { workspace: PathBuf },
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -96,6 +100,13 @@ fn print(status: &LeaseCliStatus, json: bool) -> Result<()> {
 pub async fn run(args: BoxArgs, state_dir: &Path) -> Result<ExitCode> {
     if let BoxCommand::Proxy { host, port } = &args.command {
         return proxy(host, *port).await;
+    }
+    if let BoxCommand::Scan { workspace } = &args.command {
+        let manifest = skiff_worker::scan_workspace(workspace)
+            .await
+            .with_context(|| format!("cannot list the workspace {}", workspace.display()))?;
+        println!("{}", serde_json::to_string(&manifest)?);
+        return Ok(ExitCode::SUCCESS);
     }
     let root = args.root.unwrap_or_else(|| {
         if skiff_providers::running_as_root() {
@@ -154,7 +165,7 @@ pub async fn run(args: BoxArgs, state_dir: &Path) -> Result<ExitCode> {
                 }
             }
         }
-        BoxCommand::Proxy { .. } => {}
+        BoxCommand::Proxy { .. } | BoxCommand::Scan { .. } => {}
     }
     Ok(ExitCode::SUCCESS)
 }

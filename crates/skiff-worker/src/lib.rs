@@ -16,6 +16,8 @@ mod backend;
 mod link;
 mod turns;
 
+pub use turns::scan_workspace;
+
 use link::{Ident, Link};
 use skiff_protocol::worker::{
     GatewayFrame, MAX_FRAME_BYTES, PROTOCOL_VERSION, RefusalCode, WorkerFrame, features,

@@ -162,13 +162,28 @@ impl Turns {
 
 /// What the workspace holds now, for the gateway's reconciliation.
 async fn scan(workspace: &std::path::Path) -> Option<skiff_protocol::sync::Manifest> {
+    match scan_workspace(workspace).await {
+        Ok(m) => Some(m),
+        Err(e) => {
+            tracing::warn!(error = %e, "could not list the workspace for the gateway");
+            None
+        }
+    }
+}
+
+/// The manifest of a box workspace as the gateway reconciles it: what a finishing turn
+/// reports, and what `skiff box scan` prints when the gateway must capture a box's work
+/// without a worker.
+pub async fn scan_workspace(
+    workspace: &std::path::Path,
+) -> Result<skiff_protocol::sync::Manifest, skiff_sync::Error> {
     let mode = if workspace.join(".git").exists() {
         Mode::Git
     } else {
         Mode::Plain
     };
-    let rules = Rules::load(workspace).ok()?;
-    match manifest::scan(
+    let rules = Rules::load(workspace)?;
+    manifest::scan(
         workspace,
         mode,
         &rules,
@@ -176,13 +191,6 @@ async fn scan(workspace: &std::path::Path) -> Option<skiff_protocol::sync::Manif
         &CancellationToken::new(),
     )
     .await
-    {
-        Ok(m) => Some(m),
-        Err(e) => {
-            tracing::warn!(error = %e, "could not list the workspace for the gateway");
-            None
-        }
-    }
 }
 
 /// Asks for the next credential when a third of the current one's life is left.

@@ -653,3 +653,49 @@ fn wait_placement(rig: &Rig, id: &str, state: &str) -> Value {
     }
     panic!("the event stream ended before {id} was {state}");
 }
+
+#[test]
+fn a_box_that_answers_but_runs_no_worker_gives_its_work_back_before_it_goes() {
+    let rig = Rig::start(exec_then_slow("one"), "");
+    let repo = TempGitRepo::new(&[("README.md", "a repo\n")]);
+    let mut f = new_following(&rig, repo.path(), "log once");
+    f.mid_second_stream();
+    let id = f.session_id();
+    // From now on `skiff worker` exits at once on the box; the rest of the bundle works.
+    let bundle = installed_bundle(&rig);
+    std::fs::rename(&bundle, bundle.with_extension("real")).unwrap();
+    std::fs::write(
+        &bundle,
+        "#!/bin/sh\n[ \"$1\" = worker ] && exit 1\nexec \"$(dirname \"$0\")/skiff.real\" \"$@\"\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(&bundle, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    kill(&pids_with(&[
+        "worker",
+        "--socket",
+        &rig.root.path().display().to_string(),
+    ]));
+    let (status, _) = f.finish();
+    assert!(!status.success(), "the turn cannot finish without a worker");
+    let detail = wait_placement(&rig, &id, "reclaimed");
+    // The exec's file, made on the box in the interrupted turn, is in the session's workspace.
+    let workspace = detail["session"]["workspace"]["path"].as_str().unwrap();
+    assert_eq!(
+        std::fs::read_to_string(std::path::Path::new(workspace).join("runs.log")).unwrap(),
+        "one\n"
+    );
+    let notices: Vec<String> = detail["transcript"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["body"]["kind"] == "notice")
+        .map(|e| e["body"]["text"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(notices.len(), 1, "{notices:#?}");
+    assert!(
+        notices[0].contains("its work was brought back first")
+            && notices[0].contains("Nothing the agent changed there since checkpoint 1"),
+        "{}",
+        notices[0]
+    );
+}

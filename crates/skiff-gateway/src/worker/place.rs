@@ -367,7 +367,13 @@ impl Core {
             ))
         })?;
         started(pid)?;
-        if !wait_connected(&live, epoch, ADMISSION_TIMEOUT).await {
+        // A worker that exits before admission fails the start now, not after the timeout:
+        // whoever started it decides at once whether to try again.
+        let admitted = tokio::select! {
+            admitted = wait_connected(&live, epoch, ADMISSION_TIMEOUT) => Ok(admitted),
+            () = exited(&ssh, pid) => Err(()),
+        };
+        if admitted != Ok(true) {
             let log = ssh
                 .run(
                     "tail -n 5 \"$HOME/.skiff/worker.log\" 2>/dev/null || true",
@@ -375,10 +381,13 @@ impl Core {
                 )
                 .await
                 .unwrap_or_default();
+            let what = match admitted {
+                Err(()) => "exited before it was admitted".to_owned(),
+                Ok(_) => format!("was not admitted within {} s", ADMISSION_TIMEOUT.as_secs()),
+            };
             return Err(placement_error(format!(
-                "the worker on {} was not admitted within {} s; its log ends: {}",
+                "the worker on {} {what}; its log ends: {}",
                 env.id,
-                ADMISSION_TIMEOUT.as_secs(),
                 log.trim()
             )));
         }
@@ -427,6 +436,20 @@ fn mode_of(workspace: &WorkspaceView) -> Mode {
     match workspace {
         WorkspaceView::Git { .. } => Mode::Git,
         WorkspaceView::Plain { .. } => Mode::Plain,
+    }
+}
+
+/// Returns once the box says process `pid` is gone (checked twice a second over the control
+/// connection; a check that cannot be made counts as "still there").
+async fn exited(ssh: &skiff_ssh::Ssh, pid: i64) {
+    let probe = format!("kill -0 {pid} 2>/dev/null && echo alive || echo gone");
+    loop {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        if let Ok(out) = ssh.run(&probe, &CancellationToken::new()).await
+            && out.trim() == "gone"
+        {
+            return;
+        }
     }
 }
 

@@ -202,12 +202,65 @@ impl Core {
             tokio::time::sleep(backoff).await;
             backoff *= 2;
         }
+        // The box answers but runs no worker: bring its work home before giving it up.
+        let captured = match self.capture_box_work(scope, session).await {
+            Ok(()) => "its work was brought back first".to_owned(),
+            Err(e) => format!("bringing its work back failed too: {e}"),
+        };
         self.reclaim(
             scope,
             session,
-            &format!("no new worker could start after {REPLACE_ATTEMPTS} attempts on a box that still answers: {last}"),
+            &format!("no new worker could start after {REPLACE_ATTEMPTS} attempts on a box that still answers ({last}); {captured}"),
         )
         .await;
+    }
+
+    /// Brings home what a box holds when no worker can run there: the workspace listed by
+    /// the installed bundle (`skiff box scan`), adopted with every check a turn's end gets,
+    /// then checkpointed.
+    async fn capture_box_work(&self, scope: &Scope, session: &SessionId) -> Result<()> {
+        let p = self.store.placement(scope, session)?.ok_or_else(|| {
+            super::place::placement_error(format!("session {session} has no placement"))
+        })?;
+        let env = self.placement_env(scope, &p)?;
+        let ssh = self.envs.ssh(&env)?;
+        let bundle = p
+            .bundle_hash
+            .clone()
+            .or_else(|| self.envs.bundle_hash_now())
+            .ok_or_else(|| super::place::placement_error("the box's bundle is not known"))?;
+        let listing = ssh
+            .run(
+                &format!(
+                    "\"$HOME/.skiff/bundles/{bundle}/skiff\" box scan {}",
+                    skiff_ssh::shell_quote(&super::place::box_workspace(session))
+                ),
+                &CancellationToken::new(),
+            )
+            .await?;
+        let theirs = skiff_sync::manifest::from_json(listing.trim())?;
+        self.reconcile_inner(scope, session, &p, Some(theirs), false)
+            .await?;
+        let run = match self.store.open_run(scope, session)? {
+            Some(run) => Some(run.id),
+            None => self
+                .store
+                .runs(scope, session)?
+                .last()
+                .map(|r| r.id.clone()),
+        };
+        if let Some(run) = run {
+            let row = self.store.session(scope, session)?;
+            self.checkpoint_turn(scope, &row, &run).await;
+        }
+        self.audit(
+            scope,
+            "placement.capture",
+            session.as_str(),
+            "applied",
+            json!({ "env": env.id.as_str() }),
+        );
+        Ok(())
     }
 
     /// A new worker on the same box under a new owner epoch; the old one is fenced.
@@ -277,13 +330,7 @@ impl Core {
             json!({ "env": env.as_ref().map(|e| e.as_str()), "reason": reason }),
         );
         let open = self.store.open_run(scope, session).ok().flatten();
-        let notice = self.lost_work_notice(
-            scope,
-            session,
-            env.as_ref(),
-            open.as_ref().map(|r| &r.id),
-            reason,
-        );
+        let notice = self.lost_work_notice(scope, session, env.as_ref(), reason);
         let leaf = self.store.leaf(scope, session).ok().flatten();
         if let Ok(entries) = self.store.append_entries(
             scope,
@@ -316,11 +363,8 @@ impl Core {
         scope: &Scope,
         session: &SessionId,
         env: Option<&EnvironmentId>,
-        run: Option<&RunId>,
         reason: &str,
     ) -> String {
-        let run = run.cloned();
-        let run = run.as_ref();
         let last = self
             .store
             .artifacts(scope, session, skiff_store::ArtifactRole::Checkpoint)
@@ -332,9 +376,7 @@ impl Core {
         // any turn since whose work never came back — not only the open run's.
         let mut changes = Vec::new();
         if let Ok(entries) = self.store.transcript(scope, session) {
-            let after = entries.iter().filter(|e| {
-                e.created_at_ms > since_ms || (run.is_some() && e.run_id.as_ref() == run)
-            });
+            let after = entries.iter().filter(|e| e.created_at_ms > since_ms);
             for entry in after {
                 if let EntryBody::AssistantMessage { tool_calls, .. } = &entry.body {
                     for call in tool_calls

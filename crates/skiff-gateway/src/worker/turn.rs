@@ -252,7 +252,7 @@ impl Core {
         result.map(|_| ())
     }
 
-    async fn reconcile_inner(
+    pub(super) async fn reconcile_inner(
         &self,
         scope: &Scope,
         session_id: &SessionId,
