@@ -151,7 +151,7 @@ pub fn restore_plain(cas: &Cas, manifest_hash: &str, target: &Path) -> Result<Ma
         max_total_bytes: u64::MAX,
         max_file_bytes: u64::MAX,
     };
-    contain::check_manifest(&m, &limits)?;
+    contain::check_manifest(&m, None, &limits)?;
     std::fs::create_dir_all(target).map_err(io_err(target))?;
     if std::fs::read_dir(target)
         .map_err(io_err(target))?

@@ -94,7 +94,11 @@ pub fn check_symlink(path: &str, target: &str) -> Result<()> {
 
 /// Checks every entry of a manifest from a box: paths, symlinks, sizes, limits, and that no
 /// entry lies below another (a write below a file or symlink would go somewhere else).
-pub fn check_manifest(manifest: &Manifest, limits: &Limits) -> Result<()> {
+///
+/// A symlink exactly as `base` has it (the manifest the box was given) is data, not a
+/// request: it is never refused, wherever it points — it came from this side, and being
+/// unchanged it is never written back. Only a new or changed symlink must stay inside.
+pub fn check_manifest(manifest: &Manifest, base: Option<&Manifest>, limits: &Limits) -> Result<()> {
     if manifest.version != skiff_protocol::sync::MANIFEST_VERSION {
         return Err(Error::Invalid {
             what: "the box's manifest".into(),
@@ -124,7 +128,12 @@ pub fn check_manifest(manifest: &Manifest, limits: &Limits) -> Result<()> {
                 }
                 total = total.saturating_add(*size);
             }
-            ManifestEntry::Symlink { target } => check_symlink(path, target)?,
+            ManifestEntry::Symlink { target } => {
+                let unchanged = base.is_some_and(|b| b.entries.get(path) == Some(entry));
+                if !unchanged {
+                    check_symlink(path, target)?;
+                }
+            }
         }
         let mut prefix = path.as_str();
         while let Some((parent, _)) = prefix.rsplit_once('/') {

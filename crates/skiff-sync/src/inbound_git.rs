@@ -201,7 +201,7 @@ pub async fn adopt(
         .base_commit
         .clone()
         .ok_or_else(|| diverged("the base manifest records no base commit".into()))?;
-    contain::check_manifest(theirs, a.limits)?;
+    contain::check_manifest(theirs, Some(a.base), a.limits)?;
     contain::check_rules(theirs, a.rules)?;
 
     // Where things stand here: the branch where it was left, the worktree as the box got it.
@@ -283,7 +283,7 @@ pub async fn adopt(
         .filter(|(p, e)| a.base.entries.get(*p) != Some(*e) || touched.contains(*p))
         .map(|(p, e)| (p.clone(), e.clone()))
         .collect();
-    check_commit_tree(a.worktree, &tip, cancel).await?;
+    check_commit_tree(a.worktree, &head, &tip, cancel).await?;
     let tree = git(a.worktree)
         .args(["ls-tree", "-r", "-z", "--name-only", &tip])
         .run_checked(cancel)
@@ -336,16 +336,25 @@ async fn tracked_at(
 
 /// The box's commits are contained like its files: `reset --hard` writes the tip's tree into
 /// the worktree and `publish` would push it, so every path must be a plain workspace path,
-/// every symlink must stay inside, and submodules are not adopted.
+/// every new or changed symlink must stay inside, and submodules are not adopted. A symlink
+/// the managed branch (`ours`) already has, unchanged, is data: refusing it would strand every
+/// turn of a repository that commits one (`licenses -> /usr/share/common-licenses`).
 async fn check_commit_tree(
     worktree: &std::path::Path,
+    ours: &str,
     tip: &str,
     cancel: &CancellationToken,
 ) -> Result<()> {
-    let listing = git(worktree)
-        .args(["ls-tree", "-r", "-z", "--full-tree", tip])
-        .run_checked(cancel)
-        .await?;
+    let tree = |commit: &str| {
+        git(worktree)
+            .args(["ls-tree", "-r", "-z", "--full-tree", commit])
+            .run_checked(cancel)
+    };
+    let ours = tree(ours).await?;
+    let known: BTreeSet<&str> = split_z(&ours)
+        .filter(|e| e.starts_with("120000 "))
+        .collect();
+    let listing = tree(tip).await?;
     for entry in split_z(&listing) {
         let Some((meta, path)) = entry.split_once('\t') else {
             continue;
@@ -354,6 +363,8 @@ async fn check_commit_tree(
         let mut fields = meta.split_whitespace();
         let (mode, oid) = (fields.next().unwrap_or(""), fields.nth(1).unwrap_or(""));
         match mode {
+            // Same mode, blob and path as on the managed branch: unchanged.
+            "120000" if known.contains(entry) => {}
             "120000" => {
                 let target = git(worktree)
                     .args(["cat-file", "blob", oid])

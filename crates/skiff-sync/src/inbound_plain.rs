@@ -47,7 +47,7 @@ pub async fn mirror(
     remote: &Remote,
     cancel: &CancellationToken,
 ) -> Result<Applied> {
-    contain::check_manifest(theirs, inb.limits)?;
+    contain::check_manifest(theirs, Some(inb.base), inb.limits)?;
     contain::check_rules(theirs, inb.rules)?;
     check_drift(
         inb.target,

@@ -457,3 +457,77 @@ async fn a_commit_with_an_escaping_symlink_is_refused_even_when_the_files_hide_i
     assert_eq!(ws.head(), head_before, "the branch moved");
     assert!(!ws.worktree.join("leak").exists());
 }
+
+#[tokio::test]
+async fn a_committed_symlink_out_of_the_workspace_is_data_and_never_strands_the_work() {
+    let tb = TestBox::new().await;
+    let ws = Workspace::git(&files());
+    // The repository itself commits symlinks that point outside (a real pattern:
+    // `licenses -> /usr/share/common-licenses`).
+    std::os::unix::fs::symlink("/usr/share/common-licenses", ws.worktree.join("licenses")).unwrap();
+    std::os::unix::fs::symlink("../outside", ws.worktree.join("up")).unwrap();
+    git(&ws.worktree, &["add", "licenses", "up"]);
+    git(
+        &ws.worktree,
+        &[
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@t",
+            "commit",
+            "-q",
+            "-m",
+            "links",
+        ],
+    );
+    let sent = dispatch(&ws, &tb).await;
+
+    // The box works as usual: a commit and an uncommitted file.
+    tb.sh(&format!(
+        "cd {DIR} && echo made > made.txt && git add made.txt && git commit -q -m 'box: made' \
+         && echo loose > loose.txt"
+    ))
+    .await;
+    let adopted = adopt(&ws, &tb, &sent.manifest).await.unwrap();
+    assert!(adopted.fast_forwarded);
+    assert_eq!(
+        std::fs::read_to_string(ws.worktree.join("made.txt")).unwrap(),
+        "made\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(ws.worktree.join("loose.txt")).unwrap(),
+        "loose\n"
+    );
+    // Still symlinks, never followed on either side.
+    for (link, target) in [
+        ("licenses", "/usr/share/common-licenses"),
+        ("up", "../outside"),
+    ] {
+        assert_eq!(
+            std::fs::read_link(ws.worktree.join(link)).unwrap(),
+            std::path::Path::new(target)
+        );
+        assert_eq!(
+            std::fs::read_link(tb.home.join(DIR).join(link)).unwrap(),
+            std::path::Path::new(target)
+        );
+    }
+
+    // A symlink the box changes to point elsewhere outside is still refused.
+    let head = ws.head();
+    let tb = TestBox::new().await;
+    let sent = dispatch(&ws, &tb).await;
+    tb.sh(&format!(
+        "cd {DIR} && ln -sfn /etc licenses && git add licenses && git commit -q -m 'box: repoint'"
+    ))
+    .await;
+    let err = adopt(&ws, &tb, &sent.manifest)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("licenses") && err.contains("outside the workspace"),
+        "{err}"
+    );
+    assert_eq!(ws.head(), head, "the branch moved");
+}
