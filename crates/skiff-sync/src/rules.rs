@@ -16,20 +16,25 @@ use globset::{GlobBuilder, GlobMatcher};
 use std::path::Path;
 
 /// Excluded unless a `.skiffignore` rule re-includes them: build outputs and caches that are
-/// large, machine-specific, and rebuilt on the box.
-pub const BUILTIN: &[&str] = &[
-    "target/",
-    "node_modules/",
-    ".venv/",
-    "__pycache__/",
-    "dist/",
-    ".tox/",
-    ".mypy_cache/",
-    ".pytest_cache/",
-    ".gradle/",
-    ".next/",
-    "*.pyc",
-    ".DS_Store",
+/// large, machine-specific, and rebuilt on the box. A rule with markers is build output only
+/// beside one of them (`target/` next to a `Cargo.toml`): a source folder that happens to be
+/// called `target` or `dist` (the `cc` crate has `src/target/`) is source, and is synced.
+pub const BUILTIN: &[(&str, &[&str])] = &[
+    ("target/", &["Cargo.toml", "pom.xml"]),
+    ("node_modules/", &[]),
+    (".venv/", &[]),
+    ("__pycache__/", &[]),
+    (
+        "dist/",
+        &["package.json", "pyproject.toml", "setup.py", "setup.cfg"],
+    ),
+    (".tox/", &[]),
+    (".mypy_cache/", &[]),
+    (".pytest_cache/", &[]),
+    (".gradle/", &[]),
+    (".next/", &["package.json"]),
+    ("*.pyc", &[]),
+    (".DS_Store", &[]),
 ];
 
 /// The file at the workspace root that adds rules.
@@ -41,6 +46,9 @@ struct Rule {
     anchored: bool,
     dir_only: bool,
     glob: GlobMatcher,
+    /// A built-in build-output rule matches a directory only when one of these files sits
+    /// beside it (checked under the workspace root; without a root, always).
+    beside: &'static [&'static str],
 }
 
 impl Rule {
@@ -73,11 +81,13 @@ impl Rule {
             anchored,
             dir_only,
             glob,
+            beside: &[],
         }))
     }
 
     /// Whether the rule matches `path` (a `/`-separated relative path) or a directory above it.
-    fn matches(&self, path: &str, is_dir: bool) -> bool {
+    /// `root` is the workspace the path is in, for rules that look beside what they match.
+    fn matches(&self, path: &str, is_dir: bool, root: Option<&Path>) -> bool {
         let parts: Vec<&str> = path.split('/').collect();
         let last = parts.len().saturating_sub(1);
         if self.anchored {
@@ -90,11 +100,23 @@ impl Rule {
             }
             false
         } else {
-            parts
-                .iter()
-                .enumerate()
-                .any(|(i, part)| (i < last || is_dir || !self.dir_only) && self.glob.is_match(part))
+            parts.iter().enumerate().any(|(i, part)| {
+                (i < last || is_dir || !self.dir_only)
+                    && self.glob.is_match(part)
+                    && self.is_beside_marker(root, &parts[..i])
+            })
         }
+    }
+}
+
+impl Rule {
+    /// Whether the directory `parent` (segments below `root`) holds one of the rule's markers.
+    fn is_beside_marker(&self, root: Option<&Path>, parent: &[&str]) -> bool {
+        let Some(root) = root.filter(|_| !self.beside.is_empty()) else {
+            return true;
+        };
+        let dir = parent.iter().fold(root.to_path_buf(), |d, p| d.join(p));
+        self.beside.iter().any(|m| dir.join(m).is_file())
     }
 }
 
@@ -102,6 +124,9 @@ impl Rule {
 #[derive(Clone, Debug)]
 pub struct Rules {
     rules: Vec<Rule>,
+    /// The workspace the rules are for (set by [`Rules::load`]): built-ins with markers look
+    /// there.
+    root: Option<std::path::PathBuf>,
 }
 
 impl Default for Rules {
@@ -115,9 +140,13 @@ impl Rules {
     pub fn builtin() -> Rules {
         let rules = BUILTIN
             .iter()
-            .filter_map(|p| Rule::parse(p).ok().flatten())
+            .filter_map(|(p, beside)| {
+                let mut rule = Rule::parse(p).ok().flatten()?;
+                rule.beside = beside;
+                Some(rule)
+            })
             .collect();
-        Rules { rules }
+        Rules { rules, root: None }
     }
 
     /// The built-ins followed by the rules in `text` (the contents of a `.skiffignore`).
@@ -142,16 +171,21 @@ impl Rules {
     /// The built-ins followed by `root/.skiffignore`, when it exists.
     pub fn load(root: &Path) -> Result<Rules> {
         let path = root.join(FILE);
-        match std::fs::read_to_string(&path) {
+        let mut rules = match std::fs::read_to_string(&path) {
             Ok(text) => Self::parse(&text),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Self::builtin()),
             Err(e) => Err(io_err(&path)(e)),
-        }
+        }?;
+        rules.root = Some(root.to_path_buf());
+        Ok(rules)
     }
 
     /// The index of the last rule that matches, if any.
     fn last_match(&self, path: &str, is_dir: bool) -> Option<usize> {
-        self.rules.iter().rposition(|r| r.matches(path, is_dir))
+        let root = self.root.as_deref();
+        self.rules
+            .iter()
+            .rposition(|r| r.matches(path, is_dir, root))
     }
 
     /// Whether `path` (relative, `/`-separated) stays out of sync.
@@ -216,6 +250,24 @@ mod tests {
     }
 
     #[test]
+    fn build_output_rules_look_beside_what_they_match() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        for d in ["crate/target", "crate/src/target", "web/dist", "lib/dist"] {
+            std::fs::create_dir_all(root.join(d)).unwrap();
+        }
+        std::fs::write(root.join("crate/Cargo.toml"), "").unwrap();
+        std::fs::write(root.join("web/package.json"), "").unwrap();
+        let rules = Rules::load(root).unwrap();
+        assert!(rules.excluded("crate/target/debug/x", false));
+        assert!(!rules.excluded("crate/src/target/mod.rs", false), "source");
+        assert!(rules.excluded("web/dist/app.js", false));
+        assert!(!rules.excluded("lib/dist/util.py", false), "source");
+        assert!(rules.excluded("any/where/node_modules/a.js", false));
+        assert!(rules.excluded("x/__pycache__/m.pyc", false));
+    }
+
+    #[test]
     fn bad_patterns_name_their_line() {
         let err = Rules::parse("ok\n[\n").unwrap_err().to_string();
         assert!(err.contains("line 2"), "{err}");
@@ -275,7 +327,7 @@ mod tests {
             let before = Rules::parse(&base.join("\n")).unwrap();
             let after = Rules::parse(&format!("{}\n{extra}", base.join("\n"))).unwrap();
             let rule = Rule::parse(&extra).unwrap().unwrap();
-            let expected = if rule.matches(&path, is_dir) {
+            let expected = if rule.matches(&path, is_dir, None) {
                 !rule.negated
             } else {
                 before.excluded(&path, is_dir)

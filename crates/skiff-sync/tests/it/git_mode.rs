@@ -11,6 +11,8 @@ const DIR: &str = "workspace/repo";
 
 fn files() -> Vec<(&'static str, &'static str)> {
     vec![
+        // A Rust crate: `target/` beside it is build output.
+        ("Cargo.toml", "[package]\nname = \"x\"\n"),
         ("a.txt", "alpha\n"),
         ("src/lib.rs", "pub fn f() {}\n"),
         ("del.txt", "to be deleted\n"),
@@ -100,6 +102,7 @@ async fn outbound_lays_a_real_repository_with_the_users_changes() {
         [
             ".gitignore",
             ".skiffignore",
+            "Cargo.toml",
             "a.txt",
             "new.txt",
             "src/lib.rs",
