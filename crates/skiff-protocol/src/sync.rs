@@ -89,3 +89,58 @@ pub struct PublishResult {
     pub branch: String,
     pub commit: String,
 }
+
+/// A path of a box's work that reconciliation did not adopt, and why.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Refusal {
+    /// Workspace-relative; `(commits)` for the box's commits as a whole, `(all)` when nothing
+    /// could be adopted.
+    pub path: String,
+    pub reason: String,
+}
+
+/// One quarantined path: what the box had there.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QuarantinedPath {
+    pub path: String,
+    pub reason: String,
+    /// The box's entry, when it had one (a file with its hash, or a symlink with its target).
+    #[serde(default)]
+    pub entry: Option<ManifestEntry>,
+    /// Whether the bytes were kept (a file within the size limit; a symlink needs none).
+    pub kept: bool,
+}
+
+/// A session's quarantine: what the box produced that was not adopted, kept until an
+/// operator accepts or discards it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QuarantineView {
+    pub id: ArtifactId,
+    pub session_id: SessionId,
+    #[serde(default)]
+    pub run_id: Option<RunId>,
+    pub paths: Vec<QuarantinedPath>,
+    /// Git mode: the box's session branch as a bundle file the user can fetch from, when the
+    /// box had commits.
+    #[serde(default)]
+    pub bundle: Option<String>,
+    pub created_at_ms: i64,
+}
+
+/// `GET /v1/sessions/{id}/quarantine`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QuarantineList {
+    pub quarantines: Vec<QuarantineView>,
+}
+
+/// `POST /v1/sessions/{id}/quarantine/accept`: write these quarantined paths into the
+/// session's workspace (an operator's decision, audited).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AcceptRequest {
+    pub paths: Vec<String>,
+}

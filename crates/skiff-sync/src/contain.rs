@@ -168,20 +168,6 @@ pub fn check_manifest(manifest: &Manifest, base: Option<&Manifest>, limits: &Lim
     Ok(())
 }
 
-/// Refuses entries the gateway's rules exclude: the box may not write where sync never looks
-/// (an excluded path on the gateway may hold anything, a symlink included).
-pub fn check_rules(manifest: &Manifest, rules: &crate::Rules) -> Result<()> {
-    for path in manifest.entries.keys() {
-        if rules.excluded(path, false) {
-            return Err(refuse(
-                path,
-                "the gateway's sync rules exclude it, so the box may not write it",
-            ));
-        }
-    }
-    Ok(())
-}
-
 /// Whether some directory between `root` and `rel` (exclusive) is a symlink or not a
 /// directory. Writing `rel` must never pass through a symlink.
 pub fn parent_chain_problem(root: &Path, rel: &str) -> Option<String> {

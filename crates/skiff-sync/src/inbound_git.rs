@@ -17,7 +17,8 @@ use crate::git::{git, split_z};
 use crate::inbound_plain::{self, Applied};
 use crate::rules::Rules;
 use crate::transfer::Remote;
-use crate::{Error, Manifest, ManifestEntry, Result, Scratch, contain, join};
+use crate::{Error, Manifest, ManifestEntry, Result, Scratch, contain, join, quarantine};
+use skiff_protocol::sync::Refusal;
 use skiff_ssh::shell_quote;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -47,6 +48,14 @@ pub struct Adopted {
     /// Whether the branch moved (the box made commits).
     pub fast_forwarded: bool,
     pub files: Applied,
+    /// What was not adopted, by path (`(commits)` for the box's commits); empty when
+    /// everything was.
+    pub refused: Vec<Refusal>,
+    /// The box's branch tip when its commits were refused (their files were adopted as
+    /// uncommitted changes where they passed).
+    pub commits_refused: Option<String>,
+    /// What the worktree holds now, as a manifest: the next base.
+    pub manifest: Manifest,
 }
 
 /// A bundle fetched from the box, in a private directory removed on drop.
@@ -201,8 +210,11 @@ pub async fn adopt(
         .base_commit
         .clone()
         .ok_or_else(|| diverged("the base manifest records no base commit".into()))?;
-    contain::check_manifest(theirs, Some(a.base), a.limits)?;
-    contain::check_rules(theirs, a.rules)?;
+    // Path by path: what fails containment is refused by name (and kept by the caller), the
+    // rest goes on through every check below.
+    let screened = quarantine::screen(theirs, a.base, a.limits, a.rules)?;
+    let mut refused = screened.refused;
+    let theirs = &screened.manifest;
 
     // Where things stand here: the branch where it was left, the worktree as the box got it.
     let head = rev(a.worktree, &branch(a.session), cancel).await?;
@@ -240,6 +252,24 @@ pub async fn adopt(
             tip
         }
         None => head.clone(),
+    };
+    // Commits cannot be taken in part: when one carries something containment refuses, none
+    // is adopted (they stay in the caller's quarantine); their files come back through the
+    // screened manifest like uncommitted work.
+    let mut commits_refused = None;
+    let tip = match check_commit_tree(a.worktree, &head, &tip, cancel).await? {
+        problems if problems.is_empty() => tip,
+        problems => {
+            refused.push(Refusal {
+                path: "(commits)".into(),
+                reason: format!(
+                    "the box's commits up to {tip} were not adopted ({}); the files that passed are adopted as uncommitted changes",
+                    problems.join("; ")
+                ),
+            });
+            commits_refused = Some(tip);
+            head.clone()
+        }
     };
 
     // What to write: every entry of the box that differs from the base, that the commits
@@ -283,7 +313,6 @@ pub async fn adopt(
         .filter(|(p, e)| a.base.entries.get(*p) != Some(*e) || touched.contains(*p))
         .map(|(p, e)| (p.clone(), e.clone()))
         .collect();
-    check_commit_tree(a.worktree, &head, &tip, cancel).await?;
     let tree = git(a.worktree)
         .args(["ls-tree", "-r", "-z", "--name-only", &tip])
         .run_checked(cancel)
@@ -313,10 +342,15 @@ pub async fn adopt(
             .await?;
     }
     let files = inbound_plain::apply(a.worktree, &staged, &changed, &deleted)?;
+    let mut manifest = theirs.clone();
+    manifest.base_commit = Some(tip.clone());
     Ok(Adopted {
         head: tip.clone(),
         fast_forwarded: tip != head,
         files,
+        refused,
+        commits_refused,
+        manifest,
     })
 }
 
@@ -344,7 +378,14 @@ async fn check_commit_tree(
     ours: &str,
     tip: &str,
     cancel: &CancellationToken,
-) -> Result<()> {
+) -> Result<Vec<String>> {
+    let mut problems = Vec::new();
+    let mut problem = |e: Error| {
+        problems.push(match e {
+            Error::Unsafe { path, reason } => format!("{path}: {reason}"),
+            other => other.to_string(),
+        })
+    };
     let tree = |commit: &str| {
         git(worktree)
             .args(["ls-tree", "-r", "-z", "--full-tree", commit])
@@ -359,7 +400,10 @@ async fn check_commit_tree(
         let Some((meta, path)) = entry.split_once('\t') else {
             continue;
         };
-        contain::check_path(path)?;
+        if let Err(e) = contain::check_path(path) {
+            problem(e);
+            continue;
+        }
         let mut fields = meta.split_whitespace();
         let (mode, oid) = (fields.next().unwrap_or(""), fields.nth(1).unwrap_or(""));
         match mode {
@@ -370,16 +414,16 @@ async fn check_commit_tree(
                     .args(["cat-file", "blob", oid])
                     .run_checked(cancel)
                     .await?;
-                contain::check_symlink(path, &target)?;
+                if let Err(e) = contain::check_symlink(path, &target) {
+                    problem(e);
+                }
             }
-            "160000" => {
-                return Err(contain::refuse(
-                    path,
-                    "the box committed a submodule; submodules are not adopted",
-                ));
-            }
+            "160000" => problem(contain::refuse(
+                path,
+                "the box committed a submodule; submodules are not adopted",
+            )),
             _ => {}
         }
     }
-    Ok(())
+    Ok(problems)
 }

@@ -12,6 +12,7 @@ use crate::filelist::{Limits, Mode};
 use crate::rules::Rules;
 use crate::transfer::{Method, Remote};
 use crate::{Error, Manifest, ManifestEntry, Result, Scratch, contain, io_err, join, manifest};
+use skiff_protocol::sync::Refusal;
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -39,16 +40,26 @@ pub struct Applied {
     pub method: Option<Method>,
 }
 
+/// What a mirror did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mirrored {
+    pub files: Applied,
+    /// Paths of the box's that were not adopted, and why (the base's version stays).
+    pub refused: Vec<Refusal>,
+    /// What the target holds now, as a manifest: the next base.
+    pub manifest: Manifest,
+}
+
 /// Mirrors the box's workspace (described by `theirs`, the box's manifest) into `inb.target`.
-/// Returns what changed; `theirs` is the new base.
+/// Paths containment refuses are left as the base has them and named in the result.
 pub async fn mirror(
     inb: &Inbound<'_>,
     theirs: &Manifest,
     remote: &Remote,
     cancel: &CancellationToken,
-) -> Result<Applied> {
-    contain::check_manifest(theirs, Some(inb.base), inb.limits)?;
-    contain::check_rules(theirs, inb.rules)?;
+) -> Result<Mirrored> {
+    let screened = crate::quarantine::screen(theirs, inb.base, inb.limits, inb.rules)?;
+    let theirs = &screened.manifest;
     check_drift(
         inb.target,
         Mode::Plain,
@@ -62,7 +73,12 @@ pub async fn mirror(
     let deleted: BTreeSet<String> = diff.deleted;
     precheck_writes(inb.target, &diff.changed, &deleted)?;
     let staged = stage(remote, &diff.changed, inb.scratch, cancel).await?;
-    apply(inb.target, &staged, &diff.changed, &deleted)
+    let files = apply(inb.target, &staged, &diff.changed, &deleted)?;
+    Ok(Mirrored {
+        files,
+        refused: screened.refused,
+        manifest: screened.manifest,
+    })
 }
 
 /// Refuses when `target` no longer matches `base` (paths filtered by the same rules).

@@ -21,6 +21,7 @@ pub mod inbound_git;
 pub mod inbound_plain;
 pub mod manifest;
 pub mod outbound;
+pub mod quarantine;
 pub mod rules;
 pub mod transfer;
 

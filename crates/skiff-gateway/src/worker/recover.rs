@@ -13,7 +13,7 @@ use skiff_protocol::environment::PlacementState;
 use skiff_protocol::event::EventKind;
 use skiff_protocol::transcript::EntryBody;
 use skiff_protocol::worker::GatewayFrame;
-use skiff_protocol::{EnvironmentId, RunId, SessionId};
+use skiff_protocol::{EnvironmentId, SessionId};
 use skiff_store::{PlacementChange, Scope};
 use std::sync::Arc;
 use std::time::Duration;

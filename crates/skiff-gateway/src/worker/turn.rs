@@ -323,7 +323,7 @@ impl Core {
                 };
                 let applied = inbound_plain::mirror(&inb, &theirs, &remote, &cancel).await?;
                 self.audit(scope, "sync.inbound", session_id.as_str(), "applied", json!({
-                    "env": env.id.as_str(), "mode": "plain", "written": applied.written.len(), "deleted": applied.deleted.len(),
+                    "env": env.id.as_str(), "mode": "plain", "written": applied.files.written.len(), "deleted": applied.files.deleted.len(),
                 }));
             }
         }

@@ -1,4 +1,6 @@
-//! Bad input from a box: each case refused with a clear error and nothing written.
+//! Bad input from a box. A path containment refuses is refused by name while the rest of the
+//! box's work is adopted (and nothing refused is ever written); bytes that do not match the
+//! box's manifest stop the whole adoption with nothing written.
 
 use crate::fixture::{TestBox, snapshot};
 use crate::plain_mode::{DIR, mirror, plain_dir, push_plain};
@@ -19,14 +21,27 @@ fn file(blake3: &str, size: u64) -> ManifestEntry {
     }
 }
 
+/// The cases whose bad path is refused by name (the rest adopted); every other case is a
+/// transfer that does not match the manifest, which stops everything.
+const BY_NAME: &[&str] = &[
+    "dot-dot path",
+    "nested dot-dot",
+    "absolute path",
+    "git internals",
+    "below a file",
+    "escaping symlinks",
+    "over the per-file limit",
+];
+
 #[tokio::test]
-async fn every_bad_input_is_refused_and_nothing_is_written() {
+async fn every_bad_input_is_refused_and_nothing_refused_is_written() {
     let tb = TestBox::new().await;
     let remote = tb.remote(DIR);
     let local = plain_dir();
     let scratch = tempfile::tempdir().unwrap();
     let (base, _) = push_plain(local.path(), &remote, scratch.path()).await;
-    // A legitimate change rides along with every bad one: it must not be written either.
+    // A legitimate change rides along with every bad one: adopted beside a refused path,
+    // never written when the transfer itself is refused.
     tb.sh(&format!("cd {DIR} && echo legit > README")).await;
     let honest = tb.manifest(DIR, Mode::Plain).await;
     let some_hash = match honest.entries.get("README") {
@@ -147,7 +162,7 @@ async fn every_bad_input_is_refused_and_nothing_is_written() {
     ));
 
     for (case, theirs, limits) in cases {
-        let err = mirror(
+        let result = mirror(
             local.path(),
             &base,
             &theirs,
@@ -155,19 +170,32 @@ async fn every_bad_input_is_refused_and_nothing_is_written() {
             scratch.path(),
             &limits,
         )
-        .await
-        .expect_err(case);
-        let msg = err.to_string();
-        assert!(
-            matches!(err, Error::Unsafe { .. } | Error::Mismatch { .. }),
-            "{case}: {msg}"
-        );
-        assert!(msg.contains("nothing was written"), "{case}: {msg}");
+        .await;
+        if BY_NAME.contains(&case) {
+            let mirrored = result.unwrap_or_else(|e| panic!("{case}: {e}"));
+            assert!(!mirrored.refused.is_empty(), "{case}: nothing refused");
+            assert_eq!(mirrored.files.written, ["README"], "{case}");
+            assert_eq!(
+                std::fs::read_to_string(local.path().join("README")).unwrap(),
+                "legit\n",
+                "{case}"
+            );
+            // Back to the base, for the next case.
+            std::fs::write(local.path().join("README"), "readme\n").unwrap();
+        } else {
+            let err = result.expect_err(case);
+            let msg = err.to_string();
+            assert!(matches!(err, Error::Mismatch { .. }), "{case}: {msg}");
+            assert!(msg.contains("nothing was written"), "{case}: {msg}");
+        }
         assert_eq!(snapshot(local.path()), before, "{case} wrote something");
         assert!(
             scratch.path().read_dir().unwrap().next().is_none(),
             "{case}: staging left"
         );
+        for outside in ["/etc/cron.d/x", "/escape.txt"] {
+            assert!(!std::path::Path::new(outside).exists(), "{case}: {outside}");
+        }
     }
 
     // Where the gateway's rules do not look, the box may not write (it could be anything here,
@@ -178,7 +206,7 @@ async fn every_bad_input_is_refused_and_nothing_is_written() {
         "node_modules/x/out/planted.txt",
         file(&some_hash, 7),
     );
-    let err = mirror(
+    let mirrored = mirror(
         local.path(),
         &base,
         &theirs,
@@ -187,8 +215,9 @@ async fn every_bad_input_is_refused_and_nothing_is_written() {
         &Limits::default(),
     )
     .await
-    .unwrap_err();
-    assert!(matches!(err, Error::Unsafe { .. }), "{err}");
-    assert!(err.to_string().contains("rules exclude it"), "{err}");
+    .unwrap();
+    assert_eq!(mirrored.refused.len(), 1, "{:?}", mirrored.refused);
+    assert_eq!(mirrored.refused[0].path, "node_modules/x/out/planted.txt");
+    assert!(mirrored.refused[0].reason.contains("rules exclude it"));
     assert!(!std::path::Path::new("/tmp/planted.txt").exists());
 }

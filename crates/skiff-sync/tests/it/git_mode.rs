@@ -449,14 +449,16 @@ async fn a_commit_with_an_escaping_symlink_is_refused_even_when_the_files_hide_i
     ))
     .await;
 
-    let err = adopt(&ws, &tb, &sent.manifest)
-        .await
-        .unwrap_err()
-        .to_string();
+    let adopted = adopt(&ws, &tb, &sent.manifest).await.unwrap();
+    assert_eq!(adopted.refused.len(), 1, "{:?}", adopted.refused);
+    let why = &adopted.refused[0];
+    assert_eq!(why.path, "(commits)");
     assert!(
-        err.contains("leak") && err.contains("outside the workspace"),
-        "{err}"
+        why.reason.contains("leak") && why.reason.contains("outside the workspace"),
+        "{why:?}"
     );
+    assert!(adopted.commits_refused.is_some());
+    assert!(!adopted.fast_forwarded);
     assert_eq!(ws.head(), head_before, "the branch moved");
     assert!(!ws.worktree.join("leak").exists());
 }
@@ -524,13 +526,20 @@ async fn a_committed_symlink_out_of_the_workspace_is_data_and_never_strands_the_
         "cd {DIR} && ln -sfn /etc licenses && git add licenses && git commit -q -m 'box: repoint'"
     ))
     .await;
-    let err = adopt(&ws, &tb, &sent.manifest)
-        .await
-        .unwrap_err()
-        .to_string();
+    let adopted = adopt(&ws, &tb, &sent.manifest).await.unwrap();
+    let mut refused: Vec<&str> = adopted.refused.iter().map(|r| r.path.as_str()).collect();
+    refused.sort_unstable();
+    assert_eq!(refused, ["(commits)", "licenses"], "{:?}", adopted.refused);
     assert!(
-        err.contains("licenses") && err.contains("outside the workspace"),
-        "{err}"
+        adopted
+            .refused
+            .iter()
+            .all(|r| r.reason.contains("outside the workspace"))
     );
     assert_eq!(ws.head(), head, "the branch moved");
+    assert_eq!(
+        std::fs::read_link(ws.worktree.join("licenses")).unwrap(),
+        std::path::Path::new("/usr/share/common-licenses"),
+        "the changed symlink was not written"
+    );
 }

@@ -51,7 +51,7 @@ pub async fn mirror(
     remote: &Remote,
     scratch: &Path,
     limits: &Limits,
-) -> skiff_sync::Result<inbound_plain::Applied> {
+) -> skiff_sync::Result<inbound_plain::Mirrored> {
     let rules = Rules::load(local).unwrap();
     let inb = Inbound {
         target: local,
@@ -96,9 +96,9 @@ async fn round_trip(tb: &TestBox, remote: Remote, expect: Method) {
     )
     .await
     .unwrap();
-    assert_eq!(applied.method, Some(expect));
+    assert_eq!(applied.files.method, Some(expect));
     assert_eq!(
-        applied.deleted,
+        applied.files.deleted,
         ["old/gone.txt", "src/deep/util.c"].map(String::from)
     );
     let now = manifest::scan(
