@@ -284,3 +284,59 @@ impl ProfileConfig {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_are_binary_multiples() {
+        assert_eq!(parse_size("8GiB"), Some(8 << 30));
+        assert_eq!(parse_size("512MiB"), Some(512 << 20));
+        assert_eq!(parse_size("64K"), Some(64 << 10));
+        assert_eq!(parse_size("4096"), Some(4096));
+        assert_eq!(parse_size("1T"), Some(1 << 40));
+        for bad in ["", "GiB", "8 gigs", "-1G", "1.5G", "99999999999999999999T"] {
+            assert_eq!(parse_size(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn missing_limits_take_the_defaults_and_bad_ones_name_their_key() {
+        let mut profile = ProfileConfig::default_local();
+        assert_eq!(profile.limits("local").unwrap(), Limits::default());
+        profile.limits = Some(LimitsConfig {
+            processes: Some(64),
+            memory: Some("2GiB".into()),
+            ..LimitsConfig::default()
+        });
+        let limits = profile.limits("local").unwrap();
+        assert_eq!(limits.processes, 64);
+        assert_eq!(limits.memory_bytes, 2 << 30);
+        assert_eq!(limits.open_files, Limits::default().open_files);
+
+        profile.limits = Some(LimitsConfig {
+            file_size: Some("lots".into()),
+            ..LimitsConfig::default()
+        });
+        let err = profile.validate("local").unwrap_err().to_string();
+        assert!(err.contains("profile `local`"), "{err}");
+        assert!(err.contains("`limits.file_size = \"lots\"`"), "{err}");
+        profile.limits = Some(LimitsConfig {
+            processes: Some(0),
+            ..LimitsConfig::default()
+        });
+        let err = profile.validate("local").unwrap_err().to_string();
+        assert!(err.contains("`limits.processes = 0`"), "{err}");
+    }
+
+    #[test]
+    fn limits_belong_to_local_profiles_only() {
+        let mut profile = ProfileConfig::default_local();
+        profile.provider = ProviderKind::Command;
+        profile.command = Some(vec!["crabbox".into()]);
+        profile.limits = Some(LimitsConfig::default());
+        let err = profile.validate("cloud").unwrap_err().to_string();
+        assert!(err.contains("`limits` does not apply"), "{err}");
+    }
+}
