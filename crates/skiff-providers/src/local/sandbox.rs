@@ -138,7 +138,7 @@ pub fn init(dir: &Path) -> Result<i32> {
         fail(dir, "read box.json")(std::io::Error::from(std::io::ErrorKind::NotFound))
     })?;
     match join_cgroup(&record) {
-        Ok(true) | Ok(false) => {}
+        Ok(_) => {}
         // The rlimits below still hold; cgroup v2 limits are a second fence where the host has one.
         Err(e) => eprintln!("warning: cgroup v2 limits not applied: {e}; rlimits apply"),
     }
