@@ -75,7 +75,8 @@ impl Boxes {
     /// proxy run it).
     pub fn new(root: PathBuf, skiff_exe: PathBuf) -> Self {
         Self {
-            root,
+            // Absolute: sshd's config and the sandbox place the box by this path.
+            root: std::path::absolute(&root).unwrap_or(root),
             skiff_exe,
             limits: Limits::default(),
             sandbox: true,
