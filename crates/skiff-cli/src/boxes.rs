@@ -65,6 +65,12 @@ enum BoxCommand {
     /// box's work when no worker can start there
     #[command(hide = true)]
     Scan { workspace: PathBuf },
+    /// Start the sandbox of the box in DIR (run by `unshare` as root; see `sandbox.rs`)
+    #[command(hide = true, name = skiff_providers::local::sandbox::START)]
+    SandboxStart { dir: PathBuf },
+    /// PID 1 of a box's sandbox: build it, run its sshd, reap, exit with sshd
+    #[command(hide = true, name = skiff_providers::local::sandbox::INIT)]
+    SandboxInit { dir: PathBuf },
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -95,6 +101,24 @@ fn print(status: &LeaseCliStatus, json: bool) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// Runs a stage of a box's sandbox, when that is the command. Called before any async runtime
+/// exists: after `unshare --pid` the starter may not start threads, and the init is PID 1.
+pub fn sandbox_stage(args: &BoxArgs) -> Option<ExitCode> {
+    use skiff_providers::local::sandbox;
+    let done = match &args.command {
+        BoxCommand::SandboxStart { dir } => sandbox::start(dir).map(|()| 0),
+        BoxCommand::SandboxInit { dir } => sandbox::init(dir),
+        _ => return None,
+    };
+    Some(match done {
+        Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(1)
+        }
+    })
 }
 
 pub async fn run(args: BoxArgs, state_dir: &Path) -> Result<ExitCode> {
@@ -165,7 +189,10 @@ pub async fn run(args: BoxArgs, state_dir: &Path) -> Result<ExitCode> {
                 }
             }
         }
-        BoxCommand::Proxy { .. } | BoxCommand::Scan { .. } => {}
+        BoxCommand::Proxy { .. }
+        | BoxCommand::Scan { .. }
+        | BoxCommand::SandboxStart { .. }
+        | BoxCommand::SandboxInit { .. } => {}
     }
     Ok(ExitCode::SUCCESS)
 }

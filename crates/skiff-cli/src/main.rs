@@ -91,6 +91,11 @@ fn main() -> ExitCode {
         eprintln!("error: a command is required; see `skiff --help`");
         return ExitCode::from(2);
     };
+    if let Command::Box(args) = &command
+        && let Some(code) = boxes::sandbox_stage(args)
+    {
+        return code;
+    }
     let state_dir = cli.state_dir.unwrap_or_else(default_state_dir);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

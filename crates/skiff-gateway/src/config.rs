@@ -158,6 +158,16 @@ mod tests {
     }
 
     #[test]
+    fn an_unknown_box_limit_names_its_path() {
+        let err = Config::parse(
+            "[profiles.local]\nprovider = \"local\"\n[profiles.local.limits]\nmemroy = \"1GiB\"\n",
+        )
+        .unwrap_err();
+        assert!(err.contains("profiles.local.limits"), "{err}");
+        assert!(err.contains("memroy"), "{err}");
+    }
+
+    #[test]
     fn bad_api_names_its_path() {
         let err = Config::parse("[providers.x]\napi = \"grpc\"\n").unwrap_err();
         assert!(err.contains("providers.x.api"), "{err}");

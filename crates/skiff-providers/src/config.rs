@@ -65,6 +65,109 @@ pub struct ProfileConfig {
     /// command: the lease CLI as argv (`["crabbox"]`).
     #[serde(default)]
     pub command: Option<Vec<String>>,
+    /// local: what one box may use (`[profiles.NAME.limits]`).
+    #[serde(default)]
+    pub limits: Option<LimitsConfig>,
+}
+
+/// `[profiles.NAME.limits]`: resource limits of a local box's sandbox. Every key is optional;
+/// a missing one takes the default of [`Limits`].
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// Processes and threads of the box user (`RLIMIT_NPROC`, cgroup v2 `pids.max`).
+    #[serde(default)]
+    pub processes: Option<u64>,
+    /// Open files per process (`RLIMIT_NOFILE`).
+    #[serde(default)]
+    pub open_files: Option<u64>,
+    /// The largest file a box process may write (`RLIMIT_FSIZE`), `"4GiB"`.
+    #[serde(default)]
+    pub file_size: Option<String>,
+    /// Address space per process (`RLIMIT_AS`; cgroup v2 `memory.max` for the whole box).
+    #[serde(default)]
+    pub memory: Option<String>,
+    /// Size of the box's private `/tmp` (a tmpfs, so it is memory too).
+    #[serde(default)]
+    pub tmp_size: Option<String>,
+}
+
+/// What one local box may use. Written into the box's record, applied by its sandbox init.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, serde::Serialize)]
+pub struct Limits {
+    pub processes: u64,
+    pub open_files: u64,
+    pub file_size_bytes: u64,
+    pub memory_bytes: u64,
+    pub tmp_bytes: u64,
+}
+
+const GIB: u64 = 1 << 30;
+
+impl Default for Limits {
+    /// Room for a worker, git, rsync, a compiler and a test suite; not for a fork bomb or a
+    /// runaway allocation that would take the host down with it.
+    fn default() -> Self {
+        Self {
+            processes: 1024,
+            open_files: 4096,
+            file_size_bytes: 4 * GIB,
+            memory_bytes: 8 * GIB,
+            tmp_bytes: GIB,
+        }
+    }
+}
+
+/// `"8GiB"`, `"512MiB"`, `"64K"`, `"1048576"` (bytes): binary multiples.
+fn parse_size(text: &str) -> Option<u64> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: u64 = number.parse().ok()?;
+    let shift = match unit.trim() {
+        "" | "B" => 0,
+        "K" | "KiB" => 10,
+        "M" | "MiB" => 20,
+        "G" | "GiB" => 30,
+        "T" | "TiB" => 40,
+        _ => return None,
+    };
+    number.checked_mul(1 << shift)
+}
+
+impl LimitsConfig {
+    /// The limits, each key checked; an error names the key (`limits.memory`).
+    pub fn resolve(&self, profile: &str) -> Result<Limits> {
+        let bad = |key: &str, value: String, what: &str| Error::Config {
+            profile: profile.to_owned(),
+            problem: format!("`limits.{key} = {value}` is not {what}"),
+        };
+        let d = Limits::default();
+        let count = |key: &str, value: Option<u64>, default: u64| match value {
+            Some(0) => Err(bad(key, "0".into(), "a count above zero")),
+            Some(n) => Ok(n),
+            None => Ok(default),
+        };
+        let size = |key: &str, value: &Option<String>, default: u64| match value {
+            None => Ok(default),
+            Some(text) => parse_size(text).filter(|n| *n > 0).ok_or_else(|| {
+                bad(
+                    key,
+                    format!("{text:?}"),
+                    "a size above zero like \"8GiB\", \"512MiB\" or \"64K\"",
+                )
+            }),
+        };
+        Ok(Limits {
+            processes: count("processes", self.processes, d.processes)?,
+            open_files: count("open_files", self.open_files, d.open_files)?,
+            file_size_bytes: size("file_size", &self.file_size, d.file_size_bytes)?,
+            memory_bytes: size("memory", &self.memory, d.memory_bytes)?,
+            tmp_bytes: size("tmp_size", &self.tmp_size, d.tmp_bytes)?,
+        })
+    }
 }
 
 fn duration(profile: &str, key: &str, value: Option<&str>, default: &str) -> Result<Duration> {
@@ -90,7 +193,13 @@ impl ProfileConfig {
             identity_file: None,
             known_host_key: None,
             command: None,
+            limits: None,
         }
+    }
+
+    /// The resource limits of this profile's local boxes.
+    pub fn limits(&self, name: &str) -> Result<Limits> {
+        self.limits.clone().unwrap_or_default().resolve(name)
     }
 
     pub fn isolation_or_default(&self) -> Isolation {
@@ -141,6 +250,8 @@ impl ProfileConfig {
         has(self.identity_file.is_some(), "identity_file", &[Ssh])?;
         has(self.known_host_key.is_some(), "known_host_key", &[Ssh])?;
         has(self.command.is_some(), "command", &[Command])?;
+        has(self.limits.is_some(), "limits", &[Local])?;
+        self.limits(name)?;
         match self.provider {
             Ssh => {
                 for (key, present) in [
@@ -171,5 +282,61 @@ impl ProfileConfig {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_are_binary_multiples() {
+        assert_eq!(parse_size("8GiB"), Some(8 << 30));
+        assert_eq!(parse_size("512MiB"), Some(512 << 20));
+        assert_eq!(parse_size("64K"), Some(64 << 10));
+        assert_eq!(parse_size("4096"), Some(4096));
+        assert_eq!(parse_size("1T"), Some(1 << 40));
+        for bad in ["", "GiB", "8 gigs", "-1G", "1.5G", "99999999999999999999T"] {
+            assert_eq!(parse_size(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn missing_limits_take_the_defaults_and_bad_ones_name_their_key() {
+        let mut profile = ProfileConfig::default_local();
+        assert_eq!(profile.limits("local").unwrap(), Limits::default());
+        profile.limits = Some(LimitsConfig {
+            processes: Some(64),
+            memory: Some("2GiB".into()),
+            ..LimitsConfig::default()
+        });
+        let limits = profile.limits("local").unwrap();
+        assert_eq!(limits.processes, 64);
+        assert_eq!(limits.memory_bytes, 2 << 30);
+        assert_eq!(limits.open_files, Limits::default().open_files);
+
+        profile.limits = Some(LimitsConfig {
+            file_size: Some("lots".into()),
+            ..LimitsConfig::default()
+        });
+        let err = profile.validate("local").unwrap_err().to_string();
+        assert!(err.contains("profile `local`"), "{err}");
+        assert!(err.contains("`limits.file_size = \"lots\"`"), "{err}");
+        profile.limits = Some(LimitsConfig {
+            processes: Some(0),
+            ..LimitsConfig::default()
+        });
+        let err = profile.validate("local").unwrap_err().to_string();
+        assert!(err.contains("`limits.processes = 0`"), "{err}");
+    }
+
+    #[test]
+    fn limits_belong_to_local_profiles_only() {
+        let mut profile = ProfileConfig::default_local();
+        profile.provider = ProviderKind::Command;
+        profile.command = Some(vec!["crabbox".into()]);
+        profile.limits = Some(LimitsConfig::default());
+        let err = profile.validate("cloud").unwrap_err().to_string();
+        assert!(err.contains("`limits` does not apply"), "{err}");
     }
 }

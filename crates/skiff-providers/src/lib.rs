@@ -10,7 +10,7 @@ mod config;
 pub mod local;
 mod static_ssh;
 
-pub use config::{Isolation, ProfileConfig, ProviderKind};
+pub use config::{Isolation, Limits, LimitsConfig, ProfileConfig, ProviderKind};
 
 use futures_util::future::BoxFuture;
 use std::path::PathBuf;
@@ -37,6 +37,17 @@ pub enum Error {
         provider: &'static str,
         lease: String,
         evidence: String,
+    },
+    #[error(
+        "the sandbox of box {dir} could not {step}: {source}; local boxes as root need util-linux \
+         `unshare`, mount and PID namespaces, and OpenSSH's sshd at /usr/sbin/sshd (see its \
+         sandbox.log and sshd.log)"
+    )]
+    Sandbox {
+        dir: String,
+        step: String,
+        #[source]
+        source: std::io::Error,
     },
     #[error(transparent)]
     Process(#[from] skiff_process::Error),
@@ -139,7 +150,8 @@ pub fn build(
                     .clone()
                     .unwrap_or_else(|| ctx.default_box_root.clone()),
                 ctx.skiff_exe.clone(),
-            ),
+            )
+            .with_limits(profile.limits(name)?),
             profile.isolation_or_default(),
             profile.ttl()?,
         )),

@@ -62,6 +62,37 @@ impl Drop for BoxRoot {
     }
 }
 
+/// The host's pid of the process that a box's own PID namespace calls `inside`, among those
+/// whose command line contains every one of `needles` (boxes of tests running side by side
+/// have colliding pids of their own).
+pub fn host_pid(inside: i64, needles: &[&str]) -> i32 {
+    let found: Vec<i32> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+            let status = std::fs::read_to_string(e.path().join("status")).ok()?;
+            let ns: Vec<&str> = status
+                .lines()
+                .find_map(|l| l.strip_prefix("NSpid:"))?
+                .split_whitespace()
+                .collect();
+            let cmd = String::from_utf8_lossy(&std::fs::read(e.path().join("cmdline")).ok()?)
+                .into_owned();
+            (ns.len() > 1
+                && ns.last() == Some(&inside.to_string().as_str())
+                && needles.iter().all(|n| cmd.contains(n)))
+            .then_some(pid)
+        })
+        .collect();
+    assert_eq!(
+        found.len(),
+        1,
+        "processes called {inside} in a box with {needles:?}: {found:?}"
+    );
+    found[0]
+}
+
 /// A lease id no other run of these tests uses (box users and namespaces are host-wide).
 fn fresh_lease_id() -> String {
     let nanos = std::time::SystemTime::now()
@@ -90,7 +121,7 @@ fn warmup_behind_the_gateway(root: &BoxRoot, lease_id: &str) -> std::process::Ou
     out
 }
 
-fn profiles(root: &BoxRoot) -> String {
+pub fn profiles(root: &BoxRoot) -> String {
     let r = root.path().display();
     format!(
         "[profiles.local]\nprovider = \"local\"\nroot = \"{r}\"\n\
@@ -99,7 +130,7 @@ fn profiles(root: &BoxRoot) -> String {
     )
 }
 
-fn create(gw: &Gateway, profile: &str, extra: &[&str]) -> serde_json::Value {
+pub fn create(gw: &Gateway, profile: &str, extra: &[&str]) -> serde_json::Value {
     let mut args = vec!["env", "create", "--profile", profile, "--json"];
     args.extend_from_slice(extra);
     let out = gw.run(&args);
@@ -111,7 +142,7 @@ fn create(gw: &Gateway, profile: &str, extra: &[&str]) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
-fn exec(gw: &Gateway, id: &str, command: &str) -> String {
+pub fn exec(gw: &Gateway, id: &str, command: &str) -> String {
     let out = gw.run(&["env", "exec", id, "--", command]);
     assert!(out.status.success(), "env exec {command}: {}", stderr(&out));
     stdout(&out)
@@ -128,7 +159,7 @@ fn audit_decisions(gw: &Gateway, action: &str) -> Vec<String> {
         .collect()
 }
 
-fn user_exists(name: &str) -> bool {
+pub fn user_exists(name: &str) -> bool {
     Command::new("id")
         .arg(name)
         .output()
@@ -141,7 +172,7 @@ fn netns_list() -> String {
     stdout(&Command::new("ip").args(["netns", "list"]).output().unwrap())
 }
 
-fn destroy(gw: &Gateway, id: &str) -> serde_json::Value {
+pub fn destroy(gw: &Gateway, id: &str) -> serde_json::Value {
     let out = gw.run(&["env", "destroy", id, "--json"]);
     assert!(out.status.success(), "env destroy: {}", stderr(&out));
     serde_json::from_slice(&out.stdout).unwrap()
@@ -170,13 +201,14 @@ fn local_box_lifecycle(profile: &str) {
         &format!("$HOME/.skiff/bundles/{hash}/skiff --build-hash"),
     );
     assert_eq!(remote_hash.trim(), hash);
-    // The box sees nothing of the gateway's: not its state dir, not its environment.
+    // The box sees nothing of the gateway's: not its state dir (not even that it exists), not
+    // its environment.
     let probe = exec(
         &gw,
         &id,
         &format!("ls {} 2>&1; env", gw.state_dir.display()),
     );
-    assert!(probe.contains("Permission denied"), "{probe}");
+    assert!(probe.contains("No such file or directory"), "{probe}");
     assert!(
         !probe.contains("SKIFF_") && !probe.contains("_KEY="),
         "{probe}"
@@ -194,6 +226,12 @@ fn local_box_lifecycle(profile: &str) {
     assert_eq!(gone["state"], "destroyed");
     assert!(root.boxes().is_empty(), "the box directory survived");
     assert_eq!(root.sshd_count(), 0, "an sshd survived");
+    let root_path = root.path().display().to_string();
+    assert_eq!(
+        crate::worker_faults::pids_with(&["sandbox-init", &root_path]),
+        Vec::<i32>::new(),
+        "the sandbox init survived"
+    );
     assert!(!user_exists(&box_user), "the box user survived");
     assert!(!netns_list().contains(&lease), "the namespace survived");
 }
@@ -301,35 +339,58 @@ fn an_orphaned_lease_is_swept() {
     assert_eq!(audit_decisions(&gw, "provider.sweep"), ["destroyed"]);
 }
 
-fn restart_sshd(box_dir: &Path, regenerate_host_key: bool) {
-    let pid = std::fs::read_to_string(box_dir.join("sshd.pid")).unwrap();
+/// Kills the box's process (its sandbox init: the whole box goes with it).
+fn kill_box(box_dir: &Path) {
+    let pid = std::fs::read_to_string(box_dir.join("box.pid")).unwrap();
     assert!(
         Command::new("kill")
-            .arg(pid.trim())
+            .args(["-KILL", pid.trim()])
             .status()
             .unwrap()
             .success()
     );
-    if regenerate_host_key {
-        for f in ["ssh_host_ed25519_key", "ssh_host_ed25519_key.pub"] {
-            std::fs::remove_file(box_dir.join("etc").join(f)).unwrap();
-        }
-        let key = box_dir.join("etc/ssh_host_ed25519_key");
-        assert!(
-            Command::new("ssh-keygen")
-                .args(["-q", "-t", "ed25519", "-N", "", "-f"])
-                .arg(&key)
-                .status()
-                .unwrap()
-                .success()
-        );
-        let config = box_dir.join("etc/sshd_config");
-        let out = Command::new("/usr/sbin/sshd")
-            .arg("-f")
-            .arg(&config)
+}
+
+/// Gives the box's sshd a new host key (sshd reloads on SIGHUP) and waits until it serves it.
+fn change_host_key(box_dir: &Path, port: u64) {
+    for f in ["ssh_host_ed25519_key", "ssh_host_ed25519_key.pub"] {
+        std::fs::remove_file(box_dir.join("etc").join(f)).unwrap();
+    }
+    let key = box_dir.join("etc/ssh_host_ed25519_key");
+    assert!(
+        Command::new("ssh-keygen")
+            .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+            .arg(&key)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let new_key = std::fs::read_to_string(box_dir.join("etc/ssh_host_ed25519_key.pub")).unwrap();
+    let new_key: Vec<&str> = new_key.split_whitespace().take(2).collect();
+    let config = format!("{}/etc/sshd_config", box_dir.display());
+    let sshd = crate::worker_faults::pids_with(&["/usr/sbin/sshd -D", &config]);
+    assert_eq!(sshd.len(), 1, "the box's sshd: {sshd:?}");
+    assert!(
+        Command::new("kill")
+            .args(["-HUP", &sshd[0].to_string()])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let scan = Command::new("ssh-keyscan")
+            .args(["-t", "ed25519", "-p", &port.to_string(), "127.0.0.1"])
             .output()
             .unwrap();
-        assert!(out.status.success(), "{}", stderr(&out));
+        if stdout(&scan).contains(&new_key.join(" ")) {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "sshd never served its new host key"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
     }
 }
 
@@ -339,8 +400,11 @@ fn a_changed_host_key_is_refused_and_fails_the_environment() {
     let gw = Gateway::start_with("", &profiles(&root));
     let env = create(&gw, "plain", &[]);
     let id = env["id"].as_str().unwrap();
-    let box_dir = root.path().join(env["lease_id"].as_str().unwrap());
-    restart_sshd(&box_dir, true);
+    let lease = env["lease_id"].as_str().unwrap();
+    let box_dir = root.path().join(lease);
+    let record: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(box_dir.join("box.json")).unwrap()).unwrap();
+    change_host_key(&box_dir, record["port"].as_u64().unwrap());
     let out = gw.run(&["env", "check", id, "--json"]);
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     let checked: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
@@ -358,7 +422,7 @@ fn a_box_whose_sshd_died_fails_and_still_destroys() {
     let gw = Gateway::start_with("", &profiles(&root));
     let env = create(&gw, "plain", &[]);
     let id = env["id"].as_str().unwrap();
-    restart_sshd(&root.path().join(env["lease_id"].as_str().unwrap()), false);
+    kill_box(&root.path().join(env["lease_id"].as_str().unwrap()));
     let out = gw.run(&["env", "check", id, "--json"]);
     let checked: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(checked["state"], "failed", "{checked}");

@@ -10,6 +10,7 @@
 
 mod api;
 mod bad_input;
+mod box_isolation;
 mod env;
 mod harness;
 mod session;

@@ -43,6 +43,8 @@ struct Target {
     host_key: String,
     build: String,
     socket: PathBuf,
+    /// Where the rig's boxes live (the worker's command line names its home under it).
+    box_root: String,
     key: [u8; 32],
     store: skiff_store::Store,
     scope: skiff_store::Scope,
@@ -75,6 +77,7 @@ impl Target {
         Target {
             session: session.to_owned(),
             socket: rig.gw.state_dir.join("workers").join(format!("{env}.sock")),
+            box_root: rig.root.path().display().to_string(),
             env,
             host_key: lease["host_key"].as_str().unwrap().to_owned(),
             build: stdout(&build).trim().to_owned(),
@@ -184,20 +187,16 @@ impl Target {
         new
     }
 
-    /// The pid of the session's current worker on the box.
+    /// The host's pid of the session's current worker. The gateway records the pid the box
+    /// sees, in the box's own PID namespace.
     fn worker_pid(&self) -> String {
         let p = self
             .store
             .placement(&self.scope, &SessionId::parse(&self.session).unwrap())
             .unwrap()
             .unwrap();
-        let pid = p.worker_pid.unwrap().to_string();
-        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        assert!(
-            String::from_utf8_lossy(&cmdline).contains("worker\0--socket"),
-            "process {pid} is not a skiff worker"
-        );
-        pid
+        crate::env::host_pid(p.worker_pid.unwrap(), &["worker\0--socket", &self.box_root])
+            .to_string()
     }
 
     /// Live events of the session whose streamed text is `text`.

@@ -1,6 +1,8 @@
 //! Local boxes: each one a directory with its own home and workspace root, its own host key
-//! and client key, its own user (when we are root), optionally its own network namespace, and a
-//! real `sshd`.
+//! and client key, optionally its own network namespace, and a real `sshd`. When we are root a
+//! box is a sandbox ([`super::sandbox`]): its own user, mount and PID namespaces, a minimal
+//! filesystem view and resource limits. Without root it is sshd as the gateway's own user
+//! (development only).
 //!
 //! ```text
 //! <root>/<box-id>/            root-owned 0755
@@ -9,11 +11,13 @@
 //!   etc/                      sshd_config, host key (0600), authorized_keys
 //!   home/                     the box user's home (0700, owned by the box user)
 //!     workspace/              where synced workspaces go
-//!   sshd.pid, sshd.log
+//!   rootfs/                   where the sandbox mounts the box's root (empty on the host)
+//!   box.pid                   the sandbox init's pid (unsandboxed: sshd's)
+//!   sandbox.log, sshd.log
 //! ```
 
-use super::{netns, procs, sshd, user};
-use crate::config::Isolation;
+use super::{netns, procs, sandbox, sshd, user};
+use crate::config::{Isolation, Limits};
 use crate::{Error, Result, io_err, now_ms};
 use serde::{Deserialize, Serialize};
 use skiff_protocol::lease::LeaseCliStatus;
@@ -24,18 +28,30 @@ use std::time::Duration;
 /// What a box is, written before anything of it is started, so a crash mid-create leaves
 /// enough behind to find and remove every piece.
 #[derive(Clone, Debug, Serialize, Deserialize)]
-struct BoxRecord {
-    id: String,
+pub(super) struct BoxRecord {
+    pub(super) id: String,
     isolation: Isolation,
     port: u16,
-    user: String,
+    pub(super) user: String,
     /// Whether `user` was created for this box (and is removed with it).
     own_user: bool,
-    netns: Option<String>,
+    pub(super) netns: Option<String>,
+    /// Whether the box runs in a sandbox (`box.pid` is then the sandbox init's).
+    #[serde(default)]
+    sandboxed: bool,
+    /// What the sandbox lets the box use.
+    #[serde(default)]
+    pub(super) limits: Limits,
     created_at_ms: i64,
     expires_at_ms: i64,
     /// `starting` until sshd runs, then `running`.
     state: String,
+}
+
+/// The record of the box in `dir`, if it has a readable one.
+pub(super) fn read_record_at(dir: &Path) -> Option<BoxRecord> {
+    let text = std::fs::read_to_string(dir.join("box.json")).ok()?;
+    serde_json::from_str(&text).ok()
 }
 
 /// The local boxes under one root directory.
@@ -43,6 +59,8 @@ struct BoxRecord {
 pub struct Boxes {
     root: PathBuf,
     skiff_exe: PathBuf,
+    limits: Limits,
+    sandbox: bool,
 }
 
 fn provider_err(message: String) -> Error {
@@ -53,8 +71,29 @@ fn provider_err(message: String) -> Error {
 }
 
 impl Boxes {
+    /// Boxes under `root`; `skiff_exe` is this `skiff` (the sandbox's init and the netns
+    /// proxy run it).
     pub fn new(root: PathBuf, skiff_exe: PathBuf) -> Self {
-        Self { root, skiff_exe }
+        Self {
+            // Absolute: sshd's config and the sandbox place the box by this path.
+            root: std::path::absolute(&root).unwrap_or(root),
+            skiff_exe,
+            limits: Limits::default(),
+            sandbox: true,
+        }
+    }
+
+    /// What each new box may use.
+    pub fn with_limits(mut self, limits: Limits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// New boxes get a user of their own (as root) but no sandbox, for tests of other crates
+    /// that have no `skiff` executable to run the sandbox with. Never used by the gateway.
+    pub fn without_sandbox(mut self) -> Self {
+        self.sandbox = false;
+        self
     }
 
     pub fn root(&self) -> &Path {
@@ -66,8 +105,7 @@ impl Boxes {
     }
 
     fn read_record(&self, id: &str) -> Option<BoxRecord> {
-        let text = std::fs::read_to_string(self.dir(id).join("box.json")).ok()?;
-        serde_json::from_str(&text).ok()
+        read_record_at(&self.dir(id))
     }
 
     fn write_record(&self, record: &BoxRecord) -> Result<()> {
@@ -119,6 +157,7 @@ impl Boxes {
             self.destroy(id).await?;
         }
         let root_user = rustix::process::geteuid().is_root();
+        let sandboxed = root_user && self.sandbox;
         self.prepare_root(root_user)?;
         let dir = self.dir(id);
         let etc = dir.join("etc");
@@ -147,6 +186,8 @@ impl Boxes {
             user: user.clone(),
             own_user,
             netns: (isolation == Isolation::Netns).then(|| netns::name(id)),
+            sandboxed,
+            limits: self.limits,
             created_at_ms: now,
             expires_at_ms: now + i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX / 2),
             state: "starting".into(),
@@ -160,8 +201,10 @@ impl Boxes {
             }
             std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o700))
                 .map_err(io_err(&home))?;
-            // sshd's privilege separation directory.
-            std::fs::create_dir_all("/run/sshd").map_err(io_err(Path::new("/run/sshd")))?;
+            if !sandboxed {
+                // sshd's privilege separation directory (a sandbox has its own).
+                std::fs::create_dir_all("/run/sshd").map_err(io_err(Path::new("/run/sshd")))?;
+            }
         }
         if let Some(ns) = &record.netns {
             netns::create(ns).await?;
@@ -186,10 +229,22 @@ impl Boxes {
                 dir: &dir,
                 port: record.port,
                 user: &user,
+                sandboxed,
             };
             config.write()?;
-            match sshd::start(&config, record.netns.as_deref()).await {
-                Ok(_) => break,
+            let started = if sandboxed {
+                sandbox::launch(&self.skiff_exe, &dir)
+                    .run_checked(&tokio_util::sync::CancellationToken::new())
+                    .await
+                    .map(drop)
+                    .map_err(Error::from)
+            } else {
+                sshd::start(&config, record.netns.as_deref())
+                    .await
+                    .map(drop)
+            };
+            match started {
+                Ok(()) => break,
                 Err(_) if isolation == Isolation::None && tries < 3 => {
                     tries += 1;
                     record.port = free_port()?;
@@ -203,15 +258,19 @@ impl Boxes {
         self.status_of(&record)
     }
 
-    /// The box's sshd pid, if that process is alive and really is this box's sshd.
-    fn sshd_pid(&self, id: &str) -> Option<i32> {
+    /// The box's process (its sandbox init, or sshd when unsandboxed), if the recorded pid is
+    /// alive and really is that process of this box.
+    fn box_pid(&self, id: &str) -> Option<i32> {
         let dir = self.dir(id);
-        let config = dir.join("etc/sshd_config").display().to_string();
-        sshd::recorded_pid(&dir).filter(|pid| procs::alive_running(*pid, &config))
+        let marker = match self.read_record(id) {
+            Some(record) if record.sandboxed => sandbox::init_marker(&dir),
+            _ => dir.join("etc/sshd_config").display().to_string(),
+        };
+        sshd::recorded_pid(&dir).filter(|pid| procs::alive_running(*pid, &marker))
     }
 
     fn sshd_alive(&self, id: &str) -> bool {
-        self.sshd_pid(id).is_some()
+        self.box_pid(id).is_some()
     }
 
     fn status_of(&self, record: &BoxRecord) -> Result<LeaseCliStatus> {
@@ -290,8 +349,9 @@ impl Boxes {
         Ok(ids)
     }
 
-    /// Kills the box's sshd and everything it started, removes its namespace, user and
-    /// directory, then checks each is gone. Idempotent.
+    /// Kills the box's process (the sandbox init, which takes its PID namespace with it; or
+    /// sshd) and everything it started, removes its namespace, user, cgroup and directory, then
+    /// checks each is gone. Idempotent.
     pub async fn destroy(&self, id: &str) -> Result<()> {
         let dir = self.dir(id);
         let record = self.read_record(id);
@@ -305,12 +365,24 @@ impl Boxes {
             None => None,
         };
 
-        let sshd_pid = self.sshd_pid(id);
-        if let Some(pid) = sshd_pid {
-            procs::kill(&procs::tree(pid));
-        }
-        if let Some(uid) = uid {
-            procs::kill(&procs::owned_by(uid));
+        let box_pid = self.box_pid(id);
+        let left = || {
+            let mut pids = box_pid.map(procs::tree).unwrap_or_default();
+            if let Some(uid) = uid {
+                pids.extend(procs::owned_by(uid));
+            }
+            pids
+        };
+        // SIGKILL is delivered, not awaited: wait (bounded) until the processes are gone, so
+        // the user can be removed and the evidence below is about a settled state.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let pids = left();
+            if pids.is_empty() || std::time::Instant::now() > deadline {
+                break;
+            }
+            procs::kill(&pids);
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
         if let Some(ns) = &ns {
             netns::delete(ns).await?;
@@ -318,16 +390,20 @@ impl Boxes {
         if let Some(user) = &user {
             user::delete(user).await?;
         }
+        let cgroup = sandbox::cgroup_dir(id);
+        if cgroup.exists() {
+            std::fs::remove_dir(&cgroup).map_err(io_err(&cgroup))?;
+        }
         if dir.exists() {
             std::fs::remove_dir_all(&dir).map_err(io_err(&dir))?;
         }
 
         // Evidence, piece by piece.
         let mut missing = Vec::new();
-        if let Some(pid) = sshd_pid
+        if let Some(pid) = box_pid
             && procs::alive(pid)
         {
-            missing.push(format!("sshd {pid} still runs"));
+            missing.push(format!("the box's process {pid} still runs"));
         }
         if let Some(uid) = uid {
             let left = procs::owned_by(uid);
@@ -344,6 +420,9 @@ impl Boxes {
             && user::uid(user).await?.is_some()
         {
             missing.push(format!("user {user} still exists"));
+        }
+        if cgroup.exists() {
+            missing.push(format!("cgroup {} still exists", cgroup.display()));
         }
         if dir.exists() {
             missing.push(format!("{} still exists", dir.display()));

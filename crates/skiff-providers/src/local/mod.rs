@@ -4,6 +4,8 @@
 mod boxes;
 mod netns;
 mod procs;
+mod rootfs;
+pub mod sandbox;
 mod sshd;
 mod user;
 

@@ -40,7 +40,8 @@ pub(crate) fn alive(pid: i32) -> bool {
     read(pid).is_some_and(|p| !p.zombie)
 }
 
-/// Whether `pid` is alive and its command line mentions `needle` (a box's sshd_config path):
+/// Whether `pid` is alive and its command line mentions `needle` (the sandbox init's marker,
+/// or an unsandboxed box's sshd_config path):
 /// a pid file can outlive its process, and the number may since belong to someone else.
 pub(crate) fn alive_running(pid: i32, needle: &str) -> bool {
     alive(pid)

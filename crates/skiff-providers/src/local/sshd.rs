@@ -25,6 +25,8 @@ pub(crate) struct Config<'a> {
     pub dir: &'a Path,
     pub port: u16,
     pub user: &'a str,
+    /// Runs inside the box's sandbox (its own `/run`), started by the sandbox init.
+    pub sandboxed: bool,
 }
 
 impl Config<'_> {
@@ -32,8 +34,14 @@ impl Config<'_> {
         self.etc.join("sshd_config")
     }
 
+    /// Unsandboxed, sshd's own pid file is the box's pid file. Sandboxed, it is inside the box
+    /// (a pid of the box's namespace, meaningless outside) and tells the init that sshd listens.
     pub(crate) fn pid_file(&self) -> PathBuf {
-        self.dir.join("sshd.pid")
+        if self.sandboxed {
+            PathBuf::from(super::sandbox::SSHD_PID_INSIDE)
+        } else {
+            self.dir.join(super::sandbox::PID_FILE)
+        }
     }
 
     /// Public keys only, no passwords, no agent or X11 forwarding, no user environment. Remote
@@ -76,8 +84,8 @@ impl Config<'_> {
     }
 }
 
-/// Starts the daemon (optionally inside a network namespace) with a clean environment and
-/// returns its pid. sshd binds its socket before it daemonizes, so it accepts connections once
+/// Starts the daemon of an unsandboxed box (optionally inside a network namespace) with a
+/// clean environment and returns its pid. sshd binds its socket before it daemonizes, so it accepts connections once
 /// this returns.
 pub(crate) async fn start(config: &Config<'_>, netns: Option<&str>) -> Result<i32> {
     let pid_file = config.pid_file();
@@ -119,9 +127,9 @@ pub(crate) async fn start(config: &Config<'_>, netns: Option<&str>) -> Result<i3
     })
 }
 
-/// The pid recorded in the pid file, if any.
+/// The pid recorded in the box's pid file, if any.
 pub(crate) fn recorded_pid(dir: &Path) -> Option<i32> {
-    std::fs::read_to_string(dir.join("sshd.pid"))
+    std::fs::read_to_string(dir.join(super::sandbox::PID_FILE))
         .ok()
         .and_then(|s| s.trim().parse().ok())
 }

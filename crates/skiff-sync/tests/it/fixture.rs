@@ -45,7 +45,9 @@ impl TestBox {
             .tempdir_in("/tmp")
             .unwrap();
         std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
-        let boxes = Boxes::new(root.path().to_path_buf(), PathBuf::from("/bin/false"));
+        // No `skiff` executable here to run a sandbox with; sync needs only sshd and a user.
+        let boxes =
+            Boxes::new(root.path().to_path_buf(), PathBuf::from("/bin/false")).without_sandbox();
         let id = box_id();
         let status = boxes
             .create(&id, Isolation::None, Duration::from_secs(3600))
