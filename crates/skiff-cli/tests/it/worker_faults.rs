@@ -583,9 +583,20 @@ fn a_box_that_takes_no_new_connections_gives_its_work_back_over_the_open_one() {
     // The box's sshd stops answering new connections; the connections it has stay up. The
     // gateway's transfer connection is gone, so bringing work back needs a new one.
     let box_dir = rig.root.path().join(&rig.root.boxes()[0]);
-    let listener = std::fs::read_to_string(box_dir.join("sshd.pid")).unwrap();
+    let init = std::fs::read_to_string(box_dir.join("box.pid")).unwrap();
+    let init = init.trim();
+    // The box's sshd listener: the child of its sandbox init that runs sshd.
+    let children = std::fs::read_to_string(format!("/proc/{init}/task/{init}/children")).unwrap();
+    let listener = children
+        .split_whitespace()
+        .find(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).contains("sshd"))
+        })
+        .unwrap()
+        .to_owned();
     let stopped = std::process::Command::new("kill")
-        .args(["-STOP", listener.trim()])
+        .args(["-STOP", &listener])
         .status()
         .unwrap();
     assert!(stopped.success());
