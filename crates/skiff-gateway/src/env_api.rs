@@ -115,7 +115,7 @@ async fn check(
             core.reclaim(&scope, &session, &why).await;
         }
     }
-    let view = core.envs.show(&scope, &id)?;
+    // What the check found (the reclaim above may already be tearing the box down).
     Ok(Json(core.with_worker(view)).into_response())
 }
 

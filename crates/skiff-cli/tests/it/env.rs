@@ -352,7 +352,7 @@ fn kill_box(box_dir: &Path) {
 }
 
 /// Gives the box's sshd a new host key (sshd reloads on SIGHUP) and waits until it serves it.
-fn change_host_key(box_dir: &Path, port: u64) {
+pub fn change_host_key(box_dir: &Path, port: u64) {
     for f in ["ssh_host_ed25519_key", "ssh_host_ed25519_key.pub"] {
         std::fs::remove_file(box_dir.join("etc").join(f)).unwrap();
     }

@@ -710,3 +710,46 @@ fn a_box_that_answers_but_runs_no_worker_gives_its_work_back_before_it_goes() {
         notices[0]
     );
 }
+
+#[test]
+fn a_box_that_fails_its_check_reclaims_its_session_at_once() {
+    let rig = Rig::start(
+        vec![text_reply(&["placed"]), text_reply(&["on a fresh box"])],
+        "isolation = \"none\"\n",
+    );
+    let repo = TempGitRepo::new(&[("README.md", "a repo\n")]);
+    let (out, id) = crate::worker::new_worker_session(&rig, repo.path(), "first");
+    assert!(out.status.success(), "{}", stderr(&out));
+    let env = show(&rig, &id)["session"]["worker"]["environment_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let box_dir = rig.root.path().join(&rig.root.boxes()[0]);
+    let record: Value =
+        serde_json::from_str(&std::fs::read_to_string(box_dir.join("box.json")).unwrap()).unwrap();
+    crate::env::change_host_key(&box_dir, record["port"].as_u64().unwrap());
+
+    let out = rig.gw.run(&["env", "check", &env, "--json"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    // The session does not stay `active` on a failed box until someone destroys it.
+    let detail = show(&rig, &id);
+    assert_eq!(detail["session"]["placement"], "reclaimed");
+    let notices: Vec<String> = detail["transcript"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["body"]["kind"] == "notice")
+        .map(|e| e["body"]["text"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(notices.len(), 1, "{notices:#?}");
+    assert!(
+        notices[0].contains("failed a check") && notices[0].contains("host key"),
+        "{}",
+        notices[0]
+    );
+    let out = rig.session(&["send", "--json", &id, "go on"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let detail = show(&rig, &id);
+    assert_eq!(detail["session"]["placement"], "active");
+    assert_ne!(detail["session"]["worker"]["environment_id"], env.as_str());
+}
