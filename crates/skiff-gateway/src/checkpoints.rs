@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use tokio_util::sync::CancellationToken;
 
 impl Core {
-    fn artifacts_dir(&self) -> PathBuf {
+    pub(crate) fn artifacts_dir(&self) -> PathBuf {
         self.state.root().join("artifacts")
     }
 

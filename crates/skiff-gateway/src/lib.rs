@@ -15,6 +15,7 @@ mod env_api;
 mod environments;
 mod error;
 mod hub;
+mod quarantine;
 mod sessions;
 pub mod state_dir;
 mod sync_api;

@@ -19,6 +19,8 @@ pub enum ArtifactRole {
     Manifest,
     Result,
     Log,
+    /// What a box produced that reconciliation refused, kept for an operator's decision.
+    Quarantine,
 }
 
 impl ArtifactRole {
@@ -28,11 +30,18 @@ impl ArtifactRole {
             ArtifactRole::Manifest => "manifest",
             ArtifactRole::Result => "result",
             ArtifactRole::Log => "log",
+            ArtifactRole::Quarantine => "quarantine",
         }
     }
 
     pub fn parse(s: &str) -> Option<Self> {
-        [Self::Checkpoint, Self::Manifest, Self::Result, Self::Log]
+        [
+            Self::Checkpoint,
+            Self::Manifest,
+            Self::Result,
+            Self::Log,
+            Self::Quarantine,
+        ]
             .into_iter()
             .find(|r| r.as_str() == s)
     }
@@ -313,6 +322,26 @@ impl Store {
             params![id.as_str(), scope.owner_id, scope.tenant_id],
         )?;
         Ok(row)
+    }
+
+    /// Replaces the artifact's metadata (a quarantine whose paths were partly accepted).
+    pub fn set_artifact_meta(
+        &self,
+        scope: &Scope,
+        id: &ArtifactId,
+        meta: &serde_json::Value,
+    ) -> Result<()> {
+        let changed = self.conn().execute(
+            "UPDATE artifacts SET meta = ?1 WHERE id = ?2 AND owner_id = ?3 AND tenant_id = ?4",
+            params![meta.to_string(), id.as_str(), scope.owner_id, scope.tenant_id],
+        )?;
+        if changed == 0 {
+            return Err(Error::NotFound {
+                what: "artifact",
+                id: id.to_string(),
+            });
+        }
+        Ok(())
     }
 
     /// Deletes the scope's transient artifacts that expired by `now_ms`; returns them.

@@ -290,6 +290,35 @@ impl Store {
             })
     }
 
+    /// Replaces the base manifest of a live placement without moving it: the session's
+    /// workspace changed on the gateway by an operator's decision (an accepted quarantined
+    /// path), and the box was given the same change.
+    pub fn set_placement_base_manifest(
+        &self,
+        scope: &Scope,
+        session: &SessionId,
+        base_manifest: &str,
+    ) -> Result<()> {
+        let changed = self.conn().execute(
+            "UPDATE placements SET base_manifest = ?1, updated_at_ms = ?2 \
+             WHERE session_id = ?3 AND owner_id = ?4 AND tenant_id = ?5",
+            params![
+                base_manifest,
+                now_ms(),
+                session.as_str(),
+                scope.owner_id,
+                scope.tenant_id
+            ],
+        )?;
+        if changed == 0 {
+            return Err(Error::NotFound {
+                what: "placement",
+                id: session.to_string(),
+            });
+        }
+        Ok(())
+    }
+
     /// The cached terminal reply of a worker operation, if it was applied.
     pub fn worker_op(
         &self,

@@ -35,6 +35,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
 pub(crate) use credential::Signer;
+pub(crate) use place::box_workspace;
 
 /// The model reference of the readiness canary: answered by the proxy itself, never sent to a
 /// provider.

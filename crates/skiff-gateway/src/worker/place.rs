@@ -265,7 +265,7 @@ impl Core {
         Ok((base, sent.files, sent.bytes))
     }
 
-    pub(super) fn placement_env(
+    pub(crate) fn placement_env(
         &self,
         scope: &Scope,
         p: &PlacementRow,

@@ -239,8 +239,6 @@ impl Core {
             )
             .await?;
         let theirs = skiff_sync::manifest::from_json(listing.trim())?;
-        self.reconcile_inner(scope, session, &p, Some(theirs), false)
-            .await?;
         let run = match self.store.open_run(scope, session)? {
             Some(run) => Some(run.id),
             None => self
@@ -249,6 +247,8 @@ impl Core {
                 .last()
                 .map(|r| r.id.clone()),
         };
+        self.reconcile_inner(scope, session, &p, Some(theirs), false, run.as_ref())
+            .await?;
         if let Some(run) = run {
             let row = self.store.session(scope, session)?;
             self.checkpoint_turn(scope, &row, &run).await;

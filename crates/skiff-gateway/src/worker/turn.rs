@@ -17,7 +17,9 @@ use skiff_store::{PlacementChange, PlacementRow, RunRow, Scope, SessionRow};
 use skiff_sync::filelist::Limits;
 use skiff_sync::inbound_git::{self, Adoption};
 use skiff_sync::inbound_plain::{self, Inbound};
-use skiff_sync::{Remote, Rules, manifest};
+use crate::quarantine::Refused;
+use skiff_protocol::sync::Refusal;
+use skiff_sync::{Remote, Rules, manifest, quarantine};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -228,7 +230,7 @@ impl Core {
             "bringing the box's work back",
         )?;
         let result = self
-            .reconcile_inner(scope, session_id, &p, theirs, over_control)
+            .reconcile_inner(scope, session_id, &p, theirs, over_control, Some(run))
             .await;
         let base = result.as_ref().ok().cloned();
         let detail = match &result {
@@ -259,6 +261,7 @@ impl Core {
         p: &PlacementRow,
         theirs: Option<skiff_protocol::sync::Manifest>,
         over_control: bool,
+        run: Option<&RunId>,
     ) -> Result<String> {
         let mut theirs =
             theirs.ok_or_else(|| placement_error("the worker could not list its workspace"))?;
@@ -275,7 +278,9 @@ impl Core {
         let limits = Limits::default();
         let scratch = self.state.tmp();
         let cancel = CancellationToken::new();
-        match &session.workspace {
+        // A refusal of everything (divergence, drift, a transfer that does not match) keeps
+        // the box's work in quarantine too: the turn fails, the work is not stranded.
+        let (bundle, adopted) = match &session.workspace {
             WorkspaceView::Git { .. } => {
                 let commit = base
                     .base_commit
@@ -306,12 +311,17 @@ impl Core {
                     &remote,
                     &cancel,
                 )
-                .await?;
-                self.audit(scope, "sync.inbound", session_id.as_str(), "applied", json!({
-                    "env": env.id.as_str(), "mode": "git", "head": adopted.head, "fast_forwarded": adopted.fast_forwarded,
-                    "written": adopted.files.written.len(), "deleted": adopted.files.deleted.len(),
-                }));
-                theirs.base_commit = Some(adopted.head);
+                .await
+                .map(|adopted| {
+                    self.audit(scope, "sync.inbound", session_id.as_str(), "applied", json!({
+                        "env": env.id.as_str(), "mode": "git", "head": adopted.head, "fast_forwarded": adopted.fast_forwarded,
+                        "written": adopted.files.written.len(), "deleted": adopted.files.deleted.len(),
+                        "refused": adopted.refused.len(),
+                    }));
+                    let reset_to = adopted.commits_refused.as_ref().map(|_| adopted.head.clone());
+                    (adopted.manifest, adopted.refused, reset_to)
+                });
+                (bundle, adopted)
             }
             WorkspaceView::Plain { .. } => {
                 let inb = Inbound {
@@ -321,12 +331,67 @@ impl Core {
                     limits: &limits,
                     scratch: &scratch,
                 };
-                let applied = inbound_plain::mirror(&inb, &theirs, &remote, &cancel).await?;
-                self.audit(scope, "sync.inbound", session_id.as_str(), "applied", json!({
-                    "env": env.id.as_str(), "mode": "plain", "written": applied.files.written.len(), "deleted": applied.files.deleted.len(),
-                }));
+                let mirrored = inbound_plain::mirror(&inb, &theirs, &remote, &cancel)
+                    .await
+                    .map(|m| {
+                        self.audit(scope, "sync.inbound", session_id.as_str(), "applied", json!({
+                            "env": env.id.as_str(), "mode": "plain", "written": m.files.written.len(),
+                            "deleted": m.files.deleted.len(), "refused": m.refused.len(),
+                        }));
+                        (m.manifest, m.refused, None)
+                    });
+                (None, mirrored)
             }
+        };
+        let bundle_path = bundle.as_ref().map(|b| b.path());
+        let (adopted, refused, reset_to) = match adopted {
+            Ok(done) => done,
+            Err(e) => {
+                let all: Vec<Refusal> = std::iter::once(Refusal {
+                    path: "(all)".into(),
+                    reason: format!("nothing was adopted: {e}"),
+                })
+                .chain(manifest::diff(&base, &theirs).changed.into_keys().map(|path| Refusal {
+                    path,
+                    reason: "not adopted with the rest of the turn".into(),
+                }))
+                .collect();
+                let kept = Refused {
+                    session: session_id,
+                    run,
+                    remote: &remote,
+                    refused: &all,
+                    theirs: &theirs,
+                    bundle: bundle_path,
+                };
+                if let Err(q) = self.quarantine(scope, kept).await {
+                    tracing::warn!(session = %session_id, error = %q, "could not keep the refused work in quarantine");
+                }
+                return Err(e.into());
+            }
+        };
+        if !refused.is_empty() {
+            let kept = Refused {
+                session: session_id,
+                run,
+                remote: &remote,
+                refused: &refused,
+                theirs: &theirs,
+                bundle: bundle_path,
+            };
+            // Kept first; only then is the box put back in step with what was adopted.
+            self.quarantine(scope, kept).await?;
+            quarantine::revert_on_box(
+                &remote,
+                local,
+                &adopted,
+                &refused,
+                reset_to.as_deref(),
+                &cancel,
+            )
+            .await?;
         }
+        theirs = adopted;
         Ok(manifest::to_json(&theirs)?)
     }
 }
