@@ -152,3 +152,101 @@ fn an_empty_prompt_is_a_clear_error() {
         stderr(&out)
     );
 }
+
+/// `skiff --state-dir DIR gateway` on a loopback port: its exit status and stderr, or (when it
+/// started) its first stdout line, after which it is stopped.
+fn gateway_in(state_dir: &std::path::Path) -> (Option<i32>, String, String) {
+    use std::io::{BufRead, BufReader, Read};
+    let mut child = Command::new(SKIFF)
+        .arg("--state-dir")
+        .arg(state_dir)
+        .args(["gateway", "--listen", "127.0.0.1:0"])
+        .env("RUST_LOG", "warn")
+        .env_remove("SKIFF_URL")
+        .env_remove("SKIFF_TOKEN")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    if !first.is_empty() {
+        child.kill().unwrap();
+    }
+    let status = child.wait().unwrap();
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    (status.code(), first, err)
+}
+
+fn mode_of(path: &std::path::Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path).unwrap().permissions().mode() & 0o7777
+}
+
+#[test]
+fn a_state_dir_other_users_can_write_is_refused_and_left_alone() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let shared = dir.path().join("shared");
+    std::fs::create_dir(&shared).unwrap();
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let (code, out, err) = gateway_in(&shared);
+    assert_eq!(code, Some(1), "{out}{err}");
+    assert!(
+        err.contains(&shared.display().to_string())
+            && err.contains("1777")
+            && err.contains("--state-dir"),
+        "{err}"
+    );
+    assert_eq!(
+        mode_of(&shared),
+        0o1777,
+        "the shared directory was chmod'ed"
+    );
+    assert_eq!(
+        std::fs::read_dir(&shared).unwrap().count(),
+        0,
+        "something was written"
+    );
+
+    // Group-writable is as good as shared.
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o770)).unwrap();
+    let (code, _, err) = gateway_in(&shared);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("0770") && err.contains("its group"), "{err}");
+}
+
+#[test]
+fn a_state_dir_owned_by_another_user_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let theirs = dir.path().join("theirs");
+    std::fs::create_dir(&theirs).unwrap();
+    // 65534: nobody. The tests run as root, which may hand the directory over.
+    std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+    let (code, out, err) = gateway_in(&theirs);
+    assert_eq!(code, Some(1), "{out}{err}");
+    assert!(
+        err.contains(&theirs.display().to_string()) && err.contains("owned by uid 65534"),
+        "{err}"
+    );
+}
+
+#[test]
+fn an_existing_private_state_dir_still_works() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let mine = dir.path().join("mine");
+    std::fs::create_dir(&mine).unwrap();
+    std::fs::set_permissions(&mine, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (_, out, err) = gateway_in(&mine);
+    assert!(out.starts_with("skiff gateway listening on "), "{out}{err}");
+    assert_eq!(mode_of(&mine), 0o700, "tightened as before");
+}
