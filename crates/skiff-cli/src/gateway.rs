@@ -44,8 +44,11 @@ pub async fn run(args: GatewayArgs, state_dir: PathBuf) -> Result<ExitCode> {
         config: args.config,
     })
     .await?;
-    // The one line on stdout: where the gateway is. Scripts and tests wait for it.
-    println!("skiff gateway listening on {}", running.url);
+    // The one line on stdout: where the gateway is. Scripts and tests wait for it. A gateway
+    // whose stdout nobody reads (a supervisor closed it) keeps serving: it is not the output.
+    if let Err(e) = outln!("skiff gateway listening on {}", running.url) {
+        tracing::warn!(error = %e, "could not print the listening line on stdout");
+    }
     eprintln!(
         "token and URL written to {} (mode 0600); the CLI finds them there",
         state_dir.join("gateway.json").display()

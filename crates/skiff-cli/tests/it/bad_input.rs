@@ -250,3 +250,37 @@ fn an_existing_private_state_dir_still_works() {
     assert!(out.starts_with("skiff gateway listening on "), "{out}{err}");
     assert_eq!(mode_of(&mine), 0o700, "tightened as before");
 }
+
+#[test]
+fn a_closed_stdout_ends_every_command_quietly() {
+    let gw = Gateway::start(DONE);
+    let repo = TempGitRepo::new(&[("a.txt", "a\n")]);
+    let id = gw.new_session(repo.path(), "fake/x", "hi");
+    let root = tempfile::tempdir().unwrap();
+    let root = root.path().to_str().unwrap();
+    for args in [
+        &["session", "list"][..],
+        &["session", "list", "--json"],
+        &["session", "show", &id],
+        &["session", "checkpoints", &id],
+        &["session", "send", &id, "again"],
+        &["env", "list"],
+        &["ui"],
+        &["box", "list", "--root", root],
+        &["--build-hash"],
+    ] {
+        // A reader that is gone before the first byte: `skiff … | head -0`, without the race.
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let mut cmd = if args[0] == "--build-hash" {
+            Command::new(SKIFF) // takes no other argument
+        } else {
+            gw.cli()
+        };
+        let out = cmd.args(args).stdout(writer).output().unwrap();
+        let err = stderr(&out);
+        assert!(!err.contains("panicked"), "skiff {args:?}: {err}");
+        assert!(!err.contains("Broken pipe"), "skiff {args:?}: {err}");
+        assert_eq!(out.status.code(), Some(0), "skiff {args:?}: {err}");
+    }
+}
