@@ -236,6 +236,39 @@ fn the_cookie_survives_a_gateway_restart() {
 }
 
 #[test]
+fn a_logged_out_cookie_stays_refused_after_a_gateway_restart() {
+    let mut gw = Gateway::start(SCRIPT);
+    let cookie = logged_in(&gw);
+    let kept = logged_in(&gw);
+    let logout = client()
+        .post(format!("{}/ui/logout", gw.url))
+        .header(COOKIE, &cookie)
+        .header(ORIGIN, &gw.url)
+        .send()
+        .unwrap();
+    assert_eq!(logout.status(), StatusCode::NO_CONTENT);
+    gw.crash_and_restart();
+    let sessions = |cookie: &str| {
+        client()
+            .get(format!("{}/v1/sessions", gw.url))
+            .header(COOKIE, cookie)
+            .send()
+            .unwrap()
+            .status()
+    };
+    assert_eq!(
+        sessions(&cookie),
+        StatusCode::UNAUTHORIZED,
+        "the logout was forgotten"
+    );
+    assert_eq!(
+        sessions(&kept),
+        StatusCode::OK,
+        "another login is untouched"
+    );
+}
+
+#[test]
 fn every_response_carries_a_strict_content_security_policy() {
     let gw = Gateway::start(SCRIPT);
     for (path, status) in [

@@ -41,6 +41,23 @@ impl UiState {
     }
 }
 
+/// A cookie that is ours, unexpired and not logged out (the store keeps logouts across
+/// restarts). A store that cannot answer refuses the cookie: the browser logs in again.
+fn valid_cookie(core: &Core, value: &str, now: i64) -> Option<cookie::Verified> {
+    let verified = core.ui.cookies.verify(value, now)?;
+    match core
+        .store
+        .ui_cookie_revoked(&verified.scope, &verified.nonce_hash())
+    {
+        Ok(false) => Some(verified),
+        Ok(true) => None,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot check a UI cookie against the logouts; refusing it");
+            None
+        }
+    }
+}
+
 /// Routes anyone may reach: the page, its files, and login/logout (which check for themselves).
 pub(crate) fn public_routes() -> Router<Arc<Core>> {
     Router::new()
@@ -71,7 +88,7 @@ pub(crate) fn cookie_auth(core: &Core, req: &Request) -> CookieAuth {
     let Some(value) = cookie::from_headers(req.headers()) else {
         return CookieAuth::Missing;
     };
-    let Some(scope) = core.ui.cookies.verify(&value, now_ms()) else {
+    let Some(scope) = valid_cookie(core, &value, now_ms()).map(|v| v.scope) else {
         return CookieAuth::Missing;
     };
     let safe = matches!(*req.method(), Method::GET | Method::HEAD);
@@ -266,10 +283,25 @@ async fn logout(State(core): Shared, headers: HeaderMap) -> Response {
     }
     if let Some(value) = cookie::from_headers(&headers) {
         let now = now_ms();
-        if let Some(scope) = core.ui.cookies.verify(&value, now) {
-            core.audit(&scope, "ui.logout", "-", "applied", json!({}));
+        if let Some(cookie) = valid_cookie(&core, &value, now) {
+            let revoked = core.store.revoke_ui_cookie(
+                &cookie.scope,
+                &cookie.nonce_hash(),
+                cookie.expires_at_ms,
+                now,
+            );
+            if let Err(e) = revoked {
+                // The cookie would keep working: say so rather than pretend it is gone.
+                tracing::error!(error = %e, "cannot record a UI logout");
+                core.audit(&cookie.scope, "ui.logout", "-", "failed", json!({}));
+                return refuse(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal",
+                    "the logout could not be recorded; see the gateway log",
+                );
+            }
+            core.audit(&cookie.scope, "ui.logout", "-", "applied", json!({}));
         }
-        core.ui.cookies.revoke(&value, now);
     }
     let clear = format!(
         "{}=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0",
