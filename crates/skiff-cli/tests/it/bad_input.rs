@@ -1,4 +1,4 @@
-use crate::harness::{Gateway, SKIFF, stderr};
+use crate::harness::{Gateway, SKIFF, gateway_once, stderr};
 use skiff_test_support::TempGitRepo;
 use std::process::Command;
 
@@ -153,39 +153,6 @@ fn an_empty_prompt_is_a_clear_error() {
     );
 }
 
-/// `skiff --state-dir DIR gateway` on a loopback port: its exit status and stderr, or (when it
-/// started) its first stdout line, after which it is stopped.
-fn gateway_in(state_dir: &std::path::Path) -> (Option<i32>, String, String) {
-    use std::io::{BufRead, BufReader, Read};
-    let mut child = Command::new(SKIFF)
-        .arg("--state-dir")
-        .arg(state_dir)
-        .args(["gateway", "--listen", "127.0.0.1:0"])
-        .env("RUST_LOG", "warn")
-        .env_remove("SKIFF_URL")
-        .env_remove("SKIFF_TOKEN")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut first = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut first)
-        .unwrap();
-    if !first.is_empty() {
-        child.kill().unwrap();
-    }
-    let status = child.wait().unwrap();
-    let mut err = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut err)
-        .unwrap();
-    (status.code(), first, err)
-}
-
 fn mode_of(path: &std::path::Path) -> u32 {
     use std::os::unix::fs::PermissionsExt;
     std::fs::metadata(path).unwrap().permissions().mode() & 0o7777
@@ -198,7 +165,7 @@ fn a_state_dir_other_users_can_write_is_refused_and_left_alone() {
     let shared = dir.path().join("shared");
     std::fs::create_dir(&shared).unwrap();
     std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).unwrap();
-    let (code, out, err) = gateway_in(&shared);
+    let (code, out, err) = gateway_once(&shared, "127.0.0.1:0");
     assert_eq!(code, Some(1), "{out}{err}");
     assert!(
         err.contains(&shared.display().to_string())
@@ -219,7 +186,7 @@ fn a_state_dir_other_users_can_write_is_refused_and_left_alone() {
 
     // Group-writable is as good as shared.
     std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o770)).unwrap();
-    let (code, _, err) = gateway_in(&shared);
+    let (code, _, err) = gateway_once(&shared, "127.0.0.1:0");
     assert_eq!(code, Some(1));
     assert!(err.contains("0770") && err.contains("its group"), "{err}");
 }
@@ -231,7 +198,7 @@ fn a_state_dir_owned_by_another_user_is_refused() {
     std::fs::create_dir(&theirs).unwrap();
     // 65534: nobody. The tests run as root, which may hand the directory over.
     std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
-    let (code, out, err) = gateway_in(&theirs);
+    let (code, out, err) = gateway_once(&theirs, "127.0.0.1:0");
     assert_eq!(code, Some(1), "{out}{err}");
     assert!(
         err.contains(&theirs.display().to_string()) && err.contains("owned by uid 65534"),
@@ -246,7 +213,7 @@ fn an_existing_private_state_dir_still_works() {
     let mine = dir.path().join("mine");
     std::fs::create_dir(&mine).unwrap();
     std::fs::set_permissions(&mine, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let (_, out, err) = gateway_in(&mine);
+    let (_, out, err) = gateway_once(&mine, "127.0.0.1:0");
     assert!(out.starts_with("skiff gateway listening on "), "{out}{err}");
     assert_eq!(mode_of(&mine), 0o700, "tightened as before");
 }
