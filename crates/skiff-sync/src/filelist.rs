@@ -2,7 +2,8 @@
 //! tracked files that still exist plus untracked files that are not ignored (`git ls-files
 //! --cached --others --exclude-standard`). Plain mode walks the directory, honouring `.ignore`
 //! and `.gitignore` files. Both then apply [`Rules`]. Limits are checked here, before any byte
-//! moves, and a refusal names the largest paths.
+//! moves, and a refusal names the largest paths (a file over the per-file limit is named with
+//! its size and the limit).
 //!
 //! Deliberately absent: hashing (that is [`crate::manifest`]) and submodules (a gitlink is
 //! skipped: its contents belong to another repository).
@@ -205,20 +206,32 @@ pub fn check_limits(root: &Path, list: &FileList, limits: &Limits) -> Result<()>
             .collect::<Vec<_>>()
             .join(", ")
     };
-    let oversized: Vec<&ListedFile> = list
+    let mut oversized: Vec<&ListedFile> = list
         .files
         .iter()
         .filter(|f| f.size > limits.max_file_bytes)
         .collect();
-    if !oversized.is_empty() {
-        return Err(too_large(
-            format!(
-                "{} file(s) over the per-file limit of {}",
-                oversized.len(),
-                human(limits.max_file_bytes)
+    oversized.sort_by(|a, b| b.size.cmp(&a.size).then(a.path.cmp(&b.path)));
+    if let Some(first) = oversized.first() {
+        let others = oversized[1..]
+            .iter()
+            .take(4)
+            .map(|f| format!("{} ({})", f.path, human(f.size)))
+            .collect::<Vec<_>>();
+        let also = if others.is_empty() {
+            String::new()
+        } else {
+            format!(" (also over the limit: {})", others.join(", "))
+        };
+        return Err(Error::FileTooLarge {
+            path: join(root, &first.path).display().to_string(),
+            size: first.size,
+            limit: limits.max_file_bytes,
+            remedy: format!(
+                "add `/{}` to the workspace's .skiffignore to leave it behind, or make it smaller; nothing was synced{also}",
+                first.path
             ),
-            largest(oversized.len().min(5)),
-        ));
+        });
     }
     if list.total_bytes > limits.max_total_bytes {
         return Err(too_large(

@@ -55,6 +55,21 @@ pub enum Error {
         detail: String,
         largest: String,
     },
+    /// A file over the per-file limit (the largest, when several are; `remedy` names the rest).
+    #[error(
+        "{} is {}, over the per-file limit of {}; {}",
+        .path,
+        filelist::human(*.size),
+        filelist::human(*.limit),
+        .remedy
+    )]
+    FileTooLarge {
+        path: String,
+        size: u64,
+        limit: u64,
+        /// What to do, and anything else the refusal covers.
+        remedy: String,
+    },
     #[error(
         "{path} is a {kind}; only regular files and symlinks are synced. Remove it or exclude it in .skiffignore"
     )]

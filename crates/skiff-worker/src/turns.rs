@@ -64,13 +64,20 @@ impl Turns {
             let run = turn.run_id.clone();
             tracing::info!(%run, "turn started");
             let end = this.run(turn, workspace.clone(), &cancel).await;
-            let manifest = scan(&workspace).await;
+            let (manifest, manifest_error) = match scan(&workspace).await {
+                Ok(m) => (Some(m), None),
+                Err(why) => (None, Some(why)),
+            };
             let reply = this
                 .link
                 .call(
                     StreamKind::Control,
                     Some(run.clone()),
-                    Call::TurnFinish { end, manifest },
+                    Call::TurnFinish {
+                        end,
+                        manifest,
+                        manifest_error,
+                    },
                 )
                 .await;
             tracing::info!(%run, ?reply, "turn finished");
@@ -160,29 +167,29 @@ impl Turns {
     }
 }
 
-/// What the workspace holds now, for the gateway's reconciliation.
-async fn scan(workspace: &std::path::Path) -> Option<skiff_protocol::sync::Manifest> {
+/// What the workspace holds now, for the gateway's reconciliation, or why it cannot be listed
+/// (the gateway shows the reason to the user).
+async fn scan(workspace: &std::path::Path) -> Result<skiff_protocol::sync::Manifest, String> {
     let mode = if workspace.join(".git").exists() {
         Mode::Git
     } else {
         Mode::Plain
     };
-    let rules = Rules::load(workspace).ok()?;
-    match manifest::scan(
-        workspace,
-        mode,
-        &rules,
-        &Limits::default(),
-        &CancellationToken::new(),
-    )
-    .await
-    {
-        Ok(m) => Some(m),
-        Err(e) => {
-            tracing::warn!(error = %e, "could not list the workspace for the gateway");
-            None
-        }
-    }
+    let listed = async {
+        let rules = Rules::load(workspace)?;
+        manifest::scan(
+            workspace,
+            mode,
+            &rules,
+            &Limits::default(),
+            &CancellationToken::new(),
+        )
+        .await
+    };
+    listed.await.map_err(|e| {
+        tracing::warn!(error = %e, "could not list the workspace for the gateway");
+        e.to_string()
+    })
 }
 
 /// Asks for the next credential when a third of the current one's life is left.

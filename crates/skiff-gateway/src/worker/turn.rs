@@ -125,7 +125,7 @@ impl Core {
         claims: &skiff_protocol::worker::CredentialClaims,
         op: &skiff_protocol::worker::OpId,
         end: TurnEnd,
-        theirs: Option<skiff_protocol::sync::Manifest>,
+        theirs: std::result::Result<skiff_protocol::sync::Manifest, String>,
     ) -> Reply {
         let Some(run) = op.run_id.clone() else {
             return Reply::Finished;
@@ -171,7 +171,7 @@ impl Core {
         &self,
         scope: &Scope,
         session_id: &SessionId,
-        theirs: Option<skiff_protocol::sync::Manifest>,
+        theirs: std::result::Result<skiff_protocol::sync::Manifest, String>,
         run: &RunId,
     ) -> Result<()> {
         let p = self.place(
@@ -209,10 +209,13 @@ impl Core {
         scope: &Scope,
         session_id: &SessionId,
         p: &PlacementRow,
-        theirs: Option<skiff_protocol::sync::Manifest>,
+        theirs: std::result::Result<skiff_protocol::sync::Manifest, String>,
     ) -> Result<String> {
-        let mut theirs =
-            theirs.ok_or_else(|| placement_error("the worker could not list its workspace"))?;
+        let mut theirs = theirs.map_err(|why| {
+            // The box's words: bounded, and said to be the worker's.
+            let why: String = why.chars().take(2000).collect();
+            placement_error(format!("the worker could not list its workspace: {why}"))
+        })?;
         let session = self.store.session(scope, session_id)?;
         let base = manifest::from_json(p.base_manifest.as_deref().unwrap_or(""))?;
         let env = self.placement_env(scope, p)?;
