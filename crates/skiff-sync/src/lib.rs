@@ -71,6 +71,10 @@ pub enum Error {
         remedy: String,
     },
     #[error(
+        "{path} is private ({why}); a box runs as another user, so files other users cannot read are not sent to one. Exclude it in .skiffignore, or make it readable (chmod o+r) if it may leave this machine; nothing was sent"
+    )]
+    Private { path: String, why: String },
+    #[error(
         "{path} is a {kind}; only regular files and symlinks are synced. Remove it or exclude it in .skiffignore"
     )]
     Special { path: String, kind: &'static str },
