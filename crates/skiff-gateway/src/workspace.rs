@@ -67,6 +67,16 @@ fn repo_lock(repo: &Path) -> std::sync::Arc<tokio::sync::Mutex<()>> {
         .clone()
 }
 
+/// A file under `<state>/tmp` that goes when it is dropped, on every path out (a failed
+/// `git add` included). A killed gateway's are swept at the next start.
+struct TempFile(PathBuf);
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
 /// Creates the session's own workspace from `source`.
 pub async fn prepare(
     source: &Path,
@@ -119,8 +129,8 @@ async fn worktree(
     // Snapshot the user's working state as a tree through a private index, so the user's own
     // index is not touched. `add -A` takes tracked changes, deletions and untracked files that
     // are not ignored.
-    let index = state.tmp().join(format!("{session}.index"));
-    let with_index = |cmd: Cmd| cmd.env("GIT_INDEX_FILE", index.as_os_str());
+    let index = TempFile(state.tmp().join(format!("{session}.index")));
+    let with_index = |cmd: Cmd| cmd.env("GIT_INDEX_FILE", index.0.as_os_str());
     with_index(git(repo).args(["read-tree", &head]))
         .run_checked(cancel)
         .await
@@ -135,7 +145,7 @@ async fn worktree(
         .map_err(failed)?
         .trim()
         .to_owned();
-    let _ = std::fs::remove_file(&index);
+    drop(index);
 
     let path = state.worktree(session.as_str());
     let branch = format!("skiff/{session}");

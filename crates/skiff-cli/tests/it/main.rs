@@ -12,6 +12,7 @@ mod api;
 mod bad_input;
 mod env;
 mod harness;
+mod leftovers;
 mod session;
 mod sync;
 mod ui;
