@@ -71,6 +71,12 @@ pub enum Error {
         remedy: String,
     },
     #[error(
+        "cannot checkpoint {path} ({}): with it, the untracked files a checkpoint keeps outside git (in the gateway's artifact store) would pass the cap of {}; add it to .skiffignore or move it out of the workspace",
+        filelist::human(*.size),
+        filelist::human(*.cap)
+    )]
+    OverCheckpointCap { path: String, size: u64, cap: u64 },
+    #[error(
         "{path} is private ({why}); a box runs as another user, so files other users cannot read are not sent to one. Exclude it in .skiffignore, or make it readable (chmod o+r) if it may leave this machine; nothing was sent"
     )]
     Private { path: String, why: String },
