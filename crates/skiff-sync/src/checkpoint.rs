@@ -55,7 +55,7 @@ impl Default for LargeFiles {
     fn default() -> Self {
         Self {
             threshold: LARGE_UNTRACKED_BYTES,
-            cap: 2 << 30,
+            cap: 1 << 30,
         }
     }
 }

@@ -117,8 +117,8 @@ pub async fn list(
 
 /// Refuses, by name, a plain workspace's file that other users cannot read: a box runs as
 /// another user (or on another machine), and sending the file there would make it readable by
-/// that user. A file is private when it lacks `o+r`, or sits in a directory of the workspace
-/// that others cannot enter (`o+x`).
+/// that user. A file is private when it lacks `o+r`, or sits in a directory below `root` that
+/// others cannot enter (`o+x`; `root` itself is the session's directory, the gateway's own).
 ///
 /// Files of the gateway's own user are refused too, not excluded. For a root gateway they are
 /// the system's secrets: a copy of `/etc` keeps `/etc/shadow` root-owned (`cp -a`). For any
