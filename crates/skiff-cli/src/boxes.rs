@@ -93,12 +93,16 @@ fn ttl(text: &str) -> Result<std::time::Duration> {
 
 fn print(status: &LeaseCliStatus, json: bool) -> Result<()> {
     if json {
-        println!("{}", serde_json::to_string(status)?);
+        outln!("{}", serde_json::to_string(status)?)?;
     } else {
-        println!(
+        outln!(
             "{}  {}  {}@{}:{}",
-            status.id, status.state, status.ssh_user, status.ssh_host, status.ssh_port
-        );
+            status.id,
+            status.state,
+            status.ssh_user,
+            status.ssh_host,
+            status.ssh_port
+        )?;
     }
     Ok(())
 }
@@ -182,7 +186,7 @@ pub async fn run(args: BoxArgs, state_dir: &Path) -> Result<ExitCode> {
                 }
             }
             if json {
-                println!("{}", serde_json::to_string(&all)?);
+                outln!("{}", serde_json::to_string(&all)?)?;
             } else {
                 for status in &all {
                     print(status, false)?;

@@ -181,13 +181,13 @@ pub async fn run(args: DemoArgs, user_state_dir: &Path) -> Result<ExitCode> {
     let commit = git(&repo, &["rev-parse", "--short", branch]).await?;
     let changes = git(&repo, &["diff", "--stat", base_commit, branch]).await?;
     let live_status = git(&repo, &["status", "--short"]).await?;
-    println!();
-    println!(
+    outln!()?;
+    outln!(
         "What changed (on branch {branch}, commit {}):",
         commit.trim()
-    );
-    print!("{changes}");
-    println!(
+    )?;
+    out!("{changes}")?;
+    outln!(
         "Your checkout at {} is untouched ({}).",
         repo.display(),
         if live_status.trim().is_empty() {
@@ -195,22 +195,22 @@ pub async fn run(args: DemoArgs, user_state_dir: &Path) -> Result<ExitCode> {
         } else {
             "it has the changes it had before"
         }
-    );
+    )?;
     let skiff = std::env::current_exe()
         .map(|p| p.display().to_string())
         .unwrap_or_else(|_| "skiff".into());
-    println!();
-    println!("Look at it:");
-    println!("  git -C {} log -p main..{branch}", repo.display());
-    println!(
+    outln!()?;
+    outln!("Look at it:")?;
+    outln!("  git -C {} log -p main..{branch}", repo.display())?;
+    outln!(
         "  {skiff} --state-dir {} gateway --listen 127.0.0.1:0 &",
         state_dir.display()
-    );
-    println!(
+    )?;
+    outln!(
         "  {skiff} --state-dir {} session show {}",
         state_dir.display(),
         session.id
-    );
+    )?;
     eprintln!(
         "\ndemo finished in {:.1} s",
         started.elapsed().as_secs_f64()

@@ -99,9 +99,9 @@ pub async fn run(cmd: EnvCommand, state_dir: &Path) -> Result<ExitCode> {
         EnvCommand::List(out) => {
             let list: EnvironmentList = client.send(client.get("/v1/environments")).await?;
             if out.json {
-                println!("{}", serde_json::to_string_pretty(&list)?);
+                outln!("{}", serde_json::to_string_pretty(&list)?)?;
             } else {
-                print!("{}", table(&list.environments));
+                out!("{}", table(&list.environments))?;
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -131,7 +131,7 @@ pub async fn run(cmd: EnvCommand, state_dir: &Path) -> Result<ExitCode> {
             let out: serde_json::Value = client
                 .send(client.post(&format!("/v1/environments/{}/exec", args.id), &body))
                 .await?;
-            print!("{}", out["output"].as_str().unwrap_or_default());
+            out!("{}", out["output"].as_str().unwrap_or_default())?;
             Ok(ExitCode::SUCCESS)
         }
         EnvCommand::Destroy(args) => {
@@ -154,17 +154,17 @@ pub async fn run(cmd: EnvCommand, state_dir: &Path) -> Result<ExitCode> {
                 .send(client.post("/v1/environments/sweep", &serde_json::json!({})))
                 .await?;
             if out.json {
-                println!("{swept}");
+                outln!("{swept}")?;
             } else {
                 let ids = swept["destroyed"].as_array().cloned().unwrap_or_default();
                 if ids.is_empty() {
-                    println!("no orphaned leases");
+                    outln!("no orphaned leases")?;
                 }
                 for id in ids {
-                    println!(
+                    outln!(
                         "destroyed orphaned lease {}",
                         id.as_str().unwrap_or_default()
-                    );
+                    )?;
                 }
             }
             Ok(ExitCode::SUCCESS)
@@ -282,7 +282,7 @@ async fn wait(client: &Client, args: WaitArgs) -> Result<ExitCode> {
 
 fn print_env(env: &EnvironmentView, json: bool) -> Result<()> {
     if json {
-        println!("{}", serde_json::to_string_pretty(env)?);
+        outln!("{}", serde_json::to_string_pretty(env)?)?;
         return Ok(());
     }
     let now = now_ms();
@@ -291,27 +291,28 @@ fn print_env(env: &EnvironmentView, json: bool) -> Result<()> {
     } else {
         ""
     };
-    println!("environment  {}", env.id);
-    println!("state        {}", env.state);
-    println!(
+    outln!("environment  {}", env.id)?;
+    outln!("state        {}", env.state)?;
+    outln!(
         "profile      {} · provider {}{dev}",
-        env.profile, env.provider
-    );
-    println!("lease        {}", env.lease_id.as_deref().unwrap_or("-"));
-    println!("ssh          {}", env.ssh_target.as_deref().unwrap_or("-"));
-    println!(
+        env.profile,
+        env.provider
+    )?;
+    outln!("lease        {}", env.lease_id.as_deref().unwrap_or("-"))?;
+    outln!("ssh          {}", env.ssh_target.as_deref().unwrap_or("-"))?;
+    outln!(
         "bundle       {}",
         env.bundle_hash
             .as_deref()
             .map(|h| &h[..h.len().min(16)])
             .unwrap_or("-")
-    );
-    println!(
+    )?;
+    outln!(
         "age          {} · idle since {}",
         ago(env.created_at_ms, now),
         ago(env.last_used_at_ms, now)
-    );
-    println!(
+    )?;
+    outln!(
         "sessions     {}",
         if env.attached_sessions.is_empty() {
             "-".to_owned()
@@ -322,10 +323,10 @@ fn print_env(env: &EnvironmentView, json: bool) -> Result<()> {
                 .collect::<Vec<_>>()
                 .join(", ")
         }
-    );
-    println!("tunnel       {}", env.tunnel);
+    )?;
+    outln!("tunnel       {}", env.tunnel)?;
     let a = env.accounting;
-    println!(
+    outln!(
         "egress       {} model requests · tokens {} in / {} out · bytes {} in / {} out · {} gateway-tool calls",
         a.model_requests,
         a.input_tokens,
@@ -333,9 +334,9 @@ fn print_env(env: &EnvironmentView, json: bool) -> Result<()> {
         a.bytes_in,
         a.bytes_out,
         a.gateway_tool_calls
-    );
+    )?;
     if let Some(error) = &env.error {
-        println!("error        {error}");
+        outln!("error        {error}")?;
     }
     Ok(())
 }

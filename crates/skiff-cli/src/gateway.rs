@@ -44,8 +44,15 @@ pub async fn run(args: GatewayArgs, state_dir: PathBuf) -> Result<ExitCode> {
         config: args.config,
     })
     .await?;
-    // The one line on stdout: where the gateway is. Scripts and tests wait for it.
-    println!("skiff gateway listening on {}", running.url);
+    if let Some(warning) = exposure_warning(running.addr) {
+        tracing::warn!(addr = %running.addr, "listening on a non-loopback address over plain HTTP");
+        eprintln!("{warning}");
+    }
+    // The one line on stdout: where the gateway is. Scripts and tests wait for it. A gateway
+    // whose stdout nobody reads (a supervisor closed it) keeps serving: it is not the output.
+    if let Err(e) = outln!("skiff gateway listening on {}", running.url) {
+        tracing::warn!(error = %e, "could not print the listening line on stdout");
+    }
     eprintln!(
         "token and URL written to {} (mode 0600); the CLI finds them there",
         state_dir.join("gateway.json").display()
@@ -62,6 +69,22 @@ pub async fn run(args: GatewayArgs, state_dir: PathBuf) -> Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// What to tell the operator of a gateway reachable from other machines: it speaks plain HTTP.
+fn exposure_warning(addr: std::net::SocketAddr) -> Option<String> {
+    if addr.ip().is_loopback() {
+        return None;
+    }
+    Some(format!(
+        "warning: listening on {addr}, which is not a loopback address: the API and the Control UI \
+         are served there over plain HTTP, so bearer tokens (the admin token included) and UI session \
+         cookies cross that network in clear text.\n\
+         To reach the gateway from elsewhere, put TLS in front: listen on loopback \
+         (--listen 127.0.0.1:7777) and let a reverse proxy that terminates TLS (nginx, Caddy) forward \
+         to it, keeping the Host header and sending X-Forwarded-Proto: https (the UI cookie is then \
+         marked Secure)."
+    ))
 }
 
 async fn shutdown_signal() {

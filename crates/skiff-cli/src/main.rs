@@ -1,5 +1,8 @@
 //! `skiff`: parses the command line, calls the crates, prints (for people, or `--json`).
 
+#[macro_use]
+mod out;
+
 mod boxes;
 mod client;
 mod demo;
@@ -77,10 +80,14 @@ fn main() -> ExitCode {
     if cli.build_hash {
         return match std::env::current_exe().and_then(|exe| skiff_gateway::bundle::build_hash(&exe))
         {
-            Ok(hash) => {
-                println!("{hash}");
-                ExitCode::SUCCESS
-            }
+            Ok(hash) => match outln!("{hash}") {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) if out::is_closed(&e) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("error: {e:#}");
+                    ExitCode::from(1)
+                }
+            },
             Err(e) => {
                 eprintln!("error: cannot hash this executable: {e}");
                 ExitCode::from(1)
@@ -120,6 +127,9 @@ fn main() -> ExitCode {
     });
     match result {
         Ok(code) => code,
+        // The reader of our output went away (`| head`): nothing more to say, and no one to
+        // say it to.
+        Err(e) if out::is_closed(&e) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
             match e.downcast_ref::<client::Failure>() {

@@ -5,7 +5,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use skiff_protocol::api::{RunStatus, SessionView};
 use skiff_protocol::event::{EventKind, SessionEvent};
 use skiff_protocol::transcript::{EntryBody, TranscriptEntry};
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 use std::time::Duration;
 
 /// Renders a live event stream.
@@ -50,27 +50,27 @@ impl Live {
         }
     }
 
-    fn line_break(&mut self) {
+    fn line_break(&mut self) -> anyhow::Result<()> {
         if self.mid_line {
-            println!();
+            outln!()?;
             self.mid_line = false;
         }
+        Ok(())
     }
 
-    /// Shows one event.
-    pub fn show(&mut self, event: &SessionEvent) {
+    /// Shows one event. Fails only when stdout cannot be written (its reader went away).
+    pub fn show(&mut self, event: &SessionEvent) -> anyhow::Result<()> {
         if self.json {
             if let Ok(line) = serde_json::to_string(event) {
-                println!("{line}");
+                outln!("{line}")?;
             }
-            return;
+            return Ok(());
         }
         match &event.kind {
             EventKind::ModelRequest { model } => self.spin(format!("thinking ({model})")),
             EventKind::TextDelta { text } => {
                 self.stop_spinner();
-                print!("{text}");
-                let _ = std::io::stdout().flush();
+                out!("{text}")?;
                 self.mid_line = !text.ends_with('\n');
             }
             EventKind::ToolStarted {
@@ -78,7 +78,7 @@ impl Live {
                 name,
                 summary,
             } => {
-                self.line_break();
+                self.line_break()?;
                 let row = format!("{name} {summary}");
                 self.spin(format!("running {row}"));
                 self.pending_tools.push((call_id.clone(), row));
@@ -97,18 +97,18 @@ impl Live {
                     .map(|i| self.pending_tools.remove(i).1)
                     .unwrap_or_default();
                 let mark = if *is_error { "✗" } else { "✓" };
-                println!("  ▸ {row}  {mark} {}", format_duration(*duration_ms));
+                outln!("  ▸ {row}  {mark} {}", format_duration(*duration_ms))?;
             }
             EventKind::Entry { entry } => {
                 if let EntryBody::Notice { text } = &entry.body {
                     self.stop_spinner();
-                    self.line_break();
+                    self.line_break()?;
                     eprintln!("! {text}");
                 }
             }
             EventKind::RunStatus { status, error } if status.is_terminal() => {
                 self.stop_spinner();
-                self.line_break();
+                self.line_break()?;
                 match (status, error) {
                     (RunStatus::Succeeded, _) => eprintln!("✓ run succeeded"),
                     (status, Some(error)) => eprintln!("✗ run {status}: {error}"),
@@ -118,15 +118,16 @@ impl Live {
             EventKind::RunStatus { .. } => {}
             EventKind::Placement { state, detail, .. } => {
                 self.stop_spinner();
-                self.line_break();
+                self.line_break()?;
                 eprintln!("◦ {:<13}{detail}", state.as_str());
             }
         }
+        Ok(())
     }
 
-    pub fn finish(&mut self) {
+    pub fn finish(&mut self) -> anyhow::Result<()> {
         self.stop_spinner();
-        self.line_break();
+        self.line_break()
     }
 }
 

@@ -125,24 +125,24 @@ pub async fn run(cmd: SessionCommand, state_dir: &Path) -> Result<ExitCode> {
         SessionCommand::List(out) => {
             let list = client.sessions().await?;
             if out.json {
-                println!("{}", serde_json::to_string_pretty(&list)?);
+                outln!("{}", serde_json::to_string_pretty(&list)?)?;
             } else {
-                print!("{}", render::session_table(&list.sessions));
+                out!("{}", render::session_table(&list.sessions))?;
             }
             Ok(ExitCode::SUCCESS)
         }
         SessionCommand::Show(args) => {
             let detail = client.session(&args.id).await?;
             if args.out.json {
-                println!("{}", serde_json::to_string_pretty(&detail)?);
+                outln!("{}", serde_json::to_string_pretty(&detail)?)?;
                 return Ok(ExitCode::SUCCESS);
             }
             let s = &detail.session;
-            println!("session    {}", s.id);
-            println!("title      {}", s.title);
-            println!("state      {}", render::state(s));
+            outln!("session    {}", s.id)?;
+            outln!("title      {}", s.title)?;
+            outln!("state      {}", render::state(s))?;
             match &s.worker {
-                Some(w) => println!(
+                Some(w) => outln!(
                     "placement  {} on {} (profile {}, epoch {}){}",
                     s.placement,
                     w.environment_id
@@ -154,10 +154,10 @@ pub async fn run(cmd: SessionCommand, state_dir: &Path) -> Result<ExitCode> {
                         .as_ref()
                         .map(|e| format!(": {e}"))
                         .unwrap_or_default()
-                ),
-                None => println!("placement  {}", s.placement),
+                )?,
+                None => outln!("placement  {}", s.placement)?,
             }
-            println!("model      {}", s.model.label);
+            outln!("model      {}", s.model.label)?;
             match &s.workspace {
                 skiff_protocol::api::WorkspaceView::Git {
                     source,
@@ -165,30 +165,33 @@ pub async fn run(cmd: SessionCommand, state_dir: &Path) -> Result<ExitCode> {
                     branch,
                     base_commit,
                 } => {
-                    println!("workspace  {path} (git worktree of {source})");
-                    println!(
+                    outln!("workspace  {path} (git worktree of {source})")?;
+                    outln!(
                         "branch     {branch} (from {})",
                         &base_commit[..base_commit.len().min(12)]
-                    );
+                    )?;
                 }
                 skiff_protocol::api::WorkspaceView::Plain { source, path } => {
-                    println!("workspace  {path} (copy of {source})");
+                    outln!("workspace  {path} (copy of {source})")?;
                 }
             }
-            println!("runs       {}", detail.runs.len());
+            outln!("runs       {}", detail.runs.len())?;
             for run in &detail.runs {
                 let err = run
                     .error
                     .as_deref()
                     .map(|e| format!(": {e}"))
                     .unwrap_or_default();
-                println!(
+                outln!(
                     "  {}  {}  in {} / out {} tokens{err}",
-                    run.id, run.status, run.input_tokens, run.output_tokens
-                );
+                    run.id,
+                    run.status,
+                    run.input_tokens,
+                    run.output_tokens
+                )?;
             }
-            println!();
-            print!("{}", render::transcript(&detail.transcript));
+            outln!()?;
+            out!("{}", render::transcript(&detail.transcript))?;
             Ok(ExitCode::SUCCESS)
         }
         SessionCommand::Watch(args) => {
@@ -203,12 +206,12 @@ pub async fn run(cmd: SessionCommand, state_dir: &Path) -> Result<ExitCode> {
             let path = format!("/v1/sessions/{}/checkpoints", args.id);
             let list: skiff_protocol::sync::CheckpointList = client.send(client.get(&path)).await?;
             if args.out.json {
-                println!("{}", serde_json::to_string_pretty(&list)?);
+                outln!("{}", serde_json::to_string_pretty(&list)?)?;
             }
             for c in list.checkpoints.iter().filter(|_| !args.out.json) {
                 let at = c.git_ref.as_deref().or(c.manifest.as_deref()).unwrap_or("");
                 let (seq, id, mode, files) = (c.seq, &c.id, &c.mode, c.files);
-                println!("{seq:>3}  {id}  {mode:<5}  {files} files  {at}");
+                outln!("{seq:>3}  {id}  {mode:<5}  {files} files  {at}")?;
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -221,17 +224,17 @@ pub async fn run(cmd: SessionCommand, state_dir: &Path) -> Result<ExitCode> {
             let done: skiff_protocol::sync::PublishResult =
                 client.send(client.post(&path, &body)).await?;
             if args.out.json {
-                println!("{}", serde_json::to_string(&done)?);
+                outln!("{}", serde_json::to_string(&done)?)?;
             } else {
                 let short = &done.commit[..done.commit.len().min(12)];
-                println!("pushed {short} to {} as {}", done.remote, done.branch);
+                outln!("pushed {short} to {} as {}", done.remote, done.branch)?;
             }
             Ok(ExitCode::SUCCESS)
         }
         SessionCommand::Cancel(args) => {
             let run = client.cancel(&args.id).await?;
             if args.out.json {
-                println!("{}", serde_json::to_string(&run)?);
+                outln!("{}", serde_json::to_string(&run)?)?;
             } else {
                 eprintln!("cancelling run {} of session {}", run.id, args.id);
             }
@@ -248,9 +251,9 @@ async fn started_turn(
 ) -> Result<ExitCode> {
     if detach {
         if json {
-            println!("{}", serde_json::to_string(&started)?);
+            outln!("{}", serde_json::to_string(&started)?)?;
         } else {
-            println!("{}", started.session.id);
+            outln!("{}", started.session.id)?;
             eprintln!(
                 "started run {} of session {}; follow it with `skiff session watch {}`",
                 started.run.id, started.session.id, started.session.id
@@ -296,15 +299,15 @@ pub async fn follow_until_end(
         if event.run_id.as_ref() != Some(run) {
             continue;
         }
-        live.show(&event);
+        live.show(&event)?;
         if let EventKind::RunStatus { status, .. } = event.kind
             && status.is_terminal()
         {
-            live.finish();
+            live.finish()?;
             return Ok(status);
         }
     }
-    live.finish();
+    live.finish()?;
     anyhow::bail!(crate::client::Failure::Unreachable(format!(
         "the gateway at {} closed the event stream before run {run} ended",
         client.url()

@@ -26,12 +26,12 @@ pub async fn run(args: UiArgs, state_dir: &Path) -> Result<ExitCode> {
     let ticket = client.ui_ticket().await?;
     let url = format!("{}{}", client.url(), ticket.login_path);
     if args.json {
-        println!(
+        outln!(
             "{}",
             serde_json::json!({ "url": url, "expires_at_ms": ticket.expires_at_ms })
-        );
+        )?;
     } else {
-        println!("{url}");
+        outln!("{url}")?;
         eprintln!("open it within a minute; it works once (run `skiff ui` again for a new one)");
     }
     if args.open {

@@ -1,6 +1,7 @@
 //! End-of-turn checkpoints of local sessions: after every turn, the session's workspace is
 //! checkpointed (git mode: a commit under `refs/skiff/checkpoints/<session>/<n>`, taken
-//! through a private index; plain mode: a manifest of content-addressed blobs under
+//! through a private index, with large untracked files kept in `<state>/artifacts/` instead of
+//! the user's object store; plain mode: a manifest of content-addressed blobs under
 //! `<state>/artifacts/`) and recorded as a `checkpoint` artifact row.
 //!
 //! A checkpoint that fails is logged and audited, never a failed turn. Deliberately absent:
@@ -69,19 +70,26 @@ impl Core {
         let limits = Limits::default();
         let (meta, hash, size) = match &session.workspace {
             WorkspaceView::Git { .. } => {
+                let scratch = self.state.tmp();
+                let stores = checkpoint::GitStores {
+                    scratch: &scratch,
+                    cas: &cas,
+                    large: checkpoint::LargeFiles::default(),
+                };
                 let cp = checkpoint::git_checkpoint(
                     path,
                     session.id.as_str(),
                     seq,
                     &rules,
                     &limits,
-                    &self.state.tmp(),
+                    &stores,
                     &cancel,
                 )
                 .await?;
+                // `manifest`: the large untracked files kept in the artifact store, not the repo.
                 let meta = json!({
                     "mode": "git", "git_ref": cp.git_ref, "commit": cp.commit, "tree": cp.tree,
-                    "files": cp.files, "bytes": cp.bytes,
+                    "manifest": cp.outside_git, "files": cp.files, "bytes": cp.bytes,
                 });
                 // The blob of a git checkpoint is its descriptor; the content is in the repo.
                 let descriptor = meta.to_string();

@@ -14,6 +14,7 @@ pub mod config;
 mod env_api;
 mod environments;
 mod error;
+mod housekeeping;
 mod hub;
 mod quarantine;
 mod sessions;
@@ -149,6 +150,7 @@ pub async fn start(options: Options) -> Result<Running> {
     });
     core.envs
         .set_readiness(Arc::new(worker::probe::Probe(Arc::downgrade(&core))));
+    core.sweep_leftovers_on_start();
     core.reconcile_on_start()?;
     core.envs.reconcile_on_start().await?;
     // Workers that re-attach are admitted against the bundle hash; without any, it is
@@ -197,19 +199,23 @@ pub async fn start(options: Options) -> Result<Running> {
 fn provider_context(state: &StateDir) -> Result<skiff_providers::Context> {
     let skiff_exe = std::env::current_exe()
         .map_err(|e| Error::BadRequest(format!("cannot locate the skiff executable: {e}")))?;
-    let default_box_root = if skiff_providers::running_as_root() {
+    Ok(skiff_providers::Context {
+        skiff_exe,
+        private_dir: state.root().join("keys"),
+        default_box_root: default_box_root(state),
+    })
+}
+
+/// Where `local` profiles without a `root` keep their boxes.
+fn default_box_root(state: &StateDir) -> PathBuf {
+    if skiff_providers::running_as_root() {
         // One root per gateway (per state dir): a gateway's orphan sweep must never see
         // another gateway's boxes on the same host.
         let tag = blake3::hash(state.root().as_os_str().as_encoded_bytes()).to_hex();
         PathBuf::from(format!("/var/lib/skiff/boxes-{}", &tag[..12]))
     } else {
         state.root().join("boxes")
-    };
-    Ok(skiff_providers::Context {
-        skiff_exe,
-        private_dir: state.root().join("keys"),
-        default_box_root,
-    })
+    }
 }
 
 /// Every `gateway.lifetime_tick`: reclaim idle or expired environments, renew leases in use.

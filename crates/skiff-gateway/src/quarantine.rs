@@ -125,7 +125,13 @@ impl Core {
 
     /// Appends a notice to the session's transcript (re-reading the leaf when it moved) and
     /// publishes it. A notice that cannot be written is logged: it never undoes the work.
-    pub(crate) fn notify(&self, scope: &Scope, session: &SessionId, run: Option<&RunId>, text: &str) {
+    pub(crate) fn notify(
+        &self,
+        scope: &Scope,
+        session: &SessionId,
+        run: Option<&RunId>,
+        text: &str,
+    ) {
         let body = [EntryBody::Notice {
             text: text.to_owned(),
         }];
@@ -137,7 +143,10 @@ impl Core {
                     return;
                 }
             };
-            match self.store.append_entries(scope, session, leaf.as_ref(), run, &body) {
+            match self
+                .store
+                .append_entries(scope, session, leaf.as_ref(), run, &body)
+            {
                 Ok(entries) => {
                     for entry in entries {
                         if let Err(e) =
@@ -197,7 +206,11 @@ impl Core {
     }
 
     /// Drops every quarantine of the session (and the blobs no other row names).
-    pub(crate) fn discard_quarantine(&self, scope: &Scope, session: &SessionId) -> Result<QuarantineList> {
+    pub(crate) fn discard_quarantine(
+        &self,
+        scope: &Scope,
+        session: &SessionId,
+    ) -> Result<QuarantineList> {
         self.store.session(scope, session)?;
         let cas = Cas::open(&self.artifacts_dir())?;
         for row in self.quarantine_rows(scope, session)? {
@@ -244,7 +257,9 @@ impl Core {
             .into());
         }
         if paths.is_empty() {
-            return Err(Error::BadRequest("name at least one quarantined path to accept".into()));
+            return Err(Error::BadRequest(
+                "name at least one quarantined path to accept".into(),
+            ));
         }
         let rows = self.quarantine_rows(scope, session_id)?;
         let cas = Cas::open(&self.artifacts_dir())?;
@@ -261,9 +276,8 @@ impl Core {
                     }
                 )));
             }
-            contain::check_path(path).map_err(|e| {
-                Error::BadRequest(format!("{path} can never be accepted: {e}"))
-            })?;
+            contain::check_path(path)
+                .map_err(|e| Error::BadRequest(format!("{path} can never be accepted: {e}")))?;
             let found = rows.iter().rev().find_map(|row| {
                 let meta: Meta = serde_json::from_value(row.meta.clone()).ok()?;
                 let q = meta.paths.into_iter().find(|q| &q.path == path)?;
@@ -313,7 +327,8 @@ impl Core {
             }
             written.push(q.path.clone());
         }
-        self.give_accepted_to_box(scope, session_id, root, &plan).await?;
+        self.give_accepted_to_box(scope, session_id, root, &plan)
+            .await?;
         // What was accepted leaves its quarantine; an emptied quarantine goes.
         for (row, q, _) in &plan {
             let row = self.store.artifact(scope, &row.id)?;
@@ -324,8 +339,7 @@ impl Core {
             if meta.paths.is_empty() {
                 self.store.delete_artifact(scope, &row.id)?;
             } else {
-                let meta =
-                    serde_json::to_value(&meta).map_err(|e| bad_meta(&row, e))?;
+                let meta = serde_json::to_value(&meta).map_err(|e| bad_meta(&row, e))?;
                 self.store.set_artifact_meta(scope, &row.id, &meta)?;
             }
         }
@@ -359,10 +373,7 @@ impl Core {
         }
         let mut base = manifest::from_json(p.base_manifest.as_deref().unwrap_or(""))?;
         let env = self.placement_env(scope, &p)?;
-        let remote = Remote::new(
-            self.envs.ssh(&env)?,
-            &crate::worker::box_workspace(session),
-        )?;
+        let remote = Remote::new(self.envs.ssh(&env)?, &crate::worker::box_workspace(session))?;
         let paths: Vec<String> = plan.iter().map(|(_, q, _)| q.path.clone()).collect();
         remote
             .push_files(root, &paths, &CancellationToken::new())

@@ -1,22 +1,32 @@
 //! The gateway's state directory: database, managed worktrees, workspace copies, and
 //! `gateway.json` (how the local CLI finds the gateway). The directory is mode 0700 and the
 //! file 0600: nothing of the gateway is readable by other users (later: by boxes).
+//!
+//! An existing directory is used only when it is already ours alone: one that another user
+//! owns or may write (a shared `/tmp`, mode 1777) is refused rather than chmod'ed, because
+//! whoever could write there may already have planted a `skiff.toml`, a database or a symlink.
 
 use std::fs;
 use std::io::Write;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 #[derive(Debug, thiserror::Error)]
-#[error("state dir {path}: {source}")]
-pub struct StateDirError {
-    path: String,
-    #[source]
-    source: std::io::Error,
+pub enum StateDirError {
+    #[error("state dir {path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "refusing the state dir {path}: {why}. It holds the database, the admin token and keys, so it must be private to this user; choose another directory with --state-dir (one that does not exist yet is created with mode 0700)"
+    )]
+    NotPrivate { path: String, why: String },
 }
 
 fn err(path: &Path) -> impl FnOnce(std::io::Error) -> StateDirError + '_ {
-    move |source| StateDirError {
+    move |source| StateDirError::Io {
         path: path.display().to_string(),
         source,
     }
@@ -43,15 +53,55 @@ pub struct StateDirLock {
     _file: fs::File,
 }
 
+/// Refuses an existing directory that is not this user's alone.
+fn check_private(root: &Path) -> Result<(), StateDirError> {
+    let meta = fs::metadata(root).map_err(err(root))?;
+    let refuse = |why: String| StateDirError::NotPrivate {
+        path: root.display().to_string(),
+        why,
+    };
+    if !meta.is_dir() {
+        return Err(refuse("it is not a directory".into()));
+    }
+    let me = rustix::process::geteuid().as_raw();
+    if meta.uid() != me {
+        return Err(refuse(format!(
+            "it is owned by uid {}, not by this user (uid {me})",
+            meta.uid()
+        )));
+    }
+    let mode = meta.mode() & 0o7777;
+    if mode & 0o022 != 0 {
+        let who = if mode & 0o002 != 0 {
+            "every user"
+        } else {
+            "its group"
+        };
+        return Err(refuse(format!(
+            "its mode {mode:04o} lets {who} write in it"
+        )));
+    }
+    Ok(())
+}
+
 #[derive(Clone, Debug)]
 pub struct StateDir {
     root: PathBuf,
 }
 
 impl StateDir {
-    /// Creates the directory (and its subdirectories) if needed and makes it private.
+    /// Creates the directory (and its subdirectories) if needed and makes it private. An
+    /// existing directory must already be this user's and writable by no one else.
     pub fn open(root: &Path) -> Result<Self, StateDirError> {
-        fs::create_dir_all(root).map_err(err(root))?;
+        if let Some(parent) = root.parent().filter(|p| !p.as_os_str().is_empty()) {
+            fs::create_dir_all(parent).map_err(err(parent))?;
+        }
+        match fs::DirBuilder::new().mode(0o700).create(root) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => check_private(root)?,
+            Err(e) => return Err(err(root)(e)),
+        }
+        // A private directory that others may read or enter (0755) is tightened, as before.
         fs::set_permissions(root, fs::Permissions::from_mode(0o700)).map_err(err(root))?;
         let root = root.canonicalize().map_err(err(root))?;
         for sub in ["worktrees", "workspaces", "tmp"] {

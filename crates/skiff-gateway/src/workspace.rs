@@ -4,12 +4,14 @@
 //!
 //! The user's live checkout is never written: its working tree, index and HEAD stay as they
 //! were. (The repository's object store and ref namespace do gain the session branch and the
-//! worktree's metadata; that is what `git worktree add` is.)
+//! worktree's metadata; that is what `git worktree add` is. Untracked files over
+//! [`LARGE_UNTRACKED_BYTES`] are copied, never made objects of the user's repository.)
 
 use crate::state_dir::StateDir;
 use skiff_process::Cmd;
 use skiff_protocol::SessionId;
 use skiff_protocol::api::WorkspaceView;
+use skiff_sync::checkpoint::LARGE_UNTRACKED_BYTES;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -67,6 +69,16 @@ fn repo_lock(repo: &Path) -> std::sync::Arc<tokio::sync::Mutex<()>> {
         .clone()
 }
 
+/// A file under `<state>/tmp` that goes when it is dropped, on every path out (a failed
+/// `git add` included). A killed gateway's are swept at the next start.
+struct TempFile(PathBuf);
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
 /// Creates the session's own workspace from `source`.
 pub async fn prepare(
     source: &Path,
@@ -118,14 +130,23 @@ async fn worktree(
 
     // Snapshot the user's working state as a tree through a private index, so the user's own
     // index is not touched. `add -A` takes tracked changes, deletions and untracked files that
-    // are not ignored.
-    let index = state.tmp().join(format!("{session}.index"));
-    let with_index = |cmd: Cmd| cmd.env("GIT_INDEX_FILE", index.as_os_str());
+    // are not ignored — except large untracked files: `add` would write each into the user's
+    // object store (again for every session), so they are copied into the worktree instead.
+    let large = large_untracked(repo, cancel).await?;
+    let index = TempFile(state.tmp().join(format!("{session}.index")));
+    let with_index = |cmd: Cmd| cmd.env("GIT_INDEX_FILE", index.0.as_os_str());
     with_index(git(repo).args(["read-tree", &head]))
         .run_checked(cancel)
         .await
         .map_err(failed)?;
-    with_index(git(repo).args(["add", "-A"]))
+    let mut pathspecs = b".\0".to_vec();
+    for path in &large {
+        pathspecs.extend_from_slice(b":(exclude,literal)");
+        pathspecs.extend_from_slice(path.as_bytes());
+        pathspecs.push(0);
+    }
+    with_index(git(repo).args(["add", "-A", "--pathspec-from-file=-", "--pathspec-file-nul"]))
+        .stdin(pathspecs)
         .run_checked(cancel)
         .await
         .map_err(failed)?;
@@ -135,7 +156,7 @@ async fn worktree(
         .map_err(failed)?
         .trim()
         .to_owned();
-    let _ = std::fs::remove_file(&index);
+    drop(index);
 
     let path = state.worktree(session.as_str());
     let branch = format!("skiff/{session}");
@@ -164,12 +185,53 @@ async fn worktree(
         .run_checked(cancel)
         .await
         .map_err(failed)?;
+    for rel in &large {
+        copy_file(&repo.join(rel), &path.join(rel))?;
+    }
     Ok(WorkspaceView::Git {
         source: repo.display().to_string(),
         path: path.display().to_string(),
         branch,
         base_commit: head,
     })
+}
+
+/// Untracked, not ignored regular files of `repo` over [`LARGE_UNTRACKED_BYTES`], as paths
+/// relative to it.
+async fn large_untracked(
+    repo: &Path,
+    cancel: &CancellationToken,
+) -> Result<Vec<String>, WorkspaceError> {
+    let listed = git(repo)
+        .args(["ls-files", "-z", "--others", "--exclude-standard"])
+        .run_checked(cancel)
+        .await
+        .map_err(|source| WorkspaceError::Prepare {
+            path: repo.display().to_string(),
+            source,
+        })?;
+    Ok(listed
+        .split('\0')
+        .filter(|p| !p.is_empty())
+        .filter(|p| {
+            std::fs::symlink_metadata(repo.join(p))
+                .is_ok_and(|m| m.is_file() && m.len() > LARGE_UNTRACKED_BYTES)
+        })
+        .map(str::to_owned)
+        .collect())
+}
+
+/// Copies one file (bytes and permissions), making its directory.
+fn copy_file(from: &Path, to: &Path) -> Result<(), WorkspaceError> {
+    let io = |path: &Path| {
+        let path = path.display().to_string();
+        move |source| WorkspaceError::Io { path, source }
+    };
+    if let Some(dir) = to.parent() {
+        std::fs::create_dir_all(dir).map_err(io(dir))?;
+    }
+    std::fs::copy(from, to).map_err(io(to))?;
+    Ok(())
 }
 
 async fn copy(

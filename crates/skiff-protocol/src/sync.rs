@@ -60,7 +60,8 @@ pub struct CheckpointView {
     pub git_ref: Option<String>,
     #[serde(default)]
     pub commit: Option<String>,
-    /// Plain mode: blake3 of the stored manifest.
+    /// Blake3 of a manifest in the gateway's content store: plain mode, of every file; git
+    /// mode, of the large untracked files the checkpoint kept outside git (if any).
     #[serde(default)]
     pub manifest: Option<String>,
     pub files: u64,

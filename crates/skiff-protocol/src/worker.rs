@@ -180,6 +180,9 @@ pub enum Call {
     TurnFinish {
         end: TurnEnd,
         manifest: Option<crate::sync::Manifest>,
+        /// Why there is no `manifest` (a file over the per-file limit, say), for the user.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        manifest_error: Option<String>,
     },
     /// Asks for the next credential before this one expires.
     #[serde(rename = "credential.rotate")]

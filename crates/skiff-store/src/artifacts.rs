@@ -42,8 +42,8 @@ impl ArtifactRole {
             Self::Log,
             Self::Quarantine,
         ]
-            .into_iter()
-            .find(|r| r.as_str() == s)
+        .into_iter()
+        .find(|r| r.as_str() == s)
     }
 }
 
@@ -333,7 +333,12 @@ impl Store {
     ) -> Result<()> {
         let changed = self.conn().execute(
             "UPDATE artifacts SET meta = ?1 WHERE id = ?2 AND owner_id = ?3 AND tenant_id = ?4",
-            params![meta.to_string(), id.as_str(), scope.owner_id, scope.tenant_id],
+            params![
+                meta.to_string(),
+                id.as_str(),
+                scope.owner_id,
+                scope.tenant_id
+            ],
         )?;
         if changed == 0 {
             return Err(Error::NotFound {

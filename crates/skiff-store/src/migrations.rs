@@ -199,6 +199,17 @@ CREATE TABLE worker_credentials (
     used_at_ms     INTEGER NOT NULL
 );
 "#,
+    r#"
+-- Control UI cookies refused since a logout, by the blake3 of the cookie's nonce, until the
+-- cookie would expire anyway (then the row is pruned).
+CREATE TABLE ui_revoked_cookies (
+    nonce_hash    TEXT PRIMARY KEY,
+    owner_id      TEXT NOT NULL,
+    tenant_id     TEXT NOT NULL,
+    expires_at_ms INTEGER NOT NULL,
+    revoked_at_ms INTEGER NOT NULL
+);
+"#,
 ];
 
 pub(crate) fn migrate(conn: &mut Connection) -> Result<()> {

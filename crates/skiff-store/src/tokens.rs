@@ -1,4 +1,5 @@
-//! API tokens (stored as hashes only) and the append-only audit log.
+//! API tokens (stored as hashes only), revoked Control UI cookies (by nonce hash), and the
+//! append-only audit log.
 
 use crate::{Result, Scope, Store, now_ms};
 use rusqlite::params;
@@ -96,5 +97,75 @@ impl Store {
             })?
             .collect::<rusqlite::Result<Vec<_>>>()?;
         Ok(rows)
+    }
+}
+
+impl Store {
+    /// Refuses the UI cookie with this nonce hash from now until it expires, and drops rows of
+    /// cookies that have expired by `now_ms` (their signature check refuses them anyway).
+    pub fn revoke_ui_cookie(
+        &self,
+        scope: &Scope,
+        nonce_hash: &str,
+        expires_at_ms: i64,
+        now_ms: i64,
+    ) -> Result<()> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        tx.execute(
+            "DELETE FROM ui_revoked_cookies WHERE expires_at_ms <= ?1",
+            params![now_ms],
+        )?;
+        tx.execute(
+            "INSERT OR REPLACE INTO ui_revoked_cookies (nonce_hash, owner_id, tenant_id, expires_at_ms, revoked_at_ms)
+             VALUES (?1, ?2, ?3, ?4, ?5)",
+            params![nonce_hash, scope.owner_id, scope.tenant_id, expires_at_ms, now_ms],
+        )?;
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Whether the UI cookie with this nonce hash was revoked (logged out).
+    pub fn ui_cookie_revoked(&self, scope: &Scope, nonce_hash: &str) -> Result<bool> {
+        let n: i64 = self.conn().query_row(
+            "SELECT COUNT(*) FROM ui_revoked_cookies WHERE nonce_hash = ?1 AND owner_id = ?2 AND tenant_id = ?3",
+            params![nonce_hash, scope.owner_id, scope.tenant_id],
+            |r| r.get(0),
+        )?;
+        Ok(n > 0)
+    }
+
+    /// How many revocations are kept (expired ones are pruned at the next revocation).
+    pub fn ui_revoked_cookie_count(&self) -> Result<u64> {
+        let n: i64 = self
+            .conn()
+            .query_row("SELECT COUNT(*) FROM ui_revoked_cookies", [], |r| r.get(0))?;
+        Ok(u64::try_from(n).unwrap_or(0))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_revoked_cookie_stays_revoked_until_it_expires_then_is_pruned() {
+        let store = Store::open_in_memory().unwrap();
+        let scope = Scope::new("usr_admin", "ten_default");
+        store.revoke_ui_cookie(&scope, "h1", 100, 10).unwrap();
+        assert!(store.ui_cookie_revoked(&scope, "h1").unwrap());
+        assert!(!store.ui_cookie_revoked(&scope, "h2").unwrap());
+        assert!(
+            !store
+                .ui_cookie_revoked(&Scope::new("usr_other", "ten_default"), "h1")
+                .unwrap(),
+            "another scope's row is not ours"
+        );
+        store.revoke_ui_cookie(&scope, "h2", 300, 200).unwrap();
+        assert_eq!(
+            store.ui_revoked_cookie_count().unwrap(),
+            1,
+            "h1 expired at 100"
+        );
     }
 }

@@ -4,8 +4,12 @@
 //! files that sync (the same listing and rules) — built through a private index with
 //! `update-index`, `write-tree` and `commit-tree`, and stored under
 //! `refs/skiff/checkpoints/<session>/<n>`. The worktree's own index, HEAD and files are never
-//! touched. Plain mode: every file's bytes go into the content-addressed store, and a manifest
-//! naming them is stored there too; [`restore_plain`] rebuilds a directory from it.
+//! touched. Untracked files over [`LargeFiles::threshold`] never become objects of the user's
+//! repository (a worktree shares its object store): they go into the content-addressed store,
+//! under a cap per checkpoint, and a manifest of them is referenced from the checkpoint
+//! ([`GitCheckpoint::outside_git`]); [`restore_git`] puts both back together. Plain mode: every
+//! file's bytes go into the content-addressed store, and a manifest naming them is stored there
+//! too; [`restore_plain`] rebuilds a directory from it.
 //!
 //! Deliberately absent: cadence and retention (the gateway checkpoints at the end of every
 //! turn; artifact rows decide what is kept).
@@ -27,8 +31,42 @@ pub struct GitCheckpoint {
     pub git_ref: String,
     pub commit: String,
     pub tree: String,
+    /// The content-store manifest of the large untracked files kept outside git, if any.
+    pub outside_git: Option<String>,
     pub files: u64,
     pub bytes: u64,
+}
+
+/// Untracked files above this size are never written into the user's repository as objects:
+/// a session's snapshot copies them, a checkpoint keeps them in the content store.
+pub const LARGE_UNTRACKED_BYTES: u64 = 8 << 20;
+
+/// Which untracked files a git checkpoint keeps outside git, and how much of them it may keep.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LargeFiles {
+    /// Untracked files larger than this go to the content store.
+    pub threshold: u64,
+    /// The most bytes of such files one checkpoint keeps; past it the checkpoint is refused,
+    /// naming the file.
+    pub cap: u64,
+}
+
+impl Default for LargeFiles {
+    fn default() -> Self {
+        Self {
+            threshold: LARGE_UNTRACKED_BYTES,
+            cap: 1 << 30,
+        }
+    }
+}
+
+/// Where a git checkpoint's parts go besides the repository.
+#[derive(Clone, Copy, Debug)]
+pub struct GitStores<'a> {
+    /// A private directory of the gateway for the private index.
+    pub scratch: &'a Path,
+    pub cas: &'a Cas,
+    pub large: LargeFiles,
 }
 
 /// A plain checkpoint: the manifest's blake3 in the content store.
@@ -51,10 +89,12 @@ pub async fn git_checkpoint(
     seq: u64,
     rules: &Rules,
     limits: &Limits,
-    scratch: &Path,
+    stores: &GitStores<'_>,
     cancel: &CancellationToken,
 ) -> Result<GitCheckpoint> {
     let list = filelist::list(worktree, Mode::Git, rules, limits, cancel).await?;
+    let large = large_untracked(worktree, &list, stores.large.threshold, cancel).await?;
+    check_cap(worktree, &large, &stores.large)?;
     let deleted = git(worktree)
         .args(["ls-files", "-z", "--deleted"])
         .run_checked(cancel)
@@ -63,13 +103,17 @@ pub async fn git_checkpoint(
     for path in list
         .paths()
         .iter()
+        .filter(|p| !large.contains_key(p.as_str()))
         .map(String::as_str)
         .chain(split_z(&deleted))
     {
         paths.extend_from_slice(path.as_bytes());
         paths.push(0);
     }
-    let dir = Scratch::new(scratch, "checkpoint")?;
+    // The large files' bytes first: nothing of the checkpoint is referenced before they are
+    // whole in the content store.
+    let outside_git = keep_outside_git(worktree, &large, stores.cas)?;
+    let dir = Scratch::new(stores.scratch, "checkpoint")?;
     let index = dir.path().join("index");
     let private = |cmd: skiff_process::Cmd| cmd.env("GIT_INDEX_FILE", index.as_os_str());
     private(git(worktree).args(["read-tree", "HEAD"]))
@@ -79,6 +123,19 @@ pub async fn git_checkpoint(
         .stdin(paths)
         .run_checked(cancel)
         .await?;
+    if !large.is_empty() {
+        // An untracked path may still be in HEAD (`git rm --cached`): its old blob must not
+        // stand in for the file kept outside git.
+        let mut gone = Vec::new();
+        for path in large.keys() {
+            gone.extend_from_slice(path.as_bytes());
+            gone.push(0);
+        }
+        private(git(worktree).args(["update-index", "--force-remove", "-z", "--stdin"]))
+            .stdin(gone)
+            .run_checked(cancel)
+            .await?;
+    }
     let tree = private(git(worktree).arg("write-tree"))
         .run_checked(cancel)
         .await?
@@ -104,9 +161,164 @@ pub async fn git_checkpoint(
         git_ref: name,
         commit,
         tree,
+        outside_git,
         files: list.files.len() as u64,
         bytes: list.total_bytes,
     })
+}
+
+/// The listed regular files of `worktree` that git does not track and that are larger than
+/// `threshold`, with their sizes.
+async fn large_untracked(
+    worktree: &Path,
+    list: &filelist::FileList,
+    threshold: u64,
+    cancel: &CancellationToken,
+) -> Result<BTreeMap<String, u64>> {
+    if !list.files.iter().any(|f| !f.symlink && f.size > threshold) {
+        return Ok(BTreeMap::new());
+    }
+    let out = git(worktree)
+        .args(["ls-files", "-z", "--others", "--exclude-standard"])
+        .run_checked(cancel)
+        .await?;
+    let untracked: std::collections::BTreeSet<&str> = split_z(&out).collect();
+    Ok(list
+        .files
+        .iter()
+        .filter(|f| !f.symlink && f.size > threshold && untracked.contains(f.path.as_str()))
+        .map(|f| (f.path.clone(), f.size))
+        .collect())
+}
+
+/// Refuses a checkpoint whose large untracked files would pass the cap, naming the file that
+/// passes it (in path order).
+fn check_cap(worktree: &Path, large: &BTreeMap<String, u64>, limits: &LargeFiles) -> Result<()> {
+    let mut total: u64 = 0;
+    for (path, size) in large {
+        total = total.saturating_add(*size);
+        if total > limits.cap {
+            return Err(Error::OverCheckpointCap {
+                path: join(worktree, path).display().to_string(),
+                size: *size,
+                cap: limits.cap,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Copies the large files into `cas` and stores a manifest of them; its hash.
+fn keep_outside_git(
+    worktree: &Path,
+    large: &BTreeMap<String, u64>,
+    cas: &Cas,
+) -> Result<Option<String>> {
+    if large.is_empty() {
+        return Ok(None);
+    }
+    let mut entries = BTreeMap::new();
+    for path in large.keys() {
+        let full = join(worktree, path);
+        let mode = std::fs::symlink_metadata(&full)
+            .map_err(io_err(&full))?
+            .permissions()
+            .mode()
+            & 0o777;
+        let (blake3, size) = cas.put_file(&full)?;
+        entries.insert(path.clone(), ManifestEntry::File { blake3, size, mode });
+    }
+    let m = Manifest {
+        version: MANIFEST_VERSION,
+        base_commit: None,
+        entries,
+    };
+    Ok(Some(cas.put_bytes(manifest::to_json(&m)?.as_bytes())?))
+}
+
+/// Rebuilds git checkpoint `commit` of `repo` (the session's worktree or its repository) into
+/// `target`, which must not exist or be empty: the committed tree, then the files kept
+/// outside git (`outside_git`, from [`GitCheckpoint::outside_git`]).
+pub async fn restore_git(
+    repo: &Path,
+    commit: &str,
+    outside_git: Option<&str>,
+    stores: &GitStores<'_>,
+    target: &Path,
+    cancel: &CancellationToken,
+) -> Result<()> {
+    let outside = match outside_git {
+        Some(hash) => {
+            let text = stores.cas.get(hash)?;
+            let m = manifest::from_json(&String::from_utf8_lossy(&text))?;
+            contain::check_manifest(&m, None, &unlimited())?;
+            Some(m)
+        }
+        None => None,
+    };
+    empty_target(target)?;
+    let dir = Scratch::new(stores.scratch, "restore")?;
+    let index = dir.path().join("index");
+    let private = |cmd: skiff_process::Cmd| cmd.env("GIT_INDEX_FILE", index.as_os_str());
+    private(git(repo).args(["read-tree", commit]))
+        .run_checked(cancel)
+        .await?;
+    private(
+        git(repo)
+            .arg("--work-tree")
+            .arg(target)
+            .args(["checkout-index", "-a"]),
+    )
+    .run_checked(cancel)
+    .await?;
+    if let Some(m) = outside {
+        restore_files(stores.cas, &m, target)?;
+    }
+    Ok(())
+}
+
+fn unlimited() -> Limits {
+    Limits {
+        max_files: usize::MAX,
+        max_total_bytes: u64::MAX,
+        max_file_bytes: u64::MAX,
+    }
+}
+
+/// Creates `target` if needed; refuses one that holds anything.
+fn empty_target(target: &Path) -> Result<()> {
+    std::fs::create_dir_all(target).map_err(io_err(target))?;
+    if std::fs::read_dir(target)
+        .map_err(io_err(target))?
+        .next()
+        .is_some()
+    {
+        return Err(Error::Unsafe {
+            path: target.display().to_string(),
+            reason: "a checkpoint restores only into an empty directory".into(),
+        });
+    }
+    Ok(())
+}
+
+/// Writes a (checked) manifest's files from `cas` under `target`.
+fn restore_files(cas: &Cas, m: &Manifest, target: &Path) -> Result<()> {
+    for (path, entry) in &m.entries {
+        contain::create_parents(target, path)?;
+        let full = join(target, path);
+        match entry {
+            ManifestEntry::File { blake3, mode, .. } => {
+                let src = cas.path(blake3)?;
+                std::fs::copy(&src, &full).map_err(io_err(&full))?;
+                std::fs::set_permissions(&full, std::fs::Permissions::from_mode(mode & 0o777))
+                    .map_err(io_err(&full))?;
+            }
+            ManifestEntry::Symlink { target: link } => {
+                std::os::unix::fs::symlink(link, &full).map_err(io_err(&full))?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Stores the full state of the plain directory `root` in `cas`.
@@ -146,37 +358,8 @@ pub async fn plain_checkpoint(
 pub fn restore_plain(cas: &Cas, manifest_hash: &str, target: &Path) -> Result<Manifest> {
     let text = cas.get(manifest_hash)?;
     let m = manifest::from_json(&String::from_utf8_lossy(&text))?;
-    let limits = Limits {
-        max_files: usize::MAX,
-        max_total_bytes: u64::MAX,
-        max_file_bytes: u64::MAX,
-    };
-    contain::check_manifest(&m, None, &limits)?;
-    std::fs::create_dir_all(target).map_err(io_err(target))?;
-    if std::fs::read_dir(target)
-        .map_err(io_err(target))?
-        .next()
-        .is_some()
-    {
-        return Err(Error::Unsafe {
-            path: target.display().to_string(),
-            reason: "a checkpoint restores only into an empty directory".into(),
-        });
-    }
-    for (path, entry) in &m.entries {
-        contain::create_parents(target, path)?;
-        let full = join(target, path);
-        match entry {
-            ManifestEntry::File { blake3, mode, .. } => {
-                let src = cas.path(blake3)?;
-                std::fs::copy(&src, &full).map_err(io_err(&full))?;
-                std::fs::set_permissions(&full, std::fs::Permissions::from_mode(mode & 0o777))
-                    .map_err(io_err(&full))?;
-            }
-            ManifestEntry::Symlink { target: link } => {
-                std::os::unix::fs::symlink(link, &full).map_err(io_err(&full))?;
-            }
-        }
-    }
+    contain::check_manifest(&m, None, &unlimited())?;
+    empty_target(target)?;
+    restore_files(cas, &m, target)?;
     Ok(m)
 }

@@ -115,13 +115,14 @@ pub fn check_manifest(manifest: &Manifest, base: Option<&Manifest>, limits: &Lim
         match entry {
             ManifestEntry::File { size, blake3, .. } => {
                 if *size > limits.max_file_bytes {
-                    return Err(refuse(
-                        path,
-                        format!(
-                            "{size} bytes is over the per-file limit of {} bytes",
-                            limits.max_file_bytes
+                    return Err(Error::FileTooLarge {
+                        path: format!("the box's {path}"),
+                        size: *size,
+                        limit: limits.max_file_bytes,
+                        remedy: format!(
+                            "delete it on the box, or add `/{path}` to the workspace's .skiffignore so it stays there; nothing was written"
                         ),
-                    ));
+                    });
                 }
                 if blake3.len() != 64 || !blake3.bytes().all(|b| b.is_ascii_hexdigit()) {
                     return Err(refuse(path, "the manifest's blake3 is not 64 hex digits"));

@@ -2,7 +2,8 @@
 //! tracked files that still exist plus untracked files that are not ignored (`git ls-files
 //! --cached --others --exclude-standard`). Plain mode walks the directory, honouring `.ignore`
 //! and `.gitignore` files. Both then apply [`Rules`]. Limits are checked here, before any byte
-//! moves, and a refusal names the largest paths.
+//! moves, and a refusal names the largest paths (a file over the per-file limit is named with
+//! its size and the limit).
 //!
 //! Deliberately absent: hashing (that is [`crate::manifest`]) and submodules (a gitlink is
 //! skipped: its contents belong to another repository).
@@ -114,6 +115,77 @@ pub async fn list(
     Ok(list)
 }
 
+/// Refuses, by name, a plain workspace's file that other users cannot read: a box runs as
+/// another user (or on another machine), and sending the file there would make it readable by
+/// that user. A file is private when it lacks `o+r`, or sits in a directory below `root` that
+/// others cannot enter (`o+x`; `root` itself is the session's directory, the gateway's own).
+///
+/// Files of the gateway's own user are refused too, not excluded. For a root gateway they are
+/// the system's secrets: a copy of `/etc` keeps `/etc/shadow` root-owned (`cp -a`). For any
+/// gateway the mode is the only statement of the owner's intent that survives the copy, and a
+/// box is always someone else. Excluding instead would leave a file the box's manifest never
+/// lists: every reconciliation would see it as drift, or a box could write over it unseen.
+/// A refusal is loud, names the file, leaves both sides as they were, and is undone with one
+/// `chmod o+r` or one `.skiffignore` line.
+///
+/// Plain mode only: a managed worktree's files are written by the gateway's own git with the
+/// gateway's umask, so their modes say nothing about the user's intent. Outbound only: a
+/// checkpoint or a drift scan keeps files on the gateway, and a box-made `0600` file that came
+/// back must not stop the next reconciliation (a later re-sync to a fresh box refuses it here).
+pub fn check_shareable(root: &Path, list: &FileList) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    // Directories of the workspace already seen to be open to others.
+    let mut open_dirs: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
+    let me = rustix::process::geteuid().as_raw();
+    let owner = |uid: u32| {
+        if uid == me {
+            format!("uid {uid}, the gateway's own user")
+        } else {
+            format!("uid {uid}")
+        }
+    };
+    for file in list.files.iter().filter(|f| !f.symlink) {
+        let full = join(root, &file.path);
+        let dirs = file.path.rsplit_once('/').map_or("", |(dirs, _)| dirs);
+        let mut parent = String::new();
+        for part in dirs.split('/').filter(|p| !p.is_empty()) {
+            if !parent.is_empty() {
+                parent.push('/');
+            }
+            parent.push_str(part);
+            if open_dirs.contains(&parent) {
+                continue;
+            }
+            let dir = join(root, &parent);
+            let meta = std::fs::metadata(&dir).map_err(io_err(&dir))?;
+            if meta.mode() & 0o001 == 0 {
+                return Err(Error::Private {
+                    path: full.display().to_string(),
+                    why: format!(
+                        "it is inside {}, mode {:04o}, owned by {}, which other users cannot enter",
+                        dir.display(),
+                        meta.mode() & 0o7777,
+                        owner(meta.uid())
+                    ),
+                });
+            }
+            open_dirs.insert(parent.clone());
+        }
+        let meta = std::fs::symlink_metadata(&full).map_err(io_err(&full))?;
+        if meta.mode() & 0o004 == 0 {
+            return Err(Error::Private {
+                path: full.display().to_string(),
+                why: format!(
+                    "mode {:04o}, owned by {}: other users cannot read it",
+                    meta.mode() & 0o7777,
+                    owner(meta.uid())
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
 pub(crate) fn special_kind(ft: &std::fs::FileType) -> &'static str {
     use std::os::unix::fs::FileTypeExt;
     if ft.is_fifo() {
@@ -205,20 +277,32 @@ pub fn check_limits(root: &Path, list: &FileList, limits: &Limits) -> Result<()>
             .collect::<Vec<_>>()
             .join(", ")
     };
-    let oversized: Vec<&ListedFile> = list
+    let mut oversized: Vec<&ListedFile> = list
         .files
         .iter()
         .filter(|f| f.size > limits.max_file_bytes)
         .collect();
-    if !oversized.is_empty() {
-        return Err(too_large(
-            format!(
-                "{} file(s) over the per-file limit of {}",
-                oversized.len(),
-                human(limits.max_file_bytes)
+    oversized.sort_by(|a, b| b.size.cmp(&a.size).then(a.path.cmp(&b.path)));
+    if let Some(first) = oversized.first() {
+        let others = oversized[1..]
+            .iter()
+            .take(4)
+            .map(|f| format!("{} ({})", f.path, human(f.size)))
+            .collect::<Vec<_>>();
+        let also = if others.is_empty() {
+            String::new()
+        } else {
+            format!(" (also over the limit: {})", others.join(", "))
+        };
+        return Err(Error::FileTooLarge {
+            path: join(root, &first.path).display().to_string(),
+            size: first.size,
+            limit: limits.max_file_bytes,
+            remedy: format!(
+                "add `/{}` to the workspace's .skiffignore to leave it behind, or make it smaller; nothing was synced{also}",
+                first.path
             ),
-            largest(oversized.len().min(5)),
-        ));
+        });
     }
     if list.total_bytes > limits.max_total_bytes {
         return Err(too_large(

@@ -56,6 +56,31 @@ pub enum Error {
         detail: String,
         largest: String,
     },
+    /// A file over the per-file limit (the largest, when several are; `remedy` names the rest).
+    #[error(
+        "{} is {}, over the per-file limit of {}; {}",
+        .path,
+        filelist::human(*.size),
+        filelist::human(*.limit),
+        .remedy
+    )]
+    FileTooLarge {
+        path: String,
+        size: u64,
+        limit: u64,
+        /// What to do, and anything else the refusal covers.
+        remedy: String,
+    },
+    #[error(
+        "cannot checkpoint {path} ({}): with it, the untracked files a checkpoint keeps outside git (in the gateway's artifact store) would pass the cap of {}; add it to .skiffignore or move it out of the workspace",
+        filelist::human(*.size),
+        filelist::human(*.cap)
+    )]
+    OverCheckpointCap { path: String, size: u64, cap: u64 },
+    #[error(
+        "{path} is private ({why}); a box runs as another user, so files other users cannot read are not sent to one. Exclude it in .skiffignore, or make it readable (chmod o+r) if it may leave this machine; nothing was sent"
+    )]
+    Private { path: String, why: String },
     #[error(
         "{path} is a {kind}; only regular files and symlinks are synced. Remove it or exclude it in .skiffignore"
     )]

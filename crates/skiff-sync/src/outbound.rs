@@ -7,7 +7,8 @@
 //! `git status` on the box shows the user's uncommitted changes. Plain mode: the listed files
 //! are copied into a fresh directory.
 //!
-//! Limits are checked before anything is sent; a box directory that exists and is not empty
+//! Limits (and, for a plain copy, that no file is private to its owner) are checked before
+//! anything is sent; a box directory that exists and is not empty
 //! is refused, never overwritten. Deliberately absent: git credentials and remotes on the box
 //! (the bundle is fetched by path and then deleted).
 
@@ -54,6 +55,9 @@ pub async fn push(
     cancel: &CancellationToken,
 ) -> Result<Dispatched> {
     let list = filelist::list(out.local, out.mode, out.rules, out.limits, cancel).await?;
+    if out.mode == Mode::Plain {
+        filelist::check_shareable(out.local, &list)?;
+    }
     let base_commit = match out.mode {
         Mode::Git => Some(session_head(out.local, out.session, cancel).await?),
         Mode::Plain => None,

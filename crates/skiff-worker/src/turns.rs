@@ -64,13 +64,20 @@ impl Turns {
             let run = turn.run_id.clone();
             tracing::info!(%run, "turn started");
             let end = this.run(turn, workspace.clone(), &cancel).await;
-            let manifest = scan(&workspace).await;
+            let (manifest, manifest_error) = match scan(&workspace).await {
+                Ok(m) => (Some(m), None),
+                Err(why) => (None, Some(why)),
+            };
             let reply = this
                 .link
                 .call(
                     StreamKind::Control,
                     Some(run.clone()),
-                    Call::TurnFinish { end, manifest },
+                    Call::TurnFinish {
+                        end,
+                        manifest,
+                        manifest_error,
+                    },
                 )
                 .await;
             tracing::info!(%run, ?reply, "turn finished");
@@ -160,15 +167,13 @@ impl Turns {
     }
 }
 
-/// What the workspace holds now, for the gateway's reconciliation.
-async fn scan(workspace: &std::path::Path) -> Option<skiff_protocol::sync::Manifest> {
-    match scan_workspace(workspace).await {
-        Ok(m) => Some(m),
-        Err(e) => {
-            tracing::warn!(error = %e, "could not list the workspace for the gateway");
-            None
-        }
-    }
+/// What the workspace holds now, for the gateway's reconciliation, or why it cannot be listed
+/// (the gateway shows the reason to the user).
+async fn scan(workspace: &std::path::Path) -> Result<skiff_protocol::sync::Manifest, String> {
+    scan_workspace(workspace).await.map_err(|e| {
+        tracing::warn!(error = %e, "could not list the workspace for the gateway");
+        e.to_string()
+    })
 }
 
 /// The manifest of a box workspace as the gateway reconciles it: what a finishing turn

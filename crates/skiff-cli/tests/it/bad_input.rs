@@ -1,4 +1,4 @@
-use crate::harness::{Gateway, SKIFF, stderr};
+use crate::harness::{Gateway, SKIFF, gateway_once, stderr};
 use skiff_test_support::TempGitRepo;
 use std::process::Command;
 
@@ -151,4 +151,103 @@ fn an_empty_prompt_is_a_clear_error() {
         "{}",
         stderr(&out)
     );
+}
+
+fn mode_of(path: &std::path::Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path).unwrap().permissions().mode() & 0o7777
+}
+
+#[test]
+fn a_state_dir_other_users_can_write_is_refused_and_left_alone() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let shared = dir.path().join("shared");
+    std::fs::create_dir(&shared).unwrap();
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let (code, out, err) = gateway_once(&shared, "127.0.0.1:0");
+    assert_eq!(code, Some(1), "{out}{err}");
+    assert!(
+        err.contains(&shared.display().to_string())
+            && err.contains("1777")
+            && err.contains("--state-dir"),
+        "{err}"
+    );
+    assert_eq!(
+        mode_of(&shared),
+        0o1777,
+        "the shared directory was chmod'ed"
+    );
+    assert_eq!(
+        std::fs::read_dir(&shared).unwrap().count(),
+        0,
+        "something was written"
+    );
+
+    // Group-writable is as good as shared.
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o770)).unwrap();
+    let (code, _, err) = gateway_once(&shared, "127.0.0.1:0");
+    assert_eq!(code, Some(1));
+    assert!(err.contains("0770") && err.contains("its group"), "{err}");
+}
+
+#[test]
+fn a_state_dir_owned_by_another_user_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let theirs = dir.path().join("theirs");
+    std::fs::create_dir(&theirs).unwrap();
+    // 65534: nobody. The tests run as root, which may hand the directory over.
+    std::os::unix::fs::chown(&theirs, Some(65534), Some(65534)).unwrap();
+    let (code, out, err) = gateway_once(&theirs, "127.0.0.1:0");
+    assert_eq!(code, Some(1), "{out}{err}");
+    assert!(
+        err.contains(&theirs.display().to_string()) && err.contains("owned by uid 65534"),
+        "{err}"
+    );
+}
+
+#[test]
+fn an_existing_private_state_dir_still_works() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let mine = dir.path().join("mine");
+    std::fs::create_dir(&mine).unwrap();
+    std::fs::set_permissions(&mine, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let (_, out, err) = gateway_once(&mine, "127.0.0.1:0");
+    assert!(out.starts_with("skiff gateway listening on "), "{out}{err}");
+    assert_eq!(mode_of(&mine), 0o700, "tightened as before");
+}
+
+#[test]
+fn a_closed_stdout_ends_every_command_quietly() {
+    let gw = Gateway::start(DONE);
+    let repo = TempGitRepo::new(&[("a.txt", "a\n")]);
+    let id = gw.new_session(repo.path(), "fake/x", "hi");
+    let root = tempfile::tempdir().unwrap();
+    let root = root.path().to_str().unwrap();
+    for args in [
+        &["session", "list"][..],
+        &["session", "list", "--json"],
+        &["session", "show", &id],
+        &["session", "checkpoints", &id],
+        &["session", "send", &id, "again"],
+        &["env", "list"],
+        &["ui"],
+        &["box", "list", "--root", root],
+        &["--build-hash"],
+    ] {
+        // A reader that is gone before the first byte: `skiff … | head -0`, without the race.
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let mut cmd = if args[0] == "--build-hash" {
+            Command::new(SKIFF) // takes no other argument
+        } else {
+            gw.cli()
+        };
+        let out = cmd.args(args).stdout(writer).output().unwrap();
+        let err = stderr(&out);
+        assert!(!err.contains("panicked"), "skiff {args:?}: {err}");
+        assert!(!err.contains("Broken pipe"), "skiff {args:?}: {err}");
+        assert_eq!(out.status.code(), Some(0), "skiff {args:?}: {err}");
+    }
 }

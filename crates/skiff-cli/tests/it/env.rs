@@ -27,9 +27,12 @@ impl BoxRoot {
         self.dir.path()
     }
 
+    /// The boxes under the root (none once the root is gone: the last destroy removes it).
     pub fn boxes(&self) -> Vec<String> {
-        let mut ids: Vec<String> = std::fs::read_dir(self.path())
-            .unwrap()
+        let Ok(dir) = std::fs::read_dir(self.path()) else {
+            return Vec::new();
+        };
+        let mut ids: Vec<String> = dir
             .map(|e| e.unwrap().file_name().into_string().unwrap())
             .collect();
         ids.sort();
@@ -188,6 +191,9 @@ fn local_box_lifecycle(profile: &str) {
     let lease = env["lease_id"].as_str().unwrap().to_owned();
     assert_eq!(root.boxes(), std::slice::from_ref(&lease));
     assert_eq!(root.sshd_count(), 1);
+    // The readiness probe's worker endpoint closed with it: no session is attached.
+    let socket = gw.state_dir.join("workers").join(format!("{id}.sock"));
+    assert!(!socket.exists(), "the probe left {}", socket.display());
 
     // The box runs as a user of its own, and the installed bundle is the gateway's build.
     let box_user = exec(&gw, &id, "id -un").trim().to_owned();
@@ -225,6 +231,7 @@ fn local_box_lifecycle(profile: &str) {
     let gone = destroy(&gw, &id);
     assert_eq!(gone["state"], "destroyed");
     assert!(root.boxes().is_empty(), "the box directory survived");
+    assert!(!root.path().exists(), "the emptied box root survived");
     assert_eq!(root.sshd_count(), 0, "an sshd survived");
     let root_path = root.path().display().to_string();
     assert_eq!(

@@ -147,6 +147,39 @@ fn spawn(state_dir: &Path, config: &Path, env: &[(String, String)]) -> (Child, S
     (child, url)
 }
 
+/// `skiff --state-dir DIR gateway --listen ADDR`: its exit status, its first stdout line (when it
+/// started, after which it is stopped) and its stderr.
+pub fn gateway_once(state_dir: &Path, listen: &str) -> (Option<i32>, String, String) {
+    use std::io::Read;
+    let mut child = Command::new(SKIFF)
+        .arg("--state-dir")
+        .arg(state_dir)
+        .args(["gateway", "--listen", listen])
+        .env("RUST_LOG", "warn")
+        .env_remove("SKIFF_URL")
+        .env_remove("SKIFF_TOKEN")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    if !first.is_empty() {
+        child.kill().unwrap();
+    }
+    let status = child.wait().unwrap();
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    (status.code(), first, err)
+}
+
 fn read_token(state_dir: &Path) -> String {
     let file: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(state_dir.join("gateway.json")).unwrap())

@@ -169,3 +169,67 @@ fn a_plain_session_checkpoints_into_the_artifact_store_and_cannot_publish() {
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr(&out).contains("plain directory"), "{}", stderr(&out));
 }
+
+/// KiB in the repository's object store (loose and packed), by `git count-objects -v`.
+fn object_store_kib(repo: &std::path::Path) -> u64 {
+    git(repo, &["count-objects", "-v"])
+        .lines()
+        .filter_map(|l| l.split_once(": "))
+        .filter(|(k, _)| *k == "size" || *k == "size-pack")
+        .map(|(_, v)| v.trim().parse::<u64>().unwrap())
+        .sum()
+}
+
+#[test]
+fn a_large_untracked_file_never_enters_the_users_object_store() {
+    let gw = Gateway::start(EDIT);
+    let repo = TempGitRepo::new(&[("notes.txt", "draft\n")]);
+    // 20 MiB that do not compress.
+    let mut big = vec![0u8; 20 << 20];
+    blake3::Hasher::new()
+        .update(b"big")
+        .finalize_xof()
+        .fill(&mut big);
+    std::fs::create_dir_all(repo.path().join("assets")).unwrap();
+    std::fs::write(repo.path().join("assets/big.bin"), &big).unwrap();
+    let before = object_store_kib(repo.path());
+
+    let id = new_session(&gw, repo.path());
+
+    let grown = object_store_kib(repo.path()) - before;
+    assert!(
+        grown < 1024,
+        "the user's object store grew by {grown} KiB after a session and its checkpoint"
+    );
+    // The worktree has the file…
+    let detail = gw.json(&["session", "show", "--json", &id]);
+    let worktree =
+        std::path::PathBuf::from(detail["session"]["workspace"]["path"].as_str().unwrap());
+    assert_eq!(std::fs::read(worktree.join("assets/big.bin")).unwrap(), big);
+    // …and so does the turn's checkpoint, in the gateway's artifact store.
+    let list = gw.json(&["session", "checkpoints", &id, "--json"]);
+    let cp = &list["checkpoints"][0];
+    assert_eq!(cp["mode"], "git");
+    let tree = git(
+        repo.path(),
+        &[
+            "ls-tree",
+            "-r",
+            "--name-only",
+            cp["commit"].as_str().unwrap(),
+        ],
+    );
+    assert!(!tree.contains("big.bin"), "{tree}");
+    let artifacts = gw.state_dir.join("artifacts");
+    let manifest: skiff_protocol::sync::Manifest = serde_json::from_slice(
+        &std::fs::read(artifacts.join(cp["manifest"].as_str().expect("a manifest"))).unwrap(),
+    )
+    .unwrap();
+    let Some(skiff_protocol::sync::ManifestEntry::File { blake3, size, .. }) =
+        manifest.entries.get("assets/big.bin")
+    else {
+        panic!("{manifest:?}");
+    };
+    assert_eq!(*size, 20 << 20);
+    assert_eq!(std::fs::read(artifacts.join(blake3)).unwrap(), big);
+}

@@ -1,7 +1,7 @@
 //! The Control UI's security edges against a real gateway: one-use login tickets, the session
 //! cookie, cross-site refusals, and the headers every response carries.
 
-use crate::harness::{Gateway, stderr};
+use crate::harness::{Gateway, gateway_once, stderr};
 use reqwest::StatusCode;
 use reqwest::blocking::{Client, Response};
 use reqwest::header::{CONTENT_SECURITY_POLICY, COOKIE, LOCATION, ORIGIN, SET_COOKIE};
@@ -233,6 +233,101 @@ fn the_cookie_survives_a_gateway_restart() {
         .send()
         .unwrap();
     assert_eq!(resp.status(), StatusCode::OK);
+}
+
+#[test]
+fn a_logged_out_cookie_stays_refused_after_a_gateway_restart() {
+    let mut gw = Gateway::start(SCRIPT);
+    let cookie = logged_in(&gw);
+    let kept = logged_in(&gw);
+    let logout = client()
+        .post(format!("{}/ui/logout", gw.url))
+        .header(COOKIE, &cookie)
+        .header(ORIGIN, &gw.url)
+        .send()
+        .unwrap();
+    assert_eq!(logout.status(), StatusCode::NO_CONTENT);
+    gw.crash_and_restart();
+    let sessions = |cookie: &str| {
+        client()
+            .get(format!("{}/v1/sessions", gw.url))
+            .header(COOKIE, cookie)
+            .send()
+            .unwrap()
+            .status()
+    };
+    assert_eq!(
+        sessions(&cookie),
+        StatusCode::UNAUTHORIZED,
+        "the logout was forgotten"
+    );
+    assert_eq!(
+        sessions(&kept),
+        StatusCode::OK,
+        "another login is untouched"
+    );
+}
+
+#[test]
+fn the_cookie_is_secure_whenever_the_gateway_is_reached_over_https() {
+    let gw = Gateway::start(SCRIPT);
+    let plain = client().get(login_url(&gw)).send().unwrap();
+    let (_, header) = session_cookie(&plain);
+    assert!(!header.contains("Secure"), "plain HTTP: {header}");
+
+    // A TLS-terminating proxy in front says so.
+    let proxied = client()
+        .get(login_url(&gw))
+        .header("x-forwarded-proto", "https")
+        .send()
+        .unwrap();
+    let (cookie, header) = session_cookie(&proxied);
+    assert!(header.contains("; Secure"), "behind a TLS proxy: {header}");
+
+    // The page itself was loaded over https.
+    let host = gw.url.trim_start_matches("http://");
+    let login = client()
+        .post(format!("{}/ui/login", gw.url))
+        .header(ORIGIN, format!("https://{host}"))
+        .json(&serde_json::json!({ "token": gw.token }))
+        .send()
+        .unwrap();
+    assert_eq!(login.status(), StatusCode::NO_CONTENT);
+    let (_, header) = session_cookie(&login);
+    assert!(header.contains("; Secure"), "https Origin: {header}");
+
+    let logout = client()
+        .post(format!("{}/ui/logout", gw.url))
+        .header(COOKIE, &cookie)
+        .header(ORIGIN, format!("https://{host}"))
+        .send()
+        .unwrap();
+    let cleared = logout.headers()[SET_COOKIE].to_str().unwrap();
+    assert!(
+        cleared.contains("Max-Age=0") && cleared.contains("Secure"),
+        "{cleared}"
+    );
+}
+
+#[test]
+fn listening_beyond_loopback_warns_what_is_exposed_and_how_to_add_tls() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, out, err) = gateway_once(&dir.path().join("open"), "0.0.0.0:0");
+    assert!(out.starts_with("skiff gateway listening on "), "{out}{err}");
+    for says in [
+        "not a loopback address",
+        "plain HTTP",
+        "bearer tokens",
+        "cookies",
+        "clear text",
+        "reverse proxy that terminates TLS",
+        "127.0.0.1",
+    ] {
+        assert!(err.contains(says), "{says:?} missing from: {err}");
+    }
+    let (_, out, err) = gateway_once(&dir.path().join("loopback"), "127.0.0.1:0");
+    assert!(out.starts_with("skiff gateway listening on "), "{out}{err}");
+    assert!(!err.contains("warning"), "loopback needs no warning: {err}");
 }
 
 #[test]

@@ -312,7 +312,20 @@ fn a_gateway_restart_mid_turn_fails_it_and_retries_it_as_a_new_turn() {
     let mut f = new_following(&rig, repo.path(), "log once");
     f.mid_second_stream();
     let id = f.session_id();
+    let env = show(&rig, &id)["session"]["worker"]["environment_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let workers = rig.gw.state_dir.join("workers");
+    let stale = workers.join("env_0000000000gone.sock");
+    drop(std::os::unix::net::UnixListener::bind(&stale).unwrap());
     rig.gw.crash_and_restart();
+    // The attached environment's socket is live again; the stale one is gone.
+    assert!(workers.join(format!("{env}.sock")).exists());
+    assert!(
+        !stale.exists(),
+        "a stale worker socket survived the restart"
+    );
     // The client's stream was cut with the gateway; it says so (exit 3), the session goes on.
     let (status, _) = f.finish();
     assert_eq!(status.code(), Some(3));

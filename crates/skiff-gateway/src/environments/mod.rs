@@ -22,7 +22,7 @@ use skiff_providers::{Context, Lease, LeaseStatus, ProfileConfig, WorkerProvider
 use skiff_ssh::{Ssh, Target};
 use skiff_store::now_ms;
 use skiff_store::{EnvironmentRow, Scope, Store};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -85,6 +85,20 @@ impl Environments {
                 self.profiles.keys().cloned().collect::<Vec<_>>().join(", ")
             ))
         })
+    }
+
+    /// The box roots of `local` profiles (`default` for those that name none).
+    pub(crate) fn local_box_roots(&self, default: &std::path::Path) -> BTreeSet<PathBuf> {
+        self.profiles
+            .values()
+            .filter(|p| p.config.provider == skiff_providers::ProviderKind::Local)
+            .map(|p| {
+                p.config
+                    .root
+                    .clone()
+                    .unwrap_or_else(|| default.to_path_buf())
+            })
+            .collect()
     }
 
     pub(crate) fn profile_views(&self) -> Vec<ProfileView> {

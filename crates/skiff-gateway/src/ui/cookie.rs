@@ -3,14 +3,14 @@
 //! The value is `v1.<owner>.<tenant>.<expires_at_ms>.<nonce>.<mac>`, the MAC a keyed blake3 of
 //! everything before it. The key is derived from the admin token, so cookies survive a gateway
 //! restart (the UI reconnects instead of asking to log in again) and die when the admin token is
-//! replaced. Logout revokes a cookie's nonce in memory until it expires; that list does not
-//! survive a restart, so the browser is also told to drop the cookie.
+//! replaced. Logout revokes a cookie: the blake3 of its nonce goes into the store until the
+//! cookie would expire, so a logged-out cookie stays refused across restarts (the browser is
+//! also told to drop it).
 //!
 //! Deliberately absent: the admin token itself. A cookie never contains or reveals it.
 
 use skiff_store::Scope;
-use std::collections::HashMap;
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 
 pub(crate) const COOKIE_NAME: &str = "skiff_session";
 /// The operator keeps the UI open all day, every day; a week between logins.
@@ -30,9 +30,23 @@ pub(crate) enum CookieError {
 #[derive(Default)]
 pub(crate) struct Cookies {
     key: OnceLock<[u8; 32]>,
-    /// Nonces of logged-out cookies, with their expiry (after which the MAC check refuses them
-    /// anyway and the entry can go).
-    revoked: Mutex<HashMap<String, i64>>,
+}
+
+/// A cookie whose signature and expiry check out. Whether it was logged out is the store's
+/// to say ([`Verified::nonce_hash`] names it there).
+#[derive(Debug, PartialEq)]
+pub(crate) struct Verified {
+    pub scope: Scope,
+    pub expires_at_ms: i64,
+    nonce: String,
+}
+
+impl Verified {
+    /// What a revocation is stored under: the nonce alone does not grant anything, but there is
+    /// no reason to keep even that.
+    pub(crate) fn nonce_hash(&self) -> String {
+        blake3::hash(self.nonce.as_bytes()).to_hex().to_string()
+    }
 }
 
 /// Owner and tenant ids go into the cookie verbatim; only characters that need no escaping
@@ -75,8 +89,9 @@ impl Cookies {
         Ok(format!("{body}.{}", mac.to_hex()))
     }
 
-    /// The scope a cookie value grants, if it is ours, unexpired and not logged out.
-    pub(crate) fn verify(&self, value: &str, now_ms: i64) -> Option<Scope> {
+    /// The scope a cookie value grants, if it is ours and unexpired (revocation is checked by
+    /// the caller, against the store).
+    pub(crate) fn verify(&self, value: &str, now_ms: i64) -> Option<Verified> {
         let (body, mac) = value.rsplit_once('.')?;
         let presented = blake3::Hash::from_hex(mac).ok()?;
         // blake3::Hash compares in constant time.
@@ -94,30 +109,15 @@ impl Cookies {
         ) else {
             return None;
         };
-        let expires: i64 = expires.parse().ok()?;
-        if expires <= now_ms || self.lock_revoked().contains_key(nonce) {
+        let expires_at_ms: i64 = expires.parse().ok()?;
+        if expires_at_ms <= now_ms {
             return None;
         }
-        Some(Scope::new(owner, tenant))
-    }
-
-    /// Refuses this cookie from now on (logout). Unknown or forged values are ignored.
-    pub(crate) fn revoke(&self, value: &str, now_ms: i64) {
-        if self.verify(value, now_ms).is_none() {
-            return;
-        }
-        let mut parts = value.split('.');
-        let (Some(expires), Some(nonce)) = (parts.nth(3), parts.next()) else {
-            return;
-        };
-        let expires = expires.parse().unwrap_or(now_ms + COOKIE_TTL_MS);
-        let mut revoked = self.lock_revoked();
-        revoked.retain(|_, until| *until > now_ms);
-        revoked.insert(nonce.to_owned(), expires);
-    }
-
-    fn lock_revoked(&self) -> std::sync::MutexGuard<'_, HashMap<String, i64>> {
-        self.revoked.lock().unwrap_or_else(|p| p.into_inner())
+        Some(Verified {
+            scope: Scope::new(owner, tenant),
+            expires_at_ms,
+            nonce: nonce.to_owned(),
+        })
     }
 }
 
@@ -148,7 +148,9 @@ mod tests {
         let c = cookies();
         let scope = Scope::new("usr_admin", "ten_default");
         let value = c.mint(&scope, 0).unwrap();
-        assert_eq!(c.verify(&value, 1), Some(scope));
+        let verified = c.verify(&value, 1).unwrap();
+        assert_eq!(verified.scope, scope);
+        assert_eq!(verified.expires_at_ms, COOKIE_TTL_MS);
         assert_eq!(c.verify(&value, COOKIE_TTL_MS), None);
     }
 
@@ -180,11 +182,16 @@ mod tests {
     }
 
     #[test]
-    fn logout_revokes() {
+    fn each_cookie_has_its_own_revocation_name() {
         let c = cookies();
-        let value = c.mint(&Scope::new("usr_admin", "ten_default"), 0).unwrap();
-        c.revoke(&value, 1);
-        assert_eq!(c.verify(&value, 2), None);
+        let scope = Scope::new("usr_admin", "ten_default");
+        let a = c.verify(&c.mint(&scope, 0).unwrap(), 1).unwrap();
+        let b = c.verify(&c.mint(&scope, 0).unwrap(), 1).unwrap();
+        assert_ne!(a.nonce_hash(), b.nonce_hash());
+        assert!(
+            !a.nonce_hash().contains(&a.nonce),
+            "the nonce is stored hashed"
+        );
     }
 
     #[test]

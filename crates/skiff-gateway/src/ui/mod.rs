@@ -41,6 +41,23 @@ impl UiState {
     }
 }
 
+/// A cookie that is ours, unexpired and not logged out (the store keeps logouts across
+/// restarts). A store that cannot answer refuses the cookie: the browser logs in again.
+fn valid_cookie(core: &Core, value: &str, now: i64) -> Option<cookie::Verified> {
+    let verified = core.ui.cookies.verify(value, now)?;
+    match core
+        .store
+        .ui_cookie_revoked(&verified.scope, &verified.nonce_hash())
+    {
+        Ok(false) => Some(verified),
+        Ok(true) => None,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot check a UI cookie against the logouts; refusing it");
+            None
+        }
+    }
+}
+
 /// Routes anyone may reach: the page, its files, and login/logout (which check for themselves).
 pub(crate) fn public_routes() -> Router<Arc<Core>> {
     Router::new()
@@ -71,7 +88,7 @@ pub(crate) fn cookie_auth(core: &Core, req: &Request) -> CookieAuth {
     let Some(value) = cookie::from_headers(req.headers()) else {
         return CookieAuth::Missing;
     };
-    let Some(scope) = core.ui.cookies.verify(&value, now_ms()) else {
+    let Some(scope) = valid_cookie(core, &value, now_ms()).map(|v| v.scope) else {
         return CookieAuth::Missing;
     };
     let safe = matches!(*req.method(), Method::GET | Method::HEAD);
@@ -129,10 +146,38 @@ fn anonymous() -> Scope {
     Scope::new("-", "-")
 }
 
-/// `Set-Cookie` for a fresh browser session, or the answer explaining why there is none. No
-/// `Secure`: the gateway speaks plain HTTP on loopback; behind TLS the cookie is host-bound
-/// anyway.
-fn session_cookie(core: &Core, scope: &Scope) -> Result<HeaderValue, Box<Response>> {
+/// Whether the browser reached the gateway over HTTPS: a TLS-terminating proxy in front says so
+/// (`X-Forwarded-Proto: https`, or `Forwarded: proto=https`), or the page's `Origin` is https.
+/// A forged header costs nothing: `Secure` only keeps the cookie off plain HTTP.
+fn over_https(headers: &HeaderMap) -> bool {
+    let first = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.split(',').next())
+            .map(|v| v.trim().to_ascii_lowercase())
+    };
+    first("x-forwarded-proto").is_some_and(|p| p == "https")
+        || first("forwarded").is_some_and(|f| f.split(';').any(|pair| pair.trim() == "proto=https"))
+        || first("origin").is_some_and(|o| o.starts_with("https://"))
+}
+
+/// The attributes every `skiff_session` cookie carries; `Secure` whenever the browser came over
+/// HTTPS (on plain-HTTP loopback a Secure cookie would never be sent back).
+fn cookie_attributes(headers: &HeaderMap) -> &'static str {
+    if over_https(headers) {
+        "HttpOnly; SameSite=Strict; Path=/; Secure"
+    } else {
+        "HttpOnly; SameSite=Strict; Path=/"
+    }
+}
+
+/// `Set-Cookie` for a fresh browser session, or the answer explaining why there is none.
+fn session_cookie(
+    core: &Core,
+    scope: &Scope,
+    headers: &HeaderMap,
+) -> Result<HeaderValue, Box<Response>> {
     let failed = || {
         Box::new(refuse(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -145,8 +190,9 @@ fn session_cookie(core: &Core, scope: &Scope) -> Result<HeaderValue, Box<Respons
         failed()
     })?;
     let header = format!(
-        "{}={value}; HttpOnly; SameSite=Strict; Path=/; Max-Age={}",
+        "{}={value}; {}; Max-Age={}",
         cookie::COOKIE_NAME,
+        cookie_attributes(headers),
         cookie::COOKIE_TTL_MS / 1000
     );
     HeaderValue::from_str(&header).map_err(|_| failed())
@@ -179,7 +225,11 @@ struct TicketQuery {
 
 /// `GET /ui/login?ticket=…`: trades the ticket (once) for a cookie and redirects to the UI, so
 /// the ticket leaves the address bar and the history at once.
-async fn login_with_ticket(State(core): Shared, Query(q): Query<TicketQuery>) -> Response {
+async fn login_with_ticket(
+    State(core): Shared,
+    headers: HeaderMap,
+    Query(q): Query<TicketQuery>,
+) -> Response {
     let scope = q
         .ticket
         .as_deref()
@@ -195,7 +245,7 @@ async fn login_with_ticket(State(core): Shared, Query(q): Query<TicketQuery>) ->
         // The page explains and offers the token form.
         return Redirect::to("/#login-expired").into_response();
     };
-    let cookie = match session_cookie(&core, &scope) {
+    let cookie = match session_cookie(&core, &scope, &headers) {
         Ok(c) => c,
         Err(resp) => return *resp,
     };
@@ -245,7 +295,7 @@ async fn login_with_token(
             "that token is not valid: the admin token is in the gateway's gateway.json, or run `skiff ui` for a login link",
         );
     };
-    let cookie = match session_cookie(&core, &scope) {
+    let cookie = match session_cookie(&core, &scope, &headers) {
         Ok(c) => c,
         Err(resp) => return *resp,
     };
@@ -266,18 +316,67 @@ async fn logout(State(core): Shared, headers: HeaderMap) -> Response {
     }
     if let Some(value) = cookie::from_headers(&headers) {
         let now = now_ms();
-        if let Some(scope) = core.ui.cookies.verify(&value, now) {
-            core.audit(&scope, "ui.logout", "-", "applied", json!({}));
+        if let Some(cookie) = valid_cookie(&core, &value, now) {
+            let revoked = core.store.revoke_ui_cookie(
+                &cookie.scope,
+                &cookie.nonce_hash(),
+                cookie.expires_at_ms,
+                now,
+            );
+            if let Err(e) = revoked {
+                // The cookie would keep working: say so rather than pretend it is gone.
+                tracing::error!(error = %e, "cannot record a UI logout");
+                core.audit(&cookie.scope, "ui.logout", "-", "failed", json!({}));
+                return refuse(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal",
+                    "the logout could not be recorded; see the gateway log",
+                );
+            }
+            core.audit(&cookie.scope, "ui.logout", "-", "applied", json!({}));
         }
-        core.ui.cookies.revoke(&value, now);
     }
     let clear = format!(
-        "{}=; HttpOnly; SameSite=Strict; Path=/; Max-Age=0",
-        cookie::COOKIE_NAME
+        "{}=; {}; Max-Age=0",
+        cookie::COOKIE_NAME,
+        cookie_attributes(&headers)
     );
     let mut resp = StatusCode::NO_CONTENT.into_response();
     if let Ok(v) = HeaderValue::from_str(&clear) {
         resp.headers_mut().insert(header::SET_COOKIE, v);
     }
     resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (name, value) in pairs {
+            h.insert(*name, value.parse().unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn https_is_seen_through_a_proxy_or_in_the_origin() {
+        assert!(!over_https(&headers(&[])));
+        assert!(!over_https(&headers(&[(
+            "origin",
+            "http://127.0.0.1:7777"
+        )])));
+        assert!(!over_https(&headers(&[("x-forwarded-proto", "http")])));
+        assert!(over_https(&headers(&[("x-forwarded-proto", "HTTPS")])));
+        assert!(over_https(&headers(&[(
+            "x-forwarded-proto",
+            "https, http"
+        )])));
+        assert!(over_https(&headers(&[(
+            "forwarded",
+            "for=192.0.2.60;proto=https;by=203.0.113.43"
+        )])));
+        assert!(over_https(&headers(&[("origin", "https://skiff.example")])));
+    }
 }

@@ -149,8 +149,15 @@ impl Core {
                         is_error: out.is_error,
                     }
                 }
-                Call::TurnFinish { end, manifest } => {
-                    core.worker_turn_finished(&scope, &claims, &op, end, manifest)
+                Call::TurnFinish {
+                    end,
+                    manifest,
+                    manifest_error,
+                } => {
+                    let theirs = manifest.ok_or_else(|| {
+                        manifest_error.unwrap_or_else(|| "the worker did not say why".into())
+                    });
+                    core.worker_turn_finished(&scope, &claims, &op, end, theirs)
                         .await
                 }
                 Call::EventPublish { .. }

@@ -59,6 +59,22 @@ impl Core {
         });
         live.close();
         self.workers.forget(&session);
+        self.close_probe_endpoint(&env.id);
         result
+    }
+
+    /// The probe opened the environment's endpoint; unless a session's worker uses it (a
+    /// check of an attached environment), it closes with the probe, socket and all. A
+    /// placement opens it again.
+    fn close_probe_endpoint(&self, env: &EnvironmentId) {
+        match self.store.live_placements() {
+            Ok(live) if live.iter().all(|p| p.environment_id.as_ref() != Some(env)) => {
+                self.close_worker_endpoint(env);
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(%env, error = %e, "cannot list placements; the probe's endpoint stays open");
+            }
+        }
     }
 }

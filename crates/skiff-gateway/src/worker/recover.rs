@@ -247,7 +247,7 @@ impl Core {
                 .last()
                 .map(|r| r.id.clone()),
         };
-        self.reconcile_inner(scope, session, &p, Some(theirs), false, run.as_ref())
+        self.reconcile_inner(scope, session, &p, Ok(theirs), false, run.as_ref())
             .await?;
         if let Some(run) = run {
             let row = self.store.session(scope, session)?;

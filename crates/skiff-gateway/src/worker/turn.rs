@@ -5,11 +5,13 @@
 use super::place::{box_workspace, placement_error};
 use crate::Core;
 use crate::error::Result;
+use crate::quarantine::Refused;
 use serde_json::json;
 use skiff_protocol::api::{RunStatus, WorkspaceView};
 use skiff_protocol::environment::PlacementState;
 use skiff_protocol::event::EventKind;
 use skiff_protocol::model::ModelRef;
+use skiff_protocol::sync::Refusal;
 use skiff_protocol::transcript::EntryBody;
 use skiff_protocol::worker::{GatewayFrame, Reply, TurnAssignment, TurnEnd};
 use skiff_protocol::{RunId, SessionId};
@@ -17,8 +19,6 @@ use skiff_store::{PlacementChange, PlacementRow, RunRow, Scope, SessionRow};
 use skiff_sync::filelist::Limits;
 use skiff_sync::inbound_git::{self, Adoption};
 use skiff_sync::inbound_plain::{self, Inbound};
-use crate::quarantine::Refused;
-use skiff_protocol::sync::Refusal;
 use skiff_sync::{Remote, Rules, manifest, quarantine};
 use std::path::Path;
 use std::sync::Arc;
@@ -127,7 +127,7 @@ impl Core {
         claims: &skiff_protocol::worker::CredentialClaims,
         op: &skiff_protocol::worker::OpId,
         end: TurnEnd,
-        theirs: Option<skiff_protocol::sync::Manifest>,
+        theirs: std::result::Result<skiff_protocol::sync::Manifest, String>,
     ) -> Reply {
         let Some(run) = op.run_id.clone() else {
             return Reply::Finished;
@@ -218,7 +218,7 @@ impl Core {
         &self,
         scope: &Scope,
         session_id: &SessionId,
-        theirs: Option<skiff_protocol::sync::Manifest>,
+        theirs: std::result::Result<skiff_protocol::sync::Manifest, String>,
         run: &RunId,
         over_control: bool,
     ) -> Result<()> {
@@ -259,12 +259,15 @@ impl Core {
         scope: &Scope,
         session_id: &SessionId,
         p: &PlacementRow,
-        theirs: Option<skiff_protocol::sync::Manifest>,
+        theirs: std::result::Result<skiff_protocol::sync::Manifest, String>,
         over_control: bool,
         run: Option<&RunId>,
     ) -> Result<String> {
-        let mut theirs =
-            theirs.ok_or_else(|| placement_error("the worker could not list its workspace"))?;
+        let mut theirs = theirs.map_err(|why| {
+            // The box's words: bounded, and said to be the worker's.
+            let why: String = why.chars().take(2000).collect();
+            placement_error(format!("the worker could not list its workspace: {why}"))
+        })?;
         let session = self.store.session(scope, session_id)?;
         let base = manifest::from_json(p.base_manifest.as_deref().unwrap_or(""))?;
         let env = self.placement_env(scope, p)?;
@@ -351,10 +354,15 @@ impl Core {
                     path: "(all)".into(),
                     reason: format!("nothing was adopted: {e}"),
                 })
-                .chain(manifest::diff(&base, &theirs).changed.into_keys().map(|path| Refusal {
-                    path,
-                    reason: "not adopted with the rest of the turn".into(),
-                }))
+                .chain(
+                    manifest::diff(&base, &theirs)
+                        .changed
+                        .into_keys()
+                        .map(|path| Refusal {
+                            path,
+                            reason: "not adopted with the rest of the turn".into(),
+                        }),
+                )
                 .collect();
                 let kept = Refused {
                     session: session_id,

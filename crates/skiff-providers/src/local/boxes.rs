@@ -335,6 +335,26 @@ impl Boxes {
         self.status_of(&record)
     }
 
+    /// Removes the root when it holds nothing (no box, nothing else); the next create makes it
+    /// again. `remove_dir` refuses a directory that is not empty, so a box created meanwhile
+    /// keeps its root. Whether it was removed; a root that is absent, in use or not empty is
+    /// not an error.
+    pub fn remove_root_if_empty(&self) -> Result<bool> {
+        use std::io::ErrorKind;
+        match std::fs::remove_dir(&self.root) {
+            Ok(()) => Ok(true),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    ErrorKind::NotFound | ErrorKind::DirectoryNotEmpty | ErrorKind::ResourceBusy
+                ) =>
+            {
+                Ok(false)
+            }
+            Err(e) => Err(io_err(&self.root)(e)),
+        }
+    }
+
     /// Ids of every box under the root.
     pub fn list(&self) -> Result<Vec<String>> {
         let Ok(dir) = std::fs::read_dir(&self.root) else {
@@ -428,6 +448,9 @@ impl Boxes {
             missing.push(format!("{} still exists", dir.display()));
         }
         if missing.is_empty() {
+            // Housekeeping, not evidence: the box is gone either way, and the gateway's start
+            // sweeps empty roots again.
+            let _ = self.remove_root_if_empty();
             Ok(())
         } else {
             Err(Error::NoEvidence {

@@ -18,17 +18,25 @@ async fn a_git_checkpoint_captures_everything_and_touches_nothing() {
     let status = git(&ws.worktree, &["status", "--porcelain"]);
     let (head, files) = (ws.head(), snapshot(&ws.worktree));
 
+    let store = tempfile::tempdir().unwrap();
+    let cas = Cas::open(&store.path().join("artifacts")).unwrap();
+    let stores = checkpoint::GitStores {
+        scratch: ws.scratch.path(),
+        cas: &cas,
+        large: checkpoint::LargeFiles::default(),
+    };
     let cp = checkpoint::git_checkpoint(
         &ws.worktree,
         &ws.session,
         1,
         &Rules::builtin(),
         &Limits::default(),
-        ws.scratch.path(),
+        &stores,
         &cancel(),
     )
     .await
     .unwrap();
+    assert_eq!(cp.outside_git, None, "nothing large");
     assert_eq!(
         cp.git_ref,
         format!("refs/skiff/checkpoints/{}/1", ws.session)
@@ -87,4 +95,129 @@ async fn a_plain_checkpoint_restores_byte_for_byte() {
     assert_eq!(back, original);
     // Restoring never writes over something.
     assert!(checkpoint::restore_plain(&cas, &cp.manifest, &target).is_err());
+}
+
+/// Bytes that do not compress (a loose object of them is as large as they are).
+fn noise(len: usize, seed: u8) -> Vec<u8> {
+    let mut out = Vec::with_capacity(len);
+    let mut reader = blake3::Hasher::new().update(&[seed]).finalize_xof();
+    out.resize(len, 0);
+    reader.fill(&mut out);
+    out
+}
+
+/// Whether `repo`'s object store holds the blob `bytes` would hash to.
+fn has_blob(repo: &std::path::Path, bytes: &[u8]) -> bool {
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), bytes).unwrap();
+    let oid = git(repo, &["hash-object", file.path().to_str().unwrap()]);
+    std::process::Command::new("git")
+        .arg("-C")
+        .arg(repo)
+        .args(["cat-file", "-e", oid.trim()])
+        .status()
+        .unwrap()
+        .success()
+}
+
+#[tokio::test]
+async fn large_untracked_files_stay_out_of_the_repository_and_come_back_on_restore() {
+    use std::os::unix::fs::PermissionsExt;
+    let ws = Workspace::git(&[("a.txt", "one\n")]);
+    ws.write("a.txt", "two\n");
+    let big = noise(50_000, 1);
+    std::fs::create_dir_all(ws.worktree.join("data")).unwrap();
+    std::fs::write(ws.worktree.join("data/big.bin"), &big).unwrap();
+    std::fs::set_permissions(
+        ws.worktree.join("data/big.bin"),
+        std::fs::Permissions::from_mode(0o755),
+    )
+    .unwrap();
+    let store = tempfile::tempdir().unwrap();
+    let cas = Cas::open(&store.path().join("artifacts")).unwrap();
+    let stores = checkpoint::GitStores {
+        scratch: ws.scratch.path(),
+        cas: &cas,
+        large: checkpoint::LargeFiles {
+            threshold: 10_000,
+            cap: 60_000,
+        },
+    };
+    let cp = checkpoint::git_checkpoint(
+        &ws.worktree,
+        &ws.session,
+        1,
+        &Rules::builtin(),
+        &Limits::default(),
+        &stores,
+        &cancel(),
+    )
+    .await
+    .unwrap();
+    assert!(
+        !has_blob(ws.repo.path(), &big),
+        "the large file became a git object"
+    );
+    assert!(
+        has_blob(ws.repo.path(), b"two\n"),
+        "small changes are committed"
+    );
+    let tree = git(&ws.worktree, &["ls-tree", "-r", "--name-only", &cp.commit]);
+    assert_eq!(tree.lines().collect::<Vec<_>>(), ["a.txt"]);
+    assert_eq!(cp.files, 2, "the checkpoint still counts it");
+
+    // The checkpoint names it, and restoring the checkpoint brings it back, mode and all.
+    let kept = cp
+        .outside_git
+        .clone()
+        .expect("a manifest of the large files");
+    let m = manifest::from_json(&String::from_utf8(cas.get(&kept).unwrap()).unwrap()).unwrap();
+    assert_eq!(m.entries.keys().collect::<Vec<_>>(), ["data/big.bin"]);
+    let restored = tempfile::tempdir().unwrap();
+    let target = restored.path().join("ws");
+    checkpoint::restore_git(
+        &ws.worktree,
+        &cp.commit,
+        Some(&kept),
+        &stores,
+        &target,
+        &cancel(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(std::fs::read(target.join("data/big.bin")).unwrap(), big);
+    let mode = std::fs::metadata(target.join("data/big.bin"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o755);
+    assert_eq!(
+        std::fs::read_to_string(target.join("a.txt")).unwrap(),
+        "two\n"
+    );
+
+    // Past the cap, the checkpoint is refused, naming the file and the cap; no ref is made.
+    std::fs::write(ws.worktree.join("data/more.bin"), noise(20_000, 2)).unwrap();
+    let err = checkpoint::git_checkpoint(
+        &ws.worktree,
+        &ws.session,
+        2,
+        &Rules::builtin(),
+        &Limits::default(),
+        &stores,
+        &cancel(),
+    )
+    .await
+    .unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        msg.starts_with(&format!(
+            "cannot checkpoint {} (19.5 KiB)",
+            ws.worktree.join("data/more.bin").display()
+        )) && msg.contains("cap of 58.6 KiB")
+            && msg.contains(".skiffignore"),
+        "{msg}"
+    );
+    let refs = git(&ws.worktree, &["for-each-ref", "refs/skiff/checkpoints"]);
+    assert_eq!(refs.lines().count(), 1, "{refs}");
 }

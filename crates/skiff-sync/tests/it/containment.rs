@@ -221,3 +221,58 @@ async fn every_bad_input_is_refused_and_nothing_refused_is_written() {
     assert!(mirrored.refused[0].reason.contains("rules exclude it"));
     assert!(!std::path::Path::new("/tmp/planted.txt").exists());
 }
+
+#[tokio::test]
+async fn a_file_over_the_per_file_limit_is_named_with_its_size_and_the_limit() {
+    let limits = Limits {
+        max_file_bytes: 100_000,
+        ..Limits::default()
+    };
+    let dir = plain_dir();
+    std::fs::create_dir_all(dir.path().join("sub")).unwrap();
+    std::fs::write(dir.path().join("sub/big.bin"), vec![0u8; 300_000]).unwrap();
+    std::fs::write(dir.path().join("also.bin"), vec![0u8; 200_000]).unwrap();
+
+    // What a worker runs to list its workspace for the gateway, and what outbound sync runs.
+    let err = skiff_sync::manifest::scan(
+        dir.path(),
+        Mode::Plain,
+        &skiff_sync::Rules::builtin(),
+        &limits,
+        &tokio_util::sync::CancellationToken::new(),
+    )
+    .await
+    .unwrap_err();
+    let msg = err.to_string();
+    assert!(matches!(err, Error::FileTooLarge { .. }), "{msg}");
+    let big = dir.path().join("sub/big.bin");
+    assert!(
+        msg.starts_with(&format!(
+            "{} is 293.0 KiB, over the per-file limit of 97.7 KiB; add `/sub/big.bin` to the workspace's .skiffignore",
+            big.display()
+        )),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("also.bin (195.3 KiB)"),
+        "the others are named too: {msg}"
+    );
+
+    // A box's manifest claiming such a file.
+    let theirs = with(
+        &Manifest {
+            version: skiff_protocol::sync::MANIFEST_VERSION,
+            ..Manifest::default()
+        },
+        "sub/big.bin",
+        file(&"0".repeat(64), 300_000),
+    );
+    let err = skiff_sync::contain::check_manifest(&theirs, None, &limits).unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        msg.starts_with(
+            "the box's sub/big.bin is 293.0 KiB, over the per-file limit of 97.7 KiB; delete it on the box"
+        ),
+        "{msg}"
+    );
+}

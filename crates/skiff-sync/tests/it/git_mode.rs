@@ -179,7 +179,7 @@ async fn limits_are_checked_before_anything_moves_and_name_the_largest() {
                 max_file_bytes: 100_000,
                 ..Limits::default()
             },
-            "2 file(s) over the per-file limit",
+            "big/one.bin is 293.0 KiB, over the per-file limit of 97.7 KiB",
         ),
         (
             Limits {
@@ -209,10 +209,19 @@ async fn limits_are_checked_before_anything_moves_and_name_the_largest() {
             .await
             .unwrap_err();
         let msg = err.to_string();
-        assert!(matches!(err, Error::TooLarge { .. }), "{msg}");
+        if limits.max_file_bytes == 100_000 {
+            assert!(matches!(err, Error::FileTooLarge { .. }), "{msg}");
+        } else {
+            assert!(matches!(err, Error::TooLarge { .. }), "{msg}");
+        }
         assert!(msg.contains(says), "{msg}");
         if limits.max_files == 2 {
             assert!(msg.contains("big (2 files)"), "{msg}");
+        } else if limits.max_file_bytes == 100_000 {
+            assert!(
+                msg.contains("also over the limit: big/two.bin (195.3 KiB)"),
+                "{msg}"
+            );
         } else {
             assert!(msg.contains("big/one.bin (293.0 KiB)"), "{msg}");
             assert!(msg.find("big/one.bin") < msg.find("big/two.bin"), "{msg}");

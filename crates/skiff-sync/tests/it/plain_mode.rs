@@ -180,3 +180,90 @@ async fn drift_on_the_gateway_stops_with_nothing_written() {
     );
     assert_eq!(snapshot(local.path()), before);
 }
+
+#[tokio::test]
+async fn files_other_users_cannot_read_never_reach_a_box() {
+    use std::os::unix::fs::PermissionsExt;
+    let tb = TestBox::new().await;
+    let scratch = tempfile::tempdir().unwrap();
+    let rules = Rules::builtin();
+    let push = |local: &Path| {
+        let local = local.to_path_buf();
+        let (rules, scratch) = (&rules, scratch.path());
+        let remote = tb.remote(DIR);
+        async move {
+            let out = Outbound {
+                local: &local,
+                mode: Mode::Plain,
+                session: "ses_plain",
+                rules,
+                limits: &Limits::default(),
+                scratch,
+                identity: None,
+            };
+            outbound::push(&out, &remote, &cancel()).await
+        }
+    };
+    let mode = |p: &Path, m: u32| std::fs::set_permissions(p, std::fs::Permissions::from_mode(m));
+
+    // A copy of `/etc`-like material: a root-only file of someone else's…
+    let local = plain_dir();
+    let shadow = local.path().join("src/shadow");
+    std::fs::write(&shadow, "root:$6$secret\n").unwrap();
+    mode(&shadow, 0o640).unwrap();
+    std::os::unix::fs::chown(&shadow, Some(65534), Some(65534)).unwrap();
+    let err = push(local.path()).await.unwrap_err();
+    let msg = err.to_string();
+    assert!(matches!(err, Error::Private { .. }), "{msg}");
+    assert!(
+        msg.starts_with(&format!(
+            "{} is private (mode 0640, owned by uid 65534",
+            shadow.display()
+        )),
+        "{msg}"
+    );
+    assert!(
+        msg.contains(".skiffignore") && msg.contains("chmod o+r"),
+        "{msg}"
+    );
+    assert!(!tb.path(DIR).exists(), "something reached the box");
+
+    // …one of the gateway's own user (root here: the real /etc/shadow's case)…
+    std::os::unix::fs::chown(&shadow, Some(0), Some(0)).unwrap();
+    let msg = push(local.path()).await.unwrap_err().to_string();
+    assert!(msg.contains("the gateway's own user"), "{msg}");
+    assert!(!tb.path(DIR).exists(), "something reached the box");
+
+    // …and a readable file in a directory others cannot enter.
+    mode(&shadow, 0o644).unwrap();
+    mode(&local.path().join("src/deep"), 0o700).unwrap();
+    let msg = push(local.path()).await.unwrap_err().to_string();
+    assert!(
+        msg.contains("src/deep/util.c is private (it is inside")
+            && msg.contains("mode 0700")
+            && msg.contains("cannot enter"),
+        "{msg}"
+    );
+    assert!(!tb.path(DIR).exists(), "something reached the box");
+
+    // Excluded, the same workspace goes; readable, it goes whole.
+    std::fs::write(local.path().join(".skiffignore"), "/src/deep/\n").unwrap();
+    let rules_ignoring = Rules::load(local.path()).unwrap();
+    let out = Outbound {
+        local: local.path(),
+        mode: Mode::Plain,
+        session: "ses_plain",
+        rules: &rules_ignoring,
+        limits: &Limits::default(),
+        scratch: scratch.path(),
+        identity: None,
+    };
+    outbound::push(&out, &tb.remote(DIR), &cancel())
+        .await
+        .unwrap();
+    assert_eq!(
+        std::fs::read_to_string(tb.path(DIR).join("src/shadow")).unwrap(),
+        "root:$6$secret\n"
+    );
+    assert!(!tb.path(DIR).join("src/deep").exists());
+}
