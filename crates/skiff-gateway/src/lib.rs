@@ -66,6 +66,8 @@ pub(crate) struct Core {
     ui: ui::UiState,
     envs: Arc<environments::Environments>,
     workers: worker::Workers,
+    /// `<state>/procs/`: the `exec` commands of gateway-placed sessions now running.
+    procs: skiff_process::Ledger,
 }
 
 /// A started gateway.
@@ -104,6 +106,7 @@ impl Running {
 /// listener and starts serving.
 pub async fn start(options: Options) -> Result<Running> {
     let state = StateDir::open(&options.state_dir)?;
+    let procs = kill_leftover_processes(&state)?;
     let config_path = options
         .config
         .clone()
@@ -141,6 +144,7 @@ pub async fn start(options: Options) -> Result<Running> {
         ui: ui::UiState::default(),
         envs,
         workers,
+        procs,
     });
     core.envs
         .set_readiness(Arc::new(worker::probe::Probe(Arc::downgrade(&core))));
@@ -185,6 +189,17 @@ pub async fn start(options: Options) -> Result<Running> {
         server,
         core,
     })
+}
+
+/// Kills the `exec` commands a previous gateway on this state dir left running (it crashed in
+/// a way their parent-death signal missed), before anything of it can resume.
+fn kill_leftover_processes(state: &StateDir) -> Result<skiff_process::Ledger> {
+    let procs = skiff_process::Ledger::open(&state.root().join("procs"))?;
+    for left in procs.kill_leftovers()? {
+        tracing::warn!(pid = left.pid, command = %left.command, killed = left.killed,
+            "killed a tool command left running by a previous gateway");
+    }
+    Ok(procs)
 }
 
 /// What providers need from this host: our executable, a private directory, the default root of
