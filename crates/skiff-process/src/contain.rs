@@ -103,7 +103,10 @@ pub(crate) const WRAPPER: &str = "setpriv";
 /// Runs `cmd` contained, on the spawner thread; `cancel` (or dropping this future) ends it.
 pub(crate) async fn run(cmd: Cmd, cancel: &CancellationToken) -> Result<Finished> {
     let command = cmd.display();
-    let variant = variant().await?;
+    let variant = tokio::select! {
+        variant = variant() => variant?,
+        () = cancel.cancelled() => return Err(Error::Cancelled { command }),
+    };
     let spawner = spawner()?;
     let token = cancel.child_token();
     // Dropping this future does not stop the task; cancelling its token does, and the task

@@ -297,9 +297,10 @@ impl Cmd {
             source,
         })?;
         let leader = child.id().and_then(|p| i32::try_from(p).ok());
-        let group = GroupGuard {
+        let mut group = GroupGuard {
             leader,
             contained: contain.is_some(),
+            reaped: false,
         };
         let io_err = |source| Error::Io {
             command: command.clone(),
@@ -349,6 +350,7 @@ impl Cmd {
         }
         // The leader is done (or given up on): end every process it left behind, so pipes close
         // and nothing outlives the command.
+        group.reaped = matches!(child.try_wait(), Ok(Some(_)));
         drop(group);
         let (stdout, stderr) = readers.collect().await;
         drop(record);
@@ -380,11 +382,13 @@ impl Cmd {
 /// How long a timed-out or cancelled command's process group gets between SIGTERM and SIGKILL.
 const TERM_GRACE: Duration = Duration::from_millis(300);
 
-/// Kills the child's whole process group when dropped (and, for a contained child, its
-/// namespace's init first, which takes the namespace down).
+/// Kills the child's whole process group when dropped. A contained child's namespace is taken
+/// down through its init first, unless the child has been reaped: then the namespace is empty
+/// already, and its pid may belong to someone else by now.
 struct GroupGuard {
     leader: Option<i32>,
     contained: bool,
+    reaped: bool,
 }
 
 impl GroupGuard {
@@ -398,10 +402,14 @@ impl GroupGuard {
 
 impl Drop for GroupGuard {
     fn drop(&mut self) {
-        if let (true, Some(leader)) = (self.contained, self.leader) {
-            contain::kill_init(leader);
+        match (self.contained, self.reaped, self.leader) {
+            (true, true, _) => {}
+            (true, false, Some(leader)) => {
+                contain::kill_init(leader);
+                self.signal(rustix::process::Signal::KILL);
+            }
+            _ => self.signal(rustix::process::Signal::KILL),
         }
-        self.signal(rustix::process::Signal::KILL);
     }
 }
 
