@@ -108,8 +108,9 @@ impl Ledger {
                 .truncate(true)
                 .mode(0o600)
                 .open(&path)?;
-            file.write_all(text.as_bytes())?;
-            file.sync_data()
+            // No fsync: the record is for a process that crashes, not a machine (a reboot ends
+            // every process anyway), and the page cache outlives a process.
+            file.write_all(text.as_bytes())
         };
         write().map_err(|source| Error::Ledger {
             path: path.display().to_string(),

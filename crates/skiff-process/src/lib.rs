@@ -325,7 +325,7 @@ impl Cmd {
             self.merge_stderr,
         );
 
-        let (record, outcome) = match recorded {
+        let (record, mut outcome) = match recorded {
             Ok(record) => (
                 record,
                 tokio::select! {
@@ -343,17 +343,25 @@ impl Cmd {
             // then kill whatever is left.
             group.signal(rustix::process::Signal::TERM);
             let ended = tokio::time::timeout(TERM_GRACE, child.wait()).await;
-            if let (Err(_), Some(pid), Some(_)) = (ended, leader, contain) {
+            if let (Err(_), Some(pid), Some(_)) = (ended, leader, contain)
                 // The namespace goes down with its init; `unshare` returns once it is empty.
-                contain::end(&mut child, pid).await.map_err(io_err)?;
+                && let Err(source) = contain::end(&mut child, pid).await
+            {
+                outcome = Err(io_err(source));
             }
         }
         // The leader is done (or given up on): end every process it left behind, so pipes close
         // and nothing outlives the command.
         group.reaped = matches!(child.try_wait(), Ok(Some(_)));
+        let reaped = group.reaped;
         drop(group);
         let (stdout, stderr) = readers.collect().await;
-        drop(record);
+        if reaped {
+            drop(record);
+        } else {
+            // Not known to be gone: the record stays for the next `kill_leftovers`.
+            std::mem::forget(record);
+        }
         let status = outcome?;
         Ok(Finished {
             status,
