@@ -29,6 +29,41 @@ pub enum SessionCommand {
     Checkpoints(IdArgs),
     /// Push the session branch from your repository, with the gateway's git credentials
     Publish(PublishArgs),
+    /// What a box produced that was not adopted: `quarantine ID`, `quarantine accept ID
+    /// PATH…`, `quarantine discard ID`
+    Quarantine(QuarantineArgs),
+}
+
+#[derive(Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct QuarantineArgs {
+    #[command(subcommand)]
+    action: Option<QuarantineAction>,
+    /// Session id (ses_…): list its quarantine
+    id: Option<String>,
+    #[command(flatten)]
+    out: JsonArg,
+}
+
+#[derive(Subcommand)]
+enum QuarantineAction {
+    /// Write quarantined paths into the session's workspace (your decision; audited)
+    Accept {
+        /// Session id (ses_…)
+        id: String,
+        /// Paths as the quarantine lists them
+        #[arg(required = true)]
+        paths: Vec<String>,
+        #[command(flatten)]
+        out: JsonArg,
+    },
+    /// Drop everything the session's quarantine holds
+    Discard {
+        /// Session id (ses_…)
+        id: String,
+        #[command(flatten)]
+        out: JsonArg,
+    },
 }
 
 #[derive(Args)]
@@ -215,6 +250,7 @@ pub async fn run(cmd: SessionCommand, state_dir: &Path) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        SessionCommand::Quarantine(args) => quarantine(&client, args).await,
         SessionCommand::Publish(args) => {
             let body = skiff_protocol::sync::PublishRequest {
                 remote: Some(args.remote),
@@ -312,4 +348,71 @@ pub async fn follow_until_end(
         "the gateway at {} closed the event stream before run {run} ended",
         client.url()
     )))
+}
+
+/// `skiff session quarantine …`.
+async fn quarantine(client: &Client, args: QuarantineArgs) -> Result<ExitCode> {
+    use skiff_protocol::sync::{AcceptRequest, QuarantineList};
+    let (list, json): (QuarantineList, bool) = match args.action {
+        Some(QuarantineAction::Accept { id, paths, out }) => {
+            let path = format!("/v1/sessions/{id}/quarantine/accept");
+            let list = client
+                .send(client.post(
+                    &path,
+                    &AcceptRequest {
+                        paths: paths.clone(),
+                    },
+                ))
+                .await?;
+            if !out.json {
+                for p in &paths {
+                    eprintln!("accepted {p} into session {id}'s workspace");
+                }
+            }
+            (list, out.json)
+        }
+        Some(QuarantineAction::Discard { id, out }) => {
+            let path = format!("/v1/sessions/{id}/quarantine/discard");
+            let list = client
+                .send(client.post(&path, &serde_json::json!({})))
+                .await?;
+            if !out.json {
+                eprintln!("discarded session {id}'s quarantine");
+            }
+            (list, out.json)
+        }
+        None => {
+            let Some(id) = args.id else {
+                anyhow::bail!(
+                    "name a session: `skiff session quarantine ID`, `… accept ID PATH…` or `… discard ID`"
+                );
+            };
+            let path = format!("/v1/sessions/{id}/quarantine");
+            (client.send(client.get(&path)).await?, args.out.json)
+        }
+    };
+    if json {
+        outln!("{}", serde_json::to_string_pretty(&list)?)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    if list.quarantines.is_empty() {
+        outln!("nothing in quarantine")?;
+    }
+    for q in &list.quarantines {
+        outln!("{}  ({} paths)", q.id, q.paths.len())?;
+        for p in &q.paths {
+            let kept = if p.kept { "" } else { "  [bytes not kept]" };
+            let what = match &p.entry {
+                Some(skiff_protocol::sync::ManifestEntry::Symlink { target }) => {
+                    format!(" -> {target}")
+                }
+                _ => String::new(),
+            };
+            outln!("  {}{what}: {}{kept}", p.path, p.reason)?;
+        }
+        if let Some(bundle) = &q.bundle {
+            outln!("  the box's commits: git fetch {bundle} (a bundle of its session branch)")?;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }

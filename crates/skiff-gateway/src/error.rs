@@ -24,6 +24,9 @@ pub enum Error {
     Ssh(#[from] skiff_ssh::Error),
     #[error(transparent)]
     Sync(#[from] skiff_sync::Error),
+    /// The ledger of running tool commands (`<state>/procs/`) could not be read or cleared.
+    #[error(transparent)]
+    Process(#[from] skiff_process::Error),
     #[error("{0}")]
     Publish(String),
     #[error("{0}")]

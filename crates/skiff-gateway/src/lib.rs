@@ -70,6 +70,8 @@ pub(crate) struct Core {
     workers: worker::Workers,
     /// This process's hold on the state dir (one gateway per state dir).
     _lock: state_dir::StateDirLock,
+    /// `<state>/procs/`: the `exec` commands of gateway-placed sessions now running.
+    procs: skiff_process::Ledger,
 }
 
 /// A started gateway.
@@ -109,6 +111,7 @@ impl Running {
 pub async fn start(options: Options) -> Result<Running> {
     let state = StateDir::open(&options.state_dir)?;
     let lock = state.lock()?;
+    let procs = kill_leftover_processes(&state)?;
     let config_path = options
         .config
         .clone()
@@ -147,6 +150,7 @@ pub async fn start(options: Options) -> Result<Running> {
         envs,
         workers,
         _lock: lock,
+        procs,
     });
     core.envs
         .set_readiness(Arc::new(worker::probe::Probe(Arc::downgrade(&core))));
@@ -192,6 +196,17 @@ pub async fn start(options: Options) -> Result<Running> {
         server,
         core,
     })
+}
+
+/// Kills the `exec` commands a previous gateway on this state dir left running (it crashed in
+/// a way their parent-death signal missed), before anything of it can resume.
+fn kill_leftover_processes(state: &StateDir) -> Result<skiff_process::Ledger> {
+    let procs = skiff_process::Ledger::open(&state.root().join("procs"))?;
+    for left in procs.kill_leftovers()? {
+        tracing::warn!(pid = left.pid, command = %left.command, killed = left.killed,
+            "killed a tool command left running by a previous gateway");
+    }
+    Ok(procs)
 }
 
 /// What providers need from this host: our executable, a private directory, the default root of

@@ -417,12 +417,14 @@ impl Core {
             max_steps: MAX_STEPS,
             max_output_tokens: MAX_OUTPUT_TOKENS,
         };
-        let tools = Tools::new(session.workspace.path().into(), Vec::new()).map_err(|e| {
-            Error::BadRequest(format!(
-                "workspace {} is gone: {e}",
-                session.workspace.path()
-            ))
-        })?;
+        let tools = Tools::new(session.workspace.path().into(), Vec::new())
+            .map_err(|e| {
+                Error::BadRequest(format!(
+                    "workspace {} is gone: {e}",
+                    session.workspace.path()
+                ))
+            })?
+            .with_ledger(self.procs.clone());
         let backend = StoreBackend {
             core: self.clone(),
             scope: scope.clone(),

@@ -1,6 +1,7 @@
 //! API routes for workspace sync of a session: its checkpoints
-//! (`GET /v1/sessions/{id}/checkpoints`) and publishing its branch
-//! (`POST /v1/sessions/{id}/publish`).
+//! (`GET /v1/sessions/{id}/checkpoints`), publishing its branch
+//! (`POST /v1/sessions/{id}/publish`), and its quarantine (`GET /v1/sessions/{id}/quarantine`,
+//! `POST …/quarantine/accept {paths}`, `POST …/quarantine/discard`).
 //!
 //! Publishing is the gateway's own `git push` from the user's repository, with the gateway's
 //! credentials (its user's git configuration and ssh agent); a box never holds any. Audited,
@@ -28,6 +29,39 @@ pub(crate) fn routes() -> Router<Arc<Core>> {
     Router::new()
         .route("/v1/sessions/{id}/checkpoints", get(checkpoints))
         .route("/v1/sessions/{id}/publish", post(publish))
+        .route("/v1/sessions/{id}/quarantine", get(quarantine))
+        .route("/v1/sessions/{id}/quarantine/accept", post(accept))
+        .route("/v1/sessions/{id}/quarantine/discard", post(discard))
+}
+
+async fn quarantine(
+    State(core): Shared,
+    Extension(scope): Extension<Scope>,
+    Path(id): Path<String>,
+) -> Result<Response> {
+    Ok(Json(core.quarantines(&scope, &session_id(&id)?)?).into_response())
+}
+
+async fn accept(
+    State(core): Shared,
+    Extension(scope): Extension<Scope>,
+    Path(id): Path<String>,
+    body: std::result::Result<
+        Json<skiff_protocol::sync::AcceptRequest>,
+        axum::extract::rejection::JsonRejection,
+    >,
+) -> Result<Response> {
+    let Json(req) = body.map_err(|e| Error::BadRequest(e.body_text()))?;
+    let id = session_id(&id)?;
+    Ok(Json(core.accept_quarantined(&scope, &id, &req.paths).await?).into_response())
+}
+
+async fn discard(
+    State(core): Shared,
+    Extension(scope): Extension<Scope>,
+    Path(id): Path<String>,
+) -> Result<Response> {
+    Ok(Json(core.discard_quarantine(&scope, &session_id(&id)?)?).into_response())
 }
 
 fn session_id(raw: &str) -> Result<SessionId> {

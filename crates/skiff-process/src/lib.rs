@@ -3,11 +3,19 @@
 //!
 //! It gives each child a clean environment (nothing of the gateway's — no API keys — leaks
 //! in), its own process group, a timeout and a cancellation token, and kills the whole group
-//! when the child ends, times out, is cancelled or the handle is dropped, so no grandchild
-//! outlives its command. Output is captured with a byte cap so a chatty child cannot exhaust
-//! memory. It deliberately knows nothing about what it runs.
+//! when the child ends, times out, is cancelled or the handle is dropped. Output is captured
+//! with a byte cap so a chatty child cannot exhaust memory. It deliberately knows nothing about
+//! what it runs.
+//!
+//! A process group is only as good as its members' manners: anything that calls `setsid`
+//! leaves it. Commands run on the agent's behalf are therefore [`Cmd::contained`]: they run in
+//! a PID namespace of their own and die with their parent, so nothing they start outlives them
+//! (see `contain.rs`), and a [`Ledger`] lets the next process kill what a crashed one left.
 
 mod capture;
+mod contain;
+mod ledger;
+mod procfs;
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -17,6 +25,7 @@ use tokio::io::AsyncWriteExt;
 use tokio_util::sync::CancellationToken;
 
 pub use capture::CappedOutput;
+pub use ledger::{Ledger, Leftover};
 
 pub type Result<T> = std::result::Result<T, Error>;
 
@@ -37,6 +46,21 @@ pub enum Error {
         command: String,
         status: String,
         stderr: String,
+    },
+    #[error(
+        "cannot run a command in a PID namespace of its own ({reason}); contained commands need \
+         util-linux's `setpriv` and `unshare`, and either root or unprivileged user namespaces \
+         (sysctl user.max_user_namespaces > 0, kernel.unprivileged_userns_clone = 1)"
+    )]
+    Contain { reason: String },
+    #[error(
+        "cannot record a running process in {path}: {source}; check that the directory is \
+         writable by this user"
+    )]
+    Ledger {
+        path: String,
+        #[source]
+        source: std::io::Error,
     },
     #[error("i/o error while running `{command}`: {source}")]
     Io {
@@ -91,6 +115,8 @@ pub struct Cmd {
     output_cap: usize,
     merge_stderr: bool,
     discard_output: bool,
+    contained: bool,
+    ledger: Option<Ledger>,
 }
 
 impl Cmd {
@@ -105,6 +131,8 @@ impl Cmd {
             output_cap: 1 << 20,
             merge_stderr: false,
             discard_output: false,
+            contained: false,
+            ledger: None,
         }
     }
 
@@ -169,6 +197,22 @@ impl Cmd {
         self
     }
 
+    /// Runs the command in a PID namespace of its own with a parent-death signal: everything it
+    /// starts — detached with `setsid`, double-forked, daemonized — is killed when it ends, times
+    /// out, is cancelled, or when this process dies. For commands run on someone else's behalf
+    /// (the exec tool); needs util-linux (`setpriv`, `unshare`).
+    pub fn contained(mut self) -> Self {
+        self.contained = true;
+        self
+    }
+
+    /// Records the running command in `ledger` (see [`Ledger`]) until everything it started is
+    /// gone. Only for [`Cmd::contained`] commands: a record names a tree to kill after a crash.
+    pub fn ledger(mut self, ledger: Ledger) -> Self {
+        self.ledger = Some(ledger);
+        self
+    }
+
     /// A short rendering for error messages: the program and its first arguments.
     pub fn display(&self) -> String {
         let mut s = self.program.clone();
@@ -184,10 +228,33 @@ impl Cmd {
 
     /// Runs to completion. A non-zero exit is not an error here; see [`Cmd::run_checked`].
     pub async fn run(self, cancel: &CancellationToken) -> Result<Finished> {
+        if self.contained {
+            contain::run(self, cancel).await
+        } else {
+            self.run_with(cancel, None).await
+        }
+    }
+
+    /// Runs here, wrapped in the namespace of `contain` when given.
+    async fn run_with(
+        self,
+        cancel: &CancellationToken,
+        contain: Option<contain::Variant>,
+    ) -> Result<Finished> {
         let command = self.display();
-        let mut cmd = tokio::process::Command::new(&self.program);
-        cmd.args(&self.args)
-            .env_clear()
+        let mut cmd = match contain {
+            Some(variant) => {
+                let mut cmd = tokio::process::Command::new(contain::WRAPPER);
+                cmd.args(contain::wrap(variant, &self.program, &self.args));
+                cmd
+            }
+            None => {
+                let mut cmd = tokio::process::Command::new(&self.program);
+                cmd.args(&self.args);
+                cmd
+            }
+        };
+        cmd.env_clear()
             .stdin(match &self.stdin {
                 None => Stdio::null(),
                 Some(Input::Bytes(_)) => Stdio::piped(),
@@ -223,13 +290,26 @@ impl Cmd {
             cmd.current_dir(dir);
         }
         let mut child = cmd.spawn().map_err(|source| Error::Spawn {
-            program: self.program.clone(),
+            program: match contain {
+                Some(_) => format!("{} (to contain {})", contain::WRAPPER, self.program),
+                None => self.program.clone(),
+            },
             source,
         })?;
-        let group = GroupGuard(child.id());
+        let leader = child.id().and_then(|p| i32::try_from(p).ok());
+        let mut group = GroupGuard {
+            leader,
+            contained: contain.is_some(),
+            reaped: false,
+        };
         let io_err = |source| Error::Io {
             command: command.clone(),
             source,
+        };
+        // Written before anything else can go wrong, removed (on drop) once the tree is gone.
+        let recorded = match (&self.ledger, leader) {
+            (Some(ledger), Some(pid)) => ledger.record(pid, &command),
+            _ => Ok(None),
         };
 
         if let (Some(Input::Bytes(bytes)), Some(mut pipe)) = (self.stdin, child.stdin.take()) {
@@ -245,22 +325,43 @@ impl Cmd {
             self.merge_stderr,
         );
 
-        let outcome = tokio::select! {
-            status = child.wait() => Ok(status.map_err(io_err)?),
-            () = tokio::time::sleep(self.timeout) => Err(Error::TimedOut { command: command.clone(), timeout: self.timeout }),
-            () = cancel.cancelled() => Err(Error::Cancelled { command: command.clone() }),
+        let (record, mut outcome) = match recorded {
+            Ok(record) => (
+                record,
+                tokio::select! {
+                    status = child.wait() => status.map_err(io_err),
+                    () = tokio::time::sleep(self.timeout) => Err(Error::TimedOut { command: command.clone(), timeout: self.timeout }),
+                    () = cancel.cancelled() => Err(Error::Cancelled { command: command.clone() }),
+                },
+            ),
+            // Not recorded: not run (a crash now would leave it unaccounted for).
+            Err(e) => (None, Err(e)),
         };
         if outcome.is_err() {
             // Given up on: ask the group to stop first, so shells run their exit traps (a login
             // profile killed outright can leave lock files behind that stall every later shell),
             // then kill whatever is left.
             group.signal(rustix::process::Signal::TERM);
-            let _ = tokio::time::timeout(TERM_GRACE, child.wait()).await;
+            let ended = tokio::time::timeout(TERM_GRACE, child.wait()).await;
+            if let (Err(_), Some(pid), Some(_)) = (ended, leader, contain)
+                // The namespace goes down with its init; `unshare` returns once it is empty.
+                && let Err(source) = contain::end(&mut child, pid).await
+            {
+                outcome = Err(io_err(source));
+            }
         }
         // The leader is done (or given up on): end every process it left behind, so pipes close
         // and nothing outlives the command.
+        group.reaped = matches!(child.try_wait(), Ok(Some(_)));
+        let reaped = group.reaped;
         drop(group);
         let (stdout, stderr) = readers.collect().await;
+        if reaped {
+            drop(record);
+        } else {
+            // Not known to be gone: the record stays for the next `kill_leftovers`.
+            std::mem::forget(record);
+        }
         let status = outcome?;
         Ok(Finished {
             status,
@@ -289,15 +390,18 @@ impl Cmd {
 /// How long a timed-out or cancelled command's process group gets between SIGTERM and SIGKILL.
 const TERM_GRACE: Duration = Duration::from_millis(300);
 
-/// Kills the child's whole process group when dropped.
-struct GroupGuard(Option<u32>);
+/// Kills the child's whole process group when dropped. A contained child's namespace is taken
+/// down through its init first, unless the child has been reaped: then the namespace is empty
+/// already, and its pid may belong to someone else by now.
+struct GroupGuard {
+    leader: Option<i32>,
+    contained: bool,
+    reaped: bool,
+}
 
 impl GroupGuard {
     fn signal(&self, signal: rustix::process::Signal) {
-        let Some(pid) = self.0.and_then(|p| i32::try_from(p).ok()) else {
-            return;
-        };
-        if let Some(pid) = rustix::process::Pid::from_raw(pid) {
+        if let Some(pid) = self.leader.and_then(rustix::process::Pid::from_raw) {
             // ESRCH (the group is already empty) is the normal case after a clean exit.
             let _ = rustix::process::kill_process_group(pid, signal);
         }
@@ -306,7 +410,14 @@ impl GroupGuard {
 
 impl Drop for GroupGuard {
     fn drop(&mut self) {
-        self.signal(rustix::process::Signal::KILL);
+        match (self.contained, self.reaped, self.leader) {
+            (true, true, _) => {}
+            (true, false, Some(leader)) => {
+                contain::kill_init(leader);
+                self.signal(rustix::process::Signal::KILL);
+            }
+            _ => self.signal(rustix::process::Signal::KILL),
+        }
     }
 }
 
@@ -373,6 +484,180 @@ mod tests {
             .await
             .unwrap_err();
         assert!(err.to_string().contains("skiff-no-such-program"));
+    }
+
+    /// Live processes whose command line is exactly `argv` (words joined by spaces), with the
+    /// uid each runs as.
+    fn running(argv: &str) -> Vec<(i32, u32)> {
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .filter_map(std::result::Result::ok)
+            .filter_map(|e| {
+                let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+                let raw = std::fs::read(e.path().join("cmdline")).ok()?;
+                let words: Vec<_> = raw
+                    .split(|&b| b == 0)
+                    .filter(|w| !w.is_empty())
+                    .map(String::from_utf8_lossy)
+                    .collect();
+                if words.join(" ") != argv {
+                    return None;
+                }
+                let status = std::fs::read_to_string(e.path().join("status")).ok()?;
+                let uid = status
+                    .lines()
+                    .find_map(|l| l.strip_prefix("Uid:"))?
+                    .split_whitespace()
+                    .next()?
+                    .parse()
+                    .ok()?;
+                Some((pid, uid))
+            })
+            .collect()
+    }
+
+    /// A command that leaves a `setsid`'d and a double-forked sleep behind, then waits for ever.
+    fn escaping(n: u32) -> String {
+        format!(
+            "setsid sleep {n} & ( (sleep {} &) & ); sleep 1000{n}",
+            n + 1
+        )
+    }
+
+    /// Waits until both escapees of [`escaping`] run; returns the uid they run as.
+    async fn escaped(n: u32) -> u32 {
+        loop {
+            let a = running(&format!("sleep {n}"));
+            let b = running(&format!("sleep {}", n + 1));
+            if let (Some(a), Some(_)) = (a.first(), b.first()) {
+                return a.1;
+            }
+            tokio::task::yield_now().await;
+        }
+    }
+
+    fn assert_gone(n: u32) {
+        for argv in [format!("sleep {n}"), format!("sleep {}", n + 1)] {
+            let left = running(&argv);
+            assert!(left.is_empty(), "`{argv}` still runs: {left:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_contained_timeout_kills_what_left_the_group() {
+        let ledger_dir = tempfile::tempdir().unwrap();
+        let ledger = Ledger::open(ledger_dir.path()).unwrap();
+        let never = CancellationToken::new();
+        let run = Cmd::new("bash")
+            .args(["-c", &escaping(31311)])
+            .contained()
+            .ledger(ledger)
+            .timeout(Duration::from_secs(2))
+            .run(&never);
+        let (result, _) = tokio::join!(run, escaped(31311));
+        assert!(matches!(result, Err(Error::TimedOut { .. })), "{result:?}");
+        assert_gone(31311);
+        assert!(
+            std::fs::read_dir(ledger_dir.path())
+                .unwrap()
+                .next()
+                .is_none(),
+            "the record outlived the command"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_contained_cancel_kills_what_left_the_group() {
+        let cancel = CancellationToken::new();
+        let run = Cmd::new("bash")
+            .args(["-c", &escaping(31321)])
+            .contained()
+            .run(&cancel);
+        let canceller = async {
+            escaped(31321).await;
+            cancel.cancel();
+        };
+        let (result, ()) = tokio::join!(run, canceller);
+        assert!(matches!(result, Err(Error::Cancelled { .. })), "{result:?}");
+        assert_gone(31321);
+    }
+
+    #[tokio::test]
+    async fn a_contained_command_that_finishes_takes_its_leftovers_along() {
+        let done = Cmd::new("bash")
+            .args([
+                "-c",
+                "setsid sleep 31331 >/dev/null 2>&1 & sleep 31332 >/dev/null 2>&1 & \
+                 while [ ! -e /proc/$!/cmdline ]; do :; done; echo $$; echo done",
+            ])
+            .contained()
+            .run(&CancellationToken::new())
+            .await
+            .unwrap();
+        assert!(done.status.success());
+        // The command is its namespace's init.
+        assert_eq!(done.stdout.into_string(), "1\ndone\n");
+        assert_gone(31331);
+    }
+
+    #[tokio::test]
+    async fn an_unprivileged_user_gets_the_same_containment() {
+        let nobody = 65534;
+        let variant = if rustix::process::geteuid().is_root() {
+            contain::Variant::UserPidAs(nobody)
+        } else {
+            contain::Variant::UserPid
+        };
+        let never = CancellationToken::new();
+        let run = Cmd::new("bash")
+            .args(["-c", &escaping(31341)])
+            .cwd("/")
+            .timeout(Duration::from_secs(2))
+            .run_with(&never, Some(variant));
+        let (result, uid) = tokio::join!(run, escaped(31341));
+        assert!(matches!(result, Err(Error::TimedOut { .. })), "{result:?}");
+        if rustix::process::geteuid().is_root() {
+            assert_eq!(uid, nobody, "the command did not run unprivileged");
+        }
+        assert_gone(31341);
+    }
+
+    #[tokio::test]
+    async fn leftovers_of_a_crashed_process_are_killed_but_a_reused_pid_is_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = Ledger::open(dir.path()).unwrap();
+        // A tree whose parent "crashed": recorded, never cleaned up.
+        let mut leader = std::process::Command::new("bash")
+            .args(["-c", "sleep 31351 & sleep 31352 & wait"])
+            .spawn()
+            .unwrap();
+        let pid = i32::try_from(leader.id()).unwrap();
+        while running("sleep 31352").is_empty() || running("sleep 31351").is_empty() {
+            std::thread::yield_now();
+        }
+        std::mem::forget(ledger.record(pid, "bash -c …").unwrap().unwrap());
+        // A live process whose pid a record names, but with another start time.
+        let mut stranger = std::process::Command::new("sleep")
+            .arg("31353")
+            .spawn()
+            .unwrap();
+        let stranger_pid = stranger.id();
+        std::fs::write(
+            dir.path().join(format!("{stranger_pid}-1")),
+            format!("pid {stranger_pid}\nstart 1\ncommand sleep\n"),
+        )
+        .unwrap();
+
+        let leftovers = ledger.kill_leftovers().unwrap();
+        assert_eq!(leftovers.len(), 1, "{leftovers:?}");
+        assert_eq!(leftovers[0].pid, pid);
+        assert_eq!(leftovers[0].killed, 3);
+        leader.wait().unwrap();
+        assert_gone(31351);
+        assert!(!running("sleep 31353").is_empty(), "a stranger was killed");
+        assert!(std::fs::read_dir(dir.path()).unwrap().next().is_none());
+        stranger.kill().unwrap();
+        stranger.wait().unwrap();
     }
 
     fn process_alive(pid: i32) -> bool {

@@ -1,9 +1,13 @@
-//! `exec`: a shell command in the workspace, through the shared process helper (clean
-//! environment, own process group, timeout, cancellation kill the whole group).
+//! `exec`: a shell command in the workspace, through the shared process helper: a clean
+//! environment, and containment — the command runs as the init of a PID namespace of its own
+//! with a parent-death signal, so every process it starts, `setsid`'d or double-forked
+//! included, is killed at its timeout, on cancel, when it ends and when this process dies
+//! (`skiff_process::Cmd::contained`). With a [`Ledger`], each running command is recorded so
+//! the next gateway kills whatever a crash left behind.
 
 use super::{MAX_RESULT_BYTES, Workspace};
 use serde::Deserialize;
-use skiff_process::{Cmd, Error};
+use skiff_process::{Cmd, Error, Ledger};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
@@ -20,6 +24,7 @@ pub(super) struct ExecArgs {
 pub(super) async fn exec(
     ws: &Workspace,
     extra_env: &[(String, String)],
+    ledger: Option<&Ledger>,
     args: ExecArgs,
     cancel: &CancellationToken,
 ) -> Result<String, String> {
@@ -33,12 +38,16 @@ pub(super) async fn exec(
         .timeout(Duration::from_secs(timeout_s))
         .output_cap(MAX_RESULT_BYTES)
         .merge_stderr()
+        .contained()
         .env("TERM", "dumb")
         .env("PAGER", "cat")
         .env("GIT_PAGER", "cat")
         .env("GIT_TERMINAL_PROMPT", "0");
     for (k, v) in extra_env {
         cmd = cmd.env(k.clone(), v.clone());
+    }
+    if let Some(ledger) = ledger {
+        cmd = cmd.ledger(ledger.clone());
     }
     match cmd.run(cancel).await {
         Ok(done) => {

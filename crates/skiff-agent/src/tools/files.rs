@@ -1,12 +1,25 @@
-//! `read`, `write`, `edit` and `ls`.
+//! `read`, `write`, `edit` and `ls`. Every file is opened through [`fsio`], so a FIFO, socket
+//! or device is refused by name and never blocks a call, and reads are streamed and bounded.
 
-use super::{Workspace, cap};
+use super::fsio::{self, Lines};
+use super::{MAX_RESULT_BYTES, Workspace};
 use serde::Deserialize;
 use std::fmt::Write as _;
+use std::io::{Read, Write as _};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
+use tokio_util::sync::CancellationToken;
 
 const DEFAULT_READ_LINES: usize = 2000;
 const MAX_LINE_CHARS: usize = 2000;
+/// Bytes of a line kept before it is cut (a UTF-8 character is at most four).
+const MAX_LINE_BYTES: usize = MAX_LINE_CHARS * 4;
+/// The most a `read` returns; the rest of the range is left for another call.
+const MAX_READ_BYTES: usize = MAX_RESULT_BYTES - 4 * 1024;
+/// How far past the shown range `read` looks to say how many lines are left.
+const COUNT_SCAN_BYTES: u64 = 8 << 20;
+/// `edit` holds a file (twice) in memory and rewrites it whole; past this it refuses.
+pub(crate) const MAX_EDIT_BYTES: u64 = 8 << 20;
 const MAX_LS_ENTRIES: usize = 1000;
 
 #[derive(Deserialize)]
@@ -44,70 +57,156 @@ pub(super) struct LsArgs {
     path: Option<String>,
 }
 
-fn read_text(ws: &Workspace, user_path: &str, path: &Path) -> Result<String, String> {
-    let bytes = std::fs::read(path).map_err(|e| format!("cannot read {user_path}: {e}"))?;
-    if bytes.contains(&0) {
-        return Err(format!("{} is a binary file", ws.display(path)));
+/// Streams the lines `offset..offset + limit` (1-based) without loading the file: lines before
+/// the range are skipped as they are read, long lines are cut, and the output stops at
+/// [`MAX_READ_BYTES`], saying where to continue.
+pub(super) fn read(
+    ws: &Workspace,
+    args: ReadArgs,
+    cancel: &CancellationToken,
+) -> Result<String, String> {
+    let opened = fsio::open_regular(ws, &args.path, "read")?;
+    let name = ws.display(&opened.path);
+    let failed = |e: std::io::Error| format!("cannot read {}: {e}", args.path);
+    let mut lines = Lines::new(opened.file, cancel.clone());
+    if lines.looks_binary().map_err(failed)? {
+        return Err(format!("{name} is a binary file"));
     }
-    String::from_utf8(bytes).map_err(|_| format!("{} is not UTF-8 text", ws.display(path)))
-}
-
-pub(super) fn read(ws: &Workspace, args: ReadArgs) -> Result<String, String> {
-    let path = ws.resolve(&args.path)?;
-    if path.is_dir() {
-        return Err(format!("{} is a directory; use ls", args.path));
-    }
-    let text = read_text(ws, &args.path, &path)?;
     let offset = args.offset.unwrap_or(1).max(1);
     let limit = args.limit.unwrap_or(DEFAULT_READ_LINES).max(1);
-    let total = text.lines().count();
-    if total > 0 && offset > total {
-        return Err(format!(
-            "offset {offset} is past the end of {} ({total} lines)",
-            args.path
-        ));
+    let mut buf = Vec::new();
+    for skipped in 0..offset - 1 {
+        if lines.next_line(&mut buf, 0).map_err(failed)?.is_none() {
+            return Err(format!(
+                "offset {offset} is past the end of {} ({skipped} lines)",
+                args.path
+            ));
+        }
     }
     let mut out = String::new();
-    for (i, line) in text.lines().enumerate().skip(offset - 1).take(limit) {
-        let line = if line.chars().count() > MAX_LINE_CHARS {
+    let mut shown = 0;
+    let mut full = false;
+    while shown < limit {
+        let Some(len) = lines.next_line(&mut buf, MAX_LINE_BYTES).map_err(failed)? else {
+            break;
+        };
+        let text = String::from_utf8_lossy(&buf);
+        let text = text.strip_suffix('\r').unwrap_or(&text);
+        let line = if len > buf.len() || text.chars().count() > MAX_LINE_CHARS {
             format!(
                 "{}… [line cut]",
-                line.chars().take(MAX_LINE_CHARS).collect::<String>()
+                text.chars().take(MAX_LINE_CHARS).collect::<String>()
             )
         } else {
-            line.to_owned()
+            text.to_owned()
         };
-        let _ = writeln!(out, "{:>6}\t{line}", i + 1);
+        let rendered = format!("{:>6}\t{line}\n", offset + shown);
+        if out.len() + rendered.len() > MAX_READ_BYTES {
+            full = true;
+            break;
+        }
+        out.push_str(&rendered);
+        shown += 1;
     }
-    let shown_to = (offset - 1 + limit).min(total);
-    if shown_to < total {
+    if shown == 0 {
+        return if offset > 1 {
+            Err(format!(
+                "offset {offset} is past the end of {} ({} lines)",
+                args.path,
+                offset - 1
+            ))
+        } else {
+            Ok(format!("({name} is empty)"))
+        };
+    }
+    let next = offset + shown;
+    if full {
         let _ = write!(
             out,
-            "[… {} more lines; read with offset={} to continue]",
-            total - shown_to,
-            shown_to + 1
+            "[output cut at {} KiB; read with offset={next} to continue]",
+            MAX_READ_BYTES / 1024
         );
+    } else if shown == limit {
+        match lines.count_rest(COUNT_SCAN_BYTES).map_err(failed)? {
+            Some(0) => {}
+            Some(more) => {
+                let _ = write!(
+                    out,
+                    "[… {more} more lines; read with offset={next} to continue]"
+                );
+            }
+            None => {
+                let _ = write!(
+                    out,
+                    "[… more lines follow ({name} is {}); read with offset={next} to continue]",
+                    fsio::size(opened.meta.len())
+                );
+            }
+        }
     }
-    Ok(cap(out, "read a smaller range with offset and limit"))
+    Ok(out)
 }
 
 pub(super) fn write(ws: &Workspace, args: WriteArgs) -> Result<String, String> {
-    let path = ws.resolve(&args.path)?;
-    if path.is_dir() {
-        return Err(format!("{} is a directory", args.path));
+    let lexical = ws.resolve(&args.path)?;
+    let target = match std::fs::symlink_metadata(&lexical) {
+        Ok(meta) if meta.file_type().is_symlink() => {
+            // Write the file the link names (inside the workspace, as `resolve` checked).
+            let real = lexical
+                .canonicalize()
+                .map_err(|e| format!("cannot write {}: {e}", args.path))?;
+            ws.contain(&real, &args.path)?
+        }
+        _ => lexical,
+    };
+    if let Ok(meta) = std::fs::symlink_metadata(&target)
+        && !meta.is_file()
+    {
+        return Err(if meta.is_dir() {
+            format!("{} is a directory", args.path)
+        } else {
+            fsio::not_regular(&args.path, &meta, "write")
+        });
     }
-    write_atomic(&path, args.content.as_bytes())
+    write_atomic(&target, args.content.as_bytes())
         .map_err(|e| format!("cannot write {}: {e}", args.path))?;
     Ok(format!(
         "wrote {} bytes to {}",
         args.content.len(),
-        ws.display(&path)
+        ws.display(&target)
     ))
 }
 
 pub(super) fn edit(ws: &Workspace, args: EditArgs) -> Result<String, String> {
-    let path = ws.resolve(&args.path)?;
-    let text = read_text(ws, &args.path, &path)?;
+    let opened = fsio::open_regular(ws, &args.path, "edit")?;
+    let too_big = |bytes: u64| {
+        format!(
+            "{} is {}; edit rewrites the whole file and works on files up to {} MiB. Change a \
+             file this large with exec (sed, a script) instead",
+            args.path,
+            fsio::size(bytes),
+            MAX_EDIT_BYTES >> 20
+        )
+    };
+    if opened.meta.len() > MAX_EDIT_BYTES {
+        return Err(too_big(opened.meta.len()));
+    }
+    let mut bytes = Vec::new();
+    opened
+        .file
+        .take(MAX_EDIT_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("cannot read {}: {e}", args.path))?;
+    if bytes.len() as u64 > MAX_EDIT_BYTES {
+        // It grew while being read.
+        return Err(too_big(bytes.len() as u64));
+    }
+    let path = opened.path;
+    if bytes.contains(&0) {
+        return Err(format!("{} is a binary file", ws.display(&path)));
+    }
+    let text =
+        String::from_utf8(bytes).map_err(|_| format!("{} is not UTF-8 text", ws.display(&path)))?;
     if args.edits.is_empty() {
         return Err("edits is empty; give at least one {old_text, new_text}".to_owned());
     }
@@ -165,6 +264,21 @@ pub(super) fn edit(ws: &Workspace, args: EditArgs) -> Result<String, String> {
 pub(super) fn ls(ws: &Workspace, args: LsArgs) -> Result<String, String> {
     let user_path = args.path.unwrap_or_default();
     let dir = ws.resolve(&user_path)?;
+    let shown = if user_path.is_empty() {
+        "."
+    } else {
+        &user_path
+    };
+    // stat, not open: it follows a symlink (`resolve` checked where it goes) and never blocks.
+    let meta =
+        std::fs::metadata(&dir).map_err(|e| format!("cannot list {}: {e}", ws.display(&dir)))?;
+    if !meta.is_dir() {
+        return Err(if meta.is_file() {
+            format!("{shown} is a regular file, not a directory; use read")
+        } else {
+            format!("{shown} is {}, not a directory", fsio::kind(&meta))
+        });
+    }
     let reader =
         std::fs::read_dir(&dir).map_err(|e| format!("cannot list {}: {e}", ws.display(&dir)))?;
     let mut names: Vec<String> = reader
@@ -174,7 +288,13 @@ pub(super) fn ls(ws: &Workspace, args: LsArgs) -> Result<String, String> {
             match entry.file_type() {
                 Ok(t) if t.is_dir() => format!("{name}/"),
                 Ok(t) if t.is_symlink() => format!("{name}@"),
-                _ => name,
+                Ok(t) if t.is_file() => name,
+                // Named, so nobody tries to read one expecting text.
+                Ok(_) => match entry.metadata() {
+                    Ok(meta) => format!("{name} ({})", fsio::kind(&meta)),
+                    Err(_) => name,
+                },
+                Err(_) => name,
             }
         })
         .collect();
@@ -191,8 +311,10 @@ pub(super) fn ls(ws: &Workspace, args: LsArgs) -> Result<String, String> {
     Ok(out)
 }
 
-/// Writes through a temporary file and a rename, so a crash never leaves half a file. Keeps
-/// the permissions of a file it replaces (an edited script stays executable).
+/// Writes through a new temporary file and a rename, so a crash never leaves half a file. Keeps
+/// the permissions of a file it replaces (an edited script stays executable). The temporary
+/// file is created exclusively (`O_EXCL | O_NOFOLLOW`), so nothing planted at its name — a
+/// FIFO, a symlink — is ever opened.
 fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let parent = path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(parent)?;
@@ -200,10 +322,30 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let tmp = parent.join(format!(".{name}.skiff-tmp"));
-    std::fs::write(&tmp, bytes)?;
-    if let Ok(meta) = std::fs::metadata(path) {
-        std::fs::set_permissions(&tmp, meta.permissions())?;
+    let (tmp, mut file) = (0u32..1000)
+        .map(|n| parent.join(format!(".{name}.{}-{n}.skiff-tmp", std::process::id())))
+        .find_map(|tmp| {
+            match std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o666)
+                .custom_flags(libc::O_NOFOLLOW)
+                .open(&tmp)
+            {
+                Ok(file) => Some(Ok((tmp, file))),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => None,
+                Err(e) => Some(Err(e)),
+            }
+        })
+        .unwrap_or_else(|| Err(std::io::Error::other("no free temporary name")))?;
+    let written = file.write_all(bytes).and_then(|()| {
+        if let Ok(meta) = std::fs::metadata(path) {
+            file.set_permissions(meta.permissions())?;
+        }
+        std::fs::rename(&tmp, path)
+    });
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
     }
-    std::fs::rename(&tmp, path)
+    written
 }

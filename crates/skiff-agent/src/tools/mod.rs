@@ -1,9 +1,15 @@
 //! The tools the model can call. Each tool parses its JSON arguments into a typed struct
 //! (unknown or mistyped arguments are a tool error the model sees), and every file tool is
 //! contained to the workspace by [`paths::Workspace`].
+//!
+//! No call can hold a turn for ever: file tools refuse FIFOs, sockets and devices without
+//! blocking and read within bounds (`fsio`), run on the blocking pool, and are abandoned at once
+//! when the run is cancelled or after [`FILE_TOOL_TIMEOUT`]; `exec` kills everything its
+//! command started at its timeout, on cancel and when it ends.
 
 mod exec;
 mod files;
+mod fsio;
 mod paths;
 mod search;
 
@@ -11,12 +17,18 @@ pub use paths::Workspace;
 
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
+use skiff_process::Ledger;
 use skiff_protocol::model::{ToolCall, ToolSpec};
 use std::path::PathBuf;
+use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 /// The most text a single tool result may carry into the model context.
 pub const MAX_RESULT_BYTES: usize = 64 * 1024;
+
+/// How long a file tool may take before its call is given up on (its bounded work then ends
+/// on its own, its result unused).
+pub const FILE_TOOL_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// A tool's answer. Errors are answers too: the model reads them and can recover.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -46,6 +58,7 @@ impl ToolOutput {
 pub struct Tools {
     workspace: Workspace,
     exec_env: Vec<(String, String)>,
+    ledger: Option<Ledger>,
 }
 
 impl Tools {
@@ -54,7 +67,15 @@ impl Tools {
         Ok(Self {
             workspace: Workspace::new(root)?,
             exec_env,
+            ledger: None,
         })
+    }
+
+    /// Records every running `exec` command in `ledger`, so that a process started after a
+    /// crash of this one can kill what was left running ([`Ledger::kill_leftovers`]).
+    pub fn with_ledger(mut self, ledger: Ledger) -> Self {
+        self.ledger = Some(ledger);
+        self
     }
 
     pub fn workspace(&self) -> &Workspace {
@@ -71,15 +92,55 @@ impl Tools {
     pub async fn call(&self, call: &ToolCall, cancel: &CancellationToken) -> ToolOutput {
         let ws = self.workspace.clone();
         let args = &call.arguments;
-        let out = match call.name.as_str() {
-            "read" => blocking(parse(call, args), move |a| files::read(&ws, a)).await,
-            "write" => blocking(parse(call, args), move |a| files::write(&ws, a)).await,
-            "edit" => blocking(parse(call, args), move |a| files::edit(&ws, a)).await,
-            "ls" => blocking(parse(call, args), move |a| files::ls(&ws, a)).await,
-            "find" => blocking(parse(call, args), move |a| search::find(&ws, a)).await,
-            "grep" => blocking(parse(call, args), move |a| search::grep(&ws, a)).await,
+        let name = call.name.as_str();
+        let out = match name {
+            "read" => {
+                blocking(name, parse(call, args), cancel, move |a, c| {
+                    files::read(&ws, a, c)
+                })
+                .await
+            }
+            "write" => {
+                blocking(name, parse(call, args), cancel, move |a, _| {
+                    files::write(&ws, a)
+                })
+                .await
+            }
+            "edit" => {
+                blocking(name, parse(call, args), cancel, move |a, _| {
+                    files::edit(&ws, a)
+                })
+                .await
+            }
+            "ls" => {
+                blocking(name, parse(call, args), cancel, move |a, _| {
+                    files::ls(&ws, a)
+                })
+                .await
+            }
+            "find" => {
+                blocking(name, parse(call, args), cancel, move |a, c| {
+                    search::find(&ws, a, c)
+                })
+                .await
+            }
+            "grep" => {
+                blocking(name, parse(call, args), cancel, move |a, c| {
+                    search::grep(&ws, a, c)
+                })
+                .await
+            }
             "exec" => match parse(call, args) {
-                Ok(a) => exec::exec(&self.workspace, &self.exec_env, a, cancel).await,
+                Ok(a) => {
+                    exec::exec(
+                        &self.workspace,
+                        &self.exec_env,
+                        self.ledger.as_ref(),
+                        a,
+                        cancel,
+                    )
+                    .await
+                }
                 Err(e) => Err(e),
             },
             other => Err(format!(
@@ -104,14 +165,29 @@ fn parse<T: DeserializeOwned>(call: &ToolCall, args: &Value) -> Result<T, String
         .map_err(|e| format!("invalid arguments for `{}`: {e}", call.name))
 }
 
+/// Runs a file tool on the blocking pool, so that the run's cancellation (or the timeout)
+/// ends the call at once even if the tool is still working; `f` gets the token too, so its
+/// loops stop early.
 async fn blocking<A: Send + 'static>(
+    name: &str,
     args: Result<A, String>,
-    f: impl FnOnce(A) -> Result<String, String> + Send + 'static,
+    cancel: &CancellationToken,
+    f: impl FnOnce(A, &CancellationToken) -> Result<String, String> + Send + 'static,
 ) -> Result<String, String> {
     let args = args?;
-    tokio::task::spawn_blocking(move || f(args))
-        .await
-        .map_err(|e| format!("the tool crashed: {e}"))?
+    let token = cancel.child_token();
+    let for_tool = token.clone();
+    // Whatever ends this call also tells the tool to stop.
+    let _stop = token.drop_guard();
+    let task = tokio::task::spawn_blocking(move || f(args, &for_tool));
+    tokio::select! {
+        done = task => done.map_err(|e| format!("the tool crashed: {e}"))?,
+        () = cancel.cancelled() => Err(format!("{name} was cancelled")),
+        () = tokio::time::sleep(FILE_TOOL_TIMEOUT) => Err(format!(
+            "{name} did not finish within {} s and was abandoned",
+            FILE_TOOL_TIMEOUT.as_secs()
+        )),
+    }
 }
 
 /// The tool that runs on the gateway rather than next to the workspace (controlled egress).
@@ -170,7 +246,7 @@ fn specs() -> Vec<ToolSpec> {
     vec![
         spec(
             "read",
-            "Read a text file of the workspace. Returns numbered lines. Use offset (1-based line) and limit (number of lines) for large files.",
+            "Read a text file of the workspace. Returns numbered lines, at most about 60 KiB per call. Use offset (1-based line) and limit (number of lines) for large files.",
             json!({"type": "object", "additionalProperties": false, "required": ["path"], "properties": {
                 "path": {"type": "string", "description": "Path relative to the workspace root"},
                 "offset": {"type": "integer", "minimum": 1, "description": "First line to read (1-based)"},
@@ -230,11 +306,37 @@ fn specs() -> Vec<ToolSpec> {
         ),
         spec(
             "exec",
-            "Run a shell command with bash -lc in the workspace root. Returns the exit code and the combined output (long output is truncated in the middle). The whole process group is killed on timeout.",
+            "Run a shell command with bash -lc in the workspace root. Returns the exit code and the combined output (long output is truncated in the middle). Everything the command starts, background processes included, is killed when it ends, times out or is cancelled.",
             json!({"type": "object", "additionalProperties": false, "required": ["command"], "properties": {
                 "command": {"type": "string"},
                 "timeout_s": {"type": "integer", "minimum": 1, "maximum": 3600, "description": "Default 120"}
             }}),
         ),
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_file_tool_that_blocks_loses_to_cancel() {
+        let cancel = CancellationToken::new();
+        let (release, wait) = std::sync::mpsc::channel::<()>();
+        let (entered, on_entered) = tokio::sync::oneshot::channel();
+        let call = blocking("read", Ok(()), &cancel, move |(), tool_cancel| {
+            let _ = entered.send(());
+            // Stuck, as an open of a FIFO would be, until the test lets go.
+            let _ = wait.recv();
+            assert!(tool_cancel.is_cancelled(), "the tool was not told to stop");
+            Ok("finished".to_owned())
+        });
+        let canceller = async {
+            on_entered.await.unwrap();
+            cancel.cancel();
+        };
+        let (out, ()) = tokio::join!(call, canceller);
+        assert_eq!(out, Err("read was cancelled".to_owned()));
+        release.send(()).unwrap();
+    }
 }

@@ -51,6 +51,18 @@ impl Workspace {
         Ok(full)
     }
 
+    /// `real` (a canonical path) when it is inside the workspace.
+    pub(crate) fn contain(&self, real: &Path, user_path: &str) -> Result<PathBuf, String> {
+        if real.starts_with(&self.root) {
+            Ok(real.to_path_buf())
+        } else {
+            Err(format!(
+                "{user_path} resolves through a symlink to {}, outside the workspace",
+                real.display()
+            ))
+        }
+    }
+
     /// The path relative to the root, for display.
     pub fn display(&self, path: &Path) -> String {
         let rel = path.strip_prefix(&self.root).unwrap_or(path);

@@ -8,5 +8,7 @@
     reason = "test helpers fail loudly; clippy.toml only covers #[test] functions"
 )]
 
+mod procs;
+mod special_files;
 mod tools;
 mod turn;

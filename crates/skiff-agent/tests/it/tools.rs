@@ -1,9 +1,10 @@
+use crate::procs::{assert_gone, started};
 use serde_json::json;
 use skiff_agent::tools::{ToolOutput, Tools};
 use skiff_protocol::model::ToolCall;
 use tokio_util::sync::CancellationToken;
 
-fn workspace() -> (tempfile::TempDir, Tools) {
+pub(crate) fn workspace() -> (tempfile::TempDir, Tools) {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("a.txt"), "one\ntwo\nthree\n").unwrap();
     std::fs::create_dir(dir.path().join("src")).unwrap();
@@ -25,7 +26,7 @@ pub(crate) fn hermetic_home(dir: &std::path::Path) -> Vec<(String, String)> {
     vec![("HOME".to_owned(), dir.display().to_string())]
 }
 
-async fn call(tools: &Tools, name: &str, args: serde_json::Value) -> ToolOutput {
+pub(crate) async fn call(tools: &Tools, name: &str, args: serde_json::Value) -> ToolOutput {
     let call = ToolCall {
         id: "c1".into(),
         name: name.into(),
@@ -239,23 +240,59 @@ async fn exec_sees_no_secrets_of_the_gateway() {
 }
 
 #[tokio::test]
-async fn exec_timeout_kills_the_process_group() {
-    let (dir, tools) = workspace();
-    let out = call(
+async fn exec_timeout_kills_everything_the_command_started() {
+    let (_d, tools) = workspace();
+    let escapees = ["sleep 31401", "sleep 31402"];
+    let call = call(
         &tools,
         "exec",
-        json!({"command": "sleep 60 & echo $! > bg.pid; wait", "timeout_s": 1}),
-    )
-    .await;
+        json!({"command": "setsid sleep 31401 & ( (sleep 31402 &) & ); sleep 1000", "timeout_s": 2}),
+    );
+    let (out, ()) = tokio::join!(call, started(&escapees));
     assert!(
-        out.is_error && out.content.contains("timed out after 1 s"),
+        out.is_error && out.content.contains("timed out after 2 s"),
         "{}",
         out.content
     );
-    let pid = std::fs::read_to_string(dir.path().join("bg.pid")).unwrap();
-    let stat = std::fs::read_to_string(format!("/proc/{}/stat", pid.trim()));
+    assert_gone(&escapees);
+}
+
+#[tokio::test]
+async fn exec_cancel_kills_everything_the_command_started() {
+    let (_d, tools) = workspace();
+    let escapees = ["sleep 31411", "sleep 31412"];
+    let cancel = CancellationToken::new();
+    let exec = ToolCall {
+        id: "c1".into(),
+        name: "exec".into(),
+        arguments: json!({"command": "setsid sleep 31411 & ( (sleep 31412 &) & ); sleep 1000"}),
+    };
+    let call = tools.call(&exec, &cancel);
+    let canceller = async {
+        started(&escapees).await;
+        cancel.cancel();
+    };
+    let (out, ()) = tokio::join!(call, canceller);
     assert!(
-        stat.map(|s| s.contains(") Z ")).unwrap_or(true),
-        "background sleep survived the timeout"
+        out.is_error && out.content.contains("cancelled"),
+        "{}",
+        out.content
     );
+    assert_gone(&escapees);
+}
+
+#[tokio::test]
+async fn exec_leaves_nothing_running_when_it_ends() {
+    let (_d, tools) = workspace();
+    let out = call(
+        &tools,
+        "exec",
+        // The command sees the host's /proc: it waits until its detached sleep runs.
+        json!({"command": "setsid sleep 31421 >/dev/null 2>&1 & \
+                           until pgrep -xf 'sleep 31421' >/dev/null; do :; done; echo started"}),
+    )
+    .await;
+    assert!(!out.is_error, "{}", out.content);
+    assert!(out.content.contains("started"), "{}", out.content);
+    assert_gone(&["sleep 31421"]);
 }

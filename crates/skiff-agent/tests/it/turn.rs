@@ -1,3 +1,4 @@
+use crate::procs::{assert_gone, started};
 use futures_util::stream::{self, BoxStream, StreamExt};
 use serde_json::json;
 use skiff_agent::tools::Tools;
@@ -231,22 +232,15 @@ async fn a_model_error_fails_the_turn_with_a_notice() {
 }
 
 #[tokio::test]
-async fn cancelling_during_a_tool_kills_it_and_keeps_the_transcript_well_formed() {
+async fn cancelling_a_never_ending_command_ends_the_turn_and_kills_all_it_started() {
     let dir = tempfile::tempdir().unwrap();
-    let fifo = dir.path().join("started");
-    assert!(
-        std::process::Command::new("mkfifo")
-            .arg(&fifo)
-            .status()
-            .unwrap()
-            .success()
-    );
     let tools = Tools::new(
         dir.path().to_path_buf(),
         crate::tools::hermetic_home(dir.path()),
     )
     .unwrap();
-    let command = format!("echo $$ > {}; sleep 30", fifo.display());
+    let escapees = ["sleep 31431", "sleep 31432"];
+    let command = "setsid sleep 31431 & ( (sleep 31432 &) & ); while :; do sleep 1; done";
     let model = Scripted(vec![tool_turn(&[
         ("exec", json!({"command": command})),
         ("ls", json!({})),
@@ -254,22 +248,13 @@ async fn cancelling_during_a_tool_kills_it_and_keeps_the_transcript_well_formed(
     let memory = backend_with_prompt();
     let cancel = CancellationToken::new();
     let config = config();
-    let (outcome, pid) = tokio::join!(run_turn(&model, &memory, &tools, &config, &cancel), async {
-        // Cancel once the command itself runs (its shell has finished starting up), so the
-        // kill lands on the command and not on a half-read login profile.
-        let fifo = fifo.clone();
-        let pid = tokio::task::spawn_blocking(move || std::fs::read_to_string(fifo).unwrap())
-            .await
-            .unwrap();
+    let (outcome, ()) = tokio::join!(run_turn(&model, &memory, &tools, &config, &cancel), async {
+        // Cancel once the command runs with everything it started.
+        started(&escapees).await;
         cancel.cancel();
-        pid
     });
     assert_eq!(outcome, TurnOutcome::Cancelled);
-    let stat = std::fs::read_to_string(format!("/proc/{}/stat", pid.trim()));
-    assert!(
-        stat.map(|s| s.contains(") Z ")).unwrap_or(true),
-        "the command survived the cancel"
-    );
+    assert_gone(&escapees);
     // Every tool call has a result (the second one was not run), then the notice.
     assert_eq!(
         kinds(&memory),
@@ -281,6 +266,45 @@ async fn cancelling_during_a_tool_kills_it_and_keeps_the_transcript_well_formed(
             "notice"
         ]
     );
+}
+
+#[tokio::test]
+async fn reading_a_fifo_does_not_wedge_the_turn() {
+    let dir = tempfile::tempdir().unwrap();
+    assert!(
+        std::process::Command::new("mkfifo")
+            .arg(dir.path().join("pipe"))
+            .status()
+            .unwrap()
+            .success()
+    );
+    let tools = Tools::new(dir.path().to_path_buf(), Vec::new()).unwrap();
+    let model = Scripted(vec![
+        tool_turn(&[("read", json!({"path": "pipe"}))]),
+        final_turn("it is a pipe"),
+    ]);
+    let memory = backend_with_prompt();
+    let outcome = run_turn(
+        &model,
+        &memory,
+        &tools,
+        &config(),
+        &CancellationToken::new(),
+    )
+    .await;
+    assert_eq!(outcome, TurnOutcome::Completed);
+    let entries = memory.entries.lock().unwrap();
+    let result = entries
+        .iter()
+        .find_map(|e| match &e.body {
+            EntryBody::ToolResult {
+                content, is_error, ..
+            } => Some((content.clone(), *is_error)),
+            _ => None,
+        })
+        .unwrap();
+    assert!(result.1, "{}", result.0);
+    assert!(result.0.contains("pipe is a FIFO"), "{}", result.0);
 }
 
 #[tokio::test]

@@ -163,7 +163,7 @@ fn the_gateway_keeps_its_secrets_private_and_out_of_the_audit_log() {
 #[test]
 fn a_run_active_when_the_gateway_dies_is_orphaned_on_restart() {
     let fifo_dir = tempfile::tempdir().unwrap();
-    let fifo = fifo_dir.path().join("pid");
+    let fifo = fifo_dir.path().join("started");
     assert!(
         std::process::Command::new("mkfifo")
             .arg(&fifo)
@@ -172,7 +172,7 @@ fn a_run_active_when_the_gateway_dies_is_orphaned_on_restart() {
             .success()
     );
     let script = format!(
-        "[[turns]]\ntext = \"Waiting.\"\n[[turns.tool_calls]]\nname = \"exec\"\narguments = {{ command = \"sleep 300 & echo $! > {}; wait\" }}\n\n[[turns]]\ntext = \"Back.\"\n",
+        "[[turns]]\ntext = \"Waiting.\"\n[[turns.tool_calls]]\nname = \"exec\"\narguments = {{ command = \"echo started > {}; sleep 300\" }}\n\n[[turns]]\ntext = \"Back.\"\n",
         fifo.display()
     );
     let mut gw = Gateway::start(&script);
@@ -189,15 +189,14 @@ fn a_run_active_when_the_gateway_dies_is_orphaned_on_restart() {
         "wait",
     ]);
     let id = started["session"]["id"].as_str().unwrap().to_owned();
-    let mut pid = String::new();
+    // The command runs once it says so.
+    let mut started = String::new();
     std::fs::File::open(&fifo)
         .unwrap()
-        .read_to_string(&mut pid)
+        .read_to_string(&mut started)
         .unwrap();
 
     gw.crash_and_restart();
-    // The crashed gateway's tool process is not ours to keep.
-    let _ = std::process::Command::new("kill").arg(pid.trim()).status();
 
     let detail = gw.json(&["session", "show", &id, "--json"]);
     assert_eq!(detail["runs"][0]["status"], "orphaned");

@@ -194,6 +194,20 @@ impl Drop for Gateway {
     }
 }
 
+/// Live processes whose command line contains `needle`, as "pid: command line".
+pub fn processes_containing(needle: &str) -> Vec<String> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(Result::ok)
+        .filter_map(|e| {
+            let pid: u32 = e.file_name().to_str()?.parse().ok()?;
+            let raw = std::fs::read(e.path().join("cmdline")).ok()?;
+            let line = String::from_utf8_lossy(&raw).replace('\0', " ");
+            line.contains(needle).then(|| format!("{pid}: {line}"))
+        })
+        .collect()
+}
+
 pub fn stdout(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }

@@ -1,4 +1,4 @@
-use crate::harness::{Gateway, git, stderr, stdout};
+use crate::harness::{Gateway, git, processes_containing, stderr, stdout};
 use skiff_test_support::TempGitRepo;
 use std::io::{BufRead, BufReader, Read};
 use std::process::Stdio;
@@ -130,14 +130,14 @@ fn a_session_commits_on_its_own_branch_and_leaves_the_checkout_alone() {
 #[test]
 fn cancel_stops_a_running_command_and_ends_the_run_cancelled() {
     let fifo_dir = tempfile::tempdir().unwrap();
-    let fifo = fifo_dir.path().join("pid");
+    let fifo = fifo_dir.path().join("started");
     let made = std::process::Command::new("mkfifo")
         .arg(&fifo)
         .status()
         .unwrap();
     assert!(made.success());
     let script = format!(
-        "[[turns]]\ntext = \"Running a long command.\"\n[[turns.tool_calls]]\nname = \"exec\"\narguments = {{ command = \"sleep 300 & echo $! > {}; wait\" }}\n",
+        "[[turns]]\ntext = \"Running a long command.\"\n[[turns.tool_calls]]\nname = \"exec\"\narguments = {{ command = \"sleep 31451 & echo started > {}; wait\" }}\n",
         fifo.display()
     );
     let gw = Gateway::start(&script);
@@ -162,14 +162,13 @@ fn cancel_stops_a_running_command_and_ends_the_run_cancelled() {
         .spawn()
         .unwrap();
 
-    // The command has started once it tells us its child's pid.
-    let mut pid = String::new();
+    // The command has started once it says so.
+    let mut started = String::new();
     std::fs::File::open(&fifo)
         .unwrap()
-        .read_to_string(&mut pid)
+        .read_to_string(&mut started)
         .unwrap();
-    let pid = pid.trim().to_owned();
-    assert!(std::path::Path::new(&format!("/proc/{pid}")).exists());
+    assert!(!processes_containing("sleep 31451").is_empty());
 
     let out = gw.run(&["session", "cancel", &id]);
     assert!(out.status.success(), "{}", stderr(&out));
@@ -188,11 +187,8 @@ fn cancel_stops_a_running_command_and_ends_the_run_cancelled() {
     assert_eq!(last["type"], "run_status");
     assert_eq!(last["status"], "cancelled");
 
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"));
-    assert!(
-        stat.map(|s| s.contains(") Z ")).unwrap_or(true),
-        "the sleep survived the cancel"
-    );
+    let left = processes_containing("sleep 31451");
+    assert!(left.is_empty(), "the sleep survived the cancel: {left:?}");
 
     let detail = gw.json(&["session", "show", &id, "--json"]);
     assert_eq!(detail["runs"][0]["status"], "cancelled");
@@ -312,6 +308,59 @@ fn sessions_created_at_once_on_one_repository_all_get_their_worktree() {
     }
     let branches = git(repo.path(), &["branch", "--list", "skiff/*"]);
     assert_eq!(branches.lines().count(), 8, "{branches}");
+}
+
+#[test]
+fn tool_processes_of_a_local_session_die_with_a_crashed_gateway() {
+    let fifo_dir = tempfile::tempdir().unwrap();
+    let fifo = fifo_dir.path().join("started");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    // A detached writer into the worktree, then a long wait.
+    let writer = "skiff-e2e-writer-31461";
+    let script = format!(
+        "[[turns]]\ntext = \"Starting a writer.\"\n[[turns.tool_calls]]\nname = \"exec\"\narguments = {{ command = \"setsid bash -c 'while :; do date >> bg.log; sleep 0.1; done' {writer} & echo started > {}; sleep 31462\" }}\n",
+        fifo.display()
+    );
+    let mut gw = Gateway::start(&script);
+    let repo = TempGitRepo::new(&[("a.txt", "a\n")]);
+    gw.json(&[
+        "session",
+        "new",
+        "--detach",
+        "--json",
+        "--workspace",
+        repo.path().to_str().unwrap(),
+        "--model",
+        "fake/writer",
+        "write in the background",
+    ]);
+    let mut started = String::new();
+    std::fs::File::open(&fifo)
+        .unwrap()
+        .read_to_string(&mut started)
+        .unwrap();
+    assert!(
+        !processes_containing(writer).is_empty(),
+        "the writer never ran"
+    );
+    let records = std::fs::read_dir(gw.state_dir.join("procs"))
+        .unwrap()
+        .count();
+    assert_eq!(records, 1, "the running command is not recorded");
+
+    gw.crash_and_restart();
+    // The new gateway has printed "listening": nothing of the old one's command is left.
+    let left = processes_containing(writer);
+    assert!(left.is_empty(), "survived the gateway: {left:?}");
+    assert!(processes_containing("sleep 31462").is_empty());
+    let records = std::fs::read_dir(gw.state_dir.join("procs"))
+        .unwrap()
+        .count();
+    assert_eq!(records, 0, "the record was not cleared");
 }
 
 #[test]

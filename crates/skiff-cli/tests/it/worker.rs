@@ -757,3 +757,98 @@ fn twenty_requests_at_once_never_exceed_the_worker_limit() {
     let branches = git(repo.path(), &["branch", "--list", "skiff/*"]);
     assert_eq!(branches.lines().count(), 2, "{branches}");
 }
+
+#[test]
+fn what_reconciliation_refuses_is_quarantined_and_the_rest_adopted() {
+    let rig = Rig::start(
+        vec![
+            tool_reply(
+                "call_1",
+                "exec",
+                r#"{"command":"ln -s /etc/passwd leak && echo fine > ok.txt && git add -A && git commit -q -m 'box: work'"}"#,
+            ),
+            text_reply(&["done"]),
+            text_reply(&["next ", "turn"]),
+        ],
+        "",
+    );
+    let repo = TempGitRepo::new(&[("README.md", "a repo\n")]);
+    let (out, id) = new_worker_session(&rig, repo.path(), "link something");
+    // The turn succeeds: only the refused path is held back.
+    assert!(out.status.success(), "{}", stderr(&out));
+    let detail = rig.gw.json(&["session", "show", "--json", &id]);
+    let worktree =
+        std::path::PathBuf::from(detail["session"]["workspace"]["path"].as_str().unwrap());
+    assert_eq!(
+        std::fs::read_to_string(worktree.join("ok.txt")).unwrap(),
+        "fine\n"
+    );
+    assert!(
+        std::fs::symlink_metadata(worktree.join("leak")).is_err(),
+        "the escaping symlink was written"
+    );
+    let notice = detail["transcript"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .rev()
+        .find(|e| e["body"]["kind"] == "notice")
+        .map(|e| e["body"]["text"].as_str().unwrap().to_owned())
+        .unwrap();
+    assert!(
+        notice.contains("`leak`") && notice.contains("skiff session quarantine"),
+        "{notice}"
+    );
+
+    let list = rig.gw.json(&["session", "quarantine", &id, "--json"]);
+    let q = &list["quarantines"][0];
+    let paths: Vec<&str> = q["paths"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["path"].as_str().unwrap())
+        .collect();
+    assert!(
+        paths.contains(&"leak") && paths.contains(&"(commits)"),
+        "{paths:?}"
+    );
+    let bundle = q["bundle"].as_str().unwrap();
+    assert!(
+        std::path::Path::new(bundle).is_file(),
+        "the box's commits are kept"
+    );
+    // The box is back in step with what was adopted.
+    let box_ws = rig
+        .root
+        .path()
+        .join(&rig.root.boxes()[0])
+        .join("home/workspaces")
+        .join(&id);
+    assert!(std::fs::symlink_metadata(box_ws.join("leak")).is_err());
+
+    // An operator takes it anyway: written here and on the box, and the next turn runs clean.
+    let out = rig.session(&["quarantine", "accept", &id, "leak"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        std::fs::read_link(worktree.join("leak")).unwrap(),
+        std::path::Path::new("/etc/passwd")
+    );
+    assert_eq!(
+        std::fs::read_link(box_ws.join("leak")).unwrap(),
+        std::path::Path::new("/etc/passwd")
+    );
+    let out = rig.session(&["send", "--json", &id, "go on"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = rig.session(&["quarantine", "discard", &id]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let list = rig.gw.json(&["session", "quarantine", &id, "--json"]);
+    assert!(list["quarantines"].as_array().unwrap().is_empty(), "{list}");
+    // A path that can never be accepted is refused with its reason.
+    let out = rig.session(&["quarantine", "accept", &id, "../x"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("can never be accepted"),
+        "{}",
+        stderr(&out)
+    );
+}
