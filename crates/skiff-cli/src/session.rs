@@ -192,6 +192,9 @@ pub async fn run(cmd: SessionCommand, state_dir: &Path) -> Result<ExitCode> {
                 )?,
                 None => outln!("placement  {}", s.placement)?,
             }
+            if let Some(left_out) = s.worker.as_ref().and_then(|w| w.left_out.as_ref()) {
+                outln!("sync       {left_out}")?;
+            }
             outln!("model      {}", s.model.label)?;
             match &s.workspace {
                 skiff_protocol::api::WorkspaceView::Git {

@@ -84,6 +84,7 @@ impl Core {
                 environment_id: p.environment_id,
                 owner_epoch: p.owner_epoch,
                 error: p.error,
+                left_out: p.left_out,
             }
         });
         Ok(SessionView {

@@ -182,6 +182,9 @@ pub struct WorkerPlacementView {
     /// Why the placement failed or was reclaimed.
     #[serde(default)]
     pub error: Option<String>,
+    /// What sync left behind when it laid the workspace onto the box, by folder and rule.
+    #[serde(default)]
+    pub left_out: Option<String>,
 }
 
 /// `POST /v1/sessions` and `POST /v1/sessions/{id}/messages` answer with the session and the

@@ -210,6 +210,10 @@ CREATE TABLE ui_revoked_cookies (
     revoked_at_ms INTEGER NOT NULL
 );
 "#,
+    r#"
+-- What the rules left behind when the workspace was laid onto the box (for people to read).
+ALTER TABLE placements ADD COLUMN left_out TEXT;
+"#,
 ];
 
 pub(crate) fn migrate(conn: &mut Connection) -> Result<()> {

@@ -30,10 +30,12 @@ pub struct PlacementRow {
     pub worker_pid: Option<i64>,
     pub error: Option<String>,
     pub updated_at_ms: i64,
+    /// What sync left behind at the last lay-down ("left out: target/ by …").
+    pub left_out: Option<String>,
 }
 
 const COLUMNS: &str = "session_id, owner_id, tenant_id, state, profile, generation, environment_id, \
-    owner_epoch, base_manifest, bundle_hash, worker_pid, error, updated_at_ms";
+    owner_epoch, base_manifest, bundle_hash, worker_pid, error, updated_at_ms, left_out";
 
 fn parse_state(s: &str) -> rusqlite::Result<PlacementState> {
     PlacementState::parse(s).ok_or_else(|| {
@@ -60,6 +62,7 @@ fn from_row(row: &Row<'_>) -> rusqlite::Result<PlacementRow> {
         worker_pid: row.get(10)?,
         error: row.get(11)?,
         updated_at_ms: row.get(12)?,
+        left_out: row.get(13)?,
     })
 }
 
@@ -116,6 +119,7 @@ pub struct PlacementChange<'a> {
     pub worker_pid: Option<i64>,
     /// Replaces the recorded error (`None` clears it).
     pub error: Option<&'a str>,
+    pub left_out: Option<&'a str>,
 }
 
 /// `request_placement` inside the caller's immediate transaction.
@@ -264,7 +268,8 @@ impl Store {
                  base_manifest = COALESCE(?4, base_manifest), \
                  bundle_hash = COALESCE(?5, bundle_hash), \
                  worker_pid = COALESCE(?6, worker_pid), \
-                 error = ?7, updated_at_ms = ?8 WHERE session_id = ?9",
+                 error = ?7, updated_at_ms = ?8, left_out = COALESCE(?10, left_out) \
+                 WHERE session_id = ?9",
                 params![
                     to.as_str(),
                     change.environment_id.map(EnvironmentId::as_str),
@@ -274,7 +279,8 @@ impl Store {
                     change.worker_pid,
                     change.error,
                     now,
-                    session.as_str()
+                    session.as_str(),
+                    change.left_out
                 ],
             )?;
             tx.execute(

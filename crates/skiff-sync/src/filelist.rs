@@ -56,6 +56,69 @@ pub struct ListedFile {
 pub struct FileList {
     pub files: Vec<ListedFile>,
     pub total_bytes: u64,
+    /// What the rules left out: nothing is excluded silently.
+    pub left_out: LeftOut,
+}
+
+/// What a listing left out, by folder and the rule that matched, for people to read.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LeftOut {
+    /// (folder or file, rule) → how many files (0: a whole folder the walk did not enter).
+    pub by_rule: BTreeMap<(String, String), usize>,
+    /// Submodules: their contents belong to another repository and never sync.
+    pub submodules: Vec<String>,
+}
+
+impl LeftOut {
+    fn add(&mut self, rules: &Rules, path: &str, is_dir: bool) {
+        // Name the outermost folder the rule matched, not every file under it.
+        let parts: Vec<&str> = path.split('/').collect();
+        let mut at = (path.to_owned(), is_dir);
+        for i in 1..parts.len() {
+            let prefix = parts[..i].join("/");
+            if rules.excluded(&prefix, true) {
+                at = (prefix, true);
+                break;
+            }
+        }
+        let rule = rules
+            .excluding_rule(&at.0, at.1)
+            .unwrap_or_else(|| "a rule".into());
+        let name = if at.1 { format!("{}/", at.0) } else { at.0 };
+        let count = self.by_rule.entry((name, rule)).or_default();
+        if !is_dir {
+            *count += 1;
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_rule.is_empty() && self.submodules.is_empty()
+    }
+
+    /// One line: the largest groups first, at most five, then how many more.
+    pub fn summary(&self) -> Option<String> {
+        if self.is_empty() {
+            return None;
+        }
+        let mut groups: Vec<(&(String, String), &usize)> = self.by_rule.iter().collect();
+        groups.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+        let mut parts: Vec<String> = groups
+            .iter()
+            .take(5)
+            .map(|((what, rule), n)| match (what.ends_with('/'), n) {
+                (true, 1) => format!("{what} (1 file) by {rule}"),
+                (true, n) if **n > 1 => format!("{what} ({n} files) by {rule}"),
+                _ => format!("{what} by {rule}"),
+            })
+            .collect();
+        if groups.len() > 5 {
+            parts.push(format!("and {} more", groups.len() - 5));
+        }
+        for sub in &self.submodules {
+            parts.push(format!("submodule {sub} (another repository)"));
+        }
+        Some(format!("left out: {}", parts.join("; ")))
+    }
 }
 
 impl FileList {
@@ -72,18 +135,27 @@ pub async fn list(
     limits: &Limits,
     cancel: &CancellationToken,
 ) -> Result<FileList> {
+    let mut left_out = LeftOut::default();
     let candidates = match mode {
         Mode::Git => git_candidates(root, cancel).await?,
-        Mode::Plain => plain_candidates(root, rules)?,
+        Mode::Plain => plain_candidates(root, rules, &mut left_out)?,
     };
     let mut files = BTreeMap::new();
     for path in candidates {
         if rules.excluded(&path, false) {
+            left_out.add(rules, &path, false);
             continue;
         }
         let full = join(root, &path);
         let meta = match std::fs::symlink_metadata(&full) {
             Ok(meta) => meta,
+            // git printed a name that is not UTF-8 (it reached us with replacement characters,
+            // so no such path exists): refused by name, before anything moves.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && path.contains('\u{FFFD}') => {
+                return Err(Error::NotUtf8 {
+                    path: full.display().to_string(),
+                });
+            }
             // Deleted but still tracked: the deletion is the change.
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
             Err(e) => return Err(io_err(&full)(e)),
@@ -91,6 +163,10 @@ pub async fn list(
         let ft = meta.file_type();
         let symlink = ft.is_symlink();
         if ft.is_dir() {
+            // A tracked directory is a gitlink: a submodule.
+            if mode == Mode::Git {
+                left_out.submodules.push(path);
+            }
             continue;
         }
         if !ft.is_file() && !symlink {
@@ -110,7 +186,11 @@ pub async fn list(
     }
     let files: Vec<ListedFile> = files.into_values().collect();
     let total_bytes = files.iter().map(|f| f.size).sum();
-    let list = FileList { files, total_bytes };
+    let list = FileList {
+        files,
+        total_bytes,
+        left_out,
+    };
     check_limits(root, &list, limits)?;
     Ok(list)
 }
@@ -213,9 +293,12 @@ async fn git_candidates(root: &Path, cancel: &CancellationToken) -> Result<Vec<S
     Ok(split_z(&out).map(str::to_owned).collect())
 }
 
-fn plain_candidates(root: &Path, rules: &Rules) -> Result<Vec<String>> {
+fn plain_candidates(root: &Path, rules: &Rules, left_out: &mut LeftOut) -> Result<Vec<String>> {
     let base = root.to_path_buf();
     let filter_rules = rules.clone();
+    // Folders the walk does not enter, for the report (the filter runs on the walk's thread).
+    let pruned = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let pruned_in = pruned.clone();
     let walker = ignore::WalkBuilder::new(root)
         .hidden(false)
         .parents(false)
@@ -232,7 +315,12 @@ fn plain_candidates(root: &Path, rules: &Rules) -> Result<Vec<String>> {
             if rel.is_empty() || !entry.file_type().is_some_and(|t| t.is_dir()) {
                 return true;
             }
-            !filter_rules.excluded(&rel, true) || filter_rules.may_reinclude_below(&rel)
+            let enter =
+                !filter_rules.excluded(&rel, true) || filter_rules.may_reinclude_below(&rel);
+            if !enter && let Ok(mut p) = pruned_in.lock() {
+                p.push(rel);
+            }
+            enter
         })
         .build();
     let mut out = Vec::new();
@@ -244,11 +332,19 @@ fn plain_candidates(root: &Path, rules: &Rules) -> Result<Vec<String>> {
         if entry.file_type().is_some_and(|t| t.is_dir()) {
             continue;
         }
-        if let Some(rel) = relative(root, entry.path())
-            && !rel.is_empty()
-        {
-            out.push(rel);
+        match relative(root, entry.path()) {
+            Some(rel) if !rel.is_empty() => out.push(rel),
+            Some(_) => {}
+            None => {
+                return Err(Error::NotUtf8 {
+                    path: entry.path().display().to_string(),
+                });
+            }
         }
+    }
+    let pruned = pruned.lock().map(|p| p.clone()).unwrap_or_default();
+    for dir in pruned {
+        left_out.add(rules, &dir, true);
     }
     Ok(out)
 }

@@ -85,6 +85,10 @@ pub enum Error {
         "{path} is a {kind}; only regular files and symlinks are synced. Remove it or exclude it in .skiffignore"
     )]
     Special { path: String, kind: &'static str },
+    #[error(
+        "{path}: the file name is not valid UTF-8, and only UTF-8 names sync; rename it, or exclude its folder in .skiffignore. Nothing was synced"
+    )]
+    NotUtf8 { path: String },
     #[error("refusing {path}: {reason}; nothing was written")]
     Unsafe { path: String, reason: String },
     #[error(

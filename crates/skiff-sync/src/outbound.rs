@@ -46,6 +46,8 @@ pub struct Dispatched {
     pub method: Method,
     pub files: usize,
     pub bytes: u64,
+    /// What the rules left behind (said to the user, never silent).
+    pub left_out: filelist::LeftOut,
 }
 
 /// Lays `out.local` onto `remote` and returns the base manifest.
@@ -104,6 +106,7 @@ pub async fn push(
         method,
         files: list.files.len(),
         bytes: list.total_bytes,
+        left_out: list.left_out,
     })
 }
 

@@ -49,6 +49,8 @@ struct Rule {
     /// A built-in build-output rule matches a directory only when one of these files sits
     /// beside it (checked under the workspace root; without a root, always).
     beside: &'static [&'static str],
+    /// The line as written, for telling people which rule left a path out.
+    text: String,
 }
 
 impl Rule {
@@ -82,6 +84,7 @@ impl Rule {
             dir_only,
             glob,
             beside: &[],
+            text: line.to_owned(),
         }))
     }
 
@@ -195,6 +198,28 @@ impl Rules {
         }
         self.last_match(path, is_dir)
             .is_some_and(|i| !self.rules[i].negated)
+    }
+
+    /// The rule that leaves `path` out, as people read it (`target/ (beside Cargo.toml)`,
+    /// `*.log (.skiffignore)`), or `None` when the path syncs.
+    pub fn excluding_rule(&self, path: &str, is_dir: bool) -> Option<String> {
+        if path.split('/').any(|p| p == ".git") {
+            return Some(".git (git internals never sync)".into());
+        }
+        let i = self.last_match(path, is_dir)?;
+        let rule = &self.rules[i];
+        if rule.negated {
+            return None;
+        }
+        let origin = if i < BUILTIN.len() {
+            match rule.beside {
+                [] => "built in".to_owned(),
+                markers => format!("built in, beside {}", markers.join(" or ")),
+            }
+        } else {
+            FILE.to_owned()
+        };
+        Some(format!("{} ({origin})", rule.text))
     }
 
     /// Whether a walk must still look inside the excluded directory `dir`: a later `!` rule

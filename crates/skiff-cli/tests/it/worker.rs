@@ -852,3 +852,40 @@ fn what_reconciliation_refuses_is_quarantined_and_the_rest_adopted() {
         stderr(&out)
     );
 }
+
+#[test]
+fn what_sync_leaves_behind_is_said_at_the_syncing_step_and_in_session_show() {
+    let rig = Rig::start(vec![text_reply(&["done"])], "");
+    let repo = TempGitRepo::new(&[
+        ("Cargo.toml", "[package]\nname = \"x\"\n"),
+        (
+            "src/target/mod.rs",
+            "// source that happens to be called target\n",
+        ),
+    ]);
+    std::fs::create_dir_all(repo.path().join("target/debug")).unwrap();
+    std::fs::write(repo.path().join("target/debug/app"), "built\n").unwrap();
+    let (out, id) = new_worker_session(&rig, repo.path(), "look around");
+    assert!(out.status.success(), "{}", stderr(&out));
+    let starting: Vec<Value> = stdout(&out)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|e| e["type"] == "placement" && e["state"] == "starting")
+        .collect();
+    let detail = starting[0]["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("left out: target/ (1 file) by target/ (built in, beside Cargo.toml"),
+        "{detail}"
+    );
+    let show = stdout(&rig.gw.run(&["session", "show", &id]));
+    assert!(show.contains("sync       left out: target/"), "{show}");
+    // The source folder named target reached the box.
+    let box_ws = rig
+        .root
+        .path()
+        .join(&rig.root.boxes()[0])
+        .join("home/workspaces")
+        .join(&id);
+    assert!(box_ws.join("src/target/mod.rs").is_file());
+    assert!(!box_ws.join("target").exists());
+}

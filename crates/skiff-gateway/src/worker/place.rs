@@ -151,8 +151,12 @@ impl Core {
         }
         if p.state == PlacementState::Syncing {
             match self.sync_out(scope, session, &p, cancel).await {
-                Ok((base, files, bytes)) => {
+                Ok((base, files, bytes, left_out)) => {
                     let bundle = self.envs.bundle_hash_now();
+                    // Nothing is left behind silently: the step says what the rules kept out.
+                    let left_out = left_out
+                        .summary()
+                        .unwrap_or_else(|| "nothing left out".into());
                     p = self.place(
                         scope,
                         id,
@@ -161,10 +165,11 @@ impl Core {
                             advance_epoch: true,
                             base_manifest: Some(&base),
                             bundle_hash: bundle.as_deref(),
+                            left_out: Some(&left_out),
                             ..Default::default()
                         },
                         &format!(
-                            "{files} files ({}) on the box; starting the worker",
+                            "{files} files ({}) on the box, {left_out}; starting the worker",
                             skiff_sync::filelist::human(bytes)
                         ),
                     )?;
@@ -237,7 +242,7 @@ impl Core {
         session: &SessionRow,
         p: &PlacementRow,
         cancel: &CancellationToken,
-    ) -> Result<(String, usize, u64)> {
+    ) -> Result<(String, usize, u64, skiff_sync::filelist::LeftOut)> {
         let env = self.placement_env(scope, p)?;
         let ssh = self.envs.ssh(&env)?;
         let remote = Remote::new(ssh, &box_workspace(&session.id))?;
@@ -262,7 +267,7 @@ impl Core {
             "applied",
             json!({ "env": env.id.as_str(), "files": sent.files, "bytes": sent.bytes }),
         );
-        Ok((base, sent.files, sent.bytes))
+        Ok((base, sent.files, sent.bytes, sent.left_out))
     }
 
     pub(crate) fn placement_env(
