@@ -62,9 +62,32 @@ pub struct CreateArgs {
 pub struct ExecArgs {
     /// Environment id (env_…)
     id: String,
-    /// The command line to run on the box
+    /// The command to run on the box: one argument is a shell command line (`'ls | wc -l'`);
+    /// several keep their boundaries (`bash -lc 'echo one; echo two'`)
     #[arg(trailing_var_arg = true, required = true)]
     command: Vec<String>,
+}
+
+/// The box's shell gets one command line: a single argument is one already, several are
+/// quoted word by word so their boundaries survive it.
+fn command_line(argv: &[String]) -> String {
+    match argv {
+        [line] => line.clone(),
+        words => words
+            .iter()
+            .map(|w| {
+                if !w.is_empty()
+                    && w.bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b"-_./=:,+@%".contains(&b))
+                {
+                    w.clone()
+                } else {
+                    format!("'{}'", w.replace('\'', "'\\''"))
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(" "),
+    }
 }
 
 #[derive(Args)]
@@ -127,11 +150,13 @@ pub async fn run(cmd: EnvCommand, state_dir: &Path) -> Result<ExitCode> {
             })
         }
         EnvCommand::Exec(args) => {
-            let body = serde_json::json!({ "command": args.command.join(" ") });
-            let out: serde_json::Value = client
+            let body = skiff_protocol::environment::ExecRequest {
+                command: command_line(&args.command),
+            };
+            let out: skiff_protocol::environment::ExecResult = client
                 .send(client.post(&format!("/v1/environments/{}/exec", args.id), &body))
                 .await?;
-            out!("{}", out["output"].as_str().unwrap_or_default())?;
+            out!("{}", out.output)?;
             Ok(ExitCode::SUCCESS)
         }
         EnvCommand::Destroy(args) => {

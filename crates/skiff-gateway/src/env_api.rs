@@ -119,20 +119,18 @@ async fn check(
     Ok(Json(core.with_worker(view)).into_response())
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ExecBody {
-    command: String,
-}
-
 async fn exec(
     State(core): Shared,
     Extension(scope): Extension<Scope>,
     Path(id): Path<String>,
-    Json(body): Json<ExecBody>,
+    body: std::result::Result<
+        Json<skiff_protocol::environment::ExecRequest>,
+        axum::extract::rejection::JsonRejection,
+    >,
 ) -> Result<Response, Error> {
+    let Json(body) = body.map_err(|e| Error::BadRequest(e.body_text()))?;
     let output = core.envs.exec(&scope, &env_id(&id)?, &body.command).await?;
-    Ok(Json(serde_json::json!({ "output": output })).into_response())
+    Ok(Json(skiff_protocol::environment::ExecResult { output }).into_response())
 }
 
 /// The sweep looks at every tenant's leases, so only the admin may start it.

@@ -205,3 +205,17 @@ impl std::fmt::Display for PlacementState {
         f.write_str(self.as_str())
     }
 }
+
+/// `POST /v1/environments/{id}/exec`: a shell command line to run on the box.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExecRequest {
+    pub command: String,
+}
+
+/// What an environment exec printed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExecResult {
+    pub output: String,
+}

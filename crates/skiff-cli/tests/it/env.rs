@@ -545,3 +545,21 @@ fn an_idle_environment_is_reclaimed_after_its_idle_timeout() {
     assert!(root.boxes().is_empty(), "the reclaimed box is still there");
     assert_eq!(audit_decisions(&gw, "provider.destroy"), ["ok"]);
 }
+
+#[test]
+fn env_exec_keeps_the_boundaries_of_its_arguments() {
+    let root = BoxRoot::new();
+    let gw = Gateway::start_with("", &profiles(&root));
+    let env = create(&gw, "plain", &[]);
+    let id = env["id"].as_str().unwrap();
+    let run = |args: &[&str]| {
+        let out = gw.run(&[&["env", "exec", id, "--"], args].concat());
+        assert!(out.status.success(), "{args:?}: {}", stderr(&out));
+        stdout(&out)
+    };
+    assert_eq!(run(&["bash", "-lc", "echo one; echo two"]), "one\ntwo\n");
+    assert_eq!(run(&["printf", "%s|", "a b", "it's", ""]), "a b|it's||");
+    // One argument is a whole command line, as before.
+    assert_eq!(run(&["echo one | tr o 0"]), "0ne\n");
+    assert_eq!(destroy(&gw, id)["state"], "destroyed");
+}
