@@ -10,7 +10,6 @@ use crate::error::Result;
 use serde_json::json;
 use skiff_protocol::api::RunStatus;
 use skiff_protocol::environment::PlacementState;
-use skiff_protocol::event::EventKind;
 use skiff_protocol::transcript::EntryBody;
 use skiff_protocol::worker::GatewayFrame;
 use skiff_protocol::{EnvironmentId, SessionId};
@@ -331,25 +330,7 @@ impl Core {
         );
         let open = self.store.open_run(scope, session).ok().flatten();
         let notice = self.lost_work_notice(scope, session, env.as_ref(), reason);
-        let leaf = self.store.leaf(scope, session).ok().flatten();
-        if let Ok(entries) = self.store.append_entries(
-            scope,
-            session,
-            leaf.as_ref(),
-            open.as_ref().map(|r| &r.id),
-            &[EntryBody::Notice {
-                text: notice.clone(),
-            }],
-        ) {
-            for entry in entries {
-                let _ = self.hub.publish(
-                    scope,
-                    session,
-                    open.as_ref().map(|r| &r.id),
-                    EventKind::Entry { entry },
-                );
-            }
-        }
+        self.notify(scope, session, open.as_ref().map(|r| &r.id), &notice);
         live.end_all_turns(&format!("the session's box stopped ({reason})"));
         if let Some(env) = env {
             self.envs.abandon(scope, &env, reason).await;

@@ -12,7 +12,6 @@ use skiff_protocol::environment::PlacementState;
 use skiff_protocol::event::EventKind;
 use skiff_protocol::model::ModelRef;
 use skiff_protocol::sync::Refusal;
-use skiff_protocol::transcript::EntryBody;
 use skiff_protocol::worker::{GatewayFrame, Reply, TurnAssignment, TurnEnd};
 use skiff_protocol::{RunId, SessionId};
 use skiff_store::{PlacementChange, PlacementRow, RunRow, Scope, SessionRow};
@@ -170,26 +169,21 @@ impl Core {
                 return Reply::Finished;
             }
             Err(e) => {
+                let kept = self
+                    .store
+                    .artifacts(scope, session, skiff_store::ArtifactRole::Quarantine)
+                    .is_ok_and(|rows| rows.iter().any(|r| r.run_id.as_ref() == Some(&run)));
+                let where_ = if kept {
+                    format!(
+                        ", and what it made is kept in the session's quarantine (`skiff session quarantine {session}`)"
+                    )
+                } else {
+                    String::new()
+                };
                 let text = format!(
-                    "The box's work could not be brought back: {e}. Nothing was overwritten; the box keeps its copy."
+                    "The box's work could not be brought back: {e}. Nothing was overwritten; the box keeps its copy{where_}."
                 );
-                let leaf = self.store.leaf(scope, session).ok().flatten();
-                if let Ok(entries) = self.store.append_entries(
-                    scope,
-                    session,
-                    leaf.as_ref(),
-                    Some(&run),
-                    &[EntryBody::Notice { text: text.clone() }],
-                ) {
-                    for entry in entries {
-                        let _ = self.hub.publish(
-                            scope,
-                            session,
-                            Some(&run),
-                            EventKind::Entry { entry },
-                        );
-                    }
-                }
+                self.notify(scope, session, Some(&run), &text);
                 TurnEnd::Failed { error: text }
             }
         };
