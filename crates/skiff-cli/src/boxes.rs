@@ -133,7 +133,7 @@ pub async fn run(args: BoxArgs, state_dir: &Path) -> Result<ExitCode> {
         let manifest = skiff_worker::scan_workspace(workspace)
             .await
             .with_context(|| format!("cannot list the workspace {}", workspace.display()))?;
-        println!("{}", serde_json::to_string(&manifest)?);
+        outln!("{}", serde_json::to_string(&manifest)?)?;
         return Ok(ExitCode::SUCCESS);
     }
     let root = args.root.unwrap_or_else(|| {

@@ -13,7 +13,7 @@ use serde_json::json;
 use skiff_protocol::api::WorkspaceView;
 use skiff_protocol::environment::PlacementState;
 use skiff_protocol::event::EventKind;
-use skiff_protocol::sync::{QuarantineList, QuarantineView, QuarantinedPath, Refusal};
+use skiff_protocol::sync::{QuarantineList, QuarantineView, QuarantinedPath, Refusal, RefusalKind};
 use skiff_protocol::transcript::EntryBody;
 use skiff_protocol::{RunId, SessionId};
 use skiff_store::{ArtifactRole, ArtifactRow, NewArtifact, Retention, Scope};
@@ -35,6 +35,24 @@ pub(crate) struct Refused<'a> {
     pub bundle: Option<&'a Path>,
 }
 
+/// How many refused paths a notice names; the quarantine lists them all.
+const LISTED: usize = 20;
+
+/// A quarantine just made: its row and what it holds.
+pub(crate) struct Kept {
+    pub row: ArtifactRow,
+    pub paths: Vec<QuarantinedPath>,
+}
+
+fn meta_value(meta: &Meta) -> Result<serde_json::Value> {
+    serde_json::to_value(meta).map_err(|e| {
+        Error::Store(skiff_store::Error::Corrupt {
+            what: "quarantine",
+            detail: e.to_string(),
+        })
+    })
+}
+
 /// What the row's metadata holds.
 #[derive(serde::Serialize, serde::Deserialize)]
 struct Meta {
@@ -54,8 +72,10 @@ fn bad_meta(row: &ArtifactRow, e: impl std::fmt::Display) -> Error {
 }
 
 impl Core {
-    /// Captures what was refused into the session's quarantine, and tells the session.
-    pub(crate) async fn quarantine(&self, scope: &Scope, r: Refused<'_>) -> Result<ArtifactRow> {
+    /// Captures what was refused into the session's quarantine (before anything of the
+    /// turn is adopted). The session is told separately ([`Core::announce_quarantine`]), once
+    /// everything refused is known.
+    pub(crate) async fn quarantine(&self, scope: &Scope, r: Refused<'_>) -> Result<Kept> {
         let cas = Cas::open(&self.artifacts_dir())?;
         let captured = quarantine::capture(
             r.remote,
@@ -82,9 +102,9 @@ impl Core {
             bundle: captured.bundle,
             blobs,
         };
-        let meta = serde_json::to_value(&meta).map_err(|e| Error::BadRequest(e.to_string()))?;
+        let value = meta_value(&meta)?;
         // The row names a blob like every artifact: the record itself, stored beside the bytes.
-        let record = meta.to_string();
+        let record = value.to_string();
         let hash = cas.put_bytes(record.as_bytes())?;
         let row = self.store.create_artifact(
             scope,
@@ -95,7 +115,7 @@ impl Core {
                 retention: Retention::Session,
                 hash,
                 size: record.len() as u64,
-                meta,
+                meta: value,
                 expires_at_ms: None,
             },
         )?;
@@ -106,21 +126,66 @@ impl Core {
             "applied",
             json!({ "session": r.session.as_str(), "paths": r.refused.len() }),
         );
-        let listed: Vec<String> = r
-            .refused
+        Ok(Kept {
+            row,
+            paths: meta.paths,
+        })
+    }
+
+    /// Adds refusals found after the capture (the box's commits, whose bundle the capture
+    /// already kept) to a quarantine.
+    pub(crate) fn add_to_quarantine(
+        &self,
+        scope: &Scope,
+        kept: &mut Kept,
+        more: &[Refusal],
+    ) -> Result<()> {
+        let row = self.store.artifact(scope, &kept.row.id)?;
+        let mut meta: Meta =
+            serde_json::from_value(row.meta.clone()).map_err(|e| bad_meta(&row, e))?;
+        for r in more {
+            let q = QuarantinedPath {
+                path: r.path.clone(),
+                reason: r.reason.clone(),
+                kind: r.kind,
+                entry: None,
+                kept: meta.bundle.is_some(),
+            };
+            meta.paths.push(q.clone());
+            kept.paths.push(q);
+        }
+        self.store
+            .set_artifact_meta(scope, &row.id, &meta_value(&meta)?)?;
+        Ok(())
+    }
+
+    /// Tells the session what was not adopted and how to resolve it (at most
+    /// [`LISTED`] paths by name; the quarantine lists them all).
+    pub(crate) fn announce_quarantine(
+        &self,
+        scope: &Scope,
+        session: &SessionId,
+        run: Option<&RunId>,
+        kept: &Kept,
+    ) {
+        let mut listed: Vec<String> = kept
+            .paths
             .iter()
+            .take(LISTED)
             .map(|x| format!("`{}` ({})", x.path, x.reason))
             .collect();
-        let s = r.session;
+        if kept.paths.len() > LISTED {
+            listed.push(format!("and {} more", kept.paths.len() - LISTED));
+        }
+        let s = session;
         let text = format!(
             "Not everything the box produced was adopted. Refused and kept in quarantine {}: {}. \
              Inspect with `skiff session quarantine {s}`; take a path anyway with \
              `skiff session quarantine accept {s} PATH…`; drop them with `skiff session quarantine discard {s}`.",
-            row.id,
+            kept.row.id,
             listed.join("; ")
         );
-        self.notify(scope, s, r.run, &text);
-        Ok(row)
+        self.notify(scope, s, run, &text);
     }
 
     /// Appends a notice to the session's transcript (re-reading the leaf when it moved) and
@@ -205,29 +270,19 @@ impl Core {
         Ok(QuarantineList { quarantines })
     }
 
-    /// Drops every quarantine of the session (and the blobs no other row names).
+    /// Drops every quarantine of the session.
     pub(crate) fn discard_quarantine(
         &self,
         scope: &Scope,
         session: &SessionId,
     ) -> Result<QuarantineList> {
         self.store.session(scope, session)?;
-        let cas = Cas::open(&self.artifacts_dir())?;
         for row in self.quarantine_rows(scope, session)? {
             let meta: Meta =
                 serde_json::from_value(row.meta.clone()).map_err(|e| bad_meta(&row, e))?;
+            // The rows go; the blobs stay: a checkpoint's manifest or another quarantine may
+            // name the same bytes, and nothing counts those references yet.
             self.store.delete_artifact(scope, &row.id)?;
-            let hashes = meta
-                .blobs
-                .values()
-                .cloned()
-                .chain(meta.bundle)
-                .chain(std::iter::once(row.hash.clone()));
-            for hash in hashes {
-                if !self.store.blob_referenced(&hash)? {
-                    cas.remove(&hash)?;
-                }
-            }
             self.audit(
                 scope,
                 "quarantine.discard",
@@ -267,17 +322,6 @@ impl Core {
         // Newest quarantine first: a path refused twice is accepted as the box last had it.
         let mut plan: Vec<(ArtifactRow, QuarantinedPath, Option<String>)> = Vec::new();
         for path in paths {
-            if path == "(commits)" {
-                return Err(Error::BadRequest(format!(
-                    "commits are not accepted path by path: fetch them from the quarantine's bundle (`git -C {} fetch BUNDLE skiff/{session_id}:refs/skiff/quarantine/{session_id}`), then merge what you want",
-                    match &session.workspace {
-                        WorkspaceView::Git { source, .. } => source.as_str(),
-                        WorkspaceView::Plain { source, .. } => source.as_str(),
-                    }
-                )));
-            }
-            contain::check_path(path)
-                .map_err(|e| Error::BadRequest(format!("{path} can never be accepted: {e}")))?;
             let found = rows.iter().rev().find_map(|row| {
                 let meta: Meta = serde_json::from_value(row.meta.clone()).ok()?;
                 let q = meta.paths.into_iter().find(|q| &q.path == path)?;
@@ -288,47 +332,68 @@ impl Core {
                     "{path} is not in session {session_id}'s quarantine; `skiff session quarantine {session_id}` lists what is"
                 )));
             };
+            if q.kind != RefusalKind::Path {
+                return Err(Error::BadRequest(format!(
+                    "{path} is not a path: commits are not accepted here — fetch them from the quarantine's bundle (`git -C {} fetch BUNDLE skiff/{session_id}:refs/skiff/quarantine/{session_id}`) and merge what you want",
+                    match &session.workspace {
+                        WorkspaceView::Git { source, .. } => source.as_str(),
+                        WorkspaceView::Plain { source, .. } => source.as_str(),
+                    }
+                )));
+            }
+            contain::check_path(path)
+                .map_err(|e| Error::BadRequest(format!("{path} can never be accepted: {e}")))?;
             if !q.kept {
                 return Err(Error::BadRequest(format!(
-                    "{path} was refused ({}) and its bytes were not kept; it can only be recreated on the box",
+                    "{path} was refused ({}) and its bytes were not kept; it is still on the box, if the box is",
                     q.reason
+                )));
+            }
+            match (&q.entry, &blob) {
+                (Some(ManifestEntry::File { .. }), Some(_))
+                | (Some(ManifestEntry::Symlink { .. }), _) => {}
+                _ => {
+                    return Err(Error::BadRequest(format!(
+                        "{path}: the quarantine holds no bytes for it"
+                    )));
+                }
+            }
+            let full = root.join(path);
+            if std::fs::symlink_metadata(&full).is_ok_and(|m| m.is_dir()) {
+                return Err(Error::BadRequest(format!(
+                    "{path} is a directory in the session's workspace; remove it first"
+                )));
+            }
+            if let Some(problem) = contain::parent_chain_problem(root, path) {
+                return Err(Error::BadRequest(format!(
+                    "{path} cannot be written: {problem}"
                 )));
             }
             plan.push((row, q, blob));
         }
-        let mut written = Vec::new();
+        // Everything is checked; the accepted entries are laid out in a private staging
+        // directory first, so the box (when the session has one) gets them before this side
+        // changes — a box that cannot be reached leaves both sides as they were.
+        let staging = tempfile_dir(&self.state.tmp())?;
         for (_, q, blob) in &plan {
+            materialize(&cas, staging.path(), q, blob.as_deref())?;
+        }
+        self.give_accepted_to_box(scope, session_id, staging.path(), &plan)
+            .await?;
+        let mut written = Vec::new();
+        for (_, q, _) in &plan {
             let full = root.join(&q.path);
             contain::create_parents(root, &q.path)?;
-            if let Ok(meta) = std::fs::symlink_metadata(&full) {
-                if meta.is_dir() {
-                    return Err(Error::BadRequest(format!(
-                        "{} is a directory in the session's workspace; remove it first",
-                        q.path
-                    )));
-                }
+            if std::fs::symlink_metadata(&full).is_ok() {
                 std::fs::remove_file(&full).map_err(|e| io(&full, e))?;
             }
-            match (&q.entry, blob) {
-                (Some(ManifestEntry::File { mode, .. }), Some(hash)) => {
-                    std::fs::copy(cas.path(hash)?, &full).map_err(|e| io(&full, e))?;
-                    std::fs::set_permissions(&full, std::fs::Permissions::from_mode(mode & 0o777))
-                        .map_err(|e| io(&full, e))?;
-                }
-                (Some(ManifestEntry::Symlink { target }), _) => {
-                    std::os::unix::fs::symlink(target, &full).map_err(|e| io(&full, e))?;
-                }
-                _ => {
-                    return Err(Error::BadRequest(format!(
-                        "{}: the quarantine holds no bytes for it",
-                        q.path
-                    )));
-                }
-            }
+            let src = staging.path().join(&q.path);
+            std::fs::rename(&src, &full)
+                .or_else(|_| std::fs::copy(&src, &full).map(drop))
+                .map_err(|e| io(&full, e))?;
             written.push(q.path.clone());
         }
-        self.give_accepted_to_box(scope, session_id, root, &plan)
-            .await?;
+        self.record_accepted_base(scope, session_id, root, &written)?;
         // What was accepted leaves its quarantine; an emptied quarantine goes.
         for (row, q, _) in &plan {
             let row = self.store.artifact(scope, &row.id)?;
@@ -339,8 +404,8 @@ impl Core {
             if meta.paths.is_empty() {
                 self.store.delete_artifact(scope, &row.id)?;
             } else {
-                let meta = serde_json::to_value(&meta).map_err(|e| bad_meta(&row, e))?;
-                self.store.set_artifact_meta(scope, &row.id, &meta)?;
+                self.store
+                    .set_artifact_meta(scope, &row.id, &meta_value(&meta)?)?;
             }
         }
         self.audit(
@@ -353,32 +418,58 @@ impl Core {
         self.quarantines(scope, session_id)
     }
 
-    /// A live worker placement: the box gets the accepted paths too, and the base manifest
-    /// says so.
+    /// The session's live worker placement, when it has one; accepting while it is between
+    /// states (being placed, reconciling) is refused.
+    fn live_placement(
+        &self,
+        scope: &Scope,
+        session: &SessionId,
+    ) -> Result<Option<skiff_store::PlacementRow>> {
+        let Some(p) = self.store.placement(scope, session)? else {
+            return Ok(None);
+        };
+        match p.state {
+            PlacementState::Local | PlacementState::Reclaimed | PlacementState::Failed => Ok(None),
+            PlacementState::Active => Ok(Some(p)),
+            other => Err(Error::BadRequest(format!(
+                "session {session}'s placement is {other}; accept once it is active (or home)"
+            ))),
+        }
+    }
+
+    /// A live worker placement: the box gets the accepted paths (from `staging`) first.
     async fn give_accepted_to_box(
         &self,
         scope: &Scope,
         session: &SessionId,
-        root: &Path,
+        staging: &Path,
         plan: &[(ArtifactRow, QuarantinedPath, Option<String>)],
     ) -> Result<()> {
-        let Some(p) = self.store.placement(scope, session)? else {
+        let Some(p) = self.live_placement(scope, session)? else {
             return Ok(());
         };
-        if matches!(
-            p.state,
-            PlacementState::Local | PlacementState::Reclaimed | PlacementState::Failed
-        ) {
-            return Ok(());
-        }
-        let mut base = manifest::from_json(p.base_manifest.as_deref().unwrap_or(""))?;
         let env = self.placement_env(scope, &p)?;
         let remote = Remote::new(self.envs.ssh(&env)?, &crate::worker::box_workspace(session))?;
         let paths: Vec<String> = plan.iter().map(|(_, q, _)| q.path.clone()).collect();
         remote
-            .push_files(root, &paths, &CancellationToken::new())
+            .push_files(staging, &paths, &CancellationToken::new())
             .await?;
-        for path in &paths {
+        Ok(())
+    }
+
+    /// The base manifest records the accepted paths, so the next reconciliation sees no drift.
+    fn record_accepted_base(
+        &self,
+        scope: &Scope,
+        session: &SessionId,
+        root: &Path,
+        written: &[String],
+    ) -> Result<()> {
+        let Some(p) = self.live_placement(scope, session)? else {
+            return Ok(());
+        };
+        let mut base = manifest::from_json(p.base_manifest.as_deref().unwrap_or(""))?;
+        for path in written {
             base.entries
                 .insert(path.clone(), manifest::entry_of(root, path)?);
         }
@@ -386,6 +477,57 @@ impl Core {
             .set_placement_base_manifest(scope, session, &manifest::to_json(&base)?)?;
         Ok(())
     }
+}
+
+/// A private directory under the state dir's `tmp`, removed on drop (also on an error path).
+struct Staging(std::path::PathBuf);
+
+impl Staging {
+    fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        if let Err(e) = std::fs::remove_dir_all(&self.0) {
+            tracing::warn!(dir = %self.0.display(), error = %e, "could not remove a staging directory");
+        }
+    }
+}
+
+fn tempfile_dir(tmp: &Path) -> Result<Staging> {
+    use std::os::unix::fs::DirBuilderExt;
+    let dir = tmp.join(format!("accept-{}", skiff_store::mint()?));
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&dir)
+        .map_err(|e| io(&dir, e))?;
+    Ok(Staging(dir))
+}
+
+/// Writes a quarantined entry below `dir` (a file from the content store, or a symlink).
+fn materialize(cas: &Cas, dir: &Path, q: &QuarantinedPath, blob: Option<&str>) -> Result<()> {
+    contain::create_parents(dir, &q.path)?;
+    let full = dir.join(&q.path);
+    match (&q.entry, blob) {
+        (Some(ManifestEntry::File { mode, .. }), Some(hash)) => {
+            std::fs::copy(cas.path(hash)?, &full).map_err(|e| io(&full, e))?;
+            std::fs::set_permissions(&full, std::fs::Permissions::from_mode(mode & 0o777))
+                .map_err(|e| io(&full, e))?;
+        }
+        (Some(ManifestEntry::Symlink { target }), _) => {
+            std::os::unix::fs::symlink(target, &full).map_err(|e| io(&full, e))?;
+        }
+        _ => {
+            return Err(Error::BadRequest(format!(
+                "{}: the quarantine holds no bytes for it",
+                q.path
+            )));
+        }
+    }
+    Ok(())
 }
 
 fn io(path: &Path, e: std::io::Error) -> Error {

@@ -211,7 +211,12 @@ impl Core {
         } else if session.placement == PlacementState::Reclaimed.as_str()
             || session.placement == PlacementState::Failed.as_str()
         {
-            self.check_worker_capacity()?;
+            // The next message places it again: the slot is claimed now, so a full gateway
+            // refuses at once (503) rather than admitting a run that then fails.
+            if let Some(p) = self.store.placement(scope, id)? {
+                self.store
+                    .request_placement(scope, id, &p.profile, self.workers.max_workers)?;
+            }
         }
         self.start_run(scope, id, prompt).await
     }

@@ -95,10 +95,25 @@ pub struct PublishResult {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Refusal {
-    /// Workspace-relative; `(commits)` for the box's commits as a whole, `(all)` when nothing
-    /// could be adopted.
+    /// Workspace-relative for a path; for the other kinds a label for people (`(commits)`,
+    /// `(all)`), never a file name.
     pub path: String,
     pub reason: String,
+    #[serde(default)]
+    pub kind: RefusalKind,
+}
+
+/// What a refusal is about.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RefusalKind {
+    /// One path of the workspace.
+    #[default]
+    Path,
+    /// The box's commits as a whole (they are in the quarantine's bundle).
+    Commits,
+    /// Nothing could be adopted; the whole turn's work is kept.
+    Everything,
 }
 
 /// One quarantined path: what the box had there.
@@ -107,6 +122,8 @@ pub struct Refusal {
 pub struct QuarantinedPath {
     pub path: String,
     pub reason: String,
+    #[serde(default)]
+    pub kind: RefusalKind,
     /// The box's entry, when it had one (a file with its hash, or a symlink with its target).
     #[serde(default)]
     pub entry: Option<ManifestEntry>,

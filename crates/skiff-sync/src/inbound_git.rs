@@ -18,7 +18,7 @@ use crate::inbound_plain::{self, Applied};
 use crate::rules::Rules;
 use crate::transfer::Remote;
 use crate::{Error, Manifest, ManifestEntry, Result, Scratch, contain, join, quarantine};
-use skiff_protocol::sync::Refusal;
+use skiff_protocol::sync::{Refusal, RefusalKind};
 use skiff_ssh::shell_quote;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -257,19 +257,34 @@ pub async fn adopt(
     // is adopted (they stay in the caller's quarantine); their files come back through the
     // screened manifest like uncommitted work.
     let mut commits_refused = None;
-    let tip = match check_commit_tree(a.worktree, &head, &tip, cancel).await? {
-        problems if problems.is_empty() => tip,
-        problems => {
-            refused.push(Refusal {
-                path: "(commits)".into(),
-                reason: format!(
-                    "the box's commits up to {tip} were not adopted ({}); the files that passed are adopted as uncommitted changes",
-                    problems.join("; ")
-                ),
-            });
-            commits_refused = Some(tip);
-            head.clone()
+    let mut problems = check_commit_tree(a.worktree, &head, &tip, cancel).await?;
+    if tip != head && !refused.is_empty() {
+        // A path refused in the files must not arrive through the commits either.
+        let committed = git(a.worktree)
+            .args(["diff", "--name-only", "--no-renames", "-z", &head, &tip])
+            .run_checked(cancel)
+            .await?;
+        let committed: BTreeSet<&str> = split_z(&committed).collect();
+        for r in refused
+            .iter()
+            .filter(|r| committed.contains(r.path.as_str()))
+        {
+            problems.push(format!("{}: {}", r.path, r.reason));
         }
+    }
+    let tip = if problems.is_empty() {
+        tip
+    } else {
+        refused.push(Refusal {
+            path: "(commits)".into(),
+            reason: format!(
+                "the box's commits up to {tip} were not adopted ({}); the files that passed are adopted as uncommitted changes",
+                problems.join("; ")
+            ),
+            kind: RefusalKind::Commits,
+        });
+        commits_refused = Some(tip);
+        head.clone()
     };
 
     // What to write: every entry of the box that differs from the base, that the commits
@@ -324,6 +339,7 @@ pub async fn adopt(
         .cloned()
         .chain(split_z(&tree).map(str::to_owned))
         .filter(|p| !theirs.entries.contains_key(p) && !a.rules.excluded(p, false))
+        .filter(|p| !a.rules.may_be_left_out_elsewhere(p))
         .collect();
     inbound_plain::precheck_writes(a.worktree, &changed, &deleted)?;
     let staged = inbound_plain::stage(remote, &changed, a.scratch, cancel).await?;

@@ -70,7 +70,13 @@ pub async fn mirror(
     )
     .await?;
     let diff = manifest::diff(inb.base, theirs);
-    let deleted: BTreeSet<String> = diff.deleted;
+    // A path the box no longer lists is deleted here — unless a build-output rule may have
+    // left it out there (a marker file the box made beside it), which is not a deletion.
+    let deleted: BTreeSet<String> = diff
+        .deleted
+        .into_iter()
+        .filter(|p| !inb.rules.may_be_left_out_elsewhere(p))
+        .collect();
     precheck_writes(inb.target, &diff.changed, &deleted)?;
     let staged = stage(remote, &diff.changed, inb.scratch, cancel).await?;
     let files = apply(inb.target, &staged, &diff.changed, &deleted)?;

@@ -14,7 +14,7 @@ use crate::filelist::{Limits, human};
 use crate::rules::Rules;
 use crate::transfer::Remote;
 use crate::{Error, Manifest, ManifestEntry, Result, Scratch, contain, join, manifest};
-use skiff_protocol::sync::{QuarantinedPath, Refusal};
+use skiff_protocol::sync::{QuarantinedPath, Refusal, RefusalKind};
 use skiff_ssh::shell_quote;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -77,6 +77,7 @@ pub fn screen(
                 refused.push(Refusal {
                     path: path.clone(),
                     reason,
+                    kind: RefusalKind::Path,
                 });
                 if let Some(kept) = base.entries.get(path) {
                     entries.insert(path.clone(), kept.clone());
@@ -88,9 +89,11 @@ pub fn screen(
         }
     }
     // Nothing may sit below a file or symlink: the deeper path is the one refused (its write
-    // would land somewhere else), and the base's version stays.
-    loop {
-        let below: Option<(String, String)> = entries.keys().find_map(|path| {
+    // would land somewhere else), and the base's version stays. One pass: removing a path
+    // never puts another below a file.
+    let below: Vec<(String, String)> = entries
+        .keys()
+        .filter_map(|path| {
             let mut prefix = path.as_str();
             while let Some((parent, _)) = prefix.rsplit_once('/') {
                 if entries.contains_key(parent) {
@@ -99,12 +102,14 @@ pub fn screen(
                 prefix = parent;
             }
             None
-        });
-        let Some((path, parent)) = below else { break };
+        })
+        .collect();
+    for (path, parent) in below {
         entries.remove(&path);
         refused.push(Refusal {
             reason: format!("{parent} is a file or symlink, so nothing can sit below it"),
             path,
+            kind: RefusalKind::Path,
         });
     }
     let screened = Manifest {
@@ -151,6 +156,7 @@ pub async fn capture(
     };
     let files: Vec<String> = refused
         .iter()
+        .filter(|r| r.kind == RefusalKind::Path)
         .filter_map(|r| {
             let entry = theirs.entries.get(&r.path)?;
             pullable(&r.path, entry).then(|| r.path.clone())
@@ -161,13 +167,20 @@ pub async fn capture(
         remote.pull_files(&files, staging.path(), cancel).await?;
     }
     for r in refused {
-        let entry = theirs.entries.get(&r.path).cloned();
+        let entry = match r.kind {
+            RefusalKind::Path => theirs.entries.get(&r.path).cloned(),
+            RefusalKind::Commits | RefusalKind::Everything => None,
+        };
         let kept = match &entry {
             Some(ManifestEntry::Symlink { .. }) => true,
-            Some(ManifestEntry::File { blake3, .. }) if files.contains(&r.path) => {
+            Some(ManifestEntry::File { blake3, size, .. }) if files.contains(&r.path) => {
                 let full = join(staging.path(), &r.path);
-                match manifest::hash_file(&full) {
-                    Ok((got, _)) if &got == blake3 => {
+                // Only what arrived as a regular file of the promised size is read: a box
+                // could have turned the path into a symlink to a device or a FIFO by now.
+                let regular = std::fs::symlink_metadata(&full)
+                    .is_ok_and(|m| m.file_type().is_file() && m.len() == *size);
+                match regular.then(|| manifest::hash_file(&full)) {
+                    Some(Ok((got, _))) if &got == blake3 => {
                         let (hash, _) = cas.put_file(&full)?;
                         captured.blobs.push(hash);
                         true
@@ -180,6 +193,7 @@ pub async fn capture(
         captured.paths.push(QuarantinedPath {
             path: r.path.clone(),
             reason: r.reason.clone(),
+            kind: r.kind,
             entry,
             kept,
         });
@@ -192,23 +206,26 @@ pub async fn capture(
     Ok(captured)
 }
 
-/// Puts the box back in step with what was adopted: each refused path gets the base's
-/// version (a symlink recreated, a file pushed from `local`, a path the base did not have
-/// removed), and with `reset_to` the box's branch goes back to that commit with its files
-/// left as they are (its commits were refused; they are in the quarantine's bundle). Paths
-/// that are not plain workspace paths are left alone: they cannot be named safely.
+/// Puts the box back in step with what was adopted: each refused path whose bytes the
+/// quarantine kept gets the base's version (a symlink recreated, a file pushed from `local`, a
+/// path the base did not have removed), and with `reset_to` the box's branch goes back to that
+/// commit with its files left as they are (its commits were refused; they are in the
+/// quarantine's bundle). A path whose bytes were not kept (over the size limit) stays on the
+/// box — its only copy — and so do paths that are not plain workspace paths.
 pub async fn revert_on_box(
     remote: &Remote,
     local: &Path,
     base: &Manifest,
-    refused: &[Refusal],
+    kept: &[QuarantinedPath],
     reset_to: Option<&str>,
     cancel: &CancellationToken,
 ) -> Result<()> {
     let mut script = format!("set -e; cd {}", remote.quoted_dir());
     let mut push = Vec::new();
-    for r in refused {
-        if contain::check_path(&r.path).is_err() {
+    for r in kept {
+        // Only a path whose bytes are safe in the quarantine: anything else stays on the box,
+        // its only copy.
+        if r.kind != RefusalKind::Path || !r.kept || contain::check_path(&r.path).is_err() {
             continue;
         }
         let path = shell_quote(&r.path);

@@ -200,6 +200,21 @@ impl Rules {
             .is_some_and(|i| !self.rules[i].negated)
     }
 
+    /// Whether `path` syncs here only because a built-in rule's marker file is missing beside
+    /// it (a source folder named `target/` with no `Cargo.toml` next to it): on a side that
+    /// has the marker — a box that just made one — the same rules leave it out, so its absence
+    /// from that side's manifest is not a deletion.
+    pub fn may_be_left_out_elsewhere(&self, path: &str) -> bool {
+        if self.excluded(path, false) {
+            return false;
+        }
+        let markerless = Rules {
+            rules: self.rules.clone(),
+            root: None,
+        };
+        markerless.excluded(path, false)
+    }
+
     /// The rule that leaves `path` out, as people read it (`target/ (beside Cargo.toml)`,
     /// `*.log (.skiffignore)`), or `None` when the path syncs.
     pub fn excluding_rule(&self, path: &str, is_dir: bool) -> Option<String> {

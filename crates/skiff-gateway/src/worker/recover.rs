@@ -22,6 +22,9 @@ use tokio_util::sync::CancellationToken;
 /// given up, and the pause before the second attempt (doubled each time).
 const REPLACE_ATTEMPTS: u32 = 3;
 const REPLACE_BACKOFF: Duration = Duration::from_secs(1);
+/// The largest workspace listing `skiff box scan` may send (200,000 entries of a few hundred
+/// bytes each).
+const SCAN_MAX_BYTES: u64 = 128 << 20;
 
 impl Core {
     /// After a worker is admitted: a reconnecting worker gets its turn again; a session whose
@@ -228,16 +231,36 @@ impl Core {
             .clone()
             .or_else(|| self.envs.bundle_hash_now())
             .ok_or_else(|| super::place::placement_error("the box's bundle is not known"))?;
-        let listing = ssh
-            .run(
+        // The listing of a real workspace is large: it comes back as a file, bounded by what a
+        // manifest of the sync limits can be, never through a capped command output.
+        let remote = skiff_sync::Remote::new(ssh, &super::place::box_workspace(session))?;
+        let listing = self
+            .state
+            .tmp()
+            .join(format!("scan-{}.json", skiff_store::mint()?));
+        let fetched = remote
+            .fetch_output(
                 &format!(
                     "\"$HOME/.skiff/bundles/{bundle}/skiff\" box scan {}",
-                    skiff_ssh::shell_quote(&super::place::box_workspace(session))
+                    remote.quoted_dir()
                 ),
+                &listing,
+                SCAN_MAX_BYTES,
                 &CancellationToken::new(),
             )
-            .await?;
-        let theirs = skiff_sync::manifest::from_json(listing.trim())?;
+            .await;
+        let text = fetched.and_then(|()| {
+            std::fs::read_to_string(&listing).map_err(|e| skiff_sync::Error::Io {
+                path: listing.display().to_string(),
+                source: e,
+            })
+        });
+        if let Err(e) = std::fs::remove_file(&listing)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(file = %listing.display(), error = %e, "could not remove a workspace listing");
+        }
+        let theirs = skiff_sync::manifest::from_json(text?.trim())?;
         let run = match self.store.open_run(scope, session)? {
             Some(run) => Some(run.id),
             None => self

@@ -11,7 +11,7 @@ use skiff_protocol::api::{RunStatus, WorkspaceView};
 use skiff_protocol::environment::PlacementState;
 use skiff_protocol::event::EventKind;
 use skiff_protocol::model::ModelRef;
-use skiff_protocol::sync::Refusal;
+use skiff_protocol::sync::{Refusal, RefusalKind};
 use skiff_protocol::worker::{GatewayFrame, Reply, TurnAssignment, TurnEnd};
 use skiff_protocol::{RunId, SessionId};
 use skiff_store::{PlacementChange, PlacementRow, RunRow, Scope, SessionRow};
@@ -275,15 +275,14 @@ impl Core {
         let limits = Limits::default();
         let scratch = self.state.tmp();
         let cancel = CancellationToken::new();
-        // A refusal of everything (divergence, drift, a transfer that does not match) keeps
-        // the box's work in quarantine too: the turn fails, the work is not stranded.
-        let (bundle, adopted) = match &session.workspace {
+        // The box's commits, when it has any (git mode).
+        let bundle = match &session.workspace {
             WorkspaceView::Git { .. } => {
                 let commit = base
                     .base_commit
                     .clone()
                     .ok_or_else(|| placement_error("the base manifest has no base commit"))?;
-                let bundle = inbound_git::fetch_bundle(
+                inbound_git::fetch_bundle(
                     &remote,
                     session_id.as_str(),
                     &commit,
@@ -291,7 +290,36 @@ impl Core {
                     &scratch,
                     &cancel,
                 )
-                .await?;
+                .await?
+            }
+            WorkspaceView::Plain { .. } => None,
+        };
+        let bundle_path = bundle.as_ref().map(|b| b.path());
+        // What containment refuses is kept before anything is adopted (a failure here leaves
+        // both sides as they were). A manifest refused as a whole is the adoption's error.
+        let mut kept = match quarantine::screen(&theirs, &base, &limits, &rules) {
+            Ok(screened) if !screened.refused.is_empty() => Some(
+                self.quarantine(
+                    scope,
+                    Refused {
+                        session: session_id,
+                        run,
+                        remote: &remote,
+                        refused: &screened.refused,
+                        theirs: &theirs,
+                        bundle: bundle_path,
+                    },
+                )
+                .await?,
+            ),
+            _ => None,
+        };
+        let adopted = match &session.workspace {
+            WorkspaceView::Git { .. } => {
+                let commit = base
+                    .base_commit
+                    .clone()
+                    .ok_or_else(|| placement_error("the base manifest has no base commit"))?;
                 let a = Adoption {
                     worktree: local,
                     session: session_id.as_str(),
@@ -301,24 +329,17 @@ impl Core {
                     limits: &limits,
                     scratch: &scratch,
                 };
-                let adopted = inbound_git::adopt(
-                    &a,
-                    bundle.as_ref().map(|b| b.path()),
-                    &theirs,
-                    &remote,
-                    &cancel,
-                )
-                .await
-                .map(|adopted| {
-                    self.audit(scope, "sync.inbound", session_id.as_str(), "applied", json!({
-                        "env": env.id.as_str(), "mode": "git", "head": adopted.head, "fast_forwarded": adopted.fast_forwarded,
-                        "written": adopted.files.written.len(), "deleted": adopted.files.deleted.len(),
-                        "refused": adopted.refused.len(),
-                    }));
-                    let reset_to = adopted.commits_refused.as_ref().map(|_| adopted.head.clone());
-                    (adopted.manifest, adopted.refused, reset_to)
-                });
-                (bundle, adopted)
+                inbound_git::adopt(&a, bundle_path, &theirs, &remote, &cancel)
+                    .await
+                    .map(|adopted| {
+                        self.audit(scope, "sync.inbound", session_id.as_str(), "applied", json!({
+                            "env": env.id.as_str(), "mode": "git", "head": adopted.head, "fast_forwarded": adopted.fast_forwarded,
+                            "written": adopted.files.written.len(), "deleted": adopted.files.deleted.len(),
+                            "refused": adopted.refused.len(),
+                        }));
+                        let reset_to = adopted.commits_refused.as_ref().map(|_| adopted.head.clone());
+                        (adopted.manifest, adopted.refused, reset_to)
+                    })
             }
             WorkspaceView::Plain { .. } => {
                 let inb = Inbound {
@@ -328,7 +349,7 @@ impl Core {
                     limits: &limits,
                     scratch: &scratch,
                 };
-                let mirrored = inbound_plain::mirror(&inb, &theirs, &remote, &cancel)
+                inbound_plain::mirror(&inb, &theirs, &remote, &cancel)
                     .await
                     .map(|m| {
                         self.audit(scope, "sync.inbound", session_id.as_str(), "applied", json!({
@@ -336,62 +357,109 @@ impl Core {
                             "deleted": m.files.deleted.len(), "refused": m.refused.len(),
                         }));
                         (m.manifest, m.refused, None)
-                    });
-                (None, mirrored)
+                    })
             }
         };
-        let bundle_path = bundle.as_ref().map(|b| b.path());
         let (adopted, refused, reset_to) = match adopted {
             Ok(done) => done,
             Err(e) => {
-                let all: Vec<Refusal> = std::iter::once(Refusal {
-                    path: "(all)".into(),
-                    reason: format!("nothing was adopted: {e}"),
-                })
-                .chain(
-                    manifest::diff(&base, &theirs)
-                        .changed
-                        .into_keys()
-                        .map(|path| Refusal {
-                            path,
-                            reason: "not adopted with the rest of the turn".into(),
-                        }),
-                )
-                .collect();
-                let kept = Refused {
-                    session: session_id,
-                    run,
-                    remote: &remote,
-                    refused: &all,
-                    theirs: &theirs,
-                    bundle: bundle_path,
-                };
-                if let Err(q) = self.quarantine(scope, kept).await {
-                    tracing::warn!(session = %session_id, error = %q, "could not keep the refused work in quarantine");
+                // Nothing was adopted: the whole turn's work is kept (when it was not already).
+                if kept.is_none() {
+                    let all: Vec<Refusal> = std::iter::once(Refusal {
+                        path: "(all)".into(),
+                        reason: format!("nothing was adopted: {e}"),
+                        kind: RefusalKind::Everything,
+                    })
+                    .chain(
+                        manifest::diff(&base, &theirs)
+                            .changed
+                            .into_keys()
+                            .map(|path| Refusal {
+                                path,
+                                reason: "not adopted with the rest of the turn".into(),
+                                kind: RefusalKind::Path,
+                            }),
+                    )
+                    .collect();
+                    let whole = Refused {
+                        session: session_id,
+                        run,
+                        remote: &remote,
+                        refused: &all,
+                        theirs: &theirs,
+                        bundle: bundle_path,
+                    };
+                    match self.quarantine(scope, whole).await {
+                        Ok(k) => kept = Some(k),
+                        Err(q) => {
+                            tracing::warn!(session = %session_id, error = %q, "could not keep the refused work in quarantine");
+                        }
+                    }
+                } else if let Some(k) = kept.as_mut() {
+                    let everything = [Refusal {
+                        path: "(all)".into(),
+                        reason: format!("nothing was adopted: {e}"),
+                        kind: RefusalKind::Everything,
+                    }];
+                    if let Err(q) = self.add_to_quarantine(scope, k, &everything) {
+                        tracing::warn!(session = %session_id, error = %q, "could not record the refusal in quarantine");
+                    }
+                }
+                if let Some(k) = &kept {
+                    self.announce_quarantine(scope, session_id, run, k);
                 }
                 return Err(e.into());
             }
         };
-        if !refused.is_empty() {
-            let kept = Refused {
-                session: session_id,
-                run,
-                remote: &remote,
-                refused: &refused,
-                theirs: &theirs,
-                bundle: bundle_path,
+        // From here the work is adopted: what follows only tells and tidies, and never undoes
+        // it (a failure is said, and the adopted manifest is still the next base).
+        let late: Vec<Refusal> = refused
+            .iter()
+            .filter(|r| r.kind != RefusalKind::Path)
+            .cloned()
+            .collect();
+        if !late.is_empty() {
+            let added = match kept.as_mut() {
+                Some(k) => self.add_to_quarantine(scope, k, &late),
+                None => self
+                    .quarantine(
+                        scope,
+                        Refused {
+                            session: session_id,
+                            run,
+                            remote: &remote,
+                            refused: &late,
+                            theirs: &theirs,
+                            bundle: bundle_path,
+                        },
+                    )
+                    .await
+                    .map(|k| kept = Some(k)),
             };
-            // Kept first; only then is the box put back in step with what was adopted.
-            self.quarantine(scope, kept).await?;
-            quarantine::revert_on_box(
+            if let Err(e) = added {
+                tracing::warn!(session = %session_id, error = %e, "could not record the refused commits in quarantine");
+            }
+        }
+        if let Some(k) = &kept {
+            self.announce_quarantine(scope, session_id, run, k);
+            if let Err(e) = quarantine::revert_on_box(
                 &remote,
                 local,
                 &adopted,
-                &refused,
+                &k.paths,
                 reset_to.as_deref(),
                 &cancel,
             )
-            .await?;
+            .await
+            {
+                tracing::warn!(session = %session_id, error = %e, "could not put the box back in step after a quarantine");
+                self.notify(
+                    scope,
+                    session_id,
+                    run,
+                    &format!("The box still has the refused paths (putting it back in step failed: {e}); they will be refused again next turn."),
+                );
+            }
         }
         theirs = adopted;
         Ok(manifest::to_json(&theirs)?)

@@ -386,8 +386,10 @@ impl Boxes {
         };
 
         let box_pid = self.box_pid(id);
+        // The box's process is looked up (pid file and command line) on every pass: once the
+        // init is reaped, its pid may belong to someone else.
         let left = || {
-            let mut pids = box_pid.map(procs::tree).unwrap_or_default();
+            let mut pids = self.box_pid(id).map(procs::tree).unwrap_or_default();
             if let Some(uid) = uid {
                 pids.extend(procs::owned_by(uid));
             }
