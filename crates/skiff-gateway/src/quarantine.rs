@@ -322,6 +322,8 @@ impl Core {
         // Newest quarantine first: a path refused twice is accepted as the box last had it.
         let mut plan: Vec<(ArtifactRow, QuarantinedPath, Option<String>)> = Vec::new();
         for path in paths {
+            contain::check_path(path)
+                .map_err(|e| Error::BadRequest(format!("{path} can never be accepted: {e}")))?;
             let found = rows.iter().rev().find_map(|row| {
                 let meta: Meta = serde_json::from_value(row.meta.clone()).ok()?;
                 let q = meta.paths.into_iter().find(|q| &q.path == path)?;
@@ -341,8 +343,6 @@ impl Core {
                     }
                 )));
             }
-            contain::check_path(path)
-                .map_err(|e| Error::BadRequest(format!("{path} can never be accepted: {e}")))?;
             if !q.kept {
                 return Err(Error::BadRequest(format!(
                     "{path} was refused ({}) and its bytes were not kept; it is still on the box, if the box is",
