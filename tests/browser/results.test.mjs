@@ -90,6 +90,7 @@ test('expanding the last tool row of a long chat scrolls its output into view, e
   assert.match(await last.locator('.tool-head .texit').getAttribute('class'), /\bbad\b/);
   assert.equal(await rows.first().locator('.tool-head .texit').innerText(), 'exit 0');
   assert.match(await last.locator('.tool-head .sr-only').innerText(), /failed, exit code 1/);
+  await shot('chat-exec-rows-1280');
 
   // The chat sits at its end; the last row's output opens below the fold and is brought up.
   const before = await scroller.evaluate((s) => s.scrollTop);
