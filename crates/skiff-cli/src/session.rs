@@ -1,7 +1,7 @@
 //! `skiff session new|list|show|send|watch|cancel|checkpoints|publish`
 
 use crate::client::Client;
-use crate::render::{self, Live};
+use crate::render::{self, Detail, Live};
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use futures_util::StreamExt;
@@ -18,11 +18,11 @@ pub enum SessionCommand {
     /// List sessions, newest activity first
     List(JsonArg),
     /// Show a session: workspace, branch, runs and transcript
-    Show(IdArgs),
+    Show(ShowArgs),
     /// Send the next message and stream the turn
     Send(SendArgs),
     /// Follow a session's current turn (after replaying its history)
-    Watch(IdArgs),
+    Watch(ShowArgs),
     /// Cancel the running turn
     Cancel(IdArgs),
     /// List the session's end-of-turn workspace checkpoints
@@ -95,6 +95,24 @@ pub struct IdArgs {
     out: JsonArg,
 }
 
+/// `--full`: for commands that show tool output.
+#[derive(Args)]
+pub struct FullArg {
+    /// Show all of each command's output and of each tool error [default: the last 10 lines]
+    #[arg(long)]
+    full: bool,
+}
+
+#[derive(Args)]
+pub struct ShowArgs {
+    /// Session id (ses_…)
+    id: String,
+    #[command(flatten)]
+    detail: FullArg,
+    #[command(flatten)]
+    out: JsonArg,
+}
+
 #[derive(Args)]
 pub struct NewArgs {
     /// The first message
@@ -112,6 +130,8 @@ pub struct NewArgs {
     #[arg(long)]
     detach: bool,
     #[command(flatten)]
+    detail: FullArg,
+    #[command(flatten)]
     out: JsonArg,
 }
 
@@ -127,6 +147,8 @@ pub struct SendArgs {
     /// Start the turn and return without streaming it
     #[arg(long)]
     detach: bool,
+    #[command(flatten)]
+    detail: FullArg,
     #[command(flatten)]
     out: JsonArg,
 }
@@ -149,13 +171,15 @@ pub async fn run(cmd: SessionCommand, state_dir: &Path) -> Result<ExitCode> {
                     profile: args.profile,
                 })
                 .await?;
-            started_turn(&client, started, args.detach, args.out.json).await
+            let live = Live::with_detail(args.out.json, Detail::with_full_flag(args.detail.full));
+            started_turn(&client, started, args.detach, live).await
         }
         SessionCommand::Send(args) => {
             let started = client
                 .send_message(&args.id, &args.prompt, args.profile.as_deref())
                 .await?;
-            started_turn(&client, started, args.detach, args.out.json).await
+            let live = Live::with_detail(args.out.json, Detail::with_full_flag(args.detail.full));
+            started_turn(&client, started, args.detach, live).await
         }
         SessionCommand::List(out) => {
             let list = client.sessions().await?;
@@ -229,7 +253,8 @@ pub async fn run(cmd: SessionCommand, state_dir: &Path) -> Result<ExitCode> {
                 )?;
             }
             outln!()?;
-            out!("{}", render::transcript(&detail.transcript))?;
+            let shown = Detail::with_full_flag(args.detail.full);
+            out!("{}", render::transcript(&detail.transcript, shown))?;
             Ok(ExitCode::SUCCESS)
         }
         SessionCommand::Watch(args) => {
@@ -238,7 +263,8 @@ pub async fn run(cmd: SessionCommand, state_dir: &Path) -> Result<ExitCode> {
                 eprintln!("session {} has no runs yet", args.id);
                 return Ok(ExitCode::SUCCESS);
             };
-            follow(&client, &detail.session.id, &run.id, args.out.json).await
+            let live = Live::with_detail(args.out.json, Detail::with_full_flag(args.detail.full));
+            follow(&client, &detail.session.id, &run.id, live).await
         }
         SessionCommand::Checkpoints(args) => {
             let path = format!("/v1/sessions/{}/checkpoints", args.id);
@@ -286,8 +312,9 @@ async fn started_turn(
     client: &Client,
     started: RunStarted,
     detach: bool,
-    json: bool,
+    live: Live,
 ) -> Result<ExitCode> {
+    let json = live.json();
     if detach {
         if json {
             outln!("{}", serde_json::to_string(&started)?)?;
@@ -308,7 +335,7 @@ async fn started_turn(
             started.session.workspace.path()
         );
     }
-    follow(client, &started.session.id, &started.run.id, json).await
+    follow(client, &started.session.id, &started.run.id, live).await
 }
 
 /// Streams a session's events until `run` ends; the exit code says how it ended.
@@ -316,9 +343,9 @@ pub async fn follow(
     client: &Client,
     session: &SessionId,
     run: &RunId,
-    json: bool,
+    mut live: Live,
 ) -> Result<ExitCode> {
-    let status = follow_until_end(client, session, run, &mut Live::new(json)).await?;
+    let status = follow_until_end(client, session, run, &mut live).await?;
     Ok(if status == RunStatus::Succeeded {
         ExitCode::SUCCESS
     } else {

@@ -5,6 +5,8 @@
 // never re-applied), so a reconnect that resumes from the last cursor — or a reload that
 // replays everything — shows each thing exactly once. DOM work is batched per animation
 // frame, only the newest blocks are rendered at first, and long tool output stays collapsed.
+// An expanded tool row is scrolled into view; `exec` rows carry their exit code, and their
+// output shows its end first (where a failing command says why).
 
 import { h, replace, fmtDuration, fmtInt, fmtBytes, frameBatcher, announce } from './dom.js';
 import { renderMarkdown } from './markdown.js';
@@ -26,6 +28,17 @@ function summarize(args) {
   }
   const first = Object.values(args).find((v) => typeof v === 'string');
   return first || '';
+}
+
+/** `exec`'s result split into its exit code and output ("exit code: 1\n…"), else null. */
+function execResult(tool) {
+  if (tool.name !== 'exec' || typeof tool.output !== 'string') return null;
+  const m = /^exit code: (-?\d+)(\n|$)/.exec(tool.output);
+  return m ? { code: Number(m[1]), output: tool.output.slice(m[0].length) } : null;
+}
+
+function exitBadge(code) {
+  return h('span', { class: `texit ${code === 0 ? 'ok' : 'bad'}`, title: `exit code ${code}` }, `exit ${code}`);
 }
 
 const TOOL_SYMBOL = { pending: '○', running: '◌', ok: '✓', error: '✕', cancelled: '⊘' };
@@ -447,11 +460,27 @@ export class ChatView {
     head.addEventListener('click', () => {
       tool.open = !tool.open;
       this.updateTool(tool);
+      if (tool.open) this.reveal(li, li.querySelector('pre.result'));
     });
     tool.el = li;
     tool.dirty = true;
     this.updateTool(tool);
     return li;
+  }
+
+  /**
+   * Scrolls the transcript just enough to show `el` whole, or, when it is taller than the
+   * transcript, `target` (its output) whole, or else from its top.
+   */
+  reveal(el, target) {
+    const view = this.scroller.getBoundingClientRect();
+    const fits = (e) => e && e.getBoundingClientRect().height <= view.height;
+    const show = fits(el) ? el : fits(target) ? target : (target || el);
+    const box = show.getBoundingClientRect();
+    let delta = 0;
+    if (box.bottom > view.bottom) delta = Math.min(box.bottom - view.bottom, box.top - view.top);
+    else if (box.top < view.top) delta = box.top - view.top;
+    if (delta) this.scroller.scrollTop += delta;
   }
 
   updateTool(tool) {
@@ -461,13 +490,15 @@ export class ChatView {
     const [head, body] = li.children;
     li.dataset.status = tool.status;
     head.setAttribute('aria-expanded', String(tool.open));
+    const exec = execResult(tool);
+    const label = exec ? `${TOOL_LABEL[tool.status]}, exit code ${exec.code}` : TOOL_LABEL[tool.status];
     replace(head,
       h('span', { class: 'chev', 'aria-hidden': 'true' }, tool.open ? '▾' : '▸'),
       h('span', { class: 'tname' }, tool.name),
       h('span', { class: 'targ', title: tool.summary }, tool.summary),
-      h('span', { class: `tstatus ts-${tool.status}`, title: TOOL_LABEL[tool.status] },
-        h('span', { 'aria-hidden': 'true' }, TOOL_SYMBOL[tool.status]),
-        h('span', { class: 'sr-only' }, TOOL_LABEL[tool.status])),
+      h('span', { class: `tstatus ts-${tool.status}`, title: label },
+        h('span', { 'aria-hidden': 'true' }, TOOL_SYMBOL[tool.status], exec ? [' ', exitBadge(exec.code)] : null),
+        h('span', { class: 'sr-only' }, label)),
       h('span', { class: 'tdur' }, tool.duration !== null ? fmtDuration(tool.duration) : ''));
     body.hidden = !tool.open;
     if (!tool.open) {
@@ -475,31 +506,51 @@ export class ChatView {
       return;
     }
     const args = tool.args === undefined ? '' : JSON.stringify(tool.args, null, 2);
-    const out = tool.output;
-    const parts = [h('h4', {}, 'Arguments'), h('pre', { class: 'out' }, args || '(none)'), h('h4', {}, tool.isError ? 'Error' : 'Output')];
+    const out = exec ? exec.output : tool.output;
+    const parts = [h('h4', {}, 'Arguments'), h('pre', { class: 'out' }, args || '(none)'),
+      exec ? h('h4', { class: 'out-head' }, 'Output ', exitBadge(exec.code)) : h('h4', {}, tool.isError ? 'Error' : 'Output')];
+    let pre = null;
     if (out === null) {
       parts.push(h('p', { class: 'muted' }, tool.status === 'running' ? 'Running…' : 'No output yet.'));
     } else {
       let shown = out;
       let cut = false;
       if (!tool.full) {
-        const lines = out.split('\n', PREVIEW_LINES + 1);
-        if (lines.length > PREVIEW_LINES) {
-          shown = lines.slice(0, PREVIEW_LINES).join('\n');
-          cut = true;
-        }
-        if (shown.length > PREVIEW_CHARS) {
-          shown = shown.slice(0, PREVIEW_CHARS);
-          cut = true;
+        // A command's output is read from its end (the failure, the summary); the rest from
+        // its start.
+        if (exec) {
+          const lines = out.replace(/\n$/, '').split('\n');
+          if (lines.length > PREVIEW_LINES) {
+            parts.push(h('p', { class: 'muted cut-note' }, `… ${fmtInt(lines.length - PREVIEW_LINES)} earlier lines`));
+            shown = lines.slice(-PREVIEW_LINES).join('\n');
+            cut = true;
+          }
+          if (shown.length > PREVIEW_CHARS) {
+            shown = shown.slice(-PREVIEW_CHARS);
+            cut = true;
+          }
+        } else {
+          const lines = out.split('\n', PREVIEW_LINES + 1);
+          if (lines.length > PREVIEW_LINES) {
+            shown = lines.slice(0, PREVIEW_LINES).join('\n');
+            cut = true;
+          }
+          if (shown.length > PREVIEW_CHARS) {
+            shown = shown.slice(0, PREVIEW_CHARS);
+            cut = true;
+          }
         }
       }
-      parts.push(h('pre', { class: `out${tool.isError ? ' err' : ''}` }, shown || '(empty)'));
+      pre = h('pre', { class: `out result${tool.isError && !exec ? ' err' : ''}` }, shown || '(empty)');
+      parts.push(pre);
       if (cut) {
         parts.push(h('button', { type: 'button', class: 'link-btn', onclick: () => { tool.full = true; this.updateTool(tool); } },
           `Show all (${fmtBytes(new Blob([out]).size)}, ${fmtInt(out.split('\n').length)} lines)`));
       }
     }
     replace(body, ...parts);
+    // The end of a command's output is what matters: start there when it scrolls.
+    if (exec && pre && pre.isConnected) pre.scrollTop = pre.scrollHeight;
   }
 
   renderComposer() {

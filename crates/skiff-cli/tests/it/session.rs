@@ -266,14 +266,11 @@ fn session_show_reads_well() {
 
         you    finalize the notes
         agent  Reading the file.
-          ▸ read {"path":"notes.txt"}
-            ✓ read: 1 draft notes
+          ▸ read notes.txt  ✓ 1 line
         agent  Editing it.
-          ▸ edit {"edits":[{"new_text":"final","old_text":"draft"}],"path":"notes.txt"}
-            ✓ edit: applied 1 edit(s) to notes.txt
+          ▸ edit notes.txt  ✓ 1 edit
         agent  Committing.
-          ▸ exec {"command":"git add -A && git commit -q -m 'agent: finalize notes'"}
-            ✓ exec: exit code: 0
+          ▸ exec git add -A && git commit -q -m 'agent: finalize notes'  ✓ exit 0
         agent  All done.
         "#);
     });
