@@ -14,6 +14,7 @@ mod box_isolation;
 mod env;
 mod harness;
 mod leftovers;
+mod results;
 mod session;
 mod sync;
 mod ui;
