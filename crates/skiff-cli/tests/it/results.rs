@@ -224,6 +224,27 @@ fn apply_refuses_a_directory_that_changed_where_the_session_changed_it() {
         std::fs::read_to_string(other.path().join("notes.txt")).unwrap(),
         "final\n"
     );
+
+    // Both attempts are audited; the routes need a token like every other.
+    let store = skiff_store::Store::open(&gw.state_dir.join("skiff.db")).unwrap();
+    let decisions: Vec<String> = store
+        .audit_rows()
+        .unwrap()
+        .into_iter()
+        .filter(|r| r.action == "session.apply")
+        .map(|r| r.decision)
+        .collect();
+    assert_eq!(decisions, ["refused", "applied"]);
+    let http = reqwest::blocking::Client::new();
+    for req in [
+        http.get(format!("{}/v1/sessions/{id}/diff", gw.url)),
+        http.post(format!("{}/v1/sessions/{id}/apply", gw.url))
+            .json(&serde_json::json!({})),
+        http.post(format!("{}/v1/sessions/{id}/export", gw.url))
+            .json(&serde_json::json!({ "to": "/tmp/nowhere" })),
+    ] {
+        assert_eq!(req.send().unwrap().status(), 401);
+    }
 }
 
 #[test]
