@@ -116,6 +116,18 @@ pub enum Error {
         target: String,
         conflicts: Vec<results::Conflict>,
     },
+    /// `apply` failed after its first delete or rename (a directory swapped for a symlink
+    /// meanwhile, a full disk): what it did stays, the rest was not done.
+    #[error(
+        "applying to {target} stopped part-way, after {deleted} deletes and {written} writes: {source}. Fix the cause and run apply again: paths already as the session has them are left alone"
+    )]
+    PartlyApplied {
+        target: String,
+        deleted: usize,
+        written: usize,
+        #[source]
+        source: Box<Error>,
+    },
     #[error(
         "{path} already exists and is not empty; an export writes only into a new or empty directory"
     )]

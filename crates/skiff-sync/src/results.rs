@@ -22,8 +22,8 @@ use skiff_protocol::sync::{ChangeStatus, CommitView, FileChange};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::io::{Read, Write};
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
-use std::path::{Path, PathBuf};
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
 use tokio_util::sync::CancellationToken;
 
 /// Bounds on the patches a diff carries (counts are always complete).
@@ -730,59 +730,235 @@ pub struct Applied {
     pub deleted: Vec<String>,
 }
 
-/// The owner new entries of `dir` get: as root, the directory's owner (a root gateway writing
-/// into a user's directory leaves that user's files); otherwise none (they are ours).
-fn owner_for(dir: &Path) -> Option<(u32, u32)> {
-    if !rustix::process::geteuid().is_root() {
-        return None;
-    }
-    std::fs::metadata(dir).ok().map(|m| (m.uid(), m.gid()))
-}
+/// Writes into a directory the gateway does not own (a user's, possibly writable by others
+/// while the gateway runs as root) go through directory descriptors: every directory below the
+/// root is opened without following a symlink, new entries are made in a private staging
+/// directory (mode 0700) and get their owner and mode there, and only then are renamed into
+/// place. A directory swapped for a symlink between the checks and the writes stops the write
+/// instead of redirecting it.
+mod at {
+    use crate::{Error, Result};
+    use rustix::fs::{AtFlags, Mode, OFlags};
+    use std::os::fd::{AsFd, OwnedFd};
+    use std::path::Path;
 
-fn chown(path: &Path, owner: Option<(u32, u32)>) -> Result<()> {
-    if let Some((uid, gid)) = owner {
-        std::os::unix::fs::lchown(path, Some(uid), Some(gid)).map_err(io_err(path))?;
-    }
-    Ok(())
-}
-
-/// Creates the directories above `rel` in `root` (never through a symlink), each owned like
-/// its parent.
-fn make_parents(root: &Path, rel: &str) -> Result<()> {
-    let mut dir = PathBuf::from(root);
-    let parts: Vec<&str> = rel.split('/').collect();
-    for part in &parts[..parts.len().saturating_sub(1)] {
-        let parent = dir.clone();
-        dir.push(part);
-        match std::fs::symlink_metadata(&dir) {
-            Ok(m) if m.is_dir() => {}
-            Ok(_) => {
-                return Err(Error::Unsafe {
-                    path: rel.to_owned(),
-                    reason: format!("{} is not a real directory", dir.display()),
-                });
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                std::fs::create_dir(&dir).map_err(io_err(&dir))?;
-                chown(&dir, owner_for(&parent))?;
-            }
-            Err(e) => return Err(io_err(&dir)(e)),
+    pub(super) fn err(what: String) -> impl FnOnce(rustix::io::Errno) -> Error {
+        move |e| Error::Io {
+            path: what,
+            source: e.into(),
         }
     }
-    Ok(())
+
+    /// Opens the directory `path` (the root: symlinks in the path the user named are theirs).
+    pub(super) fn open_root(path: &Path) -> Result<OwnedFd> {
+        rustix::fs::open(
+            path,
+            OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(err(path.display().to_string()))
+    }
+
+    /// Opens `name` in `dir` as a directory, refusing a symlink. `None` when it is absent.
+    pub(super) fn open_dir(dir: impl AsFd, name: &str, shown: &str) -> Result<Option<OwnedFd>> {
+        match rustix::fs::openat(
+            dir,
+            name,
+            OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::RDONLY | OFlags::CLOEXEC,
+            Mode::empty(),
+        ) {
+            Ok(fd) => Ok(Some(fd)),
+            Err(rustix::io::Errno::NOENT) => Ok(None),
+            Err(rustix::io::Errno::LOOP | rustix::io::Errno::NOTDIR) => Err(Error::Unsafe {
+                path: shown.to_owned(),
+                reason: "it is not a real directory (a symlink or a file took its place)".into(),
+            }),
+            Err(e) => Err(err(shown.to_owned())(e)),
+        }
+    }
+
+    /// The owner new entries of `dir` get: as root, the directory's own (a root gateway
+    /// writing into a user's directory leaves that user's files); otherwise none.
+    pub(super) fn owner(dir: impl AsFd) -> Option<(u32, u32)> {
+        if !rustix::process::geteuid().is_root() {
+            return None;
+        }
+        rustix::fs::fstat(dir).ok().map(|st| (st.st_uid, st.st_gid))
+    }
+
+    pub(super) fn chown(
+        dir: impl AsFd,
+        name: &str,
+        owner: Option<(u32, u32)>,
+        shown: &str,
+    ) -> Result<()> {
+        if let Some((uid, gid)) = owner {
+            rustix::fs::chownat(
+                dir,
+                name,
+                Some(rustix::fs::Uid::from_raw(uid)),
+                Some(rustix::fs::Gid::from_raw(gid)),
+                AtFlags::SYMLINK_NOFOLLOW,
+            )
+            .map_err(err(shown.to_owned()))?;
+        }
+        Ok(())
+    }
+
+    /// Opens the directory holding `rel` below `root`, never through a symlink, creating
+    /// missing directories (owned like their parent) when `create`. `None` when a directory
+    /// is missing and `create` is false.
+    pub(super) fn parent_of(
+        root: &OwnedFd,
+        rel: &str,
+        create: bool,
+        shown: &Path,
+    ) -> Result<Option<OwnedFd>> {
+        let parts: Vec<&str> = rel.split('/').collect();
+        let mut dir = root.try_clone().map_err(|e| Error::Io {
+            path: shown.display().to_string(),
+            source: e,
+        })?;
+        let mut sofar = shown.to_path_buf();
+        for part in &parts[..parts.len().saturating_sub(1)] {
+            sofar.push(part);
+            let name = sofar.display().to_string();
+            dir = match open_dir(&dir, part, &name)? {
+                Some(next) => next,
+                None if create => {
+                    rustix::fs::mkdirat(&dir, *part, Mode::from_raw_mode(0o755))
+                        .map_err(err(name.clone()))?;
+                    chown(&dir, part, owner(&dir), &name)?;
+                    open_dir(&dir, part, &name)?.ok_or_else(|| Error::Unsafe {
+                        path: name.clone(),
+                        reason: "it vanished as it was created".into(),
+                    })?
+                }
+                None => return Ok(None),
+            };
+        }
+        Ok(Some(dir))
+    }
+
+    /// A private directory (0700) made inside `parent`, removed with what it still holds when
+    /// dropped.
+    pub(super) struct Staging {
+        parent: OwnedFd,
+        pub(super) name: String,
+        pub(super) fd: OwnedFd,
+        shown: String,
+    }
+
+    impl Staging {
+        pub(super) fn new(parent: &OwnedFd, shown: &Path, prefix: &str) -> Result<Staging> {
+            let parent = parent.try_clone().map_err(|e| Error::Io {
+                path: shown.display().to_string(),
+                source: e,
+            })?;
+            for attempt in 0u32..100 {
+                let nanos = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.subsec_nanos())
+                    .unwrap_or(0);
+                let name = format!("{prefix}-{}-{nanos:08x}-{attempt}", std::process::id());
+                let path = shown.join(&name).display().to_string();
+                match rustix::fs::mkdirat(&parent, name.as_str(), Mode::from_raw_mode(0o700)) {
+                    Ok(()) => {}
+                    Err(rustix::io::Errno::EXIST) => continue,
+                    Err(e) => return Err(err(path)(e)),
+                }
+                let fd = open_dir(&parent, &name, &path)?.ok_or_else(|| Error::Unsafe {
+                    path: path.clone(),
+                    reason: "the staging directory vanished as it was created".into(),
+                })?;
+                return Ok(Staging {
+                    parent,
+                    name,
+                    fd,
+                    shown: path,
+                });
+            }
+            Err(Error::Invalid {
+                what: shown.display().to_string(),
+                detail: "cannot create a staging directory in it".into(),
+            })
+        }
+
+        pub(super) fn shown(&self) -> &str {
+            &self.shown
+        }
+
+        /// Forgets the directory (it was renamed into place).
+        pub(super) fn keep(mut self) {
+            self.name.clear();
+        }
+    }
+
+    impl Drop for Staging {
+        fn drop(&mut self) {
+            if self.name.is_empty() {
+                return;
+            }
+            remove_tree(&self.fd);
+            let _ = rustix::fs::unlinkat(&self.parent, self.name.as_str(), AtFlags::REMOVEDIR);
+        }
+    }
+
+    /// Best effort: empties a directory the gateway made (its own staging).
+    fn remove_tree(dir: &OwnedFd) {
+        let Ok(dup) = dir.try_clone() else { return };
+        let Ok(entries) = rustix::fs::Dir::read_from(dup) else {
+            return;
+        };
+        let names: Vec<(std::ffi::CString, bool)> = entries
+            .filter_map(|e| e.ok())
+            .filter(|e| !matches!(e.file_name().to_bytes(), b"." | b".."))
+            .map(|e| {
+                (
+                    e.file_name().to_owned(),
+                    e.file_type() == rustix::fs::FileType::Directory,
+                )
+            })
+            .collect();
+        for (name, is_dir) in names {
+            if is_dir
+                && let Ok(sub) = rustix::fs::openat(
+                    dir,
+                    name.as_c_str(),
+                    OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::RDONLY | OFlags::CLOEXEC,
+                    Mode::empty(),
+                )
+            {
+                remove_tree(&sub);
+                let _ = rustix::fs::unlinkat(dir, name.as_c_str(), AtFlags::REMOVEDIR);
+            } else {
+                let _ = rustix::fs::unlinkat(dir, name.as_c_str(), AtFlags::empty());
+            }
+        }
+    }
 }
 
-/// Copies `src` to a new file `dst`, checking its bytes against `entry` on the way.
-fn copy_checked(src: &Path, dst: &Path, path: &str, entry: &ManifestEntry) -> Result<()> {
-    let ManifestEntry::File { blake3, size, mode } = entry else {
-        return Ok(());
-    };
+/// Copies `src` into a new file `name` of the directory `dir`, checking its bytes against
+/// `entry` when given, and setting `mode`.
+fn copy_into(
+    src: &Path,
+    dir: &std::os::fd::OwnedFd,
+    name: &str,
+    shown: &str,
+    mode: u32,
+    check: Option<(&str, &str, u64)>,
+) -> Result<u64> {
+    use rustix::fs::{Mode as FsMode, OFlags};
     let mut input = std::fs::File::open(src).map_err(io_err(src))?;
-    let mut output = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .open(dst)
-        .map_err(io_err(dst))?;
+    let fd = rustix::fs::openat(
+        dir,
+        name,
+        OFlags::CREATE | OFlags::EXCL | OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        FsMode::from_raw_mode(0o600),
+    )
+    .map_err(at::err(shown.to_owned()))?;
+    let mut output = std::fs::File::from(fd);
+    let shown_path = Path::new(shown);
     let mut hasher = blake3::Hasher::new();
     let mut buf = vec![0u8; 256 * 1024];
     let mut len = 0u64;
@@ -791,45 +967,95 @@ fn copy_checked(src: &Path, dst: &Path, path: &str, entry: &ManifestEntry) -> Re
         if n == 0 {
             break;
         }
-        hasher.update(&buf[..n]);
-        output.write_all(&buf[..n]).map_err(io_err(dst))?;
+        if check.is_some() {
+            hasher.update(&buf[..n]);
+        }
+        output.write_all(&buf[..n]).map_err(io_err(shown_path))?;
         len += n as u64;
     }
-    output.sync_all().map_err(io_err(dst))?;
-    let got = hasher.finalize().to_hex().to_string();
-    if len != *size || &got != blake3 {
-        return Err(Error::Mismatch {
-            path: path.to_owned(),
-            detail: "it changed in the session's workspace while it was being copied; run the command again".into(),
-        });
+    output.sync_all().map_err(io_err(shown_path))?;
+    if let Some((path, blake3, size)) = check {
+        let got = hasher.finalize().to_hex().to_string();
+        if len != size || got != blake3 {
+            return Err(Error::Mismatch {
+                path: path.to_owned(),
+                detail: "it changed in the session's workspace while it was being copied; run the command again".into(),
+            });
+        }
     }
-    std::fs::set_permissions(dst, std::fs::Permissions::from_mode(mode & 0o777))
-        .map_err(io_err(dst))?;
-    Ok(())
+    output
+        .set_permissions(std::fs::Permissions::from_mode(mode & 0o777))
+        .map_err(io_err(shown_path))?;
+    Ok(len)
+}
+
+/// The last segment of a workspace path.
+fn leaf(rel: &str) -> &str {
+    rel.rsplit_once('/').map_or(rel, |(_, name)| name)
 }
 
 /// Carries out a checked plan: every new file is staged inside `target` and checked against
-/// the plan first (a failure there leaves `target` as it was), then deletes, then renames into
-/// place, then directories the deletes emptied (those `workspace` no longer has) go.
+/// the plan first (a failure there leaves `target` as it was), then deletes, then directories
+/// the deletes emptied (those `workspace` no longer has) go, then the staged entries are
+/// renamed into place. Nothing is written through a symlink (see [`at`]). A failure after the
+/// first delete or rename is [`Error::PartlyApplied`], saying how far it got.
 pub fn apply(plan: &Plan, workspace: &Path, target: &Path) -> Result<Applied> {
-    let staging = Scratch::new(target, ".skiff-apply")?;
-    let mut staged: Vec<(&String, &ManifestEntry, PathBuf)> = Vec::new();
+    let root = at::open_root(target)?;
+    let staging = at::Staging::new(&root, target, ".skiff-apply")?;
     for (i, (path, entry)) in plan.write.iter().enumerate() {
-        let tmp = staging.path().join(i.to_string());
+        let name = i.to_string();
+        let shown = format!("{}/{name}", staging.shown());
         match entry {
-            ManifestEntry::File { .. } => copy_checked(&join(workspace, path), &tmp, path, entry)?,
+            ManifestEntry::File { blake3, size, mode } => {
+                copy_into(
+                    &join(workspace, path),
+                    &staging.fd,
+                    &name,
+                    &shown,
+                    *mode,
+                    Some((path, blake3, *size)),
+                )?;
+            }
             ManifestEntry::Symlink { target: link } => {
-                std::os::unix::fs::symlink(link, &tmp).map_err(io_err(&tmp))?;
+                rustix::fs::symlinkat(link.as_str(), &staging.fd, name.as_str())
+                    .map_err(at::err(shown))?;
             }
         }
-        staged.push((path, entry, tmp));
     }
     let mut applied = Applied::default();
+    match finish(plan, workspace, target, &root, &staging, &mut applied) {
+        Ok(()) => Ok(applied),
+        Err(e) if applied.deleted.is_empty() && applied.written.is_empty() => Err(e),
+        Err(e) => Err(Error::PartlyApplied {
+            target: target.display().to_string(),
+            deleted: applied.deleted.len(),
+            written: applied.written.len(),
+            source: Box::new(e),
+        }),
+    }
+}
+
+/// The deletes and renames of [`apply`], recording each in `applied` as it is done.
+fn finish(
+    plan: &Plan,
+    workspace: &Path,
+    target: &Path,
+    root: &std::os::fd::OwnedFd,
+    staging: &at::Staging,
+    applied: &mut Applied,
+) -> Result<()> {
+    use rustix::fs::AtFlags;
     for path in &plan.delete {
-        let full = join(target, path);
-        match std::fs::symlink_metadata(&full) {
-            Ok(m) if !m.is_dir() => {
-                std::fs::remove_file(&full).map_err(io_err(&full))?;
+        let Some(dir) = at::parent_of(root, path, false, target)? else {
+            continue;
+        };
+        let shown = join(target, path).display().to_string();
+        match rustix::fs::statat(&dir, leaf(path), AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st)
+                if rustix::fs::FileType::from_raw_mode(st.st_mode)
+                    != rustix::fs::FileType::Directory =>
+            {
+                rustix::fs::unlinkat(&dir, leaf(path), AtFlags::empty()).map_err(at::err(shown))?;
                 applied.deleted.push(path.clone());
             }
             _ => {}
@@ -841,45 +1067,49 @@ pub fn apply(plan: &Plan, workspace: &Path, target: &Path) -> Result<Applied> {
             if std::fs::symlink_metadata(join(workspace, parent)).is_ok_and(|m| m.is_dir()) {
                 break;
             }
-            if std::fs::remove_dir(join(target, parent)).is_err() {
+            let Some(dir) = at::parent_of(root, parent, false, target)? else {
+                break;
+            };
+            if rustix::fs::unlinkat(&dir, leaf(parent), AtFlags::REMOVEDIR).is_err() {
                 break;
             }
             p = parent;
         }
     }
-    for (path, _, tmp) in staged {
-        make_parents(target, path)?;
-        let full = join(target, path);
-        let owner = match std::fs::symlink_metadata(&full) {
-            Ok(m) if m.is_dir() => {
-                // Emptied by the deletes above (the plan checked that it holds nothing else).
-                remove_empty_tree(&full)?;
-                owner_for(full.parent().unwrap_or(target))
+    for (i, path) in plan.write.keys().enumerate() {
+        let shown = join(target, path).display().to_string();
+        let dir = at::parent_of(root, path, true, target)?.ok_or_else(|| Error::Unsafe {
+            path: shown.clone(),
+            reason: "its directory could not be made".into(),
+        })?;
+        // A replaced entry keeps its owner; a new one gets its directory's.
+        let owner = match rustix::fs::statat(&dir, leaf(path), AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st)
+                if rustix::fs::FileType::from_raw_mode(st.st_mode)
+                    == rustix::fs::FileType::Directory =>
+            {
+                return Err(Error::Unsafe {
+                    path: shown,
+                    reason: "a directory is in the way".into(),
+                });
             }
-            Ok(m) if rustix::process::geteuid().is_root() => Some((m.uid(), m.gid())),
+            Ok(st) if rustix::process::geteuid().is_root() => Some((st.st_uid, st.st_gid)),
             Ok(_) => None,
-            Err(_) => owner_for(full.parent().unwrap_or(target)),
+            Err(_) => at::owner(&dir),
         };
-        std::fs::rename(&tmp, &full).map_err(io_err(&full))?;
-        chown(&full, owner)?;
+        let name = i.to_string();
+        at::chown(&staging.fd, &name, owner, &shown)?;
+        rustix::fs::renameat(&staging.fd, name.as_str(), &dir, leaf(path))
+            .map_err(at::err(shown))?;
         applied.written.push(path.clone());
     }
-    Ok(applied)
-}
-
-/// Removes a tree of empty directories (fails, changing nothing more, at anything else).
-fn remove_empty_tree(dir: &Path) -> Result<()> {
-    for entry in std::fs::read_dir(dir).map_err(io_err(dir))? {
-        let entry = entry.map_err(io_err(dir))?;
-        remove_empty_tree(&entry.path())?;
-    }
-    std::fs::remove_dir(dir).map_err(io_err(dir))
+    Ok(())
 }
 
 /// Copies every file and symlink of `root` that takes part in sync (`mode`'s listing, the
 /// workspace's ignore rules; never `.git`) into `target`, which must not exist or be empty.
-/// The copy is built beside `target` and renamed into place, so `target` is either whole or
-/// as it was. Returns the number of entries and their bytes.
+/// The copy is built in a private directory beside `target` and renamed into place, so
+/// `target` is either whole or as it was. Returns the number of entries and their bytes.
 pub async fn export(
     root: &Path,
     mode: Mode,
@@ -903,34 +1133,47 @@ pub async fn export(
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(io_err(target)(e)),
     }
-    let parent = target.parent().ok_or_else(|| Error::Invalid {
-        what: target.display().to_string(),
-        detail: "it has no parent directory to export beside".into(),
-    })?;
+    let (Some(parent), Some(name)) = (target.parent(), target.file_name().and_then(|n| n.to_str()))
+    else {
+        return Err(Error::Invalid {
+            what: target.display().to_string(),
+            detail: "it has no parent directory and UTF-8 name to export beside".into(),
+        });
+    };
     std::fs::create_dir_all(parent).map_err(io_err(parent))?;
     let rules = Rules::load(root)?;
     let list = filelist::list(root, mode, &rules, &unlimited(), cancel).await?;
-    let staging = Scratch::new(parent, ".skiff-export")?;
-    let owner = owner_for(parent);
+    let parent_fd = at::open_root(parent)?;
+    let owner = at::owner(&parent_fd);
+    let staging = at::Staging::new(&parent_fd, parent, ".skiff-export")?;
+    let staged = Path::new(staging.shown()).to_path_buf();
     let mut bytes = 0u64;
     for file in &list.files {
-        make_parents(staging.path(), &file.path)?;
         let from = join(root, &file.path);
-        let to = join(staging.path(), &file.path);
-        if file.symlink {
+        let shown = join(&staged, &file.path).display().to_string();
+        let dir = at::parent_of(&staging.fd, &file.path, true, &staged)?.ok_or_else(|| {
+            Error::Unsafe {
+                path: shown.clone(),
+                reason: "its directory could not be made".into(),
+            }
+        })?;
+        let leaf = leaf(&file.path);
+        let meta = std::fs::symlink_metadata(&from).map_err(io_err(&from))?;
+        if meta.file_type().is_symlink() {
             let link = std::fs::read_link(&from).map_err(io_err(&from))?;
-            std::os::unix::fs::symlink(link, &to).map_err(io_err(&to))?;
+            rustix::fs::symlinkat(link.as_path(), &dir, leaf).map_err(at::err(shown.clone()))?;
         } else {
-            // `copy` keeps the permission bits.
-            bytes += std::fs::copy(&from, &to).map_err(io_err(&from))?;
+            bytes += copy_into(&from, &dir, leaf, &shown, meta.permissions().mode(), None)?;
         }
-        chown(&to, owner)?;
+        at::chown(&dir, leaf, owner, &shown)?;
     }
-    std::fs::set_permissions(staging.path(), std::fs::Permissions::from_mode(0o755))
-        .map_err(io_err(staging.path()))?;
-    chown(staging.path(), owner)?;
+    rustix::fs::fchmod(&staging.fd, rustix::fs::Mode::from_raw_mode(0o755))
+        .map_err(at::err(staging.shown().to_owned()))?;
+    at::chown(&parent_fd, &staging.name, owner, staging.shown())?;
     // Over an empty directory or none: rename(2) replaces an empty directory.
-    std::fs::rename(staging.path(), target).map_err(io_err(target))?;
+    rustix::fs::renameat(&parent_fd, staging.name.as_str(), &parent_fd, name)
+        .map_err(at::err(target.display().to_string()))?;
+    staging.keep();
     Ok((list.files.len() as u64, bytes))
 }
 
@@ -1055,5 +1298,47 @@ mod tests {
         let plan = plan_apply(&base, &d, target).unwrap();
         assert_eq!(plan.unchanged, ["done.txt"]);
         assert_eq!(plan.write.keys().collect::<Vec<_>>(), ["same.txt"]);
+    }
+
+    #[test]
+    fn a_directory_swapped_for_a_symlink_after_the_checks_stops_the_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ws, target, elsewhere) = (
+            dir.path().join("ws"),
+            dir.path().join("target"),
+            dir.path().join("elsewhere"),
+        );
+        for d in [&ws, &target, &elsewhere] {
+            std::fs::create_dir_all(d.join("docs")).unwrap();
+        }
+        std::fs::write(ws.join("docs/new.txt"), "new\n").unwrap();
+        let mut d = manifest::Diff::default();
+        d.changed.insert(
+            "docs/new.txt".into(),
+            manifest::entry_of(&ws, "docs/new.txt").unwrap(),
+        );
+        let base = manifest(&[]);
+        let plan = plan_apply(&base, &d, &target).unwrap();
+        // Between the checks and the writes, `docs` becomes a symlink to somewhere else.
+        std::fs::remove_dir(target.join("docs")).unwrap();
+        std::os::unix::fs::symlink(elsewhere.join("docs"), target.join("docs")).unwrap();
+        let err = apply(&plan, &ws, &target).unwrap_err();
+        assert!(matches!(err, Error::Unsafe { .. }), "{err}");
+        assert!(err.to_string().contains("not a real directory"), "{err}");
+        assert!(
+            !elsewhere.join("docs/new.txt").exists(),
+            "written through the symlink"
+        );
+        // The staging directory went too.
+        let left: Vec<_> = std::fs::read_dir(&target)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(left, [std::ffi::OsString::from("docs")]);
+        // The checks alone refuse it as well.
+        let Err(Error::ApplyConflict { conflicts, .. }) = plan_apply(&base, &d, &target) else {
+            panic!("no conflict");
+        };
+        assert_eq!(conflicts[0].path, "docs/new.txt");
     }
 }
