@@ -9,6 +9,7 @@ mod demo;
 mod env;
 mod gateway;
 mod render;
+mod results;
 mod session;
 mod ui;
 mod worker;

@@ -1,4 +1,5 @@
-//! `skiff session new|list|show|send|watch|cancel|checkpoints|publish`
+//! `skiff session new|list|show|send|watch|cancel|checkpoints|publish|quarantine` (and
+//! `diff|apply|export`, in `results.rs`)
 
 use crate::client::Client;
 use crate::render::{self, Detail, Live};
@@ -29,6 +30,14 @@ pub enum SessionCommand {
     Checkpoints(IdArgs),
     /// Push the session branch from your repository, with the gateway's git credentials
     Publish(PublishArgs),
+    /// The session's changes against what it started from: a patch in git's format, or
+    /// --stat; --run RUN for one turn's
+    Diff(crate::results::DiffArgs),
+    /// Write a plain session's changes back to its directory (or --to DIR), only where that
+    /// still matches what the session started from; a git session's result is its branch
+    Apply(crate::results::ApplyArgs),
+    /// Write the session's whole result (its files, no .git) into a new directory
+    Export(crate::results::ExportArgs),
     /// What a box produced that was not adopted: `quarantine ID`, `quarantine accept ID
     /// PATH…`, `quarantine discard ID`
     Quarantine(QuarantineArgs),
@@ -84,7 +93,7 @@ pub struct PublishArgs {
 pub struct JsonArg {
     /// Print JSON for scripts
     #[arg(long)]
-    json: bool,
+    pub json: bool,
 }
 
 #[derive(Args)]
@@ -280,6 +289,9 @@ pub async fn run(cmd: SessionCommand, state_dir: &Path) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         SessionCommand::Quarantine(args) => quarantine(&client, args).await,
+        SessionCommand::Diff(args) => crate::results::diff(&client, args).await,
+        SessionCommand::Apply(args) => crate::results::apply(&client, args).await,
+        SessionCommand::Export(args) => crate::results::export(&client, args).await,
         SessionCommand::Publish(args) => {
             let body = skiff_protocol::sync::PublishRequest {
                 remote: Some(args.remote),

@@ -31,6 +31,9 @@ pub enum Error {
     Publish(String),
     #[error("{0}")]
     BadRequest(String),
+    /// A fault of the gateway itself (a task it started died).
+    #[error("{0}")]
+    Internal(String),
     #[error("cannot listen on {addr}: {source}")]
     Listen {
         addr: String,
@@ -66,7 +69,14 @@ impl Error {
             }
             Error::Provider(_) => (StatusCode::BAD_GATEWAY, "provider_failed"),
             Error::Ssh(_) => (StatusCode::BAD_GATEWAY, "box_unreachable"),
+            Error::Sync(skiff_sync::Error::ApplyConflict { .. }) => {
+                (StatusCode::CONFLICT, "apply_conflict")
+            }
+            Error::Sync(skiff_sync::Error::TargetNotEmpty { .. }) => {
+                (StatusCode::CONFLICT, "target_not_empty")
+            }
             Error::Sync(_) => (StatusCode::UNPROCESSABLE_ENTITY, "sync_refused"),
+            Error::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
             Error::Publish(_) => (StatusCode::BAD_GATEWAY, "publish_failed"),
             _ => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         };

@@ -17,6 +17,7 @@ mod error;
 mod housekeeping;
 mod hub;
 mod quarantine;
+mod results;
 mod sessions;
 pub mod state_dir;
 mod sync_api;

@@ -164,6 +164,8 @@ impl Core {
             "model": model.as_str(),
             "profile": req.profile,
         }));
+        // Before the first turn can change anything: what `diff` and `apply` compare with.
+        self.record_base(scope, &id, &workspace).await;
         self.start_run(scope, &id, &req.prompt).await
     }
 

@@ -1,7 +1,9 @@
 //! API routes for workspace sync of a session: its checkpoints
 //! (`GET /v1/sessions/{id}/checkpoints`), publishing its branch
 //! (`POST /v1/sessions/{id}/publish`), and its quarantine (`GET /v1/sessions/{id}/quarantine`,
-//! `POST …/quarantine/accept {paths}`, `POST …/quarantine/discard`).
+//! `POST …/quarantine/accept {paths}`, `POST …/quarantine/discard`), and its result coming home
+//! (`GET /v1/sessions/{id}/diff?stat=`, `GET …/runs/{run}/changes?stat=`, `POST …/apply {to?}`,
+//! `POST …/export {to}`; see `results.rs`).
 //!
 //! Publishing is the gateway's own `git push` from the user's repository, with the gateway's
 //! credentials (its user's git configuration and ssh agent); a box never holds any. Audited,
@@ -9,7 +11,7 @@
 
 use crate::Core;
 use crate::error::{Error, Result};
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
@@ -32,6 +34,62 @@ pub(crate) fn routes() -> Router<Arc<Core>> {
         .route("/v1/sessions/{id}/quarantine", get(quarantine))
         .route("/v1/sessions/{id}/quarantine/accept", post(accept))
         .route("/v1/sessions/{id}/quarantine/discard", post(discard))
+        .route("/v1/sessions/{id}/diff", get(diff))
+        .route("/v1/sessions/{id}/runs/{run}/changes", get(turn_changes))
+        .route("/v1/sessions/{id}/apply", post(apply))
+        .route("/v1/sessions/{id}/export", post(export))
+}
+
+type Body<T> = std::result::Result<Json<T>, axum::extract::rejection::JsonRejection>;
+type DiffQuery = std::result::Result<
+    Query<skiff_protocol::sync::DiffQuery>,
+    axum::extract::rejection::QueryRejection,
+>;
+
+async fn diff(
+    State(core): Shared,
+    Extension(scope): Extension<Scope>,
+    Path(id): Path<String>,
+    query: DiffQuery,
+) -> Result<Response> {
+    let Query(q) = query.map_err(|e| Error::BadRequest(e.body_text()))?;
+    let id = session_id(&id)?;
+    Ok(Json(core.session_diff(&scope, &id, q.stat).await?).into_response())
+}
+
+async fn turn_changes(
+    State(core): Shared,
+    Extension(scope): Extension<Scope>,
+    Path((id, run)): Path<(String, String)>,
+    query: DiffQuery,
+) -> Result<Response> {
+    let Query(q) = query.map_err(|e| Error::BadRequest(e.body_text()))?;
+    let id = session_id(&id)?;
+    let run = skiff_protocol::RunId::parse(&run)
+        .ok_or_else(|| Error::BadRequest(format!("{run:?} is not a run id (run_…)")))?;
+    Ok(Json(core.turn_changes(&scope, &id, &run, q.stat).await?).into_response())
+}
+
+async fn apply(
+    State(core): Shared,
+    Extension(scope): Extension<Scope>,
+    Path(id): Path<String>,
+    body: Body<skiff_protocol::sync::ApplyRequest>,
+) -> Result<Response> {
+    let Json(req) = body.map_err(|e| Error::BadRequest(e.body_text()))?;
+    let id = session_id(&id)?;
+    Ok(Json(core.apply_result(&scope, &id, req.to).await?).into_response())
+}
+
+async fn export(
+    State(core): Shared,
+    Extension(scope): Extension<Scope>,
+    Path(id): Path<String>,
+    body: Body<skiff_protocol::sync::ExportRequest>,
+) -> Result<Response> {
+    let Json(req) = body.map_err(|e| Error::BadRequest(e.body_text()))?;
+    let id = session_id(&id)?;
+    Ok(Json(core.export_result(&scope, &id, &req.to).await?).into_response())
 }
 
 async fn quarantine(

@@ -52,6 +52,7 @@ export const api = {
   create: (body) => request('POST', '/v1/sessions', body),
   send: (id, prompt) => request('POST', `/v1/sessions/${encodeURIComponent(id)}/messages`, { prompt }),
   cancel: (id) => request('POST', `/v1/sessions/${encodeURIComponent(id)}/cancel`, {}),
+  turnChanges: (id, run) => request('GET', `/v1/sessions/${encodeURIComponent(id)}/runs/${encodeURIComponent(run)}/changes`),
   environments: () => request('GET', '/v1/environments'),
   destroyEnvironment: (id) => request('DELETE', `/v1/environments/${encodeURIComponent(id)}`),
   profiles: () => request('GET', '/v1/profiles'),

@@ -12,6 +12,7 @@ import { h, replace, fmtDuration, fmtInt, fmtBytes, frameBatcher, announce } fro
 import { renderMarkdown } from './markdown.js';
 import { api, follow } from './api.js';
 import { placementOf, sessionState, STATE_SYMBOL } from './sidebar.js';
+import { TurnChanges } from './changes.js';
 
 const TERMINAL = ['succeeded', 'failed', 'cancelled', 'timed_out', 'orphaned'];
 const ACTIVE = ['queued', 'starting', 'running', 'cancelling', 'waiting_input', 'waiting_approval'];
@@ -443,10 +444,13 @@ export class ChatView {
           `${fmtInt(r.usageIn)} in · ${fmtInt(r.usageOut)} out tokens`,
           r.model,
         ].filter(Boolean);
+        // The turn's Changes view keeps its state across re-renders of this line.
+        if (!block.changes && r.id) block.changes = new TurnChanges(this.id, r.id);
         return h('li', { class: `runend rs-${r.status}`, title: r.error || '' },
           h('span', { class: 'sym', 'aria-hidden': 'true' }, RUN_SYMBOL[r.status] || '•'),
           h('span', {}, parts.join(' · ')),
-          r.error && r.status !== 'cancelled' ? h('span', { class: 'run-error' }, r.error) : null);
+          r.error && r.status !== 'cancelled' ? h('span', { class: 'run-error' }, r.error) : null,
+          block.changes?.el);
       }
       default:
         return h('li', {});

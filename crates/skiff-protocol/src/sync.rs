@@ -1,5 +1,6 @@
 //! Workspace sync on the wire: the manifest a box and the gateway exchange (what a workspace
-//! holds, path by path), checkpoints as the API lists them, and publishing a session branch.
+//! holds, path by path), checkpoints as the API lists them, publishing a session branch, and a
+//! session's result coming home (its diff, applying or exporting it).
 //!
 //! Types only. Building, diffing and checking manifests is `skiff-sync`'s job.
 
@@ -161,4 +162,131 @@ pub struct QuarantineList {
 #[serde(deny_unknown_fields)]
 pub struct AcceptRequest {
     pub paths: Vec<String>,
+}
+
+/// `GET /v1/sessions/{id}/diff?stat=true`: leave the patches out (files and counts only).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DiffQuery {
+    #[serde(default)]
+    pub stat: bool,
+}
+
+/// How one path changed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ChangeStatus {
+    Added,
+    Modified,
+    Deleted,
+    /// A file became a symlink or the other way round.
+    TypeChanged,
+}
+
+impl ChangeStatus {
+    /// One letter, as `git status --short` shows it.
+    pub fn letter(self) -> char {
+        match self {
+            ChangeStatus::Added => 'A',
+            ChangeStatus::Modified => 'M',
+            ChangeStatus::Deleted => 'D',
+            ChangeStatus::TypeChanged => 'T',
+        }
+    }
+}
+
+/// One changed path of a diff.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileChange {
+    /// Workspace-relative, `/`-separated.
+    pub path: String,
+    pub status: ChangeStatus,
+    /// Binary content: named, never shown as text, and not counted in lines.
+    pub binary: bool,
+    /// Lines added and removed (0 for binary files).
+    pub insertions: u64,
+    pub deletions: u64,
+    /// The path's unified diff, in git's format (`diff --git a/… b/…`). Absent with `stat`,
+    /// and when `omitted` says why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub patch: Option<String>,
+    /// Why the patch is left out although one was asked for (too large, say).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub omitted: Option<String>,
+}
+
+/// A commit of a session's branch.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CommitView {
+    pub commit: String,
+    /// The first line of its message.
+    pub summary: String,
+    pub author: String,
+    pub authored_at_ms: i64,
+}
+
+/// `GET /v1/sessions/{id}/diff` (the session's changes against what it started from) and
+/// `GET /v1/sessions/{id}/runs/{run}/changes` (one turn's: its checkpoint against the one
+/// before).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionDiff {
+    pub session_id: SessionId,
+    /// Set for one turn's changes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_id: Option<RunId>,
+    /// `git` or `plain`.
+    pub mode: String,
+    /// What the changes are against: a commit (git), or the blake3 of a manifest in the
+    /// gateway's content store (plain: the session's base, or the previous checkpoint).
+    pub base: String,
+    /// Git mode: the commits made since `base`, oldest first.
+    pub commits: Vec<CommitView>,
+    /// Sorted by path.
+    pub files: Vec<FileChange>,
+    pub insertions: u64,
+    pub deletions: u64,
+}
+
+/// `POST /v1/sessions/{id}/apply`: write a plain session's changes back to its directory.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApplyRequest {
+    /// An absolute directory on the gateway host [default: the directory the session was
+    /// created from].
+    #[serde(default)]
+    pub to: Option<String>,
+}
+
+/// What an apply wrote.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApplyResult {
+    pub session_id: SessionId,
+    pub to: String,
+    /// Files and symlinks written (added or replaced), sorted.
+    pub written: Vec<String>,
+    pub deleted: Vec<String>,
+    /// Changed paths the directory already had exactly as the session has them.
+    pub unchanged: Vec<String>,
+}
+
+/// `POST /v1/sessions/{id}/export`: write the session's whole result to a new directory.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExportRequest {
+    /// An absolute directory on the gateway host that does not exist or is empty.
+    pub to: String,
+}
+
+/// What an export wrote.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExportResult {
+    pub session_id: SessionId,
+    pub to: String,
+    pub files: u64,
+    pub bytes: u64,
 }

@@ -2,7 +2,8 @@
 //! ([`rules`], [`filelist`]), what they are ([`manifest`]), how bytes move over the pinned SSH
 //! transfer connection ([`transfer`]), laying a workspace onto a box ([`outbound`]), bringing
 //! work back ([`inbound_git`], [`inbound_plain`]) under containment checks ([`contain`]), and
-//! end-of-turn checkpoints ([`checkpoint`]) with their content-addressed blobs ([`cas`]).
+//! end-of-turn checkpoints ([`checkpoint`]) with their content-addressed blobs ([`cas`]), and a
+//! session's result coming home ([`results`]: its diff, applying or exporting it).
 //!
 //! The promise: nothing on either side is silently overwritten or lost. Every check (limits,
 //! containment, drift, ancestry, bundle refs, transferred bytes against the manifest) runs
@@ -22,6 +23,7 @@ pub mod inbound_plain;
 pub mod manifest;
 pub mod outbound;
 pub mod quarantine;
+pub mod results;
 pub mod rules;
 pub mod transfer;
 
@@ -109,6 +111,31 @@ pub enum Error {
     Mismatch { path: String, detail: String },
     #[error("the box directory {dir} already exists and is not empty; refusing to overwrite it")]
     RemoteNotEmpty { dir: String },
+    /// `apply` found the target changed where the session changed it too.
+    #[error(
+        "{target} changed since the session started where the session changed it too: {}; nothing was written. Bring those paths back to what the session started from, apply to another directory (--to DIR), or export the whole result (skiff session export)",
+        results::describe(.conflicts)
+    )]
+    ApplyConflict {
+        target: String,
+        conflicts: Vec<results::Conflict>,
+    },
+    /// `apply` failed after its first delete or rename (a directory swapped for a symlink
+    /// meanwhile, a full disk): what it did stays, the rest was not done.
+    #[error(
+        "applying to {target} stopped part-way, after {deleted} deletes and {written} writes: {source}. Fix the cause and run apply again: paths already as the session has them are left alone"
+    )]
+    PartlyApplied {
+        target: String,
+        deleted: usize,
+        written: usize,
+        #[source]
+        source: Box<Error>,
+    },
+    #[error(
+        "{path} already exists and is not empty; an export writes only into a new or empty directory"
+    )]
+    TargetNotEmpty { path: String },
     #[error("{what} is not valid: {detail}")]
     Invalid { what: String, detail: String },
     #[error(transparent)]

@@ -13,6 +13,7 @@ mod bad_input;
 mod box_isolation;
 mod env;
 mod harness;
+mod homecoming;
 mod leftovers;
 mod results;
 mod session;

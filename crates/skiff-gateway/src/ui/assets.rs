@@ -19,6 +19,7 @@ const FILES: &[(&str, &str, &str)] = &[
     ("markdown.js", JS, include_str!("../../ui/markdown.js")),
     ("sidebar.js", JS, include_str!("../../ui/sidebar.js")),
     ("chat.js", JS, include_str!("../../ui/chat.js")),
+    ("changes.js", JS, include_str!("../../ui/changes.js")),
     ("newsession.js", JS, include_str!("../../ui/newsession.js")),
     (
         "environments.js",
