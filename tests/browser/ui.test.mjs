@@ -1,7 +1,7 @@
 // The Control UI end to end: the real `skiff` gateway, a scripted model, Debian's chromium.
 // Steps run in order and share one gateway and one browser.
 
-import { test, before, after } from 'node:test';
+import { test, before, after, afterEach } from 'node:test';
 import assert from 'node:assert/strict';
 import { join } from 'node:path';
 import { Gateway, gitRepo, launch, SHOTS } from './harness.mjs';
@@ -57,11 +57,35 @@ before(async () => {
   repo = gitRepo();
   context = await launch();
   page = context.pages()[0] || (await context.newPage());
-  page.on('pageerror', (e) => console.error('page error:', e));
+  page.on('pageerror', (e) => problems.push(`page error: ${e.message}`));
   page.on('console', (m) => {
-    if (m.type() === 'error') console.error('console:', m.text());
+    if (m.type() === 'error') problems.push(`console error: ${m.text()}`);
   });
 });
+
+// Every test fails on a page error, or on a console error other than those it provokes.
+const problems = [];
+// What the tests provoke on purpose: a logged-out 401, and the streams a gateway restart cuts.
+const expected = [/status of 401 /, /net::ERR_INCOMPLETE_CHUNKED_ENCODING/, /net::ERR_CONNECTION_REFUSED/];
+afterEach(() => {
+  const real = problems.splice(0).filter((p) => !(p.startsWith('console error') && expected.some((re) => re.test(p))));
+  assert.deepEqual(real, [], 'the page raised errors');
+});
+
+/** Resolves once `cond()` holds (checked on every turn of the event loop, for up to 15 s). */
+async function until(cond, what) {
+  const end = Date.now() + 15_000;
+  while (!cond()) {
+    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((ok) => setImmediate(ok));
+  }
+}
+
+/** Resolves once the viewport has the given width and no animation or transition runs. */
+async function settled(width) {
+  if (width) await page.waitForFunction((w) => window.innerWidth === w, width);
+  await page.waitForFunction(() => document.getAnimations().every((a) => a.playState !== 'running'));
+}
 
 after(async () => {
   await context?.close();
@@ -295,10 +319,10 @@ test('the environments table shows state, lease, accounting, and destroys after 
   await page.locator('tr', { hasText: 'env_9c1' }).locator('button.danger').click();
   await page.click('dialog button[value="destroy"]');
   await page.waitForFunction(() => !document.querySelector('dialog[open]'));
-  await new Promise((ok) => setTimeout(ok, 200));
+  await until(() => deleted !== null, 'the destroy request');
   assert.equal(deleted, 'env_9c1');
   await page.setViewportSize({ width: 390, height: 844 });
-  await page.waitForTimeout(300);
+  await settled(390);
   await shot('environments-table-390');
   await page.setViewportSize({ width: 1280, height: 800 });
   await page.unrouteAll();
@@ -351,17 +375,17 @@ test('a large transcript (1,800 entries, a 1 MB tool output) renders quickly and
 
 test('screenshots at phone width and in dark mode', async () => {
   await page.setViewportSize({ width: 390, height: 844 });
-  await page.waitForTimeout(300);
+  await settled(390);
   await page.goto(`${gw.url}/#/s/${sessionId}`);
   await page.waitForSelector('.runend');
   await shot('chat-390');
   await page.click('#menu');
   await page.waitForSelector('body.drawer-open');
-  await page.waitForTimeout(250);
+  await settled();
   await shot('sidebar-390');
   await page.keyboard.press('Escape');
   await page.waitForSelector('body:not(.drawer-open)');
-  await page.waitForTimeout(250);
+  await settled();
   await page.goto(`${gw.url}/#/new`);
   await page.waitForSelector('#workspace');
   await shot('new-session-390');
@@ -477,12 +501,12 @@ test('a worker session on the local profile shows where it runs, its placement s
   assert.deepEqual(await fits(), fine);
   await shot('chat-worker-1280');
   await page.setViewportSize({ width: 390, height: 844 });
-  await page.waitForTimeout(300);
+  await settled(390);
   assert.deepEqual(await fits(), fine);
   await shot('chat-worker-390');
   await page.click('#menu');
   await page.waitForSelector('body.drawer-open');
-  await page.waitForTimeout(250);
+  await settled();
   await shot('sidebar-worker-390');
   await page.keyboard.press('Escape');
   await page.waitForSelector('body:not(.drawer-open)');
