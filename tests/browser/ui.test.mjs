@@ -59,7 +59,7 @@ before(async () => {
   page = context.pages()[0] || (await context.newPage());
   page.on('pageerror', (e) => problems.push(`page error: ${e.message}`));
   page.on('console', (m) => {
-    if (m.type() === 'error') problems.push(`console error: ${m.text()}`);
+    if (m.type() === 'error') problems.push(`console error: ${m.text()} (${m.location()?.url ?? ''})`);
   });
 });
 
@@ -370,6 +370,10 @@ test('a large transcript (1,800 entries, a 1 MB tool output) renders quickly and
   assert.match(await last.locator('button').last().innerText(), /Show all \(1\.\d MB, 16,000 lines\)/);
   await page.locator('.earlier').click();
   assert.ok((await page.locator('.turns > li').count()) > rendered, 'earlier blocks render on demand');
+  // Leave the synthetic session before its routes go, so its stream does not reconnect to a
+  // gateway that never heard of it.
+  await page.goto(`${gw.url}/#/new`);
+  await page.waitForSelector('#workspace');
   await page.unrouteAll();
 });
 
