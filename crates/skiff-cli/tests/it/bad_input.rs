@@ -251,3 +251,34 @@ fn a_closed_stdout_ends_every_command_quietly() {
         assert_eq!(out.status.code(), Some(0), "skiff {args:?}: {err}");
     }
 }
+
+#[test]
+fn a_redirected_gateway_log_has_no_colour_codes() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = std::process::Command::new(crate::harness::SKIFF)
+        .arg("--state-dir")
+        .arg(dir.path().join("state"))
+        .args(["gateway", "--listen", "127.0.0.1:0"])
+        .env("RUST_LOG", "info")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let mut seen = String::new();
+    for line in std::io::BufRead::lines(std::io::BufReader::new(stderr)) {
+        let line = line.unwrap();
+        seen.push_str(&line);
+        seen.push('\n');
+        if line.contains("gateway listening") {
+            break;
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(seen.contains("gateway listening"), "{seen}");
+    assert!(
+        !seen.contains('\u{1b}'),
+        "colour codes in a redirected log: {seen:?}"
+    );
+}
