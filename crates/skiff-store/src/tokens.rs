@@ -136,7 +136,8 @@ impl Store {
     }
 
     /// How many revocations are kept (expired ones are pruned at the next revocation).
-    pub fn ui_revoked_cookie_count(&self) -> Result<u64> {
+    #[cfg(test)]
+    fn ui_revoked_cookie_count(&self) -> Result<u64> {
         let n: i64 = self
             .conn()
             .query_row("SELECT COUNT(*) FROM ui_revoked_cookies", [], |r| r.get(0))?;
