@@ -135,21 +135,37 @@ async fn worktree(
     let large = large_untracked(repo, cancel).await?;
     let index = TempFile(state.tmp().join(format!("{session}.index")));
     let with_index = |cmd: Cmd| cmd.env("GIT_INDEX_FILE", index.0.as_os_str());
-    with_index(git(repo).args(["read-tree", &head]))
-        .run_checked(cancel)
-        .await
-        .map_err(failed)?;
+    // Seeded from a copy of the user's index, `add -A` re-hashes only the files whose stat
+    // data changed since git last looked at them, not the whole tree. The copy is only read
+    // from the user's side (git replaces its index by rename, so a copy is never torn).
+    if !seed_index(repo, &index.0, cancel).await? {
+        with_index(git(repo).args(["read-tree", &head]))
+            .run_checked(cancel)
+            .await
+            .map_err(failed)?;
+    }
     let mut pathspecs = b".\0".to_vec();
     for path in &large {
         pathspecs.extend_from_slice(b":(exclude,literal)");
         pathspecs.extend_from_slice(path.as_bytes());
         pathspecs.push(0);
     }
-    with_index(git(repo).args(["add", "-A", "--pathspec-from-file=-", "--pathspec-file-nul"]))
-        .stdin(pathspecs)
-        .run_checked(cancel)
-        .await
-        .map_err(failed)?;
+    // A split index would write its shared part into the user's repository, and the user's
+    // file-system monitor answers for the user's index: neither here.
+    with_index(git(repo).args([
+        "-c",
+        "core.splitIndex=false",
+        "-c",
+        "core.fsmonitor=false",
+        "add",
+        "-A",
+        "--pathspec-from-file=-",
+        "--pathspec-file-nul",
+    ]))
+    .stdin(pathspecs)
+    .run_checked(cancel)
+    .await
+    .map_err(failed)?;
     let tree = with_index(git(repo).arg("write-tree"))
         .run_checked(cancel)
         .await
@@ -165,7 +181,9 @@ async fn worktree(
     let lock = repo_lock(repo);
     let added = {
         let _one_at_a_time = lock.lock().await;
+        // The checkout writes every file of the tree: on as many threads as there are cores.
         git(repo)
+            .args(["-c", "checkout.workers=0"])
             .args(["worktree", "add", "--quiet", "-b", &branch])
             .arg(&path)
             .arg(&head)
@@ -193,6 +211,28 @@ async fn worktree(
         path: path.display().to_string(),
         branch,
         base_commit: head,
+    })
+}
+
+/// Copies the user's index to `to`; `false` when there is none to copy (a repository whose
+/// index was never written, or one git cannot name).
+async fn seed_index(
+    repo: &Path,
+    to: &Path,
+    cancel: &CancellationToken,
+) -> Result<bool, WorkspaceError> {
+    let named = git(repo)
+        .args(["rev-parse", "--path-format=absolute", "--git-path", "index"])
+        .run_checked(cancel)
+        .await
+        .map_err(|source| WorkspaceError::Prepare {
+            path: repo.display().to_string(),
+            source,
+        })?;
+    let from = PathBuf::from(named.trim());
+    skiff_sync::checkpoint::copy_index_file(&from, to).map_err(|source| WorkspaceError::Io {
+        path: from.display().to_string(),
+        source,
     })
 }
 

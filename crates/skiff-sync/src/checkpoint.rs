@@ -115,11 +115,26 @@ pub async fn git_checkpoint(
     let outside_git = keep_outside_git(worktree, &large, stores.cas)?;
     let dir = Scratch::new(stores.scratch, "checkpoint")?;
     let index = dir.path().join("index");
-    let private = |cmd: skiff_process::Cmd| cmd.env("GIT_INDEX_FILE", index.as_os_str());
-    private(git(worktree).args(["read-tree", "HEAD"]))
+    // No split index: its shared part would be written into the repository.
+    let private = |cmd: skiff_process::Cmd| {
+        cmd.env("GIT_INDEX_FILE", index.as_os_str())
+            .args(["-c", "core.splitIndex=false"])
+    };
+    // HEAD's tree, with the stat data of the worktree's own index where its entries are
+    // HEAD's (a one-tree `read-tree -m`): `update-index` then re-hashes only the files that
+    // changed, not every file. The worktree's index is only copied, never written.
+    let seeded = copy_index(worktree, &index, cancel).await?;
+    let read = if seeded {
+        vec!["read-tree", "-m", "HEAD"]
+    } else {
+        vec!["read-tree", "HEAD"]
+    };
+    private(git(worktree))
+        .args(read)
         .run_checked(cancel)
         .await?;
-    private(git(worktree).args(["update-index", "--add", "--remove", "-z", "--stdin"]))
+    private(git(worktree))
+        .args(["update-index", "--add", "--remove", "-z", "--stdin"])
         .stdin(paths)
         .run_checked(cancel)
         .await?;
@@ -131,12 +146,14 @@ pub async fn git_checkpoint(
             gone.extend_from_slice(path.as_bytes());
             gone.push(0);
         }
-        private(git(worktree).args(["update-index", "--force-remove", "-z", "--stdin"]))
+        private(git(worktree))
+            .args(["update-index", "--force-remove", "-z", "--stdin"])
             .stdin(gone)
             .run_checked(cancel)
             .await?;
     }
-    let tree = private(git(worktree).arg("write-tree"))
+    let tree = private(git(worktree))
+        .arg("write-tree")
         .run_checked(cancel)
         .await?
         .trim()
@@ -165,6 +182,36 @@ pub async fn git_checkpoint(
         files: list.files.len() as u64,
         bytes: list.total_bytes,
     })
+}
+
+/// Copies the worktree's own index to `to`; `false` when it has none.
+async fn copy_index(worktree: &Path, to: &Path, cancel: &CancellationToken) -> Result<bool> {
+    let named = git(worktree)
+        .args(["rev-parse", "--path-format=absolute", "--git-path", "index"])
+        .run_checked(cancel)
+        .await?;
+    let from = Path::new(named.trim());
+    copy_index_file(from, to).map_err(io_err(from))
+}
+
+/// Copies a git index file, keeping its mtime: git's racy-entry check compares the entries'
+/// mtimes with the index file's own, and a copy that looked newer would make files changed
+/// in the same second as the original index was written look clean. `false` when `from` does
+/// not exist.
+pub fn copy_index_file(from: &Path, to: &Path) -> std::io::Result<bool> {
+    let mtime = match std::fs::metadata(from) {
+        Ok(meta) => meta.modified()?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    std::fs::copy(from, to)?;
+    std::fs::File::options()
+        .write(true)
+        .open(to)?
+        .set_times(std::fs::FileTimes::new().set_modified(mtime))?;
+    // The index may have been replaced between the two reads: then the copy is of the new
+    // one, which is at least as new as the mtime kept. Only older-looking is safe.
+    Ok(true)
 }
 
 /// The listed regular files of `worktree` that git does not track and that are larger than

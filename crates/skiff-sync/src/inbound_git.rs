@@ -257,7 +257,13 @@ pub async fn adopt(
     // is adopted (they stay in the caller's quarantine); their files come back through the
     // screened manifest like uncommitted work.
     let mut commits_refused = None;
-    let tip = match check_commit_tree(a.worktree, &head, &tip, cancel).await? {
+    // No commits, nothing to check (two full tree listings saved on every quiet turn).
+    let problems = if tip == head {
+        Vec::new()
+    } else {
+        check_commit_tree(a.worktree, &head, &tip, cancel).await?
+    };
+    let tip = match problems {
         problems if problems.is_empty() => tip,
         problems => {
             refused.push(Refusal {

@@ -23,6 +23,7 @@ pub mod manifest;
 pub mod outbound;
 pub mod quarantine;
 pub mod rules;
+pub mod statcache;
 pub mod transfer;
 
 pub use filelist::{FileList, Limits, Mode};

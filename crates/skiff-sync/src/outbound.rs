@@ -1,16 +1,19 @@
 //! Laying a session's workspace onto a box, and recording the immutable base manifest.
 //!
-//! Git mode: the box gets a real repository — a `git bundle` of the session branch (at the
-//! base commit) goes through ssh's stdin, the box fetches it into a fresh repository and checks
-//! the branch out, then the working tree (tracked files as they are now, untracked files that
-//! are not ignored) is laid over it and tracked files the user deleted are deleted, so
-//! `git status` on the box shows the user's uncommitted changes. Plain mode: the listed files
-//! are copied into a fresh directory.
+//! Git mode: the box gets a real repository — a pack of the base commit's objects (the whole
+//! session branch with [`History::Full`]) and its index, made here and dropped into the box's
+//! fresh repository, so the box neither re-indexes nor re-hashes it. The box checks the base
+//! commit out (every file written once), then only the files that differ from the base commit
+//! (edits, untracked files that are not ignored) travel, and tracked files the user deleted are
+//! deleted, so `git status` on the box shows the user's uncommitted changes. When a checkout
+//! could write other bytes than the files here (attributes, line-ending or symlink settings),
+//! every listed file travels instead. Plain mode: the listed files are copied into a fresh
+//! directory.
 //!
 //! Limits (and, for a plain copy, that no file is private to its owner) are checked before
-//! anything is sent; a box directory that exists and is not empty
-//! is refused, never overwritten. Deliberately absent: git credentials and remotes on the box
-//! (the bundle is fetched by path and then deleted).
+//! anything is sent; a box directory that exists and is not empty is refused, never
+//! overwritten. Deliberately absent: git credentials and remotes on the box (objects arrive as
+//! a pack, never by fetch from a URL).
 
 use crate::filelist::{self, Limits, Mode};
 use crate::git::{git, split_z};
@@ -36,6 +39,18 @@ pub struct Outbound<'a> {
     /// Author identity for commits made on the box (`user.name`, `user.email` of the box's
     /// repository); projected from gateway config.
     pub identity: Option<(&'a str, &'a str)>,
+    /// Git mode: how much of the session branch's history the box gets.
+    pub history: History,
+}
+
+/// How much of the session branch's history a box's repository gets.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum History {
+    /// The base commit alone: a shallow repository.
+    #[default]
+    Shallow,
+    /// Every commit reachable from the session branch.
+    Full,
 }
 
 /// What was laid onto the box.
@@ -78,10 +93,14 @@ pub async fn push(
         });
     }
 
-    if let Some(commit) = &base_commit {
-        seed_repository(out, remote, commit, cancel).await?;
-    }
-    let method = remote.push_files(out.local, &list.paths(), cancel).await?;
+    let sent = match &base_commit {
+        Some(commit) => {
+            seed_repository(out, remote, commit, cancel).await?;
+            differing(out.local, commit, &list, &base, cancel).await?
+        }
+        None => list.paths(),
+    };
+    let method = remote.push_files(out.local, &sent, cancel).await?;
     if out.mode == Mode::Git {
         let deleted = git(out.local)
             .args(["ls-files", "-z", "--deleted"])
@@ -136,30 +155,163 @@ pub(crate) async fn session_head(
     Ok(head)
 }
 
+/// The listed paths the box's checkout of `commit` does not already hold byte for byte: what
+/// differs from the commit (edits, mode changes, untracked files), and files whose mode a
+/// checkout does not make. All of them when a checkout may convert bytes (attributes,
+/// `core.autocrlf`/`core.eol`, `core.symlinks=false`): then only a copy is exact.
+async fn differing(
+    local: &Path,
+    commit: &str,
+    list: &filelist::FileList,
+    base: &Manifest,
+    cancel: &CancellationToken,
+) -> Result<Vec<String>> {
+    if checkout_may_convert(local, commit, list, cancel).await? {
+        return Ok(list.paths());
+    }
+    let listed: std::collections::BTreeSet<&str> =
+        list.files.iter().map(|f| f.path.as_str()).collect();
+    let mut out = std::collections::BTreeSet::new();
+    let changed = git(local)
+        .args([
+            "-c",
+            "core.fileMode=true",
+            "diff",
+            "--name-only",
+            "--no-renames",
+        ])
+        .args(["--ignore-submodules", "-z", commit, "--"])
+        .run_checked(cancel)
+        .await?;
+    let untracked = git(local)
+        .args(["ls-files", "-z", "--others", "--exclude-standard"])
+        .run_checked(cancel)
+        .await?;
+    for path in split_z(&changed).chain(split_z(&untracked)) {
+        if listed.contains(path) {
+            out.insert(path.to_owned());
+        }
+    }
+    // A checkout (umask 022 on the box) makes 0644 and 0755 files; anything else is copied.
+    for (path, entry) in &base.entries {
+        if let crate::ManifestEntry::File { mode, .. } = entry
+            && !matches!(mode, 0o644 | 0o755)
+        {
+            out.insert(path.clone());
+        }
+    }
+    Ok(out.into_iter().collect())
+}
+
+/// Whether checking `commit` out on a box (git without config) could write bytes other than
+/// the files of `local`: any attributes file, or settings that convert line endings or
+/// symlinks.
+async fn checkout_may_convert(
+    local: &Path,
+    commit: &str,
+    list: &filelist::FileList,
+    cancel: &CancellationToken,
+) -> Result<bool> {
+    let is_attributes = |p: &str| p == ".gitattributes" || p.ends_with("/.gitattributes");
+    if list.files.iter().any(|f| is_attributes(&f.path)) {
+        return Ok(true);
+    }
+    let tree = git(local)
+        .args(["ls-tree", "-r", "-z", "--name-only", commit])
+        .run_checked(cancel)
+        .await?;
+    if split_z(&tree).any(is_attributes) {
+        return Ok(true);
+    }
+    let info = git(local)
+        .args([
+            "rev-parse",
+            "--path-format=absolute",
+            "--git-path",
+            "info/attributes",
+        ])
+        .run_checked(cancel)
+        .await?;
+    if Path::new(info.trim()).exists() {
+        return Ok(true);
+    }
+    let settings = git(local)
+        .args([
+            "config",
+            "--get-regexp",
+            r"^core\.(autocrlf|eol|attributesfile|symlinks)$",
+        ])
+        .run(cancel)
+        .await?;
+    Ok(settings
+        .stdout
+        .into_string()
+        .lines()
+        .any(|line| !matches!(line.trim(), "core.autocrlf false" | "core.symlinks true")))
+}
+
+/// Makes the box's repository: a pack (and its index) of what the box needs, made here and
+/// placed into a fresh `git init`, the session branch at `commit`, and `commit` checked out.
 async fn seed_repository(
     out: &Outbound<'_>,
     remote: &Remote,
     commit: &str,
     cancel: &CancellationToken,
 ) -> Result<()> {
-    let scratch = Scratch::new(out.scratch, "bundle")?;
-    let bundle = scratch.path().join("base.bundle");
+    let scratch = Scratch::new(out.scratch, "pack")?;
     let branch = format!("refs/heads/skiff/{}", out.session);
-    git(out.local)
-        .args(["bundle", "create", "--quiet"])
-        .arg(&bundle)
-        .arg(&branch)
-        .run_checked(cancel)
+    // Existing deltas are reused; no new delta search (it costs more than it saves here).
+    let pack = git(out.local)
+        .args(["pack-objects", "-q", "--window=0"])
+        .arg(scratch.path().join("pack"));
+    let hash = match out.history {
+        History::Shallow => {
+            let objects = git(out.local)
+                .args(["rev-list", "--objects", "--no-object-names", "-1", commit])
+                .run_checked(cancel)
+                .await?;
+            pack.stdin(objects.into_bytes()).run_checked(cancel).await?
+        }
+        History::Full => {
+            pack.arg("--revs")
+                .stdin(format!("{commit}\n").into_bytes())
+                .run_checked(cancel)
+                .await?
+        }
+    };
+    let hash = hash.trim();
+    if !hash.bytes().all(|b| b.is_ascii_hexdigit()) || hash.is_empty() {
+        return Err(crate::Error::Invalid {
+            what: "git pack-objects' output".into(),
+            detail: format!("{hash:?} is not a pack name"),
+        });
+    }
+    let dir = remote.quoted_dir();
+    remote
+        .run(
+            &format!("set -e; mkdir -p {dir}; cd {dir}; git init -q; mkdir -p .git/objects/pack"),
+            Vec::new(),
+            cancel,
+        )
         .await?;
-    let remote_bundle = format!(".skiff/sync/{}.bundle", out.session);
-    remote.send_file(&bundle, &remote_bundle, cancel).await?;
-    let (b, q) = (shell_quote(&remote_bundle), shell_quote(&branch));
+    // The pack before its index: git ignores a pack until its index is there.
+    for ext in ["pack", "idx"] {
+        let local = scratch.path().join(format!("pack-{hash}.{ext}"));
+        let there = format!("{}/.git/objects/pack/pack-{hash}.{ext}", remote.dir());
+        remote.send_file(&local, &there, cancel).await?;
+    }
+    let (q, c) = (shell_quote(&branch), shell_quote(commit));
+    let shallow = match out.history {
+        History::Shallow => format!("printf '%s\\n' {c} > .git/shallow; "),
+        History::Full => String::new(),
+    };
+    // The checkout reads no configuration or attributes of the box user's (a reused box may
+    // have some): it must write the commit's bytes as they are.
     let mut script = format!(
-        "set -e; export GIT_TERMINAL_PROMPT=0; mkdir -p {dir}; cd {dir}; \
-         git init -q; git -c core.hooksPath=/dev/null fetch -q --no-tags \"$HOME\"/{b} {q}:{q}; \
-         git symbolic-ref HEAD {q}; git -c core.hooksPath=/dev/null reset -q --hard {c}; rm -f \"$HOME\"/{b}",
-        dir = remote.quoted_dir(),
-        c = shell_quote(commit),
+        "set -e; export GIT_TERMINAL_PROMPT=0; cd {dir}; {shallow}\
+         git update-ref {q} {c}; git symbolic-ref HEAD {q}; umask 022; \
+         GIT_CONFIG_GLOBAL=/dev/null GIT_CONFIG_NOSYSTEM=1 git -c core.hooksPath=/dev/null \
+         -c core.attributesFile=/dev/null -c checkout.workers=0 reset -q --hard {c}"
     );
     if let Some((name, email)) = out.identity {
         script.push_str(&format!(
