@@ -37,7 +37,13 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 const SKIFF: &str = env!("CARGO_BIN_EXE_skiff");
-const ROUNDS: usize = 3;
+/// Rounds (`SKIFF_BENCH_ROUNDS` overrides, for a quick look).
+fn rounds() -> usize {
+    std::env::var("SKIFF_BENCH_ROUNDS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(3)
+}
 const FILES: usize = 10_000;
 const MODEL: &str = "openai/m";
 const PATIENCE: Duration = Duration::from_secs(600);
@@ -238,7 +244,10 @@ impl Rig {
             .arg(&state)
             .args(["gateway", "--listen", "127.0.0.1:0", "--config"])
             .arg(&config)
-            .env("RUST_LOG", "warn")
+            .env(
+                "RUST_LOG",
+                std::env::var("SKIFF_BENCH_LOG").unwrap_or_else(|_| "warn".into()),
+            )
             .env("HOME", &home)
             .env("SKIFF_BENCH_PROVIDER_KEY", "sk-bench")
             .stdout(Stdio::piped())
@@ -483,7 +492,8 @@ fn main() {
         made.elapsed().as_secs_f64()
     );
     let mut f = Figures::default();
-    for round in 0..ROUNDS {
+    let rounds = rounds();
+    for round in 0..rounds {
         // A gateway-placed session: the CLI returns once its worktree exists.
         let started = Instant::now();
         let (local, local_run) = rig.new_session(None);
@@ -518,7 +528,7 @@ fn main() {
         let run = rig.send(&session);
         f.resync.push(ms(watch(&events, &run).syncing()));
         rig.json(&["env", "destroy", &next, "--force", "--json"]);
-        eprintln!("round {} of {ROUNDS} done", round + 1);
+        eprintln!("round {} of {rounds} done", round + 1);
     }
 
     let m = |v: &Vec<f64>| median(v.clone());
@@ -536,7 +546,7 @@ fn main() {
             .unwrap_or_default();
         writeln!(out, "  {name:<34}{:>8.0} ms  {ratio}   [{}]", m(v), all(v)).unwrap();
     };
-    println!("median of {ROUNDS} interleaved rounds (ms; every round in brackets)");
+    println!("median of {rounds} interleaved rounds (ms; every round in brackets)");
     row("raw rsync -a, initial", &f.rsync_initial, None);
     row("raw rsync -a, no change", &f.rsync_nochange, None);
     row("worktree (session new --detach)", &f.worktree, None);

@@ -35,6 +35,19 @@ pub struct GitCheckpoint {
     pub outside_git: Option<String>,
     pub files: u64,
     pub bytes: u64,
+    /// What the checkpoint holds, as one digest (HEAD and every synced file's entry): equal
+    /// digests mean equal checkpoints, so the next one can reuse this one's tree.
+    pub state: String,
+    /// Whether the tree of the previous checkpoint was reused (nothing had changed).
+    pub reused: bool,
+}
+
+/// The previous checkpoint, as far as the next one needs it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Previous {
+    pub state: String,
+    pub tree: String,
+    pub outside_git: Option<String>,
 }
 
 /// Untracked files above this size are never written into the user's repository as objects:
@@ -92,7 +105,53 @@ pub async fn git_checkpoint(
     stores: &GitStores<'_>,
     cancel: &CancellationToken,
 ) -> Result<GitCheckpoint> {
+    git_checkpoint_after(worktree, session, seq, rules, limits, stores, None, cancel).await
+}
+
+/// [`git_checkpoint`], reusing `previous`'s tree (and files kept outside git) when nothing
+/// changed since it was taken: same HEAD, same synced files (by the stat-cached manifest).
+#[allow(clippy::too_many_arguments)]
+pub async fn git_checkpoint_after(
+    worktree: &Path,
+    session: &str,
+    seq: u64,
+    rules: &Rules,
+    limits: &Limits,
+    stores: &GitStores<'_>,
+    previous: Option<&Previous>,
+    cancel: &CancellationToken,
+) -> Result<GitCheckpoint> {
     let list = filelist::list(worktree, Mode::Git, rules, limits, cancel).await?;
+    let head = git(worktree)
+        .args(["rev-parse", "--verify", "--quiet", "HEAD^{commit}"])
+        .run_checked(cancel)
+        .await?
+        .trim()
+        .to_owned();
+    let state = {
+        let now = manifest::build(worktree, &list, Some(head.clone()))?;
+        blake3::hash(manifest::to_json(&now)?.as_bytes())
+            .to_hex()
+            .to_string()
+    };
+    if let Some(previous) = previous.filter(|p| p.state == state) {
+        let commit = commit_tree(worktree, &previous.tree, &head, session, seq, cancel).await?;
+        let name = git_ref(session, seq);
+        git(worktree)
+            .args(["update-ref", &name, &commit])
+            .run_checked(cancel)
+            .await?;
+        return Ok(GitCheckpoint {
+            git_ref: name,
+            commit,
+            tree: previous.tree.clone(),
+            outside_git: previous.outside_git.clone(),
+            files: list.files.len() as u64,
+            bytes: list.total_bytes,
+            state,
+            reused: true,
+        });
+    }
     let large = large_untracked(worktree, &list, stores.large.threshold, cancel).await?;
     check_cap(worktree, &large, &stores.large)?;
     let deleted = git(worktree)
@@ -125,9 +184,9 @@ pub async fn git_checkpoint(
     // changed, not every file. The worktree's index is only copied, never written.
     let seeded = copy_index(worktree, &index, cancel).await?;
     let read = if seeded {
-        vec!["read-tree", "-m", "HEAD"]
+        vec!["read-tree", "-m", head.as_str()]
     } else {
-        vec!["read-tree", "HEAD"]
+        vec!["read-tree", head.as_str()]
     };
     private(git(worktree))
         .args(read)
@@ -158,17 +217,7 @@ pub async fn git_checkpoint(
         .await?
         .trim()
         .to_owned();
-    let commit = git(worktree)
-        .args(["commit-tree", &tree, "-p", "HEAD", "-m"])
-        .arg(format!("skiff checkpoint {seq} of {session}"))
-        .env("GIT_AUTHOR_NAME", "Skiff")
-        .env("GIT_AUTHOR_EMAIL", "skiff@localhost")
-        .env("GIT_COMMITTER_NAME", "Skiff")
-        .env("GIT_COMMITTER_EMAIL", "skiff@localhost")
-        .run_checked(cancel)
-        .await?
-        .trim()
-        .to_owned();
+    let commit = commit_tree(worktree, &tree, &head, session, seq, cancel).await?;
     let name = git_ref(session, seq);
     git(worktree)
         .args(["update-ref", &name, &commit])
@@ -181,7 +230,30 @@ pub async fn git_checkpoint(
         outside_git,
         files: list.files.len() as u64,
         bytes: list.total_bytes,
+        state,
+        reused: false,
     })
+}
+
+async fn commit_tree(
+    worktree: &Path,
+    tree: &str,
+    parent: &str,
+    session: &str,
+    seq: u64,
+    cancel: &CancellationToken,
+) -> Result<String> {
+    Ok(git(worktree)
+        .args(["commit-tree", tree, "-p", parent, "-m"])
+        .arg(format!("skiff checkpoint {seq} of {session}"))
+        .env("GIT_AUTHOR_NAME", "Skiff")
+        .env("GIT_AUTHOR_EMAIL", "skiff@localhost")
+        .env("GIT_COMMITTER_NAME", "Skiff")
+        .env("GIT_COMMITTER_EMAIL", "skiff@localhost")
+        .run_checked(cancel)
+        .await?
+        .trim()
+        .to_owned())
 }
 
 /// Copies the worktree's own index to `to`; `false` when it has none.

@@ -229,9 +229,11 @@ impl Core {
             &PlacementChange::default(),
             "bringing the box's work back",
         )?;
+        let started = std::time::Instant::now();
         let result = self
             .reconcile_inner(scope, session_id, &p, theirs, over_control, Some(run))
             .await;
+        tracing::debug!(session = %session_id, ms = started.elapsed().as_millis() as u64, "reconciled");
         let base = result.as_ref().ok().cloned();
         let detail = match &result {
             Ok(_) => "the box's work is in the session's workspace".to_owned(),

@@ -221,3 +221,67 @@ async fn large_untracked_files_stay_out_of_the_repository_and_come_back_on_resto
     let refs = git(&ws.worktree, &["for-each-ref", "refs/skiff/checkpoints"]);
     assert_eq!(refs.lines().count(), 1, "{refs}");
 }
+
+/// A checkpoint of an unchanged workspace reuses the previous tree; any change (here one with
+/// the same size) makes a new one.
+#[tokio::test]
+async fn an_unchanged_workspace_reuses_the_previous_tree() {
+    let ws = Workspace::git(&[("a.txt", "one\n")]);
+    ws.write("new.txt", "untracked\n");
+    let store = tempfile::tempdir().unwrap();
+    let cas = Cas::open(&store.path().join("artifacts")).unwrap();
+    let stores = checkpoint::GitStores {
+        scratch: ws.scratch.path(),
+        cas: &cas,
+        large: checkpoint::LargeFiles::default(),
+    };
+    let take = |seq: u64, previous: Option<checkpoint::Previous>| {
+        let (ws, stores) = (&ws, &stores);
+        async move {
+            checkpoint::git_checkpoint_after(
+                &ws.worktree,
+                &ws.session,
+                seq,
+                &Rules::builtin(),
+                &Limits::default(),
+                stores,
+                previous.as_ref(),
+                &cancel(),
+            )
+            .await
+            .unwrap()
+        }
+    };
+    let previous = |cp: &checkpoint::GitCheckpoint| {
+        Some(checkpoint::Previous {
+            state: cp.state.clone(),
+            tree: cp.tree.clone(),
+            outside_git: cp.outside_git.clone(),
+        })
+    };
+    let first = take(1, None).await;
+    assert!(!first.reused);
+    let second = take(2, previous(&first)).await;
+    assert!(second.reused);
+    assert_eq!(
+        (second.tree.as_str(), &second.state),
+        (first.tree.as_str(), &first.state)
+    );
+    assert_ne!(second.commit, first.commit);
+    assert_eq!(
+        git(&ws.worktree, &["rev-parse", &second.git_ref]).trim(),
+        second.commit
+    );
+
+    ws.write("new.txt", "untrackeD\n");
+    let third = take(3, previous(&second)).await;
+    assert!(!third.reused);
+    assert_ne!(third.tree, second.tree);
+    assert_eq!(
+        git(
+            &ws.worktree,
+            &["show", &format!("{}:new.txt", third.commit)]
+        ),
+        "untrackeD\n"
+    );
+}
