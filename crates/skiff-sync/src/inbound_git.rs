@@ -319,10 +319,17 @@ pub async fn adopt(
         .filter(|(p, e)| a.base.entries.get(*p) != Some(*e) || touched.contains(*p))
         .map(|(p, e)| (p.clone(), e.clone()))
         .collect();
-    let tree = git(a.worktree)
-        .args(["ls-tree", "-r", "-z", "--name-only", &tip])
-        .run_checked(cancel)
-        .await?;
+    // Paths of the tip's tree the base does not list are deleted too, when the box lost them.
+    // Without new commits the tip is the branch the drift check just listed: such a path is
+    // not here (or the drift check would have stopped), so there is nothing to list.
+    let tree = if tip == head {
+        String::new()
+    } else {
+        git(a.worktree)
+            .args(["ls-tree", "-r", "-z", "--name-only", &tip])
+            .run_checked(cancel)
+            .await?
+    };
     let deleted: BTreeSet<String> = a
         .base
         .entries

@@ -77,7 +77,27 @@ pub async fn push(
         Mode::Git => Some(session_head(out.local, out.session, cancel).await?),
         Mode::Plain => None,
     };
-    let base = manifest::build(out.local, &list, base_commit.clone())?;
+    // Hashing (the base manifest) and git's preparations (the pack, what differs from the
+    // base commit) run side by side; both are local, and nothing reaches the box before both
+    // are done and every check passed.
+    let hashing = {
+        let (root, list, commit) = (out.local.to_path_buf(), list.clone(), base_commit.clone());
+        tokio::task::spawn_blocking(move || manifest::build(&root, &list, commit))
+    };
+    let preparing = async {
+        match &base_commit {
+            Some(commit) => {
+                Ok::<_, crate::Error>(Some(prepare_git(out, commit, &list, cancel).await?))
+            }
+            None => Ok(None),
+        }
+    };
+    let (base, prepared) = tokio::join!(hashing, preparing);
+    let base = base.map_err(|e| crate::Error::Invalid {
+        what: format!("hashing {}", out.local.display()),
+        detail: e.to_string(),
+    })??;
+    let prepared = prepared?;
 
     let dir = remote.quoted_dir();
     let empty = remote
@@ -93,30 +113,33 @@ pub async fn push(
         });
     }
 
-    let sent = match &base_commit {
-        Some(commit) => {
-            seed_repository(out, remote, commit, cancel).await?;
-            differing(out.local, commit, &list, &base, cancel).await?
+    let sent = match &prepared {
+        Some(git) => {
+            seed_repository(out, remote, git, cancel).await?;
+            let mut sent = git.differing.clone();
+            // A checkout (umask 022 on the box) makes 0644 and 0755 files; others travel.
+            for (path, entry) in &base.entries {
+                if let crate::ManifestEntry::File { mode, .. } = entry
+                    && !matches!(mode, 0o644 | 0o755)
+                {
+                    sent.insert(path.clone());
+                }
+            }
+            sent.into_iter().collect()
         }
         None => list.paths(),
     };
     let method = remote.push_files(out.local, &sent, cancel).await?;
-    if out.mode == Mode::Git {
-        let deleted = git(out.local)
-            .args(["ls-files", "-z", "--deleted"])
-            .run_checked(cancel)
+    if let Some(git) = &prepared
+        && !git.deleted.is_empty()
+    {
+        remote
+            .run(
+                &format!("cd {dir} && xargs -0 rm -f --"),
+                git.deleted.clone(),
+                cancel,
+            )
             .await?;
-        let mut input = Vec::new();
-        for path in split_z(&deleted) {
-            contain::check_path(path)?;
-            input.extend_from_slice(path.as_bytes());
-            input.push(0);
-        }
-        if !input.is_empty() {
-            remote
-                .run(&format!("cd {dir} && xargs -0 rm -f --"), input, cancel)
-                .await?;
-        }
     }
     Ok(Dispatched {
         manifest: base,
@@ -155,19 +178,64 @@ pub(crate) async fn session_head(
     Ok(head)
 }
 
-/// The listed paths the box's checkout of `commit` does not already hold byte for byte: what
-/// differs from the commit (edits, mode changes, untracked files), and files whose mode a
-/// checkout does not make. All of them when a checkout may convert bytes (attributes,
-/// `core.autocrlf`/`core.eol`, `core.symlinks=false`): then only a copy is exact.
+/// What git mode prepares before anything reaches the box.
+struct GitPart {
+    /// The pack (and its index) of what the box's repository gets; removed on drop.
+    pack: Scratch,
+    /// The pack's name (`pack-<hash>.pack`, `.idx`).
+    hash: String,
+    commit: String,
+    /// The listed paths the box's checkout of `commit` does not already hold byte for byte
+    /// (modes aside: the caller adds files whose mode a checkout does not make).
+    differing: std::collections::BTreeSet<String>,
+    /// Tracked files the workspace deleted, NUL-separated and checked.
+    deleted: Vec<u8>,
+}
+
+async fn prepare_git(
+    out: &Outbound<'_>,
+    commit: &str,
+    list: &filelist::FileList,
+    cancel: &CancellationToken,
+) -> Result<GitPart> {
+    let deleted = async {
+        git(out.local)
+            .args(["ls-files", "-z", "--deleted"])
+            .run_checked(cancel)
+            .await
+            .map_err(crate::Error::from)
+    };
+    let ((pack, hash), differing, listed) = tokio::try_join!(
+        make_pack(out, commit, cancel),
+        differing(out.local, commit, list, cancel),
+        deleted
+    )?;
+    let mut deleted = Vec::new();
+    for path in split_z(&listed) {
+        contain::check_path(path)?;
+        deleted.extend_from_slice(path.as_bytes());
+        deleted.push(0);
+    }
+    Ok(GitPart {
+        pack,
+        hash,
+        commit: commit.to_owned(),
+        differing,
+        deleted,
+    })
+}
+
+/// The listed paths that differ from `commit` (edits, mode changes, untracked files); all of
+/// them when a checkout may convert bytes (attributes, `core.autocrlf`/`core.eol`,
+/// `core.symlinks=false`): then only a copy is exact.
 async fn differing(
     local: &Path,
     commit: &str,
     list: &filelist::FileList,
-    base: &Manifest,
     cancel: &CancellationToken,
-) -> Result<Vec<String>> {
+) -> Result<std::collections::BTreeSet<String>> {
     if checkout_may_convert(local, commit, list, cancel).await? {
-        return Ok(list.paths());
+        return Ok(list.paths().into_iter().collect());
     }
     let listed: std::collections::BTreeSet<&str> =
         list.files.iter().map(|f| f.path.as_str()).collect();
@@ -192,15 +260,7 @@ async fn differing(
             out.insert(path.to_owned());
         }
     }
-    // A checkout (umask 022 on the box) makes 0644 and 0755 files; anything else is copied.
-    for (path, entry) in &base.entries {
-        if let crate::ManifestEntry::File { mode, .. } = entry
-            && !matches!(mode, 0o644 | 0o755)
-        {
-            out.insert(path.clone());
-        }
-    }
-    Ok(out.into_iter().collect())
+    Ok(out)
 }
 
 /// Whether checking `commit` out on a box (git without config) could write bytes other than
@@ -250,16 +310,15 @@ async fn checkout_may_convert(
         .any(|line| !matches!(line.trim(), "core.autocrlf false" | "core.symlinks true")))
 }
 
-/// Makes the box's repository: a pack (and its index) of what the box needs, made here and
-/// placed into a fresh `git init`, the session branch at `commit`, and `commit` checked out.
-async fn seed_repository(
+/// A pack (and its index) of what the box's repository gets: the base commit's objects, or
+/// the whole session branch with [`History::Full`]. Made here, so the box neither re-indexes
+/// nor re-hashes it.
+async fn make_pack(
     out: &Outbound<'_>,
-    remote: &Remote,
     commit: &str,
     cancel: &CancellationToken,
-) -> Result<()> {
+) -> Result<(Scratch, String)> {
     let scratch = Scratch::new(out.scratch, "pack")?;
-    let branch = format!("refs/heads/skiff/{}", out.session);
     // Existing deltas are reused; no new delta search (it costs more than it saves here).
     let pack = git(out.local)
         .args(["pack-objects", "-q", "--window=0"])
@@ -279,13 +338,26 @@ async fn seed_repository(
                 .await?
         }
     };
-    let hash = hash.trim();
-    if !hash.bytes().all(|b| b.is_ascii_hexdigit()) || hash.is_empty() {
+    let hash = hash.trim().to_owned();
+    if hash.is_empty() || !hash.bytes().all(|b| b.is_ascii_hexdigit()) {
         return Err(crate::Error::Invalid {
             what: "git pack-objects' output".into(),
             detail: format!("{hash:?} is not a pack name"),
         });
     }
+    Ok((scratch, hash))
+}
+
+/// Makes the box's repository: a fresh `git init` with the pack placed into it, the session
+/// branch at the base commit, and that commit checked out.
+async fn seed_repository(
+    out: &Outbound<'_>,
+    remote: &Remote,
+    git_part: &GitPart,
+    cancel: &CancellationToken,
+) -> Result<()> {
+    let (hash, commit) = (&git_part.hash, git_part.commit.as_str());
+    let branch = format!("refs/heads/skiff/{}", out.session);
     let dir = remote.quoted_dir();
     remote
         .run(
@@ -296,7 +368,7 @@ async fn seed_repository(
         .await?;
     // The pack before its index: git ignores a pack until its index is there.
     for ext in ["pack", "idx"] {
-        let local = scratch.path().join(format!("pack-{hash}.{ext}"));
+        let local = git_part.pack.path().join(format!("pack-{hash}.{ext}"));
         let there = format!("{}/.git/objects/pack/pack-{hash}.{ext}", remote.dir());
         remote.send_file(&local, &there, cancel).await?;
     }
