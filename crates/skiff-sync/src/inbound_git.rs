@@ -169,16 +169,6 @@ fn is_sha(s: &str) -> bool {
     (s.len() == 40 || s.len() == 64) && s.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
-async fn rev(worktree: &Path, what: &str, cancel: &CancellationToken) -> Result<String> {
-    Ok(git(worktree)
-        .args(["rev-parse", "--verify", "--quiet"])
-        .arg(format!("{what}^{{commit}}"))
-        .run_checked(cancel)
-        .await?
-        .trim()
-        .to_owned())
-}
-
 async fn is_ancestor(
     worktree: &Path,
     older: &str,
@@ -217,14 +207,32 @@ pub async fn adopt(
     let theirs = &screened.manifest;
 
     // Where things stand here: the branch where it was left, the worktree as the box got it.
-    let head = rev(a.worktree, &branch(a.session), cancel).await?;
+    // Both in one git call: the branch, and what the worktree has checked out.
+    let revs = git(a.worktree)
+        .arg("rev-parse")
+        // `refs/heads/…`: never taken for an option.
+        .arg(format!("{}^{{commit}}", branch(a.session)))
+        .arg("HEAD^{commit}")
+        .run_checked(cancel)
+        .await?;
+    let mut revs = revs.lines().map(str::trim);
+    let (head, checked_out) = match (revs.next(), revs.next()) {
+        (Some(head), Some(checked_out)) if is_sha(head) && is_sha(checked_out) => {
+            (head.to_owned(), checked_out.to_owned())
+        }
+        _ => {
+            return Err(diverged(format!(
+                "cannot read the managed branch skiff/{} and HEAD",
+                a.session
+            )));
+        }
+    };
     if head != a.expected_head {
         return Err(diverged(format!(
             "the managed branch skiff/{} moved to {head} (expected {})",
             a.session, a.expected_head
         )));
     }
-    let checked_out = rev(a.worktree, "HEAD", cancel).await?;
     if checked_out != head {
         return Err(diverged(format!(
             "the worktree has {checked_out} checked out, not the session branch"

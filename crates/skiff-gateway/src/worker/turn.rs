@@ -234,7 +234,12 @@ impl Core {
             .reconcile_inner(scope, session_id, &p, theirs, over_control, Some(run))
             .await;
         tracing::debug!(session = %session_id, ms = started.elapsed().as_millis() as u64, "reconciled");
-        let base = result.as_ref().ok().cloned();
+        // An unchanged base (a turn that changed nothing) is not written again.
+        let base = result
+            .as_ref()
+            .ok()
+            .filter(|b| p.base_manifest.as_deref() != Some(b.as_str()))
+            .cloned();
         let detail = match &result {
             Ok(_) => "the box's work is in the session's workspace".to_owned(),
             Err(e) => format!("reconciliation stopped: {e}"),
