@@ -343,3 +343,72 @@ pub async fn discard(view: &WorkspaceView) {
         tracing::warn!(workspace = view.path(), error = %e, "could not remove a refused session's workspace");
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    use super::*;
+    use std::process::Command;
+
+    fn git_in(dir: &Path, args: &[&str]) -> String {
+        let out = Command::new("git")
+            .args(args)
+            .current_dir(dir)
+            .env("GIT_CONFIG_GLOBAL", "/dev/null")
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "git {args:?}: {out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    /// The snapshot starts from a copy of the user's index, so it must still see an edit the
+    /// index's stat data cannot tell apart (same size, mtime put back, made right after the
+    /// index was written), and the user's index stays as it was.
+    #[tokio::test]
+    async fn the_snapshot_sees_edits_the_users_index_cannot_tell_apart() {
+        let dir = tempfile::tempdir().unwrap();
+        let repo = dir.path().join("repo");
+        std::fs::create_dir(&repo).unwrap();
+        git_in(&repo, &["init", "-q", "-b", "main"]);
+        git_in(&repo, &["config", "user.name", "T"]);
+        git_in(&repo, &["config", "user.email", "t@skiff.invalid"]);
+        std::fs::write(repo.join("a.txt"), "one\n").unwrap();
+        std::fs::write(repo.join("b.txt"), "kept\n").unwrap();
+        git_in(&repo, &["add", "-A"]);
+        git_in(&repo, &["commit", "-q", "-m", "first"]);
+        let mtime = std::fs::metadata(repo.join("a.txt"))
+            .unwrap()
+            .modified()
+            .unwrap();
+        std::fs::write(repo.join("a.txt"), "two\n").unwrap();
+        std::fs::File::options()
+            .write(true)
+            .open(repo.join("a.txt"))
+            .unwrap()
+            .set_times(std::fs::FileTimes::new().set_modified(mtime))
+            .unwrap();
+        std::fs::write(repo.join("new.txt"), "untracked\n").unwrap();
+        let index = std::fs::read(repo.join(".git/index")).unwrap();
+        // Past the second the index was written in: only its kept mtime makes git re-check.
+        std::thread::sleep(Duration::from_millis(1100));
+
+        let state = StateDir::open(&dir.path().join("state")).unwrap();
+        let session = SessionId::from_suffix("snapshot0test");
+        let view = prepare(&repo, &session, &state).await.unwrap();
+        let path = PathBuf::from(view.path());
+        assert_eq!(
+            std::fs::read_to_string(path.join("a.txt")).unwrap(),
+            "two\n"
+        );
+        assert_eq!(
+            std::fs::read_to_string(path.join("new.txt")).unwrap(),
+            "untracked\n"
+        );
+        assert_eq!(
+            git_in(&path, &["status", "--porcelain"]),
+            " M a.txt\n?? new.txt\n"
+        );
+        assert_eq!(std::fs::read(repo.join(".git/index")).unwrap(), index);
+    }
+}
