@@ -295,7 +295,15 @@ async fn checkout_may_convert(
     if Path::new(info.trim()).exists() {
         return Ok(true);
     }
+    // The user's own attributes file, read when `core.attributesFile` is not set.
+    if let Some(home) = std::env::var_os("HOME")
+        && Path::new(&home).join(".config/git/attributes").exists()
+    {
+        return Ok(true);
+    }
+    // Every scope the worktree's checkout read, the system's included.
     let settings = git(local)
+        .env("GIT_CONFIG_NOSYSTEM", "0")
         .args([
             "config",
             "--get-regexp",
