@@ -25,9 +25,17 @@ impl Core {
     }
 
     /// Checkpoints the session's workspace at the end of a turn. Never fails the turn.
-    pub(crate) async fn checkpoint_turn(&self, scope: &Scope, session: &SessionRow, run: &RunId) {
+    /// `known`: what a reconciliation just found the worktree to hold, with nothing written
+    /// since (it spares the checkpoint a listing when nothing changed).
+    pub(crate) async fn checkpoint_turn(
+        &self,
+        scope: &Scope,
+        session: &SessionRow,
+        run: &RunId,
+        known: Option<&checkpoint::Known>,
+    ) {
         let started = std::time::Instant::now();
-        match self.take_checkpoint(scope, session, run).await {
+        match self.take_checkpoint(scope, session, run, known).await {
             Ok(row) => {
                 tracing::debug!(session = %session.id, checkpoint = %row.id, seq = ?row.seq, ms = started.elapsed().as_millis() as u64, "checkpoint taken");
                 self.audit(
@@ -56,6 +64,7 @@ impl Core {
         scope: &Scope,
         session: &SessionRow,
         run: &RunId,
+        known: Option<&checkpoint::Known>,
     ) -> Result<ArtifactRow> {
         let cancel = CancellationToken::new();
         let cas = Cas::open(&self.artifacts_dir())?;
@@ -68,6 +77,7 @@ impl Core {
         let previous = last.and_then(|r| {
             Some(checkpoint::Previous {
                 state: r.meta["state"].as_str()?.to_owned(),
+                commit: r.meta["commit"].as_str()?.to_owned(),
                 tree: r.meta["tree"].as_str()?.to_owned(),
                 outside_git: r.meta["manifest"].as_str().map(str::to_owned),
             })
@@ -91,6 +101,7 @@ impl Core {
                     &limits,
                     &stores,
                     previous.as_ref(),
+                    known,
                     &cancel,
                 )
                 .await?;

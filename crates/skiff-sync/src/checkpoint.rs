@@ -46,8 +46,29 @@ pub struct GitCheckpoint {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Previous {
     pub state: String,
+    pub commit: String,
     pub tree: String,
     pub outside_git: Option<String>,
+}
+
+/// What the caller already knows a worktree holds: HEAD, and the manifest of its synced files
+/// (listed and hashed as a checkpoint would, with nothing written since).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Known {
+    pub head: String,
+    pub manifest: Manifest,
+}
+
+/// The digest of a checkpoint's content: HEAD and every synced file's entry.
+fn state_of(head: &str, entries: &BTreeMap<String, ManifestEntry>) -> Result<String> {
+    let m = Manifest {
+        version: MANIFEST_VERSION,
+        base_commit: Some(head.to_owned()),
+        entries: entries.clone(),
+    };
+    Ok(blake3::hash(manifest::to_json(&m)?.as_bytes())
+        .to_hex()
+        .to_string())
 }
 
 /// Untracked files above this size are never written into the user's repository as objects:
@@ -105,11 +126,15 @@ pub async fn git_checkpoint(
     stores: &GitStores<'_>,
     cancel: &CancellationToken,
 ) -> Result<GitCheckpoint> {
-    git_checkpoint_after(worktree, session, seq, rules, limits, stores, None, cancel).await
+    git_checkpoint_after(
+        worktree, session, seq, rules, limits, stores, None, None, cancel,
+    )
+    .await
 }
 
-/// [`git_checkpoint`], reusing `previous`'s tree (and files kept outside git) when nothing
-/// changed since it was taken: same HEAD, same synced files (by the stat-cached manifest).
+/// [`git_checkpoint`], reusing `previous` (its commit, tree and files kept outside git) when
+/// nothing changed since it was taken: same HEAD, same synced files (by the stat-cached
+/// manifest, or by `known` when the caller has just listed and hashed the worktree).
 #[allow(clippy::too_many_arguments)]
 pub async fn git_checkpoint_after(
     worktree: &Path,
@@ -119,8 +144,23 @@ pub async fn git_checkpoint_after(
     limits: &Limits,
     stores: &GitStores<'_>,
     previous: Option<&Previous>,
+    known: Option<&Known>,
     cancel: &CancellationToken,
 ) -> Result<GitCheckpoint> {
+    if let (Some(previous), Some(known)) = (previous, known)
+        && state_of(&known.head, &known.manifest.entries)? == previous.state
+    {
+        let (files, bytes) =
+            known
+                .manifest
+                .entries
+                .values()
+                .fold((0u64, 0u64), |(n, b), e| match e {
+                    ManifestEntry::File { size, .. } => (n + 1, b + size),
+                    ManifestEntry::Symlink { .. } => (n + 1, b),
+                });
+        return reuse(worktree, session, seq, previous, files, bytes, cancel).await;
+    }
     let list = filelist::list(worktree, Mode::Git, rules, limits, cancel).await?;
     let head = git(worktree)
         .args(["rev-parse", "--verify", "--quiet", "HEAD^{commit}"])
@@ -129,28 +169,12 @@ pub async fn git_checkpoint_after(
         .trim()
         .to_owned();
     let state = {
-        let now = manifest::build(worktree, &list, Some(head.clone()))?;
-        blake3::hash(manifest::to_json(&now)?.as_bytes())
-            .to_hex()
-            .to_string()
+        let now = manifest::build(worktree, &list, None)?;
+        state_of(&head, &now.entries)?
     };
     if let Some(previous) = previous.filter(|p| p.state == state) {
-        let commit = commit_tree(worktree, &previous.tree, &head, session, seq, cancel).await?;
-        let name = git_ref(session, seq);
-        git(worktree)
-            .args(["update-ref", &name, &commit])
-            .run_checked(cancel)
-            .await?;
-        return Ok(GitCheckpoint {
-            git_ref: name,
-            commit,
-            tree: previous.tree.clone(),
-            outside_git: previous.outside_git.clone(),
-            files: list.files.len() as u64,
-            bytes: list.total_bytes,
-            state,
-            reused: true,
-        });
+        let (files, bytes) = (list.files.len() as u64, list.total_bytes);
+        return reuse(worktree, session, seq, previous, files, bytes, cancel).await;
     }
     let large = large_untracked(worktree, &list, stores.large.threshold, cancel).await?;
     check_cap(worktree, &large, &stores.large)?;
@@ -232,6 +256,34 @@ pub async fn git_checkpoint_after(
         bytes: list.total_bytes,
         state,
         reused: false,
+    })
+}
+
+/// Checkpoint `seq` is `previous` again: the same content on the same HEAD makes the same
+/// commit (one `update-ref`, nothing else).
+async fn reuse(
+    worktree: &Path,
+    session: &str,
+    seq: u64,
+    previous: &Previous,
+    files: u64,
+    bytes: u64,
+    cancel: &CancellationToken,
+) -> Result<GitCheckpoint> {
+    let name = git_ref(session, seq);
+    git(worktree)
+        .args(["update-ref", &name, &previous.commit])
+        .run_checked(cancel)
+        .await?;
+    Ok(GitCheckpoint {
+        git_ref: name,
+        commit: previous.commit.clone(),
+        tree: previous.tree.clone(),
+        outside_git: previous.outside_git.clone(),
+        files,
+        bytes,
+        state: previous.state.clone(),
+        reused: true,
     })
 }
 

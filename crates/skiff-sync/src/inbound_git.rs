@@ -56,6 +56,9 @@ pub struct Adopted {
     pub commits_refused: Option<String>,
     /// What the worktree holds now, as a manifest: the next base.
     pub manifest: Manifest,
+    /// When adoption wrote nothing here: the worktree as the drift check listed and hashed it,
+    /// which a checkpoint can take instead of listing it again.
+    pub unchanged: Option<crate::checkpoint::Known>,
 }
 
 /// A bundle fetched from the box, in a private directory removed on drop.
@@ -238,7 +241,8 @@ pub async fn adopt(
             "the worktree has {checked_out} checked out, not the session branch"
         )));
     }
-    inbound_plain::check_drift(a.worktree, Mode::Git, a.base, a.rules, a.limits, cancel).await?;
+    let ours = inbound_plain::check_drift(a.worktree, Mode::Git, a.base, a.rules, a.limits, cancel)
+        .await?;
 
     // The box's commits: verified, fetched (objects only, no ref), descending from both.
     let tip = match bundle {
@@ -363,9 +367,17 @@ pub async fn adopt(
             .await?;
     }
     let files = inbound_plain::apply(a.worktree, &staged, &changed, &deleted)?;
+    let unchanged =
+        (tip == head && files.written.is_empty() && files.deleted.is_empty()).then(|| {
+            crate::checkpoint::Known {
+                head: head.clone(),
+                manifest: ours,
+            }
+        });
     let mut manifest = theirs.clone();
     manifest.base_commit = Some(tip.clone());
     Ok(Adopted {
+        unchanged,
         head: tip.clone(),
         fast_forwarded: tip != head,
         files,

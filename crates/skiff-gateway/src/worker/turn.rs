@@ -238,6 +238,7 @@ impl Core {
         let base = result
             .as_ref()
             .ok()
+            .map(|(b, _)| b)
             .filter(|b| p.base_manifest.as_deref() != Some(b.as_str()))
             .cloned();
         let detail = match &result {
@@ -254,9 +255,10 @@ impl Core {
             },
             &detail,
         )?;
-        if result.is_ok() {
+        if let Ok((_, known)) = &result {
             let session = self.store.session(scope, session_id)?;
-            self.checkpoint_turn(scope, &session, run).await;
+            self.checkpoint_turn(scope, &session, run, known.as_ref())
+                .await;
         }
         result.map(|_| ())
     }
@@ -269,7 +271,7 @@ impl Core {
         theirs: std::result::Result<skiff_protocol::sync::Manifest, String>,
         over_control: bool,
         run: Option<&RunId>,
-    ) -> Result<String> {
+    ) -> Result<(String, Option<skiff_sync::checkpoint::Known>)> {
         let mut theirs = theirs.map_err(|why| {
             // The box's words: bounded, and said to be the worker's.
             let why: String = why.chars().take(2000).collect();
@@ -329,7 +331,7 @@ impl Core {
                         "refused": adopted.refused.len(),
                     }));
                     let reset_to = adopted.commits_refused.as_ref().map(|_| adopted.head.clone());
-                    (adopted.manifest, adopted.refused, reset_to)
+                    (adopted.manifest, adopted.refused, reset_to, adopted.unchanged)
                 });
                 (bundle, adopted)
             }
@@ -348,13 +350,13 @@ impl Core {
                             "env": env.id.as_str(), "mode": "plain", "written": m.files.written.len(),
                             "deleted": m.files.deleted.len(), "refused": m.refused.len(),
                         }));
-                        (m.manifest, m.refused, None)
+                        (m.manifest, m.refused, None, None)
                     });
                 (None, mirrored)
             }
         };
         let bundle_path = bundle.as_ref().map(|b| b.path());
-        let (adopted, refused, reset_to) = match adopted {
+        let (adopted, refused, reset_to, unchanged) = match adopted {
             Ok(done) => done,
             Err(e) => {
                 let all: Vec<Refusal> = std::iter::once(Refusal {
@@ -407,6 +409,6 @@ impl Core {
             .await?;
         }
         theirs = adopted;
-        Ok(manifest::to_json(&theirs)?)
+        Ok((manifest::to_json(&theirs)?, unchanged))
     }
 }

@@ -235,52 +235,79 @@ async fn an_unchanged_workspace_reuses_the_previous_tree() {
         cas: &cas,
         large: checkpoint::LargeFiles::default(),
     };
-    let take = |seq: u64, previous: Option<checkpoint::Previous>| {
-        let (ws, stores) = (&ws, &stores);
-        async move {
-            checkpoint::git_checkpoint_after(
-                &ws.worktree,
-                &ws.session,
-                seq,
-                &Rules::builtin(),
-                &Limits::default(),
-                stores,
-                previous.as_ref(),
-                &cancel(),
-            )
-            .await
-            .unwrap()
-        }
-    };
+    let take =
+        |seq: u64, previous: Option<checkpoint::Previous>, known: Option<checkpoint::Known>| {
+            let (ws, stores) = (&ws, &stores);
+            async move {
+                checkpoint::git_checkpoint_after(
+                    &ws.worktree,
+                    &ws.session,
+                    seq,
+                    &Rules::builtin(),
+                    &Limits::default(),
+                    stores,
+                    previous.as_ref(),
+                    known.as_ref(),
+                    &cancel(),
+                )
+                .await
+                .unwrap()
+            }
+        };
     let previous = |cp: &checkpoint::GitCheckpoint| {
         Some(checkpoint::Previous {
             state: cp.state.clone(),
+            commit: cp.commit.clone(),
             tree: cp.tree.clone(),
             outside_git: cp.outside_git.clone(),
         })
     };
-    let first = take(1, None).await;
+    let first = take(1, None, None).await;
     assert!(!first.reused);
-    let second = take(2, previous(&first)).await;
+    let second = take(2, previous(&first), None).await;
     assert!(second.reused);
     assert_eq!(
-        (second.tree.as_str(), &second.state),
-        (first.tree.as_str(), &first.state)
+        (&second.commit, &second.tree, &second.state),
+        (&first.commit, &first.tree, &first.state)
     );
-    assert_ne!(second.commit, first.commit);
     assert_eq!(
         git(&ws.worktree, &["rev-parse", &second.git_ref]).trim(),
         second.commit
     );
+    // What a reconciliation found the worktree to hold decides too, without a listing.
+    let scanned = manifest::scan(
+        &ws.worktree,
+        Mode::Git,
+        &Rules::builtin(),
+        &Limits::default(),
+        &cancel(),
+    )
+    .await
+    .unwrap();
+    let known = |m: skiff_sync::Manifest| {
+        Some(checkpoint::Known {
+            head: ws.head(),
+            manifest: m,
+        })
+    };
+    let third = take(3, previous(&second), known(scanned.clone())).await;
+    assert!(third.reused);
+    assert_eq!((third.files, third.bytes), (first.files, first.bytes));
+    let mut other = scanned.clone();
+    other.entries.remove("new.txt");
+    // A known state that is not the previous one's: the checkpoint lists for itself (and
+    // finds nothing changed).
+    let fourth = take(4, previous(&third), known(other)).await;
+    assert_eq!(fourth.tree, first.tree);
 
     ws.write("new.txt", "untrackeD\n");
-    let third = take(3, previous(&second)).await;
-    assert!(!third.reused);
-    assert_ne!(third.tree, second.tree);
+    let fifth = take(5, previous(&fourth), None).await;
+    assert!(!fifth.reused);
+    assert_ne!(fifth.tree, fourth.tree);
     assert_eq!(
         git(
             &ws.worktree,
-            &["show", &format!("{}:new.txt", third.commit)]
+            &["show", &format!("{}:new.txt", fifth.commit)]
         ),
         "untrackeD\n"
     );
