@@ -185,31 +185,21 @@ async fn is_ancestor(
     Ok(done.status.success())
 }
 
-/// Adopts the box's work: the commits in `bundle` (if any) and the uncommitted state described
-/// by `theirs` (the box's manifest, git-mode listing).
-pub async fn adopt(
-    a: &Adoption<'_>,
-    bundle: Option<&Path>,
-    theirs: &Manifest,
-    remote: &Remote,
-    cancel: &CancellationToken,
-) -> Result<Adopted> {
+/// The workspace side of adoption, checked: the managed branch is where it was left and
+/// checked out, and the worktree still matches the base manifest. It needs nothing from the
+/// box, so a caller can run it beside [`fetch_bundle`] and hand it to [`adopt_checked`].
+#[derive(Debug)]
+pub struct Here {
+    head: String,
+    ours: Manifest,
+}
+
+/// Checks where things stand here (see [`Here`]).
+pub async fn check_here(a: &Adoption<'_>, cancel: &CancellationToken) -> Result<Here> {
     let diverged = |detail: String| Error::Diverged {
         worktree: a.worktree.display().to_string(),
         detail,
     };
-    let base = a
-        .base
-        .base_commit
-        .clone()
-        .ok_or_else(|| diverged("the base manifest records no base commit".into()))?;
-    // Path by path: what fails containment is refused by name (and kept by the caller), the
-    // rest goes on through every check below.
-    let screened = quarantine::screen(theirs, a.base, a.limits, a.rules)?;
-    let mut refused = screened.refused;
-    let theirs = &screened.manifest;
-
-    // Where things stand here: the branch where it was left, the worktree as the box got it.
     // Both in one git call: the branch, and what the worktree has checked out.
     let revs = git(a.worktree)
         .arg("rev-parse")
@@ -243,6 +233,46 @@ pub async fn adopt(
     }
     let ours = inbound_plain::check_drift(a.worktree, Mode::Git, a.base, a.rules, a.limits, cancel)
         .await?;
+    Ok(Here { head, ours })
+}
+
+/// Adopts the box's work: the commits in `bundle` (if any) and the uncommitted state described
+/// by `theirs` (the box's manifest, git-mode listing).
+pub async fn adopt(
+    a: &Adoption<'_>,
+    bundle: Option<&Path>,
+    theirs: &Manifest,
+    remote: &Remote,
+    cancel: &CancellationToken,
+) -> Result<Adopted> {
+    let here = check_here(a, cancel).await?;
+    adopt_checked(a, here, bundle, theirs, remote, cancel).await
+}
+
+/// [`adopt`], with the workspace side already checked.
+pub async fn adopt_checked(
+    a: &Adoption<'_>,
+    here: Here,
+    bundle: Option<&Path>,
+    theirs: &Manifest,
+    remote: &Remote,
+    cancel: &CancellationToken,
+) -> Result<Adopted> {
+    let diverged = |detail: String| Error::Diverged {
+        worktree: a.worktree.display().to_string(),
+        detail,
+    };
+    let base = a
+        .base
+        .base_commit
+        .clone()
+        .ok_or_else(|| diverged("the base manifest records no base commit".into()))?;
+    // Path by path: what fails containment is refused by name (and kept by the caller), the
+    // rest goes on through every check below.
+    let screened = quarantine::screen(theirs, a.base, a.limits, a.rules)?;
+    let mut refused = screened.refused;
+    let theirs = &screened.manifest;
+    let Here { head, ours } = here;
 
     // The box's commits: verified, fetched (objects only, no ref), descending from both.
     let tip = match bundle {

@@ -298,15 +298,6 @@ impl Core {
                     .base_commit
                     .clone()
                     .ok_or_else(|| placement_error("the base manifest has no base commit"))?;
-                let bundle = inbound_git::fetch_bundle(
-                    &remote,
-                    session_id.as_str(),
-                    &commit,
-                    &limits,
-                    &scratch,
-                    &cancel,
-                )
-                .await?;
                 let a = Adoption {
                     worktree: local,
                     session: session_id.as_str(),
@@ -316,14 +307,34 @@ impl Core {
                     limits: &limits,
                     scratch: &scratch,
                 };
-                let adopted = inbound_git::adopt(
-                    &a,
-                    bundle.as_ref().map(|b| b.path()),
-                    &theirs,
-                    &remote,
-                    &cancel,
-                )
-                .await
+                // The box's bundle and the checks of this side need nothing of each other.
+                let (bundle, here) = tokio::join!(
+                    inbound_git::fetch_bundle(
+                        &remote,
+                        session_id.as_str(),
+                        &commit,
+                        &limits,
+                        &scratch,
+                        &cancel,
+                    ),
+                    inbound_git::check_here(&a, &cancel)
+                );
+                let bundle = bundle?;
+                let adopted = match here {
+                    Ok(here) => {
+                        inbound_git::adopt_checked(
+                            &a,
+                            here,
+                            bundle.as_ref().map(|b| b.path()),
+                            &theirs,
+                            &remote,
+                            &cancel,
+                        )
+                        .await
+                    }
+                    Err(e) => Err(e),
+                };
+                let adopted = adopted
                 .map(|adopted| {
                     self.audit(scope, "sync.inbound", session_id.as_str(), "applied", json!({
                         "env": env.id.as_str(), "mode": "git", "head": adopted.head, "fast_forwarded": adopted.fast_forwarded,
