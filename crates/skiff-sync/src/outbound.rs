@@ -69,6 +69,8 @@ pub async fn push(
     remote: &Remote,
     cancel: &CancellationToken,
 ) -> Result<Dispatched> {
+    let started = std::time::Instant::now();
+    let ms = |at: std::time::Instant| at.elapsed().as_millis() as u64;
     let list = filelist::list(out.local, out.mode, out.rules, out.limits, cancel).await?;
     if out.mode == Mode::Plain {
         filelist::check_shareable(out.local, &list)?;
@@ -98,6 +100,11 @@ pub async fn push(
         detail: e.to_string(),
     })??;
     let prepared = prepared?;
+    tracing::debug!(
+        ms = ms(started),
+        files = list.files.len(),
+        "outbound: listed, hashed, packed"
+    );
 
     let dir = remote.quoted_dir();
     let empty = remote
@@ -116,6 +123,10 @@ pub async fn push(
     let sent = match &prepared {
         Some(git) => {
             seed_repository(out, remote, git, cancel).await?;
+            tracing::debug!(
+                ms = ms(started),
+                "outbound: the box checked the base commit out"
+            );
             let mut sent = git.differing.clone();
             // A checkout (umask 022 on the box) makes 0644 and 0755 files; others travel.
             for (path, entry) in &base.entries {
@@ -130,6 +141,7 @@ pub async fn push(
         None => list.paths(),
     };
     let method = remote.push_files(out.local, &sent, cancel).await?;
+    tracing::debug!(ms = ms(started), files = sent.len(), "outbound: files sent");
     if let Some(git) = &prepared
         && !git.deleted.is_empty()
     {
@@ -380,6 +392,7 @@ async fn seed_repository(
         let there = format!("{}/.git/objects/pack/pack-{hash}.{ext}", remote.dir());
         remote.send_file(&local, &there, cancel).await?;
     }
+    tracing::debug!(pack = %hash, "outbound: the pack is on the box");
     let (q, c) = (shell_quote(&branch), shell_quote(commit));
     let shallow = match out.history {
         History::Shallow => format!("printf '%s\\n' {c} > .git/shallow; "),
