@@ -222,14 +222,15 @@ async fn seed_index(
     cancel: &CancellationToken,
 ) -> Result<bool, WorkspaceError> {
     let named = git(repo)
-        .args(["rev-parse", "--path-format=absolute", "--git-path", "index"])
+        .args(["rev-parse", "--git-path", "index"])
         .run_checked(cancel)
         .await
         .map_err(|source| WorkspaceError::Prepare {
             path: repo.display().to_string(),
             source,
         })?;
-    let from = PathBuf::from(named.trim());
+    // Relative to `repo` unless absolute (`--path-format` is younger than the git we support).
+    let from = repo.join(named.trim());
     skiff_sync::checkpoint::copy_index_file(&from, to).map_err(|source| WorkspaceError::Io {
         path: from.display().to_string(),
         source,

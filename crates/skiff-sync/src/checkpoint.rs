@@ -311,11 +311,12 @@ async fn commit_tree(
 /// Copies the worktree's own index to `to`; `false` when it has none.
 async fn copy_index(worktree: &Path, to: &Path, cancel: &CancellationToken) -> Result<bool> {
     let named = git(worktree)
-        .args(["rev-parse", "--path-format=absolute", "--git-path", "index"])
+        .args(["rev-parse", "--git-path", "index"])
         .run_checked(cancel)
         .await?;
-    let from = Path::new(named.trim());
-    copy_index_file(from, to).map_err(io_err(from))
+    // Relative to the worktree unless absolute.
+    let from = worktree.join(named.trim());
+    copy_index_file(&from, to).map_err(io_err(&from))
 }
 
 /// Copies a git index file, keeping its mtime: git's racy-entry check compares the entries'

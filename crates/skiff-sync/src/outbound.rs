@@ -296,15 +296,11 @@ async fn checkout_may_convert(
         return Ok(true);
     }
     let info = git(local)
-        .args([
-            "rev-parse",
-            "--path-format=absolute",
-            "--git-path",
-            "info/attributes",
-        ])
+        .args(["rev-parse", "--git-path", "info/attributes"])
         .run_checked(cancel)
         .await?;
-    if Path::new(info.trim()).exists() {
+    // Relative to `local` unless absolute.
+    if local.join(info.trim()).exists() {
         return Ok(true);
     }
     // The user's own attributes file, read when `core.attributesFile` is not set.
