@@ -181,9 +181,11 @@ async fn worktree(
     let lock = repo_lock(repo);
     let added = {
         let _one_at_a_time = lock.lock().await;
-        // The checkout writes every file of the tree: on as many threads as there are cores.
+        // The checkout writes every file of the tree, and waits on the file system more than
+        // on the CPU: more parallel workers than cores (8 writes 10,000 files in a quarter of
+        // the time of one worker per core, on two cores).
         git(repo)
-            .args(["-c", "checkout.workers=0"])
+            .args(["-c", "checkout.workers=8"])
             .args(["worktree", "add", "--quiet", "-b", &branch])
             .arg(&path)
             .arg(&head)

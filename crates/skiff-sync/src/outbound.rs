@@ -395,12 +395,13 @@ async fn seed_repository(
         History::Full => String::new(),
     };
     // The checkout reads no configuration or attributes of the box user's (a reused box may
-    // have some): it must write the commit's bytes as they are.
+    // have some): it must write the commit's bytes as they are. Its writes wait on the file
+    // system more than on the CPU: more parallel workers than cores.
     let mut script = format!(
         "set -e; export GIT_TERMINAL_PROMPT=0; cd {dir}; {shallow}\
          git update-ref {q} {c}; git symbolic-ref HEAD {q}; umask 022; \
          GIT_CONFIG_GLOBAL=/dev/null GIT_CONFIG_NOSYSTEM=1 git -c core.hooksPath=/dev/null \
-         -c core.attributesFile=/dev/null -c checkout.workers=0 reset -q --hard {c}"
+         -c core.attributesFile=/dev/null -c checkout.workers=8 reset -q --hard {c}"
     );
     if let Some((name, email)) = out.identity {
         script.push_str(&format!(

@@ -69,7 +69,7 @@ impl Turns {
                 Ok(m) => (Some(m), None),
                 Err(why) => (None, Some(why)),
             };
-            tracing::info!(%run, ms = scanned.elapsed().as_millis() as u64, "workspace scanned");
+            tracing::debug!(%run, ms = scanned.elapsed().as_millis() as u64, "workspace scanned");
             let reply = this
                 .link
                 .call(
