@@ -354,4 +354,14 @@ mod tests {
         let err = profile.validate("cloud").unwrap_err().to_string();
         assert!(err.contains("`limits` does not apply"), "{err}");
     }
+
+    #[test]
+    fn history_is_shallow_unless_full_is_asked_for() {
+        let parse = |text: &str| serde_json::from_str::<ProfileConfig>(text);
+        let profile = parse(r#"{"provider": "local"}"#).unwrap();
+        assert_eq!(profile.history, History::Shallow);
+        let profile = parse(r#"{"provider": "local", "history": "full"}"#).unwrap();
+        assert_eq!(profile.history, History::Full);
+        assert!(parse(r#"{"provider": "local", "history": "deep"}"#).is_err());
+    }
 }
