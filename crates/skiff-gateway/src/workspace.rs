@@ -120,6 +120,7 @@ async fn worktree(
         path: repo.display().to_string(),
         source,
     };
+    let started = std::time::Instant::now();
     let head = git(repo)
         .args(["rev-parse", "--verify", "--quiet", "HEAD^{commit}"])
         .run_checked(cancel)
@@ -173,6 +174,7 @@ async fn worktree(
         .trim()
         .to_owned();
     drop(index);
+    tracing::debug!(%session, ms = started.elapsed().as_millis() as u64, "worktree: snapshot taken");
 
     let path = state.worktree(session.as_str());
     let branch = format!("skiff/{session}");
@@ -208,6 +210,7 @@ async fn worktree(
     for rel in &large {
         copy_file(&repo.join(rel), &path.join(rel))?;
     }
+    tracing::debug!(%session, ms = started.elapsed().as_millis() as u64, "worktree: checked out");
     Ok(WorkspaceView::Git {
         source: repo.display().to_string(),
         path: path.display().to_string(),
