@@ -159,7 +159,9 @@ pub async fn git_checkpoint_after(
                     ManifestEntry::File { size, .. } => (n + 1, b + size),
                     ManifestEntry::Symlink { .. } => (n + 1, b),
                 });
-        return reuse(worktree, session, seq, previous, files, bytes, cancel).await;
+        if let Some(cp) = reuse(worktree, session, seq, previous, files, bytes, cancel).await {
+            return Ok(cp);
+        }
     }
     let list = filelist::list(worktree, Mode::Git, rules, limits, cancel).await?;
     let head = git(worktree)
@@ -174,7 +176,9 @@ pub async fn git_checkpoint_after(
     };
     if let Some(previous) = previous.filter(|p| p.state == state) {
         let (files, bytes) = (list.files.len() as u64, list.total_bytes);
-        return reuse(worktree, session, seq, previous, files, bytes, cancel).await;
+        if let Some(cp) = reuse(worktree, session, seq, previous, files, bytes, cancel).await {
+            return Ok(cp);
+        }
     }
     let large = large_untracked(worktree, &list, stores.large.threshold, cancel).await?;
     check_cap(worktree, &large, &stores.large)?;
@@ -260,7 +264,8 @@ pub async fn git_checkpoint_after(
 }
 
 /// Checkpoint `seq` is `previous` again: the same content on the same HEAD makes the same
-/// commit (one `update-ref`, nothing else).
+/// commit (one `update-ref`, nothing else). `None` when that commit cannot be named any more
+/// (its ref deleted and the object gone): then the caller makes the checkpoint afresh.
 async fn reuse(
     worktree: &Path,
     session: &str,
@@ -269,13 +274,18 @@ async fn reuse(
     files: u64,
     bytes: u64,
     cancel: &CancellationToken,
-) -> Result<GitCheckpoint> {
+) -> Option<GitCheckpoint> {
     let name = git_ref(session, seq);
-    git(worktree)
-        .args(["update-ref", &name, &previous.commit])
+    let pointed = git(worktree)
+        .args(["update-ref", &name])
+        .arg(format!("{}^{{commit}}", previous.commit))
         .run_checked(cancel)
-        .await?;
-    Ok(GitCheckpoint {
+        .await;
+    if let Err(e) = pointed {
+        tracing::debug!(commit = %previous.commit, error = %e, "the previous checkpoint cannot be reused");
+        return None;
+    }
+    Some(GitCheckpoint {
         git_ref: name,
         commit: previous.commit.clone(),
         tree: previous.tree.clone(),

@@ -300,6 +300,15 @@ async fn an_unchanged_workspace_reuses_the_previous_tree() {
     let fourth = take(4, previous(&third), known(other)).await;
     assert_eq!(fourth.tree, first.tree);
 
+    // A previous checkpoint whose commit is gone is not reused: the checkpoint is made anew.
+    let gone = previous(&fourth).map(|p| checkpoint::Previous {
+        commit: "0123456789012345678901234567890123456789".into(),
+        ..p
+    });
+    let anew = take(6, gone, None).await;
+    assert!(!anew.reused);
+    assert_eq!(anew.tree, fourth.tree);
+
     ws.write("new.txt", "untrackeD\n");
     let fifth = take(5, previous(&fourth), None).await;
     assert!(!fifth.reused);
