@@ -133,6 +133,7 @@ impl Core {
             return Reply::Finished;
         };
         let session = &claims.session_id;
+        tracing::debug!(%session, %run, "turn.finish arrived");
         let open = self.store.open_run(scope, session).ok().flatten();
         if open.as_ref().map(|r| &r.id) != Some(&run) {
             // A fenced turn (its run already ended): nothing of it is adopted here; the next
