@@ -25,10 +25,19 @@ impl Core {
     }
 
     /// Checkpoints the session's workspace at the end of a turn. Never fails the turn.
-    pub(crate) async fn checkpoint_turn(&self, scope: &Scope, session: &SessionRow, run: &RunId) {
-        match self.take_checkpoint(scope, session, run).await {
+    /// `known`: what a reconciliation just found the worktree to hold, with nothing written
+    /// since (it spares the checkpoint a listing when nothing changed).
+    pub(crate) async fn checkpoint_turn(
+        &self,
+        scope: &Scope,
+        session: &SessionRow,
+        run: &RunId,
+        known: Option<&checkpoint::Known>,
+    ) {
+        let started = std::time::Instant::now();
+        match self.take_checkpoint(scope, session, run, known).await {
             Ok(row) => {
-                tracing::debug!(session = %session.id, checkpoint = %row.id, seq = ?row.seq, "checkpoint taken");
+                tracing::debug!(session = %session.id, checkpoint = %row.id, seq = ?row.seq, ms = started.elapsed().as_millis() as u64, "checkpoint taken");
                 self.audit(
                     scope,
                     "checkpoint.create",
@@ -55,16 +64,24 @@ impl Core {
         scope: &Scope,
         session: &SessionRow,
         run: &RunId,
+        known: Option<&checkpoint::Known>,
     ) -> Result<ArtifactRow> {
         let cancel = CancellationToken::new();
         let cas = Cas::open(&self.artifacts_dir())?;
-        let seq = self
+        let last = self
             .store
             .artifacts(scope, &session.id, ArtifactRole::Checkpoint)?
-            .last()
-            .and_then(|r| r.seq)
-            .unwrap_or(0)
-            + 1;
+            .pop();
+        let seq = last.as_ref().and_then(|r| r.seq).unwrap_or(0) + 1;
+        // What the next checkpoint may reuse when nothing changed since this one.
+        let previous = last.and_then(|r| {
+            Some(checkpoint::Previous {
+                state: r.meta["state"].as_str()?.to_owned(),
+                commit: r.meta["commit"].as_str()?.to_owned(),
+                tree: r.meta["tree"].as_str()?.to_owned(),
+                outside_git: r.meta["manifest"].as_str().map(str::to_owned),
+            })
+        });
         let path = Path::new(session.workspace.path());
         let rules = Rules::load(path)?;
         let limits = Limits::default();
@@ -76,20 +93,24 @@ impl Core {
                     cas: &cas,
                     large: checkpoint::LargeFiles::default(),
                 };
-                let cp = checkpoint::git_checkpoint(
+                let cp = checkpoint::git_checkpoint_after(
                     path,
                     session.id.as_str(),
                     seq,
                     &rules,
                     &limits,
                     &stores,
+                    previous.as_ref(),
+                    known,
                     &cancel,
                 )
                 .await?;
                 // `manifest`: the large untracked files kept in the artifact store, not the repo.
+                // `state`: the digest the next checkpoint compares to reuse this tree.
                 let meta = json!({
                     "mode": "git", "git_ref": cp.git_ref, "commit": cp.commit, "tree": cp.tree,
                     "manifest": cp.outside_git, "files": cp.files, "bytes": cp.bytes,
+                    "state": cp.state,
                 });
                 // The blob of a git checkpoint is its descriptor; the content is in the repo.
                 let descriptor = meta.to_string();

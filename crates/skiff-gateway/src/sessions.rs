@@ -375,7 +375,7 @@ impl Core {
         };
         // Worker sessions checkpoint after reconciling each turn (in `turn.finish`).
         if session.placement == PlacementState::Local.as_str() {
-            self.checkpoint_turn(&scope, &session, &run.id).await;
+            self.checkpoint_turn(&scope, &session, &run.id, None).await;
         }
         self.finish(&scope, &session.id, &run.id, status.0, status.1.as_deref());
     }

@@ -34,6 +34,17 @@ impl Isolation {
     }
 }
 
+/// How much of the session branch's history a box's repository gets.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum History {
+    /// Only the base commit (a shallow repository): what the box needs to work and commit.
+    #[default]
+    Shallow,
+    /// Every commit of the session branch (`git log` and `blame` on the box see it all).
+    Full,
+}
+
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ProfileConfig {
@@ -68,6 +79,9 @@ pub struct ProfileConfig {
     /// local: what one box may use (`[profiles.NAME.limits]`).
     #[serde(default)]
     pub limits: Option<LimitsConfig>,
+    /// `shallow` (default: the box's repository has the base commit only) or `full`.
+    #[serde(default)]
+    pub history: History,
 }
 
 /// `[profiles.NAME.limits]`: resource limits of a local box's sandbox. Every key is optional;
@@ -194,6 +208,7 @@ impl ProfileConfig {
             known_host_key: None,
             command: None,
             limits: None,
+            history: History::Shallow,
         }
     }
 
@@ -338,5 +353,15 @@ mod tests {
         profile.limits = Some(LimitsConfig::default());
         let err = profile.validate("cloud").unwrap_err().to_string();
         assert!(err.contains("`limits` does not apply"), "{err}");
+    }
+
+    #[test]
+    fn history_is_shallow_unless_full_is_asked_for() {
+        let parse = |text: &str| serde_json::from_str::<ProfileConfig>(text);
+        let profile = parse(r#"{"provider": "local"}"#).unwrap();
+        assert_eq!(profile.history, History::Shallow);
+        let profile = parse(r#"{"provider": "local", "history": "full"}"#).unwrap();
+        assert_eq!(profile.history, History::Full);
+        assert!(parse(r#"{"provider": "local", "history": "deep"}"#).is_err());
     }
 }

@@ -10,7 +10,7 @@ mod config;
 pub mod local;
 mod static_ssh;
 
-pub use config::{Isolation, Limits, LimitsConfig, ProfileConfig, ProviderKind};
+pub use config::{History, Isolation, Limits, LimitsConfig, ProfileConfig, ProviderKind};
 
 use futures_util::future::BoxFuture;
 use std::path::PathBuf;

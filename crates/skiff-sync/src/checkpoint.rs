@@ -35,6 +35,40 @@ pub struct GitCheckpoint {
     pub outside_git: Option<String>,
     pub files: u64,
     pub bytes: u64,
+    /// What the checkpoint holds, as one digest (HEAD and every synced file's entry): equal
+    /// digests mean equal checkpoints, so the next one can reuse this one's tree.
+    pub state: String,
+    /// Whether the tree of the previous checkpoint was reused (nothing had changed).
+    pub reused: bool,
+}
+
+/// The previous checkpoint, as far as the next one needs it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Previous {
+    pub state: String,
+    pub commit: String,
+    pub tree: String,
+    pub outside_git: Option<String>,
+}
+
+/// What the caller already knows a worktree holds: HEAD, and the manifest of its synced files
+/// (listed and hashed as a checkpoint would, with nothing written since).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Known {
+    pub head: String,
+    pub manifest: Manifest,
+}
+
+/// The digest of a checkpoint's content: HEAD and every synced file's entry.
+fn state_of(head: &str, entries: &BTreeMap<String, ManifestEntry>) -> Result<String> {
+    let m = Manifest {
+        version: MANIFEST_VERSION,
+        base_commit: Some(head.to_owned()),
+        entries: entries.clone(),
+    };
+    Ok(blake3::hash(manifest::to_json(&m)?.as_bytes())
+        .to_hex()
+        .to_string())
 }
 
 /// Untracked files above this size are never written into the user's repository as objects:
@@ -92,7 +126,60 @@ pub async fn git_checkpoint(
     stores: &GitStores<'_>,
     cancel: &CancellationToken,
 ) -> Result<GitCheckpoint> {
+    git_checkpoint_after(
+        worktree, session, seq, rules, limits, stores, None, None, cancel,
+    )
+    .await
+}
+
+/// [`git_checkpoint`], reusing `previous` (its commit, tree and files kept outside git) when
+/// nothing changed since it was taken: same HEAD, same synced files (by the stat-cached
+/// manifest, or by `known` when the caller has just listed and hashed the worktree).
+#[allow(clippy::too_many_arguments)]
+pub async fn git_checkpoint_after(
+    worktree: &Path,
+    session: &str,
+    seq: u64,
+    rules: &Rules,
+    limits: &Limits,
+    stores: &GitStores<'_>,
+    previous: Option<&Previous>,
+    known: Option<&Known>,
+    cancel: &CancellationToken,
+) -> Result<GitCheckpoint> {
+    if let (Some(previous), Some(known)) = (previous, known)
+        && state_of(&known.head, &known.manifest.entries)? == previous.state
+    {
+        let (files, bytes) =
+            known
+                .manifest
+                .entries
+                .values()
+                .fold((0u64, 0u64), |(n, b), e| match e {
+                    ManifestEntry::File { size, .. } => (n + 1, b + size),
+                    ManifestEntry::Symlink { .. } => (n + 1, b),
+                });
+        if let Some(cp) = reuse(worktree, session, seq, previous, files, bytes, cancel).await {
+            return Ok(cp);
+        }
+    }
     let list = filelist::list(worktree, Mode::Git, rules, limits, cancel).await?;
+    let head = git(worktree)
+        .args(["rev-parse", "--verify", "--quiet", "HEAD^{commit}"])
+        .run_checked(cancel)
+        .await?
+        .trim()
+        .to_owned();
+    let state = {
+        let now = manifest::build(worktree, &list, None)?;
+        state_of(&head, &now.entries)?
+    };
+    if let Some(previous) = previous.filter(|p| p.state == state) {
+        let (files, bytes) = (list.files.len() as u64, list.total_bytes);
+        if let Some(cp) = reuse(worktree, session, seq, previous, files, bytes, cancel).await {
+            return Ok(cp);
+        }
+    }
     let large = large_untracked(worktree, &list, stores.large.threshold, cancel).await?;
     check_cap(worktree, &large, &stores.large)?;
     let deleted = git(worktree)
@@ -115,11 +202,26 @@ pub async fn git_checkpoint(
     let outside_git = keep_outside_git(worktree, &large, stores.cas)?;
     let dir = Scratch::new(stores.scratch, "checkpoint")?;
     let index = dir.path().join("index");
-    let private = |cmd: skiff_process::Cmd| cmd.env("GIT_INDEX_FILE", index.as_os_str());
-    private(git(worktree).args(["read-tree", "HEAD"]))
+    // No split index: its shared part would be written into the repository.
+    let private = |cmd: skiff_process::Cmd| {
+        cmd.env("GIT_INDEX_FILE", index.as_os_str())
+            .args(["-c", "core.splitIndex=false"])
+    };
+    // HEAD's tree, with the stat data of the worktree's own index where its entries are
+    // HEAD's (a one-tree `read-tree -m`): `update-index` then re-hashes only the files that
+    // changed, not every file. The worktree's index is only copied, never written.
+    let seeded = copy_index(worktree, &index, cancel).await?;
+    let read = if seeded {
+        vec!["read-tree", "-m", head.as_str()]
+    } else {
+        vec!["read-tree", head.as_str()]
+    };
+    private(git(worktree))
+        .args(read)
         .run_checked(cancel)
         .await?;
-    private(git(worktree).args(["update-index", "--add", "--remove", "-z", "--stdin"]))
+    private(git(worktree))
+        .args(["update-index", "--add", "--remove", "-z", "--stdin"])
         .stdin(paths)
         .run_checked(cancel)
         .await?;
@@ -131,27 +233,19 @@ pub async fn git_checkpoint(
             gone.extend_from_slice(path.as_bytes());
             gone.push(0);
         }
-        private(git(worktree).args(["update-index", "--force-remove", "-z", "--stdin"]))
+        private(git(worktree))
+            .args(["update-index", "--force-remove", "-z", "--stdin"])
             .stdin(gone)
             .run_checked(cancel)
             .await?;
     }
-    let tree = private(git(worktree).arg("write-tree"))
+    let tree = private(git(worktree))
+        .arg("write-tree")
         .run_checked(cancel)
         .await?
         .trim()
         .to_owned();
-    let commit = git(worktree)
-        .args(["commit-tree", &tree, "-p", "HEAD", "-m"])
-        .arg(format!("skiff checkpoint {seq} of {session}"))
-        .env("GIT_AUTHOR_NAME", "Skiff")
-        .env("GIT_AUTHOR_EMAIL", "skiff@localhost")
-        .env("GIT_COMMITTER_NAME", "Skiff")
-        .env("GIT_COMMITTER_EMAIL", "skiff@localhost")
-        .run_checked(cancel)
-        .await?
-        .trim()
-        .to_owned();
+    let commit = commit_tree(worktree, &tree, &head, session, seq, cancel).await?;
     let name = git_ref(session, seq);
     git(worktree)
         .args(["update-ref", &name, &commit])
@@ -164,7 +258,95 @@ pub async fn git_checkpoint(
         outside_git,
         files: list.files.len() as u64,
         bytes: list.total_bytes,
+        state,
+        reused: false,
     })
+}
+
+/// Checkpoint `seq` is `previous` again: the same content on the same HEAD makes the same
+/// commit (one `update-ref`, nothing else). `None` when that commit cannot be named any more
+/// (its ref deleted and the object gone): then the caller makes the checkpoint afresh.
+async fn reuse(
+    worktree: &Path,
+    session: &str,
+    seq: u64,
+    previous: &Previous,
+    files: u64,
+    bytes: u64,
+    cancel: &CancellationToken,
+) -> Option<GitCheckpoint> {
+    let name = git_ref(session, seq);
+    let pointed = git(worktree)
+        .args(["update-ref", &name])
+        .arg(format!("{}^{{commit}}", previous.commit))
+        .run_checked(cancel)
+        .await;
+    if let Err(e) = pointed {
+        tracing::debug!(commit = %previous.commit, error = %e, "the previous checkpoint cannot be reused");
+        return None;
+    }
+    Some(GitCheckpoint {
+        git_ref: name,
+        commit: previous.commit.clone(),
+        tree: previous.tree.clone(),
+        outside_git: previous.outside_git.clone(),
+        files,
+        bytes,
+        state: previous.state.clone(),
+        reused: true,
+    })
+}
+
+async fn commit_tree(
+    worktree: &Path,
+    tree: &str,
+    parent: &str,
+    session: &str,
+    seq: u64,
+    cancel: &CancellationToken,
+) -> Result<String> {
+    Ok(git(worktree)
+        .args(["commit-tree", tree, "-p", parent, "-m"])
+        .arg(format!("skiff checkpoint {seq} of {session}"))
+        .env("GIT_AUTHOR_NAME", "Skiff")
+        .env("GIT_AUTHOR_EMAIL", "skiff@localhost")
+        .env("GIT_COMMITTER_NAME", "Skiff")
+        .env("GIT_COMMITTER_EMAIL", "skiff@localhost")
+        .run_checked(cancel)
+        .await?
+        .trim()
+        .to_owned())
+}
+
+/// Copies the worktree's own index to `to`; `false` when it has none.
+async fn copy_index(worktree: &Path, to: &Path, cancel: &CancellationToken) -> Result<bool> {
+    let named = git(worktree)
+        .args(["rev-parse", "--git-path", "index"])
+        .run_checked(cancel)
+        .await?;
+    // Relative to the worktree unless absolute.
+    let from = worktree.join(named.trim());
+    copy_index_file(&from, to).map_err(io_err(&from))
+}
+
+/// Copies a git index file, keeping its mtime: git's racy-entry check compares the entries'
+/// mtimes with the index file's own, and a copy that looked newer would make files changed
+/// in the same second as the original index was written look clean. `false` when `from` does
+/// not exist.
+pub fn copy_index_file(from: &Path, to: &Path) -> std::io::Result<bool> {
+    let mtime = match std::fs::metadata(from) {
+        Ok(meta) => meta.modified()?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(e),
+    };
+    std::fs::copy(from, to)?;
+    std::fs::File::options()
+        .write(true)
+        .open(to)?
+        .set_times(std::fs::FileTimes::new().set_modified(mtime))?;
+    // The index may have been replaced between the two reads: then the copy is of the new
+    // one, which is at least as new as the mtime kept. Only older-looking is safe.
+    Ok(true)
 }
 
 /// The listed regular files of `worktree` that git does not track and that are larger than

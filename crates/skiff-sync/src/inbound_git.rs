@@ -56,6 +56,9 @@ pub struct Adopted {
     pub commits_refused: Option<String>,
     /// What the worktree holds now, as a manifest: the next base.
     pub manifest: Manifest,
+    /// When adoption wrote nothing here: the worktree as the drift check listed and hashed it,
+    /// which a checkpoint can take instead of listing it again.
+    pub unchanged: Option<crate::checkpoint::Known>,
 }
 
 /// A bundle fetched from the box, in a private directory removed on drop.
@@ -169,16 +172,6 @@ fn is_sha(s: &str) -> bool {
     (s.len() == 40 || s.len() == 64) && s.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
-async fn rev(worktree: &Path, what: &str, cancel: &CancellationToken) -> Result<String> {
-    Ok(git(worktree)
-        .args(["rev-parse", "--verify", "--quiet"])
-        .arg(format!("{what}^{{commit}}"))
-        .run_checked(cancel)
-        .await?
-        .trim()
-        .to_owned())
-}
-
 async fn is_ancestor(
     worktree: &Path,
     older: &str,
@@ -192,10 +185,74 @@ async fn is_ancestor(
     Ok(done.status.success())
 }
 
+/// The workspace side of adoption, checked: the managed branch is where it was left and
+/// checked out, and the worktree still matches the base manifest. It needs nothing from the
+/// box, so a caller can run it beside [`fetch_bundle`] and hand it to [`adopt_checked`].
+#[derive(Debug)]
+pub struct Here {
+    head: String,
+    ours: Manifest,
+}
+
+/// Checks where things stand here (see [`Here`]).
+pub async fn check_here(a: &Adoption<'_>, cancel: &CancellationToken) -> Result<Here> {
+    let diverged = |detail: String| Error::Diverged {
+        worktree: a.worktree.display().to_string(),
+        detail,
+    };
+    // Both in one git call: the branch, and what the worktree has checked out.
+    let revs = git(a.worktree)
+        .arg("rev-parse")
+        // `refs/heads/…`: never taken for an option.
+        .arg(format!("{}^{{commit}}", branch(a.session)))
+        .arg("HEAD^{commit}")
+        .run_checked(cancel)
+        .await?;
+    let mut revs = revs.lines().map(str::trim);
+    let (head, checked_out) = match (revs.next(), revs.next()) {
+        (Some(head), Some(checked_out)) if is_sha(head) && is_sha(checked_out) => {
+            (head.to_owned(), checked_out.to_owned())
+        }
+        _ => {
+            return Err(diverged(format!(
+                "cannot read the managed branch skiff/{} and HEAD",
+                a.session
+            )));
+        }
+    };
+    if head != a.expected_head {
+        return Err(diverged(format!(
+            "the managed branch skiff/{} moved to {head} (expected {})",
+            a.session, a.expected_head
+        )));
+    }
+    if checked_out != head {
+        return Err(diverged(format!(
+            "the worktree has {checked_out} checked out, not the session branch"
+        )));
+    }
+    let ours = inbound_plain::check_drift(a.worktree, Mode::Git, a.base, a.rules, a.limits, cancel)
+        .await?;
+    Ok(Here { head, ours })
+}
+
 /// Adopts the box's work: the commits in `bundle` (if any) and the uncommitted state described
 /// by `theirs` (the box's manifest, git-mode listing).
 pub async fn adopt(
     a: &Adoption<'_>,
+    bundle: Option<&Path>,
+    theirs: &Manifest,
+    remote: &Remote,
+    cancel: &CancellationToken,
+) -> Result<Adopted> {
+    let here = check_here(a, cancel).await?;
+    adopt_checked(a, here, bundle, theirs, remote, cancel).await
+}
+
+/// [`adopt`], with the workspace side already checked.
+pub async fn adopt_checked(
+    a: &Adoption<'_>,
+    here: Here,
     bundle: Option<&Path>,
     theirs: &Manifest,
     remote: &Remote,
@@ -215,22 +272,7 @@ pub async fn adopt(
     let screened = quarantine::screen(theirs, a.base, a.limits, a.rules)?;
     let mut refused = screened.refused;
     let theirs = &screened.manifest;
-
-    // Where things stand here: the branch where it was left, the worktree as the box got it.
-    let head = rev(a.worktree, &branch(a.session), cancel).await?;
-    if head != a.expected_head {
-        return Err(diverged(format!(
-            "the managed branch skiff/{} moved to {head} (expected {})",
-            a.session, a.expected_head
-        )));
-    }
-    let checked_out = rev(a.worktree, "HEAD", cancel).await?;
-    if checked_out != head {
-        return Err(diverged(format!(
-            "the worktree has {checked_out} checked out, not the session branch"
-        )));
-    }
-    inbound_plain::check_drift(a.worktree, Mode::Git, a.base, a.rules, a.limits, cancel).await?;
+    let Here { head, ours } = here;
 
     // The box's commits: verified, fetched (objects only, no ref), descending from both.
     let tip = match bundle {
@@ -257,7 +299,12 @@ pub async fn adopt(
     // is adopted (they stay in the caller's quarantine); their files come back through the
     // screened manifest like uncommitted work.
     let mut commits_refused = None;
-    let mut problems = check_commit_tree(a.worktree, &head, &tip, cancel).await?;
+    // No commits, nothing to check (two full tree listings saved on every quiet turn).
+    let mut problems = if tip == head {
+        Vec::new()
+    } else {
+        check_commit_tree(a.worktree, &head, &tip, cancel).await?
+    };
     if tip != head && !refused.is_empty() {
         // A path refused in the files must not arrive through the commits either.
         let committed = git(a.worktree)
@@ -328,10 +375,17 @@ pub async fn adopt(
         .filter(|(p, e)| a.base.entries.get(*p) != Some(*e) || touched.contains(*p))
         .map(|(p, e)| (p.clone(), e.clone()))
         .collect();
-    let tree = git(a.worktree)
-        .args(["ls-tree", "-r", "-z", "--name-only", &tip])
-        .run_checked(cancel)
-        .await?;
+    // Paths of the tip's tree the base does not list are deleted too, when the box lost them.
+    // Without new commits the tip is the branch the drift check just listed: such a path is
+    // not here (or the drift check would have stopped), so there is nothing to list.
+    let tree = if tip == head {
+        String::new()
+    } else {
+        git(a.worktree)
+            .args(["ls-tree", "-r", "-z", "--name-only", &tip])
+            .run_checked(cancel)
+            .await?
+    };
     let deleted: BTreeSet<String> = a
         .base
         .entries
@@ -358,9 +412,17 @@ pub async fn adopt(
             .await?;
     }
     let files = inbound_plain::apply(a.worktree, &staged, &changed, &deleted)?;
+    let unchanged =
+        (tip == head && files.written.is_empty() && files.deleted.is_empty()).then(|| {
+            crate::checkpoint::Known {
+                head: head.clone(),
+                manifest: ours,
+            }
+        });
     let mut manifest = theirs.clone();
     manifest.base_commit = Some(tip.clone());
     Ok(Adopted {
+        unchanged,
         head: tip.clone(),
         fast_forwarded: tip != head,
         files,

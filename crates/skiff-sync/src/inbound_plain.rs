@@ -87,7 +87,8 @@ pub async fn mirror(
     })
 }
 
-/// Refuses when `target` no longer matches `base` (paths filtered by the same rules).
+/// Refuses when `target` no longer matches `base` (paths filtered by the same rules); returns
+/// what it found there (base commit unset).
 pub async fn check_drift(
     target: &Path,
     mode: Mode,
@@ -95,7 +96,7 @@ pub async fn check_drift(
     rules: &Rules,
     limits: &Limits,
     cancel: &CancellationToken,
-) -> Result<()> {
+) -> Result<Manifest> {
     let unlimited = Limits {
         max_files: usize::MAX,
         max_total_bytes: u64::MAX,
@@ -105,7 +106,7 @@ pub async fn check_drift(
     let ours = manifest::scan(target, mode, rules, &unlimited, cancel).await?;
     let drifted = manifest::differences(base, &ours);
     if drifted.is_empty() {
-        return Ok(());
+        return Ok(ours);
     }
     let mut paths: Vec<String> = drifted.iter().take(10).cloned().collect();
     if drifted.len() > 10 {

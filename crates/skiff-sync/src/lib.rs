@@ -25,6 +25,7 @@ pub mod outbound;
 pub mod quarantine;
 pub mod results;
 pub mod rules;
+pub mod statcache;
 pub mod transfer;
 
 pub use filelist::{FileList, Limits, Mode};

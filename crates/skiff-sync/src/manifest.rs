@@ -66,12 +66,15 @@ pub fn hash_file(path: &Path) -> Result<(String, u64)> {
     Ok((hasher.finalize().to_hex().to_string(), size))
 }
 
-/// The manifest of the listed files of `root`.
+/// The manifest of the listed files of `root`. Files whose stat data has not changed since
+/// this process last hashed them in the same workspace are not read again
+/// ([`crate::statcache`]).
 pub fn build(root: &Path, list: &FileList, base_commit: Option<String>) -> Result<Manifest> {
-    let mut entries = BTreeMap::new();
-    for file in &list.files {
-        entries.insert(file.path.clone(), entry_of(root, &file.path)?);
-    }
+    let cache = crate::statcache::shared(root);
+    let entries = cache
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .entries(root, list)?;
     Ok(Manifest {
         version: MANIFEST_VERSION,
         base_commit,

@@ -1,16 +1,19 @@
 //! Laying a session's workspace onto a box, and recording the immutable base manifest.
 //!
-//! Git mode: the box gets a real repository — a `git bundle` of the session branch (at the
-//! base commit) goes through ssh's stdin, the box fetches it into a fresh repository and checks
-//! the branch out, then the working tree (tracked files as they are now, untracked files that
-//! are not ignored) is laid over it and tracked files the user deleted are deleted, so
-//! `git status` on the box shows the user's uncommitted changes. Plain mode: the listed files
-//! are copied into a fresh directory.
+//! Git mode: the box gets a real repository — a pack of the base commit's objects (the whole
+//! session branch with [`History::Full`]) and its index, made here and dropped into the box's
+//! fresh repository, so the box neither re-indexes nor re-hashes it. The box checks the base
+//! commit out (every file written once), then only the files that differ from the base commit
+//! (edits, untracked files that are not ignored) travel, and tracked files the user deleted are
+//! deleted, so `git status` on the box shows the user's uncommitted changes. When a checkout
+//! could write other bytes than the files here (attributes, line-ending or symlink settings),
+//! every listed file travels instead. Plain mode: the listed files are copied into a fresh
+//! directory.
 //!
 //! Limits (and, for a plain copy, that no file is private to its owner) are checked before
-//! anything is sent; a box directory that exists and is not empty
-//! is refused, never overwritten. Deliberately absent: git credentials and remotes on the box
-//! (the bundle is fetched by path and then deleted).
+//! anything is sent; a box directory that exists and is not empty is refused, never
+//! overwritten. Deliberately absent: git credentials and remotes on the box (objects arrive as
+//! a pack, never by fetch from a URL).
 
 use crate::filelist::{self, Limits, Mode};
 use crate::git::{git, split_z};
@@ -36,6 +39,18 @@ pub struct Outbound<'a> {
     /// Author identity for commits made on the box (`user.name`, `user.email` of the box's
     /// repository); projected from gateway config.
     pub identity: Option<(&'a str, &'a str)>,
+    /// Git mode: how much of the session branch's history the box gets.
+    pub history: History,
+}
+
+/// How much of the session branch's history a box's repository gets.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum History {
+    /// The base commit alone: a shallow repository.
+    #[default]
+    Shallow,
+    /// Every commit reachable from the session branch.
+    Full,
 }
 
 /// What was laid onto the box.
@@ -56,6 +71,8 @@ pub async fn push(
     remote: &Remote,
     cancel: &CancellationToken,
 ) -> Result<Dispatched> {
+    let started = std::time::Instant::now();
+    let ms = |at: std::time::Instant| at.elapsed().as_millis() as u64;
     let list = filelist::list(out.local, out.mode, out.rules, out.limits, cancel).await?;
     if out.mode == Mode::Plain {
         filelist::check_shareable(out.local, &list)?;
@@ -64,7 +81,32 @@ pub async fn push(
         Mode::Git => Some(session_head(out.local, out.session, cancel).await?),
         Mode::Plain => None,
     };
-    let base = manifest::build(out.local, &list, base_commit.clone())?;
+    // Hashing (the base manifest) and git's preparations (the pack, what differs from the
+    // base commit) run side by side; both are local, and nothing reaches the box before both
+    // are done and every check passed.
+    let hashing = {
+        let (root, list, commit) = (out.local.to_path_buf(), list.clone(), base_commit.clone());
+        tokio::task::spawn_blocking(move || manifest::build(&root, &list, commit))
+    };
+    let preparing = async {
+        match &base_commit {
+            Some(commit) => {
+                Ok::<_, crate::Error>(Some(prepare_git(out, commit, &list, cancel).await?))
+            }
+            None => Ok(None),
+        }
+    };
+    let (base, prepared) = tokio::join!(hashing, preparing);
+    let base = base.map_err(|e| crate::Error::Invalid {
+        what: format!("hashing {}", out.local.display()),
+        detail: e.to_string(),
+    })??;
+    let prepared = prepared?;
+    tracing::debug!(
+        ms = ms(started),
+        files = list.files.len(),
+        "outbound: listed, hashed, packed"
+    );
 
     let dir = remote.quoted_dir();
     let empty = remote
@@ -80,26 +122,38 @@ pub async fn push(
         });
     }
 
-    if let Some(commit) = &base_commit {
-        seed_repository(out, remote, commit, cancel).await?;
-    }
-    let method = remote.push_files(out.local, &list.paths(), cancel).await?;
-    if out.mode == Mode::Git {
-        let deleted = git(out.local)
-            .args(["ls-files", "-z", "--deleted"])
-            .run_checked(cancel)
+    let sent = match &prepared {
+        Some(git) => {
+            seed_repository(out, remote, git, cancel).await?;
+            tracing::debug!(
+                ms = ms(started),
+                "outbound: the box checked the base commit out"
+            );
+            let mut sent = git.differing.clone();
+            // A checkout (umask 022 on the box) makes 0644 and 0755 files; others travel.
+            for (path, entry) in &base.entries {
+                if let crate::ManifestEntry::File { mode, .. } = entry
+                    && !matches!(mode, 0o644 | 0o755)
+                {
+                    sent.insert(path.clone());
+                }
+            }
+            sent.into_iter().collect()
+        }
+        None => list.paths(),
+    };
+    let method = remote.push_files(out.local, &sent, cancel).await?;
+    tracing::debug!(ms = ms(started), files = sent.len(), "outbound: files sent");
+    if let Some(git) = &prepared
+        && !git.deleted.is_empty()
+    {
+        remote
+            .run(
+                &format!("cd {dir} && xargs -0 rm -f --"),
+                git.deleted.clone(),
+                cancel,
+            )
             .await?;
-        let mut input = Vec::new();
-        for path in split_z(&deleted) {
-            contain::check_path(path)?;
-            input.extend_from_slice(path.as_bytes());
-            input.push(0);
-        }
-        if !input.is_empty() {
-            remote
-                .run(&format!("cd {dir} && xargs -0 rm -f --"), input, cancel)
-                .await?;
-        }
     }
     Ok(Dispatched {
         manifest: base,
@@ -139,30 +193,218 @@ pub(crate) async fn session_head(
     Ok(head)
 }
 
+/// What git mode prepares before anything reaches the box.
+struct GitPart {
+    /// The pack (and its index) of what the box's repository gets; removed on drop.
+    pack: Scratch,
+    /// The pack's name (`pack-<hash>.pack`, `.idx`).
+    hash: String,
+    commit: String,
+    /// The listed paths the box's checkout of `commit` does not already hold byte for byte
+    /// (modes aside: the caller adds files whose mode a checkout does not make).
+    differing: std::collections::BTreeSet<String>,
+    /// Tracked files the workspace deleted, NUL-separated and checked.
+    deleted: Vec<u8>,
+}
+
+async fn prepare_git(
+    out: &Outbound<'_>,
+    commit: &str,
+    list: &filelist::FileList,
+    cancel: &CancellationToken,
+) -> Result<GitPart> {
+    let deleted = async {
+        git(out.local)
+            .args(["ls-files", "-z", "--deleted"])
+            .run_checked(cancel)
+            .await
+            .map_err(crate::Error::from)
+    };
+    let ((pack, hash), differing, listed) = tokio::try_join!(
+        make_pack(out, commit, cancel),
+        differing(out.local, commit, list, cancel),
+        deleted
+    )?;
+    let mut deleted = Vec::new();
+    for path in split_z(&listed) {
+        contain::check_path(path)?;
+        deleted.extend_from_slice(path.as_bytes());
+        deleted.push(0);
+    }
+    Ok(GitPart {
+        pack,
+        hash,
+        commit: commit.to_owned(),
+        differing,
+        deleted,
+    })
+}
+
+/// The listed paths that differ from `commit` (edits, mode changes, untracked files); all of
+/// them when a checkout may convert bytes (attributes, `core.autocrlf`/`core.eol`,
+/// `core.symlinks=false`): then only a copy is exact.
+async fn differing(
+    local: &Path,
+    commit: &str,
+    list: &filelist::FileList,
+    cancel: &CancellationToken,
+) -> Result<std::collections::BTreeSet<String>> {
+    if checkout_may_convert(local, commit, list, cancel).await? {
+        return Ok(list.paths().into_iter().collect());
+    }
+    let listed: std::collections::BTreeSet<&str> =
+        list.files.iter().map(|f| f.path.as_str()).collect();
+    let mut out = std::collections::BTreeSet::new();
+    let changed = git(local)
+        .args([
+            "-c",
+            "core.fileMode=true",
+            "diff",
+            "--name-only",
+            "--no-renames",
+        ])
+        .args(["--ignore-submodules", "-z", commit, "--"])
+        .run_checked(cancel)
+        .await?;
+    let untracked = git(local)
+        .args(["ls-files", "-z", "--others", "--exclude-standard"])
+        .run_checked(cancel)
+        .await?;
+    for path in split_z(&changed).chain(split_z(&untracked)) {
+        if listed.contains(path) {
+            out.insert(path.to_owned());
+        }
+    }
+    Ok(out)
+}
+
+/// Whether checking `commit` out on a box (git without config) could write bytes other than
+/// the files of `local`: any attributes file, or settings that convert line endings or
+/// symlinks.
+async fn checkout_may_convert(
+    local: &Path,
+    commit: &str,
+    list: &filelist::FileList,
+    cancel: &CancellationToken,
+) -> Result<bool> {
+    let is_attributes = |p: &str| p == ".gitattributes" || p.ends_with("/.gitattributes");
+    if list.files.iter().any(|f| is_attributes(&f.path)) {
+        return Ok(true);
+    }
+    let tree = git(local)
+        .args(["ls-tree", "-r", "-z", "--name-only", commit])
+        .run_checked(cancel)
+        .await?;
+    if split_z(&tree).any(is_attributes) {
+        return Ok(true);
+    }
+    let info = git(local)
+        .args(["rev-parse", "--git-path", "info/attributes"])
+        .run_checked(cancel)
+        .await?;
+    // Relative to `local` unless absolute.
+    if local.join(info.trim()).exists() {
+        return Ok(true);
+    }
+    // The user's own attributes file, read when `core.attributesFile` is not set.
+    if let Some(home) = std::env::var_os("HOME")
+        && Path::new(&home).join(".config/git/attributes").exists()
+    {
+        return Ok(true);
+    }
+    // Every scope the worktree's checkout read, the system's included.
+    let settings = git(local)
+        .env("GIT_CONFIG_NOSYSTEM", "0")
+        .args([
+            "config",
+            "--get-regexp",
+            r"^core\.(autocrlf|eol|attributesfile|symlinks)$",
+        ])
+        .run(cancel)
+        .await?;
+    Ok(settings
+        .stdout
+        .into_string()
+        .lines()
+        .any(|line| !matches!(line.trim(), "core.autocrlf false" | "core.symlinks true")))
+}
+
+/// A pack (and its index) of what the box's repository gets: the base commit's objects, or
+/// the whole session branch with [`History::Full`]. Made here, so the box neither re-indexes
+/// nor re-hashes it.
+async fn make_pack(
+    out: &Outbound<'_>,
+    commit: &str,
+    cancel: &CancellationToken,
+) -> Result<(Scratch, String)> {
+    let scratch = Scratch::new(out.scratch, "pack")?;
+    // Existing deltas are reused; no new delta search (it costs more than it saves here).
+    let pack = git(out.local)
+        .args(["pack-objects", "-q", "--window=0"])
+        .arg(scratch.path().join("pack"));
+    let hash = match out.history {
+        History::Shallow => {
+            let objects = git(out.local)
+                .args(["rev-list", "--objects", "--no-object-names", "-1", commit])
+                .run_checked(cancel)
+                .await?;
+            pack.stdin(objects.into_bytes()).run_checked(cancel).await?
+        }
+        History::Full => {
+            pack.arg("--revs")
+                .stdin(format!("{commit}\n").into_bytes())
+                .run_checked(cancel)
+                .await?
+        }
+    };
+    let hash = hash.trim().to_owned();
+    if hash.is_empty() || !hash.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(crate::Error::Invalid {
+            what: "git pack-objects' output".into(),
+            detail: format!("{hash:?} is not a pack name"),
+        });
+    }
+    Ok((scratch, hash))
+}
+
+/// Makes the box's repository: a fresh `git init` with the pack placed into it, the session
+/// branch at the base commit, and that commit checked out.
 async fn seed_repository(
     out: &Outbound<'_>,
     remote: &Remote,
-    commit: &str,
+    git_part: &GitPart,
     cancel: &CancellationToken,
 ) -> Result<()> {
-    let scratch = Scratch::new(out.scratch, "bundle")?;
-    let bundle = scratch.path().join("base.bundle");
+    let (hash, commit) = (&git_part.hash, git_part.commit.as_str());
     let branch = format!("refs/heads/skiff/{}", out.session);
-    git(out.local)
-        .args(["bundle", "create", "--quiet"])
-        .arg(&bundle)
-        .arg(&branch)
-        .run_checked(cancel)
+    let dir = remote.quoted_dir();
+    remote
+        .run(
+            &format!("set -e; mkdir -p {dir}; cd {dir}; git init -q; mkdir -p .git/objects/pack"),
+            Vec::new(),
+            cancel,
+        )
         .await?;
-    let remote_bundle = format!(".skiff/sync/{}.bundle", out.session);
-    remote.send_file(&bundle, &remote_bundle, cancel).await?;
-    let (b, q) = (shell_quote(&remote_bundle), shell_quote(&branch));
+    // The pack before its index: git ignores a pack until its index is there.
+    for ext in ["pack", "idx"] {
+        let local = git_part.pack.path().join(format!("pack-{hash}.{ext}"));
+        let there = format!("{}/.git/objects/pack/pack-{hash}.{ext}", remote.dir());
+        remote.send_file(&local, &there, cancel).await?;
+    }
+    tracing::debug!(pack = %hash, "outbound: the pack is on the box");
+    let (q, c) = (shell_quote(&branch), shell_quote(commit));
+    let shallow = match out.history {
+        History::Shallow => format!("printf '%s\\n' {c} > .git/shallow; "),
+        History::Full => String::new(),
+    };
+    // The checkout reads no configuration or attributes of the box user's (a reused box may
+    // have some): it must write the commit's bytes as they are. Its writes wait on the file
+    // system more than on the CPU: more parallel workers than cores.
     let mut script = format!(
-        "set -e; export GIT_TERMINAL_PROMPT=0; mkdir -p {dir}; cd {dir}; \
-         git init -q; git -c core.hooksPath=/dev/null fetch -q --no-tags \"$HOME\"/{b} {q}:{q}; \
-         git symbolic-ref HEAD {q}; git -c core.hooksPath=/dev/null reset -q --hard {c}; rm -f \"$HOME\"/{b}",
-        dir = remote.quoted_dir(),
-        c = shell_quote(commit),
+        "set -e; export GIT_TERMINAL_PROMPT=0; cd {dir}; {shallow}\
+         git update-ref {q} {c}; git symbolic-ref HEAD {q}; umask 022; \
+         GIT_CONFIG_GLOBAL=/dev/null GIT_CONFIG_NOSYSTEM=1 git -c core.hooksPath=/dev/null \
+         -c core.attributesFile=/dev/null -c checkout.workers=8 reset -q --hard {c}"
     );
     if let Some((name, email)) = out.identity {
         script.push_str(&format!(

@@ -72,7 +72,13 @@ pub fn screen(
     let mut refused = Vec::new();
     for (path, entry) in &theirs.entries {
         let unchanged = base.entries.get(path) == Some(entry);
-        match (unchanged, problem(path, entry, limits, rules)) {
+        // What the base already has is kept whatever it is: only changes are judged.
+        let problem = if unchanged {
+            None
+        } else {
+            problem(path, entry, limits, rules)
+        };
+        match (unchanged, problem) {
             (false, Some(reason)) => {
                 refused.push(Refusal {
                     path: path.clone(),

@@ -187,8 +187,11 @@ impl Remote {
             Method::Rsync => {
                 let mut src = root.as_os_str().to_owned();
                 src.push("/");
+                // `--ignore-times`: a file there with the same size and mtime (a checkout in
+                // the same second) is replaced all the same, as promised.
                 let args: Vec<OsString> = vec![
                     "-a".into(),
+                    "--ignore-times".into(),
                     "--no-D".into(),
                     "--no-o".into(),
                     "--no-g".into(),

@@ -64,10 +64,12 @@ impl Turns {
             let run = turn.run_id.clone();
             tracing::info!(%run, "turn started");
             let end = this.run(turn, workspace.clone(), &cancel).await;
+            let scanned = std::time::Instant::now();
             let (manifest, manifest_error) = match scan(&workspace).await {
                 Ok(m) => (Some(m), None),
                 Err(why) => (None, Some(why)),
             };
+            tracing::debug!(%run, ms = scanned.elapsed().as_millis() as u64, "workspace scanned");
             let reply = this
                 .link
                 .call(

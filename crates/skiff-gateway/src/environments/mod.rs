@@ -87,6 +87,14 @@ impl Environments {
         })
     }
 
+    /// How much history a box of `profile` gets (the default for an unknown profile).
+    pub(crate) fn history(&self, profile: &str) -> skiff_providers::History {
+        self.profiles
+            .get(profile)
+            .map(|p| p.config.history)
+            .unwrap_or_default()
+    }
+
     /// The box roots of `local` profiles (`default` for those that name none).
     pub(crate) fn local_box_roots(&self, default: &std::path::Path) -> BTreeSet<PathBuf> {
         self.profiles

@@ -257,6 +257,10 @@ impl Core {
             limits: &Limits::default(),
             scratch: &scratch,
             identity: Some(BOX_AUTHOR),
+            history: match self.envs.history(&p.profile) {
+                skiff_providers::History::Shallow => outbound::History::Shallow,
+                skiff_providers::History::Full => outbound::History::Full,
+            },
         };
         let sent = outbound::push(&out, &remote, cancel).await?;
         let base = manifest::to_json(&sent.manifest)?;

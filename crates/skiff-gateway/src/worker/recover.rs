@@ -269,11 +269,13 @@ impl Core {
                 .last()
                 .map(|r| r.id.clone()),
         };
-        self.reconcile_inner(scope, session, &p, Ok(theirs), false, run.as_ref())
+        let (_, known) = self
+            .reconcile_inner(scope, session, &p, Ok(theirs), false, run.as_ref())
             .await?;
         if let Some(run) = run {
             let row = self.store.session(scope, session)?;
-            self.checkpoint_turn(scope, &row, &run).await;
+            self.checkpoint_turn(scope, &row, &run, known.as_ref())
+                .await;
         }
         self.audit(
             scope,

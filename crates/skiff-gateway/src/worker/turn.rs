@@ -132,6 +132,7 @@ impl Core {
             return Reply::Finished;
         };
         let session = &claims.session_id;
+        tracing::debug!(%session, %run, "turn.finish arrived");
         let open = self.store.open_run(scope, session).ok().flatten();
         if open.as_ref().map(|r| &r.id) != Some(&run) {
             // A fenced turn (its run already ended): nothing of it is adopted here; the next
@@ -223,10 +224,18 @@ impl Core {
             &PlacementChange::default(),
             "bringing the box's work back",
         )?;
+        let started = std::time::Instant::now();
         let result = self
             .reconcile_inner(scope, session_id, &p, theirs, over_control, Some(run))
             .await;
-        let base = result.as_ref().ok().cloned();
+        tracing::debug!(session = %session_id, ms = started.elapsed().as_millis() as u64, "reconciled");
+        // An unchanged base (a turn that changed nothing) is not written again.
+        let base = result
+            .as_ref()
+            .ok()
+            .map(|(b, _)| b)
+            .filter(|b| p.base_manifest.as_deref() != Some(b.as_str()))
+            .cloned();
         let detail = match &result {
             Ok(_) => "the box's work is in the session's workspace".to_owned(),
             Err(e) => format!("reconciliation stopped: {e}"),
@@ -241,9 +250,10 @@ impl Core {
             },
             &detail,
         )?;
-        if result.is_ok() {
+        if let Ok((_, known)) = &result {
             let session = self.store.session(scope, session_id)?;
-            self.checkpoint_turn(scope, &session, run).await;
+            self.checkpoint_turn(scope, &session, run, known.as_ref())
+                .await;
         }
         result.map(|_| ())
     }
@@ -256,7 +266,7 @@ impl Core {
         theirs: std::result::Result<skiff_protocol::sync::Manifest, String>,
         over_control: bool,
         run: Option<&RunId>,
-    ) -> Result<String> {
+    ) -> Result<(String, Option<skiff_sync::checkpoint::Known>)> {
         let mut theirs = theirs.map_err(|why| {
             // The box's words: bounded, and said to be the worker's.
             let why: String = why.chars().take(2000).collect();
@@ -275,24 +285,40 @@ impl Core {
         let limits = Limits::default();
         let scratch = self.state.tmp();
         let cancel = CancellationToken::new();
-        // The box's commits, when it has any (git mode).
-        let bundle = match &session.workspace {
-            WorkspaceView::Git { .. } => {
-                let commit = base
-                    .base_commit
+        // Git mode: the box's bundle and the checks of this side need nothing of each other.
+        let git_base = match &session.workspace {
+            WorkspaceView::Git { .. } => Some(
+                base.base_commit
                     .clone()
-                    .ok_or_else(|| placement_error("the base manifest has no base commit"))?;
-                inbound_git::fetch_bundle(
-                    &remote,
-                    session_id.as_str(),
-                    &commit,
-                    &limits,
-                    &scratch,
-                    &cancel,
-                )
-                .await?
-            }
+                    .ok_or_else(|| placement_error("the base manifest has no base commit"))?,
+            ),
             WorkspaceView::Plain { .. } => None,
+        };
+        let adoption = git_base.as_deref().map(|commit| Adoption {
+            worktree: local,
+            session: session_id.as_str(),
+            base: &base,
+            expected_head: commit,
+            rules: &rules,
+            limits: &limits,
+            scratch: &scratch,
+        });
+        let (bundle, here) = match (&adoption, git_base.as_deref()) {
+            (Some(a), Some(commit)) => {
+                let (bundle, here) = tokio::join!(
+                    inbound_git::fetch_bundle(
+                        &remote,
+                        session_id.as_str(),
+                        commit,
+                        &limits,
+                        &scratch,
+                        &cancel,
+                    ),
+                    inbound_git::check_here(a, &cancel)
+                );
+                (bundle?, Some(here))
+            }
+            _ => (None, None),
         };
         let bundle_path = bundle.as_ref().map(|b| b.path());
         // What containment refuses is kept before anything is adopted (a failure here leaves
@@ -314,34 +340,26 @@ impl Core {
             ),
             _ => None,
         };
-        let adopted = match &session.workspace {
-            WorkspaceView::Git { .. } => {
-                let commit = base
-                    .base_commit
-                    .clone()
-                    .ok_or_else(|| placement_error("the base manifest has no base commit"))?;
-                let a = Adoption {
-                    worktree: local,
-                    session: session_id.as_str(),
-                    base: &base,
-                    expected_head: &commit,
-                    rules: &rules,
-                    limits: &limits,
-                    scratch: &scratch,
+        let adopted = match (adoption, here) {
+            (Some(a), Some(here)) => {
+                let adopted = match here {
+                    Ok(here) => {
+                        inbound_git::adopt_checked(&a, here, bundle_path, &theirs, &remote, &cancel)
+                            .await
+                    }
+                    Err(e) => Err(e),
                 };
-                inbound_git::adopt(&a, bundle_path, &theirs, &remote, &cancel)
-                    .await
-                    .map(|adopted| {
-                        self.audit(scope, "sync.inbound", session_id.as_str(), "applied", json!({
-                            "env": env.id.as_str(), "mode": "git", "head": adopted.head, "fast_forwarded": adopted.fast_forwarded,
-                            "written": adopted.files.written.len(), "deleted": adopted.files.deleted.len(),
-                            "refused": adopted.refused.len(),
-                        }));
-                        let reset_to = adopted.commits_refused.as_ref().map(|_| adopted.head.clone());
-                        (adopted.manifest, adopted.refused, reset_to)
-                    })
+                adopted.map(|adopted| {
+                    self.audit(scope, "sync.inbound", session_id.as_str(), "applied", json!({
+                        "env": env.id.as_str(), "mode": "git", "head": adopted.head, "fast_forwarded": adopted.fast_forwarded,
+                        "written": adopted.files.written.len(), "deleted": adopted.files.deleted.len(),
+                        "refused": adopted.refused.len(),
+                    }));
+                    let reset_to = adopted.commits_refused.as_ref().map(|_| adopted.head.clone());
+                    (adopted.manifest, adopted.refused, reset_to, adopted.unchanged)
+                })
             }
-            WorkspaceView::Plain { .. } => {
+            _ => {
                 let inb = Inbound {
                     target: local,
                     base: &base,
@@ -356,11 +374,11 @@ impl Core {
                             "env": env.id.as_str(), "mode": "plain", "written": m.files.written.len(),
                             "deleted": m.files.deleted.len(), "refused": m.refused.len(),
                         }));
-                        (m.manifest, m.refused, None)
+                        (m.manifest, m.refused, None, None)
                     })
             }
         };
-        let (adopted, refused, reset_to) = match adopted {
+        let (adopted, refused, reset_to, unchanged) = match adopted {
             Ok(done) => done,
             Err(e) => {
                 // Nothing was adopted: the whole turn's work is kept (when it was not already).
@@ -462,6 +480,6 @@ impl Core {
             }
         }
         theirs = adopted;
-        Ok(manifest::to_json(&theirs)?)
+        Ok((manifest::to_json(&theirs)?, unchanged))
     }
 }

@@ -46,6 +46,7 @@ async fn names_with_newlines_and_case_only_renames_go_both_ways() {
         limits: &Limits::default(),
         scratch: ws.scratch.path(),
         identity: Some(("Box Agent", "agent@skiff.invalid")),
+        history: Default::default(),
     };
     let dir = "workspace/repo";
     let remote = tb.remote(dir);
@@ -181,6 +182,7 @@ async fn lfs_pointer_files_travel_as_the_text_they_are() {
         limits: &Limits::default(),
         scratch: ws.scratch.path(),
         identity: Some(("Box Agent", "agent@skiff.invalid")),
+        history: Default::default(),
     };
     let dir = "workspace/repo";
     outbound::push(&out, &tb.remote(dir), &cancel())

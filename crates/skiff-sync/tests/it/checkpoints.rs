@@ -221,3 +221,103 @@ async fn large_untracked_files_stay_out_of_the_repository_and_come_back_on_resto
     let refs = git(&ws.worktree, &["for-each-ref", "refs/skiff/checkpoints"]);
     assert_eq!(refs.lines().count(), 1, "{refs}");
 }
+
+/// A checkpoint of an unchanged workspace reuses the previous tree; any change (here one with
+/// the same size) makes a new one.
+#[tokio::test]
+async fn an_unchanged_workspace_reuses_the_previous_tree() {
+    let ws = Workspace::git(&[("a.txt", "one\n")]);
+    ws.write("new.txt", "untracked\n");
+    let store = tempfile::tempdir().unwrap();
+    let cas = Cas::open(&store.path().join("artifacts")).unwrap();
+    let stores = checkpoint::GitStores {
+        scratch: ws.scratch.path(),
+        cas: &cas,
+        large: checkpoint::LargeFiles::default(),
+    };
+    let take =
+        |seq: u64, previous: Option<checkpoint::Previous>, known: Option<checkpoint::Known>| {
+            let (ws, stores) = (&ws, &stores);
+            async move {
+                checkpoint::git_checkpoint_after(
+                    &ws.worktree,
+                    &ws.session,
+                    seq,
+                    &Rules::builtin(),
+                    &Limits::default(),
+                    stores,
+                    previous.as_ref(),
+                    known.as_ref(),
+                    &cancel(),
+                )
+                .await
+                .unwrap()
+            }
+        };
+    let previous = |cp: &checkpoint::GitCheckpoint| {
+        Some(checkpoint::Previous {
+            state: cp.state.clone(),
+            commit: cp.commit.clone(),
+            tree: cp.tree.clone(),
+            outside_git: cp.outside_git.clone(),
+        })
+    };
+    let first = take(1, None, None).await;
+    assert!(!first.reused);
+    let second = take(2, previous(&first), None).await;
+    assert!(second.reused);
+    assert_eq!(
+        (&second.commit, &second.tree, &second.state),
+        (&first.commit, &first.tree, &first.state)
+    );
+    assert_eq!(
+        git(&ws.worktree, &["rev-parse", &second.git_ref]).trim(),
+        second.commit
+    );
+    // What a reconciliation found the worktree to hold decides too, without a listing.
+    let scanned = manifest::scan(
+        &ws.worktree,
+        Mode::Git,
+        &Rules::builtin(),
+        &Limits::default(),
+        &cancel(),
+    )
+    .await
+    .unwrap();
+    let known = |m: skiff_sync::Manifest| {
+        Some(checkpoint::Known {
+            head: ws.head(),
+            manifest: m,
+        })
+    };
+    let third = take(3, previous(&second), known(scanned.clone())).await;
+    assert!(third.reused);
+    assert_eq!((third.files, third.bytes), (first.files, first.bytes));
+    let mut other = scanned.clone();
+    other.entries.remove("new.txt");
+    // A known state that is not the previous one's: the checkpoint lists for itself (and
+    // finds nothing changed).
+    let fourth = take(4, previous(&third), known(other)).await;
+    assert_eq!(fourth.tree, first.tree);
+
+    // A previous checkpoint whose commit is gone is not reused: the checkpoint is made anew.
+    let gone = previous(&fourth).map(|p| checkpoint::Previous {
+        commit: "0123456789012345678901234567890123456789".into(),
+        ..p
+    });
+    let anew = take(6, gone, None).await;
+    assert!(!anew.reused);
+    assert_eq!(anew.tree, fourth.tree);
+
+    ws.write("new.txt", "untrackeD\n");
+    let fifth = take(5, previous(&fourth), None).await;
+    assert!(!fifth.reused);
+    assert_ne!(fifth.tree, fourth.tree);
+    assert_eq!(
+        git(
+            &ws.worktree,
+            &["show", &format!("{}:new.txt", fifth.commit)]
+        ),
+        "untrackeD\n"
+    );
+}

@@ -42,6 +42,7 @@ async fn dispatch(ws: &Workspace, tb: &TestBox) -> Dispatched {
         limits: &Limits::default(),
         scratch: ws.scratch.path(),
         identity: Some(("Box Agent", "agent@skiff.invalid")),
+        history: Default::default(),
     };
     outbound::push(&out, &tb.remote(DIR), &cancel())
         .await
@@ -143,9 +144,18 @@ async fn outbound_lays_a_real_repository_with_the_users_changes() {
     assert_eq!(box_head, format!("{}\nskiff/{}\n", ws.head(), ws.session));
     assert!(!tb.path(DIR).join("secret.txt").exists());
     assert!(!tb.path(DIR).join("target/out.bin").exists());
+    // Only the base commit by default: a shallow repository holding one pack, and nothing of
+    // the transfer left outside it.
+    assert_eq!(
+        tb.sh(&format!(
+            "cd {DIR} && git rev-parse --is-shallow-repository && git rev-list --count HEAD && ls .git/objects/pack | grep -c '[.]pack$'"
+        ))
+        .await,
+        "true\n1\n1\n"
+    );
     assert!(
-        !tb.path(".skiff/sync").read_dir().unwrap().any(|_| true),
-        "the bundle was left behind"
+        !tb.path(".skiff/sync").exists(),
+        "transfer files were left behind"
     );
 
     // A second dispatch into the same, now non-empty, directory is refused.
@@ -158,11 +168,108 @@ async fn outbound_lays_a_real_repository_with_the_users_changes() {
         limits: &Limits::default(),
         scratch: ws.scratch.path(),
         identity: None,
+        history: Default::default(),
     };
     let err = outbound::push(&again, &tb.remote(DIR), &cancel())
         .await
         .unwrap_err();
     assert!(matches!(err, Error::RemoteNotEmpty { .. }), "{err}");
+}
+
+/// `history = "full"` sends every commit of the session branch; either way the box checks out
+/// the base commit and lays exactly the files that differ from it over it, so its working tree
+/// is the workspace's, byte for byte.
+#[tokio::test]
+async fn full_history_on_request_and_the_same_files_either_way() {
+    let tb = TestBox::new().await;
+    let ws = Workspace::git(&files());
+    ws.write("src/lib.rs", "pub fn g() {}\n");
+    git(&ws.worktree, &["commit", "-q", "-am", "second"]);
+    dirty(&ws);
+    std::fs::set_permissions(
+        ws.worktree.join("Cargo.toml"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .unwrap();
+    let rules = Rules::load(&ws.worktree).unwrap();
+    for (history, dir, shallow, commits) in [
+        (outbound::History::Full, "full", "false", "2"),
+        (outbound::History::Shallow, "shallow", "true", "1"),
+    ] {
+        let out = Outbound {
+            local: &ws.worktree,
+            mode: Mode::Git,
+            session: &ws.session,
+            rules: &rules,
+            limits: &Limits::default(),
+            scratch: ws.scratch.path(),
+            identity: None,
+            history,
+        };
+        let sent = outbound::push(&out, &tb.remote(dir), &cancel())
+            .await
+            .unwrap();
+        assert_eq!(
+            tb.sh(&format!(
+                "cd {dir} && git rev-parse --is-shallow-repository && git rev-list --count HEAD"
+            ))
+            .await,
+            format!("{shallow}\n{commits}\n")
+        );
+        // What the box holds is what the base manifest says, modes included.
+        for (path, entry) in &sent.manifest.entries {
+            let there = skiff_sync::manifest::entry_of(&tb.path(dir), path).unwrap();
+            assert_eq!(&there, entry, "{dir}/{path}");
+        }
+        assert!(!tb.path(dir).join("del.txt").exists());
+    }
+}
+
+/// A checkout on the box knows nothing of the gateway's filters (an LFS-like smudge): when
+/// attributes exist, every file travels, so the box still gets the bytes the workspace has.
+#[tokio::test]
+async fn files_a_checkout_would_convert_travel_as_they_are() {
+    let tb = TestBox::new().await;
+    let repo = skiff_test_support::TempGitRepo::new(&[
+        (".gitattributes", "*.txt filter=up\n"),
+        ("a.txt", "lower case\n"),
+    ]);
+    repo.git(&["config", "filter.up.smudge", "tr a-z A-Z"]);
+    repo.git(&["config", "filter.up.clean", "tr A-Z a-z"]);
+    let session = "ses_filtered";
+    let scratch = tempfile::tempdir().unwrap();
+    let worktree = scratch.path().join("wt");
+    repo.git(&[
+        "worktree",
+        "add",
+        "-q",
+        "-b",
+        &format!("skiff/{session}"),
+        worktree.to_str().unwrap(),
+        "HEAD",
+    ]);
+    assert_eq!(
+        std::fs::read_to_string(worktree.join("a.txt")).unwrap(),
+        "LOWER CASE\n"
+    );
+    let rules = Rules::load(&worktree).unwrap();
+    let out = Outbound {
+        local: &worktree,
+        mode: Mode::Git,
+        session,
+        rules: &rules,
+        limits: &Limits::default(),
+        scratch: scratch.path(),
+        identity: None,
+        history: Default::default(),
+    };
+    outbound::push(&out, &tb.remote(DIR), &cancel())
+        .await
+        .unwrap();
+    assert_eq!(
+        std::fs::read_to_string(tb.path(DIR).join("a.txt")).unwrap(),
+        "LOWER CASE\n"
+    );
 }
 
 #[tokio::test]
@@ -204,6 +311,7 @@ async fn limits_are_checked_before_anything_moves_and_name_the_largest() {
             limits: &limits,
             scratch: ws.scratch.path(),
             identity: None,
+            history: Default::default(),
         };
         let err = outbound::push(&out, &tb.remote(DIR), &cancel())
             .await

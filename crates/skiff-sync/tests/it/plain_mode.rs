@@ -39,6 +39,7 @@ pub async fn push_plain(local: &Path, remote: &Remote, scratch: &Path) -> (Manif
         limits: &Limits::default(),
         scratch,
         identity: None,
+        history: Default::default(),
     };
     let sent = outbound::push(&out, remote, &cancel()).await.unwrap();
     (sent.manifest, sent.method)
@@ -200,6 +201,7 @@ async fn files_other_users_cannot_read_never_reach_a_box() {
                 limits: &Limits::default(),
                 scratch,
                 identity: None,
+                history: Default::default(),
             };
             outbound::push(&out, &remote, &cancel()).await
         }
@@ -257,6 +259,7 @@ async fn files_other_users_cannot_read_never_reach_a_box() {
         limits: &Limits::default(),
         scratch: scratch.path(),
         identity: None,
+        history: Default::default(),
     };
     outbound::push(&out, &tb.remote(DIR), &cancel())
         .await
