@@ -374,7 +374,7 @@ impl Core {
         // Everything is checked; the accepted entries are laid out in a private staging
         // directory first, so the box (when the session has one) gets them before this side
         // changes — a box that cannot be reached leaves both sides as they were.
-        let staging = tempfile_dir(&self.state.tmp())?;
+        let staging = skiff_sync::Scratch::new(&self.state.tmp(), "accept")?;
         for (_, q, blob) in &plan {
             materialize(&cas, staging.path(), q, blob.as_deref())?;
         }
@@ -477,34 +477,6 @@ impl Core {
             .set_placement_base_manifest(scope, session, &manifest::to_json(&base)?)?;
         Ok(())
     }
-}
-
-/// A private directory under the state dir's `tmp`, removed on drop (also on an error path).
-struct Staging(std::path::PathBuf);
-
-impl Staging {
-    fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for Staging {
-    fn drop(&mut self) {
-        if let Err(e) = std::fs::remove_dir_all(&self.0) {
-            tracing::warn!(dir = %self.0.display(), error = %e, "could not remove a staging directory");
-        }
-    }
-}
-
-fn tempfile_dir(tmp: &Path) -> Result<Staging> {
-    use std::os::unix::fs::DirBuilderExt;
-    let dir = tmp.join(format!("accept-{}", skiff_store::mint()?));
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(&dir)
-        .map_err(|e| io(&dir, e))?;
-    Ok(Staging(dir))
 }
 
 /// Writes a quarantined entry below `dir` (a file from the content store, or a symlink).

@@ -162,10 +162,10 @@ pub(crate) fn join(root: &Path, rel: &str) -> std::path::PathBuf {
 }
 
 /// A fresh private directory under `parent` (mode 0700), removed when dropped.
-pub(crate) struct Scratch(std::path::PathBuf);
+pub struct Scratch(std::path::PathBuf);
 
 impl Scratch {
-    pub(crate) fn new(parent: &Path, prefix: &str) -> Result<Self> {
+    pub fn new(parent: &Path, prefix: &str) -> Result<Self> {
         use std::os::unix::fs::DirBuilderExt;
         std::fs::create_dir_all(parent).map_err(io_err(parent))?;
         for attempt in 0u32..100 {
@@ -189,7 +189,7 @@ impl Scratch {
         })
     }
 
-    pub(crate) fn path(&self) -> &Path {
+    pub fn path(&self) -> &Path {
         &self.0
     }
 }

@@ -185,7 +185,11 @@ impl Rules {
 
     /// The index of the last rule that matches, if any.
     fn last_match(&self, path: &str, is_dir: bool) -> Option<usize> {
-        let root = self.root.as_deref();
+        self.last_match_in(path, is_dir, self.root.as_deref())
+    }
+
+    /// `last_match` with rules' markers looked for under `root` (`None`: always beside).
+    fn last_match_in(&self, path: &str, is_dir: bool, root: Option<&Path>) -> Option<usize> {
         self.rules
             .iter()
             .rposition(|r| r.matches(path, is_dir, root))
@@ -208,11 +212,8 @@ impl Rules {
         if self.excluded(path, false) {
             return false;
         }
-        let markerless = Rules {
-            rules: self.rules.clone(),
-            root: None,
-        };
-        markerless.excluded(path, false)
+        self.last_match_in(path, false, None)
+            .is_some_and(|i| !self.rules[i].negated)
     }
 
     /// The rule that leaves `path` out, as people read it (`target/ (beside Cargo.toml)`,

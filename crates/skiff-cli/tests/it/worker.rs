@@ -787,14 +787,7 @@ fn what_reconciliation_refuses_is_quarantined_and_the_rest_adopted() {
         std::fs::symlink_metadata(worktree.join("leak")).is_err(),
         "the escaping symlink was written"
     );
-    let notice = detail["transcript"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .rev()
-        .find(|e| e["body"]["kind"] == "notice")
-        .map(|e| e["body"]["text"].as_str().unwrap().to_owned())
-        .unwrap();
+    let notice = crate::worker_faults::notices(&detail).pop().unwrap();
     assert!(
         notice.contains("`leak`") && notice.contains("skiff session quarantine"),
         "{notice}"

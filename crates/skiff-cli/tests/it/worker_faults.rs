@@ -628,13 +628,7 @@ fn a_box_that_takes_no_new_connections_gives_its_work_back_over_the_open_one() {
         "the turn's commit came home over the open connection"
     );
     let detail = wait_placement(&rig, &id, "reclaimed");
-    let notices: Vec<String> = detail["transcript"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|e| e["body"]["kind"] == "notice")
-        .map(|e| e["body"]["text"].as_str().unwrap().to_owned())
-        .collect();
+    let notices = notices(&detail);
     assert_eq!(notices.len(), 1, "{notices:#?}");
     assert!(
         notices[0].contains("accepts no new SSH connections")
@@ -649,6 +643,17 @@ fn a_box_that_takes_no_new_connections_gives_its_work_back_over_the_open_one() {
     let detail = show(&rig, &id);
     assert_eq!(detail["session"]["placement"], "active");
     assert_ne!(detail["session"]["worker"]["environment_id"], env_before);
+}
+
+/// The texts of the session's notices, in transcript order.
+pub fn notices(detail: &Value) -> Vec<String> {
+    detail["transcript"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["body"]["kind"] == "notice")
+        .map(|e| e["body"]["text"].as_str().unwrap().to_owned())
+        .collect()
 }
 
 /// Follows the session's events until its placement reaches `state`.
@@ -708,13 +713,7 @@ fn a_box_that_answers_but_runs_no_worker_gives_its_work_back_before_it_goes() {
         std::fs::read_to_string(std::path::Path::new(workspace).join("runs.log")).unwrap(),
         "one\n"
     );
-    let notices: Vec<String> = detail["transcript"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|e| e["body"]["kind"] == "notice")
-        .map(|e| e["body"]["text"].as_str().unwrap().to_owned())
-        .collect();
+    let notices = notices(&detail);
     assert_eq!(notices.len(), 1, "{notices:#?}");
     assert!(
         notices[0].contains("its work was brought back first")
@@ -747,13 +746,7 @@ fn a_box_that_fails_its_check_reclaims_its_session_at_once() {
     // The session does not stay `active` on a failed box until someone destroys it.
     let detail = show(&rig, &id);
     assert_eq!(detail["session"]["placement"], "reclaimed");
-    let notices: Vec<String> = detail["transcript"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|e| e["body"]["kind"] == "notice")
-        .map(|e| e["body"]["text"].as_str().unwrap().to_owned())
-        .collect();
+    let notices = notices(&detail);
     assert_eq!(notices.len(), 1, "{notices:#?}");
     assert!(
         notices[0].contains("failed a check") && notices[0].contains("host key"),

@@ -382,23 +382,24 @@ impl Core {
             Ok(done) => done,
             Err(e) => {
                 // Nothing was adopted: the whole turn's work is kept (when it was not already).
+                let everything = Refusal {
+                    path: "(all)".into(),
+                    reason: format!("nothing was adopted: {e}"),
+                    kind: RefusalKind::Everything,
+                };
                 if kept.is_none() {
-                    let all: Vec<Refusal> = std::iter::once(Refusal {
-                        path: "(all)".into(),
-                        reason: format!("nothing was adopted: {e}"),
-                        kind: RefusalKind::Everything,
-                    })
-                    .chain(
-                        manifest::diff(&base, &theirs)
-                            .changed
-                            .into_keys()
-                            .map(|path| Refusal {
-                                path,
-                                reason: "not adopted with the rest of the turn".into(),
-                                kind: RefusalKind::Path,
-                            }),
-                    )
-                    .collect();
+                    let all: Vec<Refusal> = std::iter::once(everything)
+                        .chain(
+                            manifest::diff(&base, &theirs)
+                                .changed
+                                .into_keys()
+                                .map(|path| Refusal {
+                                    path,
+                                    reason: "not adopted with the rest of the turn".into(),
+                                    kind: RefusalKind::Path,
+                                }),
+                        )
+                        .collect();
                     let whole = Refused {
                         session: session_id,
                         run,
@@ -413,15 +414,10 @@ impl Core {
                             tracing::warn!(session = %session_id, error = %q, "could not keep the refused work in quarantine");
                         }
                     }
-                } else if let Some(k) = kept.as_mut() {
-                    let everything = [Refusal {
-                        path: "(all)".into(),
-                        reason: format!("nothing was adopted: {e}"),
-                        kind: RefusalKind::Everything,
-                    }];
-                    if let Err(q) = self.add_to_quarantine(scope, k, &everything) {
-                        tracing::warn!(session = %session_id, error = %q, "could not record the refusal in quarantine");
-                    }
+                } else if let Some(k) = kept.as_mut()
+                    && let Err(q) = self.add_to_quarantine(scope, k, &[everything])
+                {
+                    tracing::warn!(session = %session_id, error = %q, "could not record the refusal in quarantine");
                 }
                 if let Some(k) = &kept {
                     self.announce_quarantine(scope, session_id, run, k);
