@@ -284,8 +284,25 @@ impl Live {
                 self.line_break()?;
                 eprintln!("◦ {:<13}{detail}", state.as_str());
             }
+            EventKind::SetupOutput { text } => self.setup_output(text),
         }
         Ok(())
+    }
+
+    /// Setup output: on a terminal, its newest line beside a spinner (the failure message
+    /// carries the last lines, `session setup-log` all of them); otherwise every line.
+    fn setup_output(&mut self, text: &str) {
+        let lines = text.lines().map(printable).filter(|l| !l.trim().is_empty());
+        if std::io::stderr().is_terminal() {
+            if let Some(last) = lines.last() {
+                let last: String = last.chars().take(LINE_CHARS.min(120)).collect();
+                self.spin(format!("setup │ {last}"));
+            }
+        } else {
+            for line in lines {
+                eprintln!("  │ {line}");
+            }
+        }
     }
 
     pub fn finish(&mut self) -> anyhow::Result<()> {

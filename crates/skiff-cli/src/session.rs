@@ -41,6 +41,8 @@ pub enum SessionCommand {
     /// What a box produced that was not adopted: `quarantine ID`, `quarantine accept ID
     /// PATH…`, `quarantine discard ID`
     Quarantine(QuarantineArgs),
+    /// The whole output of the newest setup run for this worker session
+    SetupLog(IdArgs),
 }
 
 #[derive(Args)]
@@ -289,6 +291,26 @@ pub async fn run(cmd: SessionCommand, state_dir: &Path) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         SessionCommand::Quarantine(args) => quarantine(&client, args).await,
+        SessionCommand::SetupLog(args) => {
+            let path = format!("/v1/sessions/{}/setup-log", args.id);
+            let log: skiff_protocol::environment::SetupLog = client.send(client.get(&path)).await?;
+            if args.out.json {
+                outln!("{}", serde_json::to_string_pretty(&log)?)?;
+            } else {
+                out!("{}", log.text)?;
+                let how = match log.exit_code {
+                    0 => "succeeded".to_owned(),
+                    124 => "ran out of time".to_owned(),
+                    code => format!("exited with status {code}"),
+                };
+                eprintln!(
+                    "{} {how} after {:.1} s",
+                    log.setup,
+                    log.duration_ms as f64 / 1000.0
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         SessionCommand::Diff(args) => crate::results::diff(&client, args).await,
         SessionCommand::Apply(args) => crate::results::apply(&client, args).await,
         SessionCommand::Export(args) => crate::results::export(&client, args).await,

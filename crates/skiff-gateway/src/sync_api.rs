@@ -3,7 +3,8 @@
 //! (`POST /v1/sessions/{id}/publish`), and its quarantine (`GET /v1/sessions/{id}/quarantine`,
 //! `POST …/quarantine/accept {paths}`, `POST …/quarantine/discard`), and its result coming home
 //! (`GET /v1/sessions/{id}/diff?stat=`, `GET …/runs/{run}/changes?stat=`, `POST …/apply {to?}`,
-//! `POST …/export {to}`; see `results.rs`).
+//! `POST …/export {to}`; see `results.rs`), and the newest setup log of a worker session
+//! (`GET /v1/sessions/{id}/setup-log`, see `worker/setup.rs`).
 //!
 //! Publishing is the gateway's own `git push` from the user's repository, with the gateway's
 //! credentials (its user's git configuration and ssh agent); a box never holds any. Audited,
@@ -38,6 +39,16 @@ pub(crate) fn routes() -> Router<Arc<Core>> {
         .route("/v1/sessions/{id}/runs/{run}/changes", get(turn_changes))
         .route("/v1/sessions/{id}/apply", post(apply))
         .route("/v1/sessions/{id}/export", post(export))
+        .route("/v1/sessions/{id}/setup-log", get(setup_log))
+}
+
+async fn setup_log(
+    State(core): Shared,
+    Extension(scope): Extension<Scope>,
+    Path(id): Path<String>,
+) -> Result<Response> {
+    let id = session_id(&id)?;
+    Ok(Json(core.setup_log(&scope, &id)?).into_response())
 }
 
 type Body<T> = std::result::Result<Json<T>, axum::extract::rejection::JsonRejection>;

@@ -251,8 +251,19 @@ export class ChatView {
         break;
       case 'placement':
         // Worker placement progress (provisioning, syncing, …): one quiet line each.
+        this.setupStep = null;
         this.add({ key: `pl:${ev.cursor}`, kind: 'placement', state: ev.state, text: ev.detail });
+        if (ev.state === 'setup') this.setupStep = this.blocks[this.blocks.length - 1];
         break;
+      case 'setup_output': {
+        // The box's setup output, under its `setup` step (bounded by the gateway; the whole
+        // log is `skiff session setup-log`).
+        const step = this.setupStep;
+        if (!step) break;
+        step.output = (step.output || '') + ev.text;
+        step.dirty = true;
+        break;
+      }
       default:
         break;
     }
@@ -432,9 +443,18 @@ export class ChatView {
       }
       case 'notice':
         return h('li', { class: 'notice' }, h('span', { 'aria-hidden': 'true' }, '⚠ '), block.text);
-      case 'placement':
+      case 'placement': {
+        const line = [h('span', { class: 'mono' }, block.state), ' ', block.text];
+        if (!block.output) return h('li', { class: 'placement-step' }, ...line);
+        const lines = block.output.split('\n').filter((l) => l.trim()).length;
+        // Open while it runs would push the chat around; the summary names the newest line.
+        // A re-render (more output arrived) keeps the reader's choice to open it.
+        const open = block.el?.querySelector('details')?.open ? { open: '' } : {};
         return h('li', { class: 'placement-step' },
-          h('span', { class: 'mono' }, block.state), ' ', block.text);
+          h('details', { class: 'setup-output', ...open },
+            h('summary', {}, ...line, h('span', { class: 'muted' }, ` · ${lines} line${lines === 1 ? '' : 's'} of output`)),
+            h('pre', { class: 'mono' }, block.output)));
+      }
       case 'runend': {
         const r = block.run;
         const parts = [

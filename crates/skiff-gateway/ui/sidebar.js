@@ -6,7 +6,7 @@ import { h, replace, fmtAgo, isoTime, frameBatcher } from './dom.js';
 const ACTIVE_RUN = ['queued', 'starting', 'running', 'cancelling'];
 const FAILED_RUN = ['failed', 'timed_out', 'orphaned'];
 /** Placement states that mean "being set up or torn down", shown instead of the run state. */
-const PLACEMENT_STATES = ['requested', 'provisioning', 'syncing', 'starting', 'draining', 'reconciling', 'reclaimed', 'failed'];
+const PLACEMENT_STATES = ['requested', 'provisioning', 'syncing', 'setup', 'starting', 'draining', 'reconciling', 'reclaimed', 'failed'];
 
 export const STATE_SYMBOL = {
   running: '●',
@@ -48,7 +48,7 @@ export function activityAt(s) {
 }
 
 function group(state) {
-  if (state === 'running' || ['requested', 'provisioning', 'syncing', 'starting', 'draining', 'reconciling'].includes(state)) return 'running';
+  if (state === 'running' || ['requested', 'provisioning', 'syncing', 'setup', 'starting', 'draining', 'reconciling'].includes(state)) return 'running';
   if (state === 'waiting') return 'waiting';
   return 'recent';
 }

@@ -84,19 +84,24 @@ pub(crate) fn spawn_readers(
     stderr: Option<impl AsyncRead + Unpin + Send + 'static>,
     cap: usize,
     merge: bool,
+    tee: Option<crate::Tee>,
 ) -> Readers {
     let out = Arc::new(Mutex::new(CappedOutput::new(cap)));
     let err = Arc::new(Mutex::new(CappedOutput::new(cap)));
     let err_sink = if merge { out.clone() } else { err.clone() };
     Readers {
-        stdout: tokio::spawn(pump(stdout, out.clone())),
-        stderr: tokio::spawn(pump(stderr, err_sink)),
+        stdout: tokio::spawn(pump(stdout, out.clone(), tee.clone())),
+        stderr: tokio::spawn(pump(stderr, err_sink, tee)),
         out,
         err,
     }
 }
 
-async fn pump(pipe: Option<impl AsyncRead + Unpin>, sink: Arc<Mutex<CappedOutput>>) {
+async fn pump(
+    pipe: Option<impl AsyncRead + Unpin>,
+    sink: Arc<Mutex<CappedOutput>>,
+    tee: Option<crate::Tee>,
+) {
     let Some(mut pipe) = pipe else { return };
     let mut buf = [0u8; 8192];
     while let Ok(n) = pipe.read(&mut buf).await {
@@ -105,6 +110,10 @@ async fn pump(pipe: Option<impl AsyncRead + Unpin>, sink: Arc<Mutex<CappedOutput
         }
         if let Ok(mut s) = sink.lock() {
             s.push(&buf[..n]);
+        }
+        if let Some(tee) = &tee {
+            // A receiver that went away only stops the copy, never the command.
+            let _ = tee.send(buf[..n].to_vec());
         }
     }
 }

@@ -117,7 +117,12 @@ pub struct Cmd {
     discard_output: bool,
     contained: bool,
     ledger: Option<Ledger>,
+    tee: Option<Tee>,
 }
+
+/// Where a copy of a command's output goes as it arrives (stdout and stderr chunks, in arrival
+/// order), for callers that show a long command's progress.
+pub type Tee = tokio::sync::mpsc::UnboundedSender<Vec<u8>>;
 
 impl Cmd {
     pub fn new(program: impl Into<String>) -> Self {
@@ -133,6 +138,7 @@ impl Cmd {
             discard_output: false,
             contained: false,
             ledger: None,
+            tee: None,
         }
     }
 
@@ -187,6 +193,12 @@ impl Cmd {
     /// Interleaves stderr into stdout, in arrival order, as a terminal would show them.
     pub fn merge_stderr(mut self) -> Self {
         self.merge_stderr = true;
+        self
+    }
+
+    /// Also sends every chunk of output, as it arrives, to `tee` (the capture is unchanged).
+    pub fn tee(mut self, tee: Tee) -> Self {
+        self.tee = Some(tee);
         self
     }
 
@@ -323,6 +335,7 @@ impl Cmd {
             child.stderr.take(),
             self.output_cap,
             self.merge_stderr,
+            self.tee.clone(),
         );
 
         let (record, mut outcome) = match recorded {

@@ -148,7 +148,7 @@ pub struct ProfileList {
 }
 
 /// Where a session's loop runs (DESIGN §4): `local → requested → provisioning → syncing →
-/// starting → active → draining → reconciling → local | reclaimed | failed`. A worker session
+/// [setup →] starting → active → draining → reconciling → local | reclaimed | failed`. A worker session
 /// comes back to `active` after each turn's reconciliation; `reclaimed` means its box is gone
 /// and the next message leases a fresh one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -158,6 +158,8 @@ pub enum PlacementState {
     Requested,
     Provisioning,
     Syncing,
+    /// The workspace is on the box and its setup (`.skiff/setup.sh`) runs.
+    Setup,
     Starting,
     Active,
     Draining,
@@ -167,11 +169,12 @@ pub enum PlacementState {
 }
 
 impl PlacementState {
-    pub const ALL: [PlacementState; 10] = [
+    pub const ALL: [PlacementState; 11] = [
         PlacementState::Local,
         PlacementState::Requested,
         PlacementState::Provisioning,
         PlacementState::Syncing,
+        PlacementState::Setup,
         PlacementState::Starting,
         PlacementState::Active,
         PlacementState::Draining,
@@ -186,6 +189,7 @@ impl PlacementState {
             PlacementState::Requested => "requested",
             PlacementState::Provisioning => "provisioning",
             PlacementState::Syncing => "syncing",
+            PlacementState::Setup => "setup",
             PlacementState::Starting => "starting",
             PlacementState::Active => "active",
             PlacementState::Draining => "draining",
@@ -218,4 +222,17 @@ pub struct ExecRequest {
 #[serde(deny_unknown_fields)]
 pub struct ExecResult {
     pub output: String,
+}
+
+/// `GET /v1/sessions/{id}/setup-log`: the newest setup log of a worker session.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SetupLog {
+    /// `.skiff/setup.sh`, or the profile whose `setup` ran.
+    pub setup: String,
+    /// The exit status (124 when it ran out of time).
+    pub exit_code: i32,
+    pub duration_ms: u64,
+    /// The output, stdout and stderr interleaved, secrets redacted.
+    pub text: String,
 }

@@ -56,6 +56,8 @@ pub enum EventKind {
         /// What is happening, for people ("laying 12 files onto the box").
         detail: String,
     },
+    /// Output of the box's setup as it runs (chunks of lines; the whole log is an artifact).
+    SetupOutput { text: String },
 }
 
 impl EventKind {

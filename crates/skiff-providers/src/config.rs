@@ -82,6 +82,35 @@ pub struct ProfileConfig {
     /// `shallow` (default: the box's repository has the base commit only) or `full`.
     #[serde(default)]
     pub history: History,
+    /// A command line run on the box before the worker starts, in the workspace, as the box
+    /// user (`.skiff/setup.sh` in the repository is used when this is unset).
+    #[serde(default)]
+    pub setup: Option<String>,
+    /// How long setup may run (default `20m`).
+    #[serde(default)]
+    pub setup_timeout: Option<String>,
+    /// Secrets for setup only: `NAME = "env:GATEWAY_VAR"`, read from the gateway's environment.
+    #[serde(default)]
+    pub setup_env: std::collections::BTreeMap<String, String>,
+    /// Files whose contents key a prepared-box snapshot (lockfiles), besides the script's own
+    /// `# skiff: key-files = …` line.
+    #[serde(default)]
+    pub setup_key_files: Vec<String>,
+    /// Hosts the box may reach through the gateway's egress proxy (`[profiles.NAME.egress]`).
+    #[serde(default)]
+    pub egress: EgressConfig,
+}
+
+/// `[profiles.NAME.egress]`: allowlists of the gateway's egress proxy, per phase.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EgressConfig {
+    /// What setup may reach: `"preset:python"`, `"pypi.example.com"`, `"*.internal.example"`.
+    #[serde(default)]
+    pub setup: Vec<String>,
+    /// What the agent's `exec` may reach (default: nothing).
+    #[serde(default)]
+    pub agent: Vec<String>,
 }
 
 /// `[profiles.NAME.limits]`: resource limits of a local box's sandbox. Every key is optional;
@@ -209,6 +238,11 @@ impl ProfileConfig {
             command: None,
             limits: None,
             history: History::Shallow,
+            setup: None,
+            setup_timeout: None,
+            setup_env: Default::default(),
+            setup_key_files: Vec::new(),
+            egress: EgressConfig::default(),
         }
     }
 
@@ -229,6 +263,40 @@ impl ProfileConfig {
         duration("", "ttl", self.ttl.as_deref(), "8h")
     }
 
+    /// How long setup may run.
+    pub fn setup_timeout(&self) -> Result<Duration> {
+        duration("", "setup_timeout", self.setup_timeout.as_deref(), "20m")
+    }
+
+    /// Setup's secrets, each read from the gateway's environment now. An error names the key
+    /// and the variable, never a value.
+    pub fn setup_secrets(&self, name: &str) -> Result<Vec<(String, String)>> {
+        let bad = |problem: String| Error::Config {
+            profile: name.to_owned(),
+            problem,
+        };
+        let mut secrets = Vec::new();
+        for (key, source) in &self.setup_env {
+            if !is_env_name(key) {
+                return Err(bad(format!(
+                    "`setup_env.{key}` is not an environment variable name (letters, digits, _)"
+                )));
+            }
+            let Some(var) = source.strip_prefix("env:").filter(|v| is_env_name(v)) else {
+                return Err(bad(format!(
+                    "`setup_env.{key} = {source:?}` must name a gateway environment variable, like \"env:NPM_TOKEN\""
+                )));
+            };
+            let value = std::env::var(var).map_err(|_| {
+                bad(format!(
+                    "`setup_env.{key}` reads {var} from the gateway's environment, which does not set it"
+                ))
+            })?;
+            secrets.push((key.clone(), value));
+        }
+        Ok(secrets)
+    }
+
     pub fn idle_timeout_text(&self) -> String {
         self.idle_timeout.clone().unwrap_or_else(|| "30m".into())
     }
@@ -245,6 +313,12 @@ impl ProfileConfig {
         };
         duration(name, "idle_timeout", self.idle_timeout.as_deref(), "30m")?;
         duration(name, "ttl", self.ttl.as_deref(), "8h")?;
+        duration(name, "setup_timeout", self.setup_timeout.as_deref(), "20m")?;
+        if self.setup.as_deref().is_some_and(|s| s.trim().is_empty()) {
+            return Err(bad(
+                "`setup` is empty; remove it to use .skiff/setup.sh".into()
+            ));
+        }
         let has = |present: bool, key: &str, allowed: &[ProviderKind]| {
             if present && !allowed.contains(&self.provider) {
                 Err(bad(format!(
@@ -298,6 +372,15 @@ impl ProfileConfig {
         }
         Ok(())
     }
+}
+
+/// A portable environment variable name.
+fn is_env_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
 #[cfg(test)]

@@ -10,7 +10,9 @@ mod config;
 pub mod local;
 mod static_ssh;
 
-pub use config::{History, Isolation, Limits, LimitsConfig, ProfileConfig, ProviderKind};
+pub use config::{
+    EgressConfig, History, Isolation, Limits, LimitsConfig, ProfileConfig, ProviderKind,
+};
 
 use futures_util::future::BoxFuture;
 use std::path::PathBuf;

@@ -289,7 +289,53 @@ impl Ssh {
     ) -> Result<()> {
         self.ensure_master(Channel::Control, cancel).await?;
         let spec = format!("{remote_socket}:{}", local_socket.display());
-        // `ClearAllForwardings=yes` (every other connection) would drop this very request.
+        let cmd = self.mux_forward("forward", &spec);
+        self.run_with(cmd, "(forward)", cancel).await.map(|_| ())
+    }
+
+    /// Forwards a TCP port on the box's loopback to `local_socket` on this host over the
+    /// control master; the box picks the port, which is returned. Connections made to it on
+    /// the box arrive here. Removed with [`Ssh::cancel_port_forward`] (or with the master).
+    pub async fn forward_port(
+        &self,
+        local_socket: &Path,
+        cancel: &CancellationToken,
+    ) -> Result<u16> {
+        self.ensure_master(Channel::Control, cancel).await?;
+        let spec = format!("127.0.0.1:0:{}", local_socket.display());
+        let out = self
+            .run_with(self.mux_forward("forward", &spec), "(forward)", cancel)
+            .await?;
+        // `ssh -O forward` prints the port the box allocated for a `0` listen port.
+        out.trim().parse().map_err(|_| Error::Remote {
+            alias: self.target.alias.clone(),
+            command: "(forward)".into(),
+            code: 0,
+            stderr: format!(
+                "the box allocated no port for the forward: {:?}",
+                out.trim()
+            ),
+        })
+    }
+
+    /// Removes a forward made by [`Ssh::forward_port`].
+    pub async fn cancel_port_forward(
+        &self,
+        port: u16,
+        local_socket: &Path,
+        cancel: &CancellationToken,
+    ) -> Result<()> {
+        let spec = format!("127.0.0.1:{port}:{}", local_socket.display());
+        self.run_with(
+            self.mux_forward("cancel", &spec),
+            "(cancel forward)",
+            cancel,
+        )
+        .await
+        .map(|_| ())
+    }
+
+    fn mux_forward(&self, verb: &str, spec: &str) -> Cmd {
         let options = self.options(Channel::Control).into_iter().map(|o| {
             if o == "ClearAllForwardings=yes" {
                 OsString::from("ClearAllForwardings=no")
@@ -297,13 +343,41 @@ impl Ssh {
                 o
             }
         });
-        let cmd = Cmd::new("ssh")
+        Cmd::new("ssh")
             .args(options)
-            .args(["-O", "forward", "-R"])
-            .arg(&spec)
+            .args(["-O", verb, "-R"])
+            .arg(spec)
             .arg(self.destination())
-            .timeout(Duration::from_secs(15));
-        self.run_with(cmd, "(forward)", cancel).await.map(|_| ())
+            .timeout(Duration::from_secs(15))
+    }
+
+    /// Runs `remote` on the control connection with `input` on its stdin, a copy of its
+    /// output (stdout and stderr interleaved) sent to `tee` as it arrives, for at most
+    /// `timeout`. Returns the remote command's exit code and its output's last `cap` bytes;
+    /// only ssh's own failures (it exits 255) are errors.
+    pub async fn run_streaming(
+        &self,
+        remote: &str,
+        input: Vec<u8>,
+        timeout: Duration,
+        tee: skiff_process::Tee,
+        cancel: &CancellationToken,
+    ) -> Result<(i32, String)> {
+        self.ensure_master(Channel::Control, cancel).await?;
+        let cmd = self
+            .command(Channel::Control, remote)
+            .stdin(input)
+            .merge_stderr()
+            .output_cap(64 << 10)
+            .tee(tee)
+            .timeout(timeout);
+        let done = cmd.run(cancel).await?;
+        let code = done.code();
+        let output = done.stdout.into_string();
+        if code == 255 {
+            return Err(self.classify(code, output.trim().to_owned(), remote));
+        }
+        Ok((code, output))
     }
 
     /// Runs `remote` and returns its stdout; a non-zero exit is an error with its stderr.

@@ -57,7 +57,8 @@ pub fn placement_allowed(from: PlacementState, to: PlacementState) -> bool {
         Local | Reclaimed | Failed => matches!(to, Requested),
         Requested => matches!(to, Provisioning | Failed),
         Provisioning => matches!(to, Syncing | Failed | Reclaimed),
-        Syncing => matches!(to, Starting | Failed | Reclaimed),
+        Syncing => matches!(to, Setup | Starting | Failed | Reclaimed),
+        Setup => matches!(to, Starting | Failed | Reclaimed),
         // `starting → starting`: a replacement worker on the same box (new epoch).
         Starting => matches!(to, Starting | Active | Failed | Reclaimed),
         Active => matches!(to, Starting | Reconciling | Draining | Failed | Reclaimed),

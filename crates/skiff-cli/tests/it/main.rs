@@ -17,6 +17,7 @@ mod homecoming;
 mod leftovers;
 mod results;
 mod session;
+mod setup;
 mod sync;
 mod ui;
 mod worker;

@@ -23,6 +23,15 @@ pub struct Rig {
 
 impl Rig {
     pub fn start(responses: Vec<FakeResponse>, extra_config: &str) -> Rig {
+        Self::start_with_env(responses, extra_config, &[])
+    }
+
+    /// Like [`Rig::start`], with more variables in the gateway's environment.
+    pub fn start_with_env(
+        responses: Vec<FakeResponse>,
+        extra_config: &str,
+        env: &[(&str, &str)],
+    ) -> Rig {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
@@ -36,7 +45,9 @@ impl Rig {
             fake.base_url(),
             root.path().display()
         );
-        let gw = Gateway::start_full("", &config, &[("SKIFF_TEST_PROVIDER_KEY", PROVIDER_KEY)]);
+        let mut env = env.to_vec();
+        env.push(("SKIFF_TEST_PROVIDER_KEY", PROVIDER_KEY));
+        let gw = Gateway::start_full("", &config, &env);
         Rig {
             gw,
             root,

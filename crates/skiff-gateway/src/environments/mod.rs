@@ -87,6 +87,11 @@ impl Environments {
         })
     }
 
+    /// A profile's configuration as `skiff.toml` gave it.
+    pub(crate) fn profile_config(&self, name: &str) -> Result<&ProfileConfig> {
+        Ok(&self.profile(name)?.config)
+    }
+
     /// How much history a box of `profile` gets (the default for an unknown profile).
     pub(crate) fn history(&self, profile: &str) -> skiff_providers::History {
         self.profiles

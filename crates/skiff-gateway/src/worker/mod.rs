@@ -22,6 +22,7 @@ pub(crate) mod place;
 pub(crate) mod probe;
 mod proxy;
 mod recover;
+mod setup;
 mod turn;
 pub(crate) mod web_fetch;
 

@@ -157,22 +157,43 @@ impl Core {
                     let left_out = left_out
                         .summary()
                         .unwrap_or_else(|| "nothing left out".into());
+                    let setup = match self.setup_plan(session, &p.profile) {
+                        Ok(plan) => plan,
+                        Err(e) => {
+                            let why = "the profile's setup cannot run";
+                            return Err(self.fail_placement(scope, &p, e, why).await);
+                        }
+                    };
+                    let on_box = format!(
+                        "{files} files ({}) on the box, {left_out}",
+                        skiff_sync::filelist::human(bytes)
+                    );
+                    let (next, detail) = match &setup {
+                        Some(plan) => (
+                            PlacementState::Setup,
+                            format!("{on_box}; running {}", plan.label),
+                        ),
+                        None => (
+                            PlacementState::Starting,
+                            format!("{on_box}; starting the worker"),
+                        ),
+                    };
                     p = self.place(
                         scope,
                         id,
-                        PlacementState::Starting,
+                        next,
                         &PlacementChange {
-                            advance_epoch: true,
+                            advance_epoch: next == PlacementState::Starting,
                             base_manifest: Some(&base),
                             bundle_hash: bundle.as_deref(),
                             left_out: Some(&left_out),
                             ..Default::default()
                         },
-                        &format!(
-                            "{files} files ({}) on the box, {left_out}; starting the worker",
-                            skiff_sync::filelist::human(bytes)
-                        ),
+                        &detail,
                     )?;
+                    if let Some(plan) = setup {
+                        p = self.set_up(scope, &p, &plan, cancel).await?;
+                    }
                 }
                 Err(e) => {
                     let why = "the workspace could not be laid onto the box";
@@ -234,6 +255,42 @@ impl Core {
                 .await;
         }
         e
+    }
+
+    /// Runs the box's setup and moves the placement on to `starting`, or fails it with the
+    /// setup log's last lines.
+    async fn set_up(
+        &self,
+        scope: &Scope,
+        p: &PlacementRow,
+        plan: &super::setup::SetupPlan,
+        cancel: &CancellationToken,
+    ) -> Result<PlacementRow> {
+        let outcome = match self.run_setup(scope, p, plan, cancel).await {
+            Ok(outcome) => outcome,
+            Err(e) => {
+                let why = "the box's setup could not run";
+                return Err(self.fail_placement(scope, p, e, why).await);
+            }
+        };
+        if !outcome.succeeded() {
+            let e = placement_error(outcome.failure(&plan.label, &p.session_id));
+            return Err(self.fail_placement(scope, p, e, "setup failed").await);
+        }
+        self.place(
+            scope,
+            &p.session_id,
+            PlacementState::Starting,
+            &PlacementChange {
+                advance_epoch: true,
+                ..Default::default()
+            },
+            &format!(
+                "{} finished in {:.1} s; starting the worker",
+                plan.label,
+                outcome.duration.as_secs_f64()
+            ),
+        )
     }
 
     async fn sync_out(

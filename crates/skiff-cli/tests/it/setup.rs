@@ -1,0 +1,207 @@
+//! A box's setup phase end to end: `.skiff/setup.sh` (or a profile's `setup`) runs on a real
+//! local box after the workspace is laid down and before the worker starts; its output streams
+//! to the session, its log is kept, setup-only secrets stay out of the worker, the box's disk
+//! and every log; a failing setup fails the placement with its last lines and the session
+//! stays usable.
+
+use crate::harness::{stderr, stdout};
+use crate::worker::{Rig, new_worker_session, text_reply, tool_reply};
+use serde_json::Value;
+use skiff_test_support::TempGitRepo;
+use std::path::Path;
+use std::process::Command;
+
+const SECRET: &str = "npm-secret-4f1b9c2ad7e0";
+
+fn events(out: &std::process::Output) -> Vec<Value> {
+    stdout(out)
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+fn placements(events: &[Value]) -> Vec<String> {
+    events
+        .iter()
+        .filter(|e| e["type"] == "placement")
+        .map(|e| e["state"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// The error the run ended with (`--json` prints it in the final run status).
+fn run_error(out: &std::process::Output) -> String {
+    events(out)
+        .iter()
+        .rev()
+        .find_map(|e| e["error"].as_str().map(str::to_owned))
+        .unwrap_or_else(|| panic!("no run error in {}", stdout(out)))
+}
+
+/// Every file under `dir` that holds `needle` (as bytes).
+fn files_holding(dir: &Path, needle: &str) -> String {
+    let out = Command::new("grep")
+        .args(["-rlF", "--binary-files=text", "--no-messages", needle])
+        .arg(dir)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn setup_runs_before_the_worker_streams_its_output_and_keeps_its_secrets_to_itself() {
+    let rig = Rig::start_with_env(
+        vec![
+            tool_reply(
+                "call_1",
+                "exec",
+                r#"{"command":"$HOME/.local/bin/made-by-setup; env | grep -c SETUP_TOKEN || true"}"#,
+            ),
+            text_reply(&["The tool from setup works."]),
+        ],
+        "setup_env = { SETUP_TOKEN = \"env:SKIFF_TEST_SETUP_TOKEN\" }\n",
+        &[("SKIFF_TEST_SETUP_TOKEN", SECRET)],
+    );
+    let script = "set -e\n\
+                  echo installing tools\n\
+                  mkdir -p \"$HOME/.local/bin\"\n\
+                  printf '#!/bin/sh\\necho tool-from-setup\\n' > \"$HOME/.local/bin/made-by-setup\"\n\
+                  chmod +x \"$HOME/.local/bin/made-by-setup\"\n\
+                  echo \"the token is $SETUP_TOKEN\"\n\
+                  echo \"in $(basename \"$PWD\") as $(id -un)\" >&2\n";
+    let repo = TempGitRepo::new(&[("README.md", "a repo\n"), (".skiff/setup.sh", script)]);
+
+    let (out, id) = new_worker_session(&rig, repo.path(), "Use the tool setup made");
+    assert!(out.status.success(), "{}", stderr(&out));
+    let events = events(&out);
+    let states = placements(&events);
+    assert_eq!(
+        &states[..4],
+        ["provisioning", "syncing", "setup", "starting"],
+        "{states:?}"
+    );
+    // The output streamed while setup ran, secrets redacted, stderr interleaved.
+    let live: String = events
+        .iter()
+        .filter(|e| e["type"] == "setup_output")
+        .map(|e| e["text"].as_str().unwrap())
+        .collect();
+    assert!(live.contains("installing tools\n"), "{live}");
+    assert!(
+        live.contains("the token is [SETUP_TOKEN redacted]"),
+        "{live}"
+    );
+    assert!(live.contains(&format!("in {id} as ")), "{live}");
+    assert!(!live.contains(SECRET));
+
+    // What setup installed is there for the agent; the secret is not in its environment.
+    let detail = rig.gw.json(&["session", "show", "--json", &id]);
+    let result = detail["transcript"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["body"]["kind"] == "tool_result")
+        .map(|e| e["body"]["content"].as_str().unwrap().to_owned())
+        .unwrap();
+    assert!(result.contains("tool-from-setup"), "{result}");
+    assert!(result.lines().any(|l| l.trim() == "0"), "{result}");
+
+    // The whole log is kept.
+    let log = rig.gw.json(&["session", "setup-log", "--json", &id]);
+    assert_eq!(log["exit_code"], 0);
+    assert_eq!(log["setup"], ".skiff/setup.sh");
+    assert!(log["text"].as_str().unwrap().contains("installing tools"));
+    let shown = rig.gw.run(&["session", "setup-log", &id]);
+    assert!(stdout(&shown).contains("the token is [SETUP_TOKEN redacted]"));
+    assert!(stderr(&shown).contains(".skiff/setup.sh succeeded after"));
+
+    // Nowhere on the box's disk, nowhere in the gateway's state (database, logs, artifacts).
+    assert_eq!(files_holding(rig.root.path(), SECRET), "");
+    assert_eq!(files_holding(&rig.gw.state_dir, SECRET), "");
+}
+
+#[test]
+fn a_failing_setup_fails_the_placement_with_its_last_lines_and_the_session_recovers() {
+    let mut rig = Rig::start(
+        vec![text_reply(&["Setup is fixed."])],
+        "setup = \"echo step one; echo no such package: left-pad >&2; exit 3\"\n",
+    );
+    let repo = TempGitRepo::new(&[("README.md", "a repo\n")]);
+    let (out, id) = new_worker_session(&rig, repo.path(), "Hello");
+    assert!(!out.status.success());
+    let err = run_error(&out);
+    assert!(
+        err.contains("setup (setup of profile local) exited with status 3"),
+        "{err}"
+    );
+    assert!(err.contains("no such package: left-pad"), "{err}");
+    assert!(
+        err.contains(&format!("skiff session setup-log {id}")),
+        "{err}"
+    );
+    assert_eq!(
+        rig.fake.requests().len(),
+        0,
+        "the model was asked before setup passed"
+    );
+    let log = rig.gw.json(&["session", "setup-log", "--json", &id]);
+    assert_eq!(log["exit_code"], 3);
+    assert_eq!(log["text"], "step one\nno such package: left-pad\n");
+    // The failed placement gave its box up.
+    let envs = rig.gw.json(&["env", "list", "--json"]);
+    assert!(
+        envs["environments"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|e| e["state"] != "attached"),
+        "{envs}"
+    );
+
+    // Fix the profile, and the same session goes on.
+    let config = std::fs::read_to_string(rig.gw.config_path()).unwrap();
+    std::fs::write(
+        rig.gw.config_path(),
+        config.replace(
+            "echo step one; echo no such package: left-pad >&2; exit 3",
+            "echo fixed",
+        ),
+    )
+    .unwrap();
+    rig.gw.crash_and_restart();
+    let out = rig.session(&["send", "--json", &id, "Try again"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let states = placements(&events(&out));
+    assert!(states.contains(&"setup".to_owned()), "{states:?}");
+    let log = rig.gw.json(&["session", "setup-log", "--json", &id]);
+    assert_eq!(log["text"], "fixed\n");
+}
+
+#[test]
+fn a_setup_past_its_timeout_is_ended_and_says_so() {
+    let rig = Rig::start(
+        vec![],
+        "setup = \"echo starting; sleep 600\"\nsetup_timeout = \"2s\"\n",
+    );
+    let repo = TempGitRepo::new(&[("README.md", "a repo\n")]);
+    let (out, _id) = new_worker_session(&rig, repo.path(), "Hello");
+    assert!(!out.status.success());
+    let err = run_error(&out);
+    assert!(err.contains("did not finish within its timeout"), "{err}");
+    assert!(err.contains("starting"), "{err}");
+}
+
+#[test]
+fn a_session_without_setup_goes_straight_to_starting() {
+    let rig = Rig::start(vec![text_reply(&["Hi."])], "");
+    let repo = TempGitRepo::new(&[("README.md", "a repo\n")]);
+    let (out, id) = new_worker_session(&rig, repo.path(), "Hello");
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(!placements(&events(&out)).contains(&"setup".to_owned()));
+    let missing = rig.gw.run(&["session", "setup-log", &id]);
+    assert!(!missing.status.success());
+    assert!(
+        stderr(&missing).contains(&format!("setup log for session {id} not found")),
+        "{}",
+        stderr(&missing)
+    );
+}

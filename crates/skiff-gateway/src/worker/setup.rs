@@ -1,0 +1,464 @@
+//! A box's setup phase: after the workspace is laid down and before the worker starts, the
+//! repository's `.skiff/setup.sh` (or the profile's `setup` command) runs on the box as the box
+//! user, in the workspace, under a timeout. Its output is streamed to the session's followers
+//! as it arrives and kept whole as a `log` artifact; setup-only secrets reach the setup process
+//! through its stdin (never a command line, a file or the worker's environment) and are
+//! redacted from everything it prints.
+//!
+//! Deliberately absent: a second try. A failing setup fails the placement with its last lines;
+//! the session stays usable and the next message places it again.
+
+use super::place::{box_workspace, placement_error};
+use crate::Core;
+use crate::error::Result;
+use serde_json::json;
+use skiff_protocol::SessionId;
+use skiff_protocol::environment::SetupLog;
+use skiff_protocol::event::EventKind;
+use skiff_store::{ArtifactRole, NewArtifact, PlacementRow, Retention, Scope, SessionRow};
+use skiff_sync::cas::Cas;
+use std::io::Write;
+use std::path::Path;
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+/// The repository's setup script, relative to the workspace.
+pub(crate) const SETUP_SCRIPT: &str = ".skiff/setup.sh";
+/// How much setup output is published live; the rest is in the log only.
+const LIVE_CAP: usize = 256 << 10;
+/// How much of the log is kept.
+const LOG_CAP: u64 = 32 << 20;
+/// Output is published at most this often (or when a chunk fills up).
+const PUBLISH_EVERY: Duration = Duration::from_millis(200);
+const CHUNK: usize = 8 << 10;
+/// The lines of the log a failed setup's error carries.
+const TAIL_LINES: usize = 12;
+
+/// What runs as setup.
+pub(crate) struct SetupPlan {
+    /// For people: `.skiff/setup.sh`, or `setup of profile NAME`.
+    pub label: String,
+    /// The shell line the box runs, in the workspace.
+    command: String,
+    timeout: Duration,
+    /// `NAME=value` pairs for the setup process only.
+    secrets: Vec<(String, String)>,
+    /// Extra environment (the egress proxy's variables).
+    env: Vec<(String, String)>,
+}
+
+impl SetupPlan {
+    pub(crate) fn with_env(mut self, env: Vec<(String, String)>) -> Self {
+        self.env.extend(env);
+        self
+    }
+
+    /// The script the box's `bash -s` reads: variables first (through stdin, so no value is on
+    /// a command line or on disk), then the setup itself with no stdin of its own.
+    fn stdin_script(&self, workspace: &str) -> Vec<u8> {
+        let mut script = String::from("set -e\n");
+        script.push_str(&format!(
+            "cd \"$HOME\"/{}\n",
+            skiff_ssh::shell_quote(workspace)
+        ));
+        for (key, value) in self.env.iter().chain(&self.secrets) {
+            script.push_str(&format!("export {key}={}\n", skiff_ssh::shell_quote(value)));
+        }
+        script.push_str(&format!(
+            "exec bash -c {} skiff-setup </dev/null 2>&1\n",
+            skiff_ssh::shell_quote(&self.command)
+        ));
+        script.into_bytes()
+    }
+}
+
+/// How a setup ended.
+pub(crate) struct SetupOutcome {
+    pub exit_code: i32,
+    pub duration: Duration,
+    pub timed_out: bool,
+    /// The log's last lines (secrets redacted).
+    pub tail: String,
+}
+
+impl SetupOutcome {
+    pub(crate) fn succeeded(&self) -> bool {
+        self.exit_code == 0 && !self.timed_out
+    }
+
+    /// The error a failed placement records: what failed, the log's end, what to do.
+    pub(crate) fn failure(&self, label: &str, session: &SessionId) -> String {
+        let how = if self.timed_out {
+            format!(
+                "did not finish within its timeout ({} s)",
+                self.duration.as_secs()
+            )
+        } else {
+            format!(
+                "exited with status {} after {:.1} s",
+                self.exit_code,
+                self.duration.as_secs_f64()
+            )
+        };
+        format!(
+            "setup ({label}) {how}; its log ends:\n{}\nFix it and send the message again (the whole log: skiff session setup-log {session})",
+            self.tail.trim_end()
+        )
+    }
+}
+
+impl Core {
+    /// The setup this placement runs, if any: the profile's `setup`, else the repository's
+    /// `.skiff/setup.sh` as the session's workspace holds it.
+    pub(super) fn setup_plan(
+        &self,
+        session: &SessionRow,
+        profile: &str,
+    ) -> Result<Option<SetupPlan>> {
+        let config = self.envs.profile_config(profile)?;
+        let timeout = config.setup_timeout().map_err(placement_error)?;
+        let secrets = config.setup_secrets(profile).map_err(placement_error)?;
+        let (label, command) = match &config.setup {
+            Some(command) => (format!("setup of profile {profile}"), command.clone()),
+            None => {
+                let script = Path::new(session.workspace.path()).join(SETUP_SCRIPT);
+                if !script.is_file() {
+                    return Ok(None);
+                }
+                (SETUP_SCRIPT.to_owned(), format!("bash {SETUP_SCRIPT}"))
+            }
+        };
+        Ok(Some(SetupPlan {
+            label,
+            command,
+            timeout,
+            secrets,
+            env: Vec::new(),
+        }))
+    }
+
+    /// Runs `plan` on the placement's box, streaming its output to the session and keeping the
+    /// whole log as an artifact.
+    pub(super) async fn run_setup(
+        &self,
+        scope: &Scope,
+        p: &PlacementRow,
+        plan: &SetupPlan,
+        cancel: &CancellationToken,
+    ) -> Result<SetupOutcome> {
+        let env = self.placement_env(scope, p)?;
+        let ssh = self.envs.ssh(&env)?;
+        let session = &p.session_id;
+        let log_path = self.state.tmp().join(format!("setup-{session}.log"));
+        std::fs::create_dir_all(self.state.tmp())
+            .map_err(|e| placement_error(format!("cannot make the setup log: {e}")))?;
+        let (tee, chunks) = mpsc::unbounded_channel();
+        let secrets: Vec<_> = plan.secrets.clone();
+        let collector = Collector::new(&log_path, secrets)?;
+        let started = Instant::now();
+        let secs = plan.timeout.as_secs().max(1);
+        // `timeout` on the box ends the whole setup (its process group) in time; the local
+        // bound is only a backstop for a box that stops answering.
+        let remote = format!("timeout --kill-after=10s {secs}s bash -s");
+        let run = ssh.run_streaming(
+            &remote,
+            plan.stdin_script(&box_workspace(session)),
+            plan.timeout + Duration::from_secs(30),
+            tee,
+            cancel,
+        );
+        let publish = self.publish_setup_output(scope, session, chunks, collector);
+        let (result, collector) = tokio::join!(run, publish);
+        let duration = started.elapsed();
+        let collector = collector?;
+        let (exit_code, timed_out) = match result {
+            Ok((code, _)) => (code, code == 124 || code == 137),
+            Err(skiff_ssh::Error::Process(skiff_process::Error::TimedOut { .. })) => (124, true),
+            Err(e) => {
+                let _ = std::fs::remove_file(&log_path);
+                return Err(e.into());
+            }
+        };
+        let tail = collector.tail(TAIL_LINES);
+        self.keep_setup_log(scope, session, &log_path, exit_code, duration, &plan.label)?;
+        let outcome = SetupOutcome {
+            exit_code,
+            duration,
+            timed_out,
+            tail,
+        };
+        self.audit(
+            scope,
+            "placement.setup",
+            session.as_str(),
+            if outcome.succeeded() { "ok" } else { "error" },
+            json!({ "env": env.id.as_str(), "exit": exit_code, "timed_out": timed_out,
+                    "duration_ms": duration.as_millis() as u64, "setup": plan.label }),
+        );
+        Ok(outcome)
+    }
+
+    /// Publishes setup output in chunks as it arrives, until the command's output ends.
+    async fn publish_setup_output(
+        &self,
+        scope: &Scope,
+        session: &SessionId,
+        mut chunks: mpsc::UnboundedReceiver<Vec<u8>>,
+        mut collector: Collector,
+    ) -> Result<Collector> {
+        let run = self
+            .store
+            .open_run(scope, session)
+            .ok()
+            .flatten()
+            .map(|r| r.id);
+        let mut last = Instant::now();
+        loop {
+            let chunk = tokio::time::timeout(PUBLISH_EVERY, chunks.recv()).await;
+            let ended = matches!(chunk, Ok(None));
+            if let Ok(Some(bytes)) = chunk {
+                collector.push(&bytes)?;
+            }
+            if ended {
+                collector.finish()?;
+            }
+            if ended || last.elapsed() >= PUBLISH_EVERY || collector.pending.len() >= CHUNK {
+                if let Some(text) = collector.take_live() {
+                    let _ = self.hub.publish(
+                        scope,
+                        session,
+                        run.as_ref(),
+                        EventKind::SetupOutput { text },
+                    );
+                }
+                last = Instant::now();
+            }
+            if ended {
+                return Ok(collector);
+            }
+        }
+    }
+
+    /// Keeps the setup log as a `log` artifact of the session (the newest is the one
+    /// `session setup-log` shows).
+    fn keep_setup_log(
+        &self,
+        scope: &Scope,
+        session: &SessionId,
+        log: &Path,
+        exit_code: i32,
+        duration: Duration,
+        label: &str,
+    ) -> Result<()> {
+        let cas = Cas::open(&self.artifacts_dir())?;
+        let (hash, size) = cas.put_file(log)?;
+        let _ = std::fs::remove_file(log);
+        self.store.create_artifact(
+            scope,
+            &NewArtifact {
+                session_id: Some(session.clone()),
+                run_id: None,
+                role: ArtifactRole::Log,
+                retention: Retention::Session,
+                hash,
+                size,
+                meta: json!({ "purpose": "setup", "exit": exit_code, "setup": label,
+                              "duration_ms": duration.as_millis() as u64 }),
+                expires_at_ms: None,
+            },
+        )?;
+        Ok(())
+    }
+
+    /// The newest setup log of a session.
+    pub(crate) fn setup_log(&self, scope: &Scope, session: &SessionId) -> Result<SetupLog> {
+        self.store.session(scope, session)?;
+        let newest = self
+            .store
+            .artifacts(scope, session, ArtifactRole::Log)?
+            .into_iter()
+            .rfind(|a| a.meta.get("purpose").and_then(|p| p.as_str()) == Some("setup"));
+        let Some(row) = newest else {
+            // "setup log for session ses_… not found": no setup ran on a box for it.
+            return Err(skiff_store::Error::NotFound {
+                what: "setup log for session",
+                id: session.to_string(),
+            }
+            .into());
+        };
+        let cas = Cas::open(&self.artifacts_dir())?;
+        let bytes = cas.get(&row.hash)?;
+        let meta = |key: &str| row.meta.get(key).cloned().unwrap_or_default();
+        Ok(SetupLog {
+            setup: meta("setup").as_str().unwrap_or_default().to_owned(),
+            exit_code: meta("exit")
+                .as_i64()
+                .and_then(|c| i32::try_from(c).ok())
+                .unwrap_or(-1),
+            duration_ms: meta("duration_ms").as_u64().unwrap_or_default(),
+            text: String::from_utf8_lossy(&bytes).into_owned(),
+        })
+    }
+}
+
+/// Setup output on its way to the log and the live stream: split into lines (so a secret is
+/// never cut in two before it is redacted), redacted, bounded.
+struct Collector {
+    log: std::fs::File,
+    logged: u64,
+    secrets: Vec<(String, String)>,
+    /// Bytes of an unfinished line.
+    partial: Vec<u8>,
+    /// Redacted text not yet published.
+    pending: String,
+    published: usize,
+    /// The last lines, for a failure's message.
+    tail: std::collections::VecDeque<String>,
+}
+
+impl Collector {
+    fn new(log: &Path, secrets: Vec<(String, String)>) -> Result<Self> {
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(log)
+            .map_err(|e| placement_error(format!("cannot write {}: {e}", log.display())))?;
+        Ok(Self {
+            log: file,
+            logged: 0,
+            secrets: secrets.into_iter().filter(|(_, v)| !v.is_empty()).collect(),
+            partial: Vec::new(),
+            pending: String::new(),
+            published: 0,
+            tail: Default::default(),
+        })
+    }
+
+    fn push(&mut self, bytes: &[u8]) -> Result<()> {
+        self.partial.extend_from_slice(bytes);
+        while let Some(end) = self.partial.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = self.partial.drain(..=end).collect();
+            self.line(&line)?;
+        }
+        // A very long line without a newline is cut, not held for ever.
+        if self.partial.len() > CHUNK {
+            let line = std::mem::take(&mut self.partial);
+            self.line(&line)?;
+        }
+        Ok(())
+    }
+
+    fn finish(&mut self) -> Result<()> {
+        if !self.partial.is_empty() {
+            let mut line = std::mem::take(&mut self.partial);
+            line.push(b'\n');
+            self.line(&line)?;
+        }
+        self.log
+            .flush()
+            .map_err(|e| placement_error(format!("cannot write the setup log: {e}")))
+    }
+
+    fn line(&mut self, bytes: &[u8]) -> Result<()> {
+        let mut text = String::from_utf8_lossy(bytes).into_owned();
+        for (name, value) in &self.secrets {
+            if text.contains(value.as_str()) {
+                text = text.replace(value.as_str(), &format!("[{name} redacted]"));
+            }
+        }
+        if self.logged < LOG_CAP {
+            self.log
+                .write_all(text.as_bytes())
+                .map_err(|e| placement_error(format!("cannot write the setup log: {e}")))?;
+            self.logged += text.len() as u64;
+            if self.logged >= LOG_CAP {
+                let _ = self
+                    .log
+                    .write_all(b"[skiff: the rest of the setup output was not kept]\n");
+            }
+        }
+        if self.published + self.pending.len() < LIVE_CAP {
+            self.pending.push_str(&text);
+            if self.published + self.pending.len() >= LIVE_CAP {
+                self.pending.push_str(
+                    "[skiff: more output is in the whole log: skiff session setup-log]\n",
+                );
+            }
+        }
+        if self.tail.len() == TAIL_LINES {
+            self.tail.pop_front();
+        }
+        self.tail.push_back(text.trim_end_matches('\n').to_owned());
+        Ok(())
+    }
+
+    fn take_live(&mut self) -> Option<String> {
+        if self.pending.is_empty() {
+            return None;
+        }
+        self.published += self.pending.len();
+        Some(std::mem::take(&mut self.pending))
+    }
+
+    fn tail(&self, lines: usize) -> String {
+        let skip = self.tail.len().saturating_sub(lines);
+        let mut out = String::new();
+        for line in self.tail.iter().skip(skip) {
+            out.push_str(line);
+            out.push('\n');
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn collector(secrets: &[(&str, &str)]) -> (tempfile::TempDir, Collector) {
+        let dir = tempfile::tempdir().unwrap();
+        let secrets = secrets
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        let c = Collector::new(&dir.path().join("log"), secrets).unwrap();
+        (dir, c)
+    }
+
+    #[test]
+    fn a_secret_split_across_chunks_is_still_redacted() {
+        let (dir, mut c) = collector(&[("NPM_TOKEN", "s3cr3t-value")]);
+        c.push(b"token is s3cr").unwrap();
+        c.push(b"3t-value ok\nnext line\npartial").unwrap();
+        c.finish().unwrap();
+        let live = c.take_live().unwrap();
+        assert_eq!(
+            live,
+            "token is [NPM_TOKEN redacted] ok\nnext line\npartial\n"
+        );
+        let log = std::fs::read_to_string(dir.path().join("log")).unwrap();
+        assert_eq!(log, live);
+        assert!(!c.tail(2).contains("s3cr3t"));
+        assert_eq!(c.tail(2), "next line\npartial\n");
+    }
+
+    #[test]
+    fn live_output_is_bounded_and_says_where_the_rest_is() {
+        let (_dir, mut c) = collector(&[]);
+        let line = format!("{}\n", "x".repeat(1000));
+        for _ in 0..400 {
+            c.push(line.as_bytes()).unwrap();
+        }
+        let live = c.take_live().unwrap();
+        assert!(live.len() < LIVE_CAP + 2000, "{}", live.len());
+        assert!(
+            live.ends_with("skiff session setup-log]\n"),
+            "{}",
+            &live[live.len() - 80..]
+        );
+        c.push(line.as_bytes()).unwrap();
+        assert_eq!(c.take_live(), None);
+    }
+}
