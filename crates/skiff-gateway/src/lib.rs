@@ -219,6 +219,7 @@ fn provider_context(state: &StateDir) -> Result<skiff_providers::Context> {
         skiff_exe,
         private_dir: state.root().join("keys"),
         default_box_root: default_box_root(state),
+        state_dir: state.root().to_path_buf(),
     })
 }
 

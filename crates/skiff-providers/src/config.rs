@@ -2,7 +2,7 @@
 
 use crate::{Error, Result};
 use serde::Deserialize;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
@@ -96,6 +96,9 @@ pub struct ProfileConfig {
     /// `# skiff: key-files = …` line.
     #[serde(default)]
     pub setup_key_files: Vec<String>,
+    /// local: host directories every box sees read-only at the same path (toolchains).
+    #[serde(default)]
+    pub share: Vec<PathBuf>,
     /// Hosts the box may reach through the gateway's egress proxy (`[profiles.NAME.egress]`).
     #[serde(default)]
     pub egress: EgressConfig,
@@ -243,6 +246,7 @@ impl ProfileConfig {
             setup_env: Default::default(),
             setup_key_files: Vec::new(),
             egress: EgressConfig::default(),
+            share: Vec::new(),
         }
     }
 
@@ -340,6 +344,7 @@ impl ProfileConfig {
         has(self.known_host_key.is_some(), "known_host_key", &[Ssh])?;
         has(self.command.is_some(), "command", &[Command])?;
         has(self.limits.is_some(), "limits", &[Local])?;
+        has(!self.share.is_empty(), "share", &[Local])?;
         self.limits(name)?;
         match self.provider {
             Ssh => {
@@ -372,6 +377,52 @@ impl ProfileConfig {
         }
         Ok(())
     }
+}
+
+/// Checks a `share` directory: absolute, an existing directory, and neither it nor a parent
+/// writable by anyone but its owner root (a box user could otherwise swap what others trust),
+/// and not inside any of `private` (the gateway's state, the box root).
+pub(crate) fn check_share(profile: &str, share: &Path, private: &[&Path]) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let bad = |problem: String| Error::Config {
+        profile: profile.to_owned(),
+        problem: format!("`share = [\"{}\"]`: {problem}", share.display()),
+    };
+    if !share.is_absolute() {
+        return Err(bad("not an absolute path".into()));
+    }
+    let real = share
+        .canonicalize()
+        .map_err(|e| bad(format!("cannot be used: {e}")))?;
+    if !real.is_dir() {
+        return Err(bad("not a directory".into()));
+    }
+    for inside in private {
+        let inside = inside
+            .canonicalize()
+            .unwrap_or_else(|_| inside.to_path_buf());
+        if real.starts_with(&inside) || inside.starts_with(&real) {
+            return Err(bad(format!(
+                "overlaps {}, which boxes must never see",
+                inside.display()
+            )));
+        }
+    }
+    for dir in real.ancestors() {
+        let meta = std::fs::metadata(dir).map_err(|e| bad(format!("{}: {e}", dir.display())))?;
+        let mode = meta.mode();
+        let owner_ok = meta.uid() == 0 || meta.uid() == rustix::process::geteuid().as_raw();
+        if mode & 0o002 != 0 || (mode & 0o020 != 0 && meta.gid() != 0) || !owner_ok {
+            return Err(bad(format!(
+                "{} is not root's alone (owner uid {}, mode {:o}); a shared directory and its \
+                 parents must be owned by root (or the gateway's user) and writable by no one else",
+                dir.display(),
+                meta.uid(),
+                mode & 0o7777
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// A portable environment variable name.

@@ -135,6 +135,8 @@ pub struct Context {
     pub private_dir: PathBuf,
     /// Default root of local boxes.
     pub default_box_root: PathBuf,
+    /// The gateway's state dir: nothing of it may be shared into a box.
+    pub state_dir: PathBuf,
 }
 
 /// Builds the provider a profile names.
@@ -145,18 +147,23 @@ pub fn build(
 ) -> Result<Arc<dyn WorkerProvider>> {
     profile.validate(name)?;
     Ok(match profile.provider {
-        ProviderKind::Local => Arc::new(local::LocalProvider::new(
-            local::Boxes::new(
-                profile
-                    .root
-                    .clone()
-                    .unwrap_or_else(|| ctx.default_box_root.clone()),
-                ctx.skiff_exe.clone(),
-            )
-            .with_limits(profile.limits(name)?),
-            profile.isolation_or_default(),
-            profile.ttl()?,
-        )),
+        ProviderKind::Local => {
+            let root = profile
+                .root
+                .clone()
+                .unwrap_or_else(|| ctx.default_box_root.clone());
+            let private = [ctx.state_dir.as_path(), root.as_path()];
+            for share in &profile.share {
+                config::check_share(name, share, &private)?;
+            }
+            Arc::new(local::LocalProvider::new(
+                local::Boxes::new(root.clone(), ctx.skiff_exe.clone())
+                    .with_limits(profile.limits(name)?)
+                    .with_shares(profile.share.clone()),
+                profile.isolation_or_default(),
+                profile.ttl()?,
+            ))
+        }
         ProviderKind::Ssh => Arc::new(static_ssh::StaticSsh::new(name, profile)?),
         ProviderKind::Command => Arc::new(command::CommandProvider::new(
             name,

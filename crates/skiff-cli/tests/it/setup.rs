@@ -205,3 +205,95 @@ fn a_session_without_setup_goes_straight_to_starting() {
         stderr(&missing)
     );
 }
+
+/// A directory under `/opt` (root's alone, as a shared toolchain must be), removed on drop.
+struct OptDir(std::path::PathBuf);
+
+impl OptDir {
+    fn new() -> OptDir {
+        let base = Path::new("/opt/skiff-test-shares");
+        std::fs::create_dir_all(base).unwrap();
+        let dir = tempfile::Builder::new()
+            .prefix("toolchain-")
+            .tempdir_in(base)
+            .unwrap()
+            .keep();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        OptDir(dir)
+    }
+}
+
+impl Drop for OptDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[test]
+fn a_shared_toolchain_directory_is_on_the_box_read_only() {
+    use std::os::unix::fs::PermissionsExt;
+    let share = OptDir::new();
+    let bin = share.0.join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    std::fs::write(bin.join("mytool"), "#!/bin/sh\necho shared-tool-ok\n").unwrap();
+    std::fs::set_permissions(bin.join("mytool"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let tool = bin.join("mytool").display().to_string();
+    let exec = format!(
+        r#"{{"command":"{tool}; touch {}/x 2>&1 || true"}}"#,
+        share.0.display()
+    );
+    let rig = Rig::start(
+        vec![
+            tool_reply("call_1", "exec", &exec),
+            text_reply(&["The shared tool runs."]),
+        ],
+        &format!("share = [\"{}\"]\n", share.0.display()),
+    );
+    let repo = TempGitRepo::new(&[("README.md", "a repo\n")]);
+    let (out, id) = new_worker_session(&rig, repo.path(), "Run the shared tool");
+    assert!(out.status.success(), "{}", stderr(&out));
+    let detail = rig.gw.json(&["session", "show", "--json", &id]);
+    let result = detail["transcript"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["body"]["kind"] == "tool_result")
+        .map(|e| e["body"]["content"].as_str().unwrap().to_owned())
+        .unwrap();
+    assert!(result.contains("shared-tool-ok"), "{result}");
+    assert!(result.contains("Read-only file system"), "{result}");
+    assert!(!share.0.join("x").exists());
+}
+
+#[test]
+fn a_share_that_others_may_write_or_that_holds_gateway_state_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let share = OptDir::new();
+    let writable = share.0.join("writable");
+    std::fs::create_dir(&writable).unwrap();
+    std::fs::set_permissions(&writable, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    std::fs::create_dir(&state).unwrap();
+    let start = |share: &Path| {
+        std::fs::write(
+            state.join("skiff.toml"),
+            format!(
+                "[profiles.tools]\nprovider = \"local\"\nshare = [\"{}\"]\n",
+                share.display()
+            ),
+        )
+        .unwrap();
+        crate::harness::gateway_once(&state, "127.0.0.1:0")
+    };
+    let (code, first, err) = start(&writable);
+    assert_ne!(code, Some(0), "{first}");
+    assert!(err.contains("profile `tools`"), "{err}");
+    assert!(err.contains("writable by no one else"), "{err}");
+    assert!(err.contains(&writable.display().to_string()), "{err}");
+
+    let (code, first, err) = start(&state);
+    assert_ne!(code, Some(0), "{first}");
+    assert!(err.contains("which boxes must never see"), "{err}");
+}

@@ -42,6 +42,9 @@ pub(super) struct BoxRecord {
     /// What the sandbox lets the box use.
     #[serde(default)]
     pub(super) limits: Limits,
+    /// Host directories shown read-only at their own path inside the sandbox.
+    #[serde(default)]
+    pub(super) shares: Vec<PathBuf>,
     created_at_ms: i64,
     expires_at_ms: i64,
     /// `starting` until sshd runs, then `running`.
@@ -60,6 +63,7 @@ pub struct Boxes {
     root: PathBuf,
     skiff_exe: PathBuf,
     limits: Limits,
+    shares: Vec<PathBuf>,
     sandbox: bool,
 }
 
@@ -79,6 +83,7 @@ impl Boxes {
             root: std::path::absolute(&root).unwrap_or(root),
             skiff_exe,
             limits: Limits::default(),
+            shares: Vec::new(),
             sandbox: true,
         }
     }
@@ -86,6 +91,12 @@ impl Boxes {
     /// What each new box may use.
     pub fn with_limits(mut self, limits: Limits) -> Self {
         self.limits = limits;
+        self
+    }
+
+    /// Host directories each new box sees read-only (checked by the profile's validation).
+    pub fn with_shares(mut self, shares: Vec<PathBuf>) -> Self {
+        self.shares = shares;
         self
     }
 
@@ -188,6 +199,7 @@ impl Boxes {
             netns: (isolation == Isolation::Netns).then(|| netns::name(id)),
             sandboxed,
             limits: self.limits,
+            shares: self.shares.clone(),
             created_at_ms: now,
             expires_at_ms: now + i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX / 2),
             state: "starting".into(),

@@ -9,6 +9,8 @@
 //! /proc                 of the box's PID namespace
 //! /run /tmp /dev/shm    tmpfs of its own, size-limited (/run/sshd for sshd's privilege separation)
 //! <box dir>             the box's own directory at its host path (sshd config, home)
+//! <shares>              the profile's `share` directories at their host paths, read-only,
+//!                       nosuid, nodev (toolchains)
 //! ```
 //!
 //! Nothing else of the host is there: no `/home`, `/root`, `/var`, `/opt`, `/sys`, no other box,
@@ -33,6 +35,8 @@ pub(super) struct View<'a> {
     pub user: &'a str,
     /// Size of the private `/tmp`.
     pub tmp_bytes: u64,
+    /// Host directories shown read-only at their own paths.
+    pub shares: &'a [PathBuf],
 }
 
 /// System paths from the host, read-only. Where the host has a symlink (Debian's merged /usr:
@@ -322,6 +326,30 @@ impl Builder<'_> {
         self.remount_bind(&inside, MountFlags::NOSUID | MountFlags::NODEV)
     }
 
+    /// Each shared directory at its host path, read-only. Not recursive: a mount below it
+    /// (which could be writable) is not carried in.
+    fn shares(&self) -> Result<()> {
+        for share in self.view.shares {
+            let inside = self.root.join(share.strip_prefix("/").map_err(|_| {
+                self.fail("place a shared directory")(std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    format!("{} is not an absolute path", share.display()),
+                ))
+            })?);
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o755)
+                .create(&inside)
+                .map_err(self.fail(format!("create {}", inside.display())))?;
+            self.bind(share, &inside, false)?;
+            self.remount_bind(
+                &inside,
+                MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NODEV,
+            )?;
+        }
+        Ok(())
+    }
+
     fn pivot(&self) -> Result<()> {
         let old = self.root.join(".old");
         self.mkdir(&old, 0o700)?;
@@ -368,6 +396,7 @@ pub(super) fn enter(view: &View<'_>) -> Result<()> {
     b.dev()?;
     b.proc_run_tmp()?;
     b.box_dir()?;
+    b.shares()?;
     b.pivot()
 }
 

@@ -149,6 +149,7 @@ pub fn init(dir: &Path) -> Result<i32> {
         box_dir: dir,
         user: &record.user,
         tmp_bytes: record.limits.tmp_bytes,
+        shares: &record.shares,
     })?;
     apply_limits(dir, &record.limits)?;
     // Current-thread: signals and timers without threads of its own.
