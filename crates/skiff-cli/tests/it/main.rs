@@ -17,6 +17,7 @@ mod homecoming;
 mod leftovers;
 mod results;
 mod session;
+mod snapshots;
 mod sync;
 mod ui;
 mod worker;
