@@ -1,11 +1,14 @@
 //! `skiff box warmup|status|heartbeat|stop|list`: this machine's local boxes behind the
 //! lease-CLI contract that the `command` provider consumes — so that contract is exercised
-//! against a real CLI, and operators can see what a conforming one looks like. Plus `proxy`,
-//! the `ProxyCommand` that reaches a box's sshd inside its network namespace.
+//! against a real CLI, and operators can see what a conforming one looks like. With the
+//! optional snapshot verbs (`snapshot`, `warmup --from-snapshot`, `snapshot-rm`,
+//! `snapshot-list`). Plus `proxy`, the `ProxyCommand` that reaches a box's sshd inside its
+//! network namespace.
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand, ValueEnum};
-use skiff_protocol::lease::{LeaseCliStatus, is_lease_cli_id};
+use skiff_protocol::SnapshotId;
+use skiff_protocol::lease::{LeaseCliSnapshot, LeaseCliStatus, is_lease_cli_id};
 use skiff_providers::Isolation;
 use skiff_providers::local::Boxes;
 use std::path::{Path, PathBuf};
@@ -31,6 +34,28 @@ enum BoxCommand {
         /// Lifetime of the lease
         #[arg(long, default_value = "8h")]
         ttl: String,
+        /// Start the box's home as a copy of this snapshot
+        #[arg(long, value_name = "snap_…")]
+        from_snapshot: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Capture a box's home (without workspaces and ~/.skiff) as a snapshot; idempotent
+    Snapshot {
+        #[arg(long, value_name = "cbx_…")]
+        id: String,
+        #[arg(long, value_name = "snap_…")]
+        snapshot_id: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete a snapshot (one that does not exist is already deleted)
+    SnapshotRm {
+        #[arg(value_name = "snap_…")]
+        id: String,
+    },
+    /// Every snapshot, as {"id","sizeBytes"} objects
+    SnapshotList {
         #[arg(long)]
         json: bool,
     },
@@ -82,6 +107,21 @@ enum IsolationArg {
 fn check_id(id: &str) -> Result<()> {
     if !is_lease_cli_id(id) {
         bail!("lease id {id:?} is not `cbx_` followed by 12 lowercase hex characters");
+    }
+    Ok(())
+}
+
+fn snapshot_id(id: &str) -> Result<SnapshotId> {
+    SnapshotId::parse(id).with_context(|| {
+        format!("snapshot id {id:?} is not `snap_` followed by 16 lowercase hex characters")
+    })
+}
+
+fn print_snapshot(snapshot: &LeaseCliSnapshot, json: bool) -> Result<()> {
+    if json {
+        outln!("{}", serde_json::to_string(snapshot)?)?;
+    } else {
+        outln!("{}  {} bytes", snapshot.id, snapshot.size_bytes)?;
     }
     Ok(())
 }
@@ -150,6 +190,7 @@ pub async fn run(args: BoxArgs, state_dir: &Path) -> Result<ExitCode> {
             lease_id,
             isolation,
             ttl: t,
+            from_snapshot,
             json,
         } => {
             check_id(&lease_id)?;
@@ -158,8 +199,50 @@ pub async fn run(args: BoxArgs, state_dir: &Path) -> Result<ExitCode> {
                 Some(IsolationArg::Netns) => Isolation::Netns,
                 None => Isolation::host_default(),
             };
-            let status = boxes.create(&lease_id, isolation, ttl(&t)?).await?;
+            let status = match from_snapshot {
+                Some(snap) => {
+                    boxes
+                        .create_from_snapshot(&lease_id, &snapshot_id(&snap)?, isolation, ttl(&t)?)
+                        .await?
+                }
+                None => boxes.create(&lease_id, isolation, ttl(&t)?).await?,
+            };
             print(&status, json)?;
+        }
+        BoxCommand::Snapshot {
+            id,
+            snapshot_id: snap,
+            json,
+        } => {
+            check_id(&id)?;
+            let info = boxes.snapshot(&id, &snapshot_id(&snap)?).await?;
+            print_snapshot(
+                &LeaseCliSnapshot {
+                    id: info.id.to_string(),
+                    size_bytes: info.size_bytes,
+                },
+                json,
+            )?;
+        }
+        BoxCommand::SnapshotRm { id } => {
+            boxes.delete_snapshot(&snapshot_id(&id)?).await?;
+        }
+        BoxCommand::SnapshotList { json } => {
+            let all: Vec<LeaseCliSnapshot> = boxes
+                .list_snapshots()?
+                .into_iter()
+                .map(|s| LeaseCliSnapshot {
+                    id: s.id.to_string(),
+                    size_bytes: s.size_bytes,
+                })
+                .collect();
+            if json {
+                outln!("{}", serde_json::to_string(&all)?)?;
+            } else {
+                for snapshot in &all {
+                    print_snapshot(snapshot, false)?;
+                }
+            }
         }
         BoxCommand::Status { id, json } => {
             check_id(&id)?;

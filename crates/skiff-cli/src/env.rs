@@ -1,11 +1,13 @@
-//! `skiff env create|list|show|check|exec|destroy|sweep`
+//! `skiff env create|list|show|check|exec|destroy|wait|sweep|snapshots`
 
 use crate::client::Client;
-use crate::render::{ago, now_ms};
+use crate::render::{ago, human_bytes, now_ms};
 use anyhow::{Result, bail};
 use clap::{Args, Subcommand};
+use skiff_protocol::SnapshotId;
 use skiff_protocol::environment::{
-    CreateEnvironmentRequest, EnvironmentList, EnvironmentState, EnvironmentView,
+    CreateEnvironmentRequest, DeletedSnapshot, EnvironmentList, EnvironmentState, EnvironmentView,
+    SnapshotList, SnapshotView, TakeSnapshotRequest,
 };
 use std::path::Path;
 use std::process::ExitCode;
@@ -27,8 +29,41 @@ pub enum EnvCommand {
     Destroy(DestroyArgs),
     /// Wait until an environment reaches a state (for scripts)
     Wait(WaitArgs),
-    /// Destroy leases that providers hold but no environment owns
+    /// Destroy leases (and delete snapshots) that providers hold but nothing here owns
     Sweep(Json),
+    /// List snapshots of prepared boxes, most recently used first; `rm` or `take` one
+    Snapshots(SnapshotsArgs),
+}
+
+#[derive(Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct SnapshotsArgs {
+    #[command(subcommand)]
+    action: Option<SnapshotAction>,
+    #[command(flatten)]
+    out: Json,
+}
+
+#[derive(Subcommand)]
+enum SnapshotAction {
+    /// Delete a snapshot (boxes already started from it keep their homes)
+    Rm {
+        /// Snapshot id (snap_…)
+        id: String,
+        #[command(flatten)]
+        out: Json,
+    },
+    /// Snapshot the home of a box you prepared by hand (without its workspaces and ~/.skiff)
+    Take {
+        /// Environment id (env_…)
+        env: String,
+        /// The key (lowercase hex) of the sessions that should start from it; without one,
+        /// only `env create --from-snapshot` starts boxes from it
+        #[arg(long, value_name = "HEX")]
+        key: Option<String>,
+        #[command(flatten)]
+        out: Json,
+    },
 }
 
 #[derive(Args)]
@@ -52,8 +87,11 @@ pub struct CreateArgs {
     #[arg(long, default_value = "local")]
     profile: String,
     /// Hand out a warm idle environment of this profile when one has the gateway's build
-    #[arg(long)]
+    #[arg(long, conflicts_with = "from_snapshot")]
     reuse: bool,
+    /// Start the box's home as a copy of this snapshot (of the same profile)
+    #[arg(long, value_name = "snap_…")]
+    from_snapshot: Option<String>,
     #[command(flatten)]
     out: Json,
 }
@@ -174,6 +212,7 @@ pub async fn run(cmd: EnvCommand, state_dir: &Path) -> Result<ExitCode> {
             }
         }
         EnvCommand::Wait(args) => wait(&client, args).await,
+        EnvCommand::Snapshots(args) => snapshots(&client, args).await,
         EnvCommand::Sweep(out) => {
             let swept: serde_json::Value = client
                 .send(client.post("/v1/environments/sweep", &serde_json::json!({})))
@@ -182,12 +221,22 @@ pub async fn run(cmd: EnvCommand, state_dir: &Path) -> Result<ExitCode> {
                 outln!("{swept}")?;
             } else {
                 let ids = swept["destroyed"].as_array().cloned().unwrap_or_default();
-                if ids.is_empty() {
-                    outln!("no orphaned leases")?;
+                let snapshots = swept["deleted_snapshots"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default();
+                if ids.is_empty() && snapshots.is_empty() {
+                    outln!("no orphaned leases or snapshots")?;
                 }
                 for id in ids {
                     outln!(
                         "destroyed orphaned lease {}",
+                        id.as_str().unwrap_or_default()
+                    )?;
+                }
+                for id in snapshots {
+                    outln!(
+                        "deleted orphaned snapshot {}",
                         id.as_str().unwrap_or_default()
                     )?;
                 }
@@ -231,11 +280,17 @@ async fn follow(
 async fn create(client: &Client, args: CreateArgs) -> Result<ExitCode> {
     let started = Instant::now();
     let path = format!("/v1/environments?reuse={}", args.reuse);
+    let from_snapshot = args
+        .from_snapshot
+        .as_deref()
+        .map(parse_snapshot_id)
+        .transpose()?;
     let env: EnvironmentView = client
         .send(client.post(
             &path,
             &CreateEnvironmentRequest {
                 profile: args.profile.clone(),
+                from_snapshot,
             },
         ))
         .await?;
@@ -305,6 +360,89 @@ async fn wait(client: &Client, args: WaitArgs) -> Result<ExitCode> {
     }
 }
 
+fn parse_snapshot_id(text: &str) -> Result<SnapshotId> {
+    match SnapshotId::parse(text) {
+        Some(id) => Ok(id),
+        None => bail!(
+            "{text:?} is not a snapshot id (`snap_` and 16 lowercase hex characters); `skiff env snapshots` lists them"
+        ),
+    }
+}
+
+async fn snapshots(client: &Client, args: SnapshotsArgs) -> Result<ExitCode> {
+    match args.action {
+        None => {
+            let list: SnapshotList = client.send(client.get("/v1/snapshots")).await?;
+            if args.out.json {
+                outln!("{}", serde_json::to_string_pretty(&list)?)?;
+            } else {
+                out!("{}", snapshot_table(&list.snapshots))?;
+            }
+        }
+        Some(SnapshotAction::Rm { id, out }) => {
+            let id = parse_snapshot_id(&id)?;
+            let deleted: DeletedSnapshot = client
+                .send(client.delete(&format!("/v1/snapshots/{id}")))
+                .await?;
+            if out.json {
+                outln!("{}", serde_json::to_string_pretty(&deleted)?)?;
+            } else {
+                outln!(
+                    "deleted snapshot {} ({} freed)",
+                    deleted.id,
+                    human_bytes(deleted.size_bytes)
+                )?;
+            }
+        }
+        Some(SnapshotAction::Take { env, key, out }) => {
+            let snapshot: SnapshotView = client
+                .send(client.post(
+                    &format!("/v1/environments/{env}/snapshot"),
+                    &TakeSnapshotRequest { key },
+                ))
+                .await?;
+            if out.json {
+                outln!("{}", serde_json::to_string_pretty(&snapshot)?)?;
+            } else {
+                outln!(
+                    "snapshot {} of {} ({}); start a box from it with `skiff env create --profile {} --from-snapshot {}`",
+                    snapshot.id,
+                    snapshot.environment_id,
+                    human_bytes(snapshot.size_bytes),
+                    snapshot.profile,
+                    snapshot.id
+                )?;
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn snapshot_table(snapshots: &[SnapshotView]) -> String {
+    if snapshots.is_empty() {
+        return "no snapshots; a box's setup makes them, or `skiff env snapshots take ENV`\n"
+            .to_owned();
+    }
+    let now = now_ms();
+    let mut out = format!(
+        "{:<21}  {:<10}  {:<12}  {:>9}  {:<9}  {:<9}  {}\n",
+        "ID", "PROFILE", "KEY", "SIZE", "CREATED", "LAST USED", "STATE"
+    );
+    for s in snapshots {
+        out.push_str(&format!(
+            "{:<21}  {:<10}  {:<12}  {:>9}  {:<9}  {:<9}  {}\n",
+            s.id,
+            s.profile,
+            s.key_prefix,
+            human_bytes(s.size_bytes),
+            ago(s.created_at_ms, now),
+            ago(s.last_used_at_ms, now),
+            s.state
+        ));
+    }
+    out
+}
+
 fn print_env(env: &EnvironmentView, json: bool) -> Result<()> {
     if json {
         outln!("{}", serde_json::to_string_pretty(env)?)?;
@@ -350,6 +488,9 @@ fn print_env(env: &EnvironmentView, json: bool) -> Result<()> {
         }
     )?;
     outln!("tunnel       {}", env.tunnel)?;
+    if let Some(snapshot) = &env.from_snapshot {
+        outln!("snapshot     {snapshot} (the home started from it)")?;
+    }
     let a = env.accounting;
     outln!(
         "egress       {} model requests · tokens {} in / {} out · bytes {} in / {} out · {} gateway-tool calls",

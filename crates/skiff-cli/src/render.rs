@@ -603,6 +603,25 @@ pub fn format_duration(ms: u64) -> String {
     }
 }
 
+/// "1.5 GiB", "812 KiB", "0 B": binary multiples, for sizes people scan.
+pub fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
+    if bytes < 1024 {
+        return format!("{bytes} B");
+    }
+    let mut value = bytes as f64 / 1024.0;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if value < 10.0 {
+        format!("{value:.1} {}", UNITS[unit])
+    } else {
+        format!("{value:.0} {}", UNITS[unit])
+    }
+}
+
 /// "3m ago", for times people scan.
 pub fn ago(at_ms: i64, now_ms: i64) -> String {
     let secs = (now_ms - at_ms).max(0) / 1000;

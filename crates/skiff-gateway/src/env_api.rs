@@ -1,15 +1,18 @@
-//! API routes for environments and worker profiles (`/v1/environments`, `/v1/profiles`).
+//! API routes for environments, their snapshots and worker profiles (`/v1/environments`,
+//! `/v1/snapshots`, `/v1/profiles`).
 
 use crate::Core;
 use crate::error::Error;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post};
 use axum::{Extension, Json, Router};
 use serde::Deserialize;
-use skiff_protocol::EnvironmentId;
-use skiff_protocol::environment::{CreateEnvironmentRequest, EnvironmentList, ProfileList};
+use skiff_protocol::environment::{
+    CreateEnvironmentRequest, EnvironmentList, ProfileList, SnapshotList, TakeSnapshotRequest,
+};
+use skiff_protocol::{EnvironmentId, SnapshotId};
 use skiff_store::Scope;
 use std::sync::Arc;
 
@@ -23,6 +26,17 @@ pub(crate) fn routes() -> Router<Arc<Core>> {
         .route("/v1/environments/{id}", get(show).delete(destroy))
         .route("/v1/environments/{id}/check", post(check))
         .route("/v1/environments/{id}/exec", post(exec))
+        .route("/v1/environments/{id}/snapshot", post(take_snapshot))
+        .route("/v1/snapshots", get(snapshots))
+        .route("/v1/snapshots/{id}", delete(delete_snapshot))
+}
+
+fn snapshot_id(raw: &str) -> Result<SnapshotId, Error> {
+    SnapshotId::parse(raw).ok_or_else(|| {
+        Error::BadRequest(format!(
+            "{raw:?} is not a snapshot id (`snap_` and 16 lowercase hex characters)"
+        ))
+    })
 }
 
 fn env_id(raw: &str) -> Result<EnvironmentId, Error> {
@@ -61,8 +75,95 @@ async fn create(
     body: Result<Json<CreateEnvironmentRequest>, axum::extract::rejection::JsonRejection>,
 ) -> Result<Response, Error> {
     let Json(req) = body.map_err(|e| Error::BadRequest(e.body_text()))?;
-    let view = core.envs.create(&scope, &req.profile, q.reuse).await?;
+    let view = match &req.from_snapshot {
+        Some(snapshot) => core
+            .envs
+            .create_from_snapshot(&scope, &req.profile, snapshot)?,
+        None => core.envs.create(&scope, &req.profile, q.reuse).await?,
+    };
     Ok((StatusCode::ACCEPTED, Json(view)).into_response())
+}
+
+/// Snapshots a box prepared by hand. Without a key the snapshot gets one of its own: only
+/// `env create --from-snapshot` starts boxes from it.
+async fn take_snapshot(
+    State(core): Shared,
+    Extension(scope): Extension<Scope>,
+    Path(id): Path<String>,
+    body: Result<Json<TakeSnapshotRequest>, axum::extract::rejection::JsonRejection>,
+) -> Result<Response, Error> {
+    use crate::environments::{Captured, SnapshotKey, snapshot_view};
+    let Json(req) = body.map_err(|e| Error::BadRequest(e.body_text()))?;
+    let id = env_id(&id)?;
+    let key = match &req.key {
+        Some(text) => SnapshotKey::parse(text).ok_or_else(|| {
+            Error::BadRequest(format!(
+                "key {text:?} is not 1 to 128 lowercase hex characters"
+            ))
+        })?,
+        None => SnapshotKey::derive(&[
+            b"manual",
+            id.as_str().as_bytes(),
+            &skiff_store::now_ms().to_le_bytes(),
+        ]),
+    };
+    core.audit(
+        &scope,
+        "snapshot.create",
+        id.as_str(),
+        "allowed",
+        serde_json::json!({ "key_given": req.key.is_some() }),
+    );
+    match core.envs.capture(&scope, &id, &key).await? {
+        Captured::Kept(row) => Ok((StatusCode::CREATED, Json(snapshot_view(&row))).into_response()),
+        Captured::Unsupported(e) => Err(Error::Provider(e)),
+        Captured::OverBudget {
+            size_bytes,
+            budget_bytes,
+        } => Err(Error::BadRequest(format!(
+            "the snapshot of {id} took {size_bytes} bytes, more than its profile's whole snapshot_budget ({budget_bytes} bytes), and was deleted again; raise snapshot_budget to keep it"
+        ))),
+    }
+}
+
+async fn snapshots(
+    State(core): Shared,
+    Extension(scope): Extension<Scope>,
+) -> Result<Response, Error> {
+    Ok(Json(SnapshotList {
+        snapshots: core.envs.snapshot_views(&scope)?,
+    })
+    .into_response())
+}
+
+async fn delete_snapshot(
+    State(core): Shared,
+    Extension(scope): Extension<Scope>,
+    Path(id): Path<String>,
+) -> Result<Response, Error> {
+    let id = snapshot_id(&id)?;
+    match core.envs.delete_snapshot(&scope, &id).await {
+        Ok(deleted) => {
+            core.audit(
+                &scope,
+                "snapshot.delete",
+                id.as_str(),
+                "applied",
+                serde_json::json!({ "size_bytes": deleted.size_bytes }),
+            );
+            Ok(Json(deleted).into_response())
+        }
+        Err(e) => {
+            core.audit(
+                &scope,
+                "snapshot.delete",
+                id.as_str(),
+                "error",
+                serde_json::json!({ "error": e.to_string() }),
+            );
+            Err(e)
+        }
+    }
 }
 
 async fn show(
@@ -155,5 +256,9 @@ async fn sweep(State(core): Shared, Extension(scope): Extension<Scope>) -> Resul
         serde_json::json!({}),
     );
     let swept = core.envs.sweep().await?;
-    Ok(Json(serde_json::json!({ "destroyed": swept })).into_response())
+    let snapshots = core.envs.sweep_snapshots().await?;
+    Ok(
+        Json(serde_json::json!({ "destroyed": swept, "deleted_snapshots": snapshots }))
+            .into_response(),
+    )
 }

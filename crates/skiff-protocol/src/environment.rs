@@ -1,6 +1,6 @@
 //! Environments (leased boxes) as the API shows them.
 
-use crate::ids::{EnvironmentId, SessionId};
+use crate::ids::{EnvironmentId, SessionId, SnapshotId};
 use serde::{Deserialize, Serialize};
 
 /// The environment state machine (DESIGN §4):
@@ -113,6 +113,9 @@ pub struct EnvironmentView {
     #[serde(default)]
     pub error: Option<String>,
     pub accounting: EgressAccounting,
+    /// The snapshot the box's home started from, when it did.
+    #[serde(default)]
+    pub from_snapshot: Option<SnapshotId>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -126,6 +129,90 @@ pub struct EnvironmentList {
 #[serde(deny_unknown_fields)]
 pub struct CreateEnvironmentRequest {
     pub profile: String,
+    /// Start the box's home from this snapshot (of the same profile) instead of empty.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_snapshot: Option<SnapshotId>,
+}
+
+/// Where a snapshot is: being captured, usable, or on its way out. Only `ready` snapshots start
+/// boxes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SnapshotState {
+    Capturing,
+    Ready,
+    Deleting,
+}
+
+impl SnapshotState {
+    pub const ALL: [SnapshotState; 3] = [
+        SnapshotState::Capturing,
+        SnapshotState::Ready,
+        SnapshotState::Deleting,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SnapshotState::Capturing => "capturing",
+            SnapshotState::Ready => "ready",
+            SnapshotState::Deleting => "deleting",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|st| st.as_str() == s)
+    }
+}
+
+impl std::fmt::Display for SnapshotState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A snapshot of a prepared box's home, as `GET /v1/snapshots` shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotView {
+    pub id: SnapshotId,
+    pub profile: String,
+    /// The first 12 hex characters of the key it serves (setup script, profile, bundle, key
+    /// files); the whole key is the gateway's.
+    pub key_prefix: String,
+    pub state: SnapshotState,
+    /// What it takes on the provider's disk (0 until captured).
+    pub size_bytes: u64,
+    /// The environment it was taken from.
+    pub environment_id: EnvironmentId,
+    pub created_at_ms: i64,
+    /// Last time a box started from it (or its creation).
+    pub last_used_at_ms: i64,
+}
+
+/// `GET /v1/snapshots`, most recently used first.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotList {
+    pub snapshots: Vec<SnapshotView>,
+}
+
+/// `DELETE /v1/snapshots/{id}`: what was deleted.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeletedSnapshot {
+    pub id: SnapshotId,
+    /// What it took on the provider's disk.
+    pub size_bytes: u64,
+}
+
+/// `POST /v1/environments/{id}/snapshot`: snapshot a box prepared by hand.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TakeSnapshotRequest {
+    /// The key (lowercase hex) sessions that should start from it will ask for; without one,
+    /// the snapshot gets a key of its own and is used only by `env create --from-snapshot`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
 }
 
 /// A worker profile as clients see it (for choosing where a session runs).

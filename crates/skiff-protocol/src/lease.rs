@@ -1,5 +1,6 @@
 //! The lease-CLI contract (the "Crabbox shape"): what `COMMAND status --id ID --json` and
-//! `COMMAND list --json` print. `skiff box` speaks it for local boxes; the `command` provider
+//! `COMMAND list --json` print, and what the optional snapshot verbs (`snapshot`,
+//! `snapshot-list`) print. `skiff box` speaks it for local boxes; the `command` provider
 //! consumes it from any conforming CLI.
 
 use serde::{Deserialize, Serialize};
@@ -48,6 +49,18 @@ impl LeaseCliStatus {
             proxy_command: None,
         }
     }
+}
+
+/// One snapshot as a lease CLI reports it: what `COMMAND snapshot --id LEASE --snapshot-id
+/// SNAP --json` prints (`{"id","sizeBytes"}`), and each element of `COMMAND snapshot-list
+/// --json`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LeaseCliSnapshot {
+    /// `snap_` followed by 16 lowercase hex characters (the id the gateway asked for).
+    pub id: String,
+    /// What the snapshot takes on the provider's disk.
+    pub size_bytes: u64,
 }
 
 /// Whether `id` is a well-formed lease-CLI id.

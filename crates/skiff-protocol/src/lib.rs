@@ -15,4 +15,4 @@ pub mod sync;
 pub mod transcript;
 pub mod worker;
 
-pub use ids::{AttemptId, EntryId, EnvironmentId, RunId, SessionId};
+pub use ids::{AttemptId, EntryId, EnvironmentId, RunId, SessionId, SnapshotId};

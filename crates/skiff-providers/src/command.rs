@@ -8,16 +8,33 @@
 //! COMMAND list --json                      every lease, as status objects
 //! ```
 //!
+//! Snapshots are optional verbs. A profile says its CLI has them with `snapshots = true`: the
+//! operator knows what they installed, and a declared capability cannot be mistaken for a
+//! probe that failed for another reason. Without it, [`WorkerProvider::snapshots`] is false
+//! and none of these is ever run.
+//!
+//! ```text
+//! COMMAND snapshot --id cbx_… --snapshot-id snap_… --json   capture the box's prepared home
+//!                                                             (idempotent); prints {"id","sizeBytes"}
+//! COMMAND warmup --lease-id cbx_… --from-snapshot snap_… --json
+//!                                                             lease a box whose home starts as the
+//!                                                             snapshot; prints the status
+//! COMMAND snapshot-rm snap_…                                  delete it (an unknown one is not an error)
+//! COMMAND snapshot-list --json                                every snapshot, as {"id","sizeBytes"}
+//! ```
+//!
 //! A command that fails, times out or prints something that does not parse is an error that
 //! carries the command's stderr; nothing half-parsed is returned.
 
 use crate::local::{lease_from_status, lease_status};
 use crate::{
-    Error, Lease, LeaseStatus, ProfileConfig, Result, WorkerProvider, derive_lease_id, io_err,
+    Error, Lease, LeaseStatus, ProfileConfig, Result, SnapshotInfo, WorkerProvider,
+    derive_lease_id, io_err,
 };
 use futures_util::future::BoxFuture;
 use skiff_process::Cmd;
-use skiff_protocol::lease::{LeaseCliStatus, is_lease_cli_id};
+use skiff_protocol::SnapshotId;
+use skiff_protocol::lease::{LeaseCliSnapshot, LeaseCliStatus, is_lease_cli_id};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -27,7 +44,12 @@ pub struct CommandProvider {
     profile: String,
     argv: Vec<String>,
     keys_dir: PathBuf,
+    /// The profile's `snapshots = true`.
+    snapshots: bool,
 }
+
+/// Long enough to copy a home full of toolchains.
+const SNAPSHOT_TIMEOUT: Duration = Duration::from_secs(3600);
 
 fn failed(message: String) -> Error {
     Error::Provider {
@@ -42,7 +64,40 @@ impl CommandProvider {
             profile: name.to_owned(),
             argv: profile.command.clone().unwrap_or_default(),
             keys_dir,
+            snapshots: profile.snapshots.unwrap_or(false),
         })
+    }
+
+    fn snapshot_info(what: &str, snapshot: LeaseCliSnapshot) -> Result<SnapshotInfo> {
+        let id = SnapshotId::parse(&snapshot.id).ok_or_else(|| {
+            failed(format!(
+                "`{what}` answered with {:?}, which is not a snapshot id",
+                snapshot.id
+            ))
+        })?;
+        Ok(SnapshotInfo {
+            id,
+            size_bytes: snapshot.size_bytes,
+        })
+    }
+
+    /// The lease a `warmup` answered with, checked.
+    fn leased(&self, id: &str, out: &str) -> Result<Lease> {
+        let status: LeaseCliStatus = Self::parse("warmup", out)?;
+        if status.id != id || !is_lease_cli_id(&status.id) {
+            return Err(failed(format!(
+                "`warmup --lease-id {id}` answered with lease {:?}",
+                status.id
+            )));
+        }
+        if status.ssh_host.is_empty() || status.ssh_port == 0 || status.ssh_host_key.is_empty() {
+            return Err(failed(format!(
+                "lease {id} has no SSH endpoint or host key yet (state {})",
+                status.state
+            )));
+        }
+        let key = self.identity_file(&status)?;
+        Ok(lease_from_status(status, key))
     }
 
     async fn run(&self, args: &[&str], timeout: Duration) -> Result<String> {
@@ -136,22 +191,7 @@ impl WorkerProvider for CommandProvider {
                     Duration::from_secs(600),
                 )
                 .await?;
-            let status: LeaseCliStatus = Self::parse("warmup", &out)?;
-            if status.id != id || !is_lease_cli_id(&status.id) {
-                return Err(failed(format!(
-                    "`warmup --lease-id {id}` answered with lease {:?}",
-                    status.id
-                )));
-            }
-            if status.ssh_host.is_empty() || status.ssh_port == 0 || status.ssh_host_key.is_empty()
-            {
-                return Err(failed(format!(
-                    "lease {id} has no SSH endpoint or host key yet (state {})",
-                    status.state
-                )));
-            }
-            let key = self.identity_file(&status)?;
-            Ok(lease_from_status(status, key))
+            self.leased(&id, &out)
         })
     }
 
@@ -197,5 +237,96 @@ impl WorkerProvider for CommandProvider {
                 .map(|l| l.id)
                 .collect())
         })
+    }
+
+    fn snapshots(&self) -> bool {
+        self.snapshots
+    }
+
+    fn snapshot<'a>(
+        &'a self,
+        lease_id: &'a str,
+        snapshot_id: &'a SnapshotId,
+    ) -> BoxFuture<'a, Result<SnapshotInfo>> {
+        Box::pin(async move {
+            if !self.snapshots {
+                return Err(self.unsupported_here());
+            }
+            let args = [
+                "snapshot",
+                "--id",
+                lease_id,
+                "--snapshot-id",
+                snapshot_id.as_str(),
+                "--json",
+            ];
+            let out = self.run(&args, SNAPSHOT_TIMEOUT).await?;
+            let info = Self::snapshot_info("snapshot", Self::parse("snapshot", &out)?)?;
+            if &info.id != snapshot_id {
+                return Err(failed(format!(
+                    "`snapshot --snapshot-id {snapshot_id}` answered for snapshot {}",
+                    info.id
+                )));
+            }
+            Ok(info)
+        })
+    }
+
+    fn provision_from_snapshot<'a>(
+        &'a self,
+        op_id: &'a str,
+        snapshot_id: &'a SnapshotId,
+    ) -> BoxFuture<'a, Result<Lease>> {
+        Box::pin(async move {
+            if !self.snapshots {
+                return Err(self.unsupported_here());
+            }
+            let id = self.lease_id_for(op_id);
+            let args = [
+                "warmup",
+                "--lease-id",
+                &id,
+                "--from-snapshot",
+                snapshot_id.as_str(),
+                "--json",
+            ];
+            let out = self.run(&args, SNAPSHOT_TIMEOUT).await?;
+            self.leased(&id, &out)
+        })
+    }
+
+    fn delete_snapshot<'a>(&'a self, snapshot_id: &'a SnapshotId) -> BoxFuture<'a, Result<()>> {
+        Box::pin(async move {
+            if !self.snapshots {
+                return Err(self.unsupported_here());
+            }
+            self.run(&["snapshot-rm", snapshot_id.as_str()], SNAPSHOT_TIMEOUT)
+                .await
+                .map(drop)
+        })
+    }
+
+    fn list_snapshots<'a>(&'a self) -> BoxFuture<'a, Result<Vec<SnapshotInfo>>> {
+        Box::pin(async move {
+            if !self.snapshots {
+                return Err(self.unsupported_here());
+            }
+            let out = self
+                .run(&["snapshot-list", "--json"], Duration::from_secs(60))
+                .await?;
+            let listed: Vec<LeaseCliSnapshot> = Self::parse("snapshot-list", &out)?;
+            listed
+                .into_iter()
+                .map(|s| Self::snapshot_info("snapshot-list", s))
+                .collect()
+        })
+    }
+}
+
+impl CommandProvider {
+    fn unsupported_here(&self) -> Error {
+        Error::SnapshotsUnsupported {
+            provider: "command",
+        }
     }
 }

@@ -102,6 +102,15 @@ pub struct ProfileConfig {
     /// Hosts the box may reach through the gateway's egress proxy (`[profiles.NAME.egress]`).
     #[serde(default)]
     pub egress: EgressConfig,
+    /// command: the lease CLI implements the optional snapshot verbs (`snapshot`, `warmup
+    /// --from-snapshot`, `snapshot-rm`, `snapshot-list`). Default false. (Local boxes always
+    /// take snapshots.)
+    #[serde(default)]
+    pub snapshots: Option<bool>,
+    /// How much disk this profile's snapshots may take together (`"10GiB"`, the default); past
+    /// it the least recently used ones are deleted.
+    #[serde(default)]
+    pub snapshot_budget: Option<String>,
 }
 
 /// `[profiles.NAME.egress]`: allowlists of the gateway's egress proxy, per phase.
@@ -115,6 +124,9 @@ pub struct EgressConfig {
     #[serde(default)]
     pub agent: Vec<String>,
 }
+
+/// The default of `snapshot_budget`.
+pub const DEFAULT_SNAPSHOT_BUDGET: u64 = 10 * GIB;
 
 /// `[profiles.NAME.limits]`: resource limits of a local box's sandbox. Every key is optional;
 /// a missing one takes the default of [`Limits`].
@@ -247,6 +259,21 @@ impl ProfileConfig {
             setup_key_files: Vec::new(),
             egress: EgressConfig::default(),
             share: Vec::new(),
+            snapshots: None,
+            snapshot_budget: None,
+        }
+    }
+
+    /// How many bytes this profile's snapshots may take together; the error names the key.
+    pub fn snapshot_budget(&self, name: &str) -> Result<u64> {
+        match &self.snapshot_budget {
+            None => Ok(DEFAULT_SNAPSHOT_BUDGET),
+            Some(text) => parse_size(text).ok_or_else(|| Error::Config {
+                profile: name.to_owned(),
+                problem: format!(
+                    "`snapshot_budget = {text:?}` is not a size like \"10GiB\", \"512MiB\" or \"0\" (no snapshots kept)"
+                ),
+            }),
         }
     }
 
@@ -345,7 +372,14 @@ impl ProfileConfig {
         has(self.command.is_some(), "command", &[Command])?;
         has(self.limits.is_some(), "limits", &[Local])?;
         has(!self.share.is_empty(), "share", &[Local])?;
+        has(self.snapshots.is_some(), "snapshots", &[Command])?;
+        has(
+            self.snapshot_budget.is_some(),
+            "snapshot_budget",
+            &[Local, Command],
+        )?;
         self.limits(name)?;
+        self.snapshot_budget(name)?;
         match self.provider {
             Ssh => {
                 for (key, present) in [
@@ -487,6 +521,23 @@ mod tests {
         profile.limits = Some(LimitsConfig::default());
         let err = profile.validate("cloud").unwrap_err().to_string();
         assert!(err.contains("`limits` does not apply"), "{err}");
+    }
+
+    #[test]
+    fn the_snapshot_budget_is_ten_gib_unless_a_size_is_given() {
+        let mut profile = ProfileConfig::default_local();
+        assert_eq!(profile.snapshot_budget("local").unwrap(), 10 << 30);
+        profile.snapshot_budget = Some("512MiB".into());
+        assert_eq!(profile.snapshot_budget("local").unwrap(), 512 << 20);
+        profile.snapshot_budget = Some("lots".into());
+        let err = profile.validate("local").unwrap_err().to_string();
+        assert!(err.contains("`snapshot_budget = \"lots\"`"), "{err}");
+
+        // `snapshots = true` declares a lease CLI's verbs; it means nothing elsewhere.
+        let mut profile = ProfileConfig::default_local();
+        profile.snapshots = Some(true);
+        let err = profile.validate("local").unwrap_err().to_string();
+        assert!(err.contains("`snapshots` does not apply"), "{err}");
     }
 
     #[test]

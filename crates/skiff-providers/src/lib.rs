@@ -2,8 +2,16 @@
 //! machine drives; `local` (boxes on this machine, each with its own sshd), `ssh` (a static
 //! host, development only) and `command` (any lease CLI in the Crabbox shape) implement it.
 //!
+//! Snapshots are an optional capability ([`WorkerProvider::snapshots`]): a copy of a prepared
+//! box's home (toolchains a setup script installed) that later boxes start from. What a
+//! snapshot holds is the same for every provider: the box user's home without `workspace/`,
+//! `workspaces/` (sessions' work) and `~/.skiff` (the worker's socket, credentials, logs and
+//! bundle; bootstrap installs the bundle again, checked by its build hash at admission). A
+//! snapshot is complete or absent, never half there.
+//!
 //! Deliberately absent: policy. Providers do not decide when a box is reused, reclaimed or
-//! renewed — the gateway does — and the gateway core names no provider.
+//! renewed, nor which snapshot to keep — the gateway does — and the gateway core names no
+//! provider.
 
 mod command;
 mod config;
@@ -15,6 +23,7 @@ pub use config::{
 };
 
 use futures_util::future::BoxFuture;
+use skiff_protocol::SnapshotId;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -34,6 +43,18 @@ pub enum Error {
         provider: &'static str,
         lease: String,
     },
+    /// The gateway falls back to preparing a fresh box when it sees this.
+    #[error(
+        "snapshot {snapshot} is not held by the {provider} provider (deleted or never completed); start a fresh box and run its setup instead"
+    )]
+    UnknownSnapshot {
+        provider: &'static str,
+        snapshot: SnapshotId,
+    },
+    #[error(
+        "the {provider} provider does not take snapshots here, so boxes of this profile always run their setup (a `command` profile whose lease CLI has the snapshot verbs says `snapshots = true`)"
+    )]
+    SnapshotsUnsupported { provider: &'static str },
     #[error("{provider} provider could not prove that lease {lease} is gone: {evidence}")]
     NoEvidence {
         provider: &'static str,
@@ -96,8 +117,19 @@ pub enum LeaseStatus {
     Failed(String),
 }
 
+/// A snapshot a provider holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SnapshotInfo {
+    pub id: SnapshotId,
+    /// What it takes on the provider's disk.
+    pub size_bytes: u64,
+}
+
 /// A source of boxes. Every method is idempotent; `destroy` returns only once the box is
 /// proven gone.
+///
+/// Snapshot ids are minted by the gateway, one per capture; the snapshot methods default to
+/// "not supported" ([`Error::SnapshotsUnsupported`]).
 pub trait WorkerProvider: Send + Sync {
     /// `local`, `ssh` or `command`.
     fn kind(&self) -> &'static str;
@@ -123,6 +155,57 @@ pub trait WorkerProvider: Send + Sync {
 
     /// Every lease the provider holds, for the orphan sweep.
     fn list<'a>(&'a self) -> BoxFuture<'a, Result<Vec<String>>>;
+
+    /// Whether this provider takes snapshots. When false, every snapshot method fails with
+    /// [`Error::SnapshotsUnsupported`].
+    fn snapshots(&self) -> bool {
+        false
+    }
+
+    /// Captures the prepared home of box `lease_id` as `snapshot_id` (see the crate docs for
+    /// what is left out). Idempotent: a complete snapshot of that id from that lease is
+    /// returned as it is. A capture that fails leaves nothing that looks like a snapshot.
+    fn snapshot<'a>(
+        &'a self,
+        lease_id: &'a str,
+        snapshot_id: &'a SnapshotId,
+    ) -> BoxFuture<'a, Result<SnapshotInfo>> {
+        let _ = (lease_id, snapshot_id);
+        let err = unsupported(self.kind());
+        Box::pin(async move { Err(err) })
+    }
+
+    /// Leases a box for `op_id` (the same lease id as [`WorkerProvider::provision`]) whose
+    /// home starts as a copy of `snapshot_id`, owned by the new box's user; when that lease
+    /// already exists, returns it. A snapshot the provider does not hold is
+    /// [`Error::UnknownSnapshot`], with nothing leased.
+    fn provision_from_snapshot<'a>(
+        &'a self,
+        op_id: &'a str,
+        snapshot_id: &'a SnapshotId,
+    ) -> BoxFuture<'a, Result<Lease>> {
+        let _ = (op_id, snapshot_id);
+        let err = unsupported(self.kind());
+        Box::pin(async move { Err(err) })
+    }
+
+    /// Removes a snapshot; one that does not exist is already removed.
+    fn delete_snapshot<'a>(&'a self, snapshot_id: &'a SnapshotId) -> BoxFuture<'a, Result<()>> {
+        let _ = snapshot_id;
+        let err = unsupported(self.kind());
+        Box::pin(async move { Err(err) })
+    }
+
+    /// Every complete snapshot the provider holds, for the gateway's sweep.
+    fn list_snapshots<'a>(&'a self) -> BoxFuture<'a, Result<Vec<SnapshotInfo>>> {
+        let err = unsupported(self.kind());
+        Box::pin(async move { Err(err) })
+    }
+}
+
+/// The error of the snapshot methods' defaults.
+fn unsupported(provider: &'static str) -> Error {
+    Error::SnapshotsUnsupported { provider }
 }
 
 /// What providers may need from the gateway's host.

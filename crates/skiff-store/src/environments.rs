@@ -4,8 +4,8 @@
 use crate::transition::environment_allowed;
 use crate::{Error, Result, Scope, Store, id_col, now_ms};
 use rusqlite::{OptionalExtension, Row, TransactionBehavior, params};
-use skiff_protocol::EnvironmentId;
 use skiff_protocol::environment::{EgressAccounting, EnvironmentState};
+use skiff_protocol::{EnvironmentId, SnapshotId};
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct EnvironmentRow {
@@ -25,11 +25,14 @@ pub struct EnvironmentRow {
     pub last_used_at_ms: i64,
     pub expires_at_ms: Option<i64>,
     pub accounting: EgressAccounting,
+    /// The snapshot the box's home starts from (provisioning asks the provider for that).
+    pub snapshot_id: Option<SnapshotId>,
 }
 
 const COLUMNS: &str = "id, owner_id, tenant_id, profile, provider, state, op_id, lease_id, lease, \
     bundle_hash, error, created_at_ms, updated_at_ms, last_used_at_ms, expires_at_ms, \
-    model_requests, input_tokens, output_tokens, bytes_in, bytes_out, gateway_tool_calls";
+    model_requests, input_tokens, output_tokens, bytes_in, bytes_out, gateway_tool_calls, \
+    snapshot_id";
 
 fn from_row(row: &Row<'_>) -> rusqlite::Result<EnvironmentRow> {
     let state: String = row.get(5)?;
@@ -62,6 +65,10 @@ fn from_row(row: &Row<'_>) -> rusqlite::Result<EnvironmentRow> {
             bytes_out: row.get(19)?,
             gateway_tool_calls: row.get(20)?,
         },
+        snapshot_id: match row.get::<_, Option<String>>(21)? {
+            None => None,
+            Some(_) => Some(id_col(row, 21, SnapshotId::parse)?),
+        },
     })
 }
 
@@ -75,11 +82,35 @@ impl Store {
         provider: &str,
         op_id: &str,
     ) -> Result<EnvironmentRow> {
+        self.create_environment_from(scope, id, profile, provider, op_id, None)
+    }
+
+    /// [`Store::create_environment`], for a box whose home starts from `snapshot` (recorded
+    /// in the same row, so a restarted gateway provisions the same kind of box).
+    pub fn create_environment_from(
+        &self,
+        scope: &Scope,
+        id: &EnvironmentId,
+        profile: &str,
+        provider: &str,
+        op_id: &str,
+        snapshot: Option<&SnapshotId>,
+    ) -> Result<EnvironmentRow> {
         let now = now_ms();
         self.conn().execute(
             "INSERT INTO environments (id, owner_id, tenant_id, profile, provider, state, op_id, \
-             created_at_ms, updated_at_ms, last_used_at_ms) VALUES (?1, ?2, ?3, ?4, ?5, 'requested', ?6, ?7, ?7, ?7)",
-            params![id.as_str(), scope.owner_id, scope.tenant_id, profile, provider, op_id, now],
+             created_at_ms, updated_at_ms, last_used_at_ms, snapshot_id) \
+             VALUES (?1, ?2, ?3, ?4, ?5, 'requested', ?6, ?7, ?7, ?7, ?8)",
+            params![
+                id.as_str(),
+                scope.owner_id,
+                scope.tenant_id,
+                profile,
+                provider,
+                op_id,
+                now,
+                snapshot.map(SnapshotId::as_str)
+            ],
         )?;
         self.environment(scope, id)
     }

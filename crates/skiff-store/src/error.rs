@@ -36,6 +36,12 @@ pub enum Error {
         from: skiff_protocol::environment::EnvironmentState,
         to: skiff_protocol::environment::EnvironmentState,
     },
+    #[error("snapshot {snapshot} cannot move from {from} to {to}")]
+    IllegalSnapshotTransition {
+        snapshot: String,
+        from: skiff_protocol::environment::SnapshotState,
+        to: skiff_protocol::environment::SnapshotState,
+    },
     #[error("session {session}'s placement cannot move from {from} to {to}")]
     IllegalPlacementTransition {
         session: String,

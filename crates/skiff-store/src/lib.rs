@@ -1,5 +1,6 @@
 //! SQLite persistence for the gateway: sessions, the transcript tree, runs and their state
-//! machine, attempts, the per-session event log, tokens and audit rows.
+//! machine, attempts, the per-session event log, environments, snapshots, tokens and audit
+//! rows.
 //!
 //! This is the only crate that speaks SQL. Every row carries `owner_id` and `tenant_id`, and
 //! every query filters by the caller's [`Scope`]: a caller asking for someone else's row gets
@@ -18,6 +19,7 @@ mod migrations;
 mod placements;
 mod runs;
 mod sessions;
+mod snapshots;
 mod tokens;
 mod transcript;
 pub mod transition;
@@ -29,6 +31,7 @@ pub use ids::mint;
 pub use placements::{CachedOp, PlacementChange, PlacementRow};
 pub use runs::{AttemptStatus, RunRow};
 pub use sessions::{NewSession, SessionRow};
+pub use snapshots::{NewSnapshot, SnapshotRow};
 pub use tokens::AuditRow;
 
 use rusqlite::Connection;

@@ -214,6 +214,30 @@ CREATE TABLE ui_revoked_cookies (
 -- What the rules left behind when the workspace was laid onto the box (for people to read).
 ALTER TABLE placements ADD COLUMN left_out TEXT;
 "#,
+    r#"
+-- Snapshots of prepared boxes (the copy lives with the provider). The row is written
+-- (`capturing`) before the provider is called, so a capture a crash interrupted is found and
+-- removed; only `ready` rows start boxes.
+CREATE TABLE snapshots (
+    id              TEXT PRIMARY KEY,
+    owner_id        TEXT NOT NULL,
+    tenant_id       TEXT NOT NULL,
+    profile         TEXT NOT NULL,
+    key             TEXT NOT NULL,    -- hex: setup script, profile, bundle hash, key files
+    environment_id  TEXT NOT NULL,    -- the environment it was taken from
+    lease_id        TEXT NOT NULL,    -- the provider's lease it was taken from
+    size_bytes      INTEGER NOT NULL DEFAULT 0,
+    state           TEXT NOT NULL,    -- capturing | ready | deleting
+    created_at_ms   INTEGER NOT NULL,
+    last_used_at_ms INTEGER NOT NULL
+);
+CREATE INDEX snapshots_by_key ON snapshots(owner_id, tenant_id, profile, key, state);
+CREATE INDEX snapshots_by_profile ON snapshots(profile, state, last_used_at_ms);
+
+-- The snapshot a box's home started from: a restarted gateway adopting a provision in flight
+-- must ask for the same kind of box.
+ALTER TABLE environments ADD COLUMN snapshot_id TEXT;
+"#,
 ];
 
 pub(crate) fn migrate(conn: &mut Connection) -> Result<()> {

@@ -2,7 +2,7 @@
 //! inside the transaction that persists the change.
 
 use skiff_protocol::api::RunStatus;
-use skiff_protocol::environment::{EnvironmentState, PlacementState};
+use skiff_protocol::environment::{EnvironmentState, PlacementState, SnapshotState};
 
 /// Whether a run may move from `from` to `to`.
 pub fn run_allowed(from: RunStatus, to: RunStatus) -> bool {
@@ -45,6 +45,17 @@ pub fn environment_allowed(from: EnvironmentState, to: EnvironmentState) -> bool
         Draining => matches!(to, Destroying | Failed | Orphaned),
         Destroying => matches!(to, Destroying | Destroyed | Failed),
         Failed | Orphaned => matches!(to, Destroying),
+    }
+}
+
+/// Whether a snapshot may move from `from` to `to`. A `deleting` row goes away once the
+/// provider has deleted the snapshot; it never becomes ready again (`deleting → deleting`
+/// records a retry).
+pub fn snapshot_allowed(from: SnapshotState, to: SnapshotState) -> bool {
+    use SnapshotState::*;
+    match from {
+        Capturing => matches!(to, Ready | Deleting),
+        Ready | Deleting => matches!(to, Deleting),
     }
 }
 

@@ -18,6 +18,7 @@ mod leftovers;
 mod results;
 mod session;
 mod setup;
+mod snapshots;
 mod sync;
 mod ui;
 mod worker;

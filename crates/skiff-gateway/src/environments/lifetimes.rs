@@ -63,7 +63,7 @@ impl Environments {
     }
 
     /// At gateway start: finish or fail what a previous process left in flight, and check that
-    /// every box believed alive still is. Then sweep orphans.
+    /// every box believed alive still is. Then sweep orphans; the same for snapshots.
     pub(crate) async fn reconcile_on_start(&self) -> Result<()> {
         for row in self.store.live_environments()? {
             let result = match row.state {
@@ -90,6 +90,11 @@ impl Environments {
         let swept = self.sweep().await?;
         if !swept.is_empty() {
             tracing::warn!(?swept, "destroyed orphaned leases");
+        }
+        self.reconcile_snapshots_on_start().await?;
+        let swept = self.sweep_snapshots().await?;
+        if !swept.is_empty() {
+            tracing::warn!(?swept, "deleted orphaned snapshots");
         }
         Ok(())
     }

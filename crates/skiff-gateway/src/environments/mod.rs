@@ -11,13 +11,14 @@
 mod attach;
 mod bootstrap;
 mod lifetimes;
+mod snapshots;
 mod teardown;
 
 use crate::bundle::Bundle;
 use crate::error::{Error, Result};
 use serde_json::json;
-use skiff_protocol::EnvironmentId;
 use skiff_protocol::environment::{EnvironmentState, EnvironmentView, ProfileView};
+use skiff_protocol::{EnvironmentId, SnapshotId};
 use skiff_providers::{Context, Lease, LeaseStatus, ProfileConfig, WorkerProvider};
 use skiff_ssh::{Ssh, Target};
 use skiff_store::now_ms;
@@ -29,6 +30,7 @@ use std::time::Instant;
 use tokio::sync::OnceCell;
 
 pub(crate) use bootstrap::BundleInstall;
+pub(crate) use snapshots::{Captured, SnapshotKey, snapshot_view};
 
 struct Profile {
     config: ProfileConfig,
@@ -177,6 +179,7 @@ impl Environments {
             tunnel: "none".into(),
             error: row.error.clone(),
             accounting: row.accounting,
+            from_snapshot: row.snapshot_id.clone(),
         }
     }
 
@@ -226,26 +229,38 @@ impl Environments {
         profile_name: &str,
         reuse: bool,
     ) -> Result<EnvironmentView> {
-        let profile = self.profile(profile_name)?;
         if reuse && let Some(view) = self.reuse(scope, profile_name).await? {
             return Ok(view);
         }
+        self.create_from(scope, profile_name, None)
+    }
+
+    /// Records a new environment (its box's home from `snapshot` when given) and starts
+    /// bringing it up in the background.
+    fn create_from(
+        self: &Arc<Self>,
+        scope: &Scope,
+        profile_name: &str,
+        snapshot: Option<&SnapshotId>,
+    ) -> Result<EnvironmentView> {
+        let profile = self.profile(profile_name)?;
         let id = EnvironmentId::from_suffix(&skiff_store::mint()?);
         // INVARIANT: the operation id is persisted before the provider hears of it.
         let op_id = format!("op_{}", &id.as_str()[4..]);
-        let row = self.store.create_environment(
+        let row = self.store.create_environment_from(
             scope,
             &id,
             profile_name,
             profile.provider.kind(),
             &op_id,
+            snapshot,
         )?;
         self.audit(
             scope,
             "environment.create",
             &id,
             "allowed",
-            json!({ "profile": profile_name, "op_id": op_id }),
+            json!({ "profile": profile_name, "op_id": op_id, "from_snapshot": snapshot }),
         );
         let view = self.view(&row);
         let this = self.clone();
@@ -296,10 +311,15 @@ impl Environments {
         }
         if row.state == EnvironmentState::Provisioning {
             let started = Instant::now();
-            let lease = provider.provision(&row.op_id).await;
+            // The same call on every attempt (a restart adopts the lease it asked for).
+            let lease = match &row.snapshot_id {
+                Some(snapshot) => provider.provision_from_snapshot(&row.op_id, snapshot).await,
+                None => provider.provision(&row.op_id).await,
+            };
             self.audit(&scope, "provider.provision", &id, if lease.is_ok() { "ok" } else { "error" }, json!({
                 "provider": provider.kind(), "op_id": row.op_id, "duration_ms": started.elapsed().as_millis() as u64,
                 "lease_id": lease.as_ref().ok().map(|l| l.lease_id.clone()),
+                "from_snapshot": row.snapshot_id,
             }));
             let lease = match lease {
                 Ok(lease) => lease,

@@ -14,12 +14,15 @@
 //!   rootfs/                   where the sandbox mounts the box's root (empty on the host)
 //!   box.pid                   the sandbox init's pid (unsandboxed: sshd's)
 //!   sandbox.log, sshd.log
+//! <root>/snapshots/           prepared homes boxes can start from (see [`super::snapshots`]);
+//!                             never a box, never listed as one
 //! ```
 
 use super::{netns, procs, sandbox, sshd, user};
 use crate::config::{Isolation, Limits};
 use crate::{Error, Result, io_err, now_ms};
 use serde::{Deserialize, Serialize};
+use skiff_protocol::SnapshotId;
 use skiff_protocol::lease::LeaseCliStatus;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -34,11 +37,11 @@ pub(super) struct BoxRecord {
     port: u16,
     pub(super) user: String,
     /// Whether `user` was created for this box (and is removed with it).
-    own_user: bool,
+    pub(super) own_user: bool,
     pub(super) netns: Option<String>,
     /// Whether the box runs in a sandbox (`box.pid` is then the sandbox init's).
     #[serde(default)]
-    sandboxed: bool,
+    pub(super) sandboxed: bool,
     /// What the sandbox lets the box use.
     #[serde(default)]
     pub(super) limits: Limits,
@@ -49,6 +52,9 @@ pub(super) struct BoxRecord {
     expires_at_ms: i64,
     /// `starting` until sshd runs, then `running`.
     state: String,
+    /// The snapshot the home was copied from, if any.
+    #[serde(default)]
+    from_snapshot: Option<SnapshotId>,
 }
 
 /// The record of the box in `dir`, if it has a readable one.
@@ -60,14 +66,14 @@ pub(super) fn read_record_at(dir: &Path) -> Option<BoxRecord> {
 /// The local boxes under one root directory.
 #[derive(Clone, Debug)]
 pub struct Boxes {
-    root: PathBuf,
+    pub(super) root: PathBuf,
     skiff_exe: PathBuf,
     limits: Limits,
     shares: Vec<PathBuf>,
     sandbox: bool,
 }
 
-fn provider_err(message: String) -> Error {
+pub(super) fn provider_err(message: String) -> Error {
     Error::Provider {
         provider: "local",
         message,
@@ -111,11 +117,11 @@ impl Boxes {
         &self.root
     }
 
-    fn dir(&self, id: &str) -> PathBuf {
+    pub(super) fn dir(&self, id: &str) -> PathBuf {
         self.root.join(id)
     }
 
-    fn read_record(&self, id: &str) -> Option<BoxRecord> {
+    pub(super) fn read_record(&self, id: &str) -> Option<BoxRecord> {
         read_record_at(&self.dir(id))
     }
 
@@ -161,11 +167,48 @@ impl Boxes {
         isolation: Isolation,
         ttl: Duration,
     ) -> Result<LeaseCliStatus> {
+        self.create_inner(id, isolation, ttl, None).await
+    }
+
+    /// Like [`Boxes::create`], with the home a copy of snapshot `from` (owned by the new box's
+    /// user). A snapshot that is not here is [`Error::UnknownSnapshot`], with nothing made.
+    pub async fn create_from_snapshot(
+        &self,
+        id: &str,
+        from: &SnapshotId,
+        isolation: Isolation,
+        ttl: Duration,
+    ) -> Result<LeaseCliStatus> {
+        self.create_inner(id, isolation, ttl, Some(from)).await
+    }
+
+    async fn create_inner(
+        &self,
+        id: &str,
+        isolation: Isolation,
+        ttl: Duration,
+        from: Option<&SnapshotId>,
+    ) -> Result<LeaseCliStatus> {
         if let Some(record) = self.read_record(id) {
             if record.state == "running" && self.sshd_alive(id) {
+                if from.is_some() && record.from_snapshot.as_ref() != from {
+                    // The caller would believe the home is prepared when it is not.
+                    return Err(provider_err(format!(
+                        "box {id} already runs with a home from {}, not from snapshot {}; use another lease id",
+                        record
+                            .from_snapshot
+                            .as_ref()
+                            .map_or_else(|| "no snapshot".to_owned(), |s| format!("snapshot {s}")),
+                        from.map(SnapshotId::as_str).unwrap_or_default(),
+                    )));
+                }
                 return self.status_of(&record);
             }
             self.destroy(id).await?;
+        }
+        if let Some(snapshot) = from {
+            // Before anything of the box exists: a missing snapshot leases nothing.
+            self.snapshot_home(snapshot)?;
         }
         let root_user = rustix::process::geteuid().is_root();
         let sandboxed = root_user && self.sandbox;
@@ -203,11 +246,22 @@ impl Boxes {
             created_at_ms: now,
             expires_at_ms: now + i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX / 2),
             state: "starting".into(),
+            from_snapshot: from.cloned(),
         };
         self.write_record(&record)?;
 
-        if own_user {
+        let owner = if own_user {
             let uid = user::create(&user, &home).await?;
+            Some((uid, user::gid(&user).await?))
+        } else {
+            None
+        };
+        if let Some(snapshot) = from {
+            // Before the box's sshd starts: no process of the new user exists yet to race
+            // the copy.
+            self.restore_home(snapshot, &home, owner).await?;
+        }
+        if let Some((uid, _)) = owner {
             for d in [&home, &home.join("workspace")] {
                 std::os::unix::fs::chown(d, Some(uid), None).map_err(io_err(d))?;
             }
@@ -272,7 +326,7 @@ impl Boxes {
 
     /// The box's process (its sandbox init, or sshd when unsandboxed), if the recorded pid is
     /// alive and really is that process of this box.
-    fn box_pid(&self, id: &str) -> Option<i32> {
+    pub(super) fn box_pid(&self, id: &str) -> Option<i32> {
         let dir = self.dir(id);
         let marker = match self.read_record(id) {
             Some(record) if record.sandboxed => sandbox::init_marker(&dir),
@@ -376,6 +430,9 @@ impl Boxes {
             .filter_map(std::result::Result::ok)
             .filter(|e| e.path().is_dir())
             .filter_map(|e| e.file_name().to_str().map(str::to_owned))
+            // INVARIANT: the snapshot store is never a box: the orphan sweep destroys what
+            // this lists.
+            .filter(|name| name != super::snapshots::DIR)
             .collect();
         ids.sort();
         Ok(ids)
@@ -385,6 +442,12 @@ impl Boxes {
     /// sshd) and everything it started, removes its namespace, user, cgroup and directory, then
     /// checks each is gone. Idempotent.
     pub async fn destroy(&self, id: &str) -> Result<()> {
+        if id == super::snapshots::DIR {
+            return Err(provider_err(format!(
+                "{} holds snapshots, not a box; delete snapshots one by one",
+                self.dir(id).display()
+            )));
+        }
         let dir = self.dir(id);
         let record = self.read_record(id);
         let user = record

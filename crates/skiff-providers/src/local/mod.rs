@@ -1,19 +1,22 @@
-//! The `local` provider: boxes on this machine (see [`Boxes`]). The same boxes are exposed
-//! through the lease-CLI contract by `skiff box`, which the `command` provider consumes.
+//! The `local` provider: boxes on this machine (see [`Boxes`]) and snapshots of their homes
+//! (see `snapshots.rs`). The same boxes are exposed through the lease-CLI contract by
+//! `skiff box`, which the `command` provider consumes.
 
 mod boxes;
 mod netns;
 mod procs;
 mod rootfs;
 pub mod sandbox;
+mod snapshots;
 mod sshd;
 mod user;
 
 pub use boxes::Boxes;
 
 use crate::config::Isolation;
-use crate::{Lease, LeaseStatus, Result, WorkerProvider, derive_lease_id};
+use crate::{Lease, LeaseStatus, Result, SnapshotInfo, WorkerProvider, derive_lease_id};
 use futures_util::future::BoxFuture;
+use skiff_protocol::SnapshotId;
 use skiff_protocol::lease::LeaseCliStatus;
 use std::time::Duration;
 
@@ -100,5 +103,41 @@ impl WorkerProvider for LocalProvider {
 
     fn list<'a>(&'a self) -> BoxFuture<'a, Result<Vec<String>>> {
         Box::pin(async move { self.boxes.list() })
+    }
+
+    fn snapshots(&self) -> bool {
+        true
+    }
+
+    fn snapshot<'a>(
+        &'a self,
+        lease_id: &'a str,
+        snapshot_id: &'a SnapshotId,
+    ) -> BoxFuture<'a, Result<SnapshotInfo>> {
+        Box::pin(async move { self.boxes.snapshot(lease_id, snapshot_id).await })
+    }
+
+    fn provision_from_snapshot<'a>(
+        &'a self,
+        op_id: &'a str,
+        snapshot_id: &'a SnapshotId,
+    ) -> BoxFuture<'a, Result<Lease>> {
+        Box::pin(async move {
+            let id = self.lease_id_for(op_id);
+            let status = self
+                .boxes
+                .create_from_snapshot(&id, snapshot_id, self.isolation, self.ttl)
+                .await?;
+            let key = status.ssh_key.clone().into();
+            Ok(lease_from_status(status, key))
+        })
+    }
+
+    fn delete_snapshot<'a>(&'a self, snapshot_id: &'a SnapshotId) -> BoxFuture<'a, Result<()>> {
+        Box::pin(async move { self.boxes.delete_snapshot(snapshot_id).await })
+    }
+
+    fn list_snapshots<'a>(&'a self) -> BoxFuture<'a, Result<Vec<SnapshotInfo>>> {
+        Box::pin(async move { self.boxes.list_snapshots() })
     }
 }

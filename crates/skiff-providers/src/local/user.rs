@@ -24,6 +24,18 @@ pub(crate) async fn uid(user: &str) -> Result<Option<u32>> {
         .flatten())
 }
 
+/// The primary group id of `user` (what files it creates belong to).
+pub(crate) async fn gid(user: &str) -> Result<u32> {
+    let out = Cmd::new("id")
+        .args(["-g", user])
+        .run_checked(&CancellationToken::new())
+        .await?;
+    out.trim().parse().map_err(|_| crate::Error::Provider {
+        provider: "local",
+        message: format!("`id -g {user}` printed {:?}, not a group id", out.trim()),
+    })
+}
+
 /// Creates the user with `home` as its home, unless it exists. Returns its uid.
 pub(crate) async fn create(user: &str, home: &Path) -> Result<u32> {
     if let Some(uid) = uid(user).await? {

@@ -13,7 +13,7 @@ use skiff_protocol::event::EventKind;
 use skiff_protocol::transcript::EntryBody;
 use skiff_store::{AttemptStatus, Error, NewSession, Scope, Store};
 
-fn alice() -> Scope {
+pub(crate) fn alice() -> Scope {
     Scope::new("usr_alice", "ten_a")
 }
 
@@ -252,3 +252,5 @@ fn events_get_monotonic_cursors_per_session() {
             .is_empty()
     );
 }
+
+mod snapshots;
