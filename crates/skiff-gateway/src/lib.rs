@@ -11,6 +11,7 @@ mod backend;
 pub mod bundle;
 mod checkpoints;
 pub mod config;
+mod egress;
 mod env_api;
 mod environments;
 mod error;
