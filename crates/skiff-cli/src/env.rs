@@ -501,6 +501,29 @@ fn print_env(env: &EnvironmentView, json: bool) -> Result<()> {
         a.bytes_out,
         a.gateway_tool_calls
     )?;
+    if !env.egress_hosts.is_empty() {
+        outln!("network      through the egress proxy:")?;
+        outln!(
+            "  {:<6}  {:<32}  {:>5}  {:>10}  {:>10}  {:>7}",
+            "PHASE",
+            "HOST",
+            "CONNS",
+            "SENT",
+            "RECEIVED",
+            "REFUSED"
+        )?;
+        for h in &env.egress_hosts {
+            outln!(
+                "  {:<6}  {:<32}  {:>5}  {:>10}  {:>10}  {:>7}",
+                h.phase,
+                h.host,
+                h.connections,
+                crate::render::bytes(h.bytes_out),
+                crate::render::bytes(h.bytes_in),
+                h.refused
+            )?;
+        }
+    }
     if let Some(error) = &env.error {
         outln!("error        {error}")?;
     }

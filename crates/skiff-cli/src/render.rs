@@ -593,6 +593,21 @@ fn plural(n: usize, one: &str, many: &str) -> String {
     }
 }
 
+/// `532 B`, `14.2 KiB`, `3.1 MiB`, `1.0 GiB`.
+pub fn bytes(n: u64) -> String {
+    const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
+    if n < 1024 {
+        return format!("{n} B");
+    }
+    let mut value = n as f64 / 1024.0;
+    let mut unit = 0;
+    while value >= 1024.0 && unit < UNITS.len() - 1 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{value:.1} {}", UNITS[unit])
+}
+
 pub fn format_duration(ms: u64) -> String {
     if ms < 1000 {
         format!("{ms} ms")

@@ -27,6 +27,21 @@ function stacked(a, aLabel, b, bLabel) {
     h('span', { class: 'line' }, b, h('span', { class: 'muted' }, ` ${bLabel}`))];
 }
 
+/** The egress proxy's per-host counters: a summary that opens into a table. */
+function egressCell(hosts) {
+  if (hosts.length === 0) return '—';
+  const refused = hosts.reduce((n, x) => n + x.refused, 0);
+  const names = new Set(hosts.map((x) => x.host)).size;
+  return h('details', { class: 'egress' },
+    h('summary', {}, `${names} host${names === 1 ? '' : 's'}`, refused ? h('span', { class: 'tag warn' }, `${fmtInt(refused)} refused`) : null),
+    h('table', { class: 'egress-hosts' },
+      h('thead', {}, h('tr', {}, ['Phase', 'Host', 'Conns', 'Sent', 'Received', 'Refused'].map((c) => h('th', { scope: 'col' }, c)))),
+      h('tbody', {}, hosts.map((x) => h('tr', {},
+        h('td', {}, x.phase), h('td', { class: 'mono' }, x.host), h('td', { class: 'num' }, fmtInt(x.connections)),
+        h('td', { class: 'num' }, fmtBytes(x.bytes_out)), h('td', { class: 'num' }, fmtBytes(x.bytes_in)),
+        h('td', { class: 'num' }, fmtInt(x.refused)))))));
+}
+
 const TUNNEL = { none: 'no tunnel', up: 'tunnel up', reconnecting: 'tunnel reconnecting…', down: 'tunnel down' };
 
 const STATE_CLASS = {
@@ -74,7 +89,7 @@ export class EnvironmentsView {
       return;
     }
     const now = Date.now();
-    const head = ['Environment', 'State', 'Lease · SSH', 'Age · idle', 'Sessions', 'Calls', 'Tokens', 'Bytes', ''];
+    const head = ['Environment', 'State', 'Lease · SSH', 'Age · idle', 'Sessions', 'Calls', 'Tokens', 'Bytes', 'Network', ''];
     const numeric = new Set(['Calls', 'Tokens', 'Bytes']);
     const titles = {
       Environment: 'Environment id, then its provider and profile',
@@ -83,6 +98,7 @@ export class EnvironmentsView {
       Calls: 'Model requests, then gateway-tool calls, through the gateway',
       Tokens: 'Model tokens in and out',
       Bytes: 'Bytes in and out through the gateway',
+      Network: 'Hosts the box reached through the egress proxy, per phase (setup, agent)',
     };
     const rows = envs.map((env) => {
       const a = env.accounting || {};
@@ -108,6 +124,7 @@ export class EnvironmentsView {
         ['Calls', stacked(fmtInt(a.model_requests), 'model', fmtInt(a.gateway_tool_calls), 'gw tool')],
         ['Tokens', stacked(fmtInt(a.input_tokens), 'in', fmtInt(a.output_tokens), 'out')],
         ['Bytes', stacked(fmtBytes(a.bytes_in), 'in', fmtBytes(a.bytes_out), 'out')],
+        ['Network', egressCell(env.egress_hosts || [])],
         ['', destroyable ? h('button', { type: 'button', class: 'danger small', 'aria-label': `Destroy ${env.id}…`, onclick: () => this.confirmDestroy(env) }, 'Destroy') : null],
       ];
       // A cell of several lines is one block, so the phone layout keeps them together.

@@ -116,6 +116,24 @@ pub struct EnvironmentView {
     /// The snapshot the box's home started from, when it did.
     #[serde(default)]
     pub from_snapshot: Option<SnapshotId>,
+    /// What the box reached through the gateway's egress proxy, per phase and host.
+    #[serde(default)]
+    pub egress_hosts: Vec<EgressHost>,
+}
+
+/// One host's traffic through the egress proxy in one phase (`setup` or `agent`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EgressHost {
+    pub phase: String,
+    pub host: String,
+    pub connections: u64,
+    /// Bytes sent to the host.
+    pub bytes_out: u64,
+    /// Bytes received from it.
+    pub bytes_in: u64,
+    /// Requests the proxy refused (each answered with a 403 naming the key to change).
+    pub refused: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -293,29 +293,20 @@ impl Ssh {
         self.run_with(cmd, "(forward)", cancel).await.map(|_| ())
     }
 
-    /// Forwards a TCP port on the box's loopback to `local_socket` on this host over the
-    /// control master; the box picks the port, which is returned. Connections made to it on
-    /// the box arrive here. Removed with [`Ssh::cancel_port_forward`] (or with the master).
+    /// Forwards `port` on the box's loopback to `local_socket` on this host over the control
+    /// master: connections made to it on the box arrive here. Removed with
+    /// [`Ssh::cancel_port_forward`] (or with the master).
     pub async fn forward_port(
         &self,
+        port: u16,
         local_socket: &Path,
         cancel: &CancellationToken,
-    ) -> Result<u16> {
+    ) -> Result<()> {
         self.ensure_master(Channel::Control, cancel).await?;
-        let spec = format!("127.0.0.1:0:{}", local_socket.display());
-        let out = self
-            .run_with(self.mux_forward("forward", &spec), "(forward)", cancel)
-            .await?;
-        // `ssh -O forward` prints the port the box allocated for a `0` listen port.
-        out.trim().parse().map_err(|_| Error::Remote {
-            alias: self.target.alias.clone(),
-            command: "(forward)".into(),
-            code: 0,
-            stderr: format!(
-                "the box allocated no port for the forward: {:?}",
-                out.trim()
-            ),
-        })
+        let spec = format!("127.0.0.1:{port}:{}", local_socket.display());
+        self.run_with(self.mux_forward("forward", &spec), "(forward)", cancel)
+            .await
+            .map(|_| ())
     }
 
     /// Removes a forward made by [`Ssh::forward_port`].
@@ -336,6 +327,7 @@ impl Ssh {
     }
 
     fn mux_forward(&self, verb: &str, spec: &str) -> Cmd {
+        // `ClearAllForwardings=yes` (every other connection) would drop this very request.
         let options = self.options(Channel::Control).into_iter().map(|o| {
             if o == "ClearAllForwardings=yes" {
                 OsString::from("ClearAllForwardings=no")

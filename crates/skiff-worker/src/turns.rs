@@ -93,7 +93,7 @@ impl Turns {
         workspace: PathBuf,
         cancel: &CancellationToken,
     ) -> TurnEnd {
-        let tools = match Tools::new(workspace.clone(), Vec::new()) {
+        let tools = match Tools::new(workspace.clone(), egress_env()) {
             Ok(tools) => tools,
             Err(e) => {
                 return TurnEnd::Failed {
@@ -221,4 +221,21 @@ pub(crate) async fn rotate_credentials(link: Arc<Link>) {
             other => tracing::warn!(?other, "credential rotation was refused"),
         }
     }
+}
+
+/// The variables that point `exec` at the gateway's egress proxy, when the gateway launched
+/// this worker with them (a profile with `egress.agent`); nothing else of the worker's
+/// environment reaches a tool.
+fn egress_env() -> Vec<(String, String)> {
+    const KEYS: [&str; 6] = [
+        "HTTP_PROXY",
+        "HTTPS_PROXY",
+        "NO_PROXY",
+        "http_proxy",
+        "https_proxy",
+        "no_proxy",
+    ];
+    KEYS.iter()
+        .filter_map(|k| std::env::var(k).ok().map(|v| ((*k).to_owned(), v)))
+        .collect()
 }

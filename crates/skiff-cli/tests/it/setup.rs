@@ -297,3 +297,118 @@ fn a_share_that_others_may_write_or_that_holds_gateway_state_is_refused() {
     assert_ne!(code, Some(0), "{first}");
     assert!(err.contains("which boxes must never see"), "{err}");
 }
+
+/// Placement details of a `--json` run, in order.
+fn placement_details(events: &[Value]) -> Vec<String> {
+    events
+        .iter()
+        .filter(|e| e["type"] == "placement")
+        .map(|e| {
+            format!(
+                "{} {}",
+                e["state"].as_str().unwrap(),
+                e["detail"].as_str().unwrap()
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn a_session_with_the_same_setup_starts_from_the_prepared_box_and_a_key_file_change_sets_up_again()
+{
+    let count = r#"{"command":"cat $HOME/setup-runs | wc -l; cat $HOME/maintain-runs 2>/dev/null | wc -l"}"#;
+    let rig = Rig::start(
+        vec![
+            tool_reply("call_1", "exec", count),
+            text_reply(&["First."]),
+            tool_reply("call_2", "exec", count),
+            text_reply(&["Second."]),
+            tool_reply("call_3", "exec", count),
+            text_reply(&["Third."]),
+        ],
+        "",
+    );
+    let repo = TempGitRepo::new(&[
+        ("README.md", "a repo\n"),
+        ("requirements.txt", "left-pad==1.0\n"),
+        (
+            ".skiff/setup.sh",
+            "# skiff: key-files = requirements.txt\necho run >> \"$HOME/setup-runs\"\ncat requirements.txt\n",
+        ),
+        (
+            ".skiff/maintain.sh",
+            "echo maintained >> \"$HOME/maintain-runs\"\n",
+        ),
+    ]);
+    let counts = |id: &str| {
+        let detail = rig.gw.json(&["session", "show", "--json", id]);
+        let result = detail["transcript"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["body"]["kind"] == "tool_result")
+            .map(|e| e["body"]["content"].as_str().unwrap().to_owned())
+            .unwrap();
+        result
+            .lines()
+            .skip(1)
+            .map(|l| l.trim().to_owned())
+            .collect::<Vec<_>>()
+    };
+
+    // The first session sets the box up and keeps it.
+    let (out, first) = new_worker_session(&rig, repo.path(), "One");
+    assert!(out.status.success(), "{}", stderr(&out));
+    let steps = placement_details(&events(&out));
+    let kept = steps
+        .iter()
+        .find(|s| s.contains("the prepared box is kept as snap_"))
+        .unwrap_or_else(|| panic!("{steps:?}"));
+    let snapshot = kept
+        .split("kept as ")
+        .nth(1)
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_owned();
+    assert_eq!(counts(&first), ["1", "0"]);
+    let listed = rig.gw.json(&["env", "snapshots", "--json"]);
+    assert!(listed.to_string().contains(&snapshot), "{listed}");
+
+    // The second starts from it: setup does not run again, maintain.sh does.
+    let (out, second) = new_worker_session(&rig, repo.path(), "Two");
+    assert!(out.status.success(), "{}", stderr(&out));
+    let steps = placement_details(&events(&out));
+    assert!(
+        steps
+            .iter()
+            .any(|s| s.contains(&format!("from {snapshot}"))),
+        "{steps:?}"
+    );
+    assert!(
+        steps
+            .iter()
+            .any(|s| s.starts_with("setup ") && s.contains("running .skiff/maintain.sh")),
+        "{steps:?}"
+    );
+    assert_eq!(counts(&second), ["1", "1"]);
+    let log = rig.gw.json(&["session", "setup-log", "--json", &second]);
+    assert_eq!(log["setup"], ".skiff/maintain.sh");
+
+    // A changed key file is a different prepared box: setup runs on a fresh one.
+    std::fs::write(repo.path().join("requirements.txt"), "left-pad==2.0\n").unwrap();
+    repo.git(&["commit", "-qam", "Bump left-pad"]);
+    let (out, third) = new_worker_session(&rig, repo.path(), "Three");
+    assert!(out.status.success(), "{}", stderr(&out));
+    let steps = placement_details(&events(&out));
+    assert!(
+        steps
+            .iter()
+            .any(|s| s.starts_with("setup ") && s.contains("running .skiff/setup.sh")),
+        "{steps:?}"
+    );
+    assert_eq!(counts(&third), ["1", "0"]);
+    let log = rig.gw.json(&["session", "setup-log", "--json", &third]);
+    assert!(log["text"].as_str().unwrap().contains("left-pad==2.0"));
+}

@@ -18,9 +18,6 @@
 //! **Invariant:** decisions and counters carry host, port, phase, verdict and reason only —
 //! never a URL path, query or header, which can hold secrets.
 
-// Placements wire this in next; until then only the tests and the egress bench use it.
-#![cfg_attr(not(test), allow(dead_code))]
-
 mod address;
 mod body;
 mod counters;
@@ -35,17 +32,9 @@ mod tests;
 
 use serde::{Deserialize, Serialize};
 
-// The API the rest of the gateway uses; not every name is used by the tests.
-#[allow(unused_imports)]
-pub(crate) use address::AddressClass;
-#[allow(unused_imports)]
 pub(crate) use counters::HostCounters;
-#[allow(unused_imports)]
-pub(crate) use policy::{Policy, PolicyError, Refusal};
-#[allow(unused_imports)]
-pub(crate) use proxy::{AuditHook, Egress, Limits, Listener, Options};
-#[allow(unused_imports)]
-pub(crate) use resolve::{Resolve, SystemResolver};
+pub(crate) use policy::{Policy, Refusal};
+pub(crate) use proxy::{Egress, Options};
 
 /// Which allowlist applies: the box's setup commands, or the agent's `exec`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]

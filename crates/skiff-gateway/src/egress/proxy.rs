@@ -240,6 +240,7 @@ impl Egress {
     }
 
     /// Serves one client connection (one request) from any stream, e.g. an SSH channel.
+    #[cfg(test)]
     pub(crate) async fn serve_connection<S>(&self, stream: S)
     where
         S: AsyncRead + AsyncWrite + Unpin + Send,

@@ -180,6 +180,7 @@ impl Environments {
             error: row.error.clone(),
             accounting: row.accounting,
             from_snapshot: row.snapshot_id.clone(),
+            egress_hosts: Vec::new(),
         }
     }
 

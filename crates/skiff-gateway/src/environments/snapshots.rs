@@ -106,10 +106,6 @@ impl Environments {
     /// least recently used snapshots past its `snapshot_budget`. `None` when the provider
     /// takes no snapshots, or when this one alone exceeds the budget (it is deleted again).
     /// The box must be up (ready, idle or attached); it is not changed.
-    #[expect(
-        dead_code,
-        reason = "the setup phase calls it after a successful setup; that wiring lands separately"
-    )]
     pub(crate) async fn snapshot_box(
         &self,
         scope: &Scope,
@@ -273,10 +269,6 @@ impl Environments {
     /// A box for a session, attached to it, whose home is the newest ready snapshot of
     /// `profile` for `key`. `None` when there is none, the provider takes no snapshots, or the
     /// box did not come up from it (logged; the caller prepares a fresh box instead).
-    #[expect(
-        dead_code,
-        reason = "the setup phase calls it when placing a session; that wiring lands separately"
-    )]
     pub(crate) async fn acquire_from_snapshot(
         self: &Arc<Self>,
         scope: &Scope,

@@ -106,6 +106,7 @@ impl Core {
             stop.cancel();
         }
         let _ = std::fs::remove_file(self.workers.socket_path(env));
+        self.close_egress_gate(env);
     }
 
     pub(super) fn audit_worker(

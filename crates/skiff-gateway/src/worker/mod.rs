@@ -16,6 +16,7 @@
 //! to supply transcript ids, or to pick a model endpoint.
 
 pub(crate) mod credential;
+mod egress_gate;
 mod endpoint;
 mod ops;
 pub(crate) mod place;
@@ -226,6 +227,21 @@ impl crate::Core {
             Some(_) => "down".into(),
         };
         view.attached_sessions = sessions;
+        view.egress_hosts = self
+            .egress_counters(&view.id)
+            .into_iter()
+            .map(|c| skiff_protocol::environment::EgressHost {
+                phase: match c.phase {
+                    crate::egress::Phase::Setup => "setup".into(),
+                    crate::egress::Phase::Agent => "agent".into(),
+                },
+                host: c.host,
+                connections: c.connections,
+                bytes_out: c.bytes_out,
+                bytes_in: c.bytes_in,
+                refused: c.refused,
+            })
+            .collect();
         view
     }
 }
@@ -243,6 +259,8 @@ pub(crate) struct Workers {
     /// How long a minted credential lives.
     pub(crate) credential_ttl_ms: i64,
     next_conn: AtomicU64,
+    /// Egress proxies of environments in a phase that may reach the network.
+    egress: egress_gate::Gates,
 }
 
 impl Workers {
@@ -263,6 +281,7 @@ impl Workers {
             web_fetch_allow,
             credential_ttl_ms: i64::try_from(credential_ttl.as_millis()).unwrap_or(i64::MAX),
             next_conn: AtomicU64::new(1),
+            egress: egress_gate::Gates::default(),
         }
     }
 

@@ -4,6 +4,7 @@
 //! worker alive in `recover.rs`.
 
 use crate::Core;
+use crate::environments::SnapshotKey;
 use crate::error::{Error, Result};
 use serde_json::json;
 use skiff_protocol::SessionId;
@@ -133,11 +134,49 @@ impl Core {
                 &format!("leasing a box from profile {}", p.profile),
             )?;
         }
+        // What setup this placement runs decides which box it wants: one prepared by the same
+        // setup (a snapshot) when there is one.
+        let mut setup = None;
+        let mut prepared = None;
+        if matches!(
+            p.state,
+            PlacementState::Provisioning | PlacementState::Syncing
+        ) {
+            // The bundle is part of a prepared box's key.
+            self.envs.warm_bundle().await;
+            setup = match self.setup_plan(session, &p.profile) {
+                Ok(plan) => plan,
+                Err(e) => {
+                    let why = "the profile's setup cannot run";
+                    return Err(self.fail_placement(scope, &p, e, why).await);
+                }
+            };
+        }
         if p.state == PlacementState::Provisioning {
-            let env = match self.envs.acquire(scope, &p.profile).await {
-                Ok(env) => env,
+            let key = setup.as_ref().and_then(|s| SnapshotKey::parse(&s.key));
+            let from_snapshot = match &key {
+                Some(key) => {
+                    self.envs
+                        .acquire_from_snapshot(scope, &p.profile, key)
+                        .await
+                }
+                None => Ok(None),
+            };
+            let env = match from_snapshot {
+                Ok(Some((env, snapshot))) => {
+                    prepared = Some(snapshot);
+                    env
+                }
+                Ok(None) => match self.envs.acquire(scope, &p.profile).await {
+                    Ok(env) => env,
+                    Err(e) => return Err(self.fail_placement(scope, &p, e, "no box").await),
+                },
                 Err(e) => return Err(self.fail_placement(scope, &p, e, "no box").await),
             };
+            let from = prepared
+                .as_ref()
+                .map(|s| format!(" (a box prepared by setup, from {s})"))
+                .unwrap_or_default();
             p = self.place(
                 scope,
                 id,
@@ -146,7 +185,7 @@ impl Core {
                     environment_id: Some(&env),
                     ..Default::default()
                 },
-                &format!("laying the workspace onto {env}"),
+                &format!("laying the workspace onto {env}{from}"),
             )?;
         }
         if p.state == PlacementState::Syncing {
@@ -157,12 +196,11 @@ impl Core {
                     let left_out = left_out
                         .summary()
                         .unwrap_or_else(|| "nothing left out".into());
-                    let setup = match self.setup_plan(session, &p.profile) {
-                        Ok(plan) => plan,
-                        Err(e) => {
-                            let why = "the profile's setup cannot run";
-                            return Err(self.fail_placement(scope, &p, e, why).await);
-                        }
+                    // A prepared box runs `.skiff/maintain.sh` (if any) instead of setup.
+                    let skipped = prepared.is_some() && setup.is_some();
+                    let setup = match prepared {
+                        Some(_) => setup.and_then(super::setup::SetupPlan::maintenance),
+                        None => setup,
                     };
                     let on_box = format!(
                         "{files} files ({}) on the box, {left_out}",
@@ -172,6 +210,12 @@ impl Core {
                         Some(plan) => (
                             PlacementState::Setup,
                             format!("{on_box}; running {}", plan.label),
+                        ),
+                        None if skipped => (
+                            PlacementState::Starting,
+                            format!(
+                                "{on_box}; setup already done on this prepared box; starting the worker"
+                            ),
                         ),
                         None => (
                             PlacementState::Starting,
@@ -192,7 +236,9 @@ impl Core {
                         &detail,
                     )?;
                     if let Some(plan) = setup {
-                        p = self.set_up(scope, &p, &plan, cancel).await?;
+                        p = self
+                            .set_up(scope, &p, plan, prepared.is_none(), cancel)
+                            .await?;
                     }
                 }
                 Err(e) => {
@@ -257,18 +303,33 @@ impl Core {
         e
     }
 
-    /// Runs the box's setup and moves the placement on to `starting`, or fails it with the
-    /// setup log's last lines.
+    /// Runs the box's setup behind the egress proxy, closes the proxy's forward (proven from
+    /// the box), and moves the placement on to `starting`; or fails it with the setup log's
+    /// last lines.
     async fn set_up(
         &self,
         scope: &Scope,
         p: &PlacementRow,
-        plan: &super::setup::SetupPlan,
+        plan: super::setup::SetupPlan,
+        keep_prepared: bool,
         cancel: &CancellationToken,
     ) -> Result<PlacementRow> {
-        let outcome = match self.run_setup(scope, p, plan, cancel).await {
-            Ok(outcome) => outcome,
+        let env = self.placement_env(scope, p)?;
+        let ran = async {
+            let proxy = self
+                .open_egress(&env, &p.profile, crate::egress::Phase::Setup, cancel)
+                .await?
+                .unwrap_or_default();
+            let plan = plan.with_env(proxy);
+            let outcome = self.run_setup(scope, p, &plan, cancel).await;
+            // Closed whatever setup did, before anything else runs on the box.
+            self.close_setup_egress(&env, cancel).await?;
+            outcome.map(|o| (plan, o))
+        };
+        let (plan, outcome) = match ran.await {
+            Ok(done) => done,
             Err(e) => {
+                self.close_egress_gate(&env.id);
                 let why = "the box's setup could not run";
                 return Err(self.fail_placement(scope, p, e, why).await);
             }
@@ -276,6 +337,19 @@ impl Core {
         if !outcome.succeeded() {
             let e = placement_error(outcome.failure(&plan.label, &p.session_id));
             return Err(self.fail_placement(scope, p, e, "setup failed").await);
+        }
+        // The prepared box is kept (its home, not the workspace) for the next session with
+        // the same setup; a box that cannot be kept only costs the next one a setup.
+        let mut kept = String::new();
+        if keep_prepared && let Some(key) = SnapshotKey::parse(&plan.key) {
+            match self.envs.snapshot_box(scope, &env.id, &key).await {
+                Ok(Some(snapshot)) => kept = format!("; the prepared box is kept as {snapshot}"),
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(env = %env.id, error = %e, "could not keep the prepared box");
+                    kept = format!("; the prepared box could not be kept ({e})");
+                }
+            }
         }
         self.place(
             scope,
@@ -286,7 +360,7 @@ impl Core {
                 ..Default::default()
             },
             &format!(
-                "{} finished in {:.1} s; starting the worker",
+                "{} finished in {:.1} s{kept}; starting the worker",
                 plan.label,
                 outcome.duration.as_secs_f64()
             ),
@@ -352,6 +426,14 @@ impl Core {
         let session = &p.session_id;
         let env = self.placement_env(scope, p)?;
         let epoch = p.owner_epoch;
+        // The agent's `exec` reaches the network only if the profile says so (`egress.agent`).
+        self.open_egress(
+            &env,
+            &p.profile,
+            crate::egress::Phase::Agent,
+            &CancellationToken::new(),
+        )
+        .await?;
         self.launch_verified(&env, session, epoch, Method::ALL.to_vec(), |pid| {
             self.store.transition_placement(
                 scope,
@@ -411,9 +493,14 @@ impl Core {
             self.mint_worker_credential(&env.id, &host_key, &bundle, session, epoch, methods)?;
         let live = self.workers.live(session);
         live.close();
+        let egress: String = self
+            .agent_egress_env(&env.id)
+            .iter()
+            .map(|(k, v)| format!(" {k}={}", skiff_ssh::shell_quote(v)))
+            .collect();
         let launch = format!(
             "set -e; umask 077; mkdir -p \"$HOME/.skiff\"; c=\"$HOME/.skiff/credential.$$\"; cat > \"$c\"; \
-             nohup setsid env -i HOME=\"$HOME\" USER=\"$(id -un)\" PATH=/usr/local/bin:/usr/bin:/bin LANG=C.UTF-8 \
+             nohup setsid env -i HOME=\"$HOME\" USER=\"$(id -un)\" PATH=/usr/local/bin:/usr/bin:/bin LANG=C.UTF-8{egress} \
              \"$HOME/.skiff/bundles/{bundle}/skiff\" worker --socket {socket} --credential-file \"$c\" \
              </dev/null >>\"$HOME/.skiff/worker.log\" 2>&1 & echo $!",
             socket = skiff_ssh::shell_quote(&remote_socket),
@@ -494,6 +581,8 @@ impl Core {
             // An existing forward of the same socket is what we want.
             tracing::debug!(env = %env.id, error = %e, "forward request");
         }
+        // A restarted control master lost the agent's egress forward too.
+        self.reforward_egress(env, &ssh, cancel).await;
         Ok(remote_socket)
     }
 }

@@ -435,6 +435,19 @@ impl Core {
                     }
                     if let Some(env) = &p.environment_id {
                         self.open_worker_endpoint(env)?;
+                        // The worker's proxy variables name this port; serve it again.
+                        if let Ok(row) = self.store.environment(&p.scope, env)
+                            && let Err(e) = self
+                                .open_egress(
+                                    &row,
+                                    &p.profile,
+                                    crate::egress::Phase::Agent,
+                                    &CancellationToken::new(),
+                                )
+                                .await
+                        {
+                            tracing::warn!(env = %env, error = %e, "could not re-open the agent's egress");
+                        }
                     }
                     self.on_worker_disconnect(&p.scope, &p.session_id, p.owner_epoch);
                 }

@@ -25,6 +25,10 @@ use tokio_util::sync::CancellationToken;
 
 /// The repository's setup script, relative to the workspace.
 pub(crate) const SETUP_SCRIPT: &str = ".skiff/setup.sh";
+/// What a box made from a prepared-box snapshot runs instead of setup, when present.
+pub(crate) const MAINTAIN_SCRIPT: &str = ".skiff/maintain.sh";
+/// The line of a setup script that names the files its result depends on.
+const KEY_FILES_MARK: &str = "# skiff: key-files =";
 /// How much setup output is published live; the rest is in the log only.
 const LIVE_CAP: usize = 256 << 10;
 /// How much of the log is kept.
@@ -46,9 +50,24 @@ pub(crate) struct SetupPlan {
     secrets: Vec<(String, String)>,
     /// Extra environment (the egress proxy's variables).
     env: Vec<(String, String)>,
+    /// What a prepared box of this setup is kept under: the setup, the profile, the bundle
+    /// and the key files, hashed.
+    pub key: String,
+    /// `.skiff/maintain.sh` when the workspace has one.
+    pub maintain: Option<String>,
 }
 
 impl SetupPlan {
+    /// The same plan running `.skiff/maintain.sh` instead (a box from a snapshot).
+    pub(crate) fn maintenance(self) -> Option<SetupPlan> {
+        let command = self.maintain.clone()?;
+        Some(SetupPlan {
+            label: MAINTAIN_SCRIPT.to_owned(),
+            command,
+            ..self
+        })
+    }
+
     pub(crate) fn with_env(mut self, env: Vec<(String, String)>) -> Self {
         self.env.extend(env);
         self
@@ -119,22 +138,49 @@ impl Core {
         let config = self.envs.profile_config(profile)?;
         let timeout = config.setup_timeout().map_err(placement_error)?;
         let secrets = config.setup_secrets(profile).map_err(placement_error)?;
-        let (label, command) = match &config.setup {
-            Some(command) => (format!("setup of profile {profile}"), command.clone()),
+        let workspace = Path::new(session.workspace.path());
+        let script = workspace.join(SETUP_SCRIPT);
+        let (label, command, text) = match &config.setup {
+            Some(command) => (
+                format!("setup of profile {profile}"),
+                command.clone(),
+                command.clone(),
+            ),
             None => {
-                let script = Path::new(session.workspace.path()).join(SETUP_SCRIPT);
                 if !script.is_file() {
                     return Ok(None);
                 }
-                (SETUP_SCRIPT.to_owned(), format!("bash {SETUP_SCRIPT}"))
+                let text = std::fs::read_to_string(&script)
+                    .map_err(|e| placement_error(format!("cannot read {SETUP_SCRIPT}: {e}")))?;
+                (
+                    SETUP_SCRIPT.to_owned(),
+                    format!("bash {SETUP_SCRIPT}"),
+                    text,
+                )
             }
         };
+        let mut key_files: Vec<String> = config.setup_key_files.clone();
+        key_files.extend(declared_key_files(&text));
+        let key = snapshot_key(
+            &text,
+            profile,
+            &format!("{:?}", config.egress.setup),
+            self.envs.bundle_hash_now().as_deref().unwrap_or(""),
+            workspace,
+            &key_files,
+        );
+        let maintain = workspace
+            .join(MAINTAIN_SCRIPT)
+            .is_file()
+            .then(|| format!("bash {MAINTAIN_SCRIPT}"));
         Ok(Some(SetupPlan {
             label,
             command,
             timeout,
             secrets,
             env: Vec::new(),
+            key,
+            maintain,
         }))
     }
 
@@ -302,6 +348,51 @@ impl Core {
     }
 }
 
+/// The files a setup script says its result depends on: `# skiff: key-files = a b`.
+fn declared_key_files(script: &str) -> Vec<String> {
+    script
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix(KEY_FILES_MARK))
+        .flat_map(|rest| rest.split_whitespace().map(str::to_owned))
+        .collect()
+}
+
+/// The key of a prepared box: a change to any part (the script, the profile and what it lets
+/// setup reach, the worker bundle, a key file's bytes or presence) makes a new one. A key file
+/// that is missing or outside the workspace counts as missing.
+fn snapshot_key(
+    script: &str,
+    profile: &str,
+    egress: &str,
+    bundle: &str,
+    workspace: &Path,
+    key_files: &[String],
+) -> String {
+    let mut h = blake3::Hasher::new();
+    for part in [script, profile, egress, bundle] {
+        h.update(&(part.len() as u64).to_le_bytes());
+        h.update(part.as_bytes());
+    }
+    let mut files: Vec<&String> = key_files.iter().collect();
+    files.sort();
+    files.dedup();
+    for name in files {
+        h.update(&(name.len() as u64).to_le_bytes());
+        h.update(name.as_bytes());
+        let inside = !name.starts_with('/') && !name.split('/').any(|c| c == "..");
+        match std::fs::read(workspace.join(name)).ok().filter(|_| inside) {
+            Some(bytes) => {
+                h.update(b"+");
+                h.update(blake3::hash(&bytes).as_bytes());
+            }
+            None => {
+                h.update(b"-");
+            }
+        }
+    }
+    h.finalize().to_hex().to_string()
+}
+
 /// Setup output on its way to the log and the live stream: split into lines (so a secret is
 /// never cut in two before it is redacted), redacted, bounded.
 struct Collector {
@@ -425,6 +516,32 @@ mod tests {
             .collect();
         let c = Collector::new(&dir.path().join("log"), secrets).unwrap();
         (dir, c)
+    }
+
+    #[test]
+    fn the_snapshot_key_follows_the_script_and_its_key_files() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("requirements.txt"), "left-pad==1\n").unwrap();
+        let script =
+            "# skiff: key-files = requirements.txt missing.lock\npip install -r requirements.txt\n";
+        let files = declared_key_files(script);
+        assert_eq!(files, ["requirements.txt", "missing.lock"]);
+        let key = |script: &str, files: &[String]| {
+            snapshot_key(script, "local", "[]", "b1", dir.path(), files)
+        };
+        let first = key(script, &files);
+        assert_eq!(first, key(script, &files));
+        assert_ne!(first, key("pip install .\n", &files));
+        assert_ne!(
+            first,
+            snapshot_key(script, "other", "[]", "b1", dir.path(), &files)
+        );
+        assert_ne!(
+            first,
+            snapshot_key(script, "local", "[]", "b2", dir.path(), &files)
+        );
+        std::fs::write(dir.path().join("requirements.txt"), "left-pad==2\n").unwrap();
+        assert_ne!(first, key(script, &files));
     }
 
     #[test]
