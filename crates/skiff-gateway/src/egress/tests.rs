@@ -5,6 +5,9 @@
 use super::body::{self, Framing};
 use super::http::{self, Head};
 use super::*;
+use super::address::AddressClass;
+use super::proxy::Limits;
+use super::resolve::{Resolve, SystemResolver};
 use std::collections::HashMap;
 use std::future::Future;
 use std::io;
