@@ -149,8 +149,9 @@ pub struct ProfileList {
 
 /// Where a session's loop runs (DESIGN §4): `local → requested → provisioning → syncing →
 /// starting → active → draining → reconciling → local | reclaimed | failed`. A worker session
-/// comes back to `active` after each turn's reconciliation; `reclaimed` means its box is gone
-/// and the next message leases a fresh one.
+/// comes back to `active` after each turn's reconciliation; `parked` means it gave its box back
+/// between turns (DESIGN §11), `reclaimed` that its box is gone; either way the next message
+/// places it again.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum PlacementState {
@@ -162,12 +163,13 @@ pub enum PlacementState {
     Active,
     Draining,
     Reconciling,
+    Parked,
     Reclaimed,
     Failed,
 }
 
 impl PlacementState {
-    pub const ALL: [PlacementState; 10] = [
+    pub const ALL: [PlacementState; 11] = [
         PlacementState::Local,
         PlacementState::Requested,
         PlacementState::Provisioning,
@@ -176,6 +178,7 @@ impl PlacementState {
         PlacementState::Active,
         PlacementState::Draining,
         PlacementState::Reconciling,
+        PlacementState::Parked,
         PlacementState::Reclaimed,
         PlacementState::Failed,
     ];
@@ -190,6 +193,7 @@ impl PlacementState {
             PlacementState::Active => "active",
             PlacementState::Draining => "draining",
             PlacementState::Reconciling => "reconciling",
+            PlacementState::Parked => "parked",
             PlacementState::Reclaimed => "reclaimed",
             PlacementState::Failed => "failed",
         }

@@ -288,6 +288,33 @@ impl Ssh {
         cancel: &CancellationToken,
     ) -> Result<()> {
         self.ensure_master(Channel::Control, cancel).await?;
+        self.forward_op("forward", remote_socket, local_socket, cancel)
+            .await
+    }
+
+    /// Stops forwarding `remote_socket` (see [`Ssh::forward_socket`]); the master stays up.
+    /// Without a master there is no forward to stop.
+    pub async fn cancel_forward(
+        &self,
+        remote_socket: &str,
+        local_socket: &Path,
+        cancel: &CancellationToken,
+    ) -> Result<()> {
+        if !self.master_alive(Channel::Control).await {
+            return Ok(());
+        }
+        self.forward_op("cancel", remote_socket, local_socket, cancel)
+            .await
+    }
+
+    /// `ssh -O forward|cancel -R remote:local` to the control master.
+    async fn forward_op(
+        &self,
+        op: &str,
+        remote_socket: &str,
+        local_socket: &Path,
+        cancel: &CancellationToken,
+    ) -> Result<()> {
         let spec = format!("{remote_socket}:{}", local_socket.display());
         // `ClearAllForwardings=yes` (every other connection) would drop this very request.
         let options = self.options(Channel::Control).into_iter().map(|o| {
@@ -299,11 +326,13 @@ impl Ssh {
         });
         let cmd = Cmd::new("ssh")
             .args(options)
-            .args(["-O", "forward", "-R"])
+            .args(["-O", op, "-R"])
             .arg(&spec)
             .arg(self.destination())
             .timeout(Duration::from_secs(15));
-        self.run_with(cmd, "(forward)", cancel).await.map(|_| ())
+        self.run_with(cmd, &format!("({op})"), cancel)
+            .await
+            .map(|_| ())
     }
 
     /// Runs `remote` and returns its stdout; a non-zero exit is an error with its stderr.

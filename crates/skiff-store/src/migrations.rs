@@ -214,6 +214,12 @@ CREATE TABLE ui_revoked_cookies (
 -- What the rules left behind when the workspace was laid onto the box (for people to read).
 ALTER TABLE placements ADD COLUMN left_out TEXT;
 "#,
+    r#"
+-- 1 while the box holds nothing the gateway lacks (the workspace was just laid down, or the
+-- last turn's work was brought back); 0 from the moment a turn is handed to the worker. Only
+-- a box in step is given back when its session is parked.
+ALTER TABLE placements ADD COLUMN box_in_step INTEGER NOT NULL DEFAULT 0;
+"#,
 ];
 
 pub(crate) fn migrate(conn: &mut Connection) -> Result<()> {

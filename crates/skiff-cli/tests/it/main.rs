@@ -15,6 +15,7 @@ mod env;
 mod harness;
 mod homecoming;
 mod leftovers;
+mod parking;
 mod results;
 mod session;
 mod sync;
