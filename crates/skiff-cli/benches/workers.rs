@@ -30,7 +30,17 @@
 //! Completion is polled with `skiff session list --json` once a second; those polls are in
 //! the figures. Beside the gateway: the ssh masters and everything in the boxes, as PSS.
 //!
-//! `cargo bench -p skiff-cli --bench workers` (as root: boxes get users and namespaces)
+//! Part C, boxes coming back (parking): `session new --profile local` spawned → the turn's
+//! first `model_request` event on the CLI's `--json` stream, median of [`PARK_RUNS`], for
+//! - warm, parked: the previous session was parked by the lifetime tick (`keep_attached =
+//!   "1s"`), its box is idle in the pool and the new session takes it;
+//! - cold: the idle boxes were destroyed first, the new session leases a fresh box;
+//! - warm, parked on demand: `max_workers = 1` and the previous session idle on its box — the
+//!   new session's request parks it (worker stopped, workspace removed, box back in the pool)
+//!   and then takes the box, all inside the measured time.
+//!
+//! `cargo bench -p skiff-cli --bench workers` (as root: boxes get users and namespaces);
+//! `cargo bench -p skiff-cli --bench workers -- parking` runs part C alone.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -52,9 +62,11 @@ const MODEL: &str = "openai/m";
 const PATIENCE: Duration = Duration::from_secs(600);
 /// How long a followed turn may go without any event before it counts as stalled.
 const STALL: Duration = Duration::from_secs(60);
+/// Sessions measured per figure of part C.
+const PARK_RUNS: usize = 5;
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
+fn median<T: PartialOrd + Copy>(mut v: Vec<T>) -> T {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
     v[v.len() / 2]
 }
 
@@ -115,6 +127,11 @@ struct Rig {
 
 impl Rig {
     fn start(responses: Vec<FakeResponse>, extra_config: &str) -> Rig {
+        Rig::start_with(responses, extra_config, "")
+    }
+
+    /// `profile_config`: more keys of `[profiles.local]`.
+    fn start_with(responses: Vec<FakeResponse>, extra_config: &str, profile_config: &str) -> Rig {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
@@ -139,7 +156,7 @@ impl Rig {
             &config,
             format!(
                 "{extra_config}\n[providers.openai]\napi = \"openai-completions\"\nbase_url = \"{}/v1\"\napi_key_env = \"SKIFF_BENCH_PROVIDER_KEY\"\n\
-                 [profiles.local]\nprovider = \"local\"\nroot = \"{}\"\n",
+                 [profiles.local]\nprovider = \"local\"\nroot = \"{}\"\n{profile_config}",
                 fake.base_url(),
                 boxes.display()
             ),
@@ -920,13 +937,162 @@ fn part_b() {
     );
 }
 
+impl Rig {
+    /// `session new --profile local --json` spawned and followed: the time to the turn's first
+    /// `model_request` event, and the session. Waits for the turn to succeed.
+    fn new_until_model_request(&self, prompt: &str) -> (Duration, String) {
+        let started = Instant::now();
+        let mut child = Command::new(SKIFF)
+            .arg("--state-dir")
+            .arg(&self.state)
+            .args([
+                "session",
+                "new",
+                "--json",
+                "--profile",
+                "local",
+                "--model",
+                MODEL,
+            ])
+            .arg("--workspace")
+            .arg(self.repo.path())
+            .arg(prompt)
+            .env("HOME", &self.home)
+            .env_remove("SKIFF_URL")
+            .env_remove("SKIFF_TOKEN")
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let (mut first, mut session) = (None, String::new());
+        for line in BufReader::new(child.stdout.take().unwrap()).lines() {
+            let event: Value = serde_json::from_str(&line.unwrap()).unwrap();
+            session = event["session_id"].as_str().unwrap().to_owned();
+            if event["type"] == "model_request" {
+                first.get_or_insert_with(|| started.elapsed());
+            }
+        }
+        assert!(child.wait().unwrap().success(), "session {session} failed");
+        (first.expect("the turn asked no model"), session)
+    }
+
+    /// Polls (there is no event for an environment) until `ok` holds of the environment list.
+    fn wait_envs(&self, what: &str, ok: impl Fn(&[Value]) -> bool) {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            let list = self.json(&["env", "list", "--json"]);
+            if ok(list["environments"].as_array().unwrap()) {
+                return;
+            }
+            assert!(Instant::now() < deadline, "{what}: {list:#}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Until every session is parked and its box idle in the pool.
+    fn wait_all_parked(&self) {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            let list = self.json(&["session", "list", "--json"]);
+            if list["sessions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|s| s["placement"] == "parked")
+            {
+                break;
+            }
+            assert!(Instant::now() < deadline, "sessions not parked: {list:#}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.wait_envs("a box still attached", |envs| {
+            envs.iter().all(|e| e["state"] != "attached")
+        });
+    }
+}
+
+fn part_c() {
+    println!(
+        "\nC. boxes coming back: `session new --profile local` → first model request, median of {PARK_RUNS}"
+    );
+    let rig = Rig::start_with(
+        (0..2 * PARK_RUNS + 1).map(|_| reply(&["ok"])).collect(),
+        "[gateway]\nlifetime_tick = \"100ms\"\n",
+        "keep_attached = \"1s\"\n",
+    );
+    // The first session pays what happens once per gateway (hashing the bundle, the first box).
+    rig.new_until_model_request("prime");
+    let (mut warm, mut cold) = (Vec::new(), Vec::new());
+    for i in 0..PARK_RUNS {
+        // The previous session was parked by the lifetime tick: its box is idle in the pool.
+        rig.wait_all_parked();
+        let (took, _) = rig.new_until_model_request(&format!("warm {i}"));
+        warm.push(took);
+        rig.wait_all_parked();
+        // No box in the pool: the next session leases a fresh one.
+        let list = rig.json(&["env", "list", "--json"]);
+        for env in list["environments"].as_array().unwrap() {
+            if env["state"] == "idle" {
+                rig.json(&["env", "destroy", env["id"].as_str().unwrap(), "--json"]);
+            }
+        }
+        let (took, _) = rig.new_until_model_request(&format!("cold {i}"));
+        cold.push(took);
+    }
+    drop(rig);
+
+    // A full gateway: each new session parks the one before it and takes its box.
+    let rig = Rig::start(
+        (0..PARK_RUNS + 1).map(|_| reply(&["ok"])).collect(),
+        "[gateway]\nmax_workers = 1\n",
+    );
+    rig.new_until_model_request("prime");
+    let mut on_demand = Vec::new();
+    for i in 0..PARK_RUNS {
+        let (took, _) = rig.new_until_model_request(&format!("full {i}"));
+        on_demand.push(took);
+    }
+    let list = rig.json(&["env", "list", "--json"]);
+    let boxes = list["environments"].as_array().unwrap().len();
+    drop(rig);
+
+    let (warm, cold, on_demand) = (median(warm), median(cold), median(on_demand));
+    println!("  warm box, parked by the tick        {:>8.1} ms", ms(warm));
+    println!("  cold box                            {:>8.1} ms", ms(cold));
+    println!(
+        "  warm box, parked on demand          {:>8.1} ms   ({boxes} leased for {} sessions)",
+        ms(on_demand),
+        PARK_RUNS + 1
+    );
+    println!(
+        "  ratio cold/warm                     {:>8.2}",
+        cold.as_secs_f64() / warm.as_secs_f64()
+    );
+    println!(
+        "  ratio cold/parked on demand         {:>8.2}",
+        cold.as_secs_f64() / on_demand.as_secs_f64()
+    );
+}
+
 fn main() {
     assert!(
         skiff_providers::running_as_root(),
         "run as root: worker boxes get users and network namespaces"
     );
     let started = Instant::now();
-    part_a();
-    part_b();
+    // `cargo bench` passes `--bench`; a bare word picks one part.
+    let only: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let wants = |part: &str| only.is_empty() || only.iter().any(|o| o == part);
+    if wants("streaming") {
+        part_a();
+    }
+    if wants("scale") {
+        part_b();
+    }
+    if wants("parking") {
+        part_c();
+    }
     println!("\n(bench ran {:.0} s)", started.elapsed().as_secs_f64());
 }

@@ -215,9 +215,14 @@ pub async fn run(cmd: SessionCommand, state_dir: &Path) -> Result<ExitCode> {
                 Some(w) => outln!(
                     "placement  {} on {} (profile {}, epoch {}){}",
                     s.placement,
-                    w.environment_id
-                        .as_ref()
-                        .map_or("no box yet".to_owned(), |e| e.to_string()),
+                    match &w.environment_id {
+                        Some(e) => e.to_string(),
+                        // Parked: its box went back to the pool between turns.
+                        None if s.placement == "parked" => {
+                            "no box (the next message places it again)".to_owned()
+                        }
+                        None => "no box yet".to_owned(),
+                    },
                     w.profile,
                     w.owner_epoch,
                     w.error

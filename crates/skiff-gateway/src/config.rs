@@ -22,12 +22,13 @@ pub struct Config {
 #[derive(Debug, Default, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct GatewayConfig {
-    /// How often idle and expired environments are reclaimed and leases in use renewed
-    /// (default `30s`).
+    /// How often worker sessions idle past their profile's `keep_attached` are parked, idle
+    /// and expired environments reclaimed and leases in use renewed (default `30s`).
     #[serde(default)]
     pub lifetime_tick: Option<String>,
-    /// How many worker sessions may hold a worker at once; past it, new ones are refused
-    /// ("at capacity") [default: 16].
+    /// How many worker sessions may hold a worker at once (a parked one holds none). Past it
+    /// the session idle on its box the longest is parked to make room; only when every worker
+    /// runs a turn (or is being placed) are new ones refused ("at capacity") [default: 16].
     #[serde(default)]
     pub max_workers: Option<u64>,
     /// Hosts the gateway-resident `web_fetch` tool may reach [default: none].

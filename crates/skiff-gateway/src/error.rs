@@ -61,9 +61,9 @@ impl Error {
             Error::Workspace(_) => (StatusCode::UNPROCESSABLE_ENTITY, "bad_workspace"),
             Error::Model(_) => (StatusCode::UNPROCESSABLE_ENTITY, "bad_model"),
             Error::BadRequest(_) => (StatusCode::BAD_REQUEST, "bad_request"),
-            Error::Store(S::IllegalEnvironmentTransition { .. }) => {
-                (StatusCode::CONFLICT, "conflict")
-            }
+            Error::Store(
+                S::IllegalEnvironmentTransition { .. } | S::IllegalPlacementTransition { .. },
+            ) => (StatusCode::CONFLICT, "conflict"),
             Error::Provider(skiff_providers::Error::Config { .. }) => {
                 (StatusCode::UNPROCESSABLE_ENTITY, "bad_profile")
             }

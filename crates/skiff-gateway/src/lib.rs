@@ -236,15 +236,24 @@ fn default_box_root(state: &StateDir) -> PathBuf {
     }
 }
 
-/// Every `gateway.lifetime_tick`: reclaim idle or expired environments, renew leases in use.
+/// Every `gateway.lifetime_tick`: park worker sessions idle on their boxes past
+/// `keep_attached`, reclaim idle or expired environments, renew leases in use.
 fn spawn_lifetime_enforcer(core: &Arc<Core>, every: std::time::Duration) {
-    let envs = core.envs.clone();
+    // Weak: the tick keeps no gateway alive.
+    let core = Arc::downgrade(core);
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tick.tick().await;
         loop {
             tick.tick().await;
-            envs.enforce_lifetimes().await;
+            let Some(core) = core.upgrade() else {
+                return;
+            };
+            // Parking first: a box it gives back counts as used just now, so the reclaim
+            // below never takes a box in the moment it is being given back.
+            core.park_idle_sessions().await;
+            core.envs.enforce_lifetimes().await;
         }
     });
 }

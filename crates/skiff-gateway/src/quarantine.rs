@@ -429,7 +429,11 @@ impl Core {
             return Ok(None);
         };
         match p.state {
-            PlacementState::Local | PlacementState::Reclaimed | PlacementState::Failed => Ok(None),
+            // No box holds the session's workspace: the next placement lays this one down.
+            PlacementState::Local
+            | PlacementState::Parked
+            | PlacementState::Reclaimed
+            | PlacementState::Failed => Ok(None),
             PlacementState::Active => Ok(Some(p)),
             other => Err(Error::BadRequest(format!(
                 "session {session}'s placement is {other}; accept once it is active (or home)"

@@ -128,7 +128,9 @@ impl Core {
         check_prompt(&req.prompt)?;
         if let Some(profile) = &req.profile {
             self.check_profile(profile)?;
-            self.check_worker_capacity()?;
+            // The quick answer when every slot has a turn running (a session merely idle on
+            // its box is parked to make room).
+            self.make_worker_room().await?;
         }
         // Resolve the model before touching the disk: a typo must not leave a worktree behind.
         let model = self.catalog.resolve(req.model.as_deref())?;
@@ -143,21 +145,25 @@ impl Core {
         let workspace = workspace::prepare(source, &id, &self.state).await?;
         // The worker slot is claimed with the session row, after the slow workspace step:
         // the check above is only the quick answer when the gateway is plainly full.
-        let created = self.store.create_session_placed(
-            scope,
-            &NewSession {
-                id: id.clone(),
-                title: title_of(&req.prompt),
-                workspace: workspace.clone(),
-                model_ref: model.to_string(),
-            },
-            req.profile
-                .as_deref()
-                .map(|p| (p, self.workers.max_workers)),
-        );
+        let new = NewSession {
+            id: id.clone(),
+            title: title_of(&req.prompt),
+            workspace: workspace.clone(),
+            model_ref: model.to_string(),
+        };
+        let created = match req.profile.as_deref() {
+            Some(profile) => {
+                self.claim_worker_slot(|max| {
+                    self.store
+                        .create_session_placed(scope, &new, Some((profile, max)))
+                })
+                .await
+            }
+            None => self.store.create_session(scope, &new).map_err(Into::into),
+        };
         if let Err(e) = created {
             workspace::discard(&workspace).await;
-            return Err(e.into());
+            return Err(e);
         }
         self.audit(scope, "session.create", id.as_str(), "allowed", json!({
             "workspace_kind": match workspace { skiff_protocol::api::WorkspaceView::Git { .. } => "git", _ => "plain" },
@@ -178,11 +184,12 @@ impl Core {
         profile: Option<&str>,
     ) -> Result<RunStarted> {
         check_prompt(prompt)?;
-        let session = self.store.session(scope, id)?;
+        // Not found is said about the session, before anything is claimed for it.
+        self.store.session(scope, id)?;
+        let placement = self.store.placement(scope, id)?;
         if let Some(profile) = profile {
             self.check_profile(profile)?;
-            let placement = self.store.placement(scope, id)?;
-            match placement {
+            match &placement {
                 Some(p) if p.profile != profile && p.state != PlacementState::Local => {
                     return Err(Error::BadRequest(format!(
                         "session {id} runs on profile `{}`; moving it to `{profile}` is not supported yet",
@@ -199,8 +206,10 @@ impl Core {
                         }
                         .into());
                     }
-                    self.store
-                        .request_placement(scope, id, profile, self.workers.max_workers)?;
+                    self.claim_worker_slot(|max| {
+                        self.store.request_placement(scope, id, profile, max)
+                    })
+                    .await?;
                     self.audit(
                         scope,
                         "session.dispatch",
@@ -208,17 +217,29 @@ impl Core {
                         "allowed",
                         json!({ "profile": profile }),
                     );
+                    return self.start_run(scope, id, prompt).await;
                 }
             }
-        } else if session.placement == PlacementState::Reclaimed.as_str()
-            || session.placement == PlacementState::Failed.as_str()
-        {
-            // The next message places it again: the slot is claimed now, so a full gateway
-            // refuses at once (503) rather than admitting a run that then fails.
-            if let Some(p) = self.store.placement(scope, id)? {
-                self.store
-                    .request_placement(scope, id, &p.profile, self.workers.max_workers)?;
+        }
+        if let Some(p) = placement.filter(|p| {
+            matches!(
+                p.state,
+                PlacementState::Parked | PlacementState::Reclaimed | PlacementState::Failed
+            )
+        }) {
+            // The next message places it again: the slot is claimed now (parking a session
+            // idle on its box if that is what it takes), so a gateway whose every slot runs
+            // a turn refuses at once (503) rather than admitting a run that then fails. A
+            // session still busy claims nothing (the turn would be refused anyway).
+            if let Some(run) = self.store.open_run(scope, id)? {
+                return Err(skiff_store::Error::SessionBusy {
+                    session: id.to_string(),
+                    run: run.id.to_string(),
+                }
+                .into());
             }
+            self.claim_worker_slot(|max| self.store.request_placement(scope, id, &p.profile, max))
+                .await?;
         }
         self.start_run(scope, id, prompt).await
     }

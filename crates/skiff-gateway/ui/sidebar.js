@@ -5,8 +5,11 @@ import { h, replace, fmtAgo, isoTime, frameBatcher } from './dom.js';
 
 const ACTIVE_RUN = ['queued', 'starting', 'running', 'cancelling'];
 const FAILED_RUN = ['failed', 'timed_out', 'orphaned'];
-/** Placement states that mean "being set up or torn down", shown instead of the run state. */
-const PLACEMENT_STATES = ['requested', 'provisioning', 'syncing', 'setup', 'starting', 'draining', 'reconciling', 'reclaimed', 'failed'];
+/**
+ * Placement states shown instead of the run state: being set up or torn down, or without a box
+ * (parked: it gave its box back between turns; the next message places it again).
+ */
+const PLACEMENT_STATES = ['requested', 'provisioning', 'syncing', 'setup', 'starting', 'draining', 'reconciling', 'parked', 'reclaimed', 'failed'];
 
 export const STATE_SYMBOL = {
   running: '●',
@@ -19,6 +22,7 @@ export const STATE_SYMBOL = {
   starting: '◌',
   draining: '◌',
   reconciling: '◌',
+  parked: '◇',
   reclaimed: '⊘',
 };
 
@@ -32,7 +36,7 @@ export function placementOf(s) {
   return { kind: 'worker', label: env ? `worker · ${env}` : `worker · ${s.worker?.profile || 'pending'}`, env, state: word };
 }
 
-/** running, waiting, idle, failed — or a placement state (provisioning, syncing, reclaimed…). */
+/** running, waiting, idle, failed — or a placement state (provisioning, syncing, parked…). */
 export function sessionState(s) {
   const p = placementOf(s);
   if (p.state && PLACEMENT_STATES.includes(p.state)) return p.state;

@@ -254,8 +254,9 @@ pub struct ProfileList {
 
 /// Where a session's loop runs (DESIGN §4): `local → requested → provisioning → syncing →
 /// [setup →] starting → active → draining → reconciling → local | reclaimed | failed`. A worker session
-/// comes back to `active` after each turn's reconciliation; `reclaimed` means its box is gone
-/// and the next message leases a fresh one.
+/// comes back to `active` after each turn's reconciliation; `parked` means it gave its box back
+/// between turns (DESIGN §11), `reclaimed` that its box is gone; either way the next message
+/// places it again.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum PlacementState {
@@ -269,12 +270,13 @@ pub enum PlacementState {
     Active,
     Draining,
     Reconciling,
+    Parked,
     Reclaimed,
     Failed,
 }
 
 impl PlacementState {
-    pub const ALL: [PlacementState; 11] = [
+    pub const ALL: [PlacementState; 12] = [
         PlacementState::Local,
         PlacementState::Requested,
         PlacementState::Provisioning,
@@ -284,6 +286,7 @@ impl PlacementState {
         PlacementState::Active,
         PlacementState::Draining,
         PlacementState::Reconciling,
+        PlacementState::Parked,
         PlacementState::Reclaimed,
         PlacementState::Failed,
     ];
@@ -299,6 +302,7 @@ impl PlacementState {
             PlacementState::Active => "active",
             PlacementState::Draining => "draining",
             PlacementState::Reconciling => "reconciling",
+            PlacementState::Parked => "parked",
             PlacementState::Reclaimed => "reclaimed",
             PlacementState::Failed => "failed",
         }

@@ -61,6 +61,10 @@ pub struct ProfileConfig {
     /// The longest an environment lives (default `8h`).
     #[serde(default)]
     pub ttl: Option<String>,
+    /// How long a worker session keeps its box after a turn, so a follow-up starts at once;
+    /// then the box goes back to the idle pool and the session is `parked` (default `10m`).
+    #[serde(default)]
+    pub keep_attached: Option<String>,
     /// ssh: the static host.
     #[serde(default)]
     pub host: Option<String>,
@@ -245,6 +249,7 @@ impl ProfileConfig {
             root: None,
             idle_timeout: None,
             ttl: None,
+            keep_attached: None,
             host: None,
             user: None,
             port: None,
@@ -328,6 +333,10 @@ impl ProfileConfig {
         Ok(secrets)
     }
 
+    pub fn keep_attached(&self) -> Result<Duration> {
+        duration("", "keep_attached", self.keep_attached.as_deref(), "10m")
+    }
+
     pub fn idle_timeout_text(&self) -> String {
         self.idle_timeout.clone().unwrap_or_else(|| "30m".into())
     }
@@ -350,6 +359,7 @@ impl ProfileConfig {
                 "`setup` is empty; remove it to use .skiff/setup.sh".into()
             ));
         }
+        duration(name, "keep_attached", self.keep_attached.as_deref(), "10m")?;
         let has = |present: bool, key: &str, allowed: &[ProviderKind]| {
             if present && !allowed.contains(&self.provider) {
                 Err(bad(format!(
@@ -538,6 +548,19 @@ mod tests {
         profile.snapshots = Some(true);
         let err = profile.validate("local").unwrap_err().to_string();
         assert!(err.contains("`snapshots` does not apply"), "{err}");
+    }
+
+    #[test]
+    fn keep_attached_defaults_to_ten_minutes_and_a_bad_one_names_its_key() {
+        let parse = |text: &str| serde_json::from_str::<ProfileConfig>(text).unwrap();
+        let profile = parse(r#"{"provider": "local"}"#);
+        assert_eq!(profile.keep_attached().unwrap(), Duration::from_secs(600));
+        let profile = parse(r#"{"provider": "local", "keep_attached": "90s"}"#);
+        assert_eq!(profile.keep_attached().unwrap(), Duration::from_secs(90));
+        let profile = parse(r#"{"provider": "local", "keep_attached": "soon"}"#);
+        let err = profile.validate("local").unwrap_err().to_string();
+        assert!(err.contains("profile `local`"), "{err}");
+        assert!(err.contains("`keep_attached = \"soon\"`"), "{err}");
     }
 
     #[test]

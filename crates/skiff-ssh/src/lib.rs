@@ -288,9 +288,38 @@ impl Ssh {
         cancel: &CancellationToken,
     ) -> Result<()> {
         self.ensure_master(Channel::Control, cancel).await?;
+        self.forward_op("forward", remote_socket, local_socket, cancel)
+            .await
+    }
+
+    /// Stops forwarding `remote_socket` (see [`Ssh::forward_socket`]); the master stays up.
+    /// Without a master there is no forward to stop.
+    pub async fn cancel_forward(
+        &self,
+        remote_socket: &str,
+        local_socket: &Path,
+        cancel: &CancellationToken,
+    ) -> Result<()> {
+        if !self.master_alive(Channel::Control).await {
+            return Ok(());
+        }
+        self.forward_op("cancel", remote_socket, local_socket, cancel)
+            .await
+    }
+
+    /// `ssh -O forward|cancel -R remote:local` to the control master.
+    async fn forward_op(
+        &self,
+        op: &str,
+        remote_socket: &str,
+        local_socket: &Path,
+        cancel: &CancellationToken,
+    ) -> Result<()> {
         let spec = format!("{remote_socket}:{}", local_socket.display());
-        let cmd = self.mux_forward("forward", &spec);
-        self.run_with(cmd, "(forward)", cancel).await.map(|_| ())
+        let cmd = self.mux_forward(op, &spec);
+        self.run_with(cmd, &format!("({op})"), cancel)
+            .await
+            .map(|_| ())
     }
 
     /// Forwards `port` on the box's loopback to `local_socket` on this host over the control

@@ -48,10 +48,16 @@ pub enum Error {
         from: skiff_protocol::environment::PlacementState,
         to: skiff_protocol::environment::PlacementState,
     },
-    #[error(
-        "the gateway is at capacity: {live} of {max} workers are in use; try again when a worker session finishes, or raise [gateway] max_workers"
-    )]
-    WorkersAtCapacity { live: u64, max: u64 },
+    /// Every worker slot is held by a session that cannot give its box back now: one running
+    /// a turn (or being placed for one), or `other` (its worker is being started or repaired,
+    /// or its box holds work not brought back yet). Sessions merely idle on a box are parked
+    /// to make room first.
+    #[error("{}", capacity_message(*running_turns, *other, *max))]
+    WorkersAtCapacity {
+        running_turns: u64,
+        other: u64,
+        max: u64,
+    },
     #[error("artifact {id} is retained: {reason}")]
     Retained { id: String, reason: String },
     #[error("stored {what} is unreadable: {detail}")]
@@ -60,4 +66,53 @@ pub enum Error {
     Checkpointer(std::io::Error),
     #[error("database error: {0}")]
     Sqlite(#[from] rusqlite::Error),
+}
+
+/// "the gateway is at capacity: 2 of 2 workers are running turns; …" — what holds the slots,
+/// so the advice to wait is true.
+fn capacity_message(running_turns: u64, other: u64, max: u64) -> String {
+    let turns = match running_turns {
+        1 => "is running a turn",
+        _ => "are running turns",
+    };
+    let held = if other == 0 {
+        format!("{running_turns} of {max} workers {turns}")
+    } else {
+        let holds = if other == 1 {
+            "cannot give its box back yet"
+        } else {
+            "cannot give their boxes back yet"
+        };
+        format!("{running_turns} of {max} workers {turns} and {other} more {holds}")
+    };
+    format!(
+        "the gateway is at capacity: {held}; try again when one finishes, or raise [gateway] max_workers"
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_capacity_message_says_what_holds_the_slots() {
+        let at = |running_turns, other, max| {
+            Error::WorkersAtCapacity {
+                running_turns,
+                other,
+                max,
+            }
+            .to_string()
+        };
+        assert_eq!(
+            at(2, 0, 2),
+            "the gateway is at capacity: 2 of 2 workers are running turns; try again when one finishes, or raise [gateway] max_workers"
+        );
+        assert!(at(1, 0, 1).contains("1 of 1 workers is running a turn;"));
+        assert!(
+            at(1, 1, 2).contains(
+                "1 of 2 workers is running a turn and 1 more cannot give its box back yet;"
+            )
+        );
+    }
 }

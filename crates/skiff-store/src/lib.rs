@@ -28,7 +28,7 @@ pub use artifacts::{ArtifactRole, ArtifactRow, NewArtifact, Retention};
 pub use environments::EnvironmentRow;
 pub use error::{Error, Result};
 pub use ids::mint;
-pub use placements::{CachedOp, PlacementChange, PlacementRow};
+pub use placements::{CachedOp, IdlePlacement, PlacementChange, PlacementRow, WorkerSlots};
 pub use runs::{AttemptStatus, RunRow};
 pub use sessions::{NewSession, SessionRow};
 pub use snapshots::{NewSnapshot, SnapshotRow};

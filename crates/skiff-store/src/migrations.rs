@@ -237,6 +237,11 @@ CREATE INDEX snapshots_by_profile ON snapshots(profile, state, last_used_at_ms);
 -- The snapshot a box's home started from: a restarted gateway adopting a provision in flight
 -- must ask for the same kind of box.
 ALTER TABLE environments ADD COLUMN snapshot_id TEXT;
+
+-- 1 while the box holds nothing the gateway lacks (the workspace was just laid down, or the
+-- last turn's work was brought back); 0 from the moment a turn is handed to the worker. Only
+-- a box in step is given back when its session is parked.
+ALTER TABLE placements ADD COLUMN box_in_step INTEGER NOT NULL DEFAULT 0;
 "#,
 ];
 

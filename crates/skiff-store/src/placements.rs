@@ -32,10 +32,13 @@ pub struct PlacementRow {
     pub updated_at_ms: i64,
     /// What sync left behind at the last lay-down ("left out: target/ by …").
     pub left_out: Option<String>,
+    /// The box holds nothing the gateway lacks: its workspace was just laid down, or the last
+    /// turn's work was brought back. False from the moment a turn is handed to the worker.
+    pub box_in_step: bool,
 }
 
 const COLUMNS: &str = "session_id, owner_id, tenant_id, state, profile, generation, environment_id, \
-    owner_epoch, base_manifest, bundle_hash, worker_pid, error, updated_at_ms, left_out";
+    owner_epoch, base_manifest, bundle_hash, worker_pid, error, updated_at_ms, left_out, box_in_step";
 
 fn parse_state(s: &str) -> rusqlite::Result<PlacementState> {
     PlacementState::parse(s).ok_or_else(|| {
@@ -63,6 +66,7 @@ fn from_row(row: &Row<'_>) -> rusqlite::Result<PlacementRow> {
         error: row.get(11)?,
         updated_at_ms: row.get(12)?,
         left_out: row.get(13)?,
+        box_in_step: row.get(14)?,
     })
 }
 
@@ -120,6 +124,8 @@ pub struct PlacementChange<'a> {
     /// Replaces the recorded error (`None` clears it).
     pub error: Option<&'a str>,
     pub left_out: Option<&'a str>,
+    /// Records whether the box is in step with the gateway (`None` keeps what is recorded).
+    pub box_in_step: Option<bool>,
 }
 
 /// `request_placement` inside the caller's immediate transaction.
@@ -139,19 +145,17 @@ pub(crate) fn request_in(
         session,
         to,
     )?;
-    let live: u64 = tx.query_row(LIVE_COUNT, [], |r| r.get(0))?;
-    if live >= max_live {
-        return Err(Error::WorkersAtCapacity {
-            live,
-            max: max_live,
-        });
+    let slots = slots_in(tx)?;
+    if let Some(refusal) = slots.refusal(max_live) {
+        return Err(refusal);
     }
     let now = now_ms();
     tx.execute(
         "INSERT INTO placements (session_id, owner_id, tenant_id, state, profile, updated_at_ms) \
          VALUES (?1, ?2, ?3, ?4, ?5, ?6) \
          ON CONFLICT(session_id) DO UPDATE SET state = ?4, profile = ?5, error = NULL, \
-         environment_id = NULL, worker_pid = NULL, generation = generation + 1, updated_at_ms = ?6",
+         environment_id = NULL, worker_pid = NULL, box_in_step = 0, generation = generation + 1, \
+         updated_at_ms = ?6",
         params![
             session.as_str(),
             scope.owner_id,
@@ -168,8 +172,57 @@ pub(crate) fn request_in(
     Ok(())
 }
 
-const LIVE_COUNT: &str =
-    "SELECT COUNT(*) FROM placements WHERE state NOT IN ('local','reclaimed','failed')";
+/// Placement states that hold no box: not counted against `max_workers`, not reconciled at
+/// start, not named on an environment.
+const SETTLED: &str = "('local','parked','reclaimed','failed')";
+
+/// Run states of an unfinished run (the `runs_one_open_per_session` index's).
+const OPEN_RUN: &str =
+    "('queued','starting','running','waiting_input','waiting_approval','cancelling')";
+
+/// The worker slots in use: live placements (held or being placed), and how many of them have
+/// a turn open (a run admitted and not finished, whether it runs or is still being placed).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WorkerSlots {
+    pub live: u64,
+    pub running_turns: u64,
+}
+
+impl WorkerSlots {
+    /// The refusal when no slot is free of `max`.
+    pub fn refusal(&self, max: u64) -> Option<Error> {
+        (self.live >= max).then(|| Error::WorkersAtCapacity {
+            running_turns: self.running_turns,
+            other: self.live.saturating_sub(self.running_turns),
+            max,
+        })
+    }
+}
+
+fn slots_in(conn: &rusqlite::Connection) -> Result<WorkerSlots> {
+    let (live, running_turns) = conn.query_row(
+        &format!(
+            "SELECT COUNT(*), COALESCE(SUM(EXISTS (SELECT 1 FROM runs r WHERE r.session_id = p.session_id \
+             AND r.status IN {OPEN_RUN})), 0) FROM placements p WHERE p.state NOT IN {SETTLED}"
+        ),
+        [],
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )?;
+    Ok(WorkerSlots {
+        live,
+        running_turns,
+    })
+}
+
+/// A worker session that holds a box with no turn open: it may be parked.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IdlePlacement {
+    pub session_id: SessionId,
+    pub scope: Scope,
+    pub profile: String,
+    /// Since when it has had nothing to do: its last turn's end (or its last placement step).
+    pub idle_since_ms: i64,
+}
 
 impl Store {
     /// Places a session on a worker profile: `local|reclaimed|failed → requested`, claiming
@@ -211,11 +264,12 @@ impl Store {
             .optional()?)
     }
 
-    /// Placements on worker boxes that are not settled (for reconciliation at start).
+    /// Placements on worker boxes that are not settled (for reconciliation at start). Parked
+    /// ones are settled: they hold no box.
     pub fn live_placements(&self) -> Result<Vec<PlacementRow>> {
         let conn = self.conn();
         let mut stmt = conn.prepare(&format!(
-            "SELECT {COLUMNS} FROM placements WHERE state NOT IN ('local','reclaimed','failed')"
+            "SELECT {COLUMNS} FROM placements WHERE state NOT IN {SETTLED}"
         ))?;
         let rows = stmt
             .query_map([], from_row)?
@@ -226,19 +280,121 @@ impl Store {
     /// Sessions placed on `env` and not settled.
     pub fn sessions_on_environment(&self, env: &EnvironmentId) -> Result<Vec<SessionId>> {
         let conn = self.conn();
-        let mut stmt = conn.prepare(
+        let mut stmt = conn.prepare(&format!(
             "SELECT session_id FROM placements WHERE environment_id = ?1 \
-             AND state NOT IN ('local','reclaimed','failed') ORDER BY session_id",
-        )?;
+             AND state NOT IN {SETTLED} ORDER BY session_id"
+        ))?;
         let rows = stmt
             .query_map([env.as_str()], |r| id_col(r, 0, SessionId::parse))?
             .collect::<rusqlite::Result<Vec<_>>>()?;
         Ok(rows)
     }
 
-    /// How many placements hold (or are getting) a worker right now.
-    pub fn count_live_placements(&self) -> Result<u64> {
-        Ok(self.conn().query_row(LIVE_COUNT, [], |r| r.get(0))?)
+    /// The worker slots held right now (by placements that hold or are getting a worker).
+    pub fn worker_slots(&self) -> Result<WorkerSlots> {
+        slots_in(&self.conn())
+    }
+
+    /// Worker sessions that hold a box with no turn open and nothing on it the gateway lacks,
+    /// the longest idle first (the order in which they are parked to make room).
+    pub fn idle_placements(&self) -> Result<Vec<IdlePlacement>> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare(&format!(
+            "SELECT p.session_id, p.owner_id, p.tenant_id, p.profile, \
+             MAX(p.updated_at_ms, COALESCE((SELECT MAX(r.finished_at_ms) FROM runs r \
+             WHERE r.session_id = p.session_id), 0)) AS idle_since \
+             FROM placements p WHERE p.state = 'active' AND p.box_in_step = 1 \
+             AND NOT EXISTS (SELECT 1 FROM runs r \
+             WHERE r.session_id = p.session_id AND r.status IN {OPEN_RUN}) \
+             ORDER BY idle_since, p.session_id"
+        ))?;
+        let rows = stmt
+            .query_map([], |r| {
+                Ok(IdlePlacement {
+                    session_id: id_col(r, 0, SessionId::parse)?,
+                    scope: Scope::new(r.get::<_, String>(1)?, r.get::<_, String>(2)?),
+                    profile: r.get(3)?,
+                    idle_since_ms: r.get(4)?,
+                })
+            })?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        Ok(rows)
+    }
+
+    /// Parks a worker session that holds a box between turns: `active → parked`, advancing the
+    /// owner epoch (whatever its old worker still sends is fenced) and forgetting the box,
+    /// which the caller gives back. Returns the placement as it was (with its box and worker),
+    /// or `None` when the session is not parkable any more — it is not `active`, a turn was
+    /// admitted since the caller looked, or its box holds work not brought back.
+    ///
+    /// INVARIANT: the check for an open run and the move are one immediate transaction, and
+    /// turn admission is an insert under the same database lock, so a turn and a park cannot
+    /// both win: a session with an open run is never parked, and a turn admitted after the
+    /// park finds the session parked and places it again.
+    pub fn park_placement(
+        &self,
+        scope: &Scope,
+        session: &SessionId,
+    ) -> Result<Option<PlacementRow>> {
+        let before = {
+            let mut conn = self.conn();
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let before = tx
+                .prepare_cached(&format!(
+                    "SELECT {COLUMNS} FROM placements WHERE session_id = ?1 AND owner_id = ?2 AND tenant_id = ?3"
+                ))?
+                .query_row(
+                    params![session.as_str(), scope.owner_id, scope.tenant_id],
+                    from_row,
+                )
+                .optional()?;
+            let Some(before) = before else {
+                return Ok(None);
+            };
+            let open: bool = tx.query_row(
+                &format!(
+                    "SELECT EXISTS (SELECT 1 FROM runs WHERE session_id = ?1 AND status IN {OPEN_RUN})"
+                ),
+                [session.as_str()],
+                |r| r.get(0),
+            )?;
+            // INVARIANT: a box that may hold work the gateway lacks (a turn whose work was not
+            // brought back) is never given back: the session keeps it until a turn's
+            // reconciliation succeeds.
+            if before.state != PlacementState::Active || open || !before.box_in_step {
+                return Ok(None);
+            }
+            let to = PlacementState::Parked;
+            if !placement_allowed(before.state, to) {
+                return Err(Error::IllegalPlacementTransition {
+                    session: session.to_string(),
+                    from: before.state,
+                    to,
+                });
+            }
+            let now = now_ms();
+            tx.execute(
+                "UPDATE placements SET state = ?1, generation = generation + 1, \
+                 owner_epoch = owner_epoch + 1, environment_id = NULL, worker_pid = NULL, \
+                 box_in_step = 0, error = NULL, updated_at_ms = ?2 WHERE session_id = ?3",
+                params![to.as_str(), now, session.as_str()],
+            )?;
+            tx.execute(
+                "UPDATE sessions SET placement = ?1, updated_at_ms = ?2 WHERE id = ?3",
+                params![to.as_str(), now, session.as_str()],
+            )?;
+            // The box is attached to no placement from here until it is given back: its use
+            // is recorded now, so nothing takes it for an abandoned one meanwhile.
+            if let Some(env) = &before.environment_id {
+                tx.execute(
+                    "UPDATE environments SET last_used_at_ms = ?1 WHERE id = ?2",
+                    params![now, env.as_str()],
+                )?;
+            }
+            tx.commit()?;
+            before
+        };
+        Ok(Some(before))
     }
 
     /// Moves a placement to `to` if the state machine allows it.
@@ -268,7 +424,8 @@ impl Store {
                  base_manifest = COALESCE(?4, base_manifest), \
                  bundle_hash = COALESCE(?5, bundle_hash), \
                  worker_pid = COALESCE(?6, worker_pid), \
-                 error = ?7, updated_at_ms = ?8, left_out = COALESCE(?10, left_out) \
+                 error = ?7, updated_at_ms = ?8, left_out = COALESCE(?10, left_out), \
+                 box_in_step = COALESCE(?11, box_in_step) \
                  WHERE session_id = ?9",
                 params![
                     to.as_str(),
@@ -280,7 +437,8 @@ impl Store {
                     change.error,
                     now,
                     session.as_str(),
-                    change.left_out
+                    change.left_out,
+                    change.box_in_step
                 ],
             )?;
             tx.execute(
@@ -294,6 +452,18 @@ impl Store {
                 what: "placement",
                 id: session.to_string(),
             })
+    }
+
+    /// Records that the session's box is about to get work the gateway does not have yet (a
+    /// turn is handed to its worker), without moving the placement. The turn's successful
+    /// reconciliation records it in step again.
+    pub fn mark_box_ahead(&self, scope: &Scope, session: &SessionId) -> Result<()> {
+        self.conn().execute(
+            "UPDATE placements SET box_in_step = 0 \
+             WHERE session_id = ?1 AND owner_id = ?2 AND tenant_id = ?3",
+            params![session.as_str(), scope.owner_id, scope.tenant_id],
+        )?;
+        Ok(())
     }
 
     /// Replaces the base manifest of a live placement without moving it: the session's

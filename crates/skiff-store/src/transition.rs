@@ -61,18 +61,25 @@ pub fn snapshot_allowed(from: SnapshotState, to: SnapshotState) -> bool {
 
 /// Whether a session's placement may move from `from` to `to`. v1 dispatches local → worker
 /// only; a worker session goes `reconciling` after each turn and back to `active`; a dead box
-/// makes it `reclaimed`, and the next message places it again.
+/// makes it `reclaimed`, and the next message places it again. Between turns an `active`
+/// session gives its box back (`parked`: its last turn is already reconciled and
+/// checkpointed, so nothing is on the box that the gateway lacks); the next message places it
+/// again, and bringing it home needs no drain (`parked → local`).
 pub fn placement_allowed(from: PlacementState, to: PlacementState) -> bool {
     use PlacementState::*;
     match from {
         Local | Reclaimed | Failed => matches!(to, Requested),
+        Parked => matches!(to, Requested | Local),
         Requested => matches!(to, Provisioning | Failed),
         Provisioning => matches!(to, Syncing | Failed | Reclaimed),
         Syncing => matches!(to, Setup | Starting | Failed | Reclaimed),
         Setup => matches!(to, Starting | Failed | Reclaimed),
         // `starting → starting`: a replacement worker on the same box (new epoch).
         Starting => matches!(to, Starting | Active | Failed | Reclaimed),
-        Active => matches!(to, Starting | Reconciling | Draining | Failed | Reclaimed),
+        Active => matches!(
+            to,
+            Starting | Reconciling | Draining | Parked | Failed | Reclaimed
+        ),
         Reconciling => matches!(to, Active | Failed | Reclaimed),
         Draining => matches!(to, Reconciling | Local | Failed | Reclaimed),
     }
@@ -109,6 +116,51 @@ mod tests {
         assert!(!placement_allowed(P::Local, P::Active));
         assert!(!placement_allowed(P::Reclaimed, P::Active));
         assert!(!placement_allowed(P::Provisioning, P::Active));
+    }
+
+    #[test]
+    fn only_a_session_between_turns_is_parked_and_its_next_message_places_it_again() {
+        use PlacementState as P;
+        // A turn, its reconciliation, parked; the next message, placed again, parked again.
+        let path = [
+            P::Active,
+            P::Reconciling,
+            P::Active,
+            P::Parked,
+            P::Requested,
+            P::Provisioning,
+            P::Syncing,
+            P::Starting,
+            P::Active,
+            P::Parked,
+        ];
+        for pair in path.windows(2) {
+            assert!(
+                placement_allowed(pair[0], pair[1]),
+                "{} -> {}",
+                pair[0],
+                pair[1]
+            );
+        }
+        // Mid-placement and mid-reconciliation a session holds work the gateway does not
+        // have yet: it is never parked there.
+        for from in P::ALL.into_iter().filter(|s| *s != P::Active) {
+            assert!(!placement_allowed(from, P::Parked), "{from} -> parked");
+        }
+        // A parked session has no box: it neither runs nor reconciles nor loses a box.
+        for to in [
+            P::Active,
+            P::Starting,
+            P::Syncing,
+            P::Reconciling,
+            P::Draining,
+            P::Reclaimed,
+            P::Parked,
+        ] {
+            assert!(!placement_allowed(P::Parked, to), "parked -> {to}");
+        }
+        // Coming home from parked needs no drain: its work is already here.
+        assert!(placement_allowed(P::Parked, P::Local));
     }
 
     #[test]

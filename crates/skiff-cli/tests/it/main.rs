@@ -16,6 +16,7 @@ mod env;
 mod harness;
 mod homecoming;
 mod leftovers;
+mod parking;
 mod results;
 mod session;
 mod setup;

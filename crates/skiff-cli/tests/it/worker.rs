@@ -386,13 +386,31 @@ fn the_box_and_the_worker_hold_no_secret() {
 
 #[test]
 fn past_its_worker_limit_the_gateway_refuses_at_once() {
+    // The first session's turn waits on the model: its worker is busy, not merely attached
+    // (an idle one would be parked to make room).
     let rig = Rig::start(
-        vec![text_reply(&["one"]), text_reply(&["local"])],
+        vec![FakeResponse::stall(), text_reply(&["local"])],
         "[gateway]\nmax_workers = 1\n",
     );
     let repo = TempGitRepo::new(&[("README.md", "a repo\n")]);
-    let (out, _) = new_worker_session(&rig, repo.path(), "first");
-    assert!(out.status.success(), "{}", stderr(&out));
+    let mut first = rig
+        .gw
+        .cli()
+        .arg("session")
+        .args(new_worker_session_args(repo.path(), "first"))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(first.stdout.take().unwrap()));
+    // Until its turn asks the model (which answers the next request, the local session's).
+    let mut id = String::new();
+    for line in lines.by_ref() {
+        let event: Value = serde_json::from_str(&line.unwrap()).unwrap();
+        id = event["session_id"].as_str().unwrap().to_owned();
+        if event["type"] == "model_request" {
+            break;
+        }
+    }
     let out = rig.session(&[
         "new",
         "--profile",
@@ -404,13 +422,21 @@ fn past_its_worker_limit_the_gateway_refuses_at_once() {
         "second",
     ]);
     assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
-    assert!(stderr(&out).contains("at capacity"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("at capacity: 1 of 1 workers is running a turn"),
+        "{}",
+        stderr(&out)
+    );
     // Nothing was half-created: no second session, no second box; local sessions still run.
     let list = rig.gw.json(&["session", "list", "--json"]);
     assert_eq!(list["sessions"].as_array().unwrap().len(), 1);
-    assert_eq!(rig.root.boxes().len(), 1);
+    assert!(rig.root.boxes().len() <= 1, "{:?}", rig.root.boxes());
     rig.gw
         .new_session(repo.path(), "openai/gpt-fake", "on the gateway");
+    let out = rig.session(&["cancel", &id]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    lines.for_each(drop);
+    assert_eq!(first.wait().unwrap().code(), Some(1));
 }
 
 #[test]
@@ -733,34 +759,70 @@ fn a_long_reply_streams_through_the_credit_window_to_the_end() {
 
 #[test]
 fn twenty_requests_at_once_never_exceed_the_worker_limit() {
+    // Every turn waits on the model until it is cancelled, so no worker is ever idle (and
+    // parked to make room) while the requests arrive.
     let rig = Rig::start(
-        vec![text_reply(&["one"]), text_reply(&["two"])],
+        vec![FakeResponse::stall(), FakeResponse::stall()],
         "[gateway]\nmax_workers = 2\n",
     );
     let repo = TempGitRepo::new(&[("README.md", "a repo\n")]);
-    let outputs: Vec<std::process::Output> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..20)
-            .map(|i| {
-                let rig = &rig;
-                let repo = repo.path();
+    let mut children: Vec<std::process::Child> = (0..20)
+        .map(|i| {
+            rig.gw
+                .cli()
+                .arg("session")
+                .args(new_worker_session_args(
+                    repo.path(),
+                    &format!("request {i}"),
+                ))
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    // A placed request prints its session at once; a refused one prints nothing and exits.
+    let firsts: Vec<Option<String>> = std::thread::scope(|s| {
+        let handles: Vec<_> = children
+            .iter_mut()
+            .map(|child| {
+                let stdout = child.stdout.take().unwrap();
                 s.spawn(move || {
-                    let prompt = format!("request {i}");
-                    rig.session(&new_worker_session_args(repo, &prompt))
+                    let mut lines = std::io::BufRead::lines(std::io::BufReader::new(stdout));
+                    let first = lines.next().map(|l| l.unwrap());
+                    // Keep draining: a placed session's child must never block on its pipe.
+                    std::thread::spawn(move || lines.for_each(drop));
+                    first
                 })
             })
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
-    let ok = outputs.iter().filter(|o| o.status.success()).count();
-    let refused: Vec<_> = outputs
+    let placed: Vec<String> = firsts
         .iter()
-        .filter(|o| o.status.code() == Some(3))
+        .flatten()
+        .map(|l| {
+            let event: Value = serde_json::from_str(l).unwrap();
+            event["session_id"].as_str().unwrap().to_owned()
+        })
         .collect();
-    assert_eq!(ok, 2, "exactly max_workers sessions are placed");
-    assert_eq!(refused.len(), 18, "every other request is refused");
-    for out in refused {
-        assert!(stderr(out).contains("at capacity"), "{}", stderr(out));
+    assert_eq!(placed.len(), 2, "exactly max_workers sessions are placed");
+    for id in &placed {
+        let out = rig.session(&["cancel", id]);
+        assert!(out.status.success(), "{}", stderr(&out));
     }
+    let mut refused = 0;
+    for (child, first) in children.into_iter().zip(&firsts) {
+        let out = child.wait_with_output().unwrap();
+        if first.is_some() {
+            assert_eq!(out.status.code(), Some(1), "a cancelled turn");
+        } else {
+            assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+            assert!(stderr(&out).contains("at capacity"), "{}", stderr(&out));
+            refused += 1;
+        }
+    }
+    assert_eq!(refused, 18, "every other request is refused");
     // Refused requests leave nothing behind: no session, no box, no branch.
     let list = rig.gw.json(&["session", "list", "--json"]);
     assert_eq!(list["sessions"].as_array().unwrap().len(), 2);

@@ -657,7 +657,7 @@ pub fn notices(detail: &Value) -> Vec<String> {
 }
 
 /// Follows the session's events until its placement reaches `state`.
-fn wait_placement(rig: &Rig, id: &str, state: &str) -> Value {
+pub fn wait_placement(rig: &Rig, id: &str, state: &str) -> Value {
     let detail = show(rig, id);
     if detail["session"]["placement"] == state {
         return detail;

@@ -2,12 +2,12 @@
 //! resolver where a name must point somewhere it could not on this machine, and the real
 //! `curl` (and `openssl s_server` for HTTPS) to prove the wire format is what clients speak.
 
+use super::address::AddressClass;
 use super::body::{self, Framing};
 use super::http::{self, Head};
-use super::*;
-use super::address::AddressClass;
 use super::proxy::Limits;
 use super::resolve::{Resolve, SystemResolver};
+use super::*;
 use std::collections::HashMap;
 use std::future::Future;
 use std::io;

@@ -10,31 +10,106 @@ use skiff_providers::{Lease, LeaseStatus};
 use skiff_store::{EnvironmentRow, Scope};
 use std::sync::Arc;
 
+/// How often a session looks for a box again when the one it brought up was taken from the
+/// idle pool by another session first.
+const ACQUIRE_ATTEMPTS: usize = 3;
+
 impl Environments {
-    /// A ready box for a session, attached to it.
+    /// A ready box for a session, attached to it: a warm idle one when the pool has one,
+    /// else a new lease brought all the way up.
     pub(crate) async fn acquire(
         self: &Arc<Self>,
         scope: &Scope,
         profile: &str,
     ) -> Result<EnvironmentId> {
-        let view = self.create(scope, profile, true).await?;
-        // Bringing up is idempotent and serialized per environment: this waits for the
-        // background bring-up (or finds the reused box idle).
-        self.bring_up(scope.clone(), view.id.clone()).await?;
-        let lock = self.lock(&view.id);
-        let _guard = lock.lock().await;
-        let row = self.store.environment(scope, &view.id)?;
-        if row.state != EnvironmentState::Idle {
-            return Err(invalid(format!(
-                "environment {} is {} after bring-up: {}",
-                row.id,
-                row.state,
-                row.error.as_deref().unwrap_or("no error recorded")
-            )));
+        let mut taken = None;
+        for _ in 0..ACQUIRE_ATTEMPTS {
+            if let Some(row) = self.take_idle(scope, profile, true).await? {
+                return Ok(row.id);
+            }
+            let view = self.create(scope, profile, false).await?;
+            // Bringing up is idempotent and serialized per environment: this waits for the
+            // background bring-up.
+            self.bring_up(scope.clone(), view.id.clone()).await?;
+            let lock = self.lock(&view.id);
+            let _guard = lock.lock().await;
+            let row = self.store.environment(scope, &view.id)?;
+            match row.state {
+                EnvironmentState::Idle => {
+                    self.transition(&row, EnvironmentState::Attached, None)?;
+                    self.store.touch_environment(scope, &row.id)?;
+                    return Ok(row.id);
+                }
+                // Between its bring-up and this lock the new box sat in the idle pool, and
+                // another session took it: look again.
+                EnvironmentState::Attached => taken = Some(row.id),
+                _ => {
+                    return Err(invalid(format!(
+                        "environment {} is {} after bring-up: {}",
+                        row.id,
+                        row.state,
+                        row.error.as_deref().unwrap_or("no error recorded")
+                    )));
+                }
+            }
         }
-        self.transition(&row, EnvironmentState::Attached, None)?;
-        self.store.touch_environment(scope, &row.id)?;
-        Ok(row.id)
+        Err(invalid(format!(
+            "every box brought up for this session was taken by another one first (last {}); try again",
+            taken.map(|id| id.to_string()).unwrap_or_default()
+        )))
+    }
+
+    /// Gives an attached box back to the idle pool once its session was parked. `clear`
+    /// stops the session's worker and removes its workspace; it runs under the box's lock, so
+    /// nothing hands the box out or tears it down meanwhile. A box that cannot be cleared is
+    /// destroyed instead: a box never goes back to the pool holding a session's files.
+    /// Returns whether the box is in the pool.
+    pub(crate) async fn release_to_pool(
+        &self,
+        scope: &Scope,
+        id: &EnvironmentId,
+        clear: impl std::future::Future<Output = Result<()>>,
+    ) -> bool {
+        let lock = self.lock(id);
+        let _guard = lock.lock().await;
+        let row = match self.store.environment(scope, id) {
+            Ok(row) if row.state == EnvironmentState::Attached => row,
+            // Gone or failed meanwhile (a dead box, an operator's destroy): nothing to give.
+            Ok(_) => return false,
+            Err(e) => {
+                tracing::warn!(env = %id, error = %e, "cannot read the environment to release it");
+                return false;
+            }
+        };
+        let cleared = clear.await;
+        let released = cleared.and_then(|()| {
+            self.transition(&row, EnvironmentState::Idle, None)?;
+            // Its idle time counts from now.
+            self.store.touch_environment(scope, id)?;
+            Ok(())
+        });
+        match released {
+            Ok(()) => true,
+            Err(e) => {
+                let why = format!("could not be cleared for another session: {e}");
+                tracing::warn!(env = %id, error = %e, "destroying a box that could not be cleared");
+                if let Ok(row) = self.store.environment(scope, id)
+                    && !matches!(
+                        row.state,
+                        EnvironmentState::Failed
+                            | EnvironmentState::Destroying
+                            | EnvironmentState::Destroyed
+                    )
+                    && let Err(e) = self.fail(&row, &why)
+                {
+                    tracing::warn!(env = %id, error = %e, "could not record the failed release");
+                }
+                if let Err(e) = self.destroy_locked(scope, id, true).await {
+                    tracing::warn!(env = %id, error = %e, "could not tear down a box that could not be cleared");
+                }
+                false
+            }
+        }
     }
 
     /// Hashes the gateway's bundle now, so workers can be admitted before any bring-up.

@@ -94,6 +94,15 @@ impl Environments {
         Ok(&self.profile(name)?.config)
     }
 
+    /// How long a worker session of `profile` keeps its box after a turn before it is parked
+    /// (the default for an unknown profile; every profile's was checked at start).
+    pub(crate) fn keep_attached(&self, profile: &str) -> std::time::Duration {
+        self.profiles
+            .get(profile)
+            .and_then(|p| p.config.keep_attached().ok())
+            .unwrap_or(std::time::Duration::from_secs(600))
+    }
+
     /// How much history a box of `profile` gets (the default for an unknown profile).
     pub(crate) fn history(&self, profile: &str) -> skiff_providers::History {
         self.profiles
@@ -274,6 +283,21 @@ impl Environments {
     }
 
     async fn reuse(&self, scope: &Scope, profile: &str) -> Result<Option<EnvironmentView>> {
+        Ok(self
+            .take_idle(scope, profile, false)
+            .await?
+            .map(|row| self.view(&row)))
+    }
+
+    /// A warm idle box of `profile` in `scope` with the gateway's bundle, checked (lease
+    /// running, bundle in place) under its lock. With `attach` it is attached before the lock
+    /// is let go, so two sessions can never both take the same box.
+    async fn take_idle(
+        &self,
+        scope: &Scope,
+        profile: &str,
+        attach: bool,
+    ) -> Result<Option<EnvironmentRow>> {
         let hash = self.bundle().await?.hash.clone();
         let candidates = self.store.environments(scope)?.into_iter().filter(|r| {
             r.profile == profile
@@ -286,6 +310,9 @@ impl Environments {
             if let Ok(row) = self.check_locked(&row.scope, &row.id, false).await
                 && row.state == EnvironmentState::Idle
             {
+                if attach {
+                    self.transition(&row, EnvironmentState::Attached, None)?;
+                }
                 self.store.touch_environment(scope, &row.id)?;
                 self.audit(
                     scope,
@@ -294,7 +321,7 @@ impl Environments {
                     "allowed",
                     json!({ "profile": profile }),
                 );
-                return Ok(Some(self.view(&self.store.environment(scope, &row.id)?)));
+                return Ok(Some(self.store.environment(scope, &row.id)?));
             }
         }
         Ok(None)

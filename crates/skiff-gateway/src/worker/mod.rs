@@ -10,6 +10,8 @@
 //! - [`place`]: the placement state machine driven end to end — environment, outbound sync,
 //!   tunnel, worker start, admission, canary — running turns remotely, reconciling the
 //!   workspace after each, and recovering from tunnel blips, dead workers and dead boxes.
+//! - [`park`]: a session idle on its box past its profile's `keep_attached`, or the one idle
+//!   longest when a slot is needed, gives the box back to the idle pool (placement `parked`).
 //! - [`web_fetch`]: the gateway-resident tool (controlled egress, allowlisted hosts).
 //!
 //! Deliberately absent: any way for a worker to reach the HTTP API, to name another session,
@@ -19,6 +21,7 @@ pub(crate) mod credential;
 mod egress_gate;
 mod endpoint;
 mod ops;
+mod park;
 pub(crate) mod place;
 pub(crate) mod probe;
 mod proxy;
@@ -120,6 +123,23 @@ impl Live {
             conn.closed.cancel();
         }
         self.bump();
+    }
+
+    /// Tells the worker of `epoch` to go and closes its connection (queued frames still go
+    /// out); a newer epoch's worker, already placed again, is left alone.
+    fn stop_epoch(&self, epoch: u64, reason: &str) {
+        let mut conn = lock(&self.conn);
+        if conn.as_ref().is_some_and(|c| c.epoch == epoch)
+            && let Some(old) = conn.take()
+        {
+            drop(conn);
+            // A worker that can no longer hear it is killed by whoever stops it.
+            let _ = old.out.send(GatewayFrame::Shutdown {
+                reason: reason.to_owned(),
+            });
+            old.closed.cancel();
+            self.bump();
+        }
     }
 
     pub(crate) fn open_run(&self) -> Option<RunId> {

@@ -76,17 +76,6 @@ impl Core {
         Ok(row)
     }
 
-    /// The quick answer when the gateway plainly runs as many workers as it may. Only an
-    /// answer: the slot itself is claimed atomically by `request_placement`.
-    pub(crate) fn check_worker_capacity(&self) -> Result<()> {
-        let live = self.store.count_live_placements()?;
-        let max = self.workers.max_workers;
-        if live >= max {
-            return Err(skiff_store::Error::WorkersAtCapacity { live, max }.into());
-        }
-        Ok(())
-    }
-
     /// Makes sure the session has an admitted, ready worker; drives the placement as far as
     /// needed.
     pub(crate) async fn ensure_worker(
@@ -120,10 +109,16 @@ impl Core {
                 "the worker is gone; starting a new one",
             )?;
         }
-        if matches!(p.state, PlacementState::Reclaimed | PlacementState::Failed) {
+        if matches!(
+            p.state,
+            PlacementState::Parked | PlacementState::Reclaimed | PlacementState::Failed
+        ) {
+            // Usually claimed when the message was sent; here when a turn was admitted while
+            // the session was being parked, or for a retried turn.
+            let profile = p.profile.clone();
             p = self
-                .store
-                .request_placement(scope, id, &p.profile, self.workers.max_workers)?;
+                .claim_worker_slot(|max| self.store.request_placement(scope, id, &profile, max))
+                .await?;
         }
         if p.state == PlacementState::Requested {
             p = self.place(
@@ -231,6 +226,8 @@ impl Core {
                             base_manifest: Some(&base),
                             bundle_hash: bundle.as_deref(),
                             left_out: Some(&left_out),
+                            // The box holds what the gateway just laid down.
+                            box_in_step: Some(true),
                             ..Default::default()
                         },
                         &detail,

@@ -317,10 +317,14 @@ impl Core {
         if p.as_ref().is_some_and(|p| {
             matches!(
                 p.state,
-                PlacementState::Reclaimed | PlacementState::Failed | PlacementState::Local
+                PlacementState::Reclaimed
+                    | PlacementState::Failed
+                    | PlacementState::Local
+                    | PlacementState::Parked
             )
         }) {
-            // Already settled (a second path found the same dead box): one notice, not two.
+            // Already settled (a second path found the same dead box, or the session gave its
+            // box back before it died): one notice, or none, not two.
             return;
         }
         let live = self.workers.live(session);

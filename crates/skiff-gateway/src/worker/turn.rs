@@ -85,6 +85,9 @@ impl Core {
         )?;
         let live = self.workers.live(&session.id);
         let done = live.expect_turn(&run.id);
+        // From here the box may hold work the gateway lacks, until this turn's reconciliation
+        // succeeds: the session is not parked (its box not cleared) before then.
+        self.store.mark_box_ahead(scope, &session.id)?;
         self.hand_over_turn(scope, &session.id);
         tokio::pin!(done);
         let end = tokio::select! {
@@ -246,6 +249,8 @@ impl Core {
             PlacementState::Active,
             &PlacementChange {
                 base_manifest: base.as_deref(),
+                // Failed, the box keeps what did not come back: it stays ahead.
+                box_in_step: result.is_ok().then_some(true),
                 ..Default::default()
             },
             &detail,

@@ -254,3 +254,160 @@ fn events_get_monotonic_cursors_per_session() {
 }
 
 mod snapshots;
+/// A worker session of profile `local`, placed on `env` with its worker admitted (`active`).
+fn active_worker_session(store: &Store, env: &skiff_protocol::EnvironmentId) -> SessionId {
+    use skiff_protocol::environment::PlacementState as P;
+    let id = SessionId::from_suffix(&skiff_store::mint().unwrap());
+    store
+        .create_session_placed(
+            &alice(),
+            &NewSession {
+                id: id.clone(),
+                title: "on a box".into(),
+                workspace: WorkspaceView::Plain {
+                    source: "/src".into(),
+                    path: "/state/ws".into(),
+                },
+                model_ref: "scripted/demo".into(),
+            },
+            Some(("local", 16)),
+        )
+        .unwrap();
+    for to in [P::Provisioning, P::Syncing, P::Starting, P::Active] {
+        let change = skiff_store::PlacementChange {
+            environment_id: (to == P::Syncing).then_some(env),
+            advance_epoch: to == P::Starting,
+            worker_pid: (to == P::Starting).then_some(42),
+            box_in_step: (to == P::Starting).then_some(true),
+            ..Default::default()
+        };
+        store
+            .transition_placement(&alice(), &id, to, &change)
+            .unwrap();
+    }
+    id
+}
+
+fn finish_run(store: &Store, run: &skiff_protocol::RunId) {
+    for status in [
+        RunStatus::Starting,
+        RunStatus::Running,
+        RunStatus::Succeeded,
+    ] {
+        store.transition_run(&alice(), run, status, None).unwrap();
+    }
+}
+
+#[test]
+fn a_session_with_a_turn_open_or_work_on_its_box_is_never_parked_and_a_parked_one_frees_its_slot() {
+    use skiff_protocol::environment::PlacementState as P;
+    let store = Store::open_in_memory().unwrap();
+    let env = skiff_protocol::EnvironmentId::from_suffix("box1");
+    let s = active_worker_session(&store, &env);
+    let run = store.create_run(&alice(), &s, "scripted/demo").unwrap();
+    assert_eq!(
+        store.worker_slots().unwrap(),
+        skiff_store::WorkerSlots {
+            live: 1,
+            running_turns: 1
+        }
+    );
+    assert!(store.idle_placements().unwrap().is_empty());
+    assert_eq!(store.park_placement(&alice(), &s).unwrap(), None);
+    assert_eq!(
+        store.placement(&alice(), &s).unwrap().unwrap().state,
+        P::Active
+    );
+
+    finish_run(&store, &run.id);
+    // The turn's work was not brought back (its box is ahead): the box is not given back.
+    store.mark_box_ahead(&alice(), &s).unwrap();
+    assert!(store.idle_placements().unwrap().is_empty());
+    assert_eq!(store.park_placement(&alice(), &s).unwrap(), None);
+    // Its reconciliation succeeded: in step again.
+    for to in [P::Reconciling, P::Active] {
+        let change = skiff_store::PlacementChange {
+            box_in_step: (to == P::Active).then_some(true),
+            ..Default::default()
+        };
+        store
+            .transition_placement(&alice(), &s, to, &change)
+            .unwrap();
+    }
+    let idle = store.idle_placements().unwrap();
+    assert_eq!(idle.len(), 1);
+    assert_eq!(idle[0].session_id, s);
+    let before = store.park_placement(&alice(), &s).unwrap().unwrap();
+    assert_eq!(before.environment_id.as_ref(), Some(&env));
+    assert_eq!(before.worker_pid, Some(42));
+    let parked = store.placement(&alice(), &s).unwrap().unwrap();
+    assert_eq!(parked.state, P::Parked);
+    assert_eq!(parked.environment_id, None, "a parked session names no box");
+    assert_eq!(
+        parked.owner_epoch,
+        before.owner_epoch + 1,
+        "its old worker is fenced"
+    );
+    assert_eq!(store.session(&alice(), &s).unwrap().placement, "parked");
+    // Parked holds no slot, is not reconciled at start and names no environment.
+    assert_eq!(store.worker_slots().unwrap().live, 0);
+    assert!(store.live_placements().unwrap().is_empty());
+    assert!(store.sessions_on_environment(&env).unwrap().is_empty());
+    // Parking twice is not a second park.
+    assert_eq!(store.park_placement(&alice(), &s).unwrap(), None);
+
+    // A turn admitted after the park finds the session parked; it claims a slot again.
+    store.create_run(&alice(), &s, "scripted/demo").unwrap();
+    let again = store.request_placement(&alice(), &s, "local", 1).unwrap();
+    assert_eq!(again.state, P::Requested);
+    assert_eq!(store.worker_slots().unwrap().live, 1);
+}
+
+#[test]
+fn a_full_gateway_says_how_many_slots_run_turns_and_idle_sessions_go_longest_idle_first() {
+    let store = Store::open_in_memory().unwrap();
+    let a = active_worker_session(&store, &skiff_protocol::EnvironmentId::from_suffix("a"));
+    let b = active_worker_session(&store, &skiff_protocol::EnvironmentId::from_suffix("b"));
+    let c = active_worker_session(&store, &skiff_protocol::EnvironmentId::from_suffix("c"));
+    store.create_run(&alice(), &c, "scripted/demo").unwrap();
+    // A finished turn makes a session the most recently used.
+    let run = store.create_run(&alice(), &a, "scripted/demo").unwrap();
+    finish_run(&store, &run.id);
+    let idle = store.idle_placements().unwrap();
+    let ids: Vec<&SessionId> = idle.iter().map(|p| &p.session_id).collect();
+    assert_eq!(ids.len(), 2, "the session with a turn open is not idle");
+    assert!(ids.contains(&&a) && ids.contains(&&b), "{idle:?}");
+    assert!(
+        idle.windows(2)
+            .all(|w| w[0].idle_since_ms <= w[1].idle_since_ms),
+        "the one idle longest comes first: {idle:?}"
+    );
+    let a_idle = idle.iter().find(|p| p.session_id == a).unwrap();
+    assert_eq!(
+        a_idle.idle_since_ms,
+        store
+            .run(&alice(), &run.id)
+            .unwrap()
+            .finished_at_ms
+            .unwrap(),
+        "idle since its last turn ended"
+    );
+
+    let d = new_session(&store, &alice());
+    let err = store
+        .request_placement(&alice(), &d, "local", 3)
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::WorkersAtCapacity {
+                running_turns: 1,
+                other: 2,
+                max: 3
+            }
+        ),
+        "{err}"
+    );
+    store.park_placement(&alice(), &a).unwrap().unwrap();
+    store.request_placement(&alice(), &d, "local", 3).unwrap();
+}

@@ -1,0 +1,246 @@
+//! Parking: a worker session whose turn ended keeps its box for its profile's `keep_attached`
+//! (a follow-up starts at once), then gives it back — placement `parked`, the box `idle` in
+//! the pool for any session of the same scope, profile and bundle. A session is also parked
+//! early, the one idle longest first, when another session needs its worker slot.
+//!
+//! Parking needs nothing from the box: the turn was reconciled and checkpointed at
+//! `turn.finish`, so the session's workspace on the gateway is complete. What stays on the box
+//! is removed before the box is idle (its worker stopped, its workspace deleted), so the next
+//! session sees none of it. The next message places a parked session again like any other.
+//!
+//! Deliberately absent: giving a parked session back the very box it left. A box in the pool
+//! is anyone's, so it is cleared on the way in, and a box reserved for one session would be
+//! one the pool does not have.
+
+use super::place::box_workspace;
+use crate::Core;
+use crate::error::Result;
+use serde_json::json;
+use skiff_protocol::SessionId;
+use skiff_protocol::environment::PlacementState;
+use skiff_protocol::event::EventKind;
+use skiff_store::{Scope, now_ms};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// How many sessions a claim parks, one after the other, before it gives up: another request
+/// may take the slot a park just freed.
+const CLAIM_ATTEMPTS: usize = 3;
+/// How long a stopped worker has to exit before it is killed.
+const WORKER_EXIT_GRACE_TENTHS: u32 = 50;
+
+impl Core {
+    /// Parks `session` if it holds a box between turns: moves the placement (checked against
+    /// an open run in the same transaction), stops its worker and gives the box back to the
+    /// pool. `why` says what made it happen. Returns whether it was parked; `false` when it
+    /// is not idle on a box (any more).
+    pub(crate) async fn park(
+        self: &Arc<Self>,
+        scope: &Scope,
+        session: &SessionId,
+        why: &str,
+    ) -> Result<bool> {
+        let Some(was) = self.store.park_placement(scope, session)? else {
+            return Ok(false);
+        };
+        // From here the session is parked: its slot is free, and a message for it places it
+        // again (on another box, or this one once it is back in the pool).
+        let env = was.environment_id.clone();
+        let detail = format!(
+            "{why}: its box goes back to the pool; the next message places the session again"
+        );
+        let event = EventKind::Placement {
+            state: PlacementState::Parked,
+            environment_id: env.clone(),
+            detail: detail.clone(),
+        };
+        if let Err(e) = self.hub.publish(scope, session, None, event) {
+            tracing::warn!(%session, error = %e, "could not publish the parked placement");
+        }
+        tracing::info!(%session, placement = %PlacementState::Parked, detail, "placement");
+        self.workers
+            .live(session)
+            .stop_epoch(was.owner_epoch, "the session is parked");
+        let pooled = match &env {
+            Some(env) => {
+                self.give_box_back(scope, session, env, was.worker_pid)
+                    .await
+            }
+            None => false,
+        };
+        self.audit(
+            scope,
+            "placement.park",
+            session.as_str(),
+            "applied",
+            json!({
+                "env": env.as_ref().map(|e| e.as_str()),
+                "epoch": was.owner_epoch,
+                "reason": why,
+                "box": env.as_ref().map(|_| if pooled { "idle" } else { "destroyed" }),
+            }),
+        );
+        Ok(true)
+    }
+
+    /// Stops the parked session's worker, removes its workspace and the tunnel to it, and puts
+    /// the box in the idle pool (or destroys it when that cannot be done). Returns whether the
+    /// box is in the pool.
+    async fn give_box_back(
+        &self,
+        scope: &Scope,
+        session: &SessionId,
+        env: &skiff_protocol::EnvironmentId,
+        worker_pid: Option<i64>,
+    ) -> bool {
+        self.close_worker_endpoint(env);
+        let row = match self.store.environment(scope, env) {
+            Ok(row) => row,
+            Err(e) => {
+                tracing::warn!(%session, %env, error = %e, "cannot read the parked session's box");
+                return false;
+            }
+        };
+        let clear = async {
+            let ssh = self.envs.ssh(&row)?;
+            let cancel = CancellationToken::new();
+            let home = ssh.run(&clear_script(session, worker_pid), &cancel).await?;
+            let remote_socket = format!("{}/.skiff/worker.sock", home.trim());
+            if let Err(e) = ssh
+                .cancel_forward(&remote_socket, &self.workers.socket_path(env), &cancel)
+                .await
+            {
+                // The endpoint it led to is closed, and the next placement on this box
+                // forwards the same socket to the same endpoint again.
+                tracing::debug!(%env, error = %e, "cancelling the worker forward");
+            }
+            Ok(())
+        };
+        self.envs.release_to_pool(scope, env, clear).await
+    }
+
+    /// The lifetime tick: parks every session idle on its box past its profile's
+    /// `keep_attached`. A session whose worker is being repaired is left to its repair.
+    pub(crate) async fn park_idle_sessions(self: &Arc<Self>) {
+        let idle = match self.store.idle_placements() {
+            Ok(idle) => idle,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot list idle worker sessions to park");
+                return;
+            }
+        };
+        let now = now_ms();
+        for p in idle {
+            let keep = self.envs.keep_attached(&p.profile);
+            let idle_for = Duration::from_millis(u64::try_from(now - p.idle_since_ms).unwrap_or(0));
+            if idle_for < keep || self.workers.recovering(&p.session_id) {
+                continue;
+            }
+            let why = format!(
+                "idle for {} (keep_attached of profile {} is {})",
+                humantime::format_duration(Duration::from_secs(idle_for.as_secs())),
+                p.profile,
+                humantime::format_duration(keep)
+            );
+            if let Err(e) = self.park(&p.scope, &p.session_id, &why).await {
+                tracing::warn!(session = %p.session_id, error = %e, "could not park an idle session");
+            }
+        }
+    }
+
+    /// Parks the session idle on its box the longest, to free its slot. `false` when no
+    /// session is idle on a box: every slot has a turn (or a placement) in flight.
+    async fn park_least_recently_used(self: &Arc<Self>) -> Result<bool> {
+        for p in self.store.idle_placements()? {
+            if self.workers.recovering(&p.session_id) {
+                continue;
+            }
+            if self
+                .park(
+                    &p.scope,
+                    &p.session_id,
+                    "its worker slot was needed by another session",
+                )
+                .await?
+            {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
+    /// The quick answer before slow work (a new session's workspace): a slot is free, or one
+    /// was freed by parking an idle session. Only an answer: the slot itself is claimed by
+    /// [`Core::claim_worker_slot`].
+    pub(crate) async fn make_worker_room(self: &Arc<Self>) -> Result<()> {
+        let max = self.workers.max_workers;
+        for _ in 0..CLAIM_ATTEMPTS {
+            let Some(refusal) = self.store.worker_slots()?.refusal(max) else {
+                return Ok(());
+            };
+            if !self.park_least_recently_used().await? {
+                return Err(refusal.into());
+            }
+        }
+        match self.store.worker_slots()?.refusal(max) {
+            Some(refusal) => Err(refusal.into()),
+            None => Ok(()),
+        }
+    }
+
+    /// Claims a worker slot with `claim`, which counts and claims in one immediate
+    /// transaction (`request_placement`, or a new session's rows). When every slot is taken,
+    /// the session idle the longest is parked and the claim tried again, a bounded number of
+    /// times; the refusal comes only when no session is idle on a box.
+    pub(crate) async fn claim_worker_slot<T>(
+        self: &Arc<Self>,
+        claim: impl Fn(u64) -> skiff_store::Result<T>,
+    ) -> Result<T> {
+        let max = self.workers.max_workers;
+        for _ in 0..CLAIM_ATTEMPTS {
+            match claim(max) {
+                Err(skiff_store::Error::WorkersAtCapacity { .. }) => {
+                    if !self.park_least_recently_used().await? {
+                        break;
+                    }
+                }
+                other => return Ok(other?),
+            }
+        }
+        Ok(claim(max)?)
+    }
+}
+
+/// What clears a parked session off its box, run there: its worker stopped (asked first,
+/// killed after a grace; only a process that is still the `skiff worker` it started, so a
+/// reused pid is left alone), its workspace and the worker's log removed. Prints the home
+/// directory (the tunnel's socket is under it) and fails unless the workspace is gone.
+fn clear_script(session: &SessionId, worker_pid: Option<i64>) -> String {
+    let workspace = skiff_ssh::shell_quote(&box_workspace(session));
+    let pid = worker_pid.map(|p| p.to_string()).unwrap_or_default();
+    format!(
+        "set -u; p='{pid}'; cd \"$HOME\" || exit 1; \
+         ours() {{ [ -n \"$p\" ] && tr '\\0' ' ' </proc/\"$p\"/cmdline 2>/dev/null | grep -q -- ' worker --socket '; }}; \
+         if ours; then kill -TERM \"$p\" 2>/dev/null; n=0; \
+         while ours && [ $n -lt {WORKER_EXIT_GRACE_TENTHS} ]; do sleep 0.1; n=$((n+1)); done; \
+         if ours; then kill -KILL \"$p\" 2>/dev/null; fi; fi; \
+         rm -rf -- {workspace} && rm -f -- .skiff/worker.log && [ ! -e {workspace} ] && printf %s \"$HOME\""
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_clear_script_removes_only_the_sessions_workspace() {
+        let session = SessionId::from_suffix("abc");
+        let script = clear_script(&session, Some(42));
+        assert!(script.contains("p='42'"), "{script}");
+        assert!(script.contains("rm -rf -- workspaces/ses_abc "), "{script}");
+        assert!(script.contains("[ ! -e workspaces/ses_abc ]"), "{script}");
+        let none = clear_script(&session, None);
+        assert!(none.contains("p=''"), "{none}");
+    }
+}
