@@ -185,6 +185,13 @@ fn setup_installs_through_the_egress_proxy_and_the_agent_is_held_to_its_own_list
             && log.contains("profiles.local.egress.setup"),
         "{log}"
     );
+    assert!(
+        log.contains(
+            "[skiff] the egress proxy refused 1 request(s) to pypi.example.invalid: to allow it, \
+             add \"pypi.example.invalid\" to profiles.local.egress.setup"
+        ),
+        "{log}"
+    );
     let line = |prefix: &str| {
         log.lines()
             .find(|l| l.starts_with(prefix))

@@ -124,7 +124,7 @@ struct Active {
 /// The proxy's own answer to a request it does not carry out.
 struct Reply {
     status: u16,
-    reason: &'static str,
+    reason: std::borrow::Cow<'static, str>,
     /// `host:port` for `X-Skiff-Egress-Refused`.
     refused: Option<String>,
     body: String,
@@ -134,7 +134,7 @@ impl Reply {
     fn new(status: u16, reason: &'static str, body: String) -> Reply {
         Reply {
             status,
-            reason,
+            reason: reason.into(),
             refused: None,
             body,
         }
@@ -418,9 +418,12 @@ impl Egress {
         let body = active.policy.refusal_message(target, &refusal);
         tracing::info!(phase = ?active.phase, key = active.policy.key(), %target, "egress refused");
         self.audit(active, target, Verdict::Refused { reason: refusal });
+        // Clients of a CONNECT tunnel (pip, curl, npm) show the status line, never the body:
+        // the reason phrase carries the same sentence, so whoever reads the log can act on it.
+        let reason = format!("Forbidden: {}", phrase(&body)).into();
         Reply {
             status: 403,
-            reason: "Forbidden",
+            reason,
             refused: Some(target.to_string()),
             body,
         }
@@ -437,6 +440,19 @@ impl Egress {
             });
         }
     }
+}
+
+/// `text` as a status line's reason phrase may hold it: visible ASCII and spaces only.
+fn phrase(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            if c.is_ascii_graphic() || c == ' ' {
+                c
+            } else {
+                '?'
+            }
+        })
+        .collect()
 }
 
 /// CONNECT (authority form) or an absolute-form `http://` request.
@@ -660,7 +676,7 @@ where
         .map(|target| ("X-Skiff-Egress-Refused", target))
         .into_iter()
         .collect();
-    let bytes = http::response(reply.status, reply.reason, &extra, &reply.body);
+    let bytes = http::response(reply.status, &reply.reason, &extra, &reply.body);
     if client.write_all(&bytes).await.is_err() || client.shutdown().await.is_err() {
         return;
     }

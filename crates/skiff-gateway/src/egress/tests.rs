@@ -449,6 +449,15 @@ async fn a_host_not_on_the_list_gets_403_naming_the_key() {
         "skiff egress: refused pypi.example:443 (not in profiles.local.egress.setup); add \
          \"pypi.example\" to profiles.local.egress.setup to allow it\n"
     );
+    // A tunnelling client shows only the status line: it says the same.
+    assert!(
+        response.raw_head.starts_with(
+            "HTTP/1.1 403 Forbidden: skiff egress: refused pypi.example:443 (not in \
+             profiles.local.egress.setup); add \"pypi.example\" to profiles.local.egress.setup"
+        ),
+        "{}",
+        response.raw_head
+    );
 
     let response = send(
         proxy.addr,

@@ -217,7 +217,32 @@ impl Core {
         let publish = self.publish_setup_output(scope, session, chunks, collector);
         let (result, collector) = tokio::join!(run, publish);
         let duration = started.elapsed();
-        let collector = collector?;
+        let mut collector = collector?;
+        // Refusals said once more at the end, with the key to change: a tool's own retry
+        // messages rarely show the proxy's answer.
+        let key = format!("profiles.{}.egress.setup", p.profile);
+        for c in self.egress_counters(&env.id) {
+            if c.phase == crate::egress::Phase::Setup && c.refused > 0 {
+                collector.note(&format!(
+                    "[skiff] the egress proxy refused {} request(s) to {}: to allow it, add \"{}\" to {key}",
+                    c.refused, c.host, c.host
+                ))?;
+            }
+        }
+        if let Some(text) = collector.take_live() {
+            let run = self
+                .store
+                .open_run(scope, session)
+                .ok()
+                .flatten()
+                .map(|r| r.id);
+            let _ = self.hub.publish(
+                scope,
+                session,
+                run.as_ref(),
+                EventKind::SetupOutput { text },
+            );
+        }
         let (exit_code, timed_out) = match result {
             Ok((code, _)) => (code, code == 124 || code == 137),
             Err(skiff_ssh::Error::Process(skiff_process::Error::TimedOut { .. })) => (124, true),
@@ -439,6 +464,14 @@ impl Collector {
             self.line(&line)?;
         }
         Ok(())
+    }
+
+    /// A line of Skiff's own, after the command's output.
+    fn note(&mut self, text: &str) -> Result<()> {
+        self.line(format!("{text}\n").as_bytes())?;
+        self.log
+            .flush()
+            .map_err(|e| placement_error(format!("cannot write the setup log: {e}")))
     }
 
     fn finish(&mut self) -> Result<()> {
