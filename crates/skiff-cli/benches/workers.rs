@@ -39,8 +39,16 @@
 //!   new session's request parks it (worker stopped, workspace removed, box back in the pool)
 //!   and then takes the box, all inside the measured time.
 //!
+//! Part D, the setup phase: the same measure for a workspace whose `.skiff/setup.sh` installs a
+//! wheel with `pip` from a registry on loopback through the egress proxy — on a cold box, on a
+//! warm box from the pool (both with a key no snapshot has, so setup runs and its box is kept),
+//! on the warm box that setup prepared (back in the pool, setup skipped), on a box made from the
+//! snapshot (the pool emptied first) — and, as the baseline, a warm box of a workspace without
+//! setup. Then a 64 MiB download from the box through the proxy against
+//! the same download on the host.
+//!
 //! `cargo bench -p skiff-cli --bench workers` (as root: boxes get users and namespaces);
-//! `cargo bench -p skiff-cli --bench workers -- parking` runs part C alone.
+//! `cargo bench -p skiff-cli --bench workers -- parking` runs part C alone, `-- setup` part D.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -941,6 +949,11 @@ impl Rig {
     /// `session new --profile local --json` spawned and followed: the time to the turn's first
     /// `model_request` event, and the session. Waits for the turn to succeed.
     fn new_until_model_request(&self, prompt: &str) -> (Duration, String) {
+        self.new_in_until_model_request(self.repo.path(), prompt)
+    }
+
+    /// [`Rig::new_until_model_request`] on another workspace.
+    fn new_in_until_model_request(&self, workspace: &Path, prompt: &str) -> (Duration, String) {
         let started = Instant::now();
         let mut child = Command::new(SKIFF)
             .arg("--state-dir")
@@ -955,7 +968,7 @@ impl Rig {
                 MODEL,
             ])
             .arg("--workspace")
-            .arg(self.repo.path())
+            .arg(workspace)
             .arg(prompt)
             .env("HOME", &self.home)
             .env_remove("SKIFF_URL")
@@ -1073,6 +1086,234 @@ fn part_c() {
     );
 }
 
+/// A Python static file server on 127.0.0.1 for part D, stopped on drop.
+struct Registry {
+    child: Child,
+    port: u16,
+}
+
+impl Registry {
+    fn start(dir: &Path) -> Registry {
+        let script = format!(
+            "import functools, http.server\n\
+             class Quiet(http.server.SimpleHTTPRequestHandler):\n\
+             \x20   def log_message(self, *args): pass\n\
+             h = functools.partial(Quiet, directory={:?})\n\
+             s = http.server.ThreadingHTTPServer(('127.0.0.1', 0), h)\n\
+             print(s.server_address[1], flush=True)\n\
+             s.serve_forever()\n",
+            dir.display().to_string()
+        );
+        let mut child = Command::new("python3")
+            .args(["-c", &script])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        Registry {
+            child,
+            port: line.trim().parse().unwrap(),
+        }
+    }
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A wheel of `skiffbench` 1.0 (with 2 MiB of data, so the install moves some bytes) and a
+/// 64 MiB file, in `dir`.
+fn registry_files(dir: &Path) {
+    let script = r#"
+import base64, hashlib, os, sys, zipfile
+files = {
+    "skiffbench/__init__.py": b"VALUE = 1\n",
+    "skiffbench/data.bin": os.urandom(2 << 20),
+    "skiffbench-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: skiffbench\nVersion: 1.0\n",
+    "skiffbench-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: bench\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+}
+record = ""
+for name, data in files.items():
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    record += f"{name},sha256={digest},{len(data)}\n"
+record += "skiffbench-1.0.dist-info/RECORD,,\n"
+with zipfile.ZipFile(sys.argv[1] + "/skiffbench-1.0-py3-none-any.whl", "w") as z:
+    for name, data in files.items():
+        z.writestr(name, data)
+    z.writestr("skiffbench-1.0.dist-info/RECORD", record)
+with open(sys.argv[1] + "/big.bin", "wb") as f:
+    f.write(os.urandom(64 << 20))
+"#;
+    assert!(
+        Command::new("python3")
+            .args(["-c", script])
+            .arg(dir)
+            .status()
+            .unwrap()
+            .success()
+    );
+}
+
+/// Runs of each figure of part D.
+const SETUP_RUNS: usize = 3;
+
+fn part_d() {
+    println!(
+        "\nD. setup phase: `session new --profile local` → first model request, median of {SETUP_RUNS}; \
+         setup = `pip install` of a 2 MiB wheel through the egress proxy"
+    );
+    let files = tempfile::tempdir().unwrap();
+    registry_files(files.path());
+    let registry = Registry::start(files.path());
+    let rig = Rig::start_with(
+        (0..5 * SETUP_RUNS + 3).map(|_| reply(&["ok"])).collect(),
+        "[gateway]\nlifetime_tick = \"100ms\"\n",
+        "keep_attached = \"1s\"\negress = { setup = [\"127.0.0.1\"] }\n",
+    );
+    let with_setup = TempGitRepo::new(&[
+        ("README.md", "a repository whose setup installs a package\n"),
+        ("requirements.txt", "skiffbench==1.0\n"),
+        (
+            ".skiff/setup.sh",
+            &format!(
+                "# skiff: key-files = requirements.txt\nset -e\n\
+                 python3 -m pip install --user --break-system-packages --no-index --quiet \
+                 --find-links http://127.0.0.1:{}/ -r requirements.txt\n",
+                registry.port
+            ),
+        ),
+    ]);
+    let bump = |i: usize, what: &str| {
+        std::fs::write(
+            with_setup.path().join("requirements.txt"),
+            format!("skiffbench==1.0\n# {what} {i}\n"),
+        )
+        .unwrap();
+        with_setup.git(&["commit", "-qam", "A new key"]);
+    };
+    let destroy_idle = || {
+        let list = rig.json(&["env", "list", "--json"]);
+        for env in list["environments"].as_array().unwrap() {
+            if env["state"] == "idle" {
+                rig.json(&["env", "destroy", env["id"].as_str().unwrap(), "--json"]);
+            }
+        }
+    };
+    // Once per gateway: the bundle's hash and the first box.
+    rig.new_until_model_request("prime");
+    let (mut cold, mut warm, mut pool, mut snap, mut plain) =
+        (vec![], vec![], vec![], vec![], vec![]);
+    for i in 0..SETUP_RUNS {
+        // A key no snapshot has, and no box in the pool.
+        rig.wait_all_parked();
+        destroy_idle();
+        bump(i, "cold");
+        cold.push(rig.new_in_until_model_request(with_setup.path(), "cold").0);
+        // A new key again, on a box from the pool.
+        rig.wait_all_parked();
+        bump(i, "warm");
+        warm.push(rig.new_in_until_model_request(with_setup.path(), "warm").0);
+        // The same key: the box that setup prepared, back in the pool.
+        rig.wait_all_parked();
+        pool.push(rig.new_in_until_model_request(with_setup.path(), "pool").0);
+        // The same key, no box in the pool: a box made from the snapshot kept earlier.
+        rig.wait_all_parked();
+        destroy_idle();
+        snap.push(
+            rig.new_in_until_model_request(with_setup.path(), "snapshot")
+                .0,
+        );
+        // The baseline: a warm box, no setup at all.
+        rig.wait_all_parked();
+        plain.push(rig.new_until_model_request("plain").0);
+    }
+    let snapshots = rig.json(&["env", "snapshots", "--json"]);
+    let kept = snapshots["snapshots"].as_array().map_or(0, Vec::len);
+    drop(rig);
+    let (cold, warm, pool, snap, plain) = (
+        median(cold),
+        median(warm),
+        median(pool),
+        median(snap),
+        median(plain),
+    );
+    println!("  cold box, setup (+ snapshot kept)   {:>8.1} ms", ms(cold));
+    println!("  warm box, setup (+ snapshot kept)   {:>8.1} ms", ms(warm));
+    println!("  warm box setup already prepared     {:>8.1} ms", ms(pool));
+    println!(
+        "  box from the snapshot               {:>8.1} ms   ({kept} snapshots kept)",
+        ms(snap)
+    );
+    println!(
+        "  warm box, no setup (baseline)       {:>8.1} ms",
+        ms(plain)
+    );
+    println!(
+        "  ratio snapshot/cold                 {:>8.2}",
+        snap.as_secs_f64() / cold.as_secs_f64()
+    );
+    println!(
+        "  ratio snapshot/warm without setup   {:>8.2}   (goal ≤ 1.5)",
+        snap.as_secs_f64() / plain.as_secs_f64()
+    );
+    println!(
+        "  ratio prepared/warm without setup   {:>8.2}",
+        pool.as_secs_f64() / plain.as_secs_f64()
+    );
+
+    // Throughput: a 64 MiB download from the box through the proxy (the SSH forward and the
+    // proxy) against the same download on the host, straight from the loopback server.
+    let url = format!("http://127.0.0.1:{}/big.bin", registry.port);
+    let curl = format!("curl -s -o /dev/null -w '%{{speed_download}}\\n' {url}");
+    let mut direct = Vec::new();
+    for _ in 0..SETUP_RUNS {
+        let out = Command::new("sh").args(["-c", &curl]).output().unwrap();
+        direct.push(
+            String::from_utf8_lossy(&out.stdout)
+                .trim()
+                .parse::<f64>()
+                .unwrap(),
+        );
+    }
+    let rig = Rig::start_with(
+        vec![reply(&["ok"])],
+        "",
+        "egress = { setup = [\"127.0.0.1\"] }\n",
+    );
+    let downloads = TempGitRepo::new(&[
+        ("README.md", "downloads\n"),
+        (
+            ".skiff/setup.sh",
+            &format!("for i in $(seq {SETUP_RUNS}); do {curl}; done\n"),
+        ),
+    ]);
+    let (_, session) = rig.new_in_until_model_request(downloads.path(), "download");
+    let log = rig.json(&["session", "setup-log", "--json", &session]);
+    let through: Vec<f64> = log["text"]
+        .as_str()
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect();
+    assert_eq!(through.len(), SETUP_RUNS, "{log}");
+    let (direct, through) = (median(direct), median(through));
+    println!(
+        "  64 MiB download, host direct        {:>8.0} MB/s",
+        direct / 1e6
+    );
+    println!(
+        "  64 MiB download, box via the proxy  {:>8.0} MB/s   ratio {:.2} (goal ≥ 0.8)",
+        through / 1e6,
+        through / direct
+    );
+}
+
 fn main() {
     assert!(
         skiff_providers::running_as_root(),
@@ -1093,6 +1334,9 @@ fn main() {
     }
     if wants("parking") {
         part_c();
+    }
+    if wants("setup") {
+        part_d();
     }
     println!("\n(bench ran {:.0} s)", started.elapsed().as_secs_f64());
 }

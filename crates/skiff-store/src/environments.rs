@@ -27,12 +27,15 @@ pub struct EnvironmentRow {
     pub accounting: EgressAccounting,
     /// The snapshot the box's home starts from (provisioning asks the provider for that).
     pub snapshot_id: Option<SnapshotId>,
+    /// The key of the setup whose result the box's home holds (a setup ran on it, or it came
+    /// from that setup's snapshot): a session with the same setup skips it here.
+    pub prepared_key: Option<String>,
 }
 
 const COLUMNS: &str = "id, owner_id, tenant_id, profile, provider, state, op_id, lease_id, lease, \
     bundle_hash, error, created_at_ms, updated_at_ms, last_used_at_ms, expires_at_ms, \
     model_requests, input_tokens, output_tokens, bytes_in, bytes_out, gateway_tool_calls, \
-    snapshot_id";
+    snapshot_id, prepared_key";
 
 fn from_row(row: &Row<'_>) -> rusqlite::Result<EnvironmentRow> {
     let state: String = row.get(5)?;
@@ -69,6 +72,7 @@ fn from_row(row: &Row<'_>) -> rusqlite::Result<EnvironmentRow> {
             None => None,
             Some(_) => Some(id_col(row, 21, SnapshotId::parse)?),
         },
+        prepared_key: row.get(22)?,
     })
 }
 
@@ -209,6 +213,20 @@ impl Store {
             "UPDATE environments SET lease_id = ?1, lease = ?2, expires_at_ms = ?3, updated_at_ms = ?4 \
              WHERE id = ?5 AND owner_id = ?6 AND tenant_id = ?7",
             params![lease_id, lease_json, expires_at_ms, now_ms(), id.as_str(), scope.owner_id, scope.tenant_id],
+        )?;
+        Ok(())
+    }
+
+    /// Records which setup the box's home holds the result of (`None`: unknown).
+    pub fn set_environment_prepared(
+        &self,
+        scope: &Scope,
+        id: &EnvironmentId,
+        key: Option<&str>,
+    ) -> Result<()> {
+        self.conn().execute(
+            "UPDATE environments SET prepared_key = ?1, updated_at_ms = ?2 WHERE id = ?3 AND owner_id = ?4 AND tenant_id = ?5",
+            params![key, now_ms(), id.as_str(), scope.owner_id, scope.tenant_id],
         )?;
         Ok(())
     }

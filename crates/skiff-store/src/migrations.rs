@@ -242,6 +242,10 @@ ALTER TABLE environments ADD COLUMN snapshot_id TEXT;
 -- last turn's work was brought back); 0 from the moment a turn is handed to the worker. Only
 -- a box in step is given back when its session is parked.
 ALTER TABLE placements ADD COLUMN box_in_step INTEGER NOT NULL DEFAULT 0;
+
+-- The key of the setup whose result a box's home holds (NULL: none known). A warm box with the
+-- key a session's setup has skips that setup.
+ALTER TABLE environments ADD COLUMN prepared_key TEXT;
 "#,
 ];
 

@@ -412,3 +412,66 @@ fn a_session_with_the_same_setup_starts_from_the_prepared_box_and_a_key_file_cha
     let log = rig.gw.json(&["session", "setup-log", "--json", &third]);
     assert!(log["text"].as_str().unwrap().contains("left-pad==2.0"));
 }
+
+#[test]
+fn a_parked_box_that_setup_prepared_serves_the_next_session_without_setup() {
+    let count = r#"{"command":"cat $HOME/setup-runs | wc -l"}"#;
+    let rig = Rig::start(
+        vec![
+            tool_reply("call_1", "exec", count),
+            text_reply(&["First."]),
+            tool_reply("call_2", "exec", count),
+            text_reply(&["Second."]),
+        ],
+        "keep_attached = \"1s\"\n[gateway]\nlifetime_tick = \"100ms\"\n",
+    );
+    let repo = TempGitRepo::new(&[
+        ("README.md", "a repo\n"),
+        (".skiff/setup.sh", "echo run >> \"$HOME/setup-runs\"\n"),
+    ]);
+    let (out, first) = new_worker_session(&rig, repo.path(), "One");
+    assert!(out.status.success(), "{}", stderr(&out));
+    // Parked by the lifetime tick, its box back in the pool.
+    crate::worker_faults::wait_placement(&rig, &first, "parked");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while rig.gw.json(&["env", "list", "--json"])["environments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|e| e["state"] != "idle")
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the box never came back to the pool"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+
+    let (out, second) = new_worker_session(&rig, repo.path(), "Two");
+    assert!(out.status.success(), "{}", stderr(&out));
+    let steps = placement_details(&events(&out));
+    assert!(
+        steps
+            .iter()
+            .any(|s| s.contains("(a box this setup already prepared)")),
+        "{steps:?}"
+    );
+    assert!(!steps.iter().any(|s| s.starts_with("setup ")), "{steps:?}");
+    let detail = rig.gw.json(&["session", "show", "--json", &second]);
+    let result = detail["transcript"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["body"]["kind"] == "tool_result")
+        .map(|e| e["body"]["content"].as_str().unwrap().to_owned())
+        .unwrap();
+    assert_eq!(result.lines().nth(1).map(str::trim), Some("1"), "{result}");
+    // One box served both.
+    assert_eq!(
+        rig.gw.json(&["env", "list", "--json"])["environments"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+}

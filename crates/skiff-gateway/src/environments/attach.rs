@@ -24,7 +24,7 @@ impl Environments {
     ) -> Result<EnvironmentId> {
         let mut taken = None;
         for _ in 0..ACQUIRE_ATTEMPTS {
-            if let Some(row) = self.take_idle(scope, profile, true).await? {
+            if let Some(row) = self.take_idle(scope, profile, true, None).await? {
                 return Ok(row.id);
             }
             let view = self.create(scope, profile, false).await?;
@@ -110,6 +110,20 @@ impl Environments {
                 false
             }
         }
+    }
+
+    /// A warm idle box whose home already holds the result of the setup keyed `key`,
+    /// attached; `None` when the pool has none.
+    pub(crate) async fn acquire_prepared(
+        &self,
+        scope: &Scope,
+        profile: &str,
+        key: &str,
+    ) -> Result<Option<EnvironmentId>> {
+        Ok(self
+            .take_idle(scope, profile, true, Some(key))
+            .await?
+            .map(|row| row.id))
     }
 
     /// Hashes the gateway's bundle now, so workers can be admitted before any bring-up.

@@ -284,25 +284,28 @@ impl Environments {
 
     async fn reuse(&self, scope: &Scope, profile: &str) -> Result<Option<EnvironmentView>> {
         Ok(self
-            .take_idle(scope, profile, false)
+            .take_idle(scope, profile, false, None)
             .await?
             .map(|row| self.view(&row)))
     }
 
     /// A warm idle box of `profile` in `scope` with the gateway's bundle, checked (lease
     /// running, bundle in place) under its lock. With `attach` it is attached before the lock
-    /// is let go, so two sessions can never both take the same box.
-    async fn take_idle(
+    /// is let go, so two sessions can never both take the same box. With `prepared`, only a
+    /// box whose home holds the result of that setup.
+    pub(super) async fn take_idle(
         &self,
         scope: &Scope,
         profile: &str,
         attach: bool,
+        prepared: Option<&str>,
     ) -> Result<Option<EnvironmentRow>> {
         let hash = self.bundle().await?.hash.clone();
         let candidates = self.store.environments(scope)?.into_iter().filter(|r| {
             r.profile == profile
                 && r.state == EnvironmentState::Idle
                 && r.bundle_hash.as_deref() == Some(&hash)
+                && prepared.is_none_or(|key| r.prepared_key.as_deref() == Some(key))
         });
         for row in candidates {
             let lock = self.lock(&row.id);

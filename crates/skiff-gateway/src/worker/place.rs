@@ -34,6 +34,14 @@ pub(crate) fn box_workspace(session: &SessionId) -> String {
     format!("workspaces/{session}")
 }
 
+/// Where a box whose home already holds a setup's result came from.
+enum Prepared {
+    /// A warm box from the idle pool on which the same setup ran.
+    Pool,
+    /// A new box made from the setup's snapshot.
+    Snapshot(skiff_protocol::SnapshotId),
+}
+
 /// Author identity of commits made on boxes.
 const BOX_AUTHOR: (&str, &str) = ("Skiff agent", "agent@skiff.invalid");
 
@@ -148,30 +156,19 @@ impl Core {
             };
         }
         if p.state == PlacementState::Provisioning {
-            let key = setup.as_ref().and_then(|s| SnapshotKey::parse(&s.key));
-            let from_snapshot = match &key {
-                Some(key) => {
-                    self.envs
-                        .acquire_from_snapshot(scope, &p.profile, key)
-                        .await
-                }
-                None => Ok(None),
-            };
-            let env = match from_snapshot {
-                Ok(Some((env, snapshot))) => {
-                    prepared = Some(snapshot);
-                    env
-                }
-                Ok(None) => match self.envs.acquire(scope, &p.profile).await {
-                    Ok(env) => env,
-                    Err(e) => return Err(self.fail_placement(scope, &p, e, "no box").await),
-                },
+            let (env, from) = match self
+                .acquire_for_setup(scope, &p.profile, setup.as_ref())
+                .await
+            {
+                Ok(got) => got,
                 Err(e) => return Err(self.fail_placement(scope, &p, e, "no box").await),
             };
-            let from = prepared
-                .as_ref()
-                .map(|s| format!(" (a box prepared by setup, from {s})"))
-                .unwrap_or_default();
+            prepared = from;
+            let from = match &prepared {
+                Some(Prepared::Pool) => " (a box this setup already prepared)".to_owned(),
+                Some(Prepared::Snapshot(s)) => format!(" (a box prepared by setup, from {s})"),
+                None => String::new(),
+            };
             p = self.place(
                 scope,
                 id,
@@ -335,6 +332,10 @@ impl Core {
             let e = placement_error(outcome.failure(&plan.label, &p.session_id));
             return Err(self.fail_placement(scope, p, e, "setup failed").await);
         }
+        // The box holds this setup's result now: a later session with the same setup that
+        // finds it in the pool skips setup.
+        self.store
+            .set_environment_prepared(scope, &env.id, Some(&plan.key))?;
         // The prepared box is kept (its home, not the workspace) for the next session with
         // the same setup; a box that cannot be kept only costs the next one a setup.
         let mut kept = String::new();
@@ -362,6 +363,36 @@ impl Core {
                 outcome.duration.as_secs_f64()
             ),
         )
+    }
+
+    /// A box for a session with `setup`: a warm one that setup already prepared, else one made
+    /// from that setup's snapshot, else any box (warm or cold) on which setup will run.
+    async fn acquire_for_setup(
+        self: &Arc<Self>,
+        scope: &Scope,
+        profile: &str,
+        setup: Option<&super::setup::SetupPlan>,
+    ) -> Result<(skiff_protocol::EnvironmentId, Option<Prepared>)> {
+        if let Some(plan) = setup {
+            if let Some(env) = self
+                .envs
+                .acquire_prepared(scope, profile, &plan.key)
+                .await?
+            {
+                return Ok((env, Some(Prepared::Pool)));
+            }
+            if let Some(key) = SnapshotKey::parse(&plan.key)
+                && let Some((env, snapshot)) = self
+                    .envs
+                    .acquire_from_snapshot(scope, profile, &key)
+                    .await?
+            {
+                self.store
+                    .set_environment_prepared(scope, &env, Some(&plan.key))?;
+                return Ok((env, Some(Prepared::Snapshot(snapshot))));
+            }
+        }
+        Ok((self.envs.acquire(scope, profile).await?, None))
     }
 
     async fn sync_out(
