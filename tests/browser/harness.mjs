@@ -85,10 +85,14 @@ export class Gateway {
 }
 
 /** A git repository with one commit. */
-export function gitRepo() {
+export function gitRepo(extra = {}) {
   const dir = tempDir('skiff-repo-');
   writeFileSync(join(dir, 'README.md'), '# sample\n\nA small project.\n');
   writeFileSync(join(dir, 'main.py'), 'print("hello")\n');
+  for (const [path, text] of Object.entries(extra)) {
+    mkdirSync(dirname(join(dir, path)), { recursive: true });
+    writeFileSync(join(dir, path), text);
+  }
   const git = (...args) => execFileSync('git', ['-C', dir, '-c', 'user.name=t', '-c', 'user.email=t@example.com', ...args], { stdio: 'ignore' });
   git('init', '-q', '-b', 'main');
   git('add', '.');

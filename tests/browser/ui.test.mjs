@@ -299,7 +299,11 @@ test('the environments table shows state, lease, accounting, and destroys after 
   });
   let deleted = null;
   await page.route('**/v1/environments', (route) => route.fulfill({
-    json: { environments: [env('env_7f2', 'attached'), env('env_9c1', 'failed', { error: 'lease lost', attached_sessions: [], tunnel: 'down' })] },
+    json: { environments: [env('env_7f2', 'attached', { egress_hosts: [
+      { phase: 'setup', host: 'pypi.org', connections: 3, bytes_out: 4200, bytes_in: 2_400_000, refused: 0 },
+      { phase: 'setup', host: 'files.pythonhosted.org', connections: 5, bytes_out: 9100, bytes_in: 31_000_000, refused: 0 },
+      { phase: 'agent', host: 'registry.npmjs.org', connections: 0, bytes_out: 0, bytes_in: 0, refused: 2 },
+    ] }), env('env_9c1', 'failed', { error: 'lease lost', attached_sessions: [], tunnel: 'down' })] },
   }));
   await page.route('**/v1/environments/*', (route) => {
     deleted = route.request().url().split('/').pop();
@@ -309,6 +313,13 @@ test('the environments table shows state, lease, accounting, and destroys after 
   await page.waitForSelector('.env-table');
   const table = await page.locator('.env-table').innerText();
   for (const want of ['env_7f2', 'attached', 'lease-7f2', 'crabbox', '123,456', '5.1 MB', '3h · 5m', sessionId.slice(-6)]) assert.ok(table.includes(want), `${want} in ${table}`);
+  // What the box reached through the egress proxy: a summary that opens into per-host rows.
+  const network = page.locator('tr', { hasText: 'env_7f2' }).locator('details.egress');
+  assert.match(await network.locator('summary').innerText(), /3 hosts\s*2 refused/);
+  await network.locator('summary').click();
+  const hosts = await network.locator('ul').innerText();
+  for (const want of ['files.pythonhosted.org\nsetup · 5 conn · 30 MB in', 'registry.npmjs.org\nagent · 0 conn', '2 refused']) assert.ok(hosts.includes(want), `${want} in ${hosts}`);
+  assert.equal(await page.locator('tr', { hasText: 'env_9c1' }).locator('td[data-label="Network"]').innerText(), '—');
   await shot('environments-table-1280');
   await page.locator('tr', { hasText: 'env_9c1' }).locator('button.danger').click();
   await page.waitForSelector('dialog[open]');
@@ -429,7 +440,12 @@ test('a worker session on the local profile shows where it runs, its placement s
   await page.selectOption('#profile', 'local');
   assert.equal(await page.isChecked('#where-worker'), true, 'picking a profile picks the worker');
   assert.match(await page.locator('#target-policy').innerText(), /Runs on a local worker \(profile local\) · idle timeout .* · TTL /);
-  await page.fill('#workspace', repo);
+  // Its setup prints a few lines and asks the egress proxy for a host no rule allows.
+  const setupRepo = gitRepo({
+    '.skiff/setup.sh': 'echo "installing the toolchain"\nfor i in 1 2 3; do echo "step $i of 3"; done\n'
+      + 'curl -s -x "$HTTP_PROXY" http://registry.blocked.example/simple/ || true\n',
+  });
+  await page.fill('#workspace', setupRepo);
   await page.fill('#model', 'fake/x');
   await page.fill('#new-prompt', 'Look at this project on a worker.');
   await shot('new-session-worker-1280');
@@ -446,8 +462,19 @@ test('a worker session on the local profile shows where it runs, its placement s
   await page.waitForSelector('.runend.rs-succeeded', { timeout: 120_000 });
   await page.waitForSelector('.streaming', { state: 'detached' });
   const steps = await page.locator('.placement-step .mono').allInnerTexts();
-  const order = ['provisioning', 'syncing', 'starting', 'active'];
-  assert.deepEqual(steps.slice(0, 4), order, `placement steps: ${steps}`);
+  const order = ['provisioning', 'syncing', 'setup', 'starting', 'active'];
+  assert.deepEqual(steps.slice(0, 5), order, `placement steps: ${steps}`);
+  // The setup step holds its output, closed until asked for.
+  const setupStep = page.locator('.placement-step:has(details.setup-output)');
+  assert.equal(await setupStep.count(), 1);
+  assert.match(await setupStep.locator('summary').innerText(), /setup .*running \.skiff\/setup\.sh · \d+ lines of output/);
+  assert.equal(await setupStep.locator('pre').isVisible(), false);
+  await setupStep.locator('summary').click();
+  const output = await setupStep.locator('pre').innerText();
+  assert.match(output, /installing the toolchain\nstep 1 of 3\nstep 2 of 3\nstep 3 of 3/);
+  assert.match(output, /refused registry\.blocked\.example:80 \(profiles\.local\.egress\.setup allows no egress\)/);
+  await shot('chat-worker-setup-1280');
+  await setupStep.locator('summary').click();
   assert.equal(steps.at(-1), 'active', `placement steps: ${steps}`);
   for (const row of await page.locator('.placement-step').allInnerTexts()) assert.ok(row.trim().split(' ').length > 1, `a step says what happens: ${row}`);
 

@@ -453,7 +453,7 @@ export class ChatView {
         return h('li', { class: 'placement-step' },
           h('details', { class: 'setup-output', ...open },
             h('summary', {}, ...line, h('span', { class: 'muted' }, ` · ${lines} line${lines === 1 ? '' : 's'} of output`)),
-            h('pre', { class: 'mono' }, block.output)));
+            h('pre', { class: 'setup-log' }, block.output)));
       }
       case 'runend': {
         const r = block.run;

@@ -32,14 +32,18 @@ function egressCell(hosts) {
   if (hosts.length === 0) return '—';
   const refused = hosts.reduce((n, x) => n + x.refused, 0);
   const names = new Set(hosts.map((x) => x.host)).size;
+  // One short line per host and phase: a nested table would not fit the cell.
   return h('details', { class: 'egress' },
     h('summary', {}, `${names} host${names === 1 ? '' : 's'}`, refused ? h('span', { class: 'tag warn' }, `${fmtInt(refused)} refused`) : null),
-    h('table', { class: 'egress-hosts' },
-      h('thead', {}, h('tr', {}, ['Phase', 'Host', 'Conns', 'Sent', 'Received', 'Refused'].map((c) => h('th', { scope: 'col' }, c)))),
-      h('tbody', {}, hosts.map((x) => h('tr', {},
-        h('td', {}, x.phase), h('td', { class: 'mono' }, x.host), h('td', { class: 'num' }, fmtInt(x.connections)),
-        h('td', { class: 'num' }, fmtBytes(x.bytes_out)), h('td', { class: 'num' }, fmtBytes(x.bytes_in)),
-        h('td', { class: 'num' }, fmtInt(x.refused)))))));
+    h('ul', { class: 'egress-hosts' }, hosts.map((x) => h('li', {},
+      h('span', { class: 'mono' }, x.host), ' ',
+      h('span', { class: 'muted' }, [
+        x.phase,
+        `${fmtInt(x.connections)} conn`,
+        `${fmtBytes(x.bytes_in)} in`,
+        `${fmtBytes(x.bytes_out)} out`,
+        x.refused ? `${fmtInt(x.refused)} refused` : null,
+      ].filter(Boolean).join(' · '))))));
 }
 
 const TUNNEL = { none: 'no tunnel', up: 'tunnel up', reconnecting: 'tunnel reconnecting…', down: 'tunnel down' };
