@@ -186,7 +186,10 @@ fn a_setup_past_its_timeout_is_ended_and_says_so() {
     let (out, _id) = new_worker_session(&rig, repo.path(), "Hello");
     assert!(!out.status.success());
     let err = run_error(&out);
-    assert!(err.contains("did not finish within its timeout"), "{err}");
+    assert!(
+        err.contains("did not finish within its timeout (2s; the profile's setup_timeout)"),
+        "{err}"
+    );
     assert!(err.contains("starting"), "{err}");
 }
 

@@ -329,7 +329,7 @@ impl Core {
             }
         };
         if !outcome.succeeded() {
-            let e = placement_error(outcome.failure(&plan.label, &p.session_id));
+            let e = placement_error(outcome.failure(&plan, &p.session_id));
             return Err(self.fail_placement(scope, p, e, "setup failed").await);
         }
         // The box holds this setup's result now: a later session with the same setup that

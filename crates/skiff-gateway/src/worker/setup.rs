@@ -107,11 +107,12 @@ impl SetupOutcome {
     }
 
     /// The error a failed placement records: what failed, the log's end, what to do.
-    pub(crate) fn failure(&self, label: &str, session: &SessionId) -> String {
+    pub(crate) fn failure(&self, plan: &SetupPlan, session: &SessionId) -> String {
+        let label = &plan.label;
         let how = if self.timed_out {
             format!(
-                "did not finish within its timeout ({} s)",
-                self.duration.as_secs()
+                "did not finish within its timeout ({}; the profile's setup_timeout)",
+                humantime::format_duration(plan.timeout)
             )
         } else {
             format!(
