@@ -43,8 +43,9 @@
 //! wheel with `pip` from a registry on loopback through the egress proxy — on a cold box, on a
 //! warm box from the pool (both with a key no snapshot has, so setup runs and its box is kept),
 //! on the warm box that setup prepared (back in the pool, setup skipped), on a box made from the
-//! snapshot (the pool emptied first) — and, as the baseline, a warm box of a workspace without
-//! setup. Then a 64 MiB download from the box through the proxy against
+//! snapshot (the pool emptied first), on a warm box prepared for another key with its home
+//! restored from the snapshot — and, as the baseline, a warm box of a workspace without setup.
+//! Then a 64 MiB download from the box through the proxy against
 //! the same download on the host.
 //!
 //! `cargo bench -p skiff-cli --bench workers` (as root: boxes get users and namespaces);
@@ -1172,7 +1173,7 @@ fn part_d() {
     registry_files(files.path());
     let registry = Registry::start(files.path());
     let rig = Rig::start_with(
-        (0..5 * SETUP_RUNS + 3).map(|_| reply(&["ok"])).collect(),
+        (0..6 * SETUP_RUNS + 3).map(|_| reply(&["ok"])).collect(),
         "[gateway]\nlifetime_tick = \"100ms\"\n",
         "keep_attached = \"1s\"\negress = { setup = [\"127.0.0.1\"] }\n",
     );
@@ -1207,8 +1208,8 @@ fn part_d() {
     };
     // Once per gateway: the bundle's hash and the first box.
     rig.new_until_model_request("prime");
-    let (mut cold, mut warm, mut pool, mut snap, mut plain) =
-        (vec![], vec![], vec![], vec![], vec![]);
+    let (mut cold, mut warm, mut pool, mut snap, mut restored, mut plain) =
+        (vec![], vec![], vec![], vec![], vec![], vec![]);
     for i in 0..SETUP_RUNS {
         // A key no snapshot has, and no box in the pool.
         rig.wait_all_parked();
@@ -1229,6 +1230,19 @@ fn part_d() {
             rig.new_in_until_model_request(with_setup.path(), "snapshot")
                 .0,
         );
+        // The cold run's key again (its snapshot kept), with only the box prepared for the
+        // warm run's key in the pool: that warm box, its home restored from the snapshot.
+        rig.wait_all_parked();
+        std::fs::write(
+            with_setup.path().join("requirements.txt"),
+            format!("skiffbench==1.0\n# cold {i}\n"),
+        )
+        .unwrap();
+        with_setup.git(&["commit", "-qam", "The cold key again"]);
+        restored.push(
+            rig.new_in_until_model_request(with_setup.path(), "restored")
+                .0,
+        );
         // The baseline: a warm box, no setup at all.
         rig.wait_all_parked();
         plain.push(rig.new_until_model_request("plain").0);
@@ -1236,11 +1250,12 @@ fn part_d() {
     let snapshots = rig.json(&["env", "snapshots", "--json"]);
     let kept = snapshots["snapshots"].as_array().map_or(0, Vec::len);
     drop(rig);
-    let (cold, warm, pool, snap, plain) = (
+    let (cold, warm, pool, snap, restored, plain) = (
         median(cold),
         median(warm),
         median(pool),
         median(snap),
+        median(restored),
         median(plain),
     );
     println!("  cold box, setup (+ snapshot kept)   {:>8.1} ms", ms(cold));
@@ -1249,6 +1264,10 @@ fn part_d() {
     println!(
         "  box from the snapshot               {:>8.1} ms   ({kept} snapshots kept)",
         ms(snap)
+    );
+    println!(
+        "  warm box, home restored from snap   {:>8.1} ms",
+        ms(restored)
     );
     println!(
         "  warm box, no setup (baseline)       {:>8.1} ms",
@@ -1261,6 +1280,10 @@ fn part_d() {
     println!(
         "  ratio snapshot/warm without setup   {:>8.2}   (goal ≤ 1.5)",
         snap.as_secs_f64() / plain.as_secs_f64()
+    );
+    println!(
+        "  ratio restored/warm without setup   {:>8.2}   (goal ≤ 1.5)",
+        restored.as_secs_f64() / plain.as_secs_f64()
     );
     println!(
         "  ratio prepared/warm without setup   {:>8.2}",

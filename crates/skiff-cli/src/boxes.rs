@@ -1,7 +1,7 @@
 //! `skiff box warmup|status|heartbeat|stop|list`: this machine's local boxes behind the
 //! lease-CLI contract that the `command` provider consumes — so that contract is exercised
 //! against a real CLI, and operators can see what a conforming one looks like. With the
-//! optional snapshot verbs (`snapshot`, `warmup --from-snapshot`, `snapshot-rm`,
+//! optional snapshot verbs (`snapshot`, `warmup --from-snapshot`, `restore`, `snapshot-rm`,
 //! `snapshot-list`). Plus `proxy`, the `ProxyCommand` that reaches a box's sshd inside its
 //! network namespace.
 
@@ -48,6 +48,14 @@ enum BoxCommand {
         snapshot_id: String,
         #[arg(long)]
         json: bool,
+    },
+    /// Replace a running box's home (but its workspaces and ~/.skiff) with a snapshot's copy,
+    /// owned by the box's user
+    Restore {
+        #[arg(long, value_name = "cbx_…")]
+        id: String,
+        #[arg(long, value_name = "snap_…")]
+        snapshot_id: String,
     },
     /// Delete a snapshot (one that does not exist is already deleted)
     SnapshotRm {
@@ -223,6 +231,13 @@ pub async fn run(args: BoxArgs, state_dir: &Path) -> Result<ExitCode> {
                 },
                 json,
             )?;
+        }
+        BoxCommand::Restore {
+            id,
+            snapshot_id: snap,
+        } => {
+            check_id(&id)?;
+            boxes.restore(&id, &snapshot_id(&snap)?).await?;
         }
         BoxCommand::SnapshotRm { id } => {
             boxes.delete_snapshot(&snapshot_id(&id)?).await?;

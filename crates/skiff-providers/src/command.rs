@@ -19,6 +19,9 @@
 //! COMMAND warmup --lease-id cbx_… --from-snapshot snap_… --json
 //!                                                             lease a box whose home starts as the
 //!                                                             snapshot; prints the status
+//! COMMAND restore --id cbx_… --snapshot-id snap_…             replace the running box's home (but
+//!                                                             its workspaces and ~/.skiff) with
+//!                                                             the snapshot, owned by the box user
 //! COMMAND snapshot-rm snap_…                                  delete it (an unknown one is not an error)
 //! COMMAND snapshot-list --json                                every snapshot, as {"id","sizeBytes"}
 //! ```
@@ -292,6 +295,26 @@ impl WorkerProvider for CommandProvider {
             ];
             let out = self.run(&args, SNAPSHOT_TIMEOUT).await?;
             self.leased(&id, &out)
+        })
+    }
+
+    fn restore_snapshot<'a>(
+        &'a self,
+        lease_id: &'a str,
+        snapshot_id: &'a SnapshotId,
+    ) -> BoxFuture<'a, Result<()>> {
+        Box::pin(async move {
+            if !self.snapshots {
+                return Err(self.unsupported_here());
+            }
+            let args = [
+                "restore",
+                "--id",
+                lease_id,
+                "--snapshot-id",
+                snapshot_id.as_str(),
+            ];
+            self.run(&args, SNAPSHOT_TIMEOUT).await.map(drop)
         })
     }
 

@@ -189,6 +189,23 @@ pub trait WorkerProvider: Send + Sync {
         Box::pin(async move { Err(err) })
     }
 
+    /// Makes the home of `lease_id` — an existing, running box nothing of a session uses —
+    /// hold `snapshot_id`: everything in it but `workspace/`, `workspaces/` and `~/.skiff`
+    /// (the installed bundle stays) is replaced by the snapshot's copy, owned by the box's
+    /// user. The box user is untrusted: a symlink it planted in its home never redirects a
+    /// write outside it. Idempotent. A snapshot the provider does not hold is
+    /// [`Error::UnknownSnapshot`]; a restore that fails otherwise may leave the home half
+    /// replaced, so the caller destroys the box rather than use it.
+    fn restore_snapshot<'a>(
+        &'a self,
+        lease_id: &'a str,
+        snapshot_id: &'a SnapshotId,
+    ) -> BoxFuture<'a, Result<()>> {
+        let _ = (lease_id, snapshot_id);
+        let err = unsupported(self.kind());
+        Box::pin(async move { Err(err) })
+    }
+
     /// Removes a snapshot; one that does not exist is already removed.
     fn delete_snapshot<'a>(&'a self, snapshot_id: &'a SnapshotId) -> BoxFuture<'a, Result<()>> {
         let _ = snapshot_id;

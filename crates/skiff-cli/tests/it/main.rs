@@ -17,6 +17,7 @@ mod harness;
 mod homecoming;
 mod leftovers;
 mod parking;
+mod restore;
 mod results;
 mod session;
 mod setup;

@@ -13,7 +13,7 @@ use std::process::Command;
 
 const SECRET: &str = "npm-secret-4f1b9c2ad7e0";
 
-fn events(out: &std::process::Output) -> Vec<Value> {
+pub(crate) fn events(out: &std::process::Output) -> Vec<Value> {
     stdout(out)
         .lines()
         .filter_map(|l| serde_json::from_str(l).ok())
@@ -302,7 +302,7 @@ fn a_share_that_others_may_write_or_that_holds_gateway_state_is_refused() {
 }
 
 /// Placement details of a `--json` run, in order.
-fn placement_details(events: &[Value]) -> Vec<String> {
+pub(crate) fn placement_details(events: &[Value]) -> Vec<String> {
     events
         .iter()
         .filter(|e| e["type"] == "placement")

@@ -300,34 +300,65 @@ impl Environments {
         attach: bool,
         prepared: Option<&str>,
     ) -> Result<Option<EnvironmentRow>> {
-        let hash = self.bundle().await?.hash.clone();
-        let candidates = self.store.environments(scope)?.into_iter().filter(|r| {
-            r.profile == profile
-                && r.state == EnvironmentState::Idle
-                && r.bundle_hash.as_deref() == Some(&hash)
-                && prepared.is_none_or(|key| r.prepared_key.as_deref() == Some(key))
-        });
-        for row in candidates {
+        for row in self.idle_candidates(scope, profile, prepared).await? {
             let lock = self.lock(&row.id);
             let _guard = lock.lock().await;
-            if let Ok(row) = self.check_locked(&row.scope, &row.id, false).await
-                && row.state == EnvironmentState::Idle
-            {
-                if attach {
-                    self.transition(&row, EnvironmentState::Attached, None)?;
-                }
-                self.store.touch_environment(scope, &row.id)?;
-                self.audit(
-                    scope,
-                    "environment.reuse",
-                    &row.id,
-                    "allowed",
-                    json!({ "profile": profile }),
-                );
-                return Ok(Some(self.store.environment(scope, &row.id)?));
+            if let Some(row) = self.claim_idle_locked(&row, attach).await? {
+                return Ok(Some(row));
             }
         }
         Ok(None)
+    }
+
+    /// The idle boxes of `profile` in `scope` with the gateway's bundle (with `prepared`,
+    /// only those whose home holds that setup's result), as last read: each must be claimed
+    /// under its lock.
+    pub(super) async fn idle_candidates(
+        &self,
+        scope: &Scope,
+        profile: &str,
+        prepared: Option<&str>,
+    ) -> Result<Vec<EnvironmentRow>> {
+        let hash = self.bundle().await?.hash.clone();
+        Ok(self
+            .store
+            .environments(scope)?
+            .into_iter()
+            .filter(|r| {
+                r.profile == profile
+                    && r.state == EnvironmentState::Idle
+                    && r.bundle_hash.as_deref() == Some(&hash)
+                    && prepared.is_none_or(|key| r.prepared_key.as_deref() == Some(key))
+            })
+            .collect())
+    }
+
+    /// Takes the idle box `row` (attached with `attach`) when it is still idle and checks out;
+    /// `None` otherwise. The caller holds its lock.
+    pub(super) async fn claim_idle_locked(
+        &self,
+        row: &EnvironmentRow,
+        attach: bool,
+    ) -> Result<Option<EnvironmentRow>> {
+        let scope = &row.scope;
+        let Ok(row) = self.check_locked(scope, &row.id, false).await else {
+            return Ok(None);
+        };
+        if row.state != EnvironmentState::Idle {
+            return Ok(None);
+        }
+        if attach {
+            self.transition(&row, EnvironmentState::Attached, None)?;
+        }
+        self.store.touch_environment(scope, &row.id)?;
+        self.audit(
+            scope,
+            "environment.reuse",
+            &row.id,
+            "allowed",
+            json!({ "profile": row.profile }),
+        );
+        Ok(Some(self.store.environment(scope, &row.id)?))
     }
 
     /// Drives an environment from wherever it is (requested, provisioning, bootstrapping) to

@@ -1,7 +1,8 @@
 //! Snapshots of prepared boxes, the gateway's side: taking one of an environment's box
 //! (recorded, then the profile's least recently used snapshots evicted past its
-//! `snapshot_budget`), starting a box from one for a key (through the normal environment state
-//! machine), deleting, listing, and cleaning up after a crash.
+//! `snapshot_budget`), restoring one onto a warm idle box for a key, starting a new box from
+//! one (through the normal environment state machine), deleting, listing, and cleaning up
+//! after a crash.
 //!
 //! A snapshot row is stored (`capturing`) before the provider hears of it and removed only
 //! after the provider deleted the snapshot, so restart reconciliation finds every capture or
@@ -317,6 +318,96 @@ impl Environments {
         self.transition(&row, EnvironmentState::Attached, None)?;
         self.store.touch_environment(scope, &row.id)?;
         Ok(Some((row.id, snapshot.id)))
+    }
+
+    /// A warm idle box of `profile`, attached, whose home was just restored from the newest
+    /// ready snapshot for `key` — cheaper than a new box from it (no lease, sshd, user or
+    /// bundle install to wait for). Any idle box with the gateway's bundle serves, one that
+    /// another setup prepared too (boxes no setup prepared are taken first: they lose nothing).
+    /// `None` when the provider takes no snapshots, there is no such snapshot or no idle box,
+    /// or the restore failed: that box is destroyed (a half-replaced home is never pooled) and
+    /// the caller falls back to a new box from the snapshot.
+    pub(crate) async fn acquire_restored(
+        self: &Arc<Self>,
+        scope: &Scope,
+        profile: &str,
+        key: &SnapshotKey,
+    ) -> Result<Option<(EnvironmentId, SnapshotId)>> {
+        let provider = self.profile(profile)?.provider.clone();
+        if !provider.snapshots() {
+            return Ok(None);
+        }
+        let mut candidates = self.idle_candidates(scope, profile, None).await?;
+        if candidates.is_empty() {
+            return Ok(None);
+        }
+        let Some(snapshot) = self
+            .store
+            .find_ready_snapshot(scope, profile, key.as_str())?
+        else {
+            return Ok(None);
+        };
+        candidates.sort_by_key(|r| r.prepared_key.is_some());
+        for candidate in candidates {
+            let lock = self.lock(&candidate.id);
+            let guard = lock.lock().await;
+            // Attached under the lock: no other session takes it, and the lock keeps reclaim
+            // and destroy off it while its home is replaced.
+            let Some(row) = self.claim_idle_locked(&candidate, true).await? else {
+                continue;
+            };
+            let lease_id = row
+                .lease_id
+                .clone()
+                .unwrap_or_else(|| provider.lease_id_for(&row.op_id));
+            let restored = async {
+                // Until the copy is done the home holds no setup's result: a failure below
+                // that somehow left the box in use must not pass it off as prepared.
+                self.store.set_environment_prepared(scope, &row.id, None)?;
+                let started = Instant::now();
+                let done = provider.restore_snapshot(&lease_id, &snapshot.id).await;
+                self.audit_snapshot(scope, "provider.restore_snapshot", &snapshot.id, if done.is_ok() { "ok" } else { "error" }, json!({
+                    "provider": provider.kind(), "environment": row.id, "lease_id": lease_id, "profile": profile,
+                    "duration_ms": started.elapsed().as_millis() as u64,
+                    "error": done.as_ref().err().map(ToString::to_string),
+                }));
+                done?;
+                // Still ready after the copy: a deletion marks the row first, so one that
+                // began meanwhile (and may have torn the copy) shows here.
+                self.store.touch_snapshot(scope, &snapshot.id)?;
+                self.store
+                    .set_environment_prepared(scope, &row.id, Some(key.as_str()))?;
+                Ok::<(), Error>(())
+            };
+            let failure = match restored.await {
+                Ok(()) => return Ok(Some((row.id, snapshot.id))),
+                Err(e) => e,
+            };
+            let why = format!(
+                "restoring snapshot {} onto it failed: {failure}",
+                snapshot.id
+            );
+            tracing::warn!(env = %row.id, snapshot = %snapshot.id, error = %failure, "a warm box could not be restored from a snapshot; destroying it and falling back");
+            if let Err(e) = self.fail(&row, &why) {
+                tracing::warn!(env = %row.id, error = %e, "could not record the failed restore");
+            }
+            drop(guard);
+            let (this, scope_owned, env) = (self.clone(), scope.clone(), row.id.clone());
+            tokio::spawn(async move {
+                if let Err(e) = this.destroy(&scope_owned, &env, true).await {
+                    tracing::warn!(%env, error = %e, "could not tear down a box whose restore failed");
+                }
+            });
+            if let Error::Provider(skiff_providers::Error::UnknownSnapshot { .. }) = failure
+                && let Err(e) = self
+                    .remove_snapshot(&snapshot, "the provider no longer has it")
+                    .await
+            {
+                tracing::warn!(snapshot = %snapshot.id, error = %e, "could not forget a snapshot the provider lost");
+            }
+            return Ok(None);
+        }
+        Ok(None)
     }
 
     /// A box that did not come up from a snapshot: logged, and torn down in the background

@@ -38,6 +38,8 @@ pub(crate) fn box_workspace(session: &SessionId) -> String {
 enum Prepared {
     /// A warm box from the idle pool on which the same setup ran.
     Pool,
+    /// A warm box from the idle pool whose home was restored from the setup's snapshot.
+    Restored(skiff_protocol::SnapshotId),
     /// A new box made from the setup's snapshot.
     Snapshot(skiff_protocol::SnapshotId),
 }
@@ -166,6 +168,7 @@ impl Core {
             prepared = from;
             let from = match &prepared {
                 Some(Prepared::Pool) => " (a box this setup already prepared)".to_owned(),
+                Some(Prepared::Restored(s)) => format!(" (a warm box, its home restored from {s})"),
                 Some(Prepared::Snapshot(s)) => format!(" (a box prepared by setup, from {s})"),
                 None => String::new(),
             };
@@ -365,8 +368,9 @@ impl Core {
         )
     }
 
-    /// A box for a session with `setup`: a warm one that setup already prepared, else one made
-    /// from that setup's snapshot, else any box (warm or cold) on which setup will run.
+    /// A box for a session with `setup`, the cheapest first: a warm one that setup already
+    /// prepared, else a warm one with that setup's snapshot restored onto it, else a new one
+    /// made from the snapshot, else any box (warm or cold) on which setup will run.
     async fn acquire_for_setup(
         self: &Arc<Self>,
         scope: &Scope,
@@ -381,15 +385,21 @@ impl Core {
             {
                 return Ok((env, Some(Prepared::Pool)));
             }
-            if let Some(key) = SnapshotKey::parse(&plan.key)
-                && let Some((env, snapshot)) = self
+            if let Some(key) = SnapshotKey::parse(&plan.key) {
+                if let Some((env, snapshot)) =
+                    self.envs.acquire_restored(scope, profile, &key).await?
+                {
+                    return Ok((env, Some(Prepared::Restored(snapshot))));
+                }
+                if let Some((env, snapshot)) = self
                     .envs
                     .acquire_from_snapshot(scope, profile, &key)
                     .await?
-            {
-                self.store
-                    .set_environment_prepared(scope, &env, Some(&plan.key))?;
-                return Ok((env, Some(Prepared::Snapshot(snapshot))));
+                {
+                    self.store
+                        .set_environment_prepared(scope, &env, Some(&plan.key))?;
+                    return Ok((env, Some(Prepared::Snapshot(snapshot))));
+                }
             }
         }
         Ok((self.envs.acquire(scope, profile).await?, None))

@@ -52,9 +52,10 @@ pub(super) struct BoxRecord {
     expires_at_ms: i64,
     /// `starting` until sshd runs, then `running`.
     state: String,
-    /// The snapshot the home was copied from, if any.
+    /// The snapshot the home was copied from, if any (after a restore onto the running box:
+    /// the one restored).
     #[serde(default)]
-    from_snapshot: Option<SnapshotId>,
+    pub(super) from_snapshot: Option<SnapshotId>,
 }
 
 /// The record of the box in `dir`, if it has a readable one.
@@ -125,7 +126,7 @@ impl Boxes {
         read_record_at(&self.dir(id))
     }
 
-    fn write_record(&self, record: &BoxRecord) -> Result<()> {
+    pub(super) fn write_record(&self, record: &BoxRecord) -> Result<()> {
         let path = self.dir(&record.id).join("box.json");
         let tmp = path.with_extension("json.tmp");
         let text = serde_json::to_string_pretty(record).map_err(|e| provider_err(e.to_string()))?;

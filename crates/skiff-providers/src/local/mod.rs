@@ -133,6 +133,14 @@ impl WorkerProvider for LocalProvider {
         })
     }
 
+    fn restore_snapshot<'a>(
+        &'a self,
+        lease_id: &'a str,
+        snapshot_id: &'a SnapshotId,
+    ) -> BoxFuture<'a, Result<()>> {
+        Box::pin(async move { self.boxes.restore(lease_id, snapshot_id).await })
+    }
+
     fn delete_snapshot<'a>(&'a self, snapshot_id: &'a SnapshotId) -> BoxFuture<'a, Result<()>> {
         Box::pin(async move { self.boxes.delete_snapshot(snapshot_id).await })
     }

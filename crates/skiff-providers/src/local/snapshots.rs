@@ -21,8 +21,19 @@
 //! never follows them), modes stay. A tar that saw a file change while reading fails the
 //! capture rather than keep a torn copy.
 //!
-//! Restore: `cp -a` into the new box's home before anything of that box runs, then `chown -R`
+//! Start from: `cp -a` into the new box's home before anything of that box runs, then `chown -R`
 //! (which never follows symlinks) to its user.
+//!
+//! Restore onto a running box ([`Boxes::restore`]): root streams the snapshot (its own private
+//! copy, which nothing else writes) as a tar; the box user, from inside the box's mount
+//! namespace (`nsenter` + `setpriv`, as the capture reads), empties its home of everything but
+//! `workspace/`, `workspaces/` and `~/.skiff` and unpacks the stream. The home is the box
+//! user's to plant symlinks in, so root never walks it: whatever a planted symlink redirects,
+//! the removal and the unpacking can only touch what the box user could have touched itself,
+//! and the files come out owned by that user without a `chown` that would have to be careful.
+//! (The alternative — root builds a staging home and swaps it in by renames — needs the swap
+//! to happen in a root-owned parent and every kept directory moved across, and still has to
+//! chown a tree the box then owns.)
 //!
 //! Deliberately absent: rewriting absolute paths. A home lives at `<root>/<box>/home`, so a
 //! tool that recorded its own absolute path (a Python virtualenv, say) points into the old
@@ -58,6 +69,24 @@ shift 2
     --exclude=./workspace --exclude=./workspaces --exclude=./.skiff \
     --numeric-owner --sparse --warning=no-file-ignored . |
     tar --extract --file=- --directory="$dest" --no-same-owner --preserve-permissions
+"#;
+
+/// Runs as root: the first stage reads the snapshot, the rest (after `"$@"`: `nsenter`,
+/// `setpriv`) as the box user. The box user's stage clears what a snapshot replaces — making
+/// its own read-only directories writable first, or `rm` could not empty them — and unpacks.
+/// `find -type d` and `rm -rf` never follow symlinks; and being the box user, nothing they do
+/// reaches past what the box may write anyway.
+const RESTORE: &str = r#"set -o pipefail
+snap=$1 home=$2
+shift 2
+tar --create --file=- --directory="$snap" --numeric-owner --sparse . |
+    "$@" bash -c 'set -e
+cd -- "$1"
+find . -mindepth 1 \( -path ./workspace -o -path ./workspaces -o -path ./.skiff \) -prune \
+    -o -type d ! -perm -u=rwx -exec chmod u+rwx -- {} +
+find . -mindepth 1 -maxdepth 1 ! -name workspace ! -name workspaces ! -name .skiff \
+    -exec rm -rf -- {} +
+tar --extract --file=- --no-same-owner --preserve-permissions --no-overwrite-dir' skiff-restore "$home"
 "#;
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -165,38 +194,7 @@ impl Boxes {
                 lease: lease_id.to_owned(),
             })?;
         let home = self.dir(lease_id).join("home");
-        let mut reader: Vec<OsString> = Vec::new();
-        if record.sandboxed {
-            // Read from inside the box: its view has none of the host's private paths.
-            let pid = self.box_pid(lease_id).ok_or_else(|| {
-                provider_err(format!(
-                    "box {lease_id} is not running; its home is read from inside its sandbox, so only a running box can be snapshotted"
-                ))
-            })?;
-            reader.extend(
-                ["nsenter", "--target", &pid.to_string(), "--mount", "--"].map(OsString::from),
-            );
-        }
-        if record.own_user {
-            let uid = user::uid(&record.user).await?.ok_or_else(|| {
-                provider_err(format!(
-                    "the user {} of box {lease_id} is gone",
-                    record.user
-                ))
-            })?;
-            let gid = user::gid(&record.user).await?;
-            reader.extend(
-                [
-                    "setpriv".to_owned(),
-                    format!("--reuid={uid}"),
-                    format!("--regid={gid}"),
-                    "--clear-groups".to_owned(),
-                    "--no-new-privs".to_owned(),
-                    "--".to_owned(),
-                ]
-                .map(OsString::from),
-            );
-        }
+        let reader = self.as_box_user(lease_id, &record, "snapshotted").await?;
 
         let staging = self.staging_path(id, "capture")?;
         let captured = self.capture(&home, &staging, reader, lease_id, id).await;
@@ -305,6 +303,86 @@ impl Boxes {
             .collect();
         found.sort_by(|a, b| a.id.cmp(&b.id));
         Ok(found)
+    }
+
+    /// The command prefix that runs what follows as the box's user, from inside its sandbox's
+    /// mount namespace when it has one (there, its view has none of the host's private paths).
+    /// `doing` completes "only a running box can be …".
+    async fn as_box_user(
+        &self,
+        lease_id: &str,
+        record: &super::boxes::BoxRecord,
+        doing: &str,
+    ) -> Result<Vec<OsString>> {
+        let mut prefix: Vec<OsString> = Vec::new();
+        if record.sandboxed {
+            let pid = self.box_pid(lease_id).ok_or_else(|| {
+                provider_err(format!(
+                    "box {lease_id} is not running; its home is reached from inside its sandbox, so only a running box can be {doing}"
+                ))
+            })?;
+            prefix.extend(
+                ["nsenter", "--target", &pid.to_string(), "--mount", "--"].map(OsString::from),
+            );
+        }
+        if record.own_user {
+            let uid = user::uid(&record.user).await?.ok_or_else(|| {
+                provider_err(format!(
+                    "the user {} of box {lease_id} is gone",
+                    record.user
+                ))
+            })?;
+            let gid = user::gid(&record.user).await?;
+            prefix.extend(
+                [
+                    "setpriv".to_owned(),
+                    format!("--reuid={uid}"),
+                    format!("--regid={gid}"),
+                    "--clear-groups".to_owned(),
+                    "--no-new-privs".to_owned(),
+                    "--".to_owned(),
+                ]
+                .map(OsString::from),
+            );
+        }
+        Ok(prefix)
+    }
+
+    /// Makes the home of running box `lease_id` hold snapshot `id`: everything but
+    /// `workspace/`, `workspaces/` and `~/.skiff` is replaced by the snapshot's copy, owned by
+    /// the box's user (see the module docs for why the box user does the writing). A snapshot
+    /// that is not here is [`Error::UnknownSnapshot`], with the home untouched. A restore that
+    /// fails part-way leaves the home half replaced: the box is not fit for anyone then.
+    pub async fn restore(&self, lease_id: &str, id: &SnapshotId) -> Result<()> {
+        let source = self.snapshot_home(id)?;
+        let mut record = self
+            .read_record(lease_id)
+            .ok_or_else(|| Error::UnknownLease {
+                provider: "local",
+                lease: lease_id.to_owned(),
+            })?;
+        if self.box_pid(lease_id).is_none() {
+            return Err(provider_err(format!(
+                "box {lease_id} is not running; a snapshot is restored onto a running box only"
+            )));
+        }
+        let home = self.dir(lease_id).join("home");
+        let writer = self.as_box_user(lease_id, &record, "restored").await?;
+        Cmd::new("bash")
+            .args(["-c", RESTORE, "skiff-restore"])
+            .arg(&source)
+            .arg(&home)
+            .args(writer)
+            .timeout(COPY_TIMEOUT)
+            .run_checked(&CancellationToken::new())
+            .await
+            .map_err(|e| {
+                provider_err(format!(
+                    "restoring snapshot {id} onto the home of box {lease_id} failed, so that home is half replaced; destroy the box: {e}"
+                ))
+            })?;
+        record.from_snapshot = Some(id.clone());
+        self.write_record(&record)
     }
 
     /// Copies snapshot `id` into `home` and gives every file to `owner` (uid, gid) when the

@@ -304,3 +304,88 @@ async fn a_deleted_or_half_made_snapshot_starts_no_box() {
         "the dead capture's staging directory survived"
     );
 }
+
+#[tokio::test]
+async fn a_restore_replaces_a_running_boxs_home_without_following_what_the_box_planted() {
+    let root = Root::new();
+    let prepared = root.create(None).await.unwrap();
+    let ssh = root.ssh(&prepared);
+    sh(&ssh, PREPARE).await;
+    let id = snapshot_id();
+    root.boxes.snapshot(&prepared.id, &id).await.unwrap();
+    ssh.close().await;
+
+    // Something of the host's that root may write and the box may not.
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(outside.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::create_dir(outside.path().join("bin")).unwrap();
+    let victim = outside.path().join("bin/marker");
+    std::fs::write(&victim, "the host's own").unwrap();
+    std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o644)).unwrap();
+
+    // A box that was used for something else: stray files, a directory it made read-only,
+    // its worker's files, a workspace — and symlinks where the snapshot has a directory and
+    // a file, pointing out of the home.
+    let used = root.create(None).await.unwrap();
+    let ssh = root.ssh(&used);
+    sh(
+        &ssh,
+        &format!(
+            "set -e
+printf old > stray
+mkdir -p other/deep && printf old > other/deep/file && chmod 500 other/deep other
+ln -s {dir} .toolchain
+ln -s {victim} inside-link
+printf work > workspace/file
+mkdir -p .skiff/bundles/abc && printf bin > .skiff/bundles/abc/skiff",
+            dir = outside.path().display(),
+            victim = victim.display()
+        ),
+    )
+    .await;
+
+    root.boxes.restore(&used.id, &id).await.unwrap();
+
+    let seen = sh(
+        &ssh,
+        "cat .toolchain/bin/marker; echo; stat -c '%F %U %a' .toolchain/bin/marker; \
+         stat -c '%F' .toolchain; readlink inside-link; readlink outside-link; \
+         cat workspace/file; echo; cat .skiff/bundles/abc/skiff; echo; stat -c '%a' .; \
+         ls -A; find . ! -user \"$(id -un)\"",
+    )
+    .await;
+    let user = &used.ssh_user;
+    assert_eq!(
+        seen,
+        format!(
+            "installed by setup\nregular file {user} 750\ndirectory\n.toolchain/bin/marker\n\
+             /etc/hostname\nwork\nbin\n700\n.skiff\n.toolchain\ninside-link\noutside-link\n\
+             workspace\n"
+        ),
+        "the restored home (the last line: files not the box user's)"
+    );
+    // Nothing outside the home was written through the planted symlinks.
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "the host's own");
+    let meta = std::fs::metadata(&victim).unwrap();
+    assert_eq!((meta.uid(), meta.mode() & 0o7777), (0, 0o644));
+    assert_eq!(
+        std::fs::read_dir(outside.path()).unwrap().count(),
+        1,
+        "something was made outside the home"
+    );
+    // The snapshot itself is unchanged and still root's.
+    let kept = root.snapshot_home(&id).join(".toolchain/bin/marker");
+    assert_eq!(std::fs::metadata(&kept).unwrap().uid(), 0);
+
+    // A snapshot that is not here leaves the home as it is.
+    let missing = snapshot_id();
+    match root.boxes.restore(&used.id, &missing).await {
+        Err(Error::UnknownSnapshot { snapshot, .. }) => assert_eq!(snapshot, missing),
+        other => panic!("a restore from a missing snapshot: {other:?}"),
+    }
+    assert_eq!(
+        sh(&ssh, "cat .toolchain/bin/marker").await,
+        "installed by setup"
+    );
+    ssh.close().await;
+}
