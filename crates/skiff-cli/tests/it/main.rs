@@ -16,6 +16,7 @@ mod env;
 mod harness;
 mod homecoming;
 mod leftovers;
+mod newcomer;
 mod parking;
 mod results;
 mod session;
