@@ -1,7 +1,7 @@
 //! `skiff env create|list|show|check|exec|destroy|wait|sweep|snapshots`
 
 use crate::client::Client;
-use crate::render::{ago, human_bytes, now_ms};
+use crate::render::{self, ago, human_bytes, now_ms};
 use anyhow::{Result, bail};
 use clap::{Args, Subcommand};
 use skiff_protocol::SnapshotId;
@@ -402,23 +402,32 @@ fn snapshot_table(snapshots: &[SnapshotView]) -> String {
             .to_owned();
     }
     let now = now_ms();
-    let mut out = format!(
-        "{:<21}  {:<10}  {:<12}  {:>9}  {:<9}  {:<9}  {}\n",
-        "ID", "PROFILE", "KEY", "SIZE", "CREATED", "LAST USED", "STATE"
-    );
-    for s in snapshots {
-        out.push_str(&format!(
-            "{:<21}  {:<10}  {:<12}  {:>9}  {:<9}  {:<9}  {}\n",
-            s.id,
-            s.profile,
-            s.key_prefix,
-            human_bytes(s.size_bytes),
-            ago(s.created_at_ms, now),
-            ago(s.last_used_at_ms, now),
-            s.state
-        ));
-    }
-    out
+    let rows: Vec<[String; 7]> = snapshots
+        .iter()
+        .map(|s| {
+            [
+                s.id.to_string(),
+                s.profile.clone(),
+                s.key_prefix.clone(),
+                human_bytes(s.size_bytes),
+                ago(s.created_at_ms, now),
+                ago(s.last_used_at_ms, now),
+                s.state.to_string(),
+            ]
+        })
+        .collect();
+    render::table(
+        &[
+            "ID",
+            "PROFILE",
+            "KEY",
+            "SIZE",
+            "CREATED",
+            "LAST USED",
+            "STATE",
+        ],
+        &rows,
+    )
 }
 
 fn print_env(env: &EnvironmentView, json: bool) -> Result<()> {
@@ -513,26 +522,26 @@ fn table(envs: &[EnvironmentView]) -> String {
         return "no environments; lease one with `skiff env create --profile local`\n".to_owned();
     }
     let now = now_ms();
-    let mut out = format!(
-        "{:<22}  {:<12}  {:<10}  {:<8}  {:<16}  {:<8}  {}\n",
-        "ID", "STATE", "PROFILE", "PROVIDER", "LEASE", "AGE", "NOTE"
-    );
-    for e in envs {
-        let note = if e.development_only {
-            "development only"
-        } else {
-            ""
-        };
-        out.push_str(&format!(
-            "{:<22}  {:<12}  {:<10}  {:<8}  {:<16}  {:<8}  {}\n",
-            e.id,
-            e.state.as_str(),
-            e.profile,
-            e.provider,
-            e.lease_id.as_deref().unwrap_or("-"),
-            ago(e.created_at_ms, now),
-            note
-        ));
-    }
-    out
+    let rows: Vec<[String; 7]> = envs
+        .iter()
+        .map(|e| {
+            [
+                e.id.to_string(),
+                e.state.as_str().to_owned(),
+                e.profile.clone(),
+                e.provider.clone(),
+                e.lease_id.clone().unwrap_or_else(|| "-".to_owned()),
+                ago(e.created_at_ms, now),
+                if e.development_only {
+                    "development only".to_owned()
+                } else {
+                    String::new()
+                },
+            ]
+        })
+        .collect();
+    render::table(
+        &["ID", "STATE", "PROFILE", "PROVIDER", "LEASE", "AGE", "NOTE"],
+        &rows,
+    )
 }

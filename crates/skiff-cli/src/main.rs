@@ -40,8 +40,9 @@ struct Cli {
     /// State directory [default: $XDG_STATE_HOME/skiff, else ~/.local/state/skiff]
     #[arg(long, global = true, value_name = "DIR")]
     state_dir: Option<PathBuf>,
-    /// Print JSON for scripts: one document, or JSON lines for streams (commands whose output is
-    /// not data — gateway, worker, completions, env exec — refuse it)
+    // Before or after the command; `without_json_form` lists the commands that refuse it. One
+    // line: a longer doc would switch every `--help` to clap's long layout.
+    /// Print JSON for scripts (one document, or JSON lines for streams)
     #[arg(long, global = true)]
     json: bool,
     /// Print the build hash of this executable (what a box's installed bundle is checked against)

@@ -22,6 +22,7 @@ mod results;
 mod session;
 mod setup;
 mod snapshots;
+mod snapshots_cli;
 mod sync;
 mod ui;
 mod worker;
