@@ -34,7 +34,7 @@ fn settings(paths: &[(&std::path::Path, &str)]) -> insta::Settings {
     // Ids and ages keep their width, so that a table's alignment shows in its snapshot.
     for n in (4..=32).rev() {
         s.add_filter(
-            &format!(r"\b(ses|run|env|ent|art|snap|att|cbx|ckp)_[0-9A-Za-z]{{{n}}}\b"),
+            &format!(r"\b(ses|run|env|ent|art|snap|att|cbx|lbx|ckp)_[0-9A-Za-z]{{{n}}}\b"),
             format!("${{1}}_{}", "x".repeat(n)),
         );
     }
@@ -357,4 +357,23 @@ fn demo_fixes_the_typo_on_a_local_box() {
             demo finished in [DURATION]
         "#
     );
+}
+
+#[test]
+fn env_list_lines_its_columns_up() {
+    let root = crate::env::BoxRoot::new();
+    let gw = Gateway::start_with("", &crate::env::profiles(&root));
+    let env = crate::env::create(&gw, "local", &[]);
+    let tmp = gw.state_dir.parent().unwrap().to_owned();
+    let _guard = settings(&[(&tmp, "[GW]")]).bind_to_scope();
+    insta::assert_snapshot!(run(gw.cli().args(["env", "list"])), @r#"
+        success: true
+        exit_code: 0
+        ----- stdout -----
+        ID                    STATE  PROFILE  PROVIDER  LEASE             AGE     NOTE
+        env_xxxxxxxxxxxxxxxx  idle   local    local     lbx_xxxxxxxxxxxx  Ns ago
+
+        ----- stderr -----
+    "#);
+    crate::env::destroy(&gw, env["id"].as_str().unwrap());
 }
