@@ -292,9 +292,9 @@ impl Live {
     /// Setup output: on a terminal, its newest line beside a spinner (the failure message
     /// carries the last lines, `session setup-log` all of them); otherwise every line.
     fn setup_output(&mut self, text: &str) {
-        let lines = text.lines().map(printable).filter(|l| !l.trim().is_empty());
+        let mut lines = text.lines().map(printable).filter(|l| !l.trim().is_empty());
         if std::io::stderr().is_terminal() {
-            if let Some(last) = lines.last() {
+            if let Some(last) = lines.next_back() {
                 let last: String = last.chars().take(LINE_CHARS.min(120)).collect();
                 self.spin(format!("setup │ {last}"));
             }
