@@ -114,11 +114,15 @@ pub async fn run(json: bool) -> Result<ExitCode> {
                 checks.iter().filter(|c| c.required).count(),
                 names.join(", ")
             )?;
-            let mut packages: Vec<&str> = failed
-                .iter()
-                .filter_map(|c| c.fix.as_deref()?.strip_prefix("apt-get install "))
-                .collect();
-            packages.dedup();
+            // One package can fix several checks (util-linux: unshare, setpriv); name it once.
+            let mut packages: Vec<&str> = Vec::new();
+            for fix in failed.iter().filter_map(|c| c.fix.as_deref()) {
+                if let Some(package) = fix.strip_prefix("apt-get install ")
+                    && !packages.contains(&package)
+                {
+                    packages.push(package);
+                }
+            }
             if !packages.is_empty() {
                 outln!("install: apt-get install {}", packages.join(" "))?;
             }
