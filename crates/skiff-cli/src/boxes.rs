@@ -37,8 +37,6 @@ enum BoxCommand {
         /// Start the box's home as a copy of this snapshot
         #[arg(long, value_name = "snap_…")]
         from_snapshot: Option<String>,
-        #[arg(long)]
-        json: bool,
     },
     /// Capture a box's home (without workspaces and ~/.skiff) as a snapshot; idempotent
     Snapshot {
@@ -46,8 +44,6 @@ enum BoxCommand {
         id: String,
         #[arg(long, value_name = "snap_…")]
         snapshot_id: String,
-        #[arg(long)]
-        json: bool,
     },
     /// Replace a running box's home (but its workspaces and ~/.skiff) with a snapshot's copy,
     /// owned by the box's user
@@ -63,16 +59,11 @@ enum BoxCommand {
         id: String,
     },
     /// Every snapshot, as {"id","sizeBytes"} objects
-    SnapshotList {
-        #[arg(long)]
-        json: bool,
-    },
+    SnapshotList,
     /// Print a lease's status (state `gone` for an unknown lease)
     Status {
         #[arg(long, value_name = "cbx_…")]
         id: String,
-        #[arg(long)]
-        json: bool,
     },
     /// Extend a lease
     Heartbeat {
@@ -87,10 +78,7 @@ enum BoxCommand {
         id: String,
     },
     /// Every lease, as status objects
-    List {
-        #[arg(long)]
-        json: bool,
-    },
+    List,
     /// Connect stdin/stdout to HOST:PORT (an ssh ProxyCommand)
     #[command(hide = true)]
     Proxy { host: String, port: u16 },
@@ -173,7 +161,7 @@ pub fn sandbox_stage(args: &BoxArgs) -> Option<ExitCode> {
     })
 }
 
-pub async fn run(args: BoxArgs, state_dir: &Path) -> Result<ExitCode> {
+pub async fn run(args: BoxArgs, state_dir: &Path, json: bool) -> Result<ExitCode> {
     if let BoxCommand::Proxy { host, port } = &args.command {
         return proxy(host, *port).await;
     }
@@ -199,7 +187,6 @@ pub async fn run(args: BoxArgs, state_dir: &Path) -> Result<ExitCode> {
             isolation,
             ttl: t,
             from_snapshot,
-            json,
         } => {
             check_id(&lease_id)?;
             let isolation = match isolation {
@@ -220,7 +207,6 @@ pub async fn run(args: BoxArgs, state_dir: &Path) -> Result<ExitCode> {
         BoxCommand::Snapshot {
             id,
             snapshot_id: snap,
-            json,
         } => {
             check_id(&id)?;
             let info = boxes.snapshot(&id, &snapshot_id(&snap)?).await?;
@@ -242,7 +228,7 @@ pub async fn run(args: BoxArgs, state_dir: &Path) -> Result<ExitCode> {
         BoxCommand::SnapshotRm { id } => {
             boxes.delete_snapshot(&snapshot_id(&id)?).await?;
         }
-        BoxCommand::SnapshotList { json } => {
+        BoxCommand::SnapshotList => {
             let all: Vec<LeaseCliSnapshot> = boxes
                 .list_snapshots()?
                 .into_iter()
@@ -259,7 +245,7 @@ pub async fn run(args: BoxArgs, state_dir: &Path) -> Result<ExitCode> {
                 }
             }
         }
-        BoxCommand::Status { id, json } => {
+        BoxCommand::Status { id } => {
             check_id(&id)?;
             print(
                 &boxes
@@ -276,7 +262,7 @@ pub async fn run(args: BoxArgs, state_dir: &Path) -> Result<ExitCode> {
             check_id(&id)?;
             boxes.destroy(&id).await?;
         }
-        BoxCommand::List { json } => {
+        BoxCommand::List => {
             let mut all = Vec::new();
             for id in boxes.list()? {
                 if let Some(status) = boxes.status(&id)? {

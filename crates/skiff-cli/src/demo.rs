@@ -19,9 +19,6 @@ pub struct DemoArgs {
     /// runs the demo, else the built-in scripted/demo
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
-    /// Print the session's events as JSON lines
-    #[arg(long)]
-    json: bool,
     /// Run the session on the gateway itself instead of a worker box of the `local` profile
     #[arg(long)]
     on_gateway: bool,
@@ -79,7 +76,7 @@ async fn sample_repo(repo: &Path) -> Result<()> {
     Ok(())
 }
 
-pub async fn run(args: DemoArgs, user_state_dir: &Path) -> Result<ExitCode> {
+pub async fn run(args: DemoArgs, user_state_dir: &Path, json: bool) -> Result<ExitCode> {
     let started = std::time::Instant::now();
     let root = tempfile::Builder::new()
         .prefix("skiff-demo-")
@@ -138,7 +135,7 @@ pub async fn run(args: DemoArgs, user_state_dir: &Path) -> Result<ExitCode> {
             &client,
             &session.id,
             &started_run.run.id,
-            &mut Live::new(args.json),
+            &mut Live::new(json),
         )
         .await?;
         anyhow::Ok((session, status))

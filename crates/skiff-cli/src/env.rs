@@ -1,7 +1,7 @@
 //! `skiff env create|list|show|check|exec|destroy|wait|sweep|snapshots`
 
 use crate::client::Client;
-use crate::render::{ago, human_bytes, now_ms};
+use crate::render::{self, ago, human_bytes, now_ms};
 use anyhow::{Result, bail};
 use clap::{Args, Subcommand};
 use skiff_protocol::SnapshotId;
@@ -18,7 +18,7 @@ pub enum EnvCommand {
     /// Lease a box for a worker profile and bring it up (provision, bootstrap, ready)
     Create(CreateArgs),
     /// List environments, newest first
-    List(Json),
+    List,
     /// Show one environment
     Show(IdArgs),
     /// Inspect the lease and reconnect (verifies the pinned host key and the installed bundle)
@@ -30,7 +30,7 @@ pub enum EnvCommand {
     /// Wait until an environment reaches a state (for scripts)
     Wait(WaitArgs),
     /// Destroy leases (and delete snapshots) that providers hold but nothing here owns
-    Sweep(Json),
+    Sweep,
     /// List snapshots of prepared boxes, most recently used first; `rm` or `take` one
     Snapshots(SnapshotsArgs),
 }
@@ -40,8 +40,6 @@ pub enum EnvCommand {
 pub struct SnapshotsArgs {
     #[command(subcommand)]
     action: Option<SnapshotAction>,
-    #[command(flatten)]
-    out: Json,
 }
 
 #[derive(Subcommand)]
@@ -50,8 +48,6 @@ enum SnapshotAction {
     Rm {
         /// Snapshot id (snap_…)
         id: String,
-        #[command(flatten)]
-        out: Json,
     },
     /// Snapshot the home of a box you prepared by hand (without its workspaces and ~/.skiff)
     Take {
@@ -61,24 +57,13 @@ enum SnapshotAction {
         /// only `env create --from-snapshot` starts boxes from it
         #[arg(long, value_name = "HEX")]
         key: Option<String>,
-        #[command(flatten)]
-        out: Json,
     },
-}
-
-#[derive(Args)]
-pub struct Json {
-    /// Print JSON for scripts
-    #[arg(long)]
-    json: bool,
 }
 
 #[derive(Args)]
 pub struct IdArgs {
     /// Environment id (env_…)
     id: String,
-    #[command(flatten)]
-    out: Json,
 }
 
 #[derive(Args)]
@@ -92,8 +77,6 @@ pub struct CreateArgs {
     /// Start the box's home as a copy of this snapshot (of the same profile)
     #[arg(long, value_name = "snap_…")]
     from_snapshot: Option<String>,
-    #[command(flatten)]
-    out: Json,
 }
 
 #[derive(Args)]
@@ -138,8 +121,6 @@ pub struct WaitArgs {
     /// Give up after this long
     #[arg(long, default_value = "5m")]
     timeout: String,
-    #[command(flatten)]
-    out: Json,
 }
 
 #[derive(Args)]
@@ -149,17 +130,15 @@ pub struct DestroyArgs {
     /// Do not wait for active work to end
     #[arg(long)]
     force: bool,
-    #[command(flatten)]
-    out: Json,
 }
 
-pub async fn run(cmd: EnvCommand, state_dir: &Path) -> Result<ExitCode> {
+pub async fn run(cmd: EnvCommand, state_dir: &Path, json: bool) -> Result<ExitCode> {
     let client = Client::discover(state_dir)?;
     match cmd {
-        EnvCommand::Create(args) => create(&client, args).await,
-        EnvCommand::List(out) => {
+        EnvCommand::Create(args) => create(&client, args, json).await,
+        EnvCommand::List => {
             let list: EnvironmentList = client.send(client.get("/v1/environments")).await?;
-            if out.json {
+            if json {
                 outln!("{}", serde_json::to_string_pretty(&list)?)?;
             } else {
                 out!("{}", table(&list.environments))?;
@@ -170,7 +149,7 @@ pub async fn run(cmd: EnvCommand, state_dir: &Path) -> Result<ExitCode> {
             let env: EnvironmentView = client
                 .send(client.get(&format!("/v1/environments/{}", args.id)))
                 .await?;
-            print_env(&env, args.out.json)?;
+            print_env(&env, json)?;
             Ok(ExitCode::SUCCESS)
         }
         EnvCommand::Check(args) => {
@@ -180,7 +159,7 @@ pub async fn run(cmd: EnvCommand, state_dir: &Path) -> Result<ExitCode> {
                     &serde_json::json!({}),
                 ))
                 .await?;
-            print_env(&env, args.out.json)?;
+            print_env(&env, json)?;
             Ok(if env.state == EnvironmentState::Failed {
                 ExitCode::from(1)
             } else {
@@ -200,7 +179,7 @@ pub async fn run(cmd: EnvCommand, state_dir: &Path) -> Result<ExitCode> {
         EnvCommand::Destroy(args) => {
             let path = format!("/v1/environments/{}?force={}", args.id, args.force);
             let env: EnvironmentView = client.send(client.delete(&path)).await?;
-            print_env(&env, args.out.json)?;
+            print_env(&env, json)?;
             if env.state == EnvironmentState::Destroyed {
                 Ok(ExitCode::SUCCESS)
             } else {
@@ -211,13 +190,13 @@ pub async fn run(cmd: EnvCommand, state_dir: &Path) -> Result<ExitCode> {
                 Ok(ExitCode::from(1))
             }
         }
-        EnvCommand::Wait(args) => wait(&client, args).await,
-        EnvCommand::Snapshots(args) => snapshots(&client, args).await,
-        EnvCommand::Sweep(out) => {
+        EnvCommand::Wait(args) => wait(&client, args, json).await,
+        EnvCommand::Snapshots(args) => snapshots(&client, args, json).await,
+        EnvCommand::Sweep => {
             let swept: serde_json::Value = client
                 .send(client.post("/v1/environments/sweep", &serde_json::json!({})))
                 .await?;
-            if out.json {
+            if json {
                 outln!("{swept}")?;
             } else {
                 let ids = swept["destroyed"].as_array().cloned().unwrap_or_default();
@@ -277,7 +256,7 @@ async fn follow(
 }
 
 /// Creates the environment and follows it to idle (or failed), showing each step.
-async fn create(client: &Client, args: CreateArgs) -> Result<ExitCode> {
+async fn create(client: &Client, args: CreateArgs, json: bool) -> Result<ExitCode> {
     let started = Instant::now();
     let path = format!("/v1/environments?reuse={}", args.reuse);
     let from_snapshot = args
@@ -294,7 +273,6 @@ async fn create(client: &Client, args: CreateArgs) -> Result<ExitCode> {
             },
         ))
         .await?;
-    let json = args.out.json;
     // `ready` is a step on the way to `idle`, not a place to stop. Provisioning is bounded by
     // the providers' own timeouts; the hour here only guards against a gateway that stalls.
     let settled = |state| {
@@ -331,7 +309,7 @@ async fn create(client: &Client, args: CreateArgs) -> Result<ExitCode> {
 }
 
 /// Polls the environment until it is in the wanted state (exit 0) or the timeout passes (1).
-async fn wait(client: &Client, args: WaitArgs) -> Result<ExitCode> {
+async fn wait(client: &Client, args: WaitArgs, json: bool) -> Result<ExitCode> {
     let Some(want) = EnvironmentState::parse(&args.state) else {
         bail!(
             "{:?} is not an environment state (requested, provisioning, bootstrapping, ready, attached, idle, draining, destroying, destroyed, failed, orphaned)",
@@ -348,7 +326,7 @@ async fn wait(client: &Client, args: WaitArgs) -> Result<ExitCode> {
         .send(client.get(&format!("/v1/environments/{}", args.id)))
         .await?;
     let (env, reached) = follow(client, env, timeout, |state| state == want, |_| {}).await?;
-    print_env(&env, args.out.json)?;
+    print_env(&env, json)?;
     if reached {
         Ok(ExitCode::SUCCESS)
     } else {
@@ -369,22 +347,22 @@ fn parse_snapshot_id(text: &str) -> Result<SnapshotId> {
     }
 }
 
-async fn snapshots(client: &Client, args: SnapshotsArgs) -> Result<ExitCode> {
+async fn snapshots(client: &Client, args: SnapshotsArgs, json: bool) -> Result<ExitCode> {
     match args.action {
         None => {
             let list: SnapshotList = client.send(client.get("/v1/snapshots")).await?;
-            if args.out.json {
+            if json {
                 outln!("{}", serde_json::to_string_pretty(&list)?)?;
             } else {
                 out!("{}", snapshot_table(&list.snapshots))?;
             }
         }
-        Some(SnapshotAction::Rm { id, out }) => {
+        Some(SnapshotAction::Rm { id }) => {
             let id = parse_snapshot_id(&id)?;
             let deleted: DeletedSnapshot = client
                 .send(client.delete(&format!("/v1/snapshots/{id}")))
                 .await?;
-            if out.json {
+            if json {
                 outln!("{}", serde_json::to_string_pretty(&deleted)?)?;
             } else {
                 outln!(
@@ -394,14 +372,14 @@ async fn snapshots(client: &Client, args: SnapshotsArgs) -> Result<ExitCode> {
                 )?;
             }
         }
-        Some(SnapshotAction::Take { env, key, out }) => {
+        Some(SnapshotAction::Take { env, key }) => {
             let snapshot: SnapshotView = client
                 .send(client.post(
                     &format!("/v1/environments/{env}/snapshot"),
                     &TakeSnapshotRequest { key },
                 ))
                 .await?;
-            if out.json {
+            if json {
                 outln!("{}", serde_json::to_string_pretty(&snapshot)?)?;
             } else {
                 outln!(
@@ -424,23 +402,32 @@ fn snapshot_table(snapshots: &[SnapshotView]) -> String {
             .to_owned();
     }
     let now = now_ms();
-    let mut out = format!(
-        "{:<21}  {:<10}  {:<12}  {:>9}  {:<9}  {:<9}  {}\n",
-        "ID", "PROFILE", "KEY", "SIZE", "CREATED", "LAST USED", "STATE"
-    );
-    for s in snapshots {
-        out.push_str(&format!(
-            "{:<21}  {:<10}  {:<12}  {:>9}  {:<9}  {:<9}  {}\n",
-            s.id,
-            s.profile,
-            s.key_prefix,
-            human_bytes(s.size_bytes),
-            ago(s.created_at_ms, now),
-            ago(s.last_used_at_ms, now),
-            s.state
-        ));
-    }
-    out
+    let rows: Vec<[String; 7]> = snapshots
+        .iter()
+        .map(|s| {
+            [
+                s.id.to_string(),
+                s.profile.clone(),
+                s.key_prefix.clone(),
+                human_bytes(s.size_bytes),
+                ago(s.created_at_ms, now),
+                ago(s.last_used_at_ms, now),
+                s.state.to_string(),
+            ]
+        })
+        .collect();
+    render::table(
+        &[
+            "ID",
+            "PROFILE",
+            "KEY",
+            "SIZE",
+            "CREATED",
+            "LAST USED",
+            "STATE",
+        ],
+        &rows,
+    )
 }
 
 fn print_env(env: &EnvironmentView, json: bool) -> Result<()> {
@@ -535,26 +522,26 @@ fn table(envs: &[EnvironmentView]) -> String {
         return "no environments; lease one with `skiff env create --profile local`\n".to_owned();
     }
     let now = now_ms();
-    let mut out = format!(
-        "{:<22}  {:<12}  {:<10}  {:<8}  {:<16}  {:<8}  {}\n",
-        "ID", "STATE", "PROFILE", "PROVIDER", "LEASE", "AGE", "NOTE"
-    );
-    for e in envs {
-        let note = if e.development_only {
-            "development only"
-        } else {
-            ""
-        };
-        out.push_str(&format!(
-            "{:<22}  {:<12}  {:<10}  {:<8}  {:<16}  {:<8}  {}\n",
-            e.id,
-            e.state.as_str(),
-            e.profile,
-            e.provider,
-            e.lease_id.as_deref().unwrap_or("-"),
-            ago(e.created_at_ms, now),
-            note
-        ));
-    }
-    out
+    let rows: Vec<[String; 7]> = envs
+        .iter()
+        .map(|e| {
+            [
+                e.id.to_string(),
+                e.state.as_str().to_owned(),
+                e.profile.clone(),
+                e.provider.clone(),
+                e.lease_id.clone().unwrap_or_else(|| "-".to_owned()),
+                ago(e.created_at_ms, now),
+                if e.development_only {
+                    "development only".to_owned()
+                } else {
+                    String::new()
+                },
+            ]
+        })
+        .collect();
+    render::table(
+        &["ID", "STATE", "PROFILE", "PROVIDER", "LEASE", "AGE", "NOTE"],
+        &rows,
+    )
 }

@@ -6,6 +6,7 @@ mod out;
 mod boxes;
 mod client;
 mod demo;
+mod doctor;
 mod env;
 mod gateway;
 mod render;
@@ -39,6 +40,11 @@ struct Cli {
     /// State directory [default: $XDG_STATE_HOME/skiff, else ~/.local/state/skiff]
     #[arg(long, global = true, value_name = "DIR")]
     state_dir: Option<PathBuf>,
+    // Before or after the command; `without_json_form` lists the commands that refuse it. One
+    // line: a longer doc would switch every `--help` to clap's long layout.
+    /// Print JSON for scripts (one document, or JSON lines for streams)
+    #[arg(long, global = true)]
+    json: bool,
     /// Print the build hash of this executable (what a box's installed bundle is checked against)
     #[arg(long, exclusive = true)]
     build_hash: bool,
@@ -62,8 +68,32 @@ enum Command {
     Demo(demo::DemoArgs),
     /// Print a one-use login link for the Control UI in a browser
     Ui(ui::UiArgs),
+    /// Check this machine for what worker boxes need (root, sshd, rsync, namespaces…)
+    Doctor,
+    /// Print a shell completion script: `skiff completions bash > /etc/bash_completion.d/skiff`
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
     /// Worker mode: run a session's agent loop on a box (the gateway starts this over SSH)
     Worker(worker::WorkerArgs),
+}
+
+/// Commands whose output is not data have no JSON form. Refusing `--json` there (rather than
+/// ignoring it) keeps a script from parsing a log or a shell script as a document.
+fn without_json_form(command: &Command) -> Option<&'static str> {
+    match command {
+        Command::Gateway(_) => Some("gateway (its log has --log-format json)"),
+        Command::Worker(_) => Some("worker"),
+        Command::Completions { .. } => Some("completions"),
+        Command::Env(env::EnvCommand::Exec(_)) => Some("env exec (it prints the box's own output)"),
+        Command::Session(_)
+        | Command::Env(_)
+        | Command::Box(_)
+        | Command::Demo(_)
+        | Command::Ui(_)
+        | Command::Doctor => None,
+    }
 }
 
 fn default_state_dir() -> PathBuf {
@@ -74,6 +104,21 @@ fn default_state_dir() -> PathBuf {
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("."));
     home.join(".local/state/skiff")
+}
+
+/// Writes the completion script for `shell` to stdout.
+fn completions(shell: clap_complete::Shell) -> ExitCode {
+    use clap::CommandFactory;
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut Cli::command(), "skiff", &mut script);
+    match out::write(format_args!("{}", String::from_utf8_lossy(&script))) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) if out::is_closed(&e) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(1)
+        }
+    }
 }
 
 fn main() -> ExitCode {
@@ -99,6 +144,14 @@ fn main() -> ExitCode {
         eprintln!("error: a command is required; see `skiff --help`");
         return ExitCode::from(2);
     };
+    let json = cli.json;
+    if json && let Some(name) = without_json_form(&command) {
+        eprintln!("error: `skiff {name}` has no JSON form; run it without --json");
+        return ExitCode::from(2);
+    }
+    if let Command::Completions { shell } = &command {
+        return completions(*shell);
+    }
     if let Command::Box(args) = &command
         && let Some(code) = boxes::sandbox_stage(args)
     {
@@ -118,12 +171,15 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async move {
         match command {
             Command::Gateway(args) => gateway::run(args, state_dir).await,
-            Command::Session(cmd) => session::run(cmd, &state_dir).await,
-            Command::Demo(args) => demo::run(args, &state_dir).await,
-            Command::Env(cmd) => env::run(cmd, &state_dir).await,
-            Command::Box(args) => boxes::run(args, &state_dir).await,
-            Command::Ui(args) => ui::run(args, &state_dir).await,
+            Command::Session(cmd) => session::run(cmd, &state_dir, json).await,
+            Command::Demo(args) => demo::run(args, &state_dir, json).await,
+            Command::Env(cmd) => env::run(cmd, &state_dir, json).await,
+            Command::Box(args) => boxes::run(args, &state_dir, json).await,
+            Command::Ui(args) => ui::run(args, &state_dir, json).await,
             Command::Worker(args) => worker::run(args).await,
+            Command::Doctor => doctor::run(json).await,
+            // Answered above, before a runtime exists.
+            Command::Completions { .. } => Ok(ExitCode::SUCCESS),
         }
     });
     match result {

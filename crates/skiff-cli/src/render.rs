@@ -694,7 +694,9 @@ pub fn session_table(sessions: &[SessionView]) -> String {
     )
 }
 
-fn table<const N: usize>(header: &[&str; N], rows: &[[String; N]]) -> String {
+/// Columns as wide as their widest cell (header included), two spaces apart, the last one
+/// unpadded: fixed widths misalign as soon as one id or state is longer than guessed.
+pub fn table<const N: usize>(header: &[&str; N], rows: &[[String; N]]) -> String {
     let mut widths = header.map(|h| h.chars().count());
     for row in rows {
         for (w, cell) in widths.iter_mut().zip(row) {

@@ -1,7 +1,6 @@
 //! `skiff session diff|apply|export`: a session's result, shown and brought home.
 
 use crate::client::Client;
-use crate::session::JsonArg;
 use anyhow::{Context, Result};
 use clap::Args;
 use skiff_protocol::sync::{
@@ -21,8 +20,6 @@ pub struct DiffArgs {
     /// One turn's changes (its checkpoint against the one before) instead of the session's
     #[arg(long, value_name = "RUN")]
     run: Option<String>,
-    #[command(flatten)]
-    out: JsonArg,
 }
 
 #[derive(Args)]
@@ -32,8 +29,6 @@ pub struct ApplyArgs {
     /// Write into this directory instead of the one the session was created from
     #[arg(long, value_name = "DIR")]
     to: Option<PathBuf>,
-    #[command(flatten)]
-    out: JsonArg,
 }
 
 #[derive(Args)]
@@ -43,8 +38,6 @@ pub struct ExportArgs {
     /// A directory that does not exist yet, or is empty
     #[arg(long, value_name = "DIR")]
     to: PathBuf,
-    #[command(flatten)]
-    out: JsonArg,
 }
 
 fn absolute(dir: &std::path::Path) -> Result<String> {
@@ -54,14 +47,14 @@ fn absolute(dir: &std::path::Path) -> Result<String> {
         .to_string())
 }
 
-pub async fn diff(client: &Client, args: DiffArgs) -> Result<ExitCode> {
+pub async fn diff(client: &Client, args: DiffArgs, json: bool) -> Result<ExitCode> {
     let query = if args.stat { "?stat=true" } else { "" };
     let path = match &args.run {
         Some(run) => format!("/v1/sessions/{}/runs/{run}/changes{query}", args.id),
         None => format!("/v1/sessions/{}/diff{query}", args.id),
     };
     let diff: SessionDiff = client.send(client.get(&path)).await?;
-    if args.out.json {
+    if json {
         outln!("{}", serde_json::to_string_pretty(&diff)?)?;
     } else if args.stat {
         out!("{}", stat(&diff))?;
@@ -155,13 +148,13 @@ fn counts(f: &FileChange, most: u64, digits: usize) -> String {
     .to_owned()
 }
 
-pub async fn apply(client: &Client, args: ApplyArgs) -> Result<ExitCode> {
+pub async fn apply(client: &Client, args: ApplyArgs, json: bool) -> Result<ExitCode> {
     let to = args.to.as_deref().map(absolute).transpose()?;
     let path = format!("/v1/sessions/{}/apply", args.id);
     let done: ApplyResult = client
         .send(client.post(&path, &ApplyRequest { to }))
         .await?;
-    if args.out.json {
+    if json {
         outln!("{}", serde_json::to_string_pretty(&done)?)?;
         return Ok(ExitCode::SUCCESS);
     }
@@ -186,13 +179,13 @@ pub async fn apply(client: &Client, args: ApplyArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-pub async fn export(client: &Client, args: ExportArgs) -> Result<ExitCode> {
+pub async fn export(client: &Client, args: ExportArgs, json: bool) -> Result<ExitCode> {
     let to = absolute(&args.to)?;
     let path = format!("/v1/sessions/{}/export", args.id);
     let done: ExportResult = client
         .send(client.post(&path, &ExportRequest { to }))
         .await?;
-    if args.out.json {
+    if json {
         outln!("{}", serde_json::to_string_pretty(&done)?)?;
         return Ok(ExitCode::SUCCESS);
     }

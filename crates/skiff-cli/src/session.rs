@@ -17,7 +17,7 @@ pub enum SessionCommand {
     /// Create a session and run its first turn, streaming it
     New(NewArgs),
     /// List sessions, newest activity first
-    List(JsonArg),
+    List,
     /// Show a session: workspace, branch, runs and transcript
     Show(ShowArgs),
     /// Send the next message and stream the turn
@@ -52,8 +52,6 @@ pub struct QuarantineArgs {
     action: Option<QuarantineAction>,
     /// Session id (ses_…): list its quarantine
     id: Option<String>,
-    #[command(flatten)]
-    out: JsonArg,
 }
 
 #[derive(Subcommand)]
@@ -65,15 +63,11 @@ enum QuarantineAction {
         /// Paths as the quarantine lists them
         #[arg(required = true)]
         paths: Vec<String>,
-        #[command(flatten)]
-        out: JsonArg,
     },
     /// Drop everything the session's quarantine holds
     Discard {
         /// Session id (ses_…)
         id: String,
-        #[command(flatten)]
-        out: JsonArg,
     },
 }
 
@@ -87,23 +81,12 @@ pub struct PublishArgs {
     /// The branch to create or update there [default: skiff/<session-id>]
     #[arg(long, value_name = "NAME")]
     branch: Option<String>,
-    #[command(flatten)]
-    out: JsonArg,
-}
-
-#[derive(Args)]
-pub struct JsonArg {
-    /// Print JSON for scripts
-    #[arg(long)]
-    pub json: bool,
 }
 
 #[derive(Args)]
 pub struct IdArgs {
     /// Session id (ses_…)
     id: String,
-    #[command(flatten)]
-    out: JsonArg,
 }
 
 /// `--full`: for commands that show tool output.
@@ -120,8 +103,6 @@ pub struct ShowArgs {
     id: String,
     #[command(flatten)]
     detail: FullArg,
-    #[command(flatten)]
-    out: JsonArg,
 }
 
 #[derive(Args)]
@@ -142,8 +123,6 @@ pub struct NewArgs {
     detach: bool,
     #[command(flatten)]
     detail: FullArg,
-    #[command(flatten)]
-    out: JsonArg,
 }
 
 #[derive(Args)]
@@ -160,11 +139,9 @@ pub struct SendArgs {
     detach: bool,
     #[command(flatten)]
     detail: FullArg,
-    #[command(flatten)]
-    out: JsonArg,
 }
 
-pub async fn run(cmd: SessionCommand, state_dir: &Path) -> Result<ExitCode> {
+pub async fn run(cmd: SessionCommand, state_dir: &Path, json: bool) -> Result<ExitCode> {
     let client = Client::discover(state_dir)?;
     match cmd {
         SessionCommand::New(args) => {
@@ -182,19 +159,19 @@ pub async fn run(cmd: SessionCommand, state_dir: &Path) -> Result<ExitCode> {
                     profile: args.profile,
                 })
                 .await?;
-            let live = Live::with_detail(args.out.json, Detail::with_full_flag(args.detail.full));
+            let live = Live::with_detail(json, Detail::with_full_flag(args.detail.full));
             started_turn(&client, started, args.detach, live).await
         }
         SessionCommand::Send(args) => {
             let started = client
                 .send_message(&args.id, &args.prompt, args.profile.as_deref())
                 .await?;
-            let live = Live::with_detail(args.out.json, Detail::with_full_flag(args.detail.full));
+            let live = Live::with_detail(json, Detail::with_full_flag(args.detail.full));
             started_turn(&client, started, args.detach, live).await
         }
-        SessionCommand::List(out) => {
+        SessionCommand::List => {
             let list = client.sessions().await?;
-            if out.json {
+            if json {
                 outln!("{}", serde_json::to_string_pretty(&list)?)?;
             } else {
                 out!("{}", render::session_table(&list.sessions))?;
@@ -203,7 +180,7 @@ pub async fn run(cmd: SessionCommand, state_dir: &Path) -> Result<ExitCode> {
         }
         SessionCommand::Show(args) => {
             let detail = client.session(&args.id).await?;
-            if args.out.json {
+            if json {
                 outln!("{}", serde_json::to_string_pretty(&detail)?)?;
                 return Ok(ExitCode::SUCCESS);
             }
@@ -279,27 +256,27 @@ pub async fn run(cmd: SessionCommand, state_dir: &Path) -> Result<ExitCode> {
                 eprintln!("session {} has no runs yet", args.id);
                 return Ok(ExitCode::SUCCESS);
             };
-            let live = Live::with_detail(args.out.json, Detail::with_full_flag(args.detail.full));
+            let live = Live::with_detail(json, Detail::with_full_flag(args.detail.full));
             follow(&client, &detail.session.id, &run.id, live).await
         }
         SessionCommand::Checkpoints(args) => {
             let path = format!("/v1/sessions/{}/checkpoints", args.id);
             let list: skiff_protocol::sync::CheckpointList = client.send(client.get(&path)).await?;
-            if args.out.json {
+            if json {
                 outln!("{}", serde_json::to_string_pretty(&list)?)?;
             }
-            for c in list.checkpoints.iter().filter(|_| !args.out.json) {
+            for c in list.checkpoints.iter().filter(|_| !json) {
                 let at = c.git_ref.as_deref().or(c.manifest.as_deref()).unwrap_or("");
                 let (seq, id, mode, files) = (c.seq, &c.id, &c.mode, c.files);
                 outln!("{seq:>3}  {id}  {mode:<5}  {files} files  {at}")?;
             }
             Ok(ExitCode::SUCCESS)
         }
-        SessionCommand::Quarantine(args) => quarantine(&client, args).await,
+        SessionCommand::Quarantine(args) => quarantine(&client, args, json).await,
         SessionCommand::SetupLog(args) => {
             let path = format!("/v1/sessions/{}/setup-log", args.id);
             let log: skiff_protocol::environment::SetupLog = client.send(client.get(&path)).await?;
-            if args.out.json {
+            if json {
                 outln!("{}", serde_json::to_string_pretty(&log)?)?;
             } else {
                 out!("{}", log.text)?;
@@ -316,9 +293,9 @@ pub async fn run(cmd: SessionCommand, state_dir: &Path) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        SessionCommand::Diff(args) => crate::results::diff(&client, args).await,
-        SessionCommand::Apply(args) => crate::results::apply(&client, args).await,
-        SessionCommand::Export(args) => crate::results::export(&client, args).await,
+        SessionCommand::Diff(args) => crate::results::diff(&client, args, json).await,
+        SessionCommand::Apply(args) => crate::results::apply(&client, args, json).await,
+        SessionCommand::Export(args) => crate::results::export(&client, args, json).await,
         SessionCommand::Publish(args) => {
             let body = skiff_protocol::sync::PublishRequest {
                 remote: Some(args.remote),
@@ -327,7 +304,7 @@ pub async fn run(cmd: SessionCommand, state_dir: &Path) -> Result<ExitCode> {
             let path = format!("/v1/sessions/{}/publish", args.id);
             let done: skiff_protocol::sync::PublishResult =
                 client.send(client.post(&path, &body)).await?;
-            if args.out.json {
+            if json {
                 outln!("{}", serde_json::to_string(&done)?)?;
             } else {
                 let short = &done.commit[..done.commit.len().min(12)];
@@ -337,7 +314,7 @@ pub async fn run(cmd: SessionCommand, state_dir: &Path) -> Result<ExitCode> {
         }
         SessionCommand::Cancel(args) => {
             let run = client.cancel(&args.id).await?;
-            if args.out.json {
+            if json {
                 outln!("{}", serde_json::to_string(&run)?)?;
             } else {
                 eprintln!("cancelling run {} of session {}", run.id, args.id);
@@ -420,10 +397,10 @@ pub async fn follow_until_end(
 }
 
 /// `skiff session quarantine …`.
-async fn quarantine(client: &Client, args: QuarantineArgs) -> Result<ExitCode> {
+async fn quarantine(client: &Client, args: QuarantineArgs, json: bool) -> Result<ExitCode> {
     use skiff_protocol::sync::{AcceptRequest, QuarantineList};
-    let (list, json): (QuarantineList, bool) = match args.action {
-        Some(QuarantineAction::Accept { id, paths, out }) => {
+    let list: QuarantineList = match args.action {
+        Some(QuarantineAction::Accept { id, paths }) => {
             let path = format!("/v1/sessions/{id}/quarantine/accept");
             let list = client
                 .send(client.post(
@@ -433,22 +410,22 @@ async fn quarantine(client: &Client, args: QuarantineArgs) -> Result<ExitCode> {
                     },
                 ))
                 .await?;
-            if !out.json {
+            if !json {
                 for p in &paths {
                     eprintln!("accepted {p} into session {id}'s workspace");
                 }
             }
-            (list, out.json)
+            list
         }
-        Some(QuarantineAction::Discard { id, out }) => {
+        Some(QuarantineAction::Discard { id }) => {
             let path = format!("/v1/sessions/{id}/quarantine/discard");
             let list = client
                 .send(client.post(&path, &serde_json::json!({})))
                 .await?;
-            if !out.json {
+            if !json {
                 eprintln!("discarded session {id}'s quarantine");
             }
-            (list, out.json)
+            list
         }
         None => {
             let Some(id) = args.id else {
@@ -457,7 +434,7 @@ async fn quarantine(client: &Client, args: QuarantineArgs) -> Result<ExitCode> {
                 );
             };
             let path = format!("/v1/sessions/{id}/quarantine");
-            (client.send(client.get(&path)).await?, args.out.json)
+            client.send(client.get(&path)).await?
         }
     };
     if json {

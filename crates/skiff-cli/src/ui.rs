@@ -16,16 +16,14 @@ pub struct UiArgs {
     /// Open the link in the desktop's browser (xdg-open)
     #[arg(long)]
     open: bool,
-    /// Print JSON for scripts: {url, expires_at_ms}
-    #[arg(long)]
-    json: bool,
 }
 
-pub async fn run(args: UiArgs, state_dir: &Path) -> Result<ExitCode> {
+/// With `--json`: `{url, expires_at_ms}`.
+pub async fn run(args: UiArgs, state_dir: &Path, json: bool) -> Result<ExitCode> {
     let client = Client::discover(state_dir)?;
     let ticket = client.ui_ticket().await?;
     let url = format!("{}{}", client.url(), ticket.login_path);
-    if args.json {
+    if json {
         outln!(
             "{}",
             serde_json::json!({ "url": url, "expires_at_ms": ticket.expires_at_ms })
