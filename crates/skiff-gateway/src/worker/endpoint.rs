@@ -247,7 +247,7 @@ impl Core {
     }
 
     /// Checks a hello: signature, expiry, bindings, build, protocol, one use.
-    fn admit(&self, env: &EnvironmentId, line: &str) -> Result<Admitted, Refusal> {
+    pub(super) fn admit(&self, env: &EnvironmentId, line: &str) -> Result<Admitted, Refusal> {
         let hello = serde_json::from_str::<WorkerFrame>(line).map_err(|e| {
             refuse(
                 RefusalCode::BadFrame,
@@ -313,11 +313,19 @@ impl Core {
                 format!("the worker lacks features {}", missing.join(", ")),
             ));
         }
+        // A database that cannot answer is not evidence that the environment is gone: the
+        // worker is told to come back (retryable), not that its box was taken away.
         let env_row = self
             .store
             .live_environments()
-            .ok()
-            .and_then(|rows| rows.into_iter().find(|r| &r.id == env))
+            .map_err(|e| {
+                refuse(
+                    RefusalCode::Unavailable,
+                    format!("could not look up environment {env} ({e}); try again"),
+                )
+            })?
+            .into_iter()
+            .find(|r| &r.id == env)
             .ok_or_else(|| refuse(RefusalCode::WrongScope, "the environment is gone"))?;
         if self.envs.host_key(&env_row).as_deref() != Some(claims.worker_key.as_str()) {
             return Err(refuse(
@@ -341,8 +349,15 @@ impl Core {
             let placement = self
                 .store
                 .placement(&scope, &claims.session_id)
-                .ok()
-                .flatten()
+                .map_err(|e| {
+                    refuse(
+                        RefusalCode::Unavailable,
+                        format!(
+                            "could not look up the placement of {} ({e}); try again",
+                            claims.session_id
+                        ),
+                    )
+                })?
                 .ok_or_else(|| refuse(RefusalCode::WrongScope, "no such worker session"))?;
             if placement.environment_id.as_ref() != Some(env) {
                 return Err(refuse(

@@ -610,7 +610,7 @@ impl Core {
             tracing::debug!(env = %env.id, error = %e, "forward request");
         }
         // A restarted control master lost the agent's egress forward too.
-        self.reforward_egress(env, &ssh, cancel).await;
+        self.reforward_egress(env, ssh, cancel).await;
         Ok(remote_socket)
     }
 }
