@@ -22,6 +22,7 @@ mod results;
 mod sessions;
 pub mod state_dir;
 mod sync_api;
+mod transcript;
 mod ui;
 mod worker;
 mod workspace;

@@ -549,7 +549,7 @@ impl Core {
                 message: "the commit names no run".into(),
             };
         };
-        match self.store.append_entries(
+        match self.append_entries_published(
             scope,
             &op.session_id,
             base_leaf.as_ref(),
@@ -558,19 +558,11 @@ impl Core {
         ) {
             Ok(committed) => {
                 for body in &entries {
-                    if let EntryBody::AssistantMessage { usage, .. } = body {
-                        let _ = self.store.add_run_usage(scope, run, *usage);
+                    if let EntryBody::AssistantMessage { usage, .. } = body
+                        && let Err(e) = self.store.add_run_usage(scope, run, *usage)
+                    {
+                        tracing::warn!(%run, error = %e, "could not account a worker's model usage");
                     }
-                }
-                for entry in &committed {
-                    let _ = self.hub.publish(
-                        scope,
-                        &op.session_id,
-                        Some(run),
-                        EventKind::Entry {
-                            entry: entry.clone(),
-                        },
-                    );
                 }
                 Reply::Committed { entries: committed }
             }

@@ -421,3 +421,32 @@ async fn admission_on_a_database_error_says_so_rather_than_that_the_box_is_gone(
     assert_eq!(r.code, RefusalCode::Unavailable, "{}", r.message);
     assert!(r.message.contains("try again"), "{}", r.message);
 }
+
+#[tokio::test]
+async fn a_lost_work_notice_that_cannot_be_written_is_audited() {
+    let h = Harness::new().await.unwrap();
+    h.sql(
+        "CREATE TRIGGER no_entries BEFORE INSERT ON entries \
+           BEGIN SELECT RAISE(ABORT, 'injected: disk full'); END;",
+    )
+    .unwrap();
+    h.core.notify(
+        &h.a.scope,
+        &h.a.claims.session_id,
+        Some(&h.run),
+        "The worker box stopped. Workspace changes were lost.",
+    );
+    let conn = rusqlite::Connection::open(&h.db).unwrap();
+    let detail: String = conn
+        .query_row(
+            "SELECT detail FROM audit WHERE action = 'session.notice' AND decision = 'lost'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert!(detail.contains("injected"), "{detail}");
+    assert!(
+        !detail.contains("Workspace changes"),
+        "the audit keeps metadata only: {detail}"
+    );
+}
