@@ -119,6 +119,15 @@ impl Live {
         }
     }
 
+    /// Closes connection `id` if it is still the session's; its worker reconnects and sends
+    /// again what was not acknowledged.
+    fn drop_conn(&self, id: u64) {
+        let conn = lock(&self.conn);
+        if let Some(c) = conn.as_ref().filter(|c| c.id == id) {
+            c.closed.cancel();
+        }
+    }
+
     /// Closes the connection (a new owner takes over, or the session is done with its worker).
     pub(crate) fn close(&self) {
         if let Some(conn) = lock(&self.conn).take() {

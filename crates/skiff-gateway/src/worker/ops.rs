@@ -61,7 +61,24 @@ impl Core {
                 return;
             }
             if seq > applied {
-                self.apply_event(a, &op, call);
+                if let Err(e) = self.apply_event(a, &op, call) {
+                    // Not acknowledged, and not skipped by a later acknowledgement (they are
+                    // cumulative): the connection is dropped, and the reconnected worker sends
+                    // its unacknowledged events again, in order.
+                    tracing::warn!(session = %session, seq, error = %e, "could not store a worker's event; dropping the connection so it is sent again");
+                    self.audit_worker(
+                        &a.scope,
+                        "worker.call",
+                        session.as_str(),
+                        "deferred",
+                        json!({
+                            "method": "event.publish", "code": "unavailable", "reason": e.to_string(),
+                            "epoch": epoch, "stream": stream.as_str(), "seq": seq,
+                        }),
+                    );
+                    a.live.drop_conn(a.conn_id);
+                    return;
+                }
                 a.live.set_applied_events(epoch, seq);
             }
             let mut pending = super::lock(&a.pending_ack);
@@ -482,9 +499,11 @@ impl Core {
         }
     }
 
-    fn apply_event(&self, a: &Admitted, op: &OpId, call: Call) {
+    /// Stores and fans out a worker's live event (moving its ACK cursor with it). A refused
+    /// kind is dropped for good (audited); only a failure to store is an error.
+    fn apply_event(&self, a: &Admitted, op: &OpId, call: Call) -> Result<(), skiff_store::Error> {
         let Call::EventPublish { event } = call else {
-            return;
+            return Ok(());
         };
         // Entries and run status are the gateway's to announce, never a worker's.
         if matches!(
@@ -502,7 +521,7 @@ impl Core {
             ) {
                 self.report_lost_write(&a.scope, op, "event.publish", "cursor", &e.to_string());
             }
-            return;
+            return Ok(());
         }
         let published = self.hub.publish_with(&a.scope, &op.session_id, || {
             self.store.append_worker_event(
@@ -514,9 +533,7 @@ impl Core {
                 op.seq,
             )
         });
-        if let Err(e) = published {
-            tracing::warn!(error = %e, "could not publish a worker event");
-        }
+        published.map(|_| ())
     }
 
     fn worker_commit(

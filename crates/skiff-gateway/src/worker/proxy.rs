@@ -186,11 +186,17 @@ impl Core {
                     });
                     return;
                 }
-                let session_model = self
-                    .store
-                    .session(&a.scope, &op.session_id)
-                    .map(|s| s.model_ref)
-                    .unwrap_or_default();
+                let session_model = match self.store.session(&a.scope, &op.session_id) {
+                    Ok(s) => s.model_ref,
+                    // Not "this is not the session's model": the gateway could not look.
+                    Err(e) => {
+                        fail(
+                            a,
+                            format!("could not read the session's model ({e}); the turn may retry"),
+                        );
+                        return;
+                    }
+                };
                 let canary = op.run_id.is_none() && Core::canary_call(a, request.model.as_str());
                 let allowed = if canary {
                     CANARY_MODEL

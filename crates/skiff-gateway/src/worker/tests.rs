@@ -450,3 +450,39 @@ async fn a_lost_work_notice_that_cannot_be_written_is_audited() {
         "the audit keeps metadata only: {detail}"
     );
 }
+
+#[tokio::test]
+async fn an_event_that_cannot_be_stored_is_not_acknowledged_and_the_worker_reconnects_to_resend_it()
+{
+    let h = Harness::new().await.unwrap();
+    // The connection the harness admitted; dropping it is how the worker learns to resend.
+    let live = h.a.live.clone();
+    let (tx, _frames) = mpsc::unbounded_channel();
+    let closed = live.connect(h.a.conn_id, h.a.claims.owner_epoch, tx);
+    h.sql(
+        "CREATE TRIGGER no_events BEFORE INSERT ON events \
+           BEGIN SELECT RAISE(ABORT, 'injected: disk full'); END;",
+    )
+    .unwrap();
+    let event = Call::EventPublish {
+        event: skiff_protocol::event::EventKind::ModelRequest {
+            model: "scripted/demo".into(),
+        },
+    };
+    h.core
+        .on_call(&h.a, h.op(StreamKind::Events, 1), event.clone())
+        .await;
+    assert_eq!(
+        *super::lock(&h.a.pending_ack),
+        None,
+        "a lost event was acknowledged"
+    );
+    assert!(closed.is_cancelled(), "the connection stays open");
+    assert_eq!(h.audit("deferred").unwrap().len(), 1);
+    // Sent again once the database is back, it is stored and acknowledged.
+    h.sql("DROP TRIGGER no_events").unwrap();
+    h.core
+        .on_call(&h.a, h.op(StreamKind::Events, 1), event)
+        .await;
+    assert_eq!(*super::lock(&h.a.pending_ack), Some(1));
+}
