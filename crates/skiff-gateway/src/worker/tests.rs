@@ -486,3 +486,88 @@ async fn an_event_that_cannot_be_stored_is_not_acknowledged_and_the_worker_recon
         .await;
     assert_eq!(*super::lock(&h.a.pending_ack), Some(1));
 }
+
+/// A fake worker on the real endpoint socket: hello, welcome, the turn handed over, a commit
+/// answered, and a frame that is not UTF-8 refused — both ends framed by `skiff_wire`.
+#[tokio::test]
+async fn a_worker_on_the_endpoint_socket_is_admitted_handed_its_turn_and_answered() {
+    let h = Harness::new().await.unwrap();
+    let env = h.a.claims.environment_id.clone();
+    let host_key = "ssh-ed25519 AAAAC3Nza-test-box";
+    h.core
+        .store
+        .create_environment(&h.a.scope, &env, "local", "local", "op_test")
+        .unwrap();
+    let lease = serde_json::json!({
+        "lease_id": "lease_test", "host": "127.0.0.1", "port": 22, "user": "box",
+        "identity_file": "/nonexistent", "host_key": host_key,
+    });
+    h.core
+        .store
+        .set_environment_lease(&h.a.scope, &env, "lease_test", &lease.to_string(), None)
+        .unwrap();
+    h.core.envs.warm_bundle().await;
+    let build = h.core.envs.bundle_hash_now().unwrap();
+    let mut claims = h.a.claims.clone();
+    claims.bundle_hash = build.clone();
+    claims.worker_key = host_key.into();
+    claims.credential_id = skiff_store::mint().unwrap();
+    h.core.open_worker_endpoint(&env).unwrap();
+
+    let stream = tokio::net::UnixStream::connect(h.core.workers.socket_path(&env))
+        .await
+        .unwrap();
+    let (read, mut write) = stream.into_split();
+    let mut read = tokio::io::BufReader::new(read);
+    let hello = skiff_protocol::worker::WorkerFrame::Hello {
+        protocol_version: skiff_protocol::worker::PROTOCOL_VERSION,
+        build_hash: build,
+        features: claims
+            .methods
+            .iter()
+            .map(|m| m.as_str().to_owned())
+            .collect(),
+        credential: h.core.workers.signer.sign(&claims),
+    };
+    skiff_wire::write_frame(&mut write, &hello).await.unwrap();
+    let mut next = async || -> GatewayFrame {
+        let line = tokio::time::timeout(
+            std::time::Duration::from_secs(20),
+            skiff_wire::read_line(&mut read),
+        )
+        .await
+        .expect("the gateway answers within 20 s")
+        .unwrap()
+        .expect("the gateway keeps the connection open");
+        serde_json::from_str(&line).unwrap()
+    };
+    let welcome = next().await;
+    assert!(
+        matches!(welcome, GatewayFrame::Welcome { .. }),
+        "{welcome:?}"
+    );
+    let turn = next().await;
+    assert!(
+        matches!(&turn, GatewayFrame::Turn { turn } if turn.run_id == h.run),
+        "{turn:?}"
+    );
+
+    let call = skiff_protocol::worker::WorkerFrame::Call {
+        op: h.op(StreamKind::Transcript, 1),
+        call: commit("done on the box"),
+    };
+    skiff_wire::write_frame(&mut write, &call).await.unwrap();
+    let reply = next().await;
+    assert!(
+        matches!(&reply, GatewayFrame::Reply { seq: 1, reply: Reply::Committed { entries }, .. } if entries.len() == 1),
+        "{reply:?}"
+    );
+
+    use tokio::io::AsyncWriteExt;
+    write.write_all(b"\xff\xfe\n").await.unwrap();
+    let refused = next().await;
+    assert!(
+        matches!(&refused, GatewayFrame::Refused { code: RefusalCode::BadFrame, message } if message.contains("UTF-8")),
+        "{refused:?}"
+    );
+}
