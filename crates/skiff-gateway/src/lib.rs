@@ -22,6 +22,7 @@ mod results;
 mod sessions;
 pub mod state_dir;
 mod sync_api;
+mod transcript;
 mod ui;
 mod worker;
 mod workspace;
@@ -111,6 +112,46 @@ impl Running {
 /// Opens the state dir and database, reconciles what a previous process left, binds the
 /// listener and starts serving.
 pub async fn start(options: Options) -> Result<Running> {
+    let (core, lifetime_tick) = open_core(&options).await?;
+    spawn_lifetime_enforcer(&core, lifetime_tick);
+
+    let listener = tokio::net::TcpListener::bind(&options.listen)
+        .await
+        .map_err(|source| Error::Listen {
+            addr: options.listen.clone(),
+            source,
+        })?;
+    let addr = listener.local_addr().map_err(|source| Error::Listen {
+        addr: options.listen.clone(),
+        source,
+    })?;
+    let url = format!("http://{addr}");
+    let token = core.admin_token(&url)?;
+    core.ui.set_key(&token);
+
+    let shutdown = CancellationToken::new();
+    let app = api::router(core.clone());
+    let stop = shutdown.clone();
+    let server = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move { stop.cancelled().await })
+            .await
+    });
+    tracing::info!(%url, state_dir = %core.state.root().display(), "gateway listening");
+    Ok(Running {
+        url,
+        token,
+        addr,
+        shutdown,
+        server,
+        core,
+    })
+}
+
+/// Opens the state dir, config, store and catalog, and reconciles what a previous process
+/// left, up to the point where the API could listen. Tests drive the returned core directly
+/// (an in-process gateway: no listener, no spawned binary).
+pub(crate) async fn open_core(options: &Options) -> Result<(Arc<Core>, std::time::Duration)> {
     let state = StateDir::open(&options.state_dir)?;
     let lock = state.lock()?;
     let procs = kill_leftover_processes(&state)?;
@@ -165,39 +206,7 @@ pub async fn start(options: Options) -> Result<Running> {
         core.envs.warm_bundle().await;
     }
     core.reconcile_placements_on_start().await?;
-    spawn_lifetime_enforcer(&core, lifetime_tick);
-
-    let listener = tokio::net::TcpListener::bind(&options.listen)
-        .await
-        .map_err(|source| Error::Listen {
-            addr: options.listen.clone(),
-            source,
-        })?;
-    let addr = listener.local_addr().map_err(|source| Error::Listen {
-        addr: options.listen.clone(),
-        source,
-    })?;
-    let url = format!("http://{addr}");
-    let token = core.admin_token(&url)?;
-    core.ui.set_key(&token);
-
-    let shutdown = CancellationToken::new();
-    let app = api::router(core.clone());
-    let stop = shutdown.clone();
-    let server = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move { stop.cancelled().await })
-            .await
-    });
-    tracing::info!(%url, state_dir = %core.state.root().display(), "gateway listening");
-    Ok(Running {
-        url,
-        token,
-        addr,
-        shutdown,
-        server,
-        core,
-    })
+    Ok((core, lifetime_tick))
 }
 
 /// Kills the `exec` commands a previous gateway on this state dir left running (it crashed in

@@ -12,9 +12,7 @@ use crate::error::{Error, Result};
 use serde_json::json;
 use skiff_protocol::api::WorkspaceView;
 use skiff_protocol::environment::PlacementState;
-use skiff_protocol::event::EventKind;
 use skiff_protocol::sync::{QuarantineList, QuarantineView, QuarantinedPath, Refusal, RefusalKind};
-use skiff_protocol::transcript::EntryBody;
 use skiff_protocol::{RunId, SessionId};
 use skiff_store::{ArtifactRole, ArtifactRow, NewArtifact, Retention, Scope};
 use skiff_sync::cas::Cas;
@@ -186,51 +184,6 @@ impl Core {
             listed.join("; ")
         );
         self.notify(scope, s, run, &text);
-    }
-
-    /// Appends a notice to the session's transcript (re-reading the leaf when it moved) and
-    /// publishes it. A notice that cannot be written is logged: it never undoes the work.
-    pub(crate) fn notify(
-        &self,
-        scope: &Scope,
-        session: &SessionId,
-        run: Option<&RunId>,
-        text: &str,
-    ) {
-        let body = [EntryBody::Notice {
-            text: text.to_owned(),
-        }];
-        for _ in 0..3 {
-            let leaf = match self.store.leaf(scope, session) {
-                Ok(leaf) => leaf,
-                Err(e) => {
-                    tracing::warn!(%session, error = %e, "could not read the leaf for a notice");
-                    return;
-                }
-            };
-            match self
-                .store
-                .append_entries(scope, session, leaf.as_ref(), run, &body)
-            {
-                Ok(entries) => {
-                    for entry in entries {
-                        if let Err(e) =
-                            self.hub
-                                .publish(scope, session, run, EventKind::Entry { entry })
-                        {
-                            tracing::warn!(%session, error = %e, "could not publish a notice");
-                        }
-                    }
-                    return;
-                }
-                Err(skiff_store::Error::LeafConflict { .. }) => continue,
-                Err(e) => {
-                    tracing::warn!(%session, error = %e, "could not write a notice");
-                    return;
-                }
-            }
-        }
-        tracing::warn!(%session, "the transcript kept moving; a notice was not written");
     }
 
     fn quarantine_rows(&self, scope: &Scope, session: &SessionId) -> Result<Vec<ArtifactRow>> {

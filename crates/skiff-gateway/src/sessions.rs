@@ -286,10 +286,8 @@ impl Core {
         let session = self.store.session(scope, id)?;
         // Admission first: only the admitted turn may write the user's message.
         let run = self.store.create_run(scope, id, &session.model_ref)?;
-        let leaf = self.store.leaf(scope, id)?;
-        let entries =
-            self.store
-                .append_entries(scope, id, leaf.as_ref(), Some(&run.id), &[first])?;
+        // The status goes out first, as followers expect; the first entry follows at the
+        // leaf (re-read if a notice landed in between).
         self.hub.publish(
             scope,
             id,
@@ -299,10 +297,7 @@ impl Core {
                 error: None,
             },
         )?;
-        for entry in entries {
-            self.hub
-                .publish(scope, id, Some(&run.id), EventKind::Entry { entry })?;
-        }
+        self.append_at_leaf(scope, id, Some(&run.id), &[first])?;
         self.audit(
             scope,
             "run.start",
@@ -351,19 +346,7 @@ impl Core {
         let run = if run.status == RunStatus::Cancelling {
             run
         } else {
-            let run = self
-                .store
-                .transition_run(scope, &run.id, RunStatus::Cancelling, None)?;
-            self.hub.publish(
-                scope,
-                id,
-                Some(&run.id),
-                EventKind::RunStatus {
-                    status: RunStatus::Cancelling,
-                    error: None,
-                },
-            )?;
-            run
+            self.set_run_status(scope, id, &run.id, RunStatus::Cancelling, None)?
         };
         self.audit(
             scope,
@@ -409,30 +392,11 @@ impl Core {
         cancel: &CancellationToken,
     ) -> Result<TurnOutcome> {
         if session.placement != PlacementState::Local.as_str() {
-            self.store
-                .transition_run(scope, &run.id, RunStatus::Starting, None)?;
-            self.hub.publish(
-                scope,
-                &session.id,
-                Some(&run.id),
-                EventKind::RunStatus {
-                    status: RunStatus::Starting,
-                    error: None,
-                },
-            )?;
+            self.set_run_status(scope, &session.id, &run.id, RunStatus::Starting, None)?;
             return self.run_turn_on_worker(scope, session, run, cancel).await;
         }
         for status in [RunStatus::Starting, RunStatus::Running] {
-            self.store.transition_run(scope, &run.id, status, None)?;
-            self.hub.publish(
-                scope,
-                &session.id,
-                Some(&run.id),
-                EventKind::RunStatus {
-                    status,
-                    error: None,
-                },
-            )?;
+            self.set_run_status(scope, &session.id, &run.id, status, None)?;
         }
         let model = ModelRef::parse(&session.model_ref).ok_or_else(|| {
             Error::BadRequest(format!(
@@ -505,20 +469,13 @@ impl Core {
         // Late events of a worker's turn are fenced from here on (cleared before and after
         // the transition: an event checked in between may have cached the run as open).
         self.workers.run_ended(session, run);
-        let transitioned = self.store.transition_run(scope, run, status, error);
+        let transitioned = self.set_run_status(scope, session, run, status, error);
         self.workers.run_ended(session, run);
         match transitioned {
-            Ok(_) => {
-                let event = EventKind::RunStatus {
-                    status,
-                    error: error.map(str::to_owned),
-                };
-                if let Err(e) = self.hub.publish(scope, session, Some(run), event) {
-                    tracing::warn!(%run, error = %e, "could not publish the end of the run");
-                }
-                tracing::info!(%session, %run, %status, "run finished");
+            Ok(_) => tracing::info!(%session, %run, %status, "run finished"),
+            Err(e) => {
+                tracing::warn!(%run, error = %e, "could not record or announce the end of the run");
             }
-            Err(e) => tracing::warn!(%run, error = %e, "could not record the end of the run"),
         }
     }
 

@@ -19,13 +19,11 @@ mod turns;
 pub use turns::scan_workspace;
 
 use link::{Ident, Link};
-use skiff_protocol::worker::{
-    GatewayFrame, MAX_FRAME_BYTES, PROTOCOL_VERSION, RefusalCode, WorkerFrame, features,
-};
+use skiff_protocol::worker::{GatewayFrame, PROTOCOL_VERSION, RefusalCode, WorkerFrame, features};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::BufReader;
 use tokio::net::UnixStream;
 use tokio::sync::mpsc;
 
@@ -136,10 +134,13 @@ async fn connect_once(
         features: features(),
         credential: link.credential(),
     };
-    write_line(&mut write, &hello).await?;
-    let first = tokio::time::timeout(Duration::from_secs(30), read_frame(&mut reader))
+    skiff_wire::write_frame(&mut write, &hello)
         .await
-        .map_err(|_| std::io::Error::other("no welcome from the gateway within 30 s"))??;
+        .map_err(wire_error)?;
+    let first = tokio::time::timeout(Duration::from_secs(30), skiff_wire::read_line(&mut reader))
+        .await
+        .map_err(|_| std::io::Error::other("no welcome from the gateway within 30 s"))?
+        .map_err(wire_error)?;
     let Some(first) = first else {
         return Err(
             std::io::Error::other("the gateway closed the connection during the hello").into(),
@@ -173,11 +174,8 @@ async fn connect_once(
 
     let (tx, mut rx) = mpsc::unbounded_channel::<String>();
     let writer = tokio::spawn(async move {
-        while let Some(mut line) = rx.recv().await {
-            // One write per frame: a frame split in two makes two small SSH packets, and the
-            // second can wait for the first's acknowledgement (Nagle) on the box's sshd.
-            line.push('\n');
-            if write.write_all(line.as_bytes()).await.is_err() {
+        while let Some(line) = rx.recv().await {
+            if skiff_wire::write_line(&mut write, line).await.is_err() {
                 break;
             }
         }
@@ -186,7 +184,7 @@ async fn connect_once(
     let rotation = tokio::spawn(turns::rotate_credentials(link.clone()));
 
     let outcome = loop {
-        let frame = match read_frame(&mut reader).await {
+        let frame = match skiff_wire::read_line(&mut reader).await {
             Ok(Some(line)) => line,
             Ok(None) | Err(_) => break Session::Dropped,
         };
@@ -227,35 +225,10 @@ fn parse(line: &str) -> std::io::Result<GatewayFrame> {
     serde_json::from_str(line).map_err(|e| std::io::Error::other(format!("bad frame: {e}")))
 }
 
-async fn write_line(
-    write: &mut tokio::net::unix::OwnedWriteHalf,
-    frame: &WorkerFrame,
-) -> std::io::Result<()> {
-    let mut line = serde_json::to_string(frame).map_err(std::io::Error::other)?;
-    line.push('\n');
-    write.write_all(line.as_bytes()).await
-}
-
-/// Reads one line of at most [`MAX_FRAME_BYTES`]; `None` at the end of the stream.
-async fn read_frame(
-    reader: &mut BufReader<tokio::net::unix::OwnedReadHalf>,
-) -> std::io::Result<Option<String>> {
-    let mut buf = Vec::new();
-    let limit = u64::try_from(MAX_FRAME_BYTES).unwrap_or(u64::MAX) + 1;
-    let n = (&mut *reader)
-        .take(limit)
-        .read_until(b'\n', &mut buf)
-        .await?;
-    if n == 0 {
-        return Ok(None);
+/// A framing failure, as the connection error the reconnect loop handles.
+fn wire_error(e: skiff_wire::Error) -> std::io::Error {
+    match e {
+        skiff_wire::Error::Io(e) => e,
+        other => std::io::Error::other(format!("from the gateway: {other}")),
     }
-    if buf.last() != Some(&b'\n') {
-        return Err(std::io::Error::other(
-            "a frame from the gateway is too large",
-        ));
-    }
-    buf.pop();
-    String::from_utf8(buf)
-        .map(Some)
-        .map_err(|_| std::io::Error::other("a frame from the gateway is not UTF-8"))
 }

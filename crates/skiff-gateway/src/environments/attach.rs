@@ -151,10 +151,7 @@ impl Environments {
         let Ok(profile) = self.profile(&row.profile) else {
             return false;
         };
-        let lease_id = row
-            .lease_id
-            .clone()
-            .unwrap_or_else(|| profile.provider.lease_id_for(&row.op_id));
+        let lease_id = super::lease_id(profile.provider.as_ref(), row);
         matches!(
             profile.provider.inspect(&lease_id).await,
             Ok(LeaseStatus::Running)

@@ -101,10 +101,7 @@ impl Environments {
 
     async fn inspect_only(&self, row: &EnvironmentRow) -> Result<()> {
         let provider = self.profile(&row.profile)?.provider.clone();
-        let lease_id = row
-            .lease_id
-            .clone()
-            .unwrap_or_else(|| provider.lease_id_for(&row.op_id));
+        let lease_id = super::lease_id(provider.as_ref(), row);
         match provider.inspect(&lease_id).await {
             Ok(LeaseStatus::Running) => Ok(()),
             Ok(other) => self

@@ -32,6 +32,15 @@ use tokio::sync::OnceCell;
 pub(crate) use bootstrap::BundleInstall;
 pub(crate) use snapshots::{Captured, SnapshotKey, snapshot_view};
 
+/// The lease an environment's row names: the one the provider reported, else the one its
+/// operation id determines (a provision cut short before the provider answered; the id is
+/// deterministic, so that lease is found, never a second one made).
+pub(crate) fn lease_id(provider: &dyn WorkerProvider, row: &EnvironmentRow) -> String {
+    row.lease_id
+        .clone()
+        .unwrap_or_else(|| provider.lease_id_for(&row.op_id))
+}
+
 struct Profile {
     config: ProfileConfig,
     provider: Arc<dyn WorkerProvider>,
@@ -488,10 +497,7 @@ impl Environments {
             return Ok(row);
         }
         let provider = self.profile(&row.profile)?.provider.clone();
-        let lease_id = row
-            .lease_id
-            .clone()
-            .unwrap_or_else(|| provider.lease_id_for(&row.op_id));
+        let lease_id = lease_id(provider.as_ref(), &row);
         match provider.inspect(&lease_id).await {
             Ok(LeaseStatus::Running) => {}
             Ok(LeaseStatus::Gone) => {

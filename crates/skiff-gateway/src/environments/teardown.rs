@@ -52,10 +52,7 @@ impl Environments {
             row = self.transition(&row, EnvironmentState::Destroying, None)?;
         }
         let provider = self.profile(&row.profile)?.provider.clone();
-        let lease_id = row
-            .lease_id
-            .clone()
-            .unwrap_or_else(|| provider.lease_id_for(&row.op_id));
+        let lease_id = super::lease_id(provider.as_ref(), &row);
         if let Ok(ssh) = self.ssh(&row) {
             ssh.close().await;
         }
@@ -124,10 +121,7 @@ impl Environments {
                 .into_iter()
                 .filter_map(|r| {
                     let provider = &self.profiles.get(&r.profile)?.provider;
-                    Some(
-                        r.lease_id
-                            .unwrap_or_else(|| provider.lease_id_for(&r.op_id)),
-                    )
+                    Some(super::lease_id(provider.as_ref(), &r))
                 })
                 .collect();
             for lease in leases {

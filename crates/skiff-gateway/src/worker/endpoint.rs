@@ -10,13 +10,12 @@ use crate::Core;
 use serde_json::json;
 use skiff_protocol::EnvironmentId;
 use skiff_protocol::worker::{
-    CredentialClaims, GatewayFrame, MAX_FRAME_BYTES, Method, PROTOCOL_VERSION, RefusalCode,
-    WorkerFrame,
+    CredentialClaims, GatewayFrame, Method, PROTOCOL_VERSION, RefusalCode, WorkerFrame,
 };
 use skiff_store::{Scope, now_ms};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::BufReader;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -128,7 +127,8 @@ impl Core {
     async fn serve_worker(self: Arc<Self>, env: EnvironmentId, stream: UnixStream) {
         let (read, mut write) = stream.into_split();
         let mut reader = BufReader::new(read);
-        let first = tokio::time::timeout(Duration::from_secs(10), read_frame(&mut reader)).await;
+        let first =
+            tokio::time::timeout(Duration::from_secs(10), skiff_wire::read_line(&mut reader)).await;
         let admitted = match first {
             Ok(Ok(Some(line))) => self.admit(&env, &line),
             _ => Err(refuse(RefusalCode::BadFrame, "no hello within 10 s")),
@@ -154,7 +154,7 @@ impl Core {
                     code: r.code,
                     message: r.message,
                 };
-                let _ = write_frame(&mut write, &frame).await;
+                let _ = skiff_wire::write_frame(&mut write, &frame).await;
                 return;
             }
         };
@@ -170,7 +170,7 @@ impl Core {
                 .connect(admitted.conn_id, admitted.claims.owner_epoch, tx.clone());
         let writer = tokio::spawn(async move {
             while let Some(frame) = rx.recv().await {
-                if write_frame(&mut write, &frame).await.is_err() {
+                if skiff_wire::write_frame(&mut write, &frame).await.is_err() {
                     break;
                 }
             }
@@ -181,21 +181,26 @@ impl Core {
         loop {
             let line = tokio::select! {
                 _ = closed.cancelled() => break,
-                line = read_frame(&mut reader) => line,
+                line = skiff_wire::read_line(&mut reader) => line,
             };
             let line = match line {
                 Ok(Some(line)) => line,
                 Ok(None) => break,
+                Err(skiff_wire::Error::Io(_)) => break,
                 Err(e) => {
+                    let code = match e {
+                        skiff_wire::Error::TooLarge => RefusalCode::TooLarge,
+                        _ => RefusalCode::BadFrame,
+                    };
                     self.audit_worker(
                         &admitted.scope,
                         "worker.frame",
                         session.as_str(),
                         "refused",
-                        json!({ "code": "too_large", "reason": e.to_string() }),
+                        json!({ "code": code.as_str(), "reason": e.to_string() }),
                     );
                     let _ = tx.send(GatewayFrame::Refused {
-                        code: RefusalCode::TooLarge,
+                        code,
                         message: format!("{e}; the connection is closed"),
                     });
                     break;
@@ -247,7 +252,7 @@ impl Core {
     }
 
     /// Checks a hello: signature, expiry, bindings, build, protocol, one use.
-    fn admit(&self, env: &EnvironmentId, line: &str) -> Result<Admitted, Refusal> {
+    pub(super) fn admit(&self, env: &EnvironmentId, line: &str) -> Result<Admitted, Refusal> {
         let hello = serde_json::from_str::<WorkerFrame>(line).map_err(|e| {
             refuse(
                 RefusalCode::BadFrame,
@@ -313,11 +318,19 @@ impl Core {
                 format!("the worker lacks features {}", missing.join(", ")),
             ));
         }
+        // A database that cannot answer is not evidence that the environment is gone: the
+        // worker is told to come back (retryable), not that its box was taken away.
         let env_row = self
             .store
             .live_environments()
-            .ok()
-            .and_then(|rows| rows.into_iter().find(|r| &r.id == env))
+            .map_err(|e| {
+                refuse(
+                    RefusalCode::Unavailable,
+                    format!("could not look up environment {env} ({e}); try again"),
+                )
+            })?
+            .into_iter()
+            .find(|r| &r.id == env)
             .ok_or_else(|| refuse(RefusalCode::WrongScope, "the environment is gone"))?;
         if self.envs.host_key(&env_row).as_deref() != Some(claims.worker_key.as_str()) {
             return Err(refuse(
@@ -341,8 +354,15 @@ impl Core {
             let placement = self
                 .store
                 .placement(&scope, &claims.session_id)
-                .ok()
-                .flatten()
+                .map_err(|e| {
+                    refuse(
+                        RefusalCode::Unavailable,
+                        format!(
+                            "could not look up the placement of {} ({e}); try again",
+                            claims.session_id
+                        ),
+                    )
+                })?
                 .ok_or_else(|| refuse(RefusalCode::WrongScope, "no such worker session"))?;
             if placement.environment_id.as_ref() != Some(env) {
                 return Err(refuse(
@@ -480,37 +500,4 @@ impl Core {
     pub(super) fn canary_call(a: &Admitted, model: &str) -> bool {
         model == CANARY_MODEL && a.live.canary_pending()
     }
-}
-
-async fn write_frame(
-    write: &mut tokio::net::unix::OwnedWriteHalf,
-    frame: &GatewayFrame,
-) -> std::io::Result<()> {
-    let mut line = serde_json::to_string(frame).map_err(std::io::Error::other)?;
-    line.push('\n');
-    write.write_all(line.as_bytes()).await
-}
-
-/// Reads one line of at most [`MAX_FRAME_BYTES`]; `None` at the end of the stream.
-async fn read_frame(
-    reader: &mut BufReader<tokio::net::unix::OwnedReadHalf>,
-) -> std::io::Result<Option<String>> {
-    let mut buf = Vec::new();
-    let limit = u64::try_from(MAX_FRAME_BYTES).unwrap_or(u64::MAX) + 1;
-    let n = (&mut *reader)
-        .take(limit)
-        .read_until(b'\n', &mut buf)
-        .await?;
-    if n == 0 {
-        return Ok(None);
-    }
-    if buf.last() != Some(&b'\n') {
-        return Err(std::io::Error::other(format!(
-            "a frame is larger than {MAX_FRAME_BYTES} bytes"
-        )));
-    }
-    buf.pop();
-    String::from_utf8(buf)
-        .map(Some)
-        .map_err(|_| std::io::Error::other("a frame is not UTF-8"))
 }

@@ -27,6 +27,8 @@ pub(crate) mod probe;
 mod proxy;
 mod recover;
 mod setup;
+#[cfg(test)]
+mod tests;
 mod turn;
 pub(crate) mod web_fetch;
 
@@ -117,6 +119,15 @@ impl Live {
         }
     }
 
+    /// Closes connection `id` if it is still the session's; its worker reconnects and sends
+    /// again what was not acknowledged.
+    fn drop_conn(&self, id: u64) {
+        let conn = lock(&self.conn);
+        if let Some(c) = conn.as_ref().filter(|c| c.id == id) {
+            c.closed.cancel();
+        }
+    }
+
     /// Closes the connection (a new owner takes over, or the session is done with its worker).
     pub(crate) fn close(&self) {
         if let Some(conn) = lock(&self.conn).take() {
@@ -151,14 +162,20 @@ impl Live {
     }
 
     /// The last live event applied at `epoch`; `load` reads the persisted cursor once.
-    fn applied_events(&self, epoch: u64, load: impl FnOnce() -> u64) -> u64 {
+    /// The last live event applied in `epoch`; `load` reads it from the store the first time.
+    /// A failed read is not remembered: taking it for 0 would apply events a second time.
+    fn applied_events<E>(
+        &self,
+        epoch: u64,
+        load: impl FnOnce() -> Result<u64, E>,
+    ) -> Result<u64, E> {
         let mut applied = lock(&self.applied_events);
         match *applied {
-            Some((e, seq)) if e == epoch => seq,
+            Some((e, seq)) if e == epoch => Ok(seq),
             _ => {
-                let seq = load();
+                let seq = load()?;
                 *applied = Some((epoch, seq));
-                seq
+                Ok(seq)
             }
         }
     }

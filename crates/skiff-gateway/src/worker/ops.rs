@@ -29,10 +29,27 @@ impl Core {
             let applied = a.live.applied_events(epoch, || {
                 self.store
                     .worker_cursors(session, epoch)
-                    .ok()
-                    .and_then(|c| c.get(&StreamKind::Events).copied())
-                    .unwrap_or(0)
+                    .map(|c| c.get(&StreamKind::Events).copied().unwrap_or(0))
             });
+            let applied = match applied {
+                Ok(applied) => applied,
+                Err(e) => {
+                    // Not acknowledged, so the worker keeps the event and sends it again
+                    // after it reconnects; applying it now could apply it twice.
+                    tracing::warn!(session = %session, seq, error = %e, "could not read a worker's event cursor; the event is not applied yet");
+                    self.audit_worker(
+                        &a.scope,
+                        "worker.call",
+                        session.as_str(),
+                        "deferred",
+                        json!({
+                            "method": "event.publish", "code": "unavailable", "reason": e.to_string(),
+                            "epoch": epoch, "stream": stream.as_str(), "seq": seq,
+                        }),
+                    );
+                    return;
+                }
+            };
             // A worker holds at most a window of unacknowledged events; a number beyond it
             // would skip the events in between.
             if seq > applied + EVENT_WINDOW {
@@ -44,7 +61,24 @@ impl Core {
                 return;
             }
             if seq > applied {
-                self.apply_event(a, &op, call);
+                if let Err(e) = self.apply_event(a, &op, call) {
+                    // Not acknowledged, and not skipped by a later acknowledgement (they are
+                    // cumulative): the connection is dropped, and the reconnected worker sends
+                    // its unacknowledged events again, in order.
+                    tracing::warn!(session = %session, seq, error = %e, "could not store a worker's event; dropping the connection so it is sent again");
+                    self.audit_worker(
+                        &a.scope,
+                        "worker.call",
+                        session.as_str(),
+                        "deferred",
+                        json!({
+                            "method": "event.publish", "code": "unavailable", "reason": e.to_string(),
+                            "epoch": epoch, "stream": stream.as_str(), "seq": seq,
+                        }),
+                    );
+                    a.live.drop_conn(a.conn_id);
+                    return;
+                }
                 a.live.set_applied_events(epoch, seq);
             }
             let mut pending = super::lock(&a.pending_ack);
@@ -56,7 +90,24 @@ impl Core {
             return;
         }
         let hash = call_hash(&call);
-        if let Ok(Some(cached)) = self.store.worker_op(session, epoch, stream, seq) {
+        // The cache is what makes a repeated call harmless: when it cannot be read, running
+        // the call could repeat its side effect (a second commit, a second inbound sync), so
+        // the worker is told to send it again later instead.
+        let cached = match self.store.worker_op(session, epoch, stream, seq) {
+            Ok(cached) => cached,
+            Err(e) => {
+                let r = refuse(
+                    RefusalCode::Unavailable,
+                    format!(
+                        "could not read whether {} {seq} was already answered ({e}); send it again",
+                        stream.as_str()
+                    ),
+                );
+                self.refuse_op(a, &op, &call, r);
+                return;
+            }
+        };
+        if let Some(cached) = cached {
             if cached.method != call.method().as_str() || cached.call_hash != hash {
                 let r = refuse(
                     RefusalCode::Conflict,
@@ -66,9 +117,25 @@ impl Core {
                     ),
                 );
                 self.refuse_op(a, &op, &call, r);
-            } else if let Ok(reply) = serde_json::from_str::<Reply>(&cached.reply) {
-                a.live
-                    .send_on(a.conn_id, GatewayFrame::Reply { stream, seq, reply });
+                return;
+            }
+            match serde_json::from_str::<Reply>(&cached.reply) {
+                Ok(reply) => {
+                    a.live
+                        .send_on(a.conn_id, GatewayFrame::Reply { stream, seq, reply });
+                }
+                Err(e) => {
+                    // The call ran once; its answer is lost. Running it again could repeat
+                    // its effect, so the worker gets a terminal refusal, never silence.
+                    let r = refuse(
+                        RefusalCode::Conflict,
+                        format!(
+                            "{} {seq} was answered before, but its cached answer is unreadable ({e}); it is not run twice",
+                            stream.as_str()
+                        ),
+                    );
+                    self.refuse_op(a, &op, &call, r);
+                }
             }
             return;
         }
@@ -81,15 +148,28 @@ impl Core {
                         code: RefusalCode::Conflict,
                         message: "this rotation was already answered".into(),
                     };
-                    if let Ok(reply) = serde_json::to_string(&spent) {
-                        let cached = CachedOp {
-                            method: call.method().as_str().to_owned(),
-                            call_hash: hash.clone(),
-                            reply,
-                        };
-                        let _ = self
-                            .store
-                            .record_worker_op(session, epoch, stream, seq, &cached);
+                    let recorded = serde_json::to_string(&spent)
+                        .map_err(|e| e.to_string())
+                        .and_then(|reply| {
+                            let cached = CachedOp {
+                                method: call.method().as_str().to_owned(),
+                                call_hash: hash.clone(),
+                                reply,
+                            };
+                            self.store
+                                .record_worker_op(session, epoch, stream, seq, &cached)
+                                .map_err(|e| e.to_string())
+                        });
+                    if let Err(e) = recorded {
+                        // A credential whose use could not be recorded is never handed out: a
+                        // repeat of this op would mint another. Nothing was sent, so a retry
+                        // is safe.
+                        let r = refuse(
+                            RefusalCode::Unavailable,
+                            format!("could not record this rotation ({e}); send it again"),
+                        );
+                        self.refuse_op(a, &op, &call, r);
+                        return;
                     }
                     reply
                 }
@@ -179,25 +259,32 @@ impl Core {
                         "epoch": op.owner_epoch, "stream": stream.as_str(), "seq": seq,
                     }),
                 );
-            } else if let Ok(reply) = serde_json::to_string(&reply) {
-                let cached = CachedOp {
-                    method: method.to_owned(),
-                    call_hash: hash,
-                    reply,
-                };
-                if let Err(e) = core.store.record_worker_op(
-                    &op.session_id,
-                    op.owner_epoch,
-                    stream,
-                    seq,
-                    &cached,
-                ) {
-                    tracing::warn!(error = %e, "could not cache a worker reply");
+            } else {
+                // The call's effect has happened: the worker gets its real answer either way.
+                // A reply that could not be cached is reported, since a repeat of this call
+                // would no longer be recognised as one.
+                let recorded = serde_json::to_string(&reply)
+                    .map_err(|e| e.to_string())
+                    .and_then(|reply| {
+                        let cached = CachedOp {
+                            method: method.to_owned(),
+                            call_hash: hash,
+                            reply,
+                        };
+                        core.store
+                            .record_worker_op(&op.session_id, op.owner_epoch, stream, seq, &cached)
+                            .map_err(|e| e.to_string())
+                    });
+                if let Err(e) = recorded {
+                    core.report_lost_write(&scope, &op, method, "reply", &e);
                 }
             }
-            let _ = core
-                .store
-                .advance_worker_cursor(&op.session_id, op.owner_epoch, stream, seq);
+            if let Err(e) =
+                core.store
+                    .advance_worker_cursor(&op.session_id, op.owner_epoch, stream, seq)
+            {
+                core.report_lost_write(&scope, &op, method, "cursor", &e.to_string());
+            }
             live.send_on(conn_id, GatewayFrame::Reply { stream, seq, reply });
             drop(permit);
         };
@@ -208,6 +295,30 @@ impl Core {
         } else {
             tokio::spawn(work);
         }
+    }
+
+    /// A write that keeps a repeated call harmless (its cached reply, or the cursor that
+    /// tells a re-attaching worker what was answered) failed after the call took effect. The
+    /// worker still gets its answer; the loss is logged and audited, never dropped.
+    pub(super) fn report_lost_write(
+        &self,
+        scope: &skiff_store::Scope,
+        op: &OpId,
+        method: &str,
+        what: &str,
+        error: &str,
+    ) {
+        tracing::warn!(session = %op.session_id, method, what, error, "could not record a worker call's {what}; a repeat of it may run again");
+        self.audit_worker(
+            scope,
+            "worker.call",
+            op.session_id.as_str(),
+            "unrecorded",
+            json!({
+                "method": method, "lost": what, "reason": error,
+                "epoch": op.owner_epoch, "stream": op.stream.as_str(), "seq": op.seq,
+            }),
+        );
     }
 
     fn refuse_op(&self, a: &Admitted, op: &OpId, call: &Call, r: Refusal) {
@@ -297,8 +408,12 @@ impl Core {
         let placement = self
             .store
             .placement(&a.scope, &c.session_id)
-            .ok()
-            .flatten()
+            .map_err(|e| {
+                refuse(
+                    RefusalCode::Unavailable,
+                    format!("could not read the session's placement ({e}); send it again"),
+                )
+            })?
             .ok_or_else(|| refuse(RefusalCode::WrongScope, "the session has no placement"))?;
         if op.owner_epoch != placement.owner_epoch || op.owner_epoch != c.owner_epoch {
             return Err(refuse(
@@ -384,9 +499,11 @@ impl Core {
         }
     }
 
-    fn apply_event(&self, a: &Admitted, op: &OpId, call: Call) {
+    /// Stores and fans out a worker's live event (moving its ACK cursor with it). A refused
+    /// kind is dropped for good (audited); only a failure to store is an error.
+    fn apply_event(&self, a: &Admitted, op: &OpId, call: Call) -> Result<(), skiff_store::Error> {
         let Call::EventPublish { event } = call else {
-            return;
+            return Ok(());
         };
         // Entries and run status are the gateway's to announce, never a worker's.
         if matches!(
@@ -396,13 +513,15 @@ impl Core {
             self.audit_worker(&a.scope, "worker.call", a.claims.session_id.as_str(), "refused", json!({
                 "method": "event.publish", "code": "forbidden", "reason": "workers may not publish entries, run status or placement",
             }));
-            let _ = self.store.advance_worker_cursor(
+            if let Err(e) = self.store.advance_worker_cursor(
                 &op.session_id,
                 op.owner_epoch,
                 StreamKind::Events,
                 op.seq,
-            );
-            return;
+            ) {
+                self.report_lost_write(&a.scope, op, "event.publish", "cursor", &e.to_string());
+            }
+            return Ok(());
         }
         let published = self.hub.publish_with(&a.scope, &op.session_id, || {
             self.store.append_worker_event(
@@ -414,9 +533,7 @@ impl Core {
                 op.seq,
             )
         });
-        if let Err(e) = published {
-            tracing::warn!(error = %e, "could not publish a worker event");
-        }
+        published.map(|_| ())
     }
 
     fn worker_commit(
@@ -449,7 +566,7 @@ impl Core {
                 message: "the commit names no run".into(),
             };
         };
-        match self.store.append_entries(
+        match self.append_entries_published(
             scope,
             &op.session_id,
             base_leaf.as_ref(),
@@ -458,19 +575,11 @@ impl Core {
         ) {
             Ok(committed) => {
                 for body in &entries {
-                    if let EntryBody::AssistantMessage { usage, .. } = body {
-                        let _ = self.store.add_run_usage(scope, run, *usage);
+                    if let EntryBody::AssistantMessage { usage, .. } = body
+                        && let Err(e) = self.store.add_run_usage(scope, run, *usage)
+                    {
+                        tracing::warn!(%run, error = %e, "could not account a worker's model usage");
                     }
-                }
-                for entry in &committed {
-                    let _ = self.hub.publish(
-                        scope,
-                        &op.session_id,
-                        Some(run),
-                        EventKind::Entry {
-                            entry: entry.clone(),
-                        },
-                    );
                 }
                 Reply::Committed { entries: committed }
             }

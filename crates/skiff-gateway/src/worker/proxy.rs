@@ -79,17 +79,68 @@ impl Core {
                 }],
             });
         };
-        // Finished before: replay the cached answer.
-        if let Ok(Some(cached)) =
-            self.store
-                .worker_op(&op.session_id, op.owner_epoch, StreamKind::Model, op.seq)
-        {
+        // Every path below ends the worker's wait with events ending in a terminal one: a
+        // worker that gets nothing waits for this call forever.
+        let fail = |a: &Admitted, message: String| {
+            a.live.send_on(
+                a.conn_id,
+                GatewayFrame::Model {
+                    seq: op.seq,
+                    index: resume_from,
+                    events: vec![error_event(message)],
+                },
+            );
+        };
+        // Finished before: replay the cached answer. A cache that cannot be read is not taken
+        // for "never asked": that would ask the provider a second time (billed twice).
+        let cached = match self.store.worker_op(
+            &op.session_id,
+            op.owner_epoch,
+            StreamKind::Model,
+            op.seq,
+        ) {
+            Ok(cached) => cached,
+            Err(e) => {
+                tracing::warn!(session = %op.session_id, seq = op.seq, error = %e, "could not read a model call's cached answer");
+                fail(
+                    a,
+                    format!(
+                        "could not read whether model call {} was already answered ({e}); the turn may retry it",
+                        op.seq
+                    ),
+                );
+                return;
+            }
+        };
+        if let Some(cached) = cached {
             if cached.call_hash != hash {
                 reused(a);
                 return;
             }
-            let Ok(events) = serde_json::from_str::<Vec<ModelEvent>>(&cached.reply) else {
-                return;
+            let events = match serde_json::from_str::<Vec<ModelEvent>>(&cached.reply) {
+                Ok(events) => events,
+                Err(e) => {
+                    tracing::warn!(session = %op.session_id, seq = op.seq, error = %e, "a model call's cached answer is unreadable");
+                    self.audit_worker(
+                        &a.scope,
+                        "worker.call",
+                        op.session_id.as_str(),
+                        "failed",
+                        json!({
+                            "method": "model.stream", "code": "unavailable",
+                            "reason": format!("cached answer unreadable: {e}"),
+                            "epoch": op.owner_epoch, "seq": op.seq,
+                        }),
+                    );
+                    fail(
+                        a,
+                        format!(
+                            "the answer to model call {} was cached but is unreadable ({e}); the provider is not asked twice",
+                            op.seq
+                        ),
+                    );
+                    return;
+                }
             };
             let events: Vec<ModelEvent> = events.into_iter().skip(to_usize(resume_from)).collect();
             a.live.send_on(
@@ -135,11 +186,17 @@ impl Core {
                     });
                     return;
                 }
-                let session_model = self
-                    .store
-                    .session(&a.scope, &op.session_id)
-                    .map(|s| s.model_ref)
-                    .unwrap_or_default();
+                let session_model = match self.store.session(&a.scope, &op.session_id) {
+                    Ok(s) => s.model_ref,
+                    // Not "this is not the session's model": the gateway could not look.
+                    Err(e) => {
+                        fail(
+                            a,
+                            format!("could not read the session's model ({e}); the turn may retry"),
+                        );
+                        return;
+                    }
+                };
                 let canary = op.run_id.is_none() && Core::canary_call(a, request.model.as_str());
                 let allowed = if canary {
                     CANARY_MODEL
@@ -289,18 +346,39 @@ impl Core {
             }
             call.changed.notify_waiters();
             let events = lock(&call.events).clone();
-            if let Ok(reply) = serde_json::to_string(&events) {
-                let cached = skiff_store::CachedOp {
-                    method: "model.stream".to_owned(),
-                    call_hash: call.request_hash.clone(),
-                    reply,
-                };
-                let _ =
+            let recorded = serde_json::to_string(&events)
+                .map_err(|e| e.to_string())
+                .and_then(|reply| {
+                    let cached = skiff_store::CachedOp {
+                        method: "model.stream".to_owned(),
+                        call_hash: call.request_hash.clone(),
+                        reply,
+                    };
                     core.store
-                        .record_worker_op(&key.0, key.1, StreamKind::Model, key.2, &cached);
-                let _ = core
-                    .store
-                    .advance_worker_cursor(&key.0, key.1, StreamKind::Model, key.2);
+                        .record_worker_op(&key.0, key.1, StreamKind::Model, key.2, &cached)
+                        .map_err(|e| e.to_string())
+                });
+            let op = OpId {
+                session_id: key.0.clone(),
+                lifecycle_revision: 0,
+                run_id: stream_to.as_ref().map(|(_, run)| run.clone()),
+                owner_epoch: key.1,
+                stream: StreamKind::Model,
+                seq: key.2,
+            };
+            let scope = stream_to
+                .as_ref()
+                .map(|(scope, _)| scope.clone())
+                .unwrap_or_else(crate::auth::admin_scope);
+            // The answer stays in memory until the worker has all of it; only a worker that
+            // comes back after that would find no cache (and get a terminal error).
+            if let Err(e) = recorded {
+                core.report_lost_write(&scope, &op, "model.stream", "reply", &e);
+            } else if let Err(e) =
+                core.store
+                    .advance_worker_cursor(&key.0, key.1, StreamKind::Model, key.2)
+            {
+                core.report_lost_write(&scope, &op, "model.stream", "cursor", &e.to_string());
             }
             if !canary {
                 let add = EgressAccounting {
@@ -412,7 +490,7 @@ fn check_request(
     Ok(())
 }
 
-fn request_hash(request: &ModelRequest) -> String {
+pub(super) fn request_hash(request: &ModelRequest) -> String {
     let json = serde_json::to_vec(request).unwrap_or_default();
     blake3::hash(&json).to_hex().to_string()
 }

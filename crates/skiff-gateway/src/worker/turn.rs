@@ -9,7 +9,6 @@ use crate::quarantine::Refused;
 use serde_json::json;
 use skiff_protocol::api::{RunStatus, WorkspaceView};
 use skiff_protocol::environment::PlacementState;
-use skiff_protocol::event::EventKind;
 use skiff_protocol::model::ModelRef;
 use skiff_protocol::sync::{Refusal, RefusalKind};
 use skiff_protocol::worker::{GatewayFrame, Reply, TurnAssignment, TurnEnd};
@@ -61,17 +60,7 @@ impl Core {
         cancel: &CancellationToken,
     ) -> Result<skiff_agent::TurnOutcome> {
         let p = self.ensure_worker(scope, session, cancel).await?;
-        self.store
-            .transition_run(scope, &run.id, RunStatus::Running, None)?;
-        self.hub.publish(
-            scope,
-            &session.id,
-            Some(&run.id),
-            EventKind::RunStatus {
-                status: RunStatus::Running,
-                error: None,
-            },
-        )?;
+        self.set_run_status(scope, &session.id, &run.id, RunStatus::Running, None)?;
         let env = p
             .environment_id
             .clone()

@@ -1,0 +1,573 @@
+//! Component tests of the gateway's side of the worker protocol: a gateway core opened on a
+//! temp state dir inside the test process (`open_core`), and a worker connection that is an
+//! in-memory channel — no listener, no box, no root. Database faults are injected through a
+//! second SQLite connection to the same file (a renamed table, a trigger that aborts a write,
+//! a row overwritten with bytes that are not JSON), so production code carries no test hook.
+
+use super::endpoint::Admitted;
+use crate::{Core, Options};
+use skiff_protocol::api::{RunStatus, WorkspaceView};
+use skiff_protocol::environment::PlacementState;
+use skiff_protocol::model::{
+    Message, ModelErrorKind, ModelEvent, ModelRef, ModelRequest, StopReason, Usage,
+};
+use skiff_protocol::transcript::EntryBody;
+use skiff_protocol::worker::{
+    Call, CredentialClaims, GatewayFrame, Method, ModelOptions, OpId, RefusalCode, Reply,
+    StreamKind,
+};
+use skiff_protocol::{EnvironmentId, RunId, SessionId};
+use skiff_store::{NewSession, PlacementChange, Scope};
+use std::path::PathBuf;
+use std::sync::Arc;
+use tokio::sync::mpsc;
+
+struct Harness {
+    _dir: tempfile::TempDir,
+    core: Arc<Core>,
+    a: Admitted,
+    frames: mpsc::UnboundedReceiver<GatewayFrame>,
+    run: RunId,
+    db: PathBuf,
+}
+
+impl Harness {
+    /// A worker session placed on a box (`active`), a turn open, and its worker admitted.
+    async fn new() -> anyhow::Result<Self> {
+        let dir = tempfile::tempdir()?;
+        let state_dir = dir.path().join("state");
+        let (core, _) = crate::open_core(&Options {
+            state_dir: state_dir.clone(),
+            listen: "127.0.0.1:0".into(),
+            config: None,
+        })
+        .await?;
+        let scope = Scope::new("usr_test", "ten_test");
+        let session = SessionId::from_suffix(&skiff_store::mint()?);
+        let env = EnvironmentId::from_suffix("box1");
+        core.store.create_session_placed(
+            &scope,
+            &NewSession {
+                id: session.clone(),
+                title: "on a box".into(),
+                workspace: WorkspaceView::Plain {
+                    source: "/src".into(),
+                    path: "/state/ws".into(),
+                },
+                model_ref: "scripted/demo".into(),
+            },
+            Some(("local", 16)),
+        )?;
+        for to in [
+            PlacementState::Provisioning,
+            PlacementState::Syncing,
+            PlacementState::Starting,
+            PlacementState::Active,
+        ] {
+            let change = PlacementChange {
+                environment_id: (to == PlacementState::Syncing).then_some(&env),
+                advance_epoch: to == PlacementState::Starting,
+                ..Default::default()
+            };
+            core.store
+                .transition_placement(&scope, &session, to, &change)?;
+        }
+        let run = core.store.create_run(&scope, &session, "scripted/demo")?;
+        for status in [RunStatus::Starting, RunStatus::Running] {
+            core.store.transition_run(&scope, &run.id, status, None)?;
+        }
+        let epoch = core
+            .store
+            .placement(&scope, &session)?
+            .map(|p| p.owner_epoch)
+            .ok_or_else(|| anyhow::anyhow!("no placement"))?;
+        let claims = CredentialClaims {
+            credential_id: skiff_store::mint()?,
+            environment_id: env,
+            worker_key: "ssh-ed25519 test".into(),
+            bundle_hash: "test".into(),
+            session_id: session.clone(),
+            owner_epoch: epoch,
+            methods: vec![
+                Method::TranscriptCommit,
+                Method::EventPublish,
+                Method::ModelStream,
+                Method::ToolGateway,
+                Method::TurnFinish,
+                Method::CredentialRotate,
+            ],
+            issued_at_ms: 0,
+            expires_at_ms: i64::MAX,
+        };
+        let live = core.workers.live(&session);
+        let conn_id = core.workers.conn_id();
+        let (tx, frames) = mpsc::unbounded_channel();
+        let _closed = live.connect(conn_id, epoch, tx);
+        let a = Admitted {
+            scope,
+            claims,
+            live,
+            conn_id,
+            in_flight: Arc::new(tokio::sync::Semaphore::new(8)),
+            revision: 0,
+            pending_ack: std::sync::Mutex::new(None),
+        };
+        let db = core.state.database();
+        Ok(Self {
+            _dir: dir,
+            core,
+            a,
+            frames,
+            run: run.id,
+            db,
+        })
+    }
+
+    fn op(&self, stream: StreamKind, seq: u64) -> OpId {
+        OpId {
+            session_id: self.a.claims.session_id.clone(),
+            lifecycle_revision: 0,
+            run_id: Some(self.run.clone()),
+            owner_epoch: self.a.claims.owner_epoch,
+            stream,
+            seq,
+        }
+    }
+
+    /// Sends a call and returns the reply to it. Transcript and control calls are answered
+    /// before `on_call` returns or by a task it spawned; the channel says when.
+    async fn call(&mut self, stream: StreamKind, seq: u64, call: Call) -> anyhow::Result<Reply> {
+        let op = self.op(stream, seq);
+        self.core.on_call(&self.a, op, call).await;
+        loop {
+            match next_frame(&mut self.frames).await? {
+                GatewayFrame::Reply { seq: s, reply, .. } if s == seq => return Ok(reply),
+                _ => {}
+            }
+        }
+    }
+
+    /// A second connection to the gateway's database, to break it the way a disk or a bug
+    /// would.
+    fn sql(&self, sql: &str) -> anyhow::Result<()> {
+        let conn = rusqlite::Connection::open(&self.db)?;
+        conn.execute_batch(sql)?;
+        Ok(())
+    }
+
+    fn audit(&self, decision: &str) -> anyhow::Result<Vec<String>> {
+        let conn = rusqlite::Connection::open(&self.db)?;
+        let mut stmt = conn.prepare(
+            "SELECT detail FROM audit WHERE actor = 'worker' AND decision = ?1 ORDER BY id",
+        )?;
+        let rows = stmt
+            .query_map([decision], |r| r.get::<_, String>(0))?
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(rows)
+    }
+
+    fn transcript_len(&self) -> anyhow::Result<usize> {
+        let conn = rusqlite::Connection::open(&self.db)?;
+        let n: i64 = conn.query_row(
+            "SELECT COUNT(*) FROM entries WHERE session_id = ?1",
+            [self.a.claims.session_id.as_str()],
+            |r| r.get(0),
+        )?;
+        Ok(usize::try_from(n)?)
+    }
+}
+
+fn assistant(text: &str) -> EntryBody {
+    EntryBody::AssistantMessage {
+        text: text.into(),
+        tool_calls: Vec::new(),
+        model: "scripted/demo".into(),
+        usage: Usage::default(),
+        stop_reason: StopReason::EndTurn,
+    }
+}
+
+fn commit(text: &str) -> Call {
+    Call::TranscriptCommit {
+        base_leaf: None,
+        entries: vec![assistant(text)],
+    }
+}
+
+fn model_call() -> anyhow::Result<Call> {
+    Ok(Call::ModelStream {
+        request: ModelRequest {
+            model: ModelRef::parse("scripted/demo").ok_or_else(|| anyhow::anyhow!("model ref"))?,
+            system: String::new(),
+            messages: vec![Message::User { text: "hi".into() }],
+            tools: Vec::new(),
+            max_output_tokens: 100,
+        },
+        options: ModelOptions::default(),
+        resume_from: 0,
+    })
+}
+
+fn refused(reply: &Reply) -> Option<(RefusalCode, &str)> {
+    match reply {
+        Reply::Refused { code, message } => Some((*code, message.as_str())),
+        _ => None,
+    }
+}
+
+/// The first model frame for `seq`.
+async fn model_frame(h: &mut Harness, seq: u64) -> anyhow::Result<Vec<ModelEvent>> {
+    loop {
+        if let GatewayFrame::Model { seq: s, events, .. } = next_frame(&mut h.frames).await?
+            && s == seq
+        {
+            return Ok(events);
+        }
+    }
+}
+
+/// The next frame to the worker. The bound only turns "the worker waits forever" into a
+/// failure; every answer a test expects is on its way when the call returns or soon after.
+async fn next_frame(
+    frames: &mut mpsc::UnboundedReceiver<GatewayFrame>,
+) -> anyhow::Result<GatewayFrame> {
+    match tokio::time::timeout(std::time::Duration::from_secs(20), frames.recv()).await {
+        Ok(Some(frame)) => Ok(frame),
+        Ok(None) => anyhow::bail!("the connection closed"),
+        Err(_) => anyhow::bail!("no frame reached the worker within 20 s: it would wait forever"),
+    }
+}
+
+#[tokio::test]
+async fn a_cache_that_cannot_be_read_fails_a_repeated_call_with_a_retryable_refusal() {
+    let mut h = Harness::new().await.unwrap();
+    let first = h
+        .call(StreamKind::Transcript, 1, commit("done"))
+        .await
+        .unwrap();
+    assert!(matches!(first, Reply::Committed { .. }), "{first:?}");
+    // The worker did not see the answer and sends the call again; the cache cannot be read.
+    h.sql("ALTER TABLE worker_ops RENAME TO worker_ops_unreadable")
+        .unwrap();
+    let again = h
+        .call(StreamKind::Transcript, 1, commit("done"))
+        .await
+        .unwrap();
+    let (code, message) = refused(&again).unwrap();
+    assert_eq!(code, RefusalCode::Unavailable, "{message}");
+    assert!(message.contains("send it again"), "{message}");
+    assert_eq!(h.transcript_len().unwrap(), 1, "the commit ran once");
+    assert!(
+        !h.audit("refused").unwrap().is_empty(),
+        "the refusal is audited"
+    );
+}
+
+#[tokio::test]
+async fn an_unreadable_cached_reply_is_a_terminal_refusal_never_silence() {
+    let mut h = Harness::new().await.unwrap();
+    h.call(StreamKind::Transcript, 1, commit("done"))
+        .await
+        .unwrap();
+    h.sql("UPDATE worker_ops SET reply = 'not json'").unwrap();
+    let again = h
+        .call(StreamKind::Transcript, 1, commit("done"))
+        .await
+        .unwrap();
+    let (code, message) = refused(&again).unwrap();
+    assert_eq!(code, RefusalCode::Conflict, "{message}");
+    assert!(message.contains("unreadable"), "{message}");
+    assert_eq!(h.transcript_len().unwrap(), 1);
+}
+
+#[tokio::test]
+async fn a_reply_or_cursor_that_cannot_be_recorded_is_still_answered_and_is_audited() {
+    let mut h = Harness::new().await.unwrap();
+    h.sql(
+        "CREATE TRIGGER no_ops BEFORE INSERT ON worker_ops \
+           BEGIN SELECT RAISE(ABORT, 'injected: disk full'); END; \
+         CREATE TRIGGER no_cursor_insert BEFORE INSERT ON worker_cursors \
+           BEGIN SELECT RAISE(ABORT, 'injected: disk full'); END; \
+         CREATE TRIGGER no_cursor_update BEFORE UPDATE ON worker_cursors \
+           BEGIN SELECT RAISE(ABORT, 'injected: disk full'); END;",
+    )
+    .unwrap();
+    let reply = h
+        .call(StreamKind::Transcript, 1, commit("done"))
+        .await
+        .unwrap();
+    assert!(matches!(reply, Reply::Committed { .. }), "{reply:?}");
+    let lost = h.audit("unrecorded").unwrap();
+    assert_eq!(lost.len(), 2, "{lost:?}");
+    assert!(
+        lost[0].contains("\"lost\":\"reply\"") && lost[0].contains("injected"),
+        "{lost:?}"
+    );
+    assert!(lost[1].contains("\"lost\":\"cursor\""), "{lost:?}");
+}
+
+#[tokio::test]
+async fn a_rotation_whose_use_cannot_be_recorded_hands_out_no_credential() {
+    let mut h = Harness::new().await.unwrap();
+    h.sql(
+        "CREATE TRIGGER no_ops BEFORE INSERT ON worker_ops \
+           BEGIN SELECT RAISE(ABORT, 'injected: disk full'); END;",
+    )
+    .unwrap();
+    let reply = h
+        .call(StreamKind::Control, 1, Call::CredentialRotate {})
+        .await
+        .unwrap();
+    let (code, message) = refused(&reply).unwrap();
+    assert_eq!(code, RefusalCode::Unavailable, "{message}");
+    // Once the database is back the same op is answered with a credential.
+    h.sql("DROP TRIGGER no_ops").unwrap();
+    let reply = h
+        .call(StreamKind::Control, 1, Call::CredentialRotate {})
+        .await
+        .unwrap();
+    assert!(matches!(reply, Reply::Credential { .. }), "{reply:?}");
+}
+
+#[tokio::test]
+async fn a_corrupt_cached_model_answer_ends_the_workers_wait_with_an_error() {
+    let mut h = Harness::new().await.unwrap();
+    let call = model_call().unwrap();
+    let Call::ModelStream { request, .. } = &call else {
+        unreachable!()
+    };
+    let hash = super::proxy::request_hash(request);
+    h.sql(&format!(
+        "INSERT INTO worker_ops (session_id, owner_epoch, stream, seq, method, call_hash, reply, at_ms) \
+         VALUES ('{}', {}, 'model', 1, 'model.stream', '{hash}', '[{{\"truncated', 0)",
+        h.a.claims.session_id,
+        h.a.claims.owner_epoch
+    ))
+    .unwrap();
+    h.core.on_call(&h.a, h.op(StreamKind::Model, 1), call).await;
+    let events = h.frames.try_recv();
+    let Ok(GatewayFrame::Model { events, .. }) = events else {
+        panic!("the worker got no answer: {events:?}");
+    };
+    assert!(
+        matches!(events.as_slice(), [ModelEvent::Error { kind: ModelErrorKind::Connection, message }] if message.contains("unreadable")),
+        "{events:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_model_cache_that_cannot_be_read_does_not_ask_the_provider_again() {
+    let mut h = Harness::new().await.unwrap();
+    h.sql("ALTER TABLE worker_ops RENAME TO worker_ops_unreadable")
+        .unwrap();
+    h.core
+        .on_call(&h.a, h.op(StreamKind::Model, 1), model_call().unwrap())
+        .await;
+    let events = model_frame(&mut h, 1).await.unwrap();
+    assert!(
+        matches!(events.as_slice(), [ModelEvent::Error { message, .. }] if message.contains("could not read")),
+        "the provider was asked: {events:?}"
+    );
+}
+
+#[tokio::test]
+async fn an_event_whose_cursor_cannot_be_read_is_neither_applied_nor_acknowledged() {
+    let mut h = Harness::new().await.unwrap();
+    h.sql("ALTER TABLE worker_cursors RENAME TO worker_cursors_unreadable")
+        .unwrap();
+    let event = Call::EventPublish {
+        event: skiff_protocol::event::EventKind::ModelRequest {
+            model: "scripted/demo".into(),
+        },
+    };
+    h.core
+        .on_call(&h.a, h.op(StreamKind::Events, 1), event)
+        .await;
+    assert_eq!(
+        *super::lock(&h.a.pending_ack),
+        None,
+        "nothing to acknowledge"
+    );
+    assert!(
+        h.frames.try_recv().is_err(),
+        "no frame: the worker keeps the event"
+    );
+    assert_eq!(h.audit("deferred").unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn admission_on_a_database_error_says_so_rather_than_that_the_box_is_gone() {
+    let h = Harness::new().await.unwrap();
+    h.core.envs.warm_bundle().await;
+    let build = h.core.envs.bundle_hash_now().unwrap();
+    let mut claims = h.a.claims.clone();
+    claims.bundle_hash = build.clone();
+    let hello = skiff_protocol::worker::WorkerFrame::Hello {
+        protocol_version: skiff_protocol::worker::PROTOCOL_VERSION,
+        build_hash: build,
+        features: claims
+            .methods
+            .iter()
+            .map(|m| m.as_str().to_owned())
+            .collect(),
+        credential: h.core.workers.signer.sign(&claims),
+    };
+    let line = serde_json::to_string(&hello).unwrap();
+    h.sql("ALTER TABLE environments RENAME TO environments_unreadable")
+        .unwrap();
+    let Err(r) = h.core.admit(&claims.environment_id, &line) else {
+        panic!("admitted without an environment");
+    };
+    assert_eq!(r.code, RefusalCode::Unavailable, "{}", r.message);
+    assert!(r.message.contains("try again"), "{}", r.message);
+}
+
+#[tokio::test]
+async fn a_lost_work_notice_that_cannot_be_written_is_audited() {
+    let h = Harness::new().await.unwrap();
+    h.sql(
+        "CREATE TRIGGER no_entries BEFORE INSERT ON entries \
+           BEGIN SELECT RAISE(ABORT, 'injected: disk full'); END;",
+    )
+    .unwrap();
+    h.core.notify(
+        &h.a.scope,
+        &h.a.claims.session_id,
+        Some(&h.run),
+        "The worker box stopped. Workspace changes were lost.",
+    );
+    let conn = rusqlite::Connection::open(&h.db).unwrap();
+    let detail: String = conn
+        .query_row(
+            "SELECT detail FROM audit WHERE action = 'session.notice' AND decision = 'lost'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert!(detail.contains("injected"), "{detail}");
+    assert!(
+        !detail.contains("Workspace changes"),
+        "the audit keeps metadata only: {detail}"
+    );
+}
+
+#[tokio::test]
+async fn an_event_that_cannot_be_stored_is_not_acknowledged_and_the_worker_reconnects_to_resend_it()
+{
+    let h = Harness::new().await.unwrap();
+    // The connection the harness admitted; dropping it is how the worker learns to resend.
+    let live = h.a.live.clone();
+    let (tx, _frames) = mpsc::unbounded_channel();
+    let closed = live.connect(h.a.conn_id, h.a.claims.owner_epoch, tx);
+    h.sql(
+        "CREATE TRIGGER no_events BEFORE INSERT ON events \
+           BEGIN SELECT RAISE(ABORT, 'injected: disk full'); END;",
+    )
+    .unwrap();
+    let event = Call::EventPublish {
+        event: skiff_protocol::event::EventKind::ModelRequest {
+            model: "scripted/demo".into(),
+        },
+    };
+    h.core
+        .on_call(&h.a, h.op(StreamKind::Events, 1), event.clone())
+        .await;
+    assert_eq!(
+        *super::lock(&h.a.pending_ack),
+        None,
+        "a lost event was acknowledged"
+    );
+    assert!(closed.is_cancelled(), "the connection stays open");
+    assert_eq!(h.audit("deferred").unwrap().len(), 1);
+    // Sent again once the database is back, it is stored and acknowledged.
+    h.sql("DROP TRIGGER no_events").unwrap();
+    h.core
+        .on_call(&h.a, h.op(StreamKind::Events, 1), event)
+        .await;
+    assert_eq!(*super::lock(&h.a.pending_ack), Some(1));
+}
+
+/// A fake worker on the real endpoint socket: hello, welcome, the turn handed over, a commit
+/// answered, and a frame that is not UTF-8 refused — both ends framed by `skiff_wire`.
+#[tokio::test]
+async fn a_worker_on_the_endpoint_socket_is_admitted_handed_its_turn_and_answered() {
+    let h = Harness::new().await.unwrap();
+    let env = h.a.claims.environment_id.clone();
+    let host_key = "ssh-ed25519 AAAAC3Nza-test-box";
+    h.core
+        .store
+        .create_environment(&h.a.scope, &env, "local", "local", "op_test")
+        .unwrap();
+    let lease = serde_json::json!({
+        "lease_id": "lease_test", "host": "127.0.0.1", "port": 22, "user": "box",
+        "identity_file": "/nonexistent", "host_key": host_key,
+    });
+    h.core
+        .store
+        .set_environment_lease(&h.a.scope, &env, "lease_test", &lease.to_string(), None)
+        .unwrap();
+    h.core.envs.warm_bundle().await;
+    let build = h.core.envs.bundle_hash_now().unwrap();
+    let mut claims = h.a.claims.clone();
+    claims.bundle_hash = build.clone();
+    claims.worker_key = host_key.into();
+    claims.credential_id = skiff_store::mint().unwrap();
+    h.core.open_worker_endpoint(&env).unwrap();
+
+    let stream = tokio::net::UnixStream::connect(h.core.workers.socket_path(&env))
+        .await
+        .unwrap();
+    let (read, mut write) = stream.into_split();
+    let mut read = tokio::io::BufReader::new(read);
+    let hello = skiff_protocol::worker::WorkerFrame::Hello {
+        protocol_version: skiff_protocol::worker::PROTOCOL_VERSION,
+        build_hash: build,
+        features: claims
+            .methods
+            .iter()
+            .map(|m| m.as_str().to_owned())
+            .collect(),
+        credential: h.core.workers.signer.sign(&claims),
+    };
+    skiff_wire::write_frame(&mut write, &hello).await.unwrap();
+    let mut next = async || -> GatewayFrame {
+        let line = tokio::time::timeout(
+            std::time::Duration::from_secs(20),
+            skiff_wire::read_line(&mut read),
+        )
+        .await
+        .expect("the gateway answers within 20 s")
+        .unwrap()
+        .expect("the gateway keeps the connection open");
+        serde_json::from_str(&line).unwrap()
+    };
+    let welcome = next().await;
+    assert!(
+        matches!(welcome, GatewayFrame::Welcome { .. }),
+        "{welcome:?}"
+    );
+    let turn = next().await;
+    assert!(
+        matches!(&turn, GatewayFrame::Turn { turn } if turn.run_id == h.run),
+        "{turn:?}"
+    );
+
+    let call = skiff_protocol::worker::WorkerFrame::Call {
+        op: h.op(StreamKind::Transcript, 1),
+        call: commit("done on the box"),
+    };
+    skiff_wire::write_frame(&mut write, &call).await.unwrap();
+    let reply = next().await;
+    assert!(
+        matches!(&reply, GatewayFrame::Reply { seq: 1, reply: Reply::Committed { entries }, .. } if entries.len() == 1),
+        "{reply:?}"
+    );
+
+    use tokio::io::AsyncWriteExt;
+    write.write_all(b"\xff\xfe\n").await.unwrap();
+    let refused = next().await;
+    assert!(
+        matches!(&refused, GatewayFrame::Refused { code: RefusalCode::BadFrame, message } if message.contains("UTF-8")),
+        "{refused:?}"
+    );
+}
