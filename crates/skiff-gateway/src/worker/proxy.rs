@@ -186,23 +186,26 @@ impl Core {
                     });
                     return;
                 }
-                let session_model = match self.store.session(&a.scope, &op.session_id) {
-                    Ok(s) => s.model_ref,
-                    // Not "this is not the session's model": the gateway could not look.
-                    Err(e) => {
-                        fail(
-                            a,
-                            format!("could not read the session's model ({e}); the turn may retry"),
-                        );
-                        return;
+                // The readiness canary of a box being brought up has no session row to read.
+                let canary = op.run_id.is_none() && Core::canary_call(a, request.model.as_str());
+                let session_model = if canary {
+                    CANARY_MODEL.to_owned()
+                } else {
+                    match self.store.session(&a.scope, &op.session_id) {
+                        Ok(s) => s.model_ref,
+                        // Not "this is not the session's model": the gateway could not look.
+                        Err(e) => {
+                            fail(
+                                a,
+                                format!(
+                                    "could not read the session's model ({e}); the turn may retry"
+                                ),
+                            );
+                            return;
+                        }
                     }
                 };
-                let canary = op.run_id.is_none() && Core::canary_call(a, request.model.as_str());
-                let allowed = if canary {
-                    CANARY_MODEL
-                } else {
-                    session_model.as_str()
-                };
+                let allowed = session_model.as_str();
                 if let Err(reason) = check_request(&request, &options, allowed) {
                     self.audit_worker(
                         &a.scope,
