@@ -289,3 +289,37 @@ fn a_sandboxed_box_still_runs_what_a_worker_needs() {
     assert!(pty.contains("/dev/pts/"), "{pty}");
     assert_eq!(destroy(&gw, id)["state"], "destroyed");
 }
+
+/// A descriptor the gateway inherited without `FD_CLOEXEC` (as under `flock LOCK cargo test`,
+/// or from a service manager) is not held by the box's init, which lives as long as the box: it
+/// would keep a lock for ever and give the box a handle on a host file.
+#[test]
+fn a_box_holds_no_descriptor_its_gateway_inherited() {
+    let boxes = BoxRoot::new();
+    let held = tempfile::NamedTempFile::new().unwrap();
+    rustix::io::fcntl_setfd(held.as_file(), rustix::io::FdFlags::empty()).unwrap();
+    let gw = Gateway::start_with("", &limited_profile(&boxes));
+    let env = create(&gw, "sandboxed", &[]);
+    let holders = |pid: &str| -> bool {
+        std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .unwrap()
+            .filter_map(|e| std::fs::read_link(e.unwrap().path()).ok())
+            .any(|target| target == held.path())
+    };
+    // The gateway itself holds it (its pid is in its lock file): else this proves nothing.
+    let gateway_pid = std::fs::read_to_string(gw.state_dir.join("gateway.lock")).unwrap();
+    assert!(
+        holders(gateway_pid.trim()),
+        "the gateway did not inherit the descriptor"
+    );
+    let box_dir = boxes.path().join(env["lease_id"].as_str().unwrap());
+    let init = std::fs::read_to_string(box_dir.join("box.pid")).unwrap();
+    assert!(
+        !holders(init.trim()),
+        "the box's init holds a descriptor the gateway inherited"
+    );
+    assert_eq!(
+        destroy(&gw, env["id"].as_str().unwrap())["state"],
+        "destroyed"
+    );
+}

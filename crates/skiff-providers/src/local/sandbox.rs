@@ -134,6 +134,7 @@ pub fn init(dir: &Path) -> Result<i32> {
             "sandbox-init runs only as PID 1 of a new PID namespace (started by sandbox-start)",
         )));
     }
+    close_inherited_descriptors();
     let record = read_record_at(dir).ok_or_else(|| {
         fail(dir, "read box.json")(std::io::Error::from(std::io::ErrorKind::NotFound))
     })?;
@@ -158,6 +159,34 @@ pub fn init(dir: &Path) -> Result<i32> {
         .build()
         .map_err(fail(dir, "start its runtime"))?;
     runtime.block_on(supervise(dir))
+}
+
+/// Closes every descriptor above stderr that the init inherited. The gateway's spawns inherit
+/// whatever its own parent left open without `FD_CLOEXEC` (a `flock FILE cargo test` lock, a
+/// service manager's socket), and the init lives as long as the box: holding such a descriptor
+/// would keep a lock for ever and hand the box a handle on a host file. Runs first, before this
+/// process opens anything of its own.
+// The one `unsafe` of the workspace: the standard library has no `closefrom`, and taking
+// ownership of a raw descriptor to close it is `unsafe` by definition.
+#[allow(unsafe_code)]
+fn close_inherited_descriptors() {
+    use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+    let Ok(entries) = std::fs::read_dir("/proc/self/fd") else {
+        return;
+    };
+    let numbers: Vec<RawFd> = entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .filter(|fd| *fd > 2)
+        .collect();
+    // The directory handle that listed them is closed by now; its number is skipped because
+    // it no longer resolves.
+    for fd in numbers {
+        if std::fs::read_link(format!("/proc/self/fd/{fd}")).is_ok() {
+            // SAFETY: `fd` is open, and nothing in this process owns it: it was inherited across
+            // `execve`, and this runs before the init has opened anything of its own.
+            drop(unsafe { OwnedFd::from_raw_fd(fd) });
+        }
+    }
 }
 
 fn enter_netns(dir: &Path, ns: &str) -> Result<()> {
