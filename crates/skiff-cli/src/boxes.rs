@@ -62,7 +62,7 @@ enum BoxCommand {
     SnapshotList,
     /// Print a lease's status (state `gone` for an unknown lease)
     Status {
-        #[arg(long, value_name = "cbx_…")]
+        #[arg(long, value_name = "cbx_…|lbx_…")]
         id: String,
     },
     /// Extend a lease
@@ -72,9 +72,10 @@ enum BoxCommand {
         #[arg(long, default_value = "8h")]
         ttl: String,
     },
-    /// Release a lease: kill the box's sshd and everything in it, remove it
+    /// Release a lease: kill the box's sshd and everything in it, remove it (also a box the
+    /// gateway leased, `lbx_…`, that a crash left behind)
     Stop {
-        #[arg(value_name = "cbx_…")]
+        #[arg(value_name = "cbx_…|lbx_…")]
         id: String,
     },
     /// Every lease, as status objects
@@ -103,6 +104,25 @@ enum IsolationArg {
 fn check_id(id: &str) -> Result<()> {
     if !is_lease_cli_id(id) {
         bail!("lease id {id:?} is not `cbx_` followed by 12 lowercase hex characters");
+    }
+    Ok(())
+}
+
+/// `status` and `stop` also take the ids of boxes the gateway's local provider leased (`lbx_…`,
+/// listed by `skiff box list` beside the lease CLI's own), so an operator can see and end a box
+/// a crashed gateway or test left behind.
+fn check_any_box_id(id: &str) -> Result<()> {
+    let local = id.strip_prefix("lbx_").is_some_and(|hex| {
+        hex.len() == 12
+            && hex
+                .chars()
+                .all(|c| c.is_ascii_digit() || ('a'..='f').contains(&c))
+    });
+    if !local && !is_lease_cli_id(id) {
+        bail!(
+            "box id {id:?} is not `cbx_` or `lbx_` followed by 12 lowercase hex characters \
+             (`skiff box list` shows the boxes there are)"
+        );
     }
     Ok(())
 }
@@ -246,7 +266,7 @@ pub async fn run(args: BoxArgs, state_dir: &Path, json: bool) -> Result<ExitCode
             }
         }
         BoxCommand::Status { id } => {
-            check_id(&id)?;
+            check_any_box_id(&id)?;
             print(
                 &boxes
                     .status(&id)?
@@ -259,7 +279,7 @@ pub async fn run(args: BoxArgs, state_dir: &Path, json: bool) -> Result<ExitCode
             boxes.heartbeat(&id, ttl(&t)?)?;
         }
         BoxCommand::Stop { id } => {
-            check_id(&id)?;
+            check_any_box_id(&id)?;
             boxes.destroy(&id).await?;
         }
         BoxCommand::List => {

@@ -563,3 +563,43 @@ fn env_exec_keeps_the_boundaries_of_its_arguments() {
     assert_eq!(run(&["echo one | tr o 0"]), "0ne\n");
     assert_eq!(destroy(&gw, id)["state"], "destroyed");
 }
+
+/// A box a gateway leased and then left behind (the gateway killed and never restarted) shows in
+/// `skiff box list` and ends with `skiff box stop lbx_…`: an operator needs no gateway for it.
+#[test]
+fn a_box_a_dead_gateway_left_behind_is_stopped_with_skiff_box() {
+    let root = BoxRoot::new();
+    let gw = Gateway::start_with("", &profiles(&root));
+    let env = create(&gw, "local", &[]);
+    let lease = env["lease_id"].as_str().unwrap().to_owned();
+    assert!(lease.starts_with("lbx_"), "{lease}");
+    drop(gw);
+    let skiff_box = |args: &[&str]| {
+        Command::new(SKIFF)
+            .args(["box", "--root", root.path().to_str().unwrap()])
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let listed = skiff_box(&["list", "--json"]);
+    assert!(listed.status.success(), "{}", stderr(&listed));
+    let listed: serde_json::Value = serde_json::from_slice(&listed.stdout).unwrap();
+    assert_eq!(listed[0]["id"], lease.as_str(), "{listed}");
+
+    let refused = skiff_box(&["stop", "lbx_nothex"]);
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(
+        stderr(&refused).contains("is not `cbx_` or `lbx_` followed by 12 lowercase hex"),
+        "{}",
+        stderr(&refused)
+    );
+    let stopped = skiff_box(&["stop", &lease]);
+    assert!(stopped.status.success(), "{}", stderr(&stopped));
+    assert!(root.boxes().is_empty(), "the box directory survived");
+    assert_eq!(root.sshd_count(), 0, "an sshd survived");
+    assert_eq!(
+        crate::worker_faults::pids_with(&["sandbox-init", &root.path().display().to_string()]),
+        Vec::<i32>::new(),
+        "the sandbox init survived"
+    );
+}
