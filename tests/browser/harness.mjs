@@ -27,6 +27,13 @@ export function tempDir(prefix) {
   return dir;
 }
 
+const gatewayLogs = [];
+process.on('exit', (code) => {
+  if ((code || process.exitCode) && gatewayLogs.length) {
+    for (const { name, text } of gatewayLogs) process.stderr.write(`--- gateway log (${name})\n${text}`);
+  }
+});
+
 export class Gateway {
   constructor(script) {
     this.dir = tempDir('skiff-ui-');
@@ -41,12 +48,18 @@ export class Gateway {
     this.child = spawn(SKIFF, ['--state-dir', this.stateDir, 'gateway', '--listen', listen, '--config', this.config], {
       // A home of the test's own: the machine's login profile stays out of `exec`'s `bash -l`.
       env: { ...process.env, RUST_LOG: 'warn', HOME: this.dir },
-      stdio: ['ignore', 'pipe', 'inherit'],
+      stdio: ['ignore', 'pipe', 'pipe'],
     });
+    // The gateway's log is shown only when a test of this file failed: a passing run prints
+    // nothing that reads like a failure (tests provoke warnings on purpose).
+    const log = { name: this.dir, text: '' };
+    gatewayLogs.push(log);
+    this.child.stderr.setEncoding('utf8');
+    this.child.stderr.on('data', (chunk) => { log.text += chunk; });
     const lines = createInterface({ input: this.child.stdout });
     const first = await new Promise((ok, fail) => {
       lines.once('line', ok);
-      this.child.once('exit', (code) => fail(new Error(`skiff gateway exited with ${code} before listening`)));
+      this.child.once('exit', (code) => fail(new Error(`skiff gateway exited with ${code} before listening:\n${log.text}`)));
     });
     const prefix = 'skiff gateway listening on ';
     if (!first.startsWith(prefix)) throw new Error(`unexpected first line from the gateway: ${first}`);
