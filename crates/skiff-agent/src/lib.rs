@@ -2,7 +2,7 @@
 //!
 //! The loop is generic over a [`ModelClient`] (where model calls go) and a [`SessionBackend`]
 //! (where transcript commits and live events are written). It deliberately knows nothing of
-//! SQL, HTTP or SSH: the gateway runs it with a store-backed backend, and a worker will run the
+//! SQL, HTTP or SSH: the gateway runs it with a store-backed backend, and a worker runs the
 //! very same code with a backend made of gateway RPCs.
 
 mod context;

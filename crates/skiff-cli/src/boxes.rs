@@ -2,8 +2,9 @@
 //! lease-CLI contract that the `command` provider consumes — so that contract is exercised
 //! against a real CLI, and operators can see what a conforming one looks like. With the
 //! optional snapshot verbs (`snapshot`, `warmup --from-snapshot`, `restore`, `snapshot-rm`,
-//! `snapshot-list`). Plus `proxy`, the `ProxyCommand` that reaches a box's sshd inside its
-//! network namespace.
+//! `snapshot-list`). Plus the hidden `proxy`, the `ProxyCommand` that reaches a box's sshd
+//! inside its network namespace, `scan`, which prints a box workspace's manifest when the
+//! gateway must capture its work without a worker, and the sandbox's two start stages.
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, Subcommand, ValueEnum};

@@ -1,11 +1,13 @@
-//! End-of-turn checkpoints of local sessions: after every turn, the session's workspace is
+//! End-of-turn checkpoints: after every turn (a worker's once its work is reconciled), the
+//! session's workspace is
 //! checkpointed (git mode: a commit under `refs/skiff/checkpoints/<session>/<n>`, taken
 //! through a private index, with large untracked files kept in `<state>/artifacts/` instead of
 //! the user's object store; plain mode: a manifest of content-addressed blobs under
 //! `<state>/artifacts/`) and recorded as a `checkpoint` artifact row.
 //!
 //! A checkpoint that fails is logged and audited, never a failed turn. Deliberately absent:
-//! restoring (failover resumes from these in the worker issue) and cadence policy (every turn).
+//! restoring one (a re-placed session starts from its workspace, which the last checkpoint
+//! matches) and cadence policy (every turn).
 
 use crate::Core;
 use crate::error::Result;

@@ -1,6 +1,7 @@
 //! The control plane. It owns auth, routing and policy: the API, the event fan-out, session
-//! workspaces, and the execution of runs with the agent loop in this process (placement
-//! `local`). Later capabilities (environments, placement on workers, sync) hang off [`Core`].
+//! workspaces, the execution of runs with the agent loop in this process (placement `local`),
+//! and, hanging off [`Core`], environments, worker placement, sync, checkpoints and the
+//! egress proxy.
 //!
 //! Deliberately absent: SQL (that is `skiff-store`), provider wire formats and keys
 //! (`skiff-llm`), and the loop itself (`skiff-agent`).

@@ -1,6 +1,7 @@
 //! The gateway's state directory: database, managed worktrees, workspace copies, and
 //! `gateway.json` (how the local CLI finds the gateway). The directory is mode 0700 and the
-//! file 0600: nothing of the gateway is readable by other users (later: by boxes).
+//! file 0600: nothing of the gateway is readable by other users, a root gateway's box users
+//! included.
 //!
 //! An existing directory is used only when it is already ours alone: one that another user
 //! owns or may write (a shared `/tmp`, mode 1777) is refused rather than chmod'ed, because

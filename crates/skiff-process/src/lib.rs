@@ -1,5 +1,6 @@
-//! The one helper every Skiff child process (`git`, `bash` for the exec tool, later `ssh`,
-//! `rsync`, `sshd`) is started through.
+//! The one helper every Skiff child process (`git`, `ssh`, `rsync`, `sshd`, a lease CLI, `bash`
+//! for the exec tool) is started through. The exceptions are a sandboxed local box's two start
+//! stages, which must outlive their caller (`skiff-providers`' `local/sandbox.rs`).
 //!
 //! It gives each child a clean environment (nothing of the gateway's — no API keys — leaks
 //! in), its own process group, a timeout and a cancellation token, and kills the whole group

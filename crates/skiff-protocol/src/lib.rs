@@ -1,9 +1,10 @@
-//! Types that cross a process boundary: ids, API payloads, live events, transcript entries and
-//! the normalized model conversation.
+//! Types that cross a process boundary: ids, API payloads (sessions, environments, sync),
+//! live events, transcript entries, the normalized model conversation, the lease-CLI contract
+//! and the worker protocol.
 //!
 //! This crate is serde types only. It deliberately has no tokio, no I/O and no behaviour beyond
-//! small pure helpers, so that every process (gateway, CLI, later the worker) can share it
-//! without pulling in each other's machinery.
+//! small pure helpers, so that every process (gateway, CLI, worker) can share it without
+//! pulling in each other's machinery.
 
 pub mod api;
 pub mod environment;

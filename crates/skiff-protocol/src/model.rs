@@ -1,8 +1,8 @@
 //! The normalized model conversation: what the agent loop sends to a model and the events it
 //! gets back, independent of any provider's wire format.
 //!
-//! These cross a process boundary once workers exist (the worker sends a [`ModelRequest`] to the
-//! gateway's inference proxy), which is why they live here.
+//! These cross a process boundary (a worker sends a [`ModelRequest`] to the gateway's inference
+//! proxy and gets the events back), which is why they live here.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;

@@ -3,8 +3,8 @@
 //! Every connection to a box uses a per-lease `known_hosts` file written from the provisioning
 //! output and `StrictHostKeyChecking=yes`, the lease's own identity only, batch mode (never a
 //! prompt), no agent or X11 forwarding and keepalives. Two multiplexed connections exist per
-//! box: `Channel::Control` for commands (and later the worker tunnel) and `Channel::Transfer` for
-//! bulk copies, so a big copy never delays a control command.
+//! box: `Channel::Control` for commands and the worker tunnel's forwards, and
+//! `Channel::Transfer` for bulk copies, so a big copy never delays a control command.
 //!
 //! Deliberately absent: `StrictHostKeyChecking=no` or `accept-new`, agent forwarding, the user's
 //! `~/.ssh/config`, and any reimplementation of SSH.

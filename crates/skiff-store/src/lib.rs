@@ -2,10 +2,14 @@
 //! machine, attempts, the per-session event log, environments, snapshots, tokens and audit
 //! rows.
 //!
-//! This is the only crate that speaks SQL. Every row carries `owner_id` and `tenant_id`, and
-//! every query filters by the caller's [`Scope`]: a caller asking for someone else's row gets
-//! "not found". State changes go through checked transitions ([`transition`]) inside a
-//! transaction; an illegal move is an error, never a panic.
+//! This is the only crate that speaks SQL. Every table but the worker protocol's own
+//! (`worker_ops`, `worker_cursors`, `worker_credentials`) carries `owner_id` and `tenant_id`,
+//! and every query a client's request reaches filters by the caller's [`Scope`]: a caller
+//! asking for someone else's row gets "not found". The unscoped queries are the gateway's own
+//! work across scopes (token verification, restart reconciliation, worker slots, snapshot
+//! eviction, blob references, the worker protocol's rows). State changes go through checked
+//! transitions ([`transition`]) inside a transaction; an illegal move is an error, never a
+//! panic.
 //!
 //! The connection is synchronous (rusqlite, WAL). Calls are short and serialized by one mutex;
 //! callers in async code call them directly.

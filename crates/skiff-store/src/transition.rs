@@ -1,5 +1,6 @@
-//! The run state machine. [`run`] is the only way a run's status changes; the store calls it
-//! inside the transaction that persists the change.
+//! The state machines' legal moves: runs ([`run_allowed`]), environments, snapshots and
+//! placements. The store checks every change against them inside the transaction that persists
+//! it; nothing else moves a state.
 
 use skiff_protocol::api::RunStatus;
 use skiff_protocol::environment::{EnvironmentState, PlacementState, SnapshotState};
