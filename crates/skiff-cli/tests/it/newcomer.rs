@@ -205,3 +205,60 @@ fn the_systemd_unit_passes_systemd_analyze_verify() {
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(stderr(&out), "", "systemd-analyze has complaints");
 }
+
+/// ARCHITECTURE.md's code map names every module of every crate in that crate's section (as
+/// `name.rs`, `dir/`, or a backticked `name`), so a newcomer finds each file described.
+#[test]
+fn the_code_map_names_every_module() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let doc = std::fs::read_to_string(root.join("ARCHITECTURE.md")).unwrap();
+    let code_map = doc.split("## Code map").nth(1).unwrap();
+    let code_map = code_map.split("\n## ").next().unwrap();
+    let section = |krate: &str| -> String {
+        let head = format!("### `{krate}`\n");
+        code_map
+            .split_once(&head)
+            .map(|(_, rest)| rest.split("\n### ").next().unwrap().to_owned())
+            .unwrap_or_default()
+    };
+    fn modules(dir: &Path, out: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                modules(&path, out);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push(path);
+            }
+        }
+    }
+    let mut missing = Vec::new();
+    for krate in std::fs::read_dir(root.join("crates")).unwrap() {
+        let krate = krate.unwrap().path();
+        let name = krate.file_name().unwrap().to_str().unwrap().to_owned();
+        let text = section(&name);
+        let mut files = Vec::new();
+        modules(&krate.join("src"), &mut files);
+        for file in files {
+            let rel = file.strip_prefix(krate.join("src")).unwrap();
+            let file_name = rel.file_name().unwrap().to_str().unwrap();
+            if matches!(rel.to_str(), Some("lib.rs" | "main.rs")) {
+                continue;
+            }
+            let named = if file_name == "mod.rs" {
+                let dir = rel.parent().unwrap().file_name().unwrap().to_str().unwrap();
+                text.contains(&format!("{dir}/"))
+            } else {
+                let stem = file_name.trim_end_matches(".rs");
+                text.contains(file_name) || text.contains(&format!("`{stem}`"))
+            };
+            if !named {
+                missing.push(format!("{name}: {}", rel.display()));
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "modules ARCHITECTURE.md's code map does not name:\n{}",
+        missing.join("\n")
+    );
+}
