@@ -1,0 +1,225 @@
+//! What the gateway admits and what it refuses, and that a refusal changes nothing.
+
+use crate::harness::TestGateway;
+use skiff_protocol::api::{CreateSessionRequest, RunStatus};
+use skiff_protocol::event::EventKind;
+use skiff_test_support::{FakeResponse, TempGitRepo, openai_sse};
+
+const DONE: &str = "[[turns]]\ntext = \"ok\"\n";
+
+fn request(workspace: &std::path::Path, model: &str, prompt: &str) -> CreateSessionRequest {
+    CreateSessionRequest {
+        prompt: prompt.to_owned(),
+        workspace: workspace.display().to_string(),
+        model: Some(model.to_owned()),
+        profile: None,
+    }
+}
+
+fn answer(text: &str) -> FakeResponse {
+    FakeResponse::sse(
+        [
+            openai_sse::text_chunks(&[text]),
+            openai_sse::finish("stop"),
+            openai_sse::done(),
+        ]
+        .concat(),
+    )
+}
+
+#[tokio::test]
+async fn a_message_while_a_turn_runs_is_refused_as_busy_and_changes_nothing() {
+    let gw = TestGateway::with_provider(DONE, vec![FakeResponse::stall(), answer("second")]).await;
+    let ws = gw.plain_dir("ws", &[("a.txt", "a\n")]);
+    let started = gw
+        .client
+        .create_session(&request(&ws, "http/m", "first"))
+        .await
+        .unwrap();
+    let id = started.session.id.clone();
+    gw.client.wait_for_status(&id, RunStatus::Running).await;
+    let before = gw.client.session(&id).await.unwrap();
+
+    let refused = gw.client.send_message(&id, "second").await.unwrap_err();
+    assert_eq!(refused.status, 409);
+    assert_eq!(refused.error.code, "session_busy");
+    assert!(
+        refused.error.message.contains(started.run.id.as_str()),
+        "the refusal names the run that holds the session: {}",
+        refused.error.message
+    );
+    let after = gw.client.session(&id).await.unwrap();
+    assert_eq!(
+        after.transcript, before.transcript,
+        "a refused message left an entry"
+    );
+    assert_eq!(after.runs, before.runs, "a refused message made a run");
+
+    gw.client.cancel(&id).await.unwrap();
+    let ended = gw.client.follow_until_run_end(&id, 0).await;
+    assert!(matches!(
+        ended.last().unwrap().kind,
+        EventKind::RunStatus {
+            status: RunStatus::Cancelled,
+            ..
+        }
+    ));
+    let next = gw.client.send_message(&id, "second").await.unwrap();
+    let cursor = ended.last().unwrap().cursor;
+    let events = gw.client.follow_until_run_end(&id, cursor).await;
+    assert!(matches!(
+        events.last().unwrap().kind,
+        EventKind::RunStatus {
+            status: RunStatus::Succeeded,
+            ..
+        }
+    ));
+    let detail = gw.client.session(&id).await.unwrap();
+    assert_eq!(detail.runs.len(), 2);
+    assert_eq!(detail.runs[1].id, next.run.id);
+    let asked = gw.provider.as_ref().unwrap().requests().len();
+    assert_eq!(asked, 2, "the refused message reached the model");
+    gw.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_unknown_model_or_provider_is_refused_before_anything_is_created() {
+    let gw = TestGateway::start(DONE).await;
+    let repo = TempGitRepo::new(&[("a.txt", "a\n")]);
+    for (model, says) in [
+        ("nope/gpt-9", "unknown provider"),
+        ("no-slash", "provider/model"),
+    ] {
+        let refused = gw
+            .client
+            .create_session(&request(repo.path(), model, "hi"))
+            .await
+            .unwrap_err();
+        assert_eq!(refused.status, 422, "{model}: {refused:?}");
+        assert!(
+            refused.error.message.contains(model) && refused.error.message.contains(says),
+            "{model}: {}",
+            refused.error.message
+        );
+    }
+    assert!(gw.client.sessions().await.unwrap().sessions.is_empty());
+    assert_eq!(
+        repo.git(&["branch", "--format=%(refname:short)"]),
+        "main\n",
+        "a refused session made a branch"
+    );
+    assert_eq!(
+        std::fs::read_dir(gw.state_dir.join("worktrees"))
+            .unwrap()
+            .count(),
+        0,
+        "a refused session made a worktree"
+    );
+    gw.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_empty_prompt_or_a_missing_workspace_is_named_and_nothing_is_created() {
+    let gw = TestGateway::start(DONE).await;
+    let ws = gw.plain_dir("ws", &[("a.txt", "a\n")]);
+    let empty = gw
+        .client
+        .create_session(&request(&ws, "fake/x", "  \n"))
+        .await
+        .unwrap_err();
+    assert_eq!(empty.status, 400);
+    assert!(empty.error.message.contains("prompt is empty"), "{empty:?}");
+    let missing = gw
+        .client
+        .create_session(&request(
+            std::path::Path::new("/nonexistent/skiff-ws"),
+            "fake/x",
+            "hi",
+        ))
+        .await
+        .unwrap_err();
+    assert!(
+        missing
+            .error
+            .message
+            .contains("/nonexistent/skiff-ws does not exist"),
+        "{missing:?}"
+    );
+    assert!(gw.client.sessions().await.unwrap().sessions.is_empty());
+
+    let started = gw
+        .client
+        .create_session(&request(&ws, "fake/x", "hi"))
+        .await
+        .unwrap();
+    gw.client.follow_until_run_end(&started.session.id, 0).await;
+    let empty = gw
+        .client
+        .send_message(&started.session.id, "")
+        .await
+        .unwrap_err();
+    assert_eq!(empty.status, 400);
+    assert_eq!(
+        gw.client
+            .session(&started.session.id)
+            .await
+            .unwrap()
+            .runs
+            .len(),
+        1
+    );
+    gw.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_malformed_body_names_the_field_and_an_unknown_session_is_not_found() {
+    let gw = TestGateway::start(DONE).await;
+    let (status, body) = gw
+        .client
+        .raw(
+            reqwest::Method::POST,
+            "/v1/sessions",
+            r#"{"prompt": "hi", "workspace": "/tmp", "modle": "fake/x"}"#,
+        )
+        .await;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["message"].as_str().unwrap().contains("modle"),
+        "the unknown field is named: {body}"
+    );
+    let (status, body) = gw
+        .client
+        .raw(reqwest::Method::POST, "/v1/sessions", "{not json")
+        .await;
+    assert_eq!(status, 400, "{body}");
+
+    let unknown = skiff_protocol::SessionId::from_suffix("doesnotexist");
+    let refused = gw.client.session(&unknown).await.unwrap_err();
+    assert_eq!(
+        (refused.status, refused.error.code.as_str()),
+        (404, "not_found")
+    );
+    let refused = gw.client.send_message(&unknown, "hi").await.unwrap_err();
+    assert_eq!(
+        (refused.status, refused.error.code.as_str()),
+        (404, "not_found")
+    );
+    gw.shutdown().await;
+}
+
+#[tokio::test]
+async fn requests_without_a_valid_token_are_refused() {
+    let gw = TestGateway::start(DONE).await;
+    for token in ["", "skf_wrong"] {
+        let refused = gw.client.with_token(token).sessions().await.unwrap_err();
+        assert_eq!(
+            (refused.status, refused.error.code.as_str()),
+            (401, "unauthorized")
+        );
+    }
+    assert!(
+        gw.client.sessions().await.is_ok(),
+        "the real token is accepted"
+    );
+    gw.shutdown().await;
+}

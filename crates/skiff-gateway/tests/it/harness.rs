@@ -1,0 +1,274 @@
+//! A gateway started inside the test process on a temp state dir, and a typed client for its
+//! API. No binary is spawned and nothing needs root: what a test proves here is the gateway's
+//! own logic (admission, validation, auth, the event stream), in milliseconds.
+
+use futures_util::StreamExt;
+use skiff_protocol::SessionId;
+use skiff_protocol::api::{
+    ApiError, CreateSessionRequest, RunStarted, RunStatus, SendMessageRequest, SessionDetail,
+    SessionList,
+};
+use skiff_protocol::event::{EventKind, SessionEvent};
+use skiff_test_support::{FakeProvider, FakeResponse};
+use std::path::PathBuf;
+
+/// A gateway for one test. Providers: `fake` (scripted, from the test's script) and, when
+/// started with [`TestGateway::with_provider`], `http` (an OpenAI-compatible fake server).
+pub struct TestGateway {
+    running: Option<skiff_gateway::Running>,
+    pub client: Client,
+    pub state_dir: PathBuf,
+    /// Kept alive as long as the gateway; its recorded requests are the test's evidence.
+    pub provider: Option<FakeProvider>,
+    dir: tempfile::TempDir,
+}
+
+impl TestGateway {
+    /// A gateway whose scripted provider `fake` replays `script` (TOML).
+    pub async fn start(script: &str) -> TestGateway {
+        Self::start_with(script, None).await
+    }
+
+    /// Like [`TestGateway::start`], with an OpenAI-compatible provider `http` served by a
+    /// fake that answers `responses` in order.
+    pub async fn with_provider(script: &str, responses: Vec<FakeResponse>) -> TestGateway {
+        Self::start_with(script, Some(FakeProvider::start(responses).await)).await
+    }
+
+    async fn start_with(script: &str, provider: Option<FakeProvider>) -> TestGateway {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("script.toml"), script).unwrap();
+        let mut config =
+            String::from("[providers.fake]\napi = \"scripted\"\nscript = \"script.toml\"\n");
+        if let Some(provider) = &provider {
+            config.push_str(&format!(
+                "[providers.http]\napi = \"openai-completions\"\nbase_url = \"{}/v1\"\n",
+                provider.base_url()
+            ));
+        }
+        let config_path = dir.path().join("skiff.toml");
+        std::fs::write(&config_path, config).unwrap();
+        let state_dir = dir.path().join("state");
+        let running = skiff_gateway::start(skiff_gateway::Options {
+            state_dir: state_dir.clone(),
+            listen: "127.0.0.1:0".into(),
+            config: Some(config_path),
+        })
+        .await
+        .unwrap();
+        let client = Client::new(&running.url, &running.token);
+        TestGateway {
+            running: Some(running),
+            client,
+            state_dir,
+            provider,
+            dir,
+        }
+    }
+
+    /// A directory of the test's, with `files`, usable as a plain workspace.
+    pub fn plain_dir(&self, name: &str, files: &[(&str, &str)]) -> PathBuf {
+        let root = self.dir.path().join(name);
+        for (path, content) in files {
+            let path = root.join(path);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, content).unwrap();
+        }
+        std::fs::create_dir_all(&root).unwrap();
+        root
+    }
+
+    /// Stops the gateway the way `skiff gateway` does on a signal (running turns cancelled).
+    pub async fn shutdown(mut self) {
+        if let Some(running) = self.running.take() {
+            running.shutdown().await;
+        }
+    }
+}
+
+/// A refusal, as the API sent it.
+#[derive(Debug)]
+pub struct Refused {
+    pub status: u16,
+    pub error: ApiError,
+}
+
+/// The API, typed with `skiff-protocol`'s request and response types.
+#[derive(Clone)]
+pub struct Client {
+    http: reqwest::Client,
+    pub url: String,
+    token: String,
+}
+
+impl Client {
+    pub fn new(url: &str, token: &str) -> Client {
+        Client {
+            http: reqwest::Client::new(),
+            url: url.to_owned(),
+            token: token.to_owned(),
+        }
+    }
+
+    /// The same gateway with another bearer token.
+    pub fn with_token(&self, token: &str) -> Client {
+        Client::new(&self.url, token)
+    }
+
+    pub async fn create_session(
+        &self,
+        request: &CreateSessionRequest,
+    ) -> Result<RunStarted, Refused> {
+        self.send_json(reqwest::Method::POST, "/v1/sessions", Some(request))
+            .await
+    }
+
+    pub async fn send_message(&self, id: &SessionId, prompt: &str) -> Result<RunStarted, Refused> {
+        let body = SendMessageRequest {
+            prompt: prompt.to_owned(),
+            profile: None,
+        };
+        self.send_json(
+            reqwest::Method::POST,
+            &format!("/v1/sessions/{id}/messages"),
+            Some(&body),
+        )
+        .await
+    }
+
+    pub async fn session(&self, id: &SessionId) -> Result<SessionDetail, Refused> {
+        self.send_json::<(), _>(reqwest::Method::GET, &format!("/v1/sessions/{id}"), None)
+            .await
+    }
+
+    pub async fn sessions(&self) -> Result<SessionList, Refused> {
+        self.send_json::<(), _>(reqwest::Method::GET, "/v1/sessions", None)
+            .await
+    }
+
+    pub async fn cancel(&self, id: &SessionId) -> Result<serde_json::Value, Refused> {
+        self.send_json::<(), _>(
+            reqwest::Method::POST,
+            &format!("/v1/sessions/{id}/cancel"),
+            None,
+        )
+        .await
+    }
+
+    /// A request with a raw body (for malformed input): the status and the body as JSON.
+    pub async fn raw(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: &str,
+    ) -> (u16, serde_json::Value) {
+        let resp = self
+            .http
+            .request(method, format!("{}{path}", self.url))
+            .bearer_auth(&self.token)
+            .header("content-type", "application/json")
+            .body(body.to_owned())
+            .send()
+            .await
+            .unwrap();
+        let status = resp.status().as_u16();
+        let bytes = resp.bytes().await.unwrap();
+        let json = serde_json::from_slice(&bytes).unwrap_or_else(|_| {
+            serde_json::Value::String(String::from_utf8_lossy(&bytes).into_owned())
+        });
+        (status, json)
+    }
+
+    /// Follows the session's events from `after` until the run that is going on ends;
+    /// returns every event seen, the run's end last.
+    pub async fn follow_until_run_end(&self, id: &SessionId, after: u64) -> Vec<SessionEvent> {
+        let resp = self
+            .http
+            .get(format!(
+                "{}/v1/sessions/{id}/events?after={after}",
+                self.url
+            ))
+            .bearer_auth(&self.token)
+            .send()
+            .await
+            .unwrap();
+        assert!(resp.status().is_success(), "events: {}", resp.status());
+        let mut body = resp.bytes_stream();
+        let mut buffer = String::new();
+        let mut events = Vec::new();
+        while let Some(chunk) = body.next().await {
+            buffer.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
+            while let Some(end) = buffer.find('\n') {
+                let line: String = buffer.drain(..=end).collect();
+                if let Some(data) = line.trim_end().strip_prefix("data: ") {
+                    let event: SessionEvent = serde_json::from_str(data).unwrap();
+                    let done = event.kind.is_run_end();
+                    events.push(event);
+                    if done {
+                        return events;
+                    }
+                }
+            }
+        }
+        panic!("the event stream ended before the run did: {events:?}");
+    }
+
+    /// Waits (on the event stream) until a run of the session reaches `status`.
+    pub async fn wait_for_status(&self, id: &SessionId, status: RunStatus) {
+        let resp = self
+            .http
+            .get(format!("{}/v1/sessions/{id}/events?after=0", self.url))
+            .bearer_auth(&self.token)
+            .send()
+            .await
+            .unwrap();
+        let mut body = resp.bytes_stream();
+        let mut buffer = String::new();
+        while let Some(chunk) = body.next().await {
+            buffer.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
+            while let Some(end) = buffer.find('\n') {
+                let line: String = buffer.drain(..=end).collect();
+                if let Some(data) = line.trim_end().strip_prefix("data: ") {
+                    let event: SessionEvent = serde_json::from_str(data).unwrap();
+                    if matches!(event.kind, EventKind::RunStatus { status: s, .. } if s == status) {
+                        return;
+                    }
+                }
+            }
+        }
+        panic!("the event stream ended before a run became {status:?}");
+    }
+
+    async fn send_json<B: serde::Serialize, T: serde::de::DeserializeOwned>(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<&B>,
+    ) -> Result<T, Refused> {
+        let mut request = self
+            .http
+            .request(method, format!("{}{path}", self.url))
+            .bearer_auth(&self.token);
+        if let Some(body) = body {
+            request = request.json(body);
+        }
+        let resp = request.send().await.unwrap();
+        let status = resp.status();
+        let bytes = resp.bytes().await.unwrap();
+        if status.is_success() {
+            Ok(serde_json::from_slice(&bytes)
+                .unwrap_or_else(|e| panic!("{path}: {e}: {}", String::from_utf8_lossy(&bytes))))
+        } else {
+            let error = serde_json::from_slice(&bytes).unwrap_or_else(|e| {
+                panic!(
+                    "{path}: a refusal that is not an ApiError ({e}): {}",
+                    String::from_utf8_lossy(&bytes)
+                )
+            });
+            Err(Refused {
+                status: status.as_u16(),
+                error,
+            })
+        }
+    }
+}
