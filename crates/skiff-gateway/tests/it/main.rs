@@ -1,4 +1,11 @@
 //! The gateway's own tests: a gateway in the test process (`harness`), no binary, no root.
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "test helpers fail loudly; clippy.toml only covers #[test] functions"
+)]
+
 mod admission;
 mod harness;

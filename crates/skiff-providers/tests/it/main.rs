@@ -8,4 +8,5 @@
     reason = "test helpers fail loudly; clippy.toml only covers #[test] functions"
 )]
 
+mod command;
 mod snapshots;

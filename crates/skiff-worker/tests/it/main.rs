@@ -3,6 +3,13 @@
 //! gateway binary — the fake speaks the worker protocol's frames (`skiff-protocol`) through
 //! the same codec (`skiff-wire`).
 
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    reason = "test helpers fail loudly; clippy.toml only covers #[test] functions"
+)]
+
 use skiff_protocol::model::{ModelEvent, ModelRef, StopReason};
 use skiff_protocol::worker::{
     Call, GatewayFrame, OpId, PROTOCOL_VERSION, RefusalCode, StreamKind, WorkerFrame,
