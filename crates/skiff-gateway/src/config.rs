@@ -37,6 +37,10 @@ pub struct GatewayConfig {
     /// How long a worker credential lives; workers rotate at two thirds of it [default: 10m].
     #[serde(default)]
     pub worker_credential_ttl: Option<String>,
+    /// How long one turn may run before it is ended `timed_out`; a worker profile's own
+    /// `turn_timeout` wins for its sessions [default: 2h].
+    #[serde(default)]
+    pub turn_timeout: Option<String>,
 }
 
 impl GatewayConfig {
@@ -58,6 +62,15 @@ impl GatewayConfig {
             "worker_credential_ttl",
             self.worker_credential_ttl.as_deref(),
             "10m",
+        )
+    }
+
+    pub fn turn_timeout(&self, config_path: &Path) -> Result<std::time::Duration, ConfigError> {
+        duration(
+            config_path,
+            "turn_timeout",
+            self.turn_timeout.as_deref(),
+            "2h",
         )
     }
 }

@@ -76,6 +76,8 @@ pub(crate) struct Core {
     _lock: state_dir::StateDirLock,
     /// `<state>/procs/`: the `exec` commands of gateway-placed sessions now running.
     procs: skiff_process::Ledger,
+    /// `[gateway] turn_timeout`: how long a turn may run unless its profile says otherwise.
+    turn_timeout: std::time::Duration,
 }
 
 /// A started gateway.
@@ -163,6 +165,7 @@ pub(crate) async fn open_core(options: &Options) -> Result<(Arc<Core>, std::time
     let config = Config::load(&config_path)?;
     let lifetime_tick = config.gateway.lifetime_tick(&config_path)?;
     let credential_ttl = config.gateway.worker_credential_ttl(&config_path)?;
+    let turn_timeout = config.gateway.turn_timeout(&config_path)?;
     let config_dir = config_path.parent().map(PathBuf::from).unwrap_or_default();
     let catalog = skiff_llm::Catalog::new(config.providers, config.models.default, &config_dir)?;
     let store = Arc::new(Store::open(&state.database())?);
@@ -195,6 +198,7 @@ pub(crate) async fn open_core(options: &Options) -> Result<(Arc<Core>, std::time
         workers,
         _lock: lock,
         procs,
+        turn_timeout,
     });
     core.envs
         .set_readiness(Arc::new(worker::probe::Probe(Arc::downgrade(&core))));

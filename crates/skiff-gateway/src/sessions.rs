@@ -26,6 +26,22 @@ const MAX_PROMPT_BYTES: usize = 256 * 1024;
 /// This process, as a runtime node of attempts.
 const RUNTIME_NODE: &str = "gateway";
 
+/// The longest a turn may run, and the setting that says so.
+struct TurnDeadline {
+    limit: std::time::Duration,
+    key: String,
+}
+
+impl TurnDeadline {
+    fn reason(&self) -> String {
+        format!(
+            "the turn ran longer than its time limit ({}, set by `{}` in skiff.toml) and was stopped; what it did until then is kept",
+            humantime::format_duration(self.limit),
+            self.key
+        )
+    }
+}
+
 fn title_of(prompt: &str) -> String {
     let line = prompt
         .lines()
@@ -369,7 +385,22 @@ impl Core {
         run: RunRow,
         cancel: CancellationToken,
     ) {
-        let status = match self.prepare_and_run(&scope, &session, &run, &cancel).await {
+        let deadline = self.turn_deadline(&scope, &session);
+        let work = self.prepare_and_run(&scope, &session, &run, &cancel);
+        tokio::pin!(work);
+        // Past its deadline a turn is stopped the way a cancel stops it (model call and tools
+        // end, a worker's work is reconciled), then recorded `timed_out` with the reason.
+        let mut timed_out = None;
+        let outcome = tokio::select! {
+            outcome = &mut work => outcome,
+            () = tokio::time::sleep(deadline.limit) => {
+                timed_out = Some(deadline.reason());
+                cancel.cancel();
+                work.await
+            }
+        };
+        let status = match outcome {
+            _ if timed_out.is_some() => (RunStatus::TimedOut, timed_out),
             // A cancel wins over whatever the turn ended with, errors from racing it included.
             _ if cancel.is_cancelled() => (RunStatus::Cancelled, None),
             Ok(TurnOutcome::Completed) => (RunStatus::Succeeded, None),
@@ -382,6 +413,24 @@ impl Core {
             self.checkpoint_turn(&scope, &session, &run.id, None).await;
         }
         self.finish(&scope, &session.id, &run.id, status.0, status.1.as_deref());
+    }
+
+    /// How long this turn may run: its worker profile's `turn_timeout`, else the gateway's.
+    fn turn_deadline(&self, scope: &Scope, session: &SessionRow) -> TurnDeadline {
+        let profile = match self.store.placement(scope, &session.id) {
+            Ok(Some(p)) if session.placement != PlacementState::Local.as_str() => Some(p.profile),
+            _ => None,
+        };
+        match profile.and_then(|name| Some((self.envs.turn_timeout(&name)?, name))) {
+            Some((limit, profile)) => TurnDeadline {
+                limit,
+                key: format!("profiles.{profile}.turn_timeout"),
+            },
+            None => TurnDeadline {
+                limit: self.turn_timeout,
+                key: "gateway.turn_timeout".into(),
+            },
+        }
     }
 
     async fn prepare_and_run(
@@ -454,7 +503,9 @@ impl Core {
     ) {
         let current = self.store.run(scope, run).map(|r| r.status);
         let status = match (current, status) {
-            (Ok(RunStatus::Cancelling), RunStatus::Succeeded) => RunStatus::Cancelled,
+            (Ok(RunStatus::Cancelling), RunStatus::Succeeded | RunStatus::TimedOut) => {
+                RunStatus::Cancelled
+            }
             (Ok(RunStatus::Starting | RunStatus::Running), RunStatus::Cancelled) => {
                 if let Err(e) = self
                     .store

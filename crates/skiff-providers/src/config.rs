@@ -93,6 +93,10 @@ pub struct ProfileConfig {
     /// How long setup may run (default `20m`).
     #[serde(default)]
     pub setup_timeout: Option<String>,
+    /// How long one turn of a session on this profile may run before it is ended `timed_out`
+    /// (default: the gateway's `turn_timeout`).
+    #[serde(default)]
+    pub turn_timeout: Option<String>,
     /// Secrets for setup only: `NAME = "env:GATEWAY_VAR"`, read from the gateway's environment.
     #[serde(default)]
     pub setup_env: std::collections::BTreeMap<String, String>,
@@ -260,6 +264,7 @@ impl ProfileConfig {
             history: History::Shallow,
             setup: None,
             setup_timeout: None,
+            turn_timeout: None,
             setup_env: Default::default(),
             setup_key_files: Vec::new(),
             egress: EgressConfig::default(),
@@ -302,6 +307,14 @@ impl ProfileConfig {
     /// How long setup may run.
     pub fn setup_timeout(&self) -> Result<Duration> {
         duration("", "setup_timeout", self.setup_timeout.as_deref(), "20m")
+    }
+
+    /// How long a turn may run, when the profile says (else the gateway's default applies).
+    pub fn turn_timeout(&self) -> Result<Option<Duration>> {
+        self.turn_timeout
+            .as_deref()
+            .map(|text| duration("", "turn_timeout", Some(text), "30m"))
+            .transpose()
     }
 
     /// Setup's secrets, each read from the gateway's environment now. An error names the key
@@ -354,6 +367,11 @@ impl ProfileConfig {
         duration(name, "idle_timeout", self.idle_timeout.as_deref(), "30m")?;
         duration(name, "ttl", self.ttl.as_deref(), "8h")?;
         duration(name, "setup_timeout", self.setup_timeout.as_deref(), "20m")?;
+        if let Some(text) = self.turn_timeout.as_deref()
+            && duration(name, "turn_timeout", Some(text), "30m")?.is_zero()
+        {
+            return Err(bad("`turn_timeout` must be longer than 0s".into()));
+        }
         if self.setup.as_deref().is_some_and(|s| s.trim().is_empty()) {
             return Err(bad(
                 "`setup` is empty; remove it to use .skiff/setup.sh".into()

@@ -16,8 +16,9 @@ pub fn run_allowed(from: RunStatus, to: RunStatus) -> bool {
         return true;
     }
     match from {
-        Queued => matches!(to, Starting | Cancelling | Cancelled | Failed),
-        Starting => matches!(to, Running | Cancelling | Cancelled | Failed),
+        Queued => matches!(to, Starting | Cancelling | Cancelled | Failed | TimedOut),
+        // A turn whose box takes longer than its time limit to be placed times out here.
+        Starting => matches!(to, Running | Cancelling | Cancelled | Failed | TimedOut),
         Running => matches!(
             to,
             WaitingInput | WaitingApproval | Cancelling | Succeeded | Failed | TimedOut

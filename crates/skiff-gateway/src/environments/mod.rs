@@ -112,6 +112,13 @@ impl Environments {
             .unwrap_or(std::time::Duration::from_secs(600))
     }
 
+    /// How long a turn of a session on `profile` may run, when the profile says.
+    pub(crate) fn turn_timeout(&self, profile: &str) -> Option<std::time::Duration> {
+        self.profiles
+            .get(profile)
+            .and_then(|p| p.config.turn_timeout().ok().flatten())
+    }
+
     /// How much history a box of `profile` gets (the default for an unknown profile).
     pub(crate) fn history(&self, profile: &str) -> skiff_providers::History {
         self.profiles

@@ -26,16 +26,26 @@ pub struct TestGateway {
 impl TestGateway {
     /// A gateway whose scripted provider `fake` replays `script` (TOML).
     pub async fn start(script: &str) -> TestGateway {
-        Self::start_with(script, None).await
+        Self::configured(script, "", None).await
     }
 
     /// Like [`TestGateway::start`], with an OpenAI-compatible provider `http` served by a
     /// fake that answers `responses` in order.
     pub async fn with_provider(script: &str, responses: Vec<FakeResponse>) -> TestGateway {
-        Self::start_with(script, Some(FakeProvider::start(responses).await)).await
+        Self::configured(script, "", Some(responses)).await
     }
 
-    async fn start_with(script: &str, provider: Option<FakeProvider>) -> TestGateway {
+    /// The general form: `extra_config` is appended to `skiff.toml`; with `responses`, the
+    /// provider `http` exists.
+    pub async fn configured(
+        script: &str,
+        extra_config: &str,
+        responses: Option<Vec<FakeResponse>>,
+    ) -> TestGateway {
+        let provider = match responses {
+            Some(responses) => Some(FakeProvider::start(responses).await),
+            None => None,
+        };
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("script.toml"), script).unwrap();
         let mut config =
@@ -46,6 +56,7 @@ impl TestGateway {
                 provider.base_url()
             ));
         }
+        config.push_str(extra_config);
         let config_path = dir.path().join("skiff.toml");
         std::fs::write(&config_path, config).unwrap();
         let state_dir = dir.path().join("state");

@@ -8,4 +8,5 @@
 )]
 
 mod admission;
+mod deadlines;
 mod harness;
