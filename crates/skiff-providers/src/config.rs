@@ -97,6 +97,11 @@ pub struct ProfileConfig {
     /// (default: the gateway's `turn_timeout`).
     #[serde(default)]
     pub turn_timeout: Option<String>,
+    /// How long a worker of this profile may go without progress during a turn (no event, no
+    /// model call or output, no transcript write) before it is treated as dead and replaced
+    /// (default `15m`).
+    #[serde(default)]
+    pub stall_timeout: Option<String>,
     /// Secrets for setup only: `NAME = "env:GATEWAY_VAR"`, read from the gateway's environment.
     #[serde(default)]
     pub setup_env: std::collections::BTreeMap<String, String>,
@@ -265,6 +270,7 @@ impl ProfileConfig {
             setup: None,
             setup_timeout: None,
             turn_timeout: None,
+            stall_timeout: None,
             setup_env: Default::default(),
             setup_key_files: Vec::new(),
             egress: EgressConfig::default(),
@@ -315,6 +321,11 @@ impl ProfileConfig {
             .as_deref()
             .map(|text| duration("", "turn_timeout", Some(text), "30m"))
             .transpose()
+    }
+
+    /// How long a worker may go without progress during a turn.
+    pub fn stall_timeout(&self) -> Result<Duration> {
+        duration("", "stall_timeout", self.stall_timeout.as_deref(), "15m")
     }
 
     /// Setup's secrets, each read from the gateway's environment now. An error names the key
@@ -371,6 +382,9 @@ impl ProfileConfig {
             && duration(name, "turn_timeout", Some(text), "30m")?.is_zero()
         {
             return Err(bad("`turn_timeout` must be longer than 0s".into()));
+        }
+        if duration(name, "stall_timeout", self.stall_timeout.as_deref(), "15m")?.is_zero() {
+            return Err(bad("`stall_timeout` must be longer than 0s".into()));
         }
         if self.setup.as_deref().is_some_and(|s| s.trim().is_empty()) {
             return Err(bad(

@@ -119,6 +119,14 @@ impl Environments {
             .and_then(|p| p.config.turn_timeout().ok().flatten())
     }
 
+    /// How long a worker of `profile` may go without progress during a turn.
+    pub(crate) fn stall_timeout(&self, profile: &str) -> std::time::Duration {
+        self.profiles
+            .get(profile)
+            .and_then(|p| p.config.stall_timeout().ok())
+            .unwrap_or(std::time::Duration::from_secs(15 * 60))
+    }
+
     /// How much history a box of `profile` gets (the default for an unknown profile).
     pub(crate) fn history(&self, profile: &str) -> skiff_providers::History {
         self.profiles

@@ -10,7 +10,7 @@ use crate::Core;
 use serde_json::json;
 use skiff_protocol::EnvironmentId;
 use skiff_protocol::worker::{
-    CredentialClaims, GatewayFrame, Method, PROTOCOL_VERSION, RefusalCode, WorkerFrame,
+    Call, CredentialClaims, GatewayFrame, Method, PROTOCOL_VERSION, RefusalCode, WorkerFrame,
 };
 use skiff_store::{Scope, now_ms};
 use std::sync::Arc;
@@ -468,6 +468,16 @@ impl Core {
     }
 
     async fn on_frame(self: &Arc<Self>, a: &Admitted, frame: WorkerFrame) {
+        // A credential rotation comes on a timer whatever the turn does: it is not progress.
+        if !matches!(
+            frame,
+            WorkerFrame::Call {
+                call: Call::CredentialRotate { .. },
+                ..
+            }
+        ) {
+            a.live.touch();
+        }
         match frame {
             WorkerFrame::Hello { .. } => {
                 self.audit_worker(

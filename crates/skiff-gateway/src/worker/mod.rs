@@ -82,6 +82,10 @@ pub(crate) struct Live {
     open_run: Mutex<Option<RunId>>,
     /// The last live event applied, per epoch (mirrors the persisted ACK cursor).
     applied_events: Mutex<Option<(u64, u64)>>,
+    /// When the worker last showed progress: a frame of its turn (an event, a transcript
+    /// write, a model call or acknowledgement; not a credential rotation) or model output the
+    /// gateway passed on to it. The stall watchdog reads it.
+    progress: Mutex<Option<std::time::Instant>>,
 }
 
 impl Live {
@@ -196,9 +200,26 @@ impl Live {
     }
 
     fn send_on(&self, conn_id: u64, frame: GatewayFrame) -> bool {
+        if matches!(frame, GatewayFrame::Model { .. }) {
+            // The provider is producing: the worker is waiting on it, not stalled.
+            self.touch();
+        }
         lock(&self.conn)
             .as_ref()
             .is_some_and(|c| c.id == conn_id && c.out.send(frame).is_ok())
+    }
+
+    /// Records progress of the session's worker now.
+    pub(crate) fn touch(&self) {
+        *lock(&self.progress) = Some(std::time::Instant::now());
+    }
+
+    /// How long ago the worker last showed progress (since `since` when it never did).
+    pub(crate) fn idle_for(&self, since: std::time::Instant) -> std::time::Duration {
+        lock(&self.progress)
+            .filter(|at| *at > since)
+            .unwrap_or(since)
+            .elapsed()
     }
 
     pub(crate) fn watch(&self) -> watch::Receiver<u64> {

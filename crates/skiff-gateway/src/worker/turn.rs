@@ -79,12 +79,22 @@ impl Core {
         self.store.mark_box_ahead(scope, &session.id)?;
         self.hand_over_turn(scope, &session.id);
         tokio::pin!(done);
-        let end = tokio::select! {
-            end = &mut done => end.ok(),
-            _ = cancel.cancelled() => {
-                live.send(GatewayFrame::CancelTurn { run_id: run.id.clone() });
-                self.cancel_model_calls(&session.id);
-                tokio::time::timeout(Duration::from_secs(30), &mut done).await.ok().and_then(|r| r.ok())
+        let stall = self.envs.stall_timeout(&p.profile);
+        let end = loop {
+            let since = std::time::Instant::now();
+            live.touch();
+            tokio::select! {
+                end = &mut done => break end.ok(),
+                _ = cancel.cancelled() => {
+                    live.send(GatewayFrame::CancelTurn { run_id: run.id.clone() });
+                    self.cancel_model_calls(&session.id);
+                    break tokio::time::timeout(Duration::from_secs(30), &mut done).await.ok().and_then(|r| r.ok());
+                }
+                () = stalled(&live, since, stall) => {
+                    // A dead worker by another name: it is replaced (new epoch) and the new
+                    // one takes the turn up from the transcript.
+                    self.end_stalled_worker(scope, &session.id, &p.profile, stall).await;
+                }
             }
         };
         let end = end.unwrap_or(TurnEnd::Failed {
@@ -108,6 +118,50 @@ impl Core {
             tracing::warn!(run = %run.id, error = %e, "could not finish the attempt");
         }
         Ok(outcome)
+    }
+
+    /// A worker that showed no progress for `stall` is killed on its box and its connection
+    /// closed; the recovery that follows a lost worker replaces it.
+    async fn end_stalled_worker(
+        self: &Arc<Self>,
+        scope: &Scope,
+        session: &SessionId,
+        profile: &str,
+        stall: Duration,
+    ) {
+        // The worker of the current epoch (an earlier stall may have replaced the first).
+        let Ok(Some(p)) = self.store.placement(scope, session) else {
+            return;
+        };
+        let reason = format!(
+            "the worker showed no progress for {} (profiles.{profile}.stall_timeout); it is replaced and the turn goes on",
+            humantime::format_duration(stall),
+        );
+        tracing::warn!(%session, epoch = p.owner_epoch, "{reason}");
+        self.audit(
+            scope,
+            "worker.stall",
+            session.as_str(),
+            "applied",
+            json!({ "epoch": p.owner_epoch, "stall_timeout_s": stall.as_secs() }),
+        );
+        self.notify(scope, session, None, &reason);
+        // Killed before its connection is closed: a live worker would reconnect at once.
+        let pid = p.worker_pid.unwrap_or(0);
+        if pid > 0
+            && let Ok(env) = self.placement_env(scope, &p)
+            && let Ok(ssh) = self.envs.ssh(&env)
+            && let Err(e) = ssh
+                .run(
+                    &format!("kill -9 {pid} 2>/dev/null; true"),
+                    &CancellationToken::new(),
+                )
+                .await
+        {
+            tracing::warn!(%session, error = %e, "could not kill the stalled worker");
+        }
+        self.workers.live(session).close();
+        self.on_worker_disconnect(scope, session, p.owner_epoch);
     }
 
     /// `turn.finish`: reconcile the box's work into the session's workspace, checkpoint it,
@@ -471,5 +525,17 @@ impl Core {
         }
         theirs = adopted;
         Ok((manifest::to_json(&theirs)?, unchanged))
+    }
+}
+
+/// Resolves once the worker has shown no progress for `stall` (counting from `since` at the
+/// earliest).
+async fn stalled(live: &super::Live, since: std::time::Instant, stall: Duration) {
+    loop {
+        let idle = live.idle_for(since);
+        if idle >= stall {
+            return;
+        }
+        tokio::time::sleep(stall - idle).await;
     }
 }

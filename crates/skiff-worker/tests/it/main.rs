@@ -329,7 +329,7 @@ async fn only_unacknowledged_operations_are_sent_again_after_a_reconnect() {
             })
             .await;
     }
-    let mut ops = vec![
+    let mut ops = [
         model_call(first.next_call().await).0,
         model_call(first.next_call().await).0,
     ];
