@@ -264,3 +264,263 @@ fn process_code(e: &skiff_process::Error) -> ErrorCode {
         | X::Io { .. } => ErrorCode::Internal,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use skiff_protocol::api::RunStatus;
+
+    fn io() -> std::io::Error {
+        std::io::Error::other("disk on fire")
+    }
+
+    fn api(e: Error) -> (u16, String) {
+        let (status, body) = e.to_api();
+        (status.as_u16(), body.code)
+    }
+
+    #[test]
+    fn each_kind_of_failure_answers_with_its_own_status_and_code() {
+        use skiff_providers::Error as P;
+        use skiff_store::Error as S;
+        let s = String::from;
+        let cases: Vec<(Error, u16, &str)> = vec![
+            (Error::BadRequest(s("empty prompt")), 400, "bad_request"),
+            (Error::Forbidden(s("admin only")), 403, "forbidden"),
+            (Error::NotFound(s("no such path")), 404, "not_found"),
+            (Error::Conflict(s("no running turn")), 409, "conflict"),
+            (Error::BadProfile(s("bad egress rule")), 422, "bad_profile"),
+            (Error::Unavailable(s("shutting down")), 503, "unavailable"),
+            (
+                Error::BoxNotReady(s("no canary answer")),
+                502,
+                "box_not_ready",
+            ),
+            (Error::BoxFailed(s("listing failed")), 502, "box_failed"),
+            (Error::Publish(s("push failed")), 502, "publish_failed"),
+            (Error::Internal(s("a task died")), 500, "internal"),
+            (
+                Error::Listen {
+                    addr: s("127.0.0.1:1"),
+                    source: io(),
+                },
+                500,
+                "internal",
+            ),
+            (
+                S::NotFound {
+                    what: "session",
+                    id: s("ses_x"),
+                }
+                .into(),
+                404,
+                "not_found",
+            ),
+            (
+                S::SessionBusy {
+                    session: s("ses_x"),
+                    run: s("run_x"),
+                }
+                .into(),
+                409,
+                "session_busy",
+            ),
+            (
+                S::LeafConflict {
+                    session: s("ses_x"),
+                    expected: s("a"),
+                    actual: s("b"),
+                }
+                .into(),
+                409,
+                "transcript_conflict",
+            ),
+            (
+                S::IllegalRunTransition {
+                    run: s("run_x"),
+                    from: RunStatus::Succeeded,
+                    to: RunStatus::Running,
+                }
+                .into(),
+                409,
+                "conflict",
+            ),
+            (
+                S::WorkersAtCapacity {
+                    running_turns: 2,
+                    other: 0,
+                    max: 2,
+                }
+                .into(),
+                503,
+                "at_capacity",
+            ),
+            (
+                S::Corrupt {
+                    what: "quarantine",
+                    detail: s("not JSON"),
+                }
+                .into(),
+                500,
+                "internal",
+            ),
+            (
+                crate::workspace::WorkspaceError::Missing(s("/nope")).into(),
+                422,
+                "bad_workspace",
+            ),
+            (
+                crate::workspace::WorkspaceError::Io {
+                    path: s("/state/ws"),
+                    source: io(),
+                }
+                .into(),
+                500,
+                "internal",
+            ),
+            (
+                skiff_llm::Error::UnknownScriptedModel { model: s("x") }.into(),
+                422,
+                "bad_model",
+            ),
+            (
+                P::Config {
+                    profile: s("cloud"),
+                    problem: s("no command"),
+                }
+                .into(),
+                422,
+                "bad_profile",
+            ),
+            (
+                P::SnapshotsUnsupported { provider: "local" }.into(),
+                422,
+                "bad_profile",
+            ),
+            (
+                P::Provider {
+                    provider: "command",
+                    message: s("quota"),
+                }
+                .into(),
+                502,
+                "provider_failed",
+            ),
+            (
+                skiff_ssh::Error::Unreachable {
+                    alias: s("env_x"),
+                    detail: s("refused"),
+                }
+                .into(),
+                502,
+                "box_unreachable",
+            ),
+            (
+                skiff_ssh::Error::Remote {
+                    alias: s("env_x"),
+                    command: s("true"),
+                    code: 1,
+                    stderr: String::new(),
+                }
+                .into(),
+                502,
+                "box_failed",
+            ),
+            (
+                skiff_sync::Error::TooLarge {
+                    root: s("/w"),
+                    detail: s("big"),
+                    largest: s("a"),
+                }
+                .into(),
+                422,
+                "sync_refused",
+            ),
+            (
+                skiff_sync::Error::ApplyConflict {
+                    target: s("/w"),
+                    conflicts: Vec::new(),
+                }
+                .into(),
+                409,
+                "apply_conflict",
+            ),
+            (
+                skiff_sync::Error::TargetNotEmpty { path: s("/w") }.into(),
+                409,
+                "target_not_empty",
+            ),
+            (
+                skiff_sync::Error::Io {
+                    path: s("/state/tmp"),
+                    source: io(),
+                }
+                .into(),
+                500,
+                "internal",
+            ),
+            (
+                skiff_process::Error::Ledger {
+                    path: s("/state/procs"),
+                    source: io(),
+                }
+                .into(),
+                500,
+                "internal",
+            ),
+        ];
+        for (error, status, code) in cases {
+            let shown = format!("{error:?}");
+            assert_eq!(api(error), (status, code.to_owned()), "{shown}");
+        }
+    }
+
+    #[test]
+    fn every_code_the_gateway_answers_with_has_the_status_the_protocol_lists() {
+        for code in ErrorCode::ALL {
+            assert_eq!(http_status(code).as_u16(), code.http_status(), "{code:?}");
+        }
+    }
+
+    /// A database that breaks under the gateway (here: a table renamed by a second
+    /// connection) is the gateway's fault, and SQLite's words stay in its log.
+    #[tokio::test]
+    async fn a_broken_database_is_an_internal_error_that_keeps_sqlite_text_from_the_client()
+    -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let (core, _) = crate::open_core(&crate::Options {
+            state_dir: dir.path().join("state"),
+            listen: "127.0.0.1:0".into(),
+            config: None,
+        })
+        .await?;
+        let conn = rusqlite::Connection::open(core.state.database())?;
+        conn.execute_batch("ALTER TABLE sessions RENAME TO sessions_gone")?;
+
+        let scope = skiff_store::Scope::new("usr_test", "ten_test");
+        let Err(e) = core.list(&scope) else {
+            anyhow::bail!("listing sessions worked on a database without its sessions table");
+        };
+        assert!(
+            e.to_string().contains("sessions"),
+            "the log keeps the cause: {e}"
+        );
+        let (status, body) = e.to_api();
+        assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(body.code, "internal");
+        assert!(
+            body.message.contains("the gateway's database failed")
+                && body.message.contains("gateway's log"),
+            "{}",
+            body.message
+        );
+        for raw in ["sessions", "no such table", "SQL", "database error"] {
+            assert!(
+                !body.message.contains(raw),
+                "{raw:?} reached the client: {}",
+                body.message
+            );
+        }
+        Ok(())
+    }
+}
