@@ -6,8 +6,8 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use skiff_protocol::SessionId;
 use skiff_protocol::api::{
-    ApiError, CreateSessionRequest, RunStarted, RunView, SendMessageRequest, SessionDetail,
-    SessionList,
+    ApiError, CreateSessionRequest, ErrorCode, RunStarted, RunView, SendMessageRequest,
+    SessionDetail, SessionList,
 };
 use skiff_protocol::event::SessionEvent;
 use std::path::Path;
@@ -31,6 +31,43 @@ impl std::fmt::Display for Failure {
 }
 
 impl std::error::Error for Failure {}
+
+impl Failure {
+    /// The exit code `skiff --help` promises for this failure (`EXIT_CODES` in main.rs).
+    pub fn exit_code(&self) -> u8 {
+        let code = match self {
+            Failure::Unreachable(_) => return 3,
+            Failure::Refused(e) => e.kind(),
+        };
+        match code {
+            Some(
+                ErrorCode::BadRequest
+                | ErrorCode::Unauthorized
+                | ErrorCode::Forbidden
+                | ErrorCode::BadWorkspace
+                | ErrorCode::BadModel
+                | ErrorCode::BadProfile
+                | ErrorCode::SyncRefused,
+            ) => 2,
+            Some(ErrorCode::AtCapacity | ErrorCode::Unavailable) => 3,
+            Some(ErrorCode::NotFound) => 4,
+            Some(ErrorCode::Conflict | ErrorCode::SessionBusy | ErrorCode::TranscriptConflict) => 5,
+            Some(
+                ErrorCode::ProviderFailed
+                | ErrorCode::BoxUnreachable
+                | ErrorCode::BoxNotReady
+                | ErrorCode::BoxFailed
+                | ErrorCode::PublishFailed,
+            ) => 6,
+            Some(ErrorCode::Internal) => 7,
+            // The user's directory refused the result: what they asked for did not happen.
+            Some(ErrorCode::ApplyConflict | ErrorCode::TargetNotEmpty) => 1,
+            // A code this build does not know (a newer gateway), or an answer that was not the
+            // gateway's JSON.
+            None => 1,
+        }
+    }
+}
 
 #[derive(Clone)]
 pub struct Client {
