@@ -17,14 +17,16 @@ use std::path::Path;
 pub enum Failure {
     /// The gateway could not be reached (exit 3).
     Unreachable(String),
-    /// The gateway refused (exit 1).
+    /// The gateway refused; the exit code follows the code it gave (`exit_code`).
     Refused(ApiError),
+    /// An argument the CLI itself refuses before asking the gateway (exit 2).
+    Usage(String),
 }
 
 impl std::fmt::Display for Failure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Failure::Unreachable(m) => f.write_str(m),
+            Failure::Unreachable(m) | Failure::Usage(m) => f.write_str(m),
             Failure::Refused(e) => write!(f, "{} ({})", e.message, e.code),
         }
     }
@@ -37,6 +39,7 @@ impl Failure {
     pub fn exit_code(&self) -> u8 {
         let code = match self {
             Failure::Unreachable(_) => return 3,
+            Failure::Usage(_) => return 2,
             Failure::Refused(e) => e.kind(),
         };
         match code {

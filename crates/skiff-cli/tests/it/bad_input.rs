@@ -298,7 +298,11 @@ fn exit_codes_tell_not_found_from_conflict_from_a_bad_request() {
 
     let out = gw.run(&["session", "show", "not-a-session"]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
-    assert!(stderr(&out).contains("is not a session id"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("is not a session id"),
+        "{}",
+        stderr(&out)
+    );
 
     // A finished session has no turn to cancel: the request is fine, the session's state is not.
     let repo = TempGitRepo::new(&[("a.txt", "a\n")]);
