@@ -6,8 +6,8 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use skiff_protocol::SessionId;
 use skiff_protocol::api::{
-    ApiError, CreateSessionRequest, RunStarted, RunView, SendMessageRequest, SessionDetail,
-    SessionList,
+    ApiError, CreateSessionRequest, ErrorCode, RunStarted, RunView, SendMessageRequest,
+    SessionDetail, SessionList,
 };
 use skiff_protocol::event::SessionEvent;
 use std::path::Path;
@@ -17,20 +17,60 @@ use std::path::Path;
 pub enum Failure {
     /// The gateway could not be reached (exit 3).
     Unreachable(String),
-    /// The gateway refused (exit 1).
+    /// The gateway refused; the exit code follows the code it gave (`exit_code`).
     Refused(ApiError),
+    /// An argument the CLI itself refuses before asking the gateway (exit 2).
+    Usage(String),
 }
 
 impl std::fmt::Display for Failure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Failure::Unreachable(m) => f.write_str(m),
+            Failure::Unreachable(m) | Failure::Usage(m) => f.write_str(m),
             Failure::Refused(e) => write!(f, "{} ({})", e.message, e.code),
         }
     }
 }
 
 impl std::error::Error for Failure {}
+
+impl Failure {
+    /// The exit code `skiff --help` promises for this failure (`EXIT_CODES` in main.rs).
+    pub fn exit_code(&self) -> u8 {
+        let code = match self {
+            Failure::Unreachable(_) => return 3,
+            Failure::Usage(_) => return 2,
+            Failure::Refused(e) => e.kind(),
+        };
+        match code {
+            Some(
+                ErrorCode::BadRequest
+                | ErrorCode::Unauthorized
+                | ErrorCode::Forbidden
+                | ErrorCode::BadWorkspace
+                | ErrorCode::BadModel
+                | ErrorCode::BadProfile
+                | ErrorCode::SyncRefused,
+            ) => 2,
+            Some(ErrorCode::AtCapacity | ErrorCode::Unavailable) => 3,
+            Some(ErrorCode::NotFound) => 4,
+            Some(ErrorCode::Conflict | ErrorCode::SessionBusy | ErrorCode::TranscriptConflict) => 5,
+            Some(
+                ErrorCode::ProviderFailed
+                | ErrorCode::BoxUnreachable
+                | ErrorCode::BoxNotReady
+                | ErrorCode::BoxFailed
+                | ErrorCode::PublishFailed,
+            ) => 6,
+            Some(ErrorCode::Internal) => 7,
+            // The user's directory refused the result: what they asked for did not happen.
+            Some(ErrorCode::ApplyConflict | ErrorCode::TargetNotEmpty) => 1,
+            // A code this build does not know (a newer gateway), or an answer that was not the
+            // gateway's JSON.
+            None => 1,
+        }
+    }
+}
 
 #[derive(Clone)]
 pub struct Client {

@@ -341,9 +341,10 @@ async fn wait(client: &Client, args: WaitArgs, json: bool) -> Result<ExitCode> {
 fn parse_snapshot_id(text: &str) -> Result<SnapshotId> {
     match SnapshotId::parse(text) {
         Some(id) => Ok(id),
-        None => bail!(
+        None => Err(crate::client::Failure::Usage(format!(
             "{text:?} is not a snapshot id (`snap_` and 16 lowercase hex characters); `skiff env snapshots` lists them"
-        ),
+        ))
+        .into()),
     }
 }
 

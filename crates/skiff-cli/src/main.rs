@@ -21,9 +21,13 @@ use std::process::ExitCode;
 
 const EXIT_CODES: &str = "Exit codes:
   0  success
-  1  the thing failed (a run failed or was cancelled, the gateway refused a request)
-  2  usage error
-  3  the gateway is unreachable or at capacity
+  1  the thing failed (a run failed or was cancelled, an apply or export was refused)
+  2  usage error, or a request the gateway refused as bad (input, token, model, profile)
+  3  the gateway is unreachable, at capacity or unavailable: try again later
+  4  not found
+  5  conflict: the session is busy, or its state does not allow it now
+  6  a box, its provider or a git remote failed
+  7  the gateway's own fault (its log has the cause)
 
 Environment:
   SKIFF_URL, SKIFF_TOKEN   the gateway to talk to (win over <state-dir>/gateway.json)";
@@ -189,11 +193,10 @@ fn main() -> ExitCode {
         Err(e) if out::is_closed(&e) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
-            match e.downcast_ref::<client::Failure>() {
-                Some(client::Failure::Unreachable(_)) => ExitCode::from(3),
-                Some(client::Failure::Refused(e)) if e.code == "at_capacity" => ExitCode::from(3),
-                _ => ExitCode::from(1),
-            }
+            ExitCode::from(
+                e.downcast_ref::<client::Failure>()
+                    .map_or(1, client::Failure::exit_code),
+            )
         }
     }
 }

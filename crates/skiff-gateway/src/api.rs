@@ -16,7 +16,9 @@ use futures_util::StreamExt;
 use serde::Deserialize;
 use serde_json::json;
 use skiff_protocol::SessionId;
-use skiff_protocol::api::{ApiError, CreateSessionRequest, SendMessageRequest, SessionList};
+use skiff_protocol::api::{
+    ApiError, CreateSessionRequest, ErrorCode, SendMessageRequest, SessionList,
+};
 use skiff_store::Scope;
 use std::sync::Arc;
 use std::time::Duration;
@@ -54,11 +56,11 @@ impl IntoResponse for Error {
     }
 }
 
-fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
+fn error(code: ErrorCode, message: impl Into<String>) -> Response {
     (
-        status,
+        crate::error::http_status(code),
         Json(ApiError {
-            code: code.to_owned(),
+            code: code.as_str().to_owned(),
             message: message.into(),
         }),
     )
@@ -87,8 +89,7 @@ async fn authenticate(State(core): Shared, mut req: Request, next: Next) -> Resp
                     json!({ "reason": reason }),
                 );
                 return error(
-                    StatusCode::FORBIDDEN,
-                    "forbidden",
+                    ErrorCode::Forbidden,
                     "cross-site request refused: a cookie-authenticated change must come from the gateway's own page",
                 );
             }
@@ -114,8 +115,7 @@ async fn authenticate(State(core): Shared, mut req: Request, next: Next) -> Resp
                 json!({ "reason": reason }),
             );
             error(
-                StatusCode::UNAUTHORIZED,
-                "unauthorized",
+                ErrorCode::Unauthorized,
                 "missing or invalid token: send `Authorization: Bearer <token>` (the token is in the gateway's gateway.json)",
             )
         }
@@ -123,7 +123,7 @@ async fn authenticate(State(core): Shared, mut req: Request, next: Next) -> Resp
 }
 
 async fn not_found() -> Response {
-    error(StatusCode::NOT_FOUND, "not_found", "no such route")
+    error(ErrorCode::NotFound, "no such route")
 }
 
 fn session_id(raw: &str) -> Result<SessionId, Error> {

@@ -120,7 +120,7 @@ async fn take_snapshot(
         Captured::OverBudget {
             size_bytes,
             budget_bytes,
-        } => Err(Error::BadRequest(format!(
+        } => Err(Error::Conflict(format!(
             "the snapshot of {id} took {size_bytes} bytes, more than its profile's whole snapshot_budget ({budget_bytes} bytes), and was deleted again; raise snapshot_budget to keep it"
         ))),
     }
@@ -244,7 +244,7 @@ async fn sweep(State(core): Shared, Extension(scope): Extension<Scope>) -> Resul
             "denied",
             serde_json::json!({}),
         );
-        return Err(Error::BadRequest(
+        return Err(Error::Forbidden(
             "only the gateway's admin may sweep orphaned leases".into(),
         ));
     }

@@ -178,7 +178,7 @@ pub(crate) async fn open_core(options: &Options) -> Result<(Arc<Core>, std::time
         state.root().join("ssh"),
     )?);
     let signer = worker::Signer::load_or_create(&state.root().join("worker-signing.key"))
-        .map_err(|e| Error::BadRequest(format!("cannot load the worker signing key: {e}")))?;
+        .map_err(|e| Error::Internal(format!("cannot load the worker signing key: {e}")))?;
     let workers = worker::Workers::new(
         signer,
         state.root().join("workers"),
@@ -229,7 +229,7 @@ fn kill_leftover_processes(state: &StateDir) -> Result<skiff_process::Ledger> {
 /// local boxes (outside the 0700 state dir when boxes get users of their own).
 fn provider_context(state: &StateDir) -> Result<skiff_providers::Context> {
     let skiff_exe = std::env::current_exe()
-        .map_err(|e| Error::BadRequest(format!("cannot locate the skiff executable: {e}")))?;
+        .map_err(|e| Error::Internal(format!("cannot locate the skiff executable: {e}")))?;
     Ok(skiff_providers::Context {
         skiff_exe,
         private_dir: state.root().join("keys"),
@@ -328,7 +328,7 @@ impl Core {
             token: token.clone(),
         };
         let json =
-            serde_json::to_string_pretty(&file).map_err(|e| Error::BadRequest(e.to_string()))?;
+            serde_json::to_string_pretty(&file).map_err(|e| Error::Internal(e.to_string()))?;
         self.state.write_gateway_file(&json)?;
         Ok(token)
     }

@@ -283,7 +283,7 @@ impl Core {
                 Some((row.clone(), q, meta.blobs.get(path).cloned()))
             });
             let Some((row, q, blob)) = found else {
-                return Err(Error::BadRequest(format!(
+                return Err(Error::NotFound(format!(
                     "{path} is not in session {session_id}'s quarantine; `skiff session quarantine {session_id}` lists what is"
                 )));
             };
@@ -297,7 +297,7 @@ impl Core {
                 )));
             }
             if !q.kept {
-                return Err(Error::BadRequest(format!(
+                return Err(Error::Conflict(format!(
                     "{path} was refused ({}) and its bytes were not kept; it is still on the box, if the box is",
                     q.reason
                 )));
@@ -306,19 +306,19 @@ impl Core {
                 (Some(ManifestEntry::File { .. }), Some(_))
                 | (Some(ManifestEntry::Symlink { .. }), _) => {}
                 _ => {
-                    return Err(Error::BadRequest(format!(
+                    return Err(Error::Conflict(format!(
                         "{path}: the quarantine holds no bytes for it"
                     )));
                 }
             }
             let full = root.join(path);
             if std::fs::symlink_metadata(&full).is_ok_and(|m| m.is_dir()) {
-                return Err(Error::BadRequest(format!(
+                return Err(Error::Conflict(format!(
                     "{path} is a directory in the session's workspace; remove it first"
                 )));
             }
             if let Some(problem) = contain::parent_chain_problem(root, path) {
-                return Err(Error::BadRequest(format!(
+                return Err(Error::Conflict(format!(
                     "{path} cannot be written: {problem}"
                 )));
             }
@@ -388,7 +388,7 @@ impl Core {
             | PlacementState::Reclaimed
             | PlacementState::Failed => Ok(None),
             PlacementState::Active => Ok(Some(p)),
-            other => Err(Error::BadRequest(format!(
+            other => Err(Error::Conflict(format!(
                 "session {session}'s placement is {other}; accept once it is active (or home)"
             ))),
         }
@@ -450,7 +450,7 @@ fn materialize(cas: &Cas, dir: &Path, q: &QuarantinedPath, blob: Option<&str>) -
             std::os::unix::fs::symlink(target, &full).map_err(|e| io(&full, e))?;
         }
         _ => {
-            return Err(Error::BadRequest(format!(
+            return Err(Error::Conflict(format!(
                 "{}: the quarantine holds no bytes for it",
                 q.path
             )));

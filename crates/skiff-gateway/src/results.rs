@@ -194,7 +194,7 @@ impl Core {
             .transpose()?
         {
             Some(Snapshot::Plain { manifest }) => Ok(manifest),
-            _ => Err(Error::BadRequest(format!(
+            _ => Err(Error::Conflict(format!(
                 "session {id} has no record of what its directory held when it started (it was created by an older gateway, or recording it failed: see the gateway's log); `skiff session export {id} --to DIR` still writes its whole result"
             ))),
         }
@@ -277,11 +277,11 @@ impl Core {
             .rposition(|r| r.run_id.as_ref() == Some(run))
         else {
             return Err(if run_row.status.is_terminal() {
-                Error::BadRequest(format!(
+                Error::Conflict(format!(
                     "turn {run} left no checkpoint (taking it failed: see the gateway's log), so its changes are not known; `skiff session diff {id}` shows the session's"
                 ))
             } else {
-                Error::BadRequest(format!(
+                Error::Conflict(format!(
                     "turn {run} is still running; its changes are known when it ends"
                 ))
             });
@@ -392,7 +392,7 @@ impl Core {
         let session = self.store.session(scope, id)?;
         let (source, path) = match &session.workspace {
             WorkspaceView::Git { source, branch, .. } => {
-                return Err(Error::BadRequest(format!(
+                return Err(Error::Conflict(format!(
                     "session {id} works on the git repository {source}: its result is the branch {branch} there. Merge it (git -C {source} merge {branch}), or push it with `skiff session publish {id}`"
                 )));
             }

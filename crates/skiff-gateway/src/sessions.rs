@@ -207,7 +207,7 @@ impl Core {
             self.check_profile(profile)?;
             match &placement {
                 Some(p) if p.profile != profile && p.state != PlacementState::Local => {
-                    return Err(Error::BadRequest(format!(
+                    return Err(Error::Conflict(format!(
                         "session {id} runs on profile `{}`; moving it to `{profile}` is not supported yet",
                         p.profile
                     )));
@@ -350,7 +350,7 @@ impl Core {
     /// within moments; the run then ends `cancelled`.
     pub(crate) fn cancel(&self, scope: &Scope, id: &SessionId) -> Result<RunView> {
         let Some(run) = self.store.open_run(scope, id)? else {
-            return Err(Error::BadRequest(format!(
+            return Err(Error::Conflict(format!(
                 "session {id} has no running turn to cancel"
             )));
         };
@@ -448,7 +448,7 @@ impl Core {
             self.set_run_status(scope, &session.id, &run.id, status, None)?;
         }
         let model = ModelRef::parse(&session.model_ref).ok_or_else(|| {
-            Error::BadRequest(format!(
+            Error::Internal(format!(
                 "session model {} is not a model ref",
                 session.model_ref
             ))
@@ -461,7 +461,7 @@ impl Core {
         };
         let tools = Tools::new(session.workspace.path().into(), Vec::new())
             .map_err(|e| {
-                Error::BadRequest(format!(
+                Error::Internal(format!(
                     "workspace {} is gone: {e}",
                     session.workspace.path()
                 ))

@@ -210,7 +210,7 @@ impl Core {
     ) -> Result<PublishResult> {
         let session = self.store.session(scope, id)?;
         let WorkspaceView::Git { source, branch, .. } = &session.workspace else {
-            return Err(Error::BadRequest(format!(
+            return Err(Error::Conflict(format!(
                 "session {id} works on a plain directory; there is no branch to publish"
             )));
         };
@@ -250,7 +250,7 @@ impl Core {
             .run_checked(&cancel)
             .await
             .map_err(|_| {
-                Error::BadRequest(format!("the session branch {branch} is gone from {source}"))
+                Error::Conflict(format!("the session branch {branch} is gone from {source}"))
             })?
             .trim()
             .to_owned();

@@ -231,10 +231,169 @@ pub struct UiLoginRequest {
     pub token: String,
 }
 
-/// Every error answer of the API. `code` is a stable string scripts may match on.
+/// Every error answer of the API. `code` is a stable string scripts may match on (one of
+/// [`ErrorCode`]); `message` is written for the person reading it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ApiError {
     pub code: String,
     pub message: String,
+}
+
+impl ApiError {
+    /// The code as a known kind; `None` for one this build does not know (a newer gateway, or
+    /// an answer that was not the gateway's JSON).
+    pub fn kind(&self) -> Option<ErrorCode> {
+        ErrorCode::parse(&self.code)
+    }
+}
+
+/// The stable `code` of every error the API answers with: the one list of them. A code says
+/// whose fault a failure is, so a script (or the CLI's exit code) can decide what to do.
+///
+/// | code | status | kind |
+/// |---|---|---|
+/// | `bad_request` | 400 | the request is malformed or asks for what can never be done |
+/// | `unauthorized` | 401 | no token, or not a valid one |
+/// | `forbidden` | 403 | the token may not do this |
+/// | `not_found` | 404 | the named thing does not exist (for this token) |
+/// | `conflict` | 409 | the thing's state does not allow it now |
+/// | `session_busy` | 409 | the session is running a turn |
+/// | `transcript_conflict` | 409 | the transcript moved meanwhile; reload and retry |
+/// | `apply_conflict` | 409 | the target changed where the session changed it too |
+/// | `target_not_empty` | 409 | an export's target directory is not empty |
+/// | `bad_workspace` | 422 | the workspace cannot be used |
+/// | `bad_model` | 422 | the model is unknown or misconfigured |
+/// | `bad_profile` | 422 | the worker profile's configuration does not allow it |
+/// | `sync_refused` | 422 | the workspace's content cannot be synced as it is |
+/// | `internal` | 500 | the gateway's own fault; its log has the cause |
+/// | `provider_failed` | 502 | the box provider failed |
+/// | `box_unreachable` | 502 | the box cannot be reached over SSH |
+/// | `box_not_ready` | 502 | the box did not come up: bootstrap, setup or readiness failed |
+/// | `box_failed` | 502 | a box that was up misbehaved or a command on it failed |
+/// | `publish_failed` | 502 | pushing to the git remote failed |
+/// | `at_capacity` | 503 | every worker slot is taken; try again later |
+/// | `unavailable` | 503 | the gateway cannot do it right now; try again |
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ErrorCode {
+    BadRequest,
+    Unauthorized,
+    Forbidden,
+    NotFound,
+    Conflict,
+    SessionBusy,
+    TranscriptConflict,
+    ApplyConflict,
+    TargetNotEmpty,
+    BadWorkspace,
+    BadModel,
+    BadProfile,
+    SyncRefused,
+    Internal,
+    ProviderFailed,
+    BoxUnreachable,
+    BoxNotReady,
+    BoxFailed,
+    PublishFailed,
+    AtCapacity,
+    Unavailable,
+}
+
+impl ErrorCode {
+    pub const ALL: [ErrorCode; 21] = [
+        ErrorCode::BadRequest,
+        ErrorCode::Unauthorized,
+        ErrorCode::Forbidden,
+        ErrorCode::NotFound,
+        ErrorCode::Conflict,
+        ErrorCode::SessionBusy,
+        ErrorCode::TranscriptConflict,
+        ErrorCode::ApplyConflict,
+        ErrorCode::TargetNotEmpty,
+        ErrorCode::BadWorkspace,
+        ErrorCode::BadModel,
+        ErrorCode::BadProfile,
+        ErrorCode::SyncRefused,
+        ErrorCode::Internal,
+        ErrorCode::ProviderFailed,
+        ErrorCode::BoxUnreachable,
+        ErrorCode::BoxNotReady,
+        ErrorCode::BoxFailed,
+        ErrorCode::PublishFailed,
+        ErrorCode::AtCapacity,
+        ErrorCode::Unavailable,
+    ];
+
+    /// The string on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::BadRequest => "bad_request",
+            ErrorCode::Unauthorized => "unauthorized",
+            ErrorCode::Forbidden => "forbidden",
+            ErrorCode::NotFound => "not_found",
+            ErrorCode::Conflict => "conflict",
+            ErrorCode::SessionBusy => "session_busy",
+            ErrorCode::TranscriptConflict => "transcript_conflict",
+            ErrorCode::ApplyConflict => "apply_conflict",
+            ErrorCode::TargetNotEmpty => "target_not_empty",
+            ErrorCode::BadWorkspace => "bad_workspace",
+            ErrorCode::BadModel => "bad_model",
+            ErrorCode::BadProfile => "bad_profile",
+            ErrorCode::SyncRefused => "sync_refused",
+            ErrorCode::Internal => "internal",
+            ErrorCode::ProviderFailed => "provider_failed",
+            ErrorCode::BoxUnreachable => "box_unreachable",
+            ErrorCode::BoxNotReady => "box_not_ready",
+            ErrorCode::BoxFailed => "box_failed",
+            ErrorCode::PublishFailed => "publish_failed",
+            ErrorCode::AtCapacity => "at_capacity",
+            ErrorCode::Unavailable => "unavailable",
+        }
+    }
+
+    /// The HTTP status the gateway answers with.
+    pub fn http_status(self) -> u16 {
+        match self {
+            ErrorCode::BadRequest => 400,
+            ErrorCode::Unauthorized => 401,
+            ErrorCode::Forbidden => 403,
+            ErrorCode::NotFound => 404,
+            ErrorCode::Conflict
+            | ErrorCode::SessionBusy
+            | ErrorCode::TranscriptConflict
+            | ErrorCode::ApplyConflict
+            | ErrorCode::TargetNotEmpty => 409,
+            ErrorCode::BadWorkspace
+            | ErrorCode::BadModel
+            | ErrorCode::BadProfile
+            | ErrorCode::SyncRefused => 422,
+            ErrorCode::Internal => 500,
+            ErrorCode::ProviderFailed
+            | ErrorCode::BoxUnreachable
+            | ErrorCode::BoxNotReady
+            | ErrorCode::BoxFailed
+            | ErrorCode::PublishFailed => 502,
+            ErrorCode::AtCapacity | ErrorCode::Unavailable => 503,
+        }
+    }
+
+    pub fn parse(code: &str) -> Option<ErrorCode> {
+        ErrorCode::ALL.into_iter().find(|c| c.as_str() == code)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ErrorCode;
+
+    #[test]
+    fn every_error_code_reads_back_as_itself_and_no_two_share_a_string() {
+        let mut seen = std::collections::HashSet::new();
+        for code in ErrorCode::ALL {
+            assert_eq!(ErrorCode::parse(code.as_str()), Some(code));
+            assert!(seen.insert(code.as_str()), "{code:?} shares its string");
+            assert!((400..600).contains(&code.http_status()), "{code:?}");
+        }
+        assert_eq!(ErrorCode::parse("no_such_code"), None);
+    }
 }

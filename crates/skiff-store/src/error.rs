@@ -68,6 +68,21 @@ pub enum Error {
     Sqlite(#[from] rusqlite::Error),
 }
 
+impl Error {
+    /// Whether another connection held the database busy or locked: the same call may succeed
+    /// if tried again.
+    pub fn is_retryable(&self) -> bool {
+        let sqlite = match self {
+            Error::Sqlite(e) | Error::Open { source: e, .. } => e,
+            _ => return false,
+        };
+        matches!(
+            sqlite.sqlite_error_code(),
+            Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+        )
+    }
+}
+
 /// "the gateway is at capacity: 2 of 2 workers are running turns; …" — what holds the slots,
 /// so the advice to wait is true.
 fn capacity_message(running_turns: u64, other: u64, max: u64) -> String {

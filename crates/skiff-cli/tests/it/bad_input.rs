@@ -17,7 +17,7 @@ fn an_unknown_model_is_refused_before_anything_is_created() {
         "nope/gpt-9",
         "hi",
     ]);
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(2));
     let err = stderr(&out);
     assert!(
         err.contains("nope/gpt-9") && err.contains("unknown provider"),
@@ -50,7 +50,7 @@ fn a_missing_workspace_is_named() {
         "fake/x",
         "hi",
     ]);
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(2));
     assert!(
         stderr(&out).contains("/nonexistent/skiff-ws does not exist"),
         "{}",
@@ -85,7 +85,7 @@ fn requests_without_a_valid_token_are_refused() {
         .env("SKIFF_TOKEN", "skf_wrong")
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(2));
     assert!(
         stderr(&out).contains("missing or invalid token"),
         "{}",
@@ -145,7 +145,7 @@ fn an_empty_prompt_is_a_clear_error() {
         "fake/x",
         "  ",
     ]);
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(2));
     assert!(
         stderr(&out).contains("the prompt is empty"),
         "{}",
@@ -280,5 +280,38 @@ fn a_redirected_gateway_log_has_no_colour_codes() {
     assert!(
         !seen.contains('\u{1b}'),
         "colour codes in a redirected log: {seen:?}"
+    );
+}
+
+/// The exit code says whose fault a refusal is, so a script can tell "no such session" from
+/// "not now" from "ask differently" (see `skiff --help`).
+#[test]
+fn exit_codes_tell_not_found_from_conflict_from_a_bad_request() {
+    let gw = Gateway::start(DONE);
+    let out = gw.run(&["session", "show", "ses_doesnotexist"]);
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("session ses_doesnotexist not found"),
+        "{}",
+        stderr(&out)
+    );
+
+    let out = gw.run(&["session", "show", "not-a-session"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("is not a session id"),
+        "{}",
+        stderr(&out)
+    );
+
+    // A finished session has no turn to cancel: the request is fine, the session's state is not.
+    let repo = TempGitRepo::new(&[("a.txt", "a\n")]);
+    let id = gw.new_session(repo.path(), "fake/x", "hi");
+    let out = gw.run(&["session", "cancel", &id]);
+    assert_eq!(out.status.code(), Some(5), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("has no running turn to cancel"),
+        "{}",
+        stderr(&out)
     );
 }

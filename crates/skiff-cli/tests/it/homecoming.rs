@@ -338,7 +338,7 @@ fn a_git_sessions_diff_shows_its_commits_and_uncommitted_work() {
 
     // A git session's result is its branch: apply says so; export writes its files, no .git.
     let out = gw.run(&["session", "apply", &id]);
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(5));
     assert!(
         stderr(&out).contains("skiff session publish"),
         "{}",

@@ -144,14 +144,14 @@ fn a_prepared_box_is_snapshotted_listed_started_from_and_removed() {
 
     // Unknown and malformed ids are refused with words that say so.
     let out = gw.run(&["env", "snapshots", "rm", &snap]);
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(4));
     assert!(
         stderr(&out).contains(&format!("snapshot {snap} not found")),
         "{}",
         stderr(&out)
     );
     let out = gw.run(&["env", "snapshots", "rm", "snap_nope"]);
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(2));
     assert!(
         stderr(&out).contains("is not a snapshot id"),
         "{}",
@@ -165,7 +165,7 @@ fn a_prepared_box_is_snapshotted_listed_started_from_and_removed() {
         "--from-snapshot",
         &snap,
     ]);
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(4));
     assert!(stderr(&out).contains("not found"), "{}", stderr(&out));
 
     assert_eq!(destroy(&gw, fresh_id)["state"], "destroyed");
@@ -221,7 +221,7 @@ fn snapshots_past_the_budget_are_evicted_least_recently_used_first() {
     // One larger than the whole budget is not kept, and the operator is told why.
     exec(&gw, prepared_id, "head -c 3145728 /dev/urandom > payload");
     let out = gw.run(&["env", "snapshots", "take", prepared_id]);
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(5));
     assert!(stderr(&out).contains("snapshot_budget"), "{}", stderr(&out));
     assert_eq!(held(&root), kept);
 

@@ -129,14 +129,14 @@ fn a_turn_leaves_a_checkpoint_and_publish_pushes_the_branch() {
 
     // Refusals: an unknown remote, a bad branch name.
     let out = gw.run(&["session", "publish", &id, "--remote", "nowhere"]);
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(2));
     assert!(
         stderr(&out).contains("no remote named nowhere"),
         "{}",
         stderr(&out)
     );
     let out = gw.run(&["session", "publish", &id, "--branch", "bad..name"]);
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(2));
     // The user's checkout is as it was.
     assert_eq!(git(repo.path(), &["status", "--porcelain"]), status_before);
 
@@ -166,7 +166,7 @@ fn a_plain_session_checkpoints_into_the_artifact_store_and_cannot_publish() {
     let text = std::fs::read_to_string(&blob).unwrap();
     assert!(text.contains("notes.txt"), "{text}");
     let out = gw.run(&["session", "publish", &id]);
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(5));
     assert!(stderr(&out).contains("plain directory"), "{}", stderr(&out));
 }
 

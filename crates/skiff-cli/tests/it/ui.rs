@@ -103,7 +103,7 @@ fn tickets_are_only_minted_for_a_bearer_token() {
         .env("SKIFF_TOKEN", "skf_wrong")
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
 }
 
 #[test]

@@ -680,7 +680,7 @@ fn a_local_session_is_dispatched_to_a_worker_at_a_turn_boundary() {
     assert!(result.contains("written at home"), "{result}");
     // A second dispatch to another profile is refused, not silently moved.
     let out = rig.session(&["send", "--profile", "elsewhere", &id, "move"]);
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(2));
     assert!(
         stderr(&out).contains("no worker profile `elsewhere`"),
         "{}",
@@ -911,7 +911,7 @@ fn what_reconciliation_refuses_is_quarantined_and_the_rest_adopted() {
     assert!(list["quarantines"].as_array().unwrap().is_empty(), "{list}");
     // A path that can never be accepted is refused with its reason.
     let out = rig.session(&["quarantine", "accept", &id, "../x"]);
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(2));
     assert!(
         stderr(&out).contains("can never be accepted"),
         "{}",

@@ -2,7 +2,7 @@
 //! gateway's bundle, else a new lease brought all the way up), attached while the session is
 //! placed there, and abandoned when the box dies.
 
-use super::{Environments, invalid};
+use super::Environments;
 use crate::error::Result;
 use skiff_protocol::EnvironmentId;
 use skiff_protocol::environment::EnvironmentState;
@@ -44,7 +44,7 @@ impl Environments {
                 // another session took it: look again.
                 EnvironmentState::Attached => taken = Some(row.id),
                 _ => {
-                    return Err(invalid(format!(
+                    return Err(crate::Error::BoxNotReady(format!(
                         "environment {} is {} after bring-up: {}",
                         row.id,
                         row.state,
@@ -53,7 +53,7 @@ impl Environments {
                 }
             }
         }
-        Err(invalid(format!(
+        Err(crate::Error::Unavailable(format!(
             "every box brought up for this session was taken by another one first (last {}); try again",
             taken.map(|id| id.to_string()).unwrap_or_default()
         )))

@@ -35,7 +35,7 @@ pub(crate) async fn install(ssh: &Ssh, bundle: &Bundle) -> Result<BundleInstall>
     // hold a copy of the executable in the gateway's memory.
     let size = tokio::fs::metadata(&bundle.exe)
         .await
-        .map_err(|e| Error::BadRequest(format!("cannot read {}: {e}", bundle.exe.display())))?
+        .map_err(|e| Error::Internal(format!("cannot read {}: {e}", bundle.exe.display())))?
         .len();
     let manifest = skiff_ssh::shell_quote(&bundle.manifest());
     let script = format!(
@@ -48,7 +48,7 @@ pub(crate) async fn install(ssh: &Ssh, bundle: &Bundle) -> Result<BundleInstall>
         .run_with_file_input(&script, &bundle.exe, Duration::from_secs(600), &cancel)
         .await?;
     if installed.trim() != bundle.hash {
-        return Err(Error::BadRequest(format!(
+        return Err(Error::BoxNotReady(format!(
             "the bundle installed on {} reports build {}, not the gateway's {}; refusing to use it",
             ssh.target().alias,
             installed.trim(),

@@ -59,10 +59,6 @@ pub(crate) struct Environments {
     readiness: std::sync::OnceLock<Arc<dyn crate::worker::probe::Readiness>>,
 }
 
-fn invalid(message: String) -> Error {
-    Error::BadRequest(message)
-}
-
 impl Environments {
     pub(crate) fn new(
         store: Arc<Store>,
@@ -91,7 +87,7 @@ impl Environments {
 
     fn profile(&self, name: &str) -> Result<&Profile> {
         self.profiles.get(name).ok_or_else(|| {
-            invalid(format!(
+            Error::BadRequest(format!(
                 "no worker profile `{name}`; configured profiles: {}. Add a [profiles.{name}] table to skiff.toml",
                 self.profiles.keys().cloned().collect::<Vec<_>>().join(", ")
             ))
@@ -167,9 +163,11 @@ impl Environments {
             .get_or_try_init(|| async {
                 tokio::task::spawn_blocking(Bundle::of_current_exe)
                     .await
-                    .map_err(|e| invalid(format!("hashing the worker bundle crashed: {e}")))?
                     .map_err(|e| {
-                        invalid(format!(
+                        Error::Internal(format!("hashing the worker bundle crashed: {e}"))
+                    })?
+                    .map_err(|e| {
+                        Error::Internal(format!(
                             "cannot read the skiff executable to bundle it: {e}"
                         ))
                     })
@@ -414,7 +412,8 @@ impl Environments {
                     return Err(e.into());
                 }
             };
-            let lease_json = serde_json::to_string(&lease).map_err(|e| invalid(e.to_string()))?;
+            let lease_json =
+                serde_json::to_string(&lease).map_err(|e| Error::Internal(e.to_string()))?;
             self.store.set_environment_lease(
                 &scope,
                 &id,
@@ -431,7 +430,7 @@ impl Environments {
                     Some(readiness) => readiness
                         .verify(&row_now)
                         .await
-                        .map_err(|e| invalid(format!("the box is not ready: {e}"))),
+                        .map_err(|e| Error::BoxNotReady(format!("the box is not ready: {e}"))),
                     None => Ok(()),
                 },
                 Err(e) => Err(e),
@@ -462,7 +461,7 @@ impl Environments {
             .lease
             .as_deref()
             .and_then(|l| serde_json::from_str(l).ok())
-            .ok_or_else(|| invalid(format!("environment {} has no lease yet", row.id)))?;
+            .ok_or_else(|| Error::Conflict(format!("environment {} has no lease yet", row.id)))?;
         let target = Target {
             alias: row.id.to_string(),
             host: lease.host,
@@ -560,7 +559,7 @@ impl Environments {
             row.state,
             EnvironmentState::Ready | EnvironmentState::Idle | EnvironmentState::Attached
         ) {
-            return Err(invalid(format!(
+            return Err(Error::Conflict(format!(
                 "environment {id} is {}; there is no box to run on",
                 row.state
             )));

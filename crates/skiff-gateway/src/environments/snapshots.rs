@@ -13,7 +13,7 @@
 //! both (its key: setup script, profile, bundle hash, declared key files); here a key is an
 //! opaque hex string.
 
-use super::{Environments, invalid};
+use super::Environments;
 use crate::error::{Error, Result};
 use serde_json::json;
 use skiff_protocol::environment::{
@@ -153,7 +153,7 @@ impl Environments {
                 row.state,
                 EnvironmentState::Ready | EnvironmentState::Idle | EnvironmentState::Attached
             ) {
-                return Err(invalid(format!(
+                return Err(Error::Conflict(format!(
                     "environment {env} is {}; only a box that is up can be snapshotted",
                     row.state
                 )));
@@ -161,7 +161,7 @@ impl Environments {
             let lease_id = row
                 .lease_id
                 .clone()
-                .ok_or_else(|| invalid(format!("environment {env} has no lease yet")))?;
+                .ok_or_else(|| Error::Conflict(format!("environment {env} has no lease yet")))?;
             let id = mint_snapshot_id()?;
             // INVARIANT: the row exists before the provider hears of the snapshot.
             self.store.record_snapshot(
@@ -438,7 +438,7 @@ impl Environments {
     ) -> Result<EnvironmentView> {
         let row = self.store.snapshot(scope, snapshot)?;
         if row.profile != profile {
-            return Err(invalid(format!(
+            return Err(Error::BadRequest(format!(
                 "snapshot {snapshot} was taken with profile `{}`, not `{profile}`; create the environment with --profile {}",
                 row.profile, row.profile
             )));
@@ -452,7 +452,7 @@ impl Environments {
             ));
         }
         if row.state != SnapshotState::Ready {
-            return Err(invalid(format!(
+            return Err(Error::Conflict(format!(
                 "snapshot {snapshot} is {}; only a ready snapshot starts boxes",
                 row.state
             )));
@@ -480,7 +480,7 @@ impl Environments {
     ) -> Result<DeletedSnapshot> {
         let row = self.store.snapshot(scope, id)?;
         if row.state == SnapshotState::Capturing {
-            return Err(invalid(format!(
+            return Err(Error::Conflict(format!(
                 "snapshot {id} is still being captured; delete it once it is ready"
             )));
         }

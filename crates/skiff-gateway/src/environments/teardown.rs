@@ -1,7 +1,7 @@
 //! Taking boxes away: the staged destroy (with evidence), reclaiming idle boxes, and the orphan
 //! sweep.
 
-use super::{Environments, invalid, now_ms};
+use super::{Environments, now_ms};
 use crate::error::Result;
 use serde_json::json;
 use skiff_protocol::EnvironmentId;
@@ -36,7 +36,7 @@ impl Environments {
             return Ok(self.view(&row));
         }
         if row.state == EnvironmentState::Attached && !force {
-            return Err(invalid(format!(
+            return Err(crate::Error::Conflict(format!(
                 "environment {id} runs a worker session; destroying it ends that session's worker (the session is kept and its next message starts a fresh box): pass --force to do so"
             )));
         }

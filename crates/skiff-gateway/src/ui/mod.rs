@@ -20,7 +20,7 @@ use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
 use serde::Deserialize;
 use serde_json::json;
-use skiff_protocol::api::{ApiError, UiLoginRequest, UiTicket};
+use skiff_protocol::api::{ApiError, ErrorCode, UiLoginRequest, UiTicket};
 use skiff_store::Scope;
 use skiff_store::now_ms;
 use std::sync::Arc;
@@ -131,11 +131,11 @@ fn same_origin(headers: &HeaderMap) -> Origin {
     }
 }
 
-fn refuse(status: StatusCode, code: &str, message: &str) -> Response {
+fn refuse(code: ErrorCode, message: &str) -> Response {
     (
-        status,
+        crate::error::http_status(code),
         Json(ApiError {
-            code: code.to_owned(),
+            code: code.as_str().to_owned(),
             message: message.to_owned(),
         }),
     )
@@ -180,8 +180,7 @@ fn session_cookie(
 ) -> Result<HeaderValue, Box<Response>> {
     let failed = || {
         Box::new(refuse(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal",
+            ErrorCode::Internal,
             "cannot start a browser session; see the gateway log",
         ))
     };
@@ -272,11 +271,7 @@ async fn login_with_token(
             "denied",
             json!({ "reason": "cross-site or Origin-less login" }),
         );
-        return refuse(
-            StatusCode::FORBIDDEN,
-            "forbidden",
-            "log in from the gateway's own page",
-        );
+        return refuse(ErrorCode::Forbidden, "log in from the gateway's own page");
     }
     let scope = serde_json::from_slice::<UiLoginRequest>(&body)
         .ok()
@@ -290,8 +285,7 @@ async fn login_with_token(
             json!({ "reason": "invalid token" }),
         );
         return refuse(
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
+            ErrorCode::Unauthorized,
             "that token is not valid: the admin token is in the gateway's gateway.json, or run `skiff ui` for a login link",
         );
     };
@@ -308,11 +302,7 @@ async fn login_with_token(
 /// `POST /ui/logout`: revokes the cookie and tells the browser to drop it.
 async fn logout(State(core): Shared, headers: HeaderMap) -> Response {
     if !matches!(same_origin(&headers), Origin::Same) {
-        return refuse(
-            StatusCode::FORBIDDEN,
-            "forbidden",
-            "log out from the gateway's own page",
-        );
+        return refuse(ErrorCode::Forbidden, "log out from the gateway's own page");
     }
     if let Some(value) = cookie::from_headers(&headers) {
         let now = now_ms();
@@ -328,8 +318,7 @@ async fn logout(State(core): Shared, headers: HeaderMap) -> Response {
                 tracing::error!(error = %e, "cannot record a UI logout");
                 core.audit(&cookie.scope, "ui.logout", "-", "failed", json!({}));
                 return refuse(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "internal",
+                    ErrorCode::Internal,
                     "the logout could not be recorded; see the gateway log",
                 );
             }

@@ -82,7 +82,7 @@ impl Core {
         }
         Policy::parse(key, rules)
             .map(Some)
-            .map_err(|e| Error::BadRequest(e.to_string()))
+            .map_err(|e| Error::BadProfile(e.to_string()))
     }
 
     /// Opens (or re-forwards) the environment's proxy for `phase` and returns the variables a
@@ -155,7 +155,7 @@ impl Core {
         );
         let answer = ssh.run(&probe, cancel).await?;
         if answer.trim() != "closed" {
-            return Err(Error::BadRequest(format!(
+            return Err(Error::BoxFailed(format!(
                 "the egress forward to port {port} on {} still answers after setup; the worker was not started",
                 env.id
             )));
@@ -250,11 +250,11 @@ fn bind(socket: &std::path::Path) -> Result<tokio::net::UnixListener> {
             .recursive(true)
             .mode(0o700)
             .create(dir)
-            .map_err(|e| Error::BadRequest(format!("cannot make {}: {e}", dir.display())))?;
+            .map_err(|e| Error::Internal(format!("cannot make {}: {e}", dir.display())))?;
     }
     let _ = std::fs::remove_file(socket);
     tokio::net::UnixListener::bind(socket).map_err(|e| {
-        Error::BadRequest(format!(
+        Error::Internal(format!(
             "cannot listen for the egress proxy on {}: {e}",
             socket.display()
         ))

@@ -62,7 +62,7 @@ impl Core {
             return Ok(());
         }
         std::fs::create_dir_all(&workers.socket_dir).map_err(|e| {
-            crate::Error::BadRequest(format!(
+            crate::Error::Internal(format!(
                 "cannot create the worker socket directory {}: {e}",
                 workers.socket_dir.display()
             ))
@@ -70,7 +70,7 @@ impl Core {
         let path = workers.socket_path(env);
         let _ = std::fs::remove_file(&path);
         let listener = UnixListener::bind(&path).map_err(|e| {
-            crate::Error::BadRequest(format!(
+            crate::Error::Internal(format!(
                 "cannot listen for workers on {}: {e}",
                 path.display()
             ))

@@ -47,10 +47,6 @@ enum Prepared {
 /// Author identity of commits made on boxes.
 const BOX_AUTHOR: (&str, &str) = ("Skiff agent", "agent@skiff.invalid");
 
-pub(super) fn placement_error(e: impl std::fmt::Display) -> Error {
-    Error::BadRequest(e.to_string())
-}
-
 impl Core {
     /// Moves the placement and tells the session's subscribers.
     pub(super) fn place(
@@ -98,7 +94,7 @@ impl Core {
         let mut p = self
             .store
             .placement(scope, id)?
-            .ok_or_else(|| placement_error(format!("session {id} is not placed on a worker")))?;
+            .ok_or_else(|| Error::Conflict(format!("session {id} is not placed on a worker")))?;
         let live = self.workers.live(id);
         if p.state == PlacementState::Active {
             if live.connected_epoch() == Some(p.owner_epoch) {
@@ -254,7 +250,7 @@ impl Core {
             }
         }
         if p.state != PlacementState::Active {
-            return Err(placement_error(format!(
+            return Err(Error::Conflict(format!(
                 "session {id} is {}; it cannot run a turn now",
                 p.state
             )));
@@ -332,7 +328,7 @@ impl Core {
             }
         };
         if !outcome.succeeded() {
-            let e = placement_error(outcome.failure(&plan, &p.session_id));
+            let e = Error::BoxNotReady(outcome.failure(&plan, &p.session_id));
             return Err(self.fail_placement(scope, p, e, "setup failed").await);
         }
         // The box holds this setup's result now: a later session with the same setup that
@@ -449,7 +445,7 @@ impl Core {
         p: &PlacementRow,
     ) -> Result<skiff_store::EnvironmentRow> {
         let env = p.environment_id.as_ref().ok_or_else(|| {
-            placement_error(format!("session {} has no environment", p.session_id))
+            Error::Conflict(format!("session {} has no environment", p.session_id))
         })?;
         Ok(self.store.environment(scope, env)?)
     }
@@ -523,9 +519,9 @@ impl Core {
         let bundle = self
             .envs
             .bundle_hash_now()
-            .ok_or_else(|| placement_error("the gateway's bundle is not known yet"))?;
+            .ok_or_else(|| Error::Unavailable("the gateway's bundle is not known yet".into()))?;
         let host_key = self.envs.host_key(env).ok_or_else(|| {
-            placement_error(format!("environment {} has no pinned host key", env.id))
+            Error::Internal(format!("environment {} has no pinned host key", env.id))
         })?;
         let (credential, _) =
             self.mint_worker_credential(&env.id, &host_key, &bundle, session, epoch, methods)?;
@@ -552,7 +548,7 @@ impl Core {
             )
             .await?;
         let pid: i64 = pid.trim().parse().map_err(|_| {
-            placement_error(format!(
+            Error::BoxNotReady(format!(
                 "starting the worker printed {:?}, not a pid",
                 pid.trim()
             ))
@@ -576,7 +572,7 @@ impl Core {
                 Err(()) => "exited before it was admitted".to_owned(),
                 Ok(_) => format!("was not admitted within {} s", ADMISSION_TIMEOUT.as_secs()),
             };
-            return Err(placement_error(format!(
+            return Err(Error::BoxNotReady(format!(
                 "the worker on {} {what}; its log ends: {}",
                 env.id,
                 log.trim()
@@ -588,14 +584,20 @@ impl Core {
         live.send(GatewayFrame::Canary {
             nonce: nonce.clone(),
             model: ModelRef::parse(super::CANARY_MODEL)
-                .ok_or_else(|| placement_error("bad canary model"))?,
+                .ok_or_else(|| Error::Internal("bad canary model".into()))?,
         });
         let text = tokio::time::timeout(ADMISSION_TIMEOUT, answer)
             .await
-            .map_err(|_| placement_error("the worker did not answer the readiness canary"))?
-            .map_err(|_| placement_error("the worker went away during the readiness canary"))?;
+            .map_err(|_| {
+                Error::BoxNotReady("the worker did not answer the readiness canary".into())
+            })?
+            .map_err(|_| {
+                Error::BoxNotReady("the worker went away during the readiness canary".into())
+            })?;
         if text != super::canary_answer(&nonce) {
-            return Err(placement_error("the readiness canary came back wrong"));
+            return Err(Error::BoxNotReady(
+                "the readiness canary came back wrong".into(),
+            ));
         }
         Ok(())
     }

@@ -38,7 +38,7 @@ impl Readiness for Probe {
     fn verify<'a>(&'a self, env: &'a EnvironmentRow) -> BoxFuture<'a, Result<()>> {
         Box::pin(async move {
             let Some(core) = self.0.upgrade() else {
-                return Err(crate::Error::BadRequest(
+                return Err(crate::Error::Unavailable(
                     "the gateway is shutting down".into(),
                 ));
             };

@@ -221,16 +221,17 @@ impl Core {
     /// the installed bundle (`skiff box scan`), adopted with every check a turn's end gets,
     /// then checkpointed.
     async fn capture_box_work(&self, scope: &Scope, session: &SessionId) -> Result<()> {
-        let p = self.store.placement(scope, session)?.ok_or_else(|| {
-            super::place::placement_error(format!("session {session} has no placement"))
-        })?;
+        let p = self
+            .store
+            .placement(scope, session)?
+            .ok_or_else(|| crate::Error::Conflict(format!("session {session} has no placement")))?;
         let env = self.placement_env(scope, &p)?;
         let ssh = self.envs.ssh(&env)?;
         let bundle = p
             .bundle_hash
             .clone()
             .or_else(|| self.envs.bundle_hash_now())
-            .ok_or_else(|| super::place::placement_error("the box's bundle is not known"))?;
+            .ok_or_else(|| crate::Error::Unavailable("the box's bundle is not known".into()))?;
         // The listing of a real workspace is large: it comes back as a file, bounded by what a
         // manifest of the sync limits can be, never through a capped command output.
         let remote = skiff_sync::Remote::new(ssh, &super::place::box_workspace(session))?;

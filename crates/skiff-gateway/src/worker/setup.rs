@@ -8,7 +8,7 @@
 //! Deliberately absent: a second try. A failing setup fails the placement with its last lines;
 //! the session stays usable and the next message places it again.
 
-use super::place::{box_workspace, placement_error};
+use super::place::box_workspace;
 use crate::Core;
 use crate::error::Result;
 use serde_json::json;
@@ -137,8 +137,8 @@ impl Core {
         profile: &str,
     ) -> Result<Option<SetupPlan>> {
         let config = self.envs.profile_config(profile)?;
-        let timeout = config.setup_timeout().map_err(placement_error)?;
-        let secrets = config.setup_secrets(profile).map_err(placement_error)?;
+        let timeout = config.setup_timeout()?;
+        let secrets = config.setup_secrets(profile)?;
         let workspace = Path::new(session.workspace.path());
         let script = workspace.join(SETUP_SCRIPT);
         let (label, command, text) = match &config.setup {
@@ -151,8 +151,9 @@ impl Core {
                 if !script.is_file() {
                     return Ok(None);
                 }
-                let text = std::fs::read_to_string(&script)
-                    .map_err(|e| placement_error(format!("cannot read {SETUP_SCRIPT}: {e}")))?;
+                let text = std::fs::read_to_string(&script).map_err(|e| {
+                    crate::Error::Internal(format!("cannot read {SETUP_SCRIPT}: {e}"))
+                })?;
                 (
                     SETUP_SCRIPT.to_owned(),
                     format!("bash {SETUP_SCRIPT}"),
@@ -199,7 +200,7 @@ impl Core {
         let session = &p.session_id;
         let log_path = self.state.tmp().join(format!("setup-{session}.log"));
         std::fs::create_dir_all(self.state.tmp())
-            .map_err(|e| placement_error(format!("cannot make the setup log: {e}")))?;
+            .map_err(|e| crate::Error::Internal(format!("cannot make the setup log: {e}")))?;
         let (tee, chunks) = mpsc::unbounded_channel();
         let secrets: Vec<_> = plan.secrets.clone();
         let collector = Collector::new(&log_path, secrets)?;
@@ -441,7 +442,7 @@ impl Collector {
             .create(true)
             .truncate(true)
             .open(log)
-            .map_err(|e| placement_error(format!("cannot write {}: {e}", log.display())))?;
+            .map_err(|e| crate::Error::Internal(format!("cannot write {}: {e}", log.display())))?;
         Ok(Self {
             log: file,
             logged: 0,
@@ -472,7 +473,7 @@ impl Collector {
         self.line(format!("{text}\n").as_bytes())?;
         self.log
             .flush()
-            .map_err(|e| placement_error(format!("cannot write the setup log: {e}")))
+            .map_err(|e| crate::Error::Internal(format!("cannot write the setup log: {e}")))
     }
 
     fn finish(&mut self) -> Result<()> {
@@ -483,7 +484,7 @@ impl Collector {
         }
         self.log
             .flush()
-            .map_err(|e| placement_error(format!("cannot write the setup log: {e}")))
+            .map_err(|e| crate::Error::Internal(format!("cannot write the setup log: {e}")))
     }
 
     fn line(&mut self, bytes: &[u8]) -> Result<()> {
@@ -496,7 +497,7 @@ impl Collector {
         if self.logged < LOG_CAP {
             self.log
                 .write_all(text.as_bytes())
-                .map_err(|e| placement_error(format!("cannot write the setup log: {e}")))?;
+                .map_err(|e| crate::Error::Internal(format!("cannot write the setup log: {e}")))?;
             self.logged += text.len() as u64;
             if self.logged >= LOG_CAP {
                 let _ = self

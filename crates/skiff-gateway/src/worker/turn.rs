@@ -2,7 +2,7 @@
 //! end awaited, and at `turn.finish` the box's work reconciled into the session's workspace
 //! (git: verified bundle + fast-forward; plain: checked mirror) and checkpointed.
 
-use super::place::{box_workspace, placement_error};
+use super::place::box_workspace;
 use crate::Core;
 use crate::error::Result;
 use crate::quarantine::Refused;
@@ -318,7 +318,7 @@ impl Core {
         let mut theirs = theirs.map_err(|why| {
             // The box's words: bounded, and said to be the worker's.
             let why: String = why.chars().take(2000).collect();
-            placement_error(format!("the worker could not list its workspace: {why}"))
+            crate::Error::BoxFailed(format!("the worker could not list its workspace: {why}"))
         })?;
         let session = self.store.session(scope, session_id)?;
         let base = manifest::from_json(p.base_manifest.as_deref().unwrap_or(""))?;
@@ -335,11 +335,9 @@ impl Core {
         let cancel = CancellationToken::new();
         // Git mode: the box's bundle and the checks of this side need nothing of each other.
         let git_base = match &session.workspace {
-            WorkspaceView::Git { .. } => Some(
-                base.base_commit
-                    .clone()
-                    .ok_or_else(|| placement_error("the base manifest has no base commit"))?,
-            ),
+            WorkspaceView::Git { .. } => Some(base.base_commit.clone().ok_or_else(|| {
+                crate::Error::Internal("the base manifest has no base commit".into())
+            })?),
             WorkspaceView::Plain { .. } => None,
         };
         let adoption = git_base.as_deref().map(|commit| Adoption {
