@@ -8,8 +8,6 @@ import { Gateway, gatewayFor, gitRepo, pageFor, settled, shot } from './harness.
 
 // A first prompt's run: a tool row, then an answer in markdown.
 const LOOK = `
-chunk_delay_ms = 40
-
 [[turns]]
 text = "I'll look at the files first."
 [[turns.tool_calls]]
@@ -30,9 +28,14 @@ python3 main.py
 All done."""
 `;
 const LONG = Array.from({ length: 70 }, (_, i) => `word${i}`).join(' ');
-// One model per kind of second prompt, each after the same first run.
+// Text streamed slowly enough to be seen arriving (and reloaded in the middle of).
+const PACED = 'chunk_delay_ms = 40\n';
+// One scripted model per kind of test, each starting with the same first run. Every gateway of
+// this file serves them all.
 const SCRIPTS = {
-  fake: LOOK,
+  fake: PACED + LOOK,
+  // At once: sessions a test needs to exist before it starts.
+  quick: LOOK,
   slow: `${LOOK}
 [[turns]]
 text = "Running a slow command now."
@@ -40,7 +43,7 @@ text = "Running a slow command now."
 name = "exec"
 arguments = { command = "sleep 30" }
 `,
-  story: `${LOOK}
+  story: `${PACED}${LOOK}
 [[turns]]
 text = "Streaming start. ${LONG} Streaming end."
 `,
@@ -68,9 +71,12 @@ async function until(cond, what) {
   }
 }
 
+/** A session on `gw` whose first run (LOOK) has ended; its id. */
+const newSession = (gw, model = 'quick/x') => gw.session('Tell me about this project.', { workspace: gitRepo(), model });
+
 /** A session on `gw` whose first run (LOOK) has ended, shown on `page`. */
-async function openSession(page, gw, model = 'fake/x') {
-  const id = gw.session('Tell me about this project.', { workspace: gitRepo(), model });
+async function openSession(page, gw, model) {
+  const id = newSession(gw, model);
   await page.goto(`${gw.url}/#/s/${id}`);
   await page.waitForSelector('.runend.rs-succeeded');
   await page.waitForSelector('#composer-input');
@@ -227,9 +233,9 @@ test('reloading mid-stream loses nothing and doubles nothing', async (t) => {
 
 test('the UI reconnects after a gateway restart and resumes from its cursor', async (t) => {
   // A gateway of its own: it is the one restarted.
-  const gw = await gatewayFor(t, { fake: SCRIPTS.again });
+  const gw = await gatewayFor(t, SCRIPTS);
   const page = await pageFor(t, gw, { expected: [/net::ERR_INCOMPLETE_CHUNKED_ENCODING/, /net::ERR_CONNECTION_REFUSED/] });
-  await openSession(page, gw);
+  await openSession(page, gw, 'again/x');
   const before = await page.locator('.turns > li').count();
   await gw.stop();
   await page.waitForSelector('#health[data-state="reconnecting"]');
@@ -246,9 +252,9 @@ test('the UI reconnects after a gateway restart and resumes from its cursor', as
 
 test('keyboard alone: j/k move through sessions, Enter opens, / searches', async (t) => {
   // A gateway of its own: j goes to the first of all its sessions.
-  const gw = await gatewayFor(t, SCRIPTS.fake);
+  const gw = await gatewayFor(t, SCRIPTS);
   const page = await pageFor(t, gw);
-  const sessionId = gw.session('Tell me about this project.', { workspace: gitRepo() });
+  const sessionId = newSession(gw);
   await page.goto(`${gw.url}/#/environments`);
   await page.waitForSelector('.srow');
   await page.locator('body').press('j');
@@ -375,7 +381,7 @@ test('screenshots at phone width and in dark mode', async (t) => {
   const expiredLink = gw.loginUrl();
   await page.goto(expiredLink);
   await page.waitForSelector('#health[data-state="live"]');
-  const sessionId = gw.session('Tell me about this project.', { workspace: gitRepo() });
+  const sessionId = newSession(gw);
   await page.setViewportSize({ width: 390, height: 844 });
   await settled(page, 390);
   await page.goto(`${gw.url}/#/s/${sessionId}`);
@@ -418,10 +424,10 @@ test('screenshots at phone width and in dark mode', async (t) => {
 
 test('a worker session on the local profile shows where it runs, its placement steps, and its turn', async (t) => {
   // A gateway of its own: the box it leases would show in the others' environments views.
-  const gw = await gatewayFor(t, SCRIPTS.fake);
+  const gw = await gatewayFor(t, SCRIPTS);
   const page = await pageFor(t, gw);
   // A gateway session beside it, to tell the two apart.
-  const sessionId = gw.session('Tell me about this project.', { workspace: gitRepo() });
+  const sessionId = newSession(gw);
   await page.keyboard.press('n');
   await page.waitForSelector('#profile option[value="local"]', { state: 'attached' });
   await page.selectOption('#profile', 'local');
