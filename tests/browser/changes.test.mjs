@@ -3,8 +3,7 @@
 
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { join } from 'node:path';
-import { Gateway, gitRepo, launch, SHOTS } from './harness.mjs';
+import { Gateway, gitRepo, pageFor, shot } from './harness.mjs';
 
 const SCRIPT = `
 [[turns]]
@@ -21,33 +20,16 @@ text = "Done."
 `;
 
 let gw;
-let context;
-let page;
-const problems = [];
-
 before(async () => {
   gw = await new Gateway(SCRIPT).start();
-  context = await launch();
-  page = context.pages()[0] || (await context.newPage());
-  page.on('pageerror', (e) => problems.push(`page error: ${e.message}`));
-  page.on('console', (m) => {
-    if (m.type() === 'error') problems.push(`console: ${m.text()}`);
-  });
 });
+after(() => gw?.shutdown());
 
-after(async () => {
-  await context?.close();
-  await gw?.stop();
-});
-
-test("a finished turn's Changes view lists the file it wrote, with the diff", async () => {
-  const repo = gitRepo();
-  const lines = gw.cli('session', 'new', '--json', '--workspace', repo, '--model', 'fake/x', 'Write a greeting');
-  const id = JSON.parse(lines.split('\n')[0]).session_id;
+test("a finished turn's Changes view lists the file it wrote, with the diff", async (t) => {
+  const page = await pageFor(t, gw);
+  const id = gw.session('Write a greeting', { workspace: gitRepo() });
   assert.match(id, /^ses_/);
 
-  await page.goto(gw.loginUrl());
-  await page.waitForSelector('#app:not([hidden])');
   await page.goto(`${gw.url}/#/s/${id}`);
   await page.waitForSelector('.runend.rs-succeeded');
   const button = page.locator('.runend .changes-btn');
@@ -79,16 +61,15 @@ test("a finished turn's Changes view lists the file it wrote, with the diff", as
   assert.equal(await file.locator('.change-body').isHidden(), true);
   await file.locator('.change-head').press('Enter');
   await added.waitFor();
-  await page.screenshot({ path: join(SHOTS, 'changes-1280.png') });
+  await shot(page, 'changes-1280');
   await page.setViewportSize({ width: 390, height: 844 });
   // At phone width the sidebar slides away into a drawer.
   await page.waitForFunction(() => document.querySelector('.sidebar').getBoundingClientRect().right <= 0);
   await page.locator('.changes').scrollIntoViewIfNeeded();
-  await page.screenshot({ path: join(SHOTS, 'changes-390.png') });
+  await shot(page, 'changes-390');
   await page.setViewportSize({ width: 1280, height: 800 });
 
-  // Closing the view hides it; nothing went wrong on the page.
+  // Closing the view hides it.
   await button.click();
   assert.equal(await page.locator('.changes').isHidden(), true);
-  assert.deepEqual(problems, []);
 });

@@ -1,12 +1,11 @@
 // Results in plain sight: an expanded tool row scrolls into view (the last row of a long chat
 // too), `exec` rows carry their exit code, and the environments table keeps real-length ids
 // whole at 1280 px. A real gateway, real sessions and real local boxes; Debian's chromium.
-// Any page error fails the step it happens in.
+// Any page error fails the test it happens in.
 
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { join } from 'node:path';
-import { Gateway, gitRepo, launch, SHOTS } from './harness.mjs';
+import { Gateway, gitRepo, pageFor, shot } from './harness.mjs';
 
 /** Steps before the failing one: enough rows that the transcript scrolls several screens. */
 const STEPS = 30;
@@ -28,53 +27,14 @@ text = "The test fails: x is not 2."
 `;
 
 let gw;
-let context;
-let page;
-let chatId;
-let workerId;
-const problems = [];
-
-const shot = (name) => page.screenshot({ path: join(SHOTS, `${name}.png`) });
-const noProblems = () => assert.deepEqual(problems, [], 'the page reported errors');
-
 before(async () => {
   gw = await new Gateway(SCRIPT).start();
-  const repo = gitRepo();
-  const newSession = (...extra) => JSON.parse(gw.cli('session', 'new', '--detach', '--json', '--workspace', repo, '--model', 'fake/x', ...extra).trim());
-  // A long chat on the gateway, and the same turn on a worker box (an attached environment
-  // with a real session id and accounting); then an idle box of its own.
-  chatId = newSession('run the tests').session.id;
-  workerId = newSession('--profile', 'local', 'run the tests on a box').session.id;
-  for (const id of [chatId, workerId]) gw.cli('session', 'watch', id, '--json');
-  gw.cli('env', 'create', '--profile', 'local', '--json');
-
-  context = await launch();
-  page = context.pages()[0] || (await context.newPage());
-  page.on('pageerror', (e) => problems.push(`page error: ${e.message}`));
-  page.on('console', (m) => {
-    if (m.type() === 'error') problems.push(`console: ${m.text()}`);
-  });
-  await page.goto(gw.loginUrl());
-  await page.waitForSelector('#health[data-state="live"]');
 });
+after(() => gw?.shutdown());
 
-after(async () => {
-  await context?.close();
-  // Local boxes (sshd, a user, a namespace) outlive a killed gateway: destroy them first.
-  if (gw?.child && gw.child.exitCode === null) {
-    const { environments = [] } = await gw.api('/v1/environments').catch(() => ({}));
-    for (const env of environments.filter((e) => e.state !== 'destroyed')) {
-      await fetch(`${gw.url}/v1/environments/${env.id}?force=true`, {
-        method: 'DELETE',
-        headers: { authorization: `Bearer ${gw.token()}` },
-      }).catch(() => {});
-    }
-  }
-  await gw?.stop();
-});
-
-test('expanding the last tool row of a long chat scrolls its output into view, exit code first', async () => {
-  await page.setViewportSize({ width: 1280, height: 800 });
+test('expanding the last tool row of a long chat scrolls its output into view, exit code first', async (t) => {
+  const page = await pageFor(t, gw);
+  const chatId = gw.session('run the tests', { workspace: gitRepo() });
   await page.goto(`${gw.url}/#/s/${chatId}`);
   await page.waitForSelector('.runend.rs-succeeded');
   const rows = page.locator('.tool');
@@ -90,7 +50,7 @@ test('expanding the last tool row of a long chat scrolls its output into view, e
   assert.match(await last.locator('.tool-head .texit').getAttribute('class'), /\bbad\b/);
   assert.equal(await rows.first().locator('.tool-head .texit').innerText(), 'exit 0');
   assert.match(await last.locator('.tool-head .sr-only').innerText(), /failed, exit code 1/);
-  await shot('chat-exec-rows-1280');
+  await shot(page, 'chat-exec-rows-1280');
 
   // The chat sits at its end; the last row's output opens below the fold and is brought up.
   const before = await scroller.evaluate((s) => s.scrollTop);
@@ -125,15 +85,19 @@ test('expanding the last tool row of a long chat scrolls its output into view, e
   assert.ok(tail.text.trimEnd().endsWith('assertion failed: x == 2'), tail.text.slice(-200));
   assert.ok(!tail.text.includes('line 31\n'), 'the preview starts at the tail');
   assert.ok(tail.atEnd && tail.lastLine, 'the last line of the output is visible');
-  await shot('chat-exec-output-1280');
+  await shot(page, 'chat-exec-output-1280');
 
   // "Show all" gives the whole output, from line 1.
   await last.locator('button', { hasText: 'Show all' }).click();
   await page.waitForFunction(() => [...document.querySelectorAll('.tool')].at(-1)?.querySelector('pre.result')?.textContent.startsWith('line 1\n'));
-  noProblems();
 });
 
-test('the environments table fits real-length ids at 1280 px, every id whole', async () => {
+test('the environments table fits real-length ids at 1280 px, every id whole', async (t) => {
+  const page = await pageFor(t, gw);
+  // The long chat's turn on a worker box (an attached environment with a real session id and
+  // accounting), then an idle box of its own.
+  const workerId = gw.session('run the tests on a box', { workspace: gitRepo(), profile: 'local' });
+  gw.cli('env', 'create', '--profile', 'local', '--json');
   const { environments } = await gw.api('/v1/environments');
   const live = environments.filter((e) => e.state !== 'destroyed');
   assert.ok(live.length >= 2, `two real environments: ${JSON.stringify(live)}`);
@@ -173,8 +137,6 @@ test('the environments table fits real-length ids at 1280 px, every id whole', a
     assert.deepEqual(fit.cut, [], `ids cut off at ${width} px`);
     // The attached session is a link to its chat.
     assert.equal(await page.locator(`.env-table a[href="#/s/${workerId}"]`).innerText(), workerId);
-    await shot(`environments-real-${width}`);
+    await shot(page, `environments-real-${width}`);
   }
-  await page.setViewportSize({ width: 1280, height: 800 });
-  noProblems();
 });

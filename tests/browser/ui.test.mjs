@@ -1,15 +1,13 @@
 // The Control UI end to end: the real `skiff` gateway, a scripted model, Debian's chromium.
-// Steps run in order and share one gateway and one browser.
+// The file shares one gateway; each test has its own page, its own sessions and, where it needs
+// the gateway to itself, its own gateway.
 
-import { test, before, after, afterEach } from 'node:test';
+import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { join } from 'node:path';
-import { Gateway, gitRepo, launch, SHOTS } from './harness.mjs';
+import { Gateway, gatewayFor, gitRepo, pageFor, settled, shot } from './harness.mjs';
 
-const LONG = Array.from({ length: 70 }, (_, i) => `word${i}`).join(' ');
-const SCRIPT = `
-chunk_delay_ms = 40
-
+// A first prompt's run: a tool row, then an answer in markdown.
+const LOOK = `
 [[turns]]
 text = "I'll look at the files first."
 [[turns.tool_calls]]
@@ -28,49 +26,41 @@ python3 main.py
 \`\`\`
 
 All done."""
-
+`;
+const LONG = Array.from({ length: 70 }, (_, i) => `word${i}`).join(' ');
+// Text streamed slowly enough to be seen arriving (and reloaded in the middle of).
+const PACED = 'chunk_delay_ms = 40\n';
+// One scripted model per kind of test, each starting with the same first run. Every gateway of
+// this file serves them all.
+const SCRIPTS = {
+  fake: PACED + LOOK,
+  // At once: sessions a test needs to exist before it starts.
+  quick: LOOK,
+  slow: `${LOOK}
 [[turns]]
 text = "Running a slow command now."
 [[turns.tool_calls]]
 name = "exec"
 arguments = { command = "sleep 30" }
-
+`,
+  story: `${PACED}${LOOK}
 [[turns]]
 text = "Streaming start. ${LONG} Streaming end."
-
+`,
+  again: `${LOOK}
 [[turns]]
 text = "Back after the restart."
-`;
+`,
+};
 
+// No test on the shared gateway creates an environment: two of them want none.
 let gw;
-let context;
-let page;
-let repo;
-let sessionId;
-let expiredLink;
-
-const shot = (name) => page.screenshot({ path: join(SHOTS, `${name}.png`) });
-const transcriptText = () => page.locator('.turns').innerText();
-
 before(async () => {
-  gw = await new Gateway(SCRIPT).start();
-  repo = gitRepo();
-  context = await launch();
-  page = context.pages()[0] || (await context.newPage());
-  page.on('pageerror', (e) => problems.push(`page error: ${e.message}`));
-  page.on('console', (m) => {
-    if (m.type() === 'error') problems.push(`console error: ${m.text()} (${m.location()?.url ?? ''})`);
-  });
+  gw = await new Gateway(SCRIPTS).start();
 });
+after(() => gw?.shutdown());
 
-// Every test fails on a page error, or on a console error other than those it provokes.
-const problems = [];
-// What the tests provoke on purpose: a logged-out 401, and the streams a gateway restart cuts.
-const expected = [/status of 401 /, /net::ERR_INCOMPLETE_CHUNKED_ENCODING/, /net::ERR_CONNECTION_REFUSED/];
-afterEach(() => {
-  const real = problems.splice(0).filter((p) => !(p.startsWith('console error') && expected.some((re) => re.test(p))));
-  assert.deepEqual(real, [], 'the page raised errors');
-});
+const transcriptText = (page) => page.locator('.turns').innerText();
 
 /** Resolves once `cond()` holds (checked on every turn of the event loop, for up to 15 s). */
 async function until(cond, what) {
@@ -81,40 +71,26 @@ async function until(cond, what) {
   }
 }
 
-/** Resolves once the viewport has the given width and no animation or transition runs. */
-async function settled(width) {
-  if (width) await page.waitForFunction((w) => window.innerWidth === w, width);
-  await page.waitForFunction(() => document.getAnimations().every((a) => a.playState !== 'running'));
+/** A session on `gw` whose first run (LOOK) has ended; its id. */
+const newSession = (gw, model = 'quick/x') => gw.session('Tell me about this project.', { workspace: gitRepo(), model });
+
+/** A session on `gw` whose first run (LOOK) has ended, shown on `page`. */
+async function openSession(page, gw, model) {
+  const id = newSession(gw, model);
+  await page.goto(`${gw.url}/#/s/${id}`);
+  await page.waitForSelector('.runend.rs-succeeded');
+  await page.waitForSelector('#composer-input');
+  return id;
 }
 
-after(async () => {
-  await context?.close();
-  // A worker session leases a real box (sshd, a user, a namespace) that outlives a killed
-  // gateway: destroy whatever a failed step left behind before stopping it.
-  if (gw?.child && gw.child.exitCode === null) {
-    const { environments = [] } = await gw.api('/v1/environments').catch(() => ({}));
-    for (const env of environments.filter((e) => e.state !== 'destroyed')) await destroyEnvironment(env.id).catch(() => {});
-  }
-  await gw?.stop();
-});
-
-/** `DELETE /v1/environments/{id}?force=true` with the gateway's token; the view it answers. */
-async function destroyEnvironment(id) {
-  const resp = await fetch(`${gw.url}/v1/environments/${id}?force=true`, {
-    method: 'DELETE',
-    headers: { authorization: `Bearer ${gw.token()}` },
-  });
-  assert.ok(resp.ok, `destroying ${id}: ${resp.status} ${await resp.clone().text()}`);
-  return resp.json();
-}
-
-test('the login link trades its ticket once for an HttpOnly cookie and leaves the URL', async () => {
+test('the login link trades its ticket once for an HttpOnly cookie and leaves the URL', async (t) => {
+  const page = await pageFor(t, gw, { login: false });
   const link = gw.loginUrl();
   assert.match(link, /\/ui\/login\?ticket=skt_/);
   await page.goto(link);
   await page.waitForSelector('#app:not([hidden])');
   assert.equal(page.url(), `${gw.url}/`, 'the ticket left the address bar');
-  const cookie = (await context.cookies()).find((c) => c.name === 'skiff_session');
+  const cookie = (await page.context().cookies()).find((c) => c.name === 'skiff_session');
   assert.ok(cookie, 'a session cookie is set');
   assert.equal(cookie.httpOnly, true);
   assert.equal(cookie.sameSite, 'Strict');
@@ -133,10 +109,10 @@ test('the login link trades its ticket once for an HttpOnly cookie and leaves th
   assert.equal(again.status(), 303);
   assert.equal(again.headers().location, '/#login-expired');
   assert.equal(again.headers()['set-cookie'], undefined);
-  expiredLink = link;
 });
 
-test('a request without the session cookie is refused, and a cross-site change too', async () => {
+test('a request without the session cookie is refused, and a cross-site change too', async (t) => {
+  const page = await pageFor(t, gw, { expected: [/status of 401 /] });
   const bare = await fetch(`${gw.url}/v1/sessions`);
   assert.equal(bare.status, 401);
   const omitted = await page.evaluate(async () => (await fetch('/v1/sessions', { credentials: 'omit' })).status);
@@ -153,7 +129,9 @@ test('a request without the session cookie is refused, and a cross-site change t
   assert.match(csp, /default-src 'self'/);
 });
 
-test('a session created from the target bar streams text and tool rows', async () => {
+test('a session created from the target bar streams text and tool rows', async (t) => {
+  const page = await pageFor(t, gw);
+  const repo = gitRepo();
   await page.keyboard.press('n');
   await page.waitForSelector('#workspace');
   assert.equal(await page.isChecked('#where-gateway'), true);
@@ -172,17 +150,17 @@ test('a session created from the target bar streams text and tool rows', async (
   await page.fill('#workspace', repo);
   await page.fill('#model', 'fake/x');
   await page.fill('#new-prompt', 'Tell me about this project.');
-  await shot('new-session-1280');
+  await shot(page, 'new-session-1280');
   await page.press('#new-prompt', 'Control+Enter');
   await page.waitForURL(/#\/s\/ses_/);
-  sessionId = page.url().split('#/s/')[1];
+  const sessionId = page.url().split('#/s/')[1];
 
   // Text arrives while it streams, then the committed message replaces it.
   await page.waitForSelector('.msg.agent.streaming');
   await page.waitForSelector('.tool .tname:text("ls")');
   await page.waitForSelector('.runend.rs-succeeded');
   await page.waitForSelector('#composer-input');
-  const text = await transcriptText();
+  const text = await transcriptText(page);
   assert.match(text, /I'll look at the files first\./);
   assert.match(text, /All done\./);
   assert.equal(await page.locator('.md pre.code').count(), 1, 'the code block is rendered as code');
@@ -209,10 +187,12 @@ test('a session created from the target bar streams text and tool rows', async (
   assert.equal(await srow.locator('.badge').innerText(), 'G');
   assert.equal(await srow.locator('.badge').getAttribute('title'), 'gateway');
   assert.equal(await srow.getAttribute('data-state'), 'idle');
-  await shot('chat-1280');
+  await shot(page, 'chat-1280');
 });
 
-test('the stop button (Esc) cancels the running turn', async () => {
+test('the stop button (Esc) cancels the running turn', async (t) => {
+  const page = await pageFor(t, gw);
+  const sessionId = await openSession(page, gw, 'slow/x');
   await page.fill('#composer-input', 'Now run the slow thing.');
   await page.press('#composer-input', 'Control+Enter');
   await page.waitForSelector('.tool[data-status="running"] .tname:text("exec")');
@@ -223,17 +203,19 @@ test('the stop button (Esc) cancels the running turn', async () => {
   const exec = page.locator('.tool', { has: page.locator('.tname:text("exec")') });
   assert.notEqual(await exec.getAttribute('data-status'), 'running');
   await page.waitForSelector('button:text("■ Stop")', { state: 'hidden' });
-  assert.match(await transcriptText(), /cancel/i);
+  assert.match(await transcriptText(page), /cancel/i);
 });
 
-test('reloading mid-stream loses nothing and doubles nothing', async () => {
+test('reloading mid-stream loses nothing and doubles nothing', async (t) => {
+  const page = await pageFor(t, gw);
+  const sessionId = await openSession(page, gw, 'story/x');
   await page.fill('#composer-input', 'Tell me a long story.');
   await page.press('#composer-input', 'Control+Enter');
   await page.waitForFunction(() => document.querySelector('.msg.agent.streaming')?.innerText.includes('word5'));
   await page.reload();
   await page.waitForSelector('.runend.rs-succeeded >> nth=1', { timeout: 20_000 });
   await page.waitForSelector('.streaming', { state: 'detached' });
-  const text = await transcriptText();
+  const text = await transcriptText(page);
   const count = (needle) => text.split(needle).length - 1;
   assert.equal(count('Streaming start.'), 1);
   assert.equal(count('Streaming end.'), 1);
@@ -246,10 +228,14 @@ test('reloading mid-stream loses nothing and doubles nothing', async () => {
   assert.equal(await page.locator('.msg.user').count(), users.length);
   assert.equal(await page.locator('.tool').count(), calls.length);
   assert.equal(await page.locator('.runend').count(), detail.runs.length);
-  await shot('chat-streamed-1280');
+  await shot(page, 'chat-streamed-1280');
 });
 
-test('the UI reconnects after a gateway restart and resumes from its cursor', async () => {
+test('the UI reconnects after a gateway restart and resumes from its cursor', async (t) => {
+  // A gateway of its own: it is the one restarted.
+  const gw = await gatewayFor(t, SCRIPTS);
+  const page = await pageFor(t, gw, { expected: [/net::ERR_INCOMPLETE_CHUNKED_ENCODING/, /net::ERR_CONNECTION_REFUSED/] });
+  await openSession(page, gw, 'again/x');
   const before = await page.locator('.turns > li').count();
   await gw.stop();
   await page.waitForSelector('#health[data-state="reconnecting"]');
@@ -257,14 +243,18 @@ test('the UI reconnects after a gateway restart and resumes from its cursor', as
   await page.waitForSelector('#health[data-state="live"]', { timeout: 20_000 });
   await page.fill('#composer-input', 'Are you still there?');
   await page.press('#composer-input', 'Control+Enter');
-  await page.waitForFunction(() => document.querySelectorAll('.runend').length === 4, null, { timeout: 20_000 });
-  const text = await transcriptText();
+  await page.waitForFunction(() => document.querySelectorAll('.runend').length === 2, null, { timeout: 20_000 });
+  const text = await transcriptText(page);
   assert.equal(text.split('Back after the restart.').length - 1, 1);
-  assert.equal(text.split('Streaming end.').length - 1, 1);
+  assert.equal(text.split('All done.').length - 1, 1);
   assert.ok((await page.locator('.turns > li').count()) > before);
 });
 
-test('keyboard alone: j/k move through sessions, Enter opens, / searches', async () => {
+test('keyboard alone: j/k move through sessions, Enter opens, / searches', async (t) => {
+  // A gateway of its own: j goes to the first of all its sessions.
+  const gw = await gatewayFor(t, SCRIPTS);
+  const page = await pageFor(t, gw);
+  const sessionId = newSession(gw);
   await page.goto(`${gw.url}/#/environments`);
   await page.waitForSelector('.srow');
   await page.locator('body').press('j');
@@ -280,14 +270,17 @@ test('keyboard alone: j/k move through sessions, Enter opens, / searches', async
   await page.waitForSelector('.srow');
 });
 
-test('environments show a calm empty state when the gateway has none', async () => {
+test('environments show a calm empty state when the gateway has none', async (t) => {
+  const page = await pageFor(t, gw);
   await page.goto(`${gw.url}/#/environments`);
   await page.waitForSelector('.envs .empty');
   assert.match(await page.locator('.envs').innerText(), /No environments/);
-  await shot('environments-1280');
+  await shot(page, 'environments-1280');
 });
 
-test('the environments table shows state, lease, accounting, and destroys after confirmation', async () => {
+test('the environments table shows state, lease, accounting, and destroys after confirmation', async (t) => {
+  const page = await pageFor(t, gw);
+  const sessionId = 'ses_0f3a9c2e7b1d4a58';
   // The gateway here has no environments; serve two to the page to see how they are shown.
   const now = Date.now();
   const env = (id, state, extra) => ({
@@ -320,10 +313,10 @@ test('the environments table shows state, lease, accounting, and destroys after 
   const hosts = await network.locator('ul').innerText();
   for (const want of ['files.pythonhosted.org\nsetup · 5 conn · 30 MB in', 'registry.npmjs.org\nagent · 0 conn', '2 refused']) assert.ok(hosts.includes(want), `${want} in ${hosts}`);
   assert.equal(await page.locator('tr', { hasText: 'env_9c1' }).locator('td[data-label="Network"]').innerText(), '—');
-  await shot('environments-table-1280');
+  await shot(page, 'environments-table-1280');
   await page.locator('tr', { hasText: 'env_9c1' }).locator('button.danger').click();
   await page.waitForSelector('dialog[open]');
-  await shot('environments-confirm-1280');
+  await shot(page, 'environments-confirm-1280');
   await page.keyboard.press('Escape');
   await page.waitForSelector('dialog[open]', { state: 'detached' });
   assert.equal(deleted, null, 'closing the dialog destroys nothing');
@@ -333,13 +326,12 @@ test('the environments table shows state, lease, accounting, and destroys after 
   await until(() => deleted !== null, 'the destroy request');
   assert.equal(deleted, 'env_9c1');
   await page.setViewportSize({ width: 390, height: 844 });
-  await settled(390);
-  await shot('environments-table-390');
-  await page.setViewportSize({ width: 1280, height: 800 });
-  await page.unrouteAll();
+  await settled(page, 390);
+  await shot(page, 'environments-table-390');
 });
 
-test('a large transcript (1,800 entries, a 1 MB tool output) renders quickly and collapsed', async () => {
+test('a large transcript (1,800 entries, a 1 MB tool output) renders quickly and collapsed', async (t) => {
+  const page = await pageFor(t, gw);
   // Real tools cap their output at 64 KB, so the gateway cannot be made to hold this; the
   // page is served a synthetic session through the same API shapes.
   const id = 'ses_bigtranscript';
@@ -381,44 +373,45 @@ test('a large transcript (1,800 entries, a 1 MB tool output) renders quickly and
   assert.match(await last.locator('button').last().innerText(), /Show all \(1\.\d MB, 16,000 lines\)/);
   await page.locator('.earlier').click();
   assert.ok((await page.locator('.turns > li').count()) > rendered, 'earlier blocks render on demand');
-  // Leave the synthetic session before its routes go, so its stream does not reconnect to a
-  // gateway that never heard of it.
-  await page.goto(`${gw.url}/#/new`);
-  await page.waitForSelector('#workspace');
-  await page.unrouteAll();
 });
 
-test('screenshots at phone width and in dark mode', async () => {
+test('screenshots at phone width and in dark mode', async (t) => {
+  const page = await pageFor(t, gw, { login: false, expected: [/status of 401 /] });
+  // Logged in with a link of its own, used again at the end once spent.
+  const expiredLink = gw.loginUrl();
+  await page.goto(expiredLink);
+  await page.waitForSelector('#health[data-state="live"]');
+  const sessionId = newSession(gw);
   await page.setViewportSize({ width: 390, height: 844 });
-  await settled(390);
+  await settled(page, 390);
   await page.goto(`${gw.url}/#/s/${sessionId}`);
   await page.waitForSelector('.runend');
-  await shot('chat-390');
+  await shot(page, 'chat-390');
   await page.click('#menu');
   await page.waitForSelector('body.drawer-open');
-  await settled();
-  await shot('sidebar-390');
+  await settled(page);
+  await shot(page, 'sidebar-390');
   await page.keyboard.press('Escape');
   await page.waitForSelector('body:not(.drawer-open)');
-  await settled();
+  await settled(page);
   await page.goto(`${gw.url}/#/new`);
   await page.waitForSelector('#workspace');
-  await shot('new-session-390');
+  await shot(page, 'new-session-390');
   await page.goto(`${gw.url}/#/environments`);
   await page.waitForSelector('.envs .empty');
-  await shot('environments-390');
+  await shot(page, 'environments-390');
 
   await page.setViewportSize({ width: 1280, height: 800 });
   await page.emulateMedia({ colorScheme: 'dark' });
   await page.goto(`${gw.url}/#/s/${sessionId}`);
   await page.waitForSelector('.runend');
   await page.locator('.tool').first().locator('.tool-head').click();
-  await shot('chat-1280-dark');
+  await shot(page, 'chat-1280-dark');
   await page.emulateMedia({ colorScheme: 'light' });
 
   await page.click('#logout');
   await page.waitForSelector('#login:not([hidden])');
-  await shot('login-1280');
+  await shot(page, 'login-1280');
   await page.goto(expiredLink);
   await page.waitForSelector('#login:not([hidden])');
   assert.match(await page.locator('#login-error').innerText(), /already used or has expired/);
@@ -426,15 +419,15 @@ test('screenshots at phone width and in dark mode', async () => {
   const after = await page.evaluate(async () => (await fetch('/v1/sessions')).status);
   assert.equal(after, 401, 'logged out means refused');
   await page.setViewportSize({ width: 390, height: 844 });
-  await shot('login-390');
+  await shot(page, 'login-390');
 });
 
-test('a worker session on the local profile shows where it runs, its placement steps, and its turn', async () => {
-  // The step before logged out; this one logs in again. It comes last: the environments steps
-  // above want a gateway without any.
-  await page.setViewportSize({ width: 1280, height: 800 });
-  await page.goto(gw.loginUrl());
-  await page.waitForSelector('#health[data-state="live"]');
+test('a worker session on the local profile shows where it runs, its placement steps, and its turn', async (t) => {
+  // A gateway of its own: the box it leases would show in the others' environments views.
+  const gw = await gatewayFor(t, SCRIPTS);
+  const page = await pageFor(t, gw);
+  // A gateway session beside it, to tell the two apart.
+  const sessionId = newSession(gw);
   await page.keyboard.press('n');
   await page.waitForSelector('#profile option[value="local"]', { state: 'attached' });
   await page.selectOption('#profile', 'local');
@@ -448,7 +441,7 @@ test('a worker session on the local profile shows where it runs, its placement s
   await page.fill('#workspace', setupRepo);
   await page.fill('#model', 'fake/x');
   await page.fill('#new-prompt', 'Look at this project on a worker.');
-  await shot('new-session-worker-1280');
+  await shot(page, 'new-session-worker-1280');
   const created = page.waitForResponse((r) => r.url().endsWith('/v1/sessions') && r.request().method() === 'POST');
   await page.press('#new-prompt', 'Control+Enter');
   const body = (await created).request().postDataJSON();
@@ -473,7 +466,7 @@ test('a worker session on the local profile shows where it runs, its placement s
   const output = await setupStep.locator('pre').innerText();
   assert.match(output, /installing the toolchain\nstep 1 of 3\nstep 2 of 3\nstep 3 of 3/);
   assert.match(output, /refused registry\.blocked\.example:80 \(profiles\.local\.egress\.setup allows no egress\)/);
-  await shot('chat-worker-setup-1280');
+  await shot(page, 'chat-worker-setup-1280');
   await setupStep.locator('summary').click();
   assert.equal(steps.at(-1), 'active', `placement steps: ${steps}`);
   for (const row of await page.locator('.placement-step').allInnerTexts()) assert.ok(row.trim().split(' ').length > 1, `a step says what happens: ${row}`);
@@ -486,7 +479,7 @@ test('a worker session on the local profile shows where it runs, its placement s
   assert.match(envId, /^env_/);
 
   // The turn reads exactly as a gateway session's does.
-  const text = await transcriptText();
+  const text = await transcriptText(page);
   assert.match(text, /I'll look at the files first\./);
   assert.match(text, /All done\./);
   assert.equal(await page.locator('.md pre.code').count(), 1);
@@ -530,22 +523,22 @@ test('a worker session on the local profile shows where it runs, its placement s
   });
   const fine = { page: true, chipInside: true, titleRoom: true, steps: true };
   assert.deepEqual(await fits(), fine);
-  await shot('chat-worker-1280');
+  await shot(page, 'chat-worker-1280');
   await page.setViewportSize({ width: 390, height: 844 });
-  await settled(390);
+  await settled(page, 390);
   assert.deepEqual(await fits(), fine);
-  await shot('chat-worker-390');
+  await shot(page, 'chat-worker-390');
   await page.click('#menu');
   await page.waitForSelector('body.drawer-open');
-  await settled();
-  await shot('sidebar-worker-390');
+  await settled(page);
+  await shot(page, 'sidebar-worker-390');
   await page.keyboard.press('Escape');
   await page.waitForSelector('body:not(.drawer-open)');
   await page.setViewportSize({ width: 1280, height: 800 });
 
   // No box is left behind. The session sees its box go: reclaimed, with the reason on hover
   // and in the chat; the conversation stays.
-  const destroyed = await destroyEnvironment(envId);
+  const destroyed = await gw.destroyEnvironment(envId);
   assert.equal(destroyed.state, 'destroyed', JSON.stringify(destroyed));
   await page.waitForSelector(`.srow[data-session-id="${workerId}"][data-state="reclaimed"]`, { timeout: 30_000 });
   await page.waitForFunction(() => document.querySelector('.chip')?.innerText.includes('reclaimed'));
@@ -555,5 +548,5 @@ test('a worker session on the local profile shows where it runs, its placement s
   assert.equal(await chip.getAttribute('title'), reclaimed.worker.error);
   assert.equal((await page.locator('.placement-step .mono').allInnerTexts()).at(-1), 'reclaimed');
   await page.waitForSelector('.notice:has-text("Your next message starts a fresh box")');
-  assert.match(await transcriptText(), /All done\./);
+  assert.match(await transcriptText(page), /All done\./);
 });
