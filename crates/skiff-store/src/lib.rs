@@ -17,6 +17,7 @@
 mod artifacts;
 mod environments;
 mod error;
+mod fork;
 mod events;
 mod ids;
 mod migrations;

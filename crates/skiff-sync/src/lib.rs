@@ -24,6 +24,7 @@ pub mod manifest;
 pub mod outbound;
 pub mod quarantine;
 pub mod results;
+pub mod rewind;
 pub mod rules;
 pub mod statcache;
 pub mod transfer;
