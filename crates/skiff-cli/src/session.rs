@@ -322,7 +322,10 @@ pub async fn run(cmd: SessionCommand, state_dir: &Path, json: bool) -> Result<Ex
                 done.written.len(),
                 done.deleted.len(),
                 match &done.commit {
-                    Some(c) => format!("; recorded on the session branch as {}", &c[..c.len().min(12)]),
+                    Some(c) => format!(
+                        "; recorded on the session branch as {}",
+                        &c[..c.len().min(12)]
+                    ),
                     None => String::new(),
                 }
             );

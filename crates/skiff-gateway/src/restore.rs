@@ -218,7 +218,12 @@ impl Core {
     }
 
     /// Lays checkpoint `content` onto the workspace `view`.
-    async fn rewind(&self, view: &WorkspaceView, content: &Content, message: &str) -> Result<Rewound> {
+    async fn rewind(
+        &self,
+        view: &WorkspaceView,
+        content: &Content,
+        message: &str,
+    ) -> Result<Rewound> {
         let cancel = CancellationToken::new();
         let cas = Cas::open(&self.artifacts_dir())?;
         let scratch = self.state.tmp();
@@ -291,16 +296,17 @@ impl Core {
             )
         };
         let recorded = match &rewound.commit {
-            Some(c) => format!("; the session branch records it in commit {}", &c[..c.len().min(12)]),
+            Some(c) => format!(
+                "; the session branch records it in commit {}",
+                &c[..c.len().min(12)]
+            ),
             None => String::new(),
         };
         self.notify(
             scope,
             id,
             None,
-            &format!(
-                "workspace restored to checkpoint {n} (end of turn {n}); {kept}{recorded}"
-            ),
+            &format!("workspace restored to checkpoint {n} (end of turn {n}); {kept}{recorded}"),
         );
         Ok(RestoreResult {
             session_id: id.clone(),

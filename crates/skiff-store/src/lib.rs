@@ -17,8 +17,8 @@
 mod artifacts;
 mod environments;
 mod error;
-mod fork;
 mod events;
+mod fork;
 mod ids;
 mod migrations;
 mod placements;

@@ -70,15 +70,7 @@ pub async fn rewind_git(
     cancel: &CancellationToken,
 ) -> Result<Rewound> {
     let staged = Scratch::new(stores.scratch, "rewind")?;
-    checkpoint::restore_git(
-        worktree,
-        commit,
-        outside_git,
-        stores,
-        staged.path(),
-        cancel,
-    )
-    .await?;
+    checkpoint::restore_git(worktree, commit, outside_git, stores, staged.path(), cancel).await?;
     let want = walk(staged.path())?;
     let rev = |spec: String| async move {
         Ok::<_, Error>(

@@ -96,7 +96,11 @@ fn texts(entries: &[serde_json::Value]) -> Vec<String> {
         .iter()
         .map(|e| {
             let b = &e["body"];
-            format!("{}: {}", b["kind"].as_str().unwrap(), b["text"].as_str().unwrap_or(""))
+            format!(
+                "{}: {}",
+                b["kind"].as_str().unwrap(),
+                b["text"].as_str().unwrap_or("")
+            )
         })
         .collect()
 }
@@ -174,7 +178,10 @@ fn a_git_session_restores_checkpoint_one_of_three_and_forks_there() {
     );
     let head = git(&ws, &["rev-parse", "HEAD"]);
     assert_eq!(done["commit"], head.trim());
-    assert_eq!(git(&ws, &["rev-parse", "HEAD^"]).trim(), *committed.borrow());
+    assert_eq!(
+        git(&ws, &["rev-parse", "HEAD^"]).trim(),
+        *committed.borrow()
+    );
     assert_eq!(
         git(&ws, &["rev-parse", "HEAD^{tree}"]),
         git(&ws, &["rev-parse", &format!("{cp1}^^{{tree}}")])
@@ -200,17 +207,27 @@ fn a_git_session_restores_checkpoint_one_of_three_and_forks_there() {
     assert_eq!(read(&ws, "d.txt").as_deref(), Some("turn four\n"));
     let out = gw.run(&["session", "restore", &id, "--checkpoint", "3"]);
     assert!(out.status.success(), "{}", stderr(&out));
-    assert!(stderr(&out).contains("restored session"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("restored session"),
+        "{}",
+        stderr(&out)
+    );
     assert_eq!(read(&ws, "sub/c.txt").as_deref(), Some("turn three\n"));
     assert_eq!(read(&ws, "b.txt").as_deref(), Some("turn two\n"));
     assert_eq!(read(&ws, "d.txt"), None);
     assert_eq!(read(&ws, "u.txt"), None);
     // As at the end of turn three: turn two's edit uncommitted, turn three's file untracked,
     // and the branch where it was (its tree is the agent's commit's).
-    assert_eq!(git(&ws, &["status", "--porcelain"]), " M notes.txt\n?? sub/\n");
+    assert_eq!(
+        git(&ws, &["status", "--porcelain"]),
+        " M notes.txt\n?? sub/\n"
+    );
     assert_eq!(
         git(&ws, &["rev-parse", "HEAD^{tree}"]),
-        git(&ws, &["rev-parse", &format!("{}^{{tree}}", committed.borrow())])
+        git(
+            &ws,
+            &["rev-parse", &format!("{}^{{tree}}", committed.borrow())]
+        )
     );
 
     // A fork at checkpoint 1: turn one's transcript, turn one's workspace, its own branch.
@@ -297,7 +314,14 @@ fn a_plain_session_restores_checkpoint_one_of_three_and_forks_there() {
     assert_eq!(seqs(&gw, &id), [1, 2, 3, 4]);
 
     let fork = gw.json(&[
-        "session", "fork", &id, "--at", "1", "--title", "other way", "--json",
+        "session",
+        "fork",
+        &id,
+        "--at",
+        "1",
+        "--title",
+        "other way",
+        "--json",
     ]);
     let fork_id = fork["id"].as_str().unwrap().to_owned();
     assert_eq!(fork["title"], "other way");
@@ -351,7 +375,13 @@ fn an_unknown_checkpoint_is_refused_naming_the_ones_there_are() {
         );
     }
     assert_eq!(read(&ws, "notes.txt").as_deref(), Some("one\n"));
-    assert_eq!(gw.json(&["session", "list", "--json"])["sessions"].as_array().unwrap().len(), 1);
+    assert_eq!(
+        gw.json(&["session", "list", "--json"])["sessions"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
     assert_eq!(transcript(&gw, &id).len(), 5);
 }
 

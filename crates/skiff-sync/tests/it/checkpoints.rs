@@ -371,14 +371,20 @@ async fn a_plain_rewind_never_writes_through_a_symlink() {
             .await
             .unwrap();
     assert_eq!(done.deleted, ["later.txt", "package.json", "sub"]);
-    assert_eq!(std::fs::read_to_string(outside.join("c.txt")).unwrap(), "not yours\n");
+    assert_eq!(
+        std::fs::read_to_string(outside.join("c.txt")).unwrap(),
+        "not yours\n"
+    );
     let sub = std::fs::symlink_metadata(root.join("sub")).unwrap();
     assert!(sub.is_dir() && !sub.file_type().is_symlink());
     assert_eq!(
         std::fs::read_to_string(root.join("sub/c.txt")).unwrap(),
         "checkpointed\n"
     );
-    assert_eq!(std::fs::read_to_string(root.join("a.txt")).unwrap(), "one\n");
+    assert_eq!(
+        std::fs::read_to_string(root.join("a.txt")).unwrap(),
+        "one\n"
+    );
     assert!(!root.join("later.txt").exists());
     // Left out by the rules, so not the checkpoint's business.
     assert_eq!(
