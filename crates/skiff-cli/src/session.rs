@@ -1,4 +1,4 @@
-//! `skiff session new|list|show|send|watch|cancel|checkpoints|publish|quarantine` (and
+//! `skiff session new|list|show|send|watch|cancel|checkpoints|restore|fork|publish|quarantine` (and
 //! `diff|apply|export`, in `results.rs`)
 
 use crate::client::Client;
@@ -28,6 +28,11 @@ pub enum SessionCommand {
     Cancel(IdArgs),
     /// List the session's end-of-turn workspace checkpoints
     Checkpoints(IdArgs),
+    /// Put the session's workspace back to checkpoint N (the transcript stays; later
+    /// checkpoints are kept)
+    Restore(RestoreArgs),
+    /// A new session with this one's transcript up to turn N and its workspace at checkpoint N
+    Fork(ForkArgs),
     /// Push the session branch from your repository, with the gateway's git credentials
     Publish(PublishArgs),
     /// The session's changes against what it started from: a patch in git's format, or
@@ -81,6 +86,27 @@ pub struct PublishArgs {
     /// The branch to create or update there [default: skiff/<session-id>]
     #[arg(long, value_name = "NAME")]
     branch: Option<String>,
+}
+
+#[derive(Args)]
+pub struct RestoreArgs {
+    /// Session id (ses_…)
+    id: String,
+    /// The checkpoint's number, as `skiff session checkpoints` lists it
+    #[arg(long, value_name = "N")]
+    checkpoint: u64,
+}
+
+#[derive(Args)]
+pub struct ForkArgs {
+    /// Session id (ses_…)
+    id: String,
+    /// The checkpoint (and turn) to fork at, as `skiff session checkpoints` lists it
+    #[arg(long, value_name = "N")]
+    at: u64,
+    /// The new session's title [default: "<title> (fork at N)"]
+    #[arg(long, value_name = "TITLE")]
+    title: Option<String>,
 }
 
 #[derive(Args)]
@@ -270,6 +296,75 @@ pub async fn run(cmd: SessionCommand, state_dir: &Path, json: bool) -> Result<Ex
                 let (seq, id, mode, files) = (c.seq, &c.id, &c.mode, c.files);
                 outln!("{seq:>3}  {id}  {mode:<5}  {files} files  {at}")?;
             }
+            Ok(ExitCode::SUCCESS)
+        }
+        SessionCommand::Restore(args) => {
+            let path = format!("/v1/sessions/{}/restore", args.id);
+            let body = skiff_protocol::sync::RestoreRequest {
+                checkpoint: args.checkpoint,
+            };
+            let done: skiff_protocol::sync::RestoreResult =
+                client.send(client.post(&path, &body)).await?;
+            if json {
+                outln!("{}", serde_json::to_string_pretty(&done)?)?;
+                return Ok(ExitCode::SUCCESS);
+            }
+            for p in &done.written {
+                outln!("wrote    {p}")?;
+            }
+            for p in &done.deleted {
+                outln!("deleted  {p}")?;
+            }
+            let n = done.checkpoint;
+            eprintln!(
+                "restored session {}'s workspace to checkpoint {n}: {} written, {} deleted{}",
+                done.session_id,
+                done.written.len(),
+                done.deleted.len(),
+                match &done.commit {
+                    Some(c) => format!(
+                        "; recorded on the session branch as {}",
+                        &c[..c.len().min(12)]
+                    ),
+                    None => String::new(),
+                }
+            );
+            match done.later.last() {
+                Some(last) => eprintln!(
+                    "later checkpoints are kept ({}); go back with `skiff session restore {} --checkpoint {last}`",
+                    done.later
+                        .iter()
+                        .map(u64::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    done.session_id
+                ),
+                None => eprintln!("next: `skiff session send {} MESSAGE`", done.session_id),
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        SessionCommand::Fork(args) => {
+            let path = format!("/v1/sessions/{}/fork", args.id);
+            let body = skiff_protocol::sync::ForkRequest {
+                at: args.at,
+                title: args.title,
+            };
+            let view: skiff_protocol::api::SessionView =
+                client.send(client.post(&path, &body)).await?;
+            if json {
+                outln!("{}", serde_json::to_string_pretty(&view)?)?;
+                return Ok(ExitCode::SUCCESS);
+            }
+            outln!("{}", view.id)?;
+            eprintln!(
+                "forked {} at checkpoint {} as {} ({}), workspace {}",
+                args.id,
+                args.at,
+                view.id,
+                view.title,
+                view.workspace.path()
+            );
+            eprintln!("next: `skiff session send {} MESSAGE`", view.id);
             Ok(ExitCode::SUCCESS)
         }
         SessionCommand::Quarantine(args) => quarantine(&client, args, json).await,

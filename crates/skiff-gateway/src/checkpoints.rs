@@ -5,9 +5,10 @@
 //! the user's object store; plain mode: a manifest of content-addressed blobs under
 //! `<state>/artifacts/`) and recorded as a `checkpoint` artifact row.
 //!
-//! A checkpoint that fails is logged and audited, never a failed turn. Deliberately absent:
-//! restoring one (a re-placed session starts from its workspace, which the last checkpoint
-//! matches) and cadence policy (every turn).
+//! A checkpoint that fails is logged and audited, never a failed turn. Restoring one, or
+//! forking a session at one, is `restore.rs`'s. Deliberately absent: cadence policy (every
+//! turn), and deleting checkpoints (a restore keeps the later ones, and a fork's first N rows
+//! name the original's commits and blobs).
 
 use crate::Core;
 use crate::error::Result;

@@ -19,6 +19,7 @@ mod error;
 mod housekeeping;
 mod hub;
 mod quarantine;
+mod restore;
 mod results;
 mod sessions;
 pub mod state_dir;
@@ -78,6 +79,8 @@ pub(crate) struct Core {
     procs: skiff_process::Ledger,
     /// `[gateway] turn_timeout`: how long a turn may run unless its profile says otherwise.
     turn_timeout: std::time::Duration,
+    /// Sessions whose workspace is being restored to a checkpoint: no turn is admitted.
+    restoring: Mutex<std::collections::HashSet<skiff_protocol::SessionId>>,
 }
 
 /// A started gateway.
@@ -199,6 +202,7 @@ pub(crate) async fn open_core(options: &Options) -> Result<(Arc<Core>, std::time
         _lock: lock,
         procs,
         turn_timeout,
+        restoring: Mutex::default(),
     });
     core.envs
         .set_readiness(Arc::new(worker::probe::Probe(Arc::downgrade(&core))));

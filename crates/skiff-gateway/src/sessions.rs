@@ -301,7 +301,7 @@ impl Core {
     ) -> Result<RunStarted> {
         let session = self.store.session(scope, id)?;
         // Admission first: only the admitted turn may write the user's message.
-        let run = self.store.create_run(scope, id, &session.model_ref)?;
+        let run = self.admit_run(scope, id, &session.model_ref)?;
         // The status goes out first, as followers expect; the first entry follows at the
         // leaf (re-read if a notice landed in between).
         self.hub.publish(

@@ -219,6 +219,43 @@ async fn worktree(
     })
 }
 
+/// A fork's worktree: a new branch `skiff/<session>` of `repo` at `start` (the commit a
+/// checkpoint was taken on), checked out under the state dir. The caller lays the
+/// checkpoint's files over it. `base_commit` is the original session's: a fork's result is
+/// measured against what the original started from.
+pub async fn fork_worktree(
+    repo: &Path,
+    session: &SessionId,
+    state: &StateDir,
+    start: &str,
+    base_commit: &str,
+) -> Result<WorkspaceView, WorkspaceError> {
+    let cancel = CancellationToken::new();
+    let path = state.worktree(session.as_str());
+    let branch = format!("skiff/{session}");
+    let lock = repo_lock(repo);
+    let added = {
+        let _one_at_a_time = lock.lock().await;
+        git(repo)
+            .args(["-c", "checkout.workers=8"])
+            .args(["worktree", "add", "--quiet", "-b", &branch])
+            .arg(&path)
+            .arg(start)
+            .run_checked(&cancel)
+            .await
+    };
+    added.map_err(|source| WorkspaceError::Prepare {
+        path: repo.display().to_string(),
+        source,
+    })?;
+    Ok(WorkspaceView::Git {
+        source: repo.display().to_string(),
+        path: path.display().to_string(),
+        branch,
+        base_commit: base_commit.to_owned(),
+    })
+}
+
 /// Copies the user's index to `to`; `false` when there is none to copy (a repository whose
 /// index was never written, or one git cannot name).
 async fn seed_index(

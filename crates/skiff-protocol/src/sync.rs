@@ -37,6 +37,44 @@ pub enum ManifestEntry {
     Symlink { target: String },
 }
 
+/// `POST /v1/sessions/{id}/restore`: put the session's workspace back to checkpoint
+/// `checkpoint` (its transcript stays whole; a notice says what happened).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RestoreRequest {
+    /// The checkpoint's number (`seq`), as `GET …/checkpoints` lists it.
+    pub checkpoint: u64,
+}
+
+/// What a restore changed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RestoreResult {
+    pub session_id: SessionId,
+    pub checkpoint: u64,
+    /// Paths written (added or changed) and deleted in the workspace.
+    pub written: Vec<String>,
+    pub deleted: Vec<String>,
+    /// Git mode: the commit made on the session branch to record the restore, when the
+    /// branch's tree differed from the checkpoint's.
+    #[serde(default)]
+    pub commit: Option<String>,
+    /// The checkpoints after this one: kept, and restorable.
+    pub later: Vec<u64>,
+}
+
+/// `POST /v1/sessions/{id}/fork`: a new session whose transcript is this one's up to the end
+/// of turn `at` and whose workspace starts at checkpoint `at`. Answered with the new
+/// session's `SessionView`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ForkRequest {
+    pub at: u64,
+    /// [default: "<the session's title> (fork at N)"]
+    #[serde(default)]
+    pub title: Option<String>,
+}
+
 /// `GET /v1/sessions/{id}/checkpoints`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

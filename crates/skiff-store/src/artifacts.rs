@@ -149,41 +149,51 @@ fn to_i64(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
 
+/// Inserts an artifact row inside `tx`; a checkpoint gets the session's next sequence number.
+pub(crate) fn insert_artifact(
+    tx: &rusqlite::Transaction<'_>,
+    scope: &Scope,
+    new: &NewArtifact,
+) -> Result<ArtifactId> {
+    let id = ArtifactId::from_suffix(&crate::mint()?);
+    let meta = crate::to_json("artifact metadata", &new.meta)?;
+    let seq: Option<i64> = match (new.role, &new.session_id) {
+        (ArtifactRole::Checkpoint, Some(session)) => Some(tx.query_row(
+            "SELECT COALESCE(MAX(seq), 0) + 1 FROM artifacts \
+             WHERE session_id = ?1 AND role = 'checkpoint'",
+            params![session.as_str()],
+            |r| r.get(0),
+        )?),
+        _ => None,
+    };
+    tx.execute(
+        &format!("INSERT INTO artifacts ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)"),
+        params![
+            id.as_str(),
+            scope.owner_id,
+            scope.tenant_id,
+            new.session_id.as_ref().map(SessionId::as_str),
+            new.run_id.as_ref().map(RunId::as_str),
+            new.role.as_str(),
+            new.retention.as_str(),
+            new.hash,
+            to_i64(new.size),
+            seq,
+            meta,
+            now_ms(),
+            new.expires_at_ms,
+        ],
+    )?;
+    Ok(id)
+}
+
 impl Store {
     /// Records an artifact whose blob is already stored. Checkpoints get the session's next
     /// sequence number, in the same transaction.
     pub fn create_artifact(&self, scope: &Scope, new: &NewArtifact) -> Result<ArtifactRow> {
-        let id = ArtifactId::from_suffix(&crate::mint()?);
-        let meta = crate::to_json("artifact metadata", &new.meta)?;
         let mut conn = self.conn();
         let tx = conn.transaction()?;
-        let seq: Option<i64> = match (new.role, &new.session_id) {
-            (ArtifactRole::Checkpoint, Some(session)) => Some(tx.query_row(
-                "SELECT COALESCE(MAX(seq), 0) + 1 FROM artifacts \
-                 WHERE session_id = ?1 AND role = 'checkpoint'",
-                params![session.as_str()],
-                |r| r.get(0),
-            )?),
-            _ => None,
-        };
-        tx.execute(
-            &format!("INSERT INTO artifacts ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)"),
-            params![
-                id.as_str(),
-                scope.owner_id,
-                scope.tenant_id,
-                new.session_id.as_ref().map(SessionId::as_str),
-                new.run_id.as_ref().map(RunId::as_str),
-                new.role.as_str(),
-                new.retention.as_str(),
-                new.hash,
-                to_i64(new.size),
-                seq,
-                meta,
-                now_ms(),
-                new.expires_at_ms,
-            ],
-        )?;
+        let id = insert_artifact(&tx, scope, new)?;
         tx.commit()?;
         drop(conn);
         self.artifact(scope, &id)

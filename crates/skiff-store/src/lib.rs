@@ -18,6 +18,7 @@ mod artifacts;
 mod environments;
 mod error;
 mod events;
+mod fork;
 mod ids;
 mod migrations;
 mod placements;

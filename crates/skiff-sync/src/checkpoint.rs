@@ -459,7 +459,7 @@ pub async fn restore_git(
     Ok(())
 }
 
-fn unlimited() -> Limits {
+pub(crate) fn unlimited() -> Limits {
     Limits {
         max_files: usize::MAX,
         max_total_bytes: u64::MAX,

@@ -181,6 +181,14 @@ pub(crate) struct Staged {
     method: Option<Method>,
 }
 
+impl Staged {
+    /// Files the gateway staged itself (a checkpoint rebuilt for a restore): nothing moved
+    /// over the network.
+    pub(crate) fn local(dir: Scratch) -> Staged {
+        Staged { dir, method: None }
+    }
+}
+
 /// Every staged entry must be an expected regular file (or a directory above one) whose size
 /// and blake3 match the manifest; every expected file must be there. (Mode bits are set from
 /// the manifest when applying.)

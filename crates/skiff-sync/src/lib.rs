@@ -2,7 +2,8 @@
 //! ([`rules`], [`filelist`]), what they are ([`manifest`]), how bytes move over the pinned SSH
 //! transfer connection ([`transfer`]), laying a workspace onto a box ([`outbound`]), bringing
 //! work back ([`inbound_git`], [`inbound_plain`]) under containment checks ([`contain`]), and
-//! end-of-turn checkpoints ([`checkpoint`]) with their content-addressed blobs ([`cas`]), and a
+//! end-of-turn checkpoints ([`checkpoint`]) with their content-addressed blobs ([`cas`]), putting
+//! a workspace back to one ([`rewind`]), and a
 //! session's result coming home ([`results`]: its diff, applying or exporting it).
 //!
 //! The promise: nothing on either side is silently overwritten or lost. Every check (limits,
@@ -24,6 +25,7 @@ pub mod manifest;
 pub mod outbound;
 pub mod quarantine;
 pub mod results;
+pub mod rewind;
 pub mod rules;
 pub mod statcache;
 pub mod transfer;

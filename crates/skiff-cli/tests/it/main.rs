@@ -21,6 +21,7 @@ mod newcomer;
 mod parking;
 mod restore;
 mod results;
+mod rewind;
 mod session;
 mod setup;
 mod snapshots;

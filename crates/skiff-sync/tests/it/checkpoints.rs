@@ -321,3 +321,74 @@ async fn an_unchanged_workspace_reuses_the_previous_tree() {
         "untrackeD\n"
     );
 }
+
+/// A restore in place writes through no symlink: a directory of the checkpoint that is a
+/// symlink out of the workspace now is replaced by the directory, and what it pointed at is
+/// left alone. Files the rules leave out stay; a checkpoint that cannot be rebuilt changes
+/// nothing.
+#[tokio::test]
+async fn a_plain_rewind_never_writes_through_a_symlink() {
+    let ws = tempfile::tempdir().unwrap();
+    let root = ws.path().join("ws");
+    std::fs::create_dir_all(root.join("sub")).unwrap();
+    std::fs::write(root.join("sub/c.txt"), "checkpointed\n").unwrap();
+    std::fs::write(root.join("a.txt"), "one\n").unwrap();
+    let store = tempfile::tempdir().unwrap();
+    let cas = Cas::open(&store.path().join("artifacts")).unwrap();
+    let cp = checkpoint::plain_checkpoint(
+        &root,
+        &Rules::builtin(),
+        &Limits::default(),
+        &cas,
+        &cancel(),
+    )
+    .await
+    .unwrap();
+
+    let outside = ws.path().join("outside");
+    std::fs::create_dir(&outside).unwrap();
+    std::fs::write(outside.join("c.txt"), "not yours\n").unwrap();
+    std::fs::remove_dir_all(root.join("sub")).unwrap();
+    std::os::unix::fs::symlink(&outside, root.join("sub")).unwrap();
+    std::fs::write(root.join("a.txt"), "two\n").unwrap();
+    std::fs::write(root.join("later.txt"), "later\n").unwrap();
+    std::fs::create_dir_all(root.join("node_modules/x")).unwrap();
+    std::fs::write(root.join("package.json"), "{}\n").unwrap();
+    std::fs::write(root.join("node_modules/x/i.js"), "ignored\n").unwrap();
+    let scratch = tempfile::tempdir().unwrap();
+
+    // A manifest that is not in the store: refused before anything is written.
+    let before = snapshot(&root);
+    assert!(
+        skiff_sync::rewind::rewind_plain(&root, &cas, &"0".repeat(64), scratch.path(), &cancel())
+            .await
+            .is_err()
+    );
+    assert_eq!(snapshot(&root), before);
+
+    let done =
+        skiff_sync::rewind::rewind_plain(&root, &cas, &cp.manifest, scratch.path(), &cancel())
+            .await
+            .unwrap();
+    assert_eq!(done.deleted, ["later.txt", "package.json", "sub"]);
+    assert_eq!(
+        std::fs::read_to_string(outside.join("c.txt")).unwrap(),
+        "not yours\n"
+    );
+    let sub = std::fs::symlink_metadata(root.join("sub")).unwrap();
+    assert!(sub.is_dir() && !sub.file_type().is_symlink());
+    assert_eq!(
+        std::fs::read_to_string(root.join("sub/c.txt")).unwrap(),
+        "checkpointed\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(root.join("a.txt")).unwrap(),
+        "one\n"
+    );
+    assert!(!root.join("later.txt").exists());
+    // Left out by the rules, so not the checkpoint's business.
+    assert_eq!(
+        std::fs::read_to_string(root.join("node_modules/x/i.js")).unwrap(),
+        "ignored\n"
+    );
+}
