@@ -140,7 +140,7 @@ impl Core {
     ) -> Result<RunRow> {
         let restoring = self.restoring_lock();
         if restoring.contains(id) {
-            return Err(Error::BadRequest(format!(
+            return Err(Error::Conflict(format!(
                 "session {id}'s workspace is being restored to a checkpoint; send the message again once that is done"
             )));
         }
@@ -158,7 +158,7 @@ impl Core {
             .into());
         }
         if !restoring.insert(id.clone()) {
-            return Err(Error::BadRequest(format!(
+            return Err(Error::Conflict(format!(
                 "session {id} is already being restored; wait for that to finish"
             )));
         }
@@ -178,7 +178,7 @@ impl Core {
             | PlacementState::Parked
             | PlacementState::Reclaimed
             | PlacementState::Failed => Ok(()),
-            other => Err(Error::BadRequest(format!(
+            other => Err(Error::Conflict(format!(
                 "session {id} is placed on a worker box (placement {other}), and the box holds its live workspace: restoring the gateway's copy now would be overwritten by the box's next turn. Bring it home first (`skiff session pull-back {id}`), or restore once it is parked (its box goes back to the pool after the profile's keep_attached)"
             ))),
         }
@@ -204,7 +204,7 @@ impl Core {
                 numbers(rows.iter().filter_map(|r| r.seq))
             )
         };
-        Err(Error::BadRequest(format!(
+        Err(Error::NotFound(format!(
             "session {id} has no checkpoint {n}; {have}"
         )))
     }

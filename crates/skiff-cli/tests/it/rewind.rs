@@ -365,7 +365,7 @@ fn an_unknown_checkpoint_is_refused_naming_the_ones_there_are() {
         ["session", "fork", &id, "--at", "7"],
     ] {
         let out = gw.run(&args);
-        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        assert_eq!(out.status.code(), Some(4), "not found: {args:?}");
         assert!(
             stderr(&out).contains(&format!(
                 "session {id} has no checkpoint 7; its checkpoints are 1"
@@ -418,7 +418,7 @@ fn a_restore_is_refused_while_a_run_is_open() {
         .unwrap()
         .to_owned();
     let out = gw.run(&["session", "restore", &id, "--checkpoint", "1"]);
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(5), "a conflict");
     assert!(
         stderr(&out).contains(&run) && stderr(&out).contains(&id),
         "{}",
