@@ -18,6 +18,7 @@ mod homecoming;
 mod leftovers;
 mod newcomer;
 mod parking;
+mod pull_back;
 mod restore;
 mod results;
 mod session;
