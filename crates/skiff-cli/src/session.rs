@@ -1,12 +1,13 @@
-//! `skiff session new|list|show|send|watch|cancel|checkpoints|restore|fork|publish|quarantine` (and
-//! `diff|apply|export`, in `results.rs`)
+//! `skiff session new|list|show|send|watch|cancel|pull-back|dispatch|checkpoints|restore|fork|
+//! publish|quarantine` (and `diff|apply|export`, in `results.rs`)
 
 use crate::client::Client;
 use crate::render::{self, Detail, Live};
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use futures_util::StreamExt;
-use skiff_protocol::api::{CreateSessionRequest, RunStarted, RunStatus};
+use skiff_protocol::api::{CreateSessionRequest, ErrorCode, PlacementMove, RunStarted, RunStatus};
+use skiff_protocol::environment::PlacementState;
 use skiff_protocol::event::EventKind;
 use skiff_protocol::{RunId, SessionId};
 use std::path::{Path, PathBuf};
@@ -26,6 +27,12 @@ pub enum SessionCommand {
     Watch(ShowArgs),
     /// Cancel the running turn
     Cancel(IdArgs),
+    /// Bring a worker session home: its worker stopped and fenced, the box's work brought
+    /// back, the box given back to the pool; the next message runs on the gateway
+    PullBack(PullBackArgs),
+    /// Place a session on a worker box of a profile now, without a message; the next
+    /// message runs there
+    Dispatch(DispatchArgs),
     /// List the session's end-of-turn workspace checkpoints
     Checkpoints(IdArgs),
     /// Put the session's workspace back to checkpoint N (the transcript stays; later
@@ -107,6 +114,24 @@ pub struct ForkArgs {
     /// The new session's title [default: "<title> (fork at N)"]
     #[arg(long, value_name = "TITLE")]
     title: Option<String>,
+}
+
+#[derive(Args)]
+pub struct PullBackArgs {
+    /// Session id (ses_…)
+    id: String,
+    /// Cancel a running turn first (without it, a session with a turn running is refused)
+    #[arg(long)]
+    cancel: bool,
+}
+
+#[derive(Args)]
+pub struct DispatchArgs {
+    /// Session id (ses_…)
+    id: String,
+    /// The worker profile to place it on (see `skiff env`)
+    #[arg(long, value_name = "PROFILE")]
+    profile: String,
 }
 
 #[derive(Args)]
@@ -407,6 +432,36 @@ pub async fn run(cmd: SessionCommand, state_dir: &Path, json: bool) -> Result<Ex
             }
             Ok(ExitCode::SUCCESS)
         }
+        SessionCommand::PullBack(args) => {
+            let path = format!("/v1/sessions/{}/pull-back", args.id);
+            let body = skiff_protocol::api::PullBackRequest {
+                cancel: args.cancel,
+            };
+            let answer = client.send(client.post(&path, &body)).await;
+            let answer = match answer {
+                Err(e) if !args.cancel && busy(&e) => {
+                    anyhow::bail!(crate::client::Failure::Refused(
+                        skiff_protocol::api::ApiError {
+                            code: ErrorCode::SessionBusy.as_str().into(),
+                            message: format!(
+                                "session {} has a turn running; wait for it, or pass --cancel to stop it and pull back",
+                                args.id
+                            ),
+                        }
+                    ))
+                }
+                other => other?,
+            };
+            follow_move(&client, answer, PlacementState::Local, json).await
+        }
+        SessionCommand::Dispatch(args) => {
+            let path = format!("/v1/sessions/{}/dispatch", args.id);
+            let body = skiff_protocol::api::DispatchRequest {
+                profile: args.profile,
+            };
+            let answer = client.send(client.post(&path, &body)).await?;
+            follow_move(&client, answer, PlacementState::Active, json).await
+        }
         SessionCommand::Cancel(args) => {
             let run = client.cancel(&args.id).await?;
             if json {
@@ -487,6 +542,66 @@ pub async fn follow_until_end(
     live.finish()?;
     anyhow::bail!(crate::client::Failure::Unreachable(format!(
         "the gateway at {} closed the event stream before run {run} ended",
+        client.url()
+    )))
+}
+
+fn busy(e: &anyhow::Error) -> bool {
+    matches!(
+        e.downcast_ref::<crate::client::Failure>(),
+        Some(crate::client::Failure::Refused(api)) if api.kind() == Some(ErrorCode::SessionBusy)
+    )
+}
+
+/// Shows a pull-back's or dispatch's steps (placement events) until the placement settles;
+/// succeeds when it settled where the move was going (`target`).
+async fn follow_move(
+    client: &Client,
+    answer: PlacementMove,
+    target: PlacementState,
+    json: bool,
+) -> Result<ExitCode> {
+    if json {
+        outln!("{}", serde_json::to_string(&answer)?)?;
+    } else {
+        eprintln!("{}", answer.message);
+    }
+    if !answer.moved {
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut live = Live::new(json);
+    let session = &answer.session.id;
+    let mut events = std::pin::pin!(client.events(session, answer.after_cursor).await?);
+    while let Some(event) = events.next().await {
+        let event = event?;
+        let state = match &event.kind {
+            EventKind::Placement { state, .. } => *state,
+            EventKind::SetupOutput { .. } => {
+                live.show(&event)?;
+                continue;
+            }
+            _ => continue,
+        };
+        live.show(&event)?;
+        if matches!(
+            state,
+            PlacementState::Local
+                | PlacementState::Active
+                | PlacementState::Failed
+                | PlacementState::Reclaimed
+                | PlacementState::Parked
+        ) {
+            live.finish()?;
+            return Ok(if state == target {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            });
+        }
+    }
+    live.finish()?;
+    anyhow::bail!(crate::client::Failure::Unreachable(format!(
+        "the gateway at {} closed the event stream before session {session} settled",
         client.url()
     )))
 }

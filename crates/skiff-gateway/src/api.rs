@@ -17,7 +17,8 @@ use serde::Deserialize;
 use serde_json::json;
 use skiff_protocol::SessionId;
 use skiff_protocol::api::{
-    ApiError, CreateSessionRequest, ErrorCode, SendMessageRequest, SessionList,
+    ApiError, CreateSessionRequest, DispatchRequest, ErrorCode, PullBackRequest,
+    SendMessageRequest, SessionList,
 };
 use skiff_store::Scope;
 use std::sync::Arc;
@@ -32,6 +33,8 @@ pub(crate) fn router(core: Arc<Core>) -> Router {
         .route("/v1/sessions/{id}", get(show_session))
         .route("/v1/sessions/{id}/messages", post(send_message))
         .route("/v1/sessions/{id}/cancel", post(cancel))
+        .route("/v1/sessions/{id}/pull-back", post(pull_back))
+        .route("/v1/sessions/{id}/dispatch", post(dispatch))
         .route("/v1/sessions/{id}/events", get(events_sse))
         .route("/v1/sessions/{id}/events/ws", get(events_ws))
         .route("/v1/events", get(session_changes))
@@ -187,6 +190,34 @@ async fn cancel(
     Path(id): Path<String>,
 ) -> Result<Response, Error> {
     Ok(Json(core.cancel(&scope, &session_id(&id)?)?).into_response())
+}
+
+/// Answers 202: the move goes on; its steps are placement events.
+async fn pull_back(
+    State(core): Shared,
+    Extension(scope): Extension<Scope>,
+    Path(id): Path<String>,
+    body: Result<Json<PullBackRequest>, axum::extract::rejection::JsonRejection>,
+) -> Result<Response, Error> {
+    let Json(req) = body.map_err(|e| Error::BadRequest(e.body_text()))?;
+    let done = core
+        .pull_back(&scope, &session_id(&id)?, req.cancel)
+        .await?;
+    Ok((StatusCode::ACCEPTED, Json(done)).into_response())
+}
+
+/// Answers 202: the placement goes on; its steps are placement events.
+async fn dispatch(
+    State(core): Shared,
+    Extension(scope): Extension<Scope>,
+    Path(id): Path<String>,
+    body: Result<Json<DispatchRequest>, axum::extract::rejection::JsonRejection>,
+) -> Result<Response, Error> {
+    let Json(req) = body.map_err(|e| Error::BadRequest(e.body_text()))?;
+    let done = core
+        .dispatch(&scope, &session_id(&id)?, &req.profile)
+        .await?;
+    Ok((StatusCode::ACCEPTED, Json(done)).into_response())
 }
 
 #[derive(Deserialize)]

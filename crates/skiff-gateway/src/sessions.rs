@@ -55,6 +55,12 @@ fn title_of(prompt: &str) -> String {
     }
 }
 
+fn user_message(prompt: &str) -> EntryBody {
+    EntryBody::UserMessage {
+        text: prompt.to_owned(),
+    }
+}
+
 fn check_prompt(prompt: &str) -> Result<()> {
     if prompt.trim().is_empty() {
         return Err(Error::BadRequest(
@@ -202,38 +208,24 @@ impl Core {
         check_prompt(prompt)?;
         // Not found is said about the session, before anything is claimed for it.
         self.store.session(scope, id)?;
+        // Held until the turn is admitted: a pull-back or dispatch under way finishes first,
+        // and the placement read here is the one the turn runs under.
+        let admission = self.workers.live(id).admission.clone().lock_owned().await;
         let placement = self.store.placement(scope, id)?;
         if let Some(profile) = profile {
             self.check_profile(profile)?;
             match &placement {
-                Some(p) if p.profile != profile && p.state != PlacementState::Local => {
-                    return Err(Error::Conflict(format!(
-                        "session {id} runs on profile `{}`; moving it to `{profile}` is not supported yet",
-                        p.profile
-                    )));
-                }
-                Some(_) => {}
-                None => {
-                    // Dispatch at the turn boundary: no run may be open.
-                    if let Some(run) = self.store.open_run(scope, id)? {
-                        return Err(skiff_store::Error::SessionBusy {
-                            session: id.to_string(),
-                            run: run.id.to_string(),
-                        }
-                        .into());
+                Some(p) if p.state != PlacementState::Local => {
+                    if p.profile != profile {
+                        return Err(crate::worker::moving_profiles(id, &p.profile, profile));
                     }
-                    self.claim_worker_slot(|max| {
-                        self.store.request_placement(scope, id, profile, max)
-                    })
-                    .await?;
-                    self.audit(
-                        scope,
-                        "session.dispatch",
-                        id.as_str(),
-                        "allowed",
-                        json!({ "profile": profile }),
-                    );
-                    return self.start_run(scope, id, prompt).await;
+                }
+                // Dispatch at the turn boundary (a session never placed, or pulled back).
+                _ => {
+                    self.claim_dispatch(scope, id, profile).await?;
+                    return self
+                        .admit_turn(scope, id, user_message(prompt), admission)
+                        .await;
                 }
             }
         }
@@ -257,10 +249,11 @@ impl Core {
             self.claim_worker_slot(|max| self.store.request_placement(scope, id, &p.profile, max))
                 .await?;
         }
-        self.start_run(scope, id, prompt).await
+        self.admit_turn(scope, id, user_message(prompt), admission)
+            .await
     }
 
-    fn check_profile(&self, profile: &str) -> Result<()> {
+    pub(crate) fn check_profile(&self, profile: &str) -> Result<()> {
         if self.envs.profile_views().iter().any(|p| p.name == profile) {
             return Ok(());
         }
@@ -281,14 +274,7 @@ impl Core {
         id: &SessionId,
         prompt: &str,
     ) -> Result<RunStarted> {
-        self.start_run_with(
-            scope,
-            id,
-            EntryBody::UserMessage {
-                text: prompt.to_owned(),
-            },
-        )
-        .await
+        self.start_run_with(scope, id, user_message(prompt)).await
     }
 
     /// Admits a turn that starts with `first` (the user's message; a notice for a retried
@@ -299,9 +285,26 @@ impl Core {
         id: &SessionId,
         first: EntryBody,
     ) -> Result<RunStarted> {
-        let session = self.store.session(scope, id)?;
+        let admission = self.workers.live(id).admission.clone().lock_owned().await;
+        self.admit_turn(scope, id, first, admission).await
+    }
+
+    /// Admits the turn under the session's `admission` lock (released once the run exists and
+    /// the placement it runs under is read) and starts it.
+    async fn admit_turn(
+        self: &Arc<Self>,
+        scope: &Scope,
+        id: &SessionId,
+        first: EntryBody,
+        admission: tokio::sync::OwnedMutexGuard<()>,
+    ) -> Result<RunStarted> {
+        let model_ref = self.store.session(scope, id)?.model_ref;
         // Admission first: only the admitted turn may write the user's message.
-        let run = self.admit_run(scope, id, &session.model_ref)?;
+        let run = self.admit_run(scope, id, &model_ref)?;
+        // Read after admission, so a move claimed before it is seen (one claimed after it
+        // finds the run open and refuses or cancels it).
+        let session = self.store.session(scope, id)?;
+        drop(admission);
         // The status goes out first, as followers expect; the first entry follows at the
         // leaf (re-read if a notice landed in between).
         self.hub.publish(

@@ -69,6 +69,7 @@ export class ChatView {
   build() {
     this.titleEl = h('h1', { class: 'chat-title' }, '…');
     this.chipEl = h('span', { class: 'chip' });
+    this.actionsEl = h('div', { class: 'head-actions' });
     this.metaEl = h('div', { class: 'chat-meta' });
     this.bannerEl = h('div', { class: 'banner', role: 'status', hidden: true });
     this.earlierBtn = h('button', { class: 'link-btn earlier', hidden: true, onclick: () => this.showEarlier() });
@@ -100,7 +101,7 @@ export class ChatView {
       this.errorEl);
     this.el = h('section', { class: 'chat', 'aria-labelledby': 'chat-title' },
       h('header', { class: 'chat-head' },
-        h('div', { class: 'title-row' }, this.titleEl, this.chipEl),
+        h('div', { class: 'title-row' }, this.titleEl, this.chipEl, this.actionsEl),
         this.metaEl),
       this.bannerEl,
       h('div', { class: 'transcript-wrap' }, this.scroller, this.jumpBtn),
@@ -165,6 +166,7 @@ export class ChatView {
     // Reclaimed or failed: the reason on hover.
     const why = ['reclaimed', 'failed'].includes(state) ? s.worker?.error : null;
     this.chipEl.title = why || s.last_run?.error || `${p.label}: ${state}`;
+    this.renderActions(s);
     const ws = s.workspace || {};
     replace(this.metaEl,
       h('span', { class: 'model', title: s.model?.ref }, s.model?.ref || ''),
@@ -174,6 +176,68 @@ export class ChatView {
       h('span', { class: 'mono path', title: ws.path }, ws.path || ''),
       h('span', { class: 'sep', 'aria-hidden': 'true' }, '·'),
       h('span', { class: 'mono muted' }, s.id));
+  }
+
+  /** Pull back (on a worker) and Dispatch… (not on a box), each behind a confirmation. */
+  renderActions(s) {
+    const raw = typeof s.placement === 'string' ? s.placement : 'local';
+    const settled = ['local', 'parked', 'reclaimed', 'failed'];
+    const onWorker = raw !== 'local' && ['active', ...settled].includes(raw);
+    replace(this.actionsEl,
+      onWorker ? h('button', { type: 'button', class: 'small', onclick: () => this.confirmMove('pull-back') }, '⟲ Pull back') : null,
+      settled.includes(raw) ? h('button', { type: 'button', class: 'small', onclick: () => this.confirmMove('dispatch') }, 'Dispatch…') : null);
+  }
+
+  async confirmMove(kind) {
+    const dialog = document.getElementById('move');
+    const form = dialog.querySelector('form');
+    const profileRow = dialog.querySelector('.move-profile');
+    const cancelRow = dialog.querySelector('.move-cancel');
+    const select = form.elements.profile;
+    const s = this.session;
+    const running = Boolean(this.activeRun());
+    dialog.querySelector('#move-title').textContent = kind === 'pull-back' ? 'Pull this session back?' : 'Dispatch this session?';
+    if (kind === 'pull-back') {
+      dialog.querySelector('.move-text').textContent = `The worker on ${s.worker?.environment_id || 'its box'} stops, the box's work comes back into the session's workspace, and the box goes back to the pool. The next message runs on the gateway.`;
+      profileRow.hidden = true;
+      cancelRow.hidden = !running;
+      form.elements.cancel.checked = false;
+    } else {
+      dialog.querySelector('.move-text').textContent = 'The session is placed on a worker box of this profile now; the next message runs there.';
+      cancelRow.hidden = true;
+      profileRow.hidden = false;
+      let profiles = [];
+      try {
+        profiles = (await api.profiles())?.profiles || [];
+      } catch (e) {
+        this.showError(`Could not list worker profiles: ${e.message}`);
+        return;
+      }
+      if (profiles.length === 0) {
+        this.showError('No worker profiles are configured: add a [profiles.NAME] table to skiff.toml.');
+        return;
+      }
+      replace(select, profiles.map((p) => h('option', { value: p.name }, `${p.name} (${p.provider})`)));
+      if (s.worker?.profile) select.value = s.worker.profile;
+    }
+    dialog.returnValue = '';
+    dialog.onclose = async () => {
+      if (dialog.returnValue !== 'move') return;
+      this.showError(null);
+      try {
+        const moved = kind === 'pull-back'
+          ? await api.pullBack(this.id, !cancelRow.hidden && form.elements.cancel.checked)
+          : await api.dispatch(this.id, select.value);
+        // The steps arrive as placement rows in the transcript; a no-op says why here.
+        if (!moved.moved) this.showError(moved.message);
+      } catch (e) {
+        this.showError(e.code === 'session_busy'
+          ? 'A turn is running: wait for it, or pull back again and stop it first.'
+          : `Not moved: ${e.message}`);
+      }
+    };
+    dialog.showModal();
+    dialog.querySelector('[value=cancel]')?.focus();
   }
 
   run(id) {

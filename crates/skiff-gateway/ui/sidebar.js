@@ -29,7 +29,8 @@ export const STATE_SYMBOL = {
 /** Where a session runs: `gateway`, or `worker · <environment>` with a placement state. */
 export function placementOf(s) {
   const raw = typeof s.placement === 'string' ? s.placement : 'local';
-  if (raw === 'local' && !s.worker) return { kind: 'gateway', label: 'gateway', state: null };
+  // A session pulled back keeps its worker record (profile, epoch) but runs here.
+  if (raw === 'local') return { kind: 'gateway', label: 'gateway', state: null };
   // `placement` is the worker placement's state; `worker` says where it runs.
   const env = s.worker?.environment_id || null;
   const word = PLACEMENT_STATES.find((w) => raw === w) || null;

@@ -100,6 +100,38 @@ pub struct SendMessageRequest {
     pub profile: Option<String>,
 }
 
+/// `POST /v1/sessions/{id}/pull-back`: bring a worker session home at a turn boundary.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PullBackRequest {
+    /// Cancel the running turn first; without it a session with a turn running is refused.
+    #[serde(default)]
+    pub cancel: bool,
+}
+
+/// `POST /v1/sessions/{id}/dispatch`: place a session on a worker profile now, without a
+/// message (the next message runs there).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DispatchRequest {
+    pub profile: String,
+}
+
+/// The answer to a pull-back or a dispatch. The move itself goes on after the answer: each
+/// of its steps is a `placement` event on the session's stream, from `after_cursor` on, until
+/// one with a settled state (`local`, `active`, `failed`, `reclaimed`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlacementMove {
+    pub session: SessionView,
+    /// False when there was nothing to do (already home, already on that profile).
+    pub moved: bool,
+    /// What happens (or why nothing does), for people.
+    pub message: String,
+    /// Follow the session's events after this cursor to see the move's steps.
+    pub after_cursor: u64,
+}
+
 /// How a session's workspace is held.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]

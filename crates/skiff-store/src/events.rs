@@ -79,6 +79,21 @@ impl Store {
         })
     }
 
+    /// The cursor of the session's newest event (0 when it has none): where a follower that
+    /// wants only what happens from now on starts.
+    pub fn last_event_cursor(&self, scope: &Scope, session: &SessionId) -> Result<u64> {
+        let last: i64 = self.conn().query_row(
+            "SELECT COALESCE(MAX(seq), 0) FROM events \
+             WHERE session_id = ?1 AND owner_id = ?2 AND tenant_id = ?3",
+            params![session.as_str(), scope.owner_id, scope.tenant_id],
+            |r| r.get(0),
+        )?;
+        u64::try_from(last).map_err(|e| Error::Corrupt {
+            what: "event cursor",
+            detail: e.to_string(),
+        })
+    }
+
     /// Up to `limit` events after `cursor`, oldest first.
     pub fn events_after(
         &self,

@@ -397,6 +397,117 @@ impl Store {
         Ok(Some(before))
     }
 
+    /// Claims a worker session for a pull-back: `active → draining`, in one immediate
+    /// transaction that finds no open run. Returns the placement as it was (its box, worker
+    /// and epoch). Refused with `SessionBusy` when a turn is open, and as an illegal move
+    /// when the session is not active on a box.
+    ///
+    /// INVARIANT: as with parking, the check for an open run and the move are one immediate
+    /// transaction and turn admission is an insert under the same database lock: a turn
+    /// admitted first makes the claim fail, and a turn admitted after it finds the session
+    /// draining.
+    pub fn claim_pull_back(&self, scope: &Scope, session: &SessionId) -> Result<PlacementRow> {
+        let mut conn = self.conn();
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let before = tx
+            .prepare_cached(&format!(
+                "SELECT {COLUMNS} FROM placements WHERE session_id = ?1 AND owner_id = ?2 AND tenant_id = ?3"
+            ))?
+            .query_row(
+                params![session.as_str(), scope.owner_id, scope.tenant_id],
+                from_row,
+            )
+            .optional()?
+            .ok_or_else(|| Error::NotFound {
+                what: "placement",
+                id: session.to_string(),
+            })?;
+        let open: Option<String> = tx
+            .query_row(
+                &format!("SELECT id FROM runs WHERE session_id = ?1 AND status IN {OPEN_RUN}"),
+                [session.as_str()],
+                |r| r.get(0),
+            )
+            .optional()?;
+        if let Some(run) = open {
+            return Err(Error::SessionBusy {
+                session: session.to_string(),
+                run,
+            });
+        }
+        let to = PlacementState::Draining;
+        if before.state != PlacementState::Active || !placement_allowed(before.state, to) {
+            return Err(Error::IllegalPlacementTransition {
+                session: session.to_string(),
+                from: before.state,
+                to,
+            });
+        }
+        let now = now_ms();
+        tx.execute(
+            "UPDATE placements SET state = ?1, generation = generation + 1, updated_at_ms = ?2 \
+             WHERE session_id = ?3",
+            params![to.as_str(), now, session.as_str()],
+        )?;
+        tx.execute(
+            "UPDATE sessions SET placement = ?1, updated_at_ms = ?2 WHERE id = ?3",
+            params![to.as_str(), now, session.as_str()],
+        )?;
+        tx.commit()?;
+        Ok(before)
+    }
+
+    /// Brings a session home: `→ local` from a pull-back's `draining` or `reconciling`, or
+    /// from `parked`, `reclaimed` or `failed` (no box to drain), advancing the owner epoch
+    /// (no worker ever held the new one) and forgetting the box, which the caller gives back.
+    /// Returns the placement as it was.
+    pub fn come_home(&self, scope: &Scope, session: &SessionId) -> Result<PlacementRow> {
+        let mut conn = self.conn();
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let before = tx
+            .prepare_cached(&format!(
+                "SELECT {COLUMNS} FROM placements WHERE session_id = ?1 AND owner_id = ?2 AND tenant_id = ?3"
+            ))?
+            .query_row(
+                params![session.as_str(), scope.owner_id, scope.tenant_id],
+                from_row,
+            )
+            .optional()?
+            .ok_or_else(|| Error::NotFound {
+                what: "placement",
+                id: session.to_string(),
+            })?;
+        let to = PlacementState::Local;
+        if !placement_allowed(before.state, to) {
+            return Err(Error::IllegalPlacementTransition {
+                session: session.to_string(),
+                from: before.state,
+                to,
+            });
+        }
+        let now = now_ms();
+        tx.execute(
+            "UPDATE placements SET state = ?1, generation = generation + 1, \
+             owner_epoch = owner_epoch + 1, environment_id = NULL, worker_pid = NULL, \
+             box_in_step = 0, error = NULL, updated_at_ms = ?2 WHERE session_id = ?3",
+            params![to.as_str(), now, session.as_str()],
+        )?;
+        tx.execute(
+            "UPDATE sessions SET placement = ?1, updated_at_ms = ?2 WHERE id = ?3",
+            params![to.as_str(), now, session.as_str()],
+        )?;
+        // As with parking: the box is attached to no placement until it is given back, so
+        // its use is recorded now and nothing takes it for an abandoned one meanwhile.
+        if let Some(env) = &before.environment_id {
+            tx.execute(
+                "UPDATE environments SET last_used_at_ms = ?1 WHERE id = ?2",
+                params![now, env.as_str()],
+            )?;
+        }
+        tx.commit()?;
+        Ok(before)
+    }
+
     /// Moves a placement to `to` if the state machine allows it.
     pub fn transition_placement(
         &self,

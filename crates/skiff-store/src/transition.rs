@@ -66,12 +66,17 @@ pub fn snapshot_allowed(from: SnapshotState, to: SnapshotState) -> bool {
 /// makes it `reclaimed`, and the next message places it again. Between turns an `active`
 /// session gives its box back (`parked`: its last turn is already reconciled and
 /// checkpointed, so nothing is on the box that the gateway lacks); the next message places it
-/// again, and bringing it home needs no drain (`parked → local`).
+/// again, and bringing it home needs no drain (`parked → local`, as from `reclaimed` and
+/// `failed`, which hold no box either). Pulling back an `active` session is the migration
+/// barrier: `draining` (admission stopped, the worker stopped; `draining → draining` records
+/// the owner epoch advanced past it), `reconciling` only when the box holds work the gateway
+/// lacks, then `local`. A pull-back that cannot finish leaves the session on its box
+/// (`draining|reconciling → active`).
 pub fn placement_allowed(from: PlacementState, to: PlacementState) -> bool {
     use PlacementState::*;
     match from {
-        Local | Reclaimed | Failed => matches!(to, Requested),
-        Parked => matches!(to, Requested | Local),
+        Local => matches!(to, Requested),
+        Parked | Reclaimed | Failed => matches!(to, Requested | Local),
         Requested => matches!(to, Provisioning | Failed),
         Provisioning => matches!(to, Syncing | Failed | Reclaimed),
         Syncing => matches!(to, Setup | Starting | Failed | Reclaimed),
@@ -82,8 +87,11 @@ pub fn placement_allowed(from: PlacementState, to: PlacementState) -> bool {
             to,
             Starting | Reconciling | Draining | Parked | Failed | Reclaimed
         ),
-        Reconciling => matches!(to, Active | Failed | Reclaimed),
-        Draining => matches!(to, Reconciling | Local | Failed | Reclaimed),
+        Reconciling => matches!(to, Active | Local | Failed | Reclaimed),
+        Draining => matches!(
+            to,
+            Draining | Reconciling | Active | Local | Failed | Reclaimed
+        ),
     }
 }
 
@@ -163,6 +171,61 @@ mod tests {
         }
         // Coming home from parked needs no drain: its work is already here.
         assert!(placement_allowed(P::Parked, P::Local));
+    }
+
+    #[test]
+    fn a_pull_back_drains_fences_reconciles_when_needed_and_comes_home() {
+        use PlacementState as P;
+        for path in [
+            &[P::Active, P::Draining, P::Draining, P::Local][..],
+            &[
+                P::Active,
+                P::Draining,
+                P::Draining,
+                P::Reconciling,
+                P::Local,
+            ],
+            // The box's work could not come back: the session stays on its box.
+            &[
+                P::Active,
+                P::Draining,
+                P::Draining,
+                P::Reconciling,
+                P::Active,
+            ],
+            &[P::Reclaimed, P::Local],
+            &[P::Failed, P::Local],
+        ] {
+            for pair in path.windows(2) {
+                assert!(
+                    placement_allowed(pair[0], pair[1]),
+                    "{} -> {}",
+                    pair[0],
+                    pair[1]
+                );
+            }
+        }
+        // Only a session on a box between turns drains; mid-placement it has no worker to stop.
+        for from in [
+            P::Local,
+            P::Requested,
+            P::Provisioning,
+            P::Syncing,
+            P::Starting,
+            P::Parked,
+        ] {
+            assert!(!placement_allowed(from, P::Draining), "{from} -> draining");
+        }
+        // Nothing comes home mid-placement: the box may be half laid down.
+        for from in [
+            P::Requested,
+            P::Provisioning,
+            P::Syncing,
+            P::Setup,
+            P::Starting,
+        ] {
+            assert!(!placement_allowed(from, P::Local), "{from} -> local");
+        }
     }
 
     #[test]

@@ -19,6 +19,7 @@ mod homecoming;
 mod leftovers;
 mod newcomer;
 mod parking;
+mod pull_back;
 mod restore;
 mod results;
 mod rewind;

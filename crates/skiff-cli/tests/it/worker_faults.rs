@@ -36,14 +36,14 @@ fn exec_then_slow(line: &str) -> Vec<FakeResponse> {
 }
 
 /// A running `skiff session new|send --json`, its event lines arriving on a channel.
-struct Following {
+pub struct Following {
     child: Child,
     lines: mpsc::Receiver<Value>,
     seen: Vec<Value>,
 }
 
 impl Following {
-    fn start(rig: &Rig, args: &[&str]) -> Following {
+    pub fn start(rig: &Rig, args: &[&str]) -> Following {
         let mut child = rig
             .gw
             .cli()
@@ -73,7 +73,7 @@ impl Following {
     }
 
     /// Waits (up to a minute) for an event matching `pred`.
-    fn until(&mut self, what: &str, pred: impl Fn(&Value, &[Value]) -> bool) -> Value {
+    pub fn until(&mut self, what: &str, pred: impl Fn(&Value, &[Value]) -> bool) -> Value {
         loop {
             let event = self
                 .lines
@@ -99,7 +99,7 @@ impl Following {
     }
 
     /// Reads to the end; the exit status and every event seen.
-    fn finish(mut self) -> (std::process::ExitStatus, Vec<Value>) {
+    pub fn finish(mut self) -> (std::process::ExitStatus, Vec<Value>) {
         while let Ok(event) = self.lines.recv_timeout(Duration::from_secs(120)) {
             self.seen.push(event);
         }

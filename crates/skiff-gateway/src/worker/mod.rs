@@ -12,6 +12,8 @@
 //!   workspace after each, and recovering from tunnel blips, dead workers and dead boxes.
 //! - [`park`]: a session idle on its box past its profile's `keep_attached`, or the one idle
 //!   longest when a slot is needed, gives the box back to the idle pool (placement `parked`).
+//! - [`pull_back`]: the migration barrier — a worker session brought home (placement
+//!   `local`), and a session dispatched to a profile without a message.
 //! - [`web_fetch`]: the gateway-resident tool (controlled egress, allowlisted hosts).
 //!
 //! Deliberately absent: any way for a worker to reach the HTTP API, to name another session,
@@ -25,6 +27,7 @@ mod park;
 pub(crate) mod place;
 pub(crate) mod probe;
 mod proxy;
+mod pull_back;
 mod recover;
 mod setup;
 #[cfg(test)]
@@ -43,6 +46,7 @@ use tokio_util::sync::CancellationToken;
 
 pub(crate) use credential::Signer;
 pub(crate) use place::box_workspace;
+pub(crate) use pull_back::moving_profiles;
 
 /// The model reference of the readiness canary: answered by the proxy itself, never sent to a
 /// provider.
@@ -86,6 +90,13 @@ pub(crate) struct Live {
     /// write, a model call or acknowledgement; not a credential rotation) or model output the
     /// gateway passed on to it. The stall watchdog reads it.
     progress: Mutex<Option<std::time::Instant>>,
+    /// Held while a turn is admitted (its run inserted and the placement it runs under read)
+    /// and for the whole of a pull-back, so a message sent during a pull-back waits for it
+    /// and then runs at home. Taken before `placing` when both are held.
+    pub(crate) admission: Arc<tokio::sync::Mutex<()>>,
+    /// Held by whoever drives the placement (a turn's `ensure_worker`, a dispatch without a
+    /// message, a pull-back), so two of them never drive one placement at once.
+    pub(crate) placing: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl Live {

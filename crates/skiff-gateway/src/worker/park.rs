@@ -84,10 +84,10 @@ impl Core {
         Ok(true)
     }
 
-    /// Stops the parked session's worker, removes its workspace and the tunnel to it, and puts
-    /// the box in the idle pool (or destroys it when that cannot be done). Returns whether the
-    /// box is in the pool.
-    async fn give_box_back(
+    /// Stops the session's worker, removes its workspace and the tunnel to it, and puts the
+    /// box in the idle pool (or destroys it when that cannot be done). Returns whether the box
+    /// is in the pool. The session no longer names the box (parked, or home).
+    pub(super) async fn give_box_back(
         &self,
         scope: &Scope,
         session: &SessionId,
@@ -212,20 +212,30 @@ impl Core {
     }
 }
 
-/// What clears a parked session off its box, run there: its worker stopped (asked first,
-/// killed after a grace; only a process that is still the `skiff worker` it started, so a
-/// reused pid is left alone), its workspace and the worker's log removed. Prints the home
-/// directory (the tunnel's socket is under it) and fails unless the workspace is gone.
-fn clear_script(session: &SessionId, worker_pid: Option<i64>) -> String {
-    let workspace = skiff_ssh::shell_quote(&box_workspace(session));
+/// What stops a session's worker on its box, run there: asked first, killed after a grace;
+/// only a process that is still the `skiff worker` it started, so a reused pid is left alone.
+/// The commands its tools started die with it (each runs contained, as the init of its own
+/// PID namespace, killed when the worker goes). Exits 0 once the worker is gone.
+pub(super) fn stop_worker_script(worker_pid: Option<i64>) -> String {
     let pid = worker_pid.map(|p| p.to_string()).unwrap_or_default();
     format!(
-        "set -u; p='{pid}'; cd \"$HOME\" || exit 1; \
+        "set -u; p='{pid}'; \
          ours() {{ [ -n \"$p\" ] && tr '\\0' ' ' </proc/\"$p\"/cmdline 2>/dev/null | grep -q -- ' worker --socket '; }}; \
          if ours; then kill -TERM \"$p\" 2>/dev/null; n=0; \
          while ours && [ $n -lt {WORKER_EXIT_GRACE_TENTHS} ]; do sleep 0.1; n=$((n+1)); done; \
-         if ours; then kill -KILL \"$p\" 2>/dev/null; fi; fi; \
-         rm -rf -- {workspace} && rm -f -- .skiff/worker.log && [ ! -e {workspace} ] && printf %s \"$HOME\""
+         if ours; then kill -KILL \"$p\" 2>/dev/null; fi; fi; ! ours"
+    )
+}
+
+/// What clears a parked session off its box, run there: its worker stopped
+/// ([`stop_worker_script`]), its workspace and the worker's log removed. Prints the home
+/// directory (the tunnel's socket is under it) and fails unless the workspace is gone.
+fn clear_script(session: &SessionId, worker_pid: Option<i64>) -> String {
+    let workspace = skiff_ssh::shell_quote(&box_workspace(session));
+    format!(
+        "{stop}; cd \"$HOME\" || exit 1; \
+         rm -rf -- {workspace} && rm -f -- .skiff/worker.log && [ ! -e {workspace} ] && printf %s \"$HOME\"",
+        stop = stop_worker_script(worker_pid)
     )
 }
 

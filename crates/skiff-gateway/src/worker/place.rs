@@ -83,8 +83,21 @@ impl Core {
     }
 
     /// Makes sure the session has an admitted, ready worker; drives the placement as far as
-    /// needed.
+    /// needed. Waits for whoever drives it now (a dispatch without a message): a turn sent
+    /// while its session is being placed runs on the worker that placement starts.
     pub(crate) async fn ensure_worker(
+        self: &Arc<Self>,
+        scope: &Scope,
+        session: &SessionRow,
+        cancel: &CancellationToken,
+    ) -> Result<PlacementRow> {
+        let placing = self.workers.live(&session.id).placing.clone();
+        let _placing = placing.lock_owned().await;
+        self.ensure_worker_locked(scope, session, cancel).await
+    }
+
+    /// [`Core::ensure_worker`] for a caller that holds the session's `placing` lock.
+    pub(super) async fn ensure_worker_locked(
         self: &Arc<Self>,
         scope: &Scope,
         session: &SessionRow,
@@ -260,7 +273,7 @@ impl Core {
 
     /// The placement failed: record why, and give up the box it had (its state is unknown,
     /// and an attached box nobody uses would be paid for until its TTL). Returns `e`.
-    async fn fail_placement(
+    pub(super) async fn fail_placement(
         &self,
         scope: &Scope,
         p: &PlacementRow,

@@ -220,7 +220,7 @@ impl Core {
     /// Brings home what a box holds when no worker can run there: the workspace listed by
     /// the installed bundle (`skiff box scan`), adopted with every check a turn's end gets,
     /// then checkpointed.
-    async fn capture_box_work(&self, scope: &Scope, session: &SessionId) -> Result<()> {
+    pub(super) async fn capture_box_work(&self, scope: &Scope, session: &SessionId) -> Result<()> {
         let p = self
             .store
             .placement(scope, session)?
@@ -428,14 +428,22 @@ impl Core {
     pub(crate) async fn reconcile_placements_on_start(self: &Arc<Self>) -> Result<()> {
         for p in self.store.live_placements()? {
             match p.state {
-                PlacementState::Active | PlacementState::Reconciling => {
-                    if p.state == PlacementState::Reconciling {
+                PlacementState::Active | PlacementState::Reconciling | PlacementState::Draining => {
+                    if p.state != PlacementState::Active {
+                        // A pull-back cut short leaves the session on its box: pulling it
+                        // back again finishes it, and a message runs there meanwhile.
+                        let why = match p.state {
+                            PlacementState::Draining => {
+                                "the gateway restarted during a pull-back; the session stays on its box"
+                            }
+                            _ => "the gateway restarted during reconciliation",
+                        };
                         self.place(
                             &p.scope,
                             &p.session_id,
                             PlacementState::Active,
                             &PlacementChange::default(),
-                            "the gateway restarted during reconciliation",
+                            why,
                         )?;
                     }
                     if let Some(env) = &p.environment_id {

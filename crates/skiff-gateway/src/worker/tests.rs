@@ -571,3 +571,85 @@ async fn a_worker_on_the_endpoint_socket_is_admitted_handed_its_turn_and_answere
         "{refused:?}"
     );
 }
+
+/// The migration barrier fences the old owner: once a session is pulled back, a write its
+/// old worker still sends (with the epoch it held) is refused and changes nothing.
+#[tokio::test]
+async fn after_a_pull_back_the_old_workers_writes_are_refused_as_stale() {
+    use futures_util::StreamExt;
+    let mut h = Harness::new().await.unwrap();
+    let (scope, session) = (h.a.scope.clone(), h.a.claims.session_id.clone());
+    // The turn ended and its work came back: the session is between turns, its box in step.
+    h.core
+        .store
+        .transition_run(&scope, &h.run, RunStatus::Succeeded, None)
+        .unwrap();
+    for to in [PlacementState::Reconciling, PlacementState::Active] {
+        let change = PlacementChange {
+            box_in_step: (to == PlacementState::Active).then_some(true),
+            ..Default::default()
+        };
+        h.core
+            .store
+            .transition_placement(&scope, &session, to, &change)
+            .unwrap();
+    }
+    let old_epoch = h.a.claims.owner_epoch;
+    let before = h.transcript_len().unwrap();
+
+    let answer = h.core.pull_back(&scope, &session, false).await.unwrap();
+    assert!(answer.moved, "{}", answer.message);
+    let events = h
+        .core
+        .hub
+        .subscribe(scope.clone(), session.clone(), answer.after_cursor)
+        .unwrap();
+    let mut events = std::pin::pin!(events);
+    let mut steps = Vec::new();
+    while let Some(event) = events.next().await {
+        if let skiff_protocol::event::EventKind::Placement { state, .. } = event.unwrap().kind {
+            steps.push(state);
+            if state == PlacementState::Local {
+                break;
+            }
+        }
+    }
+    assert_eq!(
+        steps,
+        [
+            PlacementState::Draining,
+            PlacementState::Draining,
+            PlacementState::Local
+        ],
+        "claimed, fenced, home: no reconciliation for a box in step"
+    );
+    let home = h.core.store.placement(&scope, &session).unwrap().unwrap();
+    assert_eq!(home.state, PlacementState::Local);
+    assert!(home.owner_epoch > old_epoch);
+    assert_eq!(home.environment_id, None);
+
+    // A frame the old worker sent before it was stopped arrives on its connection.
+    let (tx, frames) = mpsc::unbounded_channel();
+    let _closed = h.a.live.connect(h.a.conn_id, old_epoch, tx);
+    h.frames = frames;
+    let reply = h
+        .call(
+            StreamKind::Transcript,
+            1,
+            commit("written by a fenced worker"),
+        )
+        .await
+        .unwrap();
+    let (code, message) = refused(&reply).unwrap();
+    assert_eq!(code, RefusalCode::StaleEpoch, "{message}");
+    assert_eq!(h.transcript_len().unwrap(), before, "the late write landed");
+
+    // Pulling back a session already home changes nothing and says so.
+    let again = h.core.pull_back(&scope, &session, false).await.unwrap();
+    assert!(!again.moved);
+    assert!(
+        again.message.contains("already runs on the gateway"),
+        "{}",
+        again.message
+    );
+}

@@ -411,3 +411,45 @@ fn a_full_gateway_says_how_many_slots_run_turns_and_idle_sessions_go_longest_idl
     store.park_placement(&alice(), &a).unwrap().unwrap();
     store.request_placement(&alice(), &d, "local", 3).unwrap();
 }
+
+#[test]
+fn a_pull_back_claim_loses_to_an_open_turn_and_coming_home_fences_the_worker_and_frees_the_box() {
+    use skiff_protocol::environment::PlacementState as P;
+    let store = Store::open_in_memory().unwrap();
+    let env = skiff_protocol::EnvironmentId::from_suffix("box1");
+    let s = active_worker_session(&store, &env);
+    let run = store.create_run(&alice(), &s, "scripted/demo").unwrap();
+    let err = store.claim_pull_back(&alice(), &s).unwrap_err();
+    assert!(matches!(err, Error::SessionBusy { .. }), "{err}");
+    assert_eq!(
+        store.placement(&alice(), &s).unwrap().unwrap().state,
+        P::Active
+    );
+
+    finish_run(&store, &run.id);
+    let before = store.claim_pull_back(&alice(), &s).unwrap();
+    assert_eq!(before.environment_id.as_ref(), Some(&env));
+    assert_eq!(store.session(&alice(), &s).unwrap().placement, "draining");
+    // A second claim finds it draining: not a second pull-back.
+    let again = store.claim_pull_back(&alice(), &s).unwrap_err();
+    assert!(
+        matches!(again, Error::IllegalPlacementTransition { .. }),
+        "{again}"
+    );
+
+    let was = store.come_home(&alice(), &s).unwrap();
+    assert_eq!(was.environment_id.as_ref(), Some(&env));
+    let home = store.placement(&alice(), &s).unwrap().unwrap();
+    assert_eq!(home.state, P::Local);
+    assert_eq!(home.environment_id, None, "a session at home names no box");
+    assert!(
+        home.owner_epoch > before.owner_epoch,
+        "its old worker is fenced"
+    );
+    assert_eq!(store.session(&alice(), &s).unwrap().placement, "local");
+    assert_eq!(store.worker_slots().unwrap().live, 0);
+    assert!(store.sessions_on_environment(&env).unwrap().is_empty());
+    // Home is home: coming home again is an illegal move, and it can be dispatched again.
+    assert!(store.come_home(&alice(), &s).is_err());
+    store.request_placement(&alice(), &s, "local", 3).unwrap();
+}
