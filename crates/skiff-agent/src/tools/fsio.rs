@@ -62,7 +62,7 @@ pub(super) fn not_regular(name: &str, meta: &Metadata, tool: &str) -> String {
 }
 
 /// A regular file of the workspace, opened for reading.
-pub(super) struct Opened {
+pub(crate) struct Opened {
     pub file: File,
     /// The file's own path (a symlink on the way resolved), inside the workspace.
     pub path: PathBuf,
@@ -71,7 +71,7 @@ pub(super) struct Opened {
 
 /// Opens `user_path` for reading if, and only if, it is a regular file inside the workspace.
 /// Never blocks: see the module doc.
-pub(super) fn open_regular(ws: &Workspace, user_path: &str, tool: &str) -> Result<Opened, String> {
+pub(crate) fn open_regular(ws: &Workspace, user_path: &str, tool: &str) -> Result<Opened, String> {
     let lexical = ws.resolve(user_path)?;
     let cannot = |e: std::io::Error| format!("cannot {tool} {user_path}: {e}");
     let meta = std::fs::symlink_metadata(&lexical).map_err(cannot)?;

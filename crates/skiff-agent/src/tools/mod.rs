@@ -9,7 +9,7 @@
 
 mod exec;
 mod files;
-mod fsio;
+pub(crate) mod fsio;
 mod paths;
 mod search;
 
