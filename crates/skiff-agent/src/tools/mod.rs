@@ -7,9 +7,11 @@
 //! when the run is cancelled or after [`FILE_TOOL_TIMEOUT`]; `exec` kills everything its
 //! command started at its timeout, on cancel and when it ends.
 
+mod apply_patch;
 mod exec;
 mod files;
 pub(crate) mod fsio;
+mod patch;
 mod paths;
 mod search;
 
@@ -112,6 +114,12 @@ impl Tools {
                 })
                 .await
             }
+            "apply_patch" => {
+                blocking(name, parse(call, args), cancel, move |a, c| {
+                    apply_patch::apply_patch(&ws, a, c)
+                })
+                .await
+            }
             "ls" => {
                 blocking(name, parse(call, args), cancel, move |a, _| {
                     files::ls(&ws, a)
@@ -144,7 +152,7 @@ impl Tools {
                 Err(e) => Err(e),
             },
             other => Err(format!(
-                "unknown tool `{other}`; available tools: read, write, edit, ls, find, grep, exec"
+                "unknown tool `{other}`; available tools: read, write, edit, apply_patch, ls, find, grep, exec"
             )),
         };
         match out {
@@ -200,6 +208,9 @@ pub fn runs_on_gateway(name: &str) -> bool {
 
 /// The main argument of a call, for one-line display (`read src/lib.rs`).
 pub fn summary(call: &ToolCall) -> String {
+    if call.name == "apply_patch" {
+        return patch_summary(call);
+    }
     let key = match call.name.as_str() {
         "find" | "grep" => "pattern",
         "exec" => "command",
@@ -219,6 +230,30 @@ pub fn summary(call: &ToolCall) -> String {
         format!("{}…", line.chars().take(119).collect::<String>())
     } else {
         line.to_owned()
+    }
+}
+
+/// The files a patch names (`src/a.rs, src/b.rs`), read from its section headers.
+fn patch_summary(call: &ToolCall) -> String {
+    let patch = call
+        .arguments
+        .get("patch")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    let files: Vec<&str> = patch
+        .lines()
+        .filter_map(|line| {
+            ["*** Add File: ", "*** Delete File: ", "*** Update File: "]
+                .iter()
+                .find_map(|header| line.strip_prefix(header))
+        })
+        .map(str::trim)
+        .collect();
+    let text = files.join(", ");
+    if text.chars().count() > 120 {
+        format!("{}…", text.chars().take(119).collect::<String>())
+    } else {
+        text
     }
 }
 
@@ -270,6 +305,13 @@ fn specs() -> Vec<ToolSpec> {
                     "type": "object", "additionalProperties": false, "required": ["old_text", "new_text"],
                     "properties": {"old_text": {"type": "string"}, "new_text": {"type": "string"}}
                 }}
+            }}),
+        ),
+        spec(
+            "apply_patch",
+            "Change files with a patch: add, delete, update and move several files in one call, all or nothing (if any hunk does not match, no file is changed and the error shows the hunk). Format:\n*** Begin Patch\n*** Add File: path\n+line of the new file\n*** Delete File: path\n*** Update File: path\n*** Move to: new/path (optional)\n@@ a line just above the change, to locate it (optional)\n context line\n-removed line\n+added line\n*** End of File (optional: the hunk is at the end of the file)\n*** End Patch\nGive about three lines of context around each change; paths are relative to the workspace root.",
+            json!({"type": "object", "additionalProperties": false, "required": ["patch"], "properties": {
+                "patch": {"type": "string", "description": "The whole patch, from *** Begin Patch to *** End Patch"}
             }}),
         ),
         spec(

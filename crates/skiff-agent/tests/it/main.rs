@@ -8,6 +8,7 @@
     reason = "test helpers fail loudly; clippy.toml only covers #[test] functions"
 )]
 
+mod patch;
 mod procs;
 mod special_files;
 mod tools;
