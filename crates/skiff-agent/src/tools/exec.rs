@@ -8,16 +8,22 @@
 use super::{MAX_RESULT_BYTES, Workspace};
 use serde::Deserialize;
 use skiff_process::{Cmd, Error, Ledger};
+use std::path::PathBuf;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
-const DEFAULT_TIMEOUT_S: u64 = 120;
-const MAX_TIMEOUT_S: u64 = 3600;
+/// How long a command may run when the call does not say; a test suite or a build fits, a
+/// command waiting for input that never comes does not hold the turn for long.
+pub(super) const DEFAULT_TIMEOUT_S: u64 = 120;
+/// The longest a call may ask for; longer work belongs in several calls or in the background.
+pub(super) const MAX_TIMEOUT_S: u64 = 3600;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct ExecArgs {
     command: String,
+    /// The directory to run in, relative to the workspace root (the root when absent).
+    workdir: Option<String>,
     timeout_s: Option<u64>,
 }
 
@@ -28,13 +34,20 @@ pub(super) async fn exec(
     args: ExecArgs,
     cancel: &CancellationToken,
 ) -> Result<String, String> {
-    let timeout_s = args
-        .timeout_s
-        .unwrap_or(DEFAULT_TIMEOUT_S)
-        .clamp(1, MAX_TIMEOUT_S);
+    let timeout_s = args.timeout_s.unwrap_or(DEFAULT_TIMEOUT_S);
+    if !(1..=MAX_TIMEOUT_S).contains(&timeout_s) {
+        return Err(format!(
+            "timeout_s is {timeout_s}; give 1 to {MAX_TIMEOUT_S} seconds (the default is \
+             {DEFAULT_TIMEOUT_S})"
+        ));
+    }
+    let cwd = match &args.workdir {
+        Some(dir) => workdir(ws, dir)?,
+        None => ws.root().to_path_buf(),
+    };
     let mut cmd = Cmd::new("bash")
         .args(["-lc", &args.command])
-        .cwd(ws.root())
+        .cwd(&cwd)
         .timeout(Duration::from_secs(timeout_s))
         .output_cap(MAX_RESULT_BYTES)
         .merge_stderr()
@@ -63,5 +76,19 @@ pub(super) async fn exec(
             Err("cancelled; the command and everything it started were killed".to_owned())
         }
         Err(e) => Err(e.to_string()),
+    }
+}
+
+/// A workspace directory to run in, checked like any tool path.
+pub(super) fn workdir(ws: &Workspace, dir: &str) -> Result<PathBuf, String> {
+    let path = ws.resolve(dir)?;
+    // stat, not open: it follows a symlink (`resolve` checked where it goes) and never blocks.
+    match std::fs::metadata(&path) {
+        Ok(meta) if meta.is_dir() => Ok(path),
+        Ok(meta) => Err(format!(
+            "workdir {dir} is {}, not a directory",
+            super::fsio::kind(&meta)
+        )),
+        Err(e) => Err(format!("workdir {dir}: {e}")),
     }
 }

@@ -348,10 +348,11 @@ fn specs() -> Vec<ToolSpec> {
         ),
         spec(
             "exec",
-            "Run a shell command with bash -lc in the workspace root. Returns the exit code and the combined output (long output is truncated in the middle). Everything the command starts, background processes included, is killed when it ends, times out or is cancelled.",
+            "Run a shell command with bash -lc in the workspace root (or workdir). Returns the exit code and the combined output (long output is truncated in the middle). Everything the command starts, background processes included, is killed when it ends, times out or is cancelled; use the process tool for a server or watcher that must keep running.",
             json!({"type": "object", "additionalProperties": false, "required": ["command"], "properties": {
                 "command": {"type": "string"},
-                "timeout_s": {"type": "integer", "minimum": 1, "maximum": 3600, "description": "Default 120"}
+                "workdir": {"type": "string", "description": "Directory to run in, relative to the workspace root"},
+                "timeout_s": {"type": "integer", "minimum": 1, "maximum": exec::MAX_TIMEOUT_S, "description": format!("Seconds before the command is killed; default {}", exec::DEFAULT_TIMEOUT_S)}
             }}),
         ),
     ]
