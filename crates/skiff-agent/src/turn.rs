@@ -46,7 +46,10 @@ pub async fn run_turn<M: ModelClient, B: SessionBackend>(
     config: &AgentConfig,
     cancel: &CancellationToken,
 ) -> TurnOutcome {
-    match drive(model, backend, tools, config, cancel).await {
+    let outcome = drive(model, backend, tools, config, cancel).await;
+    // However the turn ended, what it started in the background ends with it.
+    tools.end_turn().await;
+    match outcome {
         Ok(outcome) => outcome,
         Err(e) => TurnOutcome::Failed(e.0),
     }

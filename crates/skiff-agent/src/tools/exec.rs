@@ -8,7 +8,7 @@
 use super::{MAX_RESULT_BYTES, Workspace};
 use serde::Deserialize;
 use skiff_process::{Cmd, Error, Ledger};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
@@ -45,23 +45,9 @@ pub(super) async fn exec(
         Some(dir) => workdir(ws, dir)?,
         None => ws.root().to_path_buf(),
     };
-    let mut cmd = Cmd::new("bash")
-        .args(["-lc", &args.command])
-        .cwd(&cwd)
+    let cmd = shell(extra_env, ledger, &args.command, &cwd)
         .timeout(Duration::from_secs(timeout_s))
-        .output_cap(MAX_RESULT_BYTES)
-        .merge_stderr()
-        .contained()
-        .env("TERM", "dumb")
-        .env("PAGER", "cat")
-        .env("GIT_PAGER", "cat")
-        .env("GIT_TERMINAL_PROMPT", "0");
-    for (k, v) in extra_env {
-        cmd = cmd.env(k.clone(), v.clone());
-    }
-    if let Some(ledger) = ledger {
-        cmd = cmd.ledger(ledger.clone());
-    }
+        .output_cap(MAX_RESULT_BYTES);
     match cmd.run(cancel).await {
         Ok(done) => {
             let code = done.code();
@@ -77,6 +63,32 @@ pub(super) async fn exec(
         }
         Err(e) => Err(e.to_string()),
     }
+}
+
+/// `bash -lc command` in `cwd`, contained, with a clean environment plus `extra_env`, and
+/// recorded in `ledger` while it runs: how every command the agent starts is run.
+pub(super) fn shell(
+    extra_env: &[(String, String)],
+    ledger: Option<&Ledger>,
+    command: &str,
+    cwd: &Path,
+) -> Cmd {
+    let mut cmd = Cmd::new("bash")
+        .args(["-lc", command])
+        .cwd(cwd)
+        .merge_stderr()
+        .contained()
+        .env("TERM", "dumb")
+        .env("PAGER", "cat")
+        .env("GIT_PAGER", "cat")
+        .env("GIT_TERMINAL_PROMPT", "0");
+    for (k, v) in extra_env {
+        cmd = cmd.env(k.clone(), v.clone());
+    }
+    if let Some(ledger) = ledger {
+        cmd = cmd.ledger(ledger.clone());
+    }
+    cmd
 }
 
 /// A workspace directory to run in, checked like any tool path.

@@ -13,9 +13,11 @@ mod files;
 pub(crate) mod fsio;
 mod patch;
 mod paths;
+mod process;
 mod search;
 
 pub use paths::Workspace;
+pub use process::Processes;
 
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
@@ -61,6 +63,7 @@ pub struct Tools {
     workspace: Workspace,
     exec_env: Vec<(String, String)>,
     ledger: Option<Ledger>,
+    processes: Processes,
 }
 
 impl Tools {
@@ -70,6 +73,7 @@ impl Tools {
             workspace: Workspace::new(root)?,
             exec_env,
             ledger: None,
+            processes: Processes::new(),
         })
     }
 
@@ -78,6 +82,19 @@ impl Tools {
     pub fn with_ledger(mut self, ledger: Ledger) -> Self {
         self.ledger = Some(ledger);
         self
+    }
+
+    /// Runs `process` commands in `processes` rather than in a registry of these tools' own:
+    /// a session that keeps one registry across its turns lets `keep` processes live on
+    /// between them, and stops them with [`Processes::stop_all`] when it ends.
+    pub fn with_processes(mut self, processes: Processes) -> Self {
+        self.processes = processes;
+        self
+    }
+
+    /// Ends the turn for background processes: every one not started with `keep` is stopped.
+    pub async fn end_turn(&self) {
+        self.processes.end_turn().await;
     }
 
     pub fn workspace(&self) -> &Workspace {
@@ -151,8 +168,21 @@ impl Tools {
                 }
                 Err(e) => Err(e),
             },
+            "process" => match parse(call, args) {
+                Ok(a) => {
+                    process::process(
+                        &self.processes,
+                        &self.workspace,
+                        &self.exec_env,
+                        self.ledger.as_ref(),
+                        a,
+                    )
+                    .await
+                }
+                Err(e) => Err(e),
+            },
             other => Err(format!(
-                "unknown tool `{other}`; available tools: read, write, edit, apply_patch, ls, find, grep, exec"
+                "unknown tool `{other}`; available tools: read, write, edit, apply_patch, ls, find, grep, exec, process"
             )),
         };
         match out {
@@ -210,6 +240,25 @@ pub fn runs_on_gateway(name: &str) -> bool {
 pub fn summary(call: &ToolCall) -> String {
     if call.name == "apply_patch" {
         return patch_summary(call);
+    }
+    if call.name == "process" {
+        let field = |key: &str| match call.arguments.get(key) {
+            Some(Value::String(s)) => s.lines().next().unwrap_or("").to_owned(),
+            Some(Value::Number(n)) => n.to_string(),
+            _ => String::new(),
+        };
+        let action = field("action");
+        let target = match action.as_str() {
+            "start" => field("command"),
+            _ => field("id"),
+        };
+        let text = format!("{action} {target}");
+        let text = text.trim_end();
+        return if text.chars().count() > 120 {
+            format!("{}…", text.chars().take(119).collect::<String>())
+        } else {
+            text.to_owned()
+        };
     }
     let key = match call.name.as_str() {
         "find" | "grep" => "pattern",
@@ -353,6 +402,17 @@ fn specs() -> Vec<ToolSpec> {
                 "command": {"type": "string"},
                 "workdir": {"type": "string", "description": "Directory to run in, relative to the workspace root"},
                 "timeout_s": {"type": "integer", "minimum": 1, "maximum": exec::MAX_TIMEOUT_S, "description": format!("Seconds before the command is killed; default {}", exec::DEFAULT_TIMEOUT_S)}
+            }}),
+        ),
+        spec(
+            "process",
+            "Run a command in the background (a dev server, a watcher) and check on it while you work. start {command, workdir?, keep?} returns an id; status {id?} lists processes or shows one; output {id} returns the output since the last read (the last ~60 KiB are kept); stop {id} kills it and everything it started. Background processes are stopped when the turn ends unless started with keep: true, and always when the session ends.",
+            json!({"type": "object", "additionalProperties": false, "required": ["action"], "properties": {
+                "action": {"type": "string", "enum": ["start", "status", "output", "stop"]},
+                "id": {"type": "string", "description": "The id start returned (for status, output, stop)"},
+                "command": {"type": "string", "description": "For start: run with bash -lc"},
+                "workdir": {"type": "string", "description": "For start: directory relative to the workspace root"},
+                "keep": {"type": "boolean", "description": "For start: keep it running after this turn ends"}
             }}),
         ),
     ]

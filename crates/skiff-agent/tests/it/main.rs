@@ -9,6 +9,7 @@
 )]
 
 mod patch;
+mod process;
 mod procs;
 mod special_files;
 mod tools;

@@ -13,7 +13,7 @@ use std::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
 /// Plays reply N when the context holds N assistant messages.
-struct Scripted(Vec<Vec<ModelEvent>>);
+pub(crate) struct Scripted(pub(crate) Vec<Vec<ModelEvent>>);
 
 impl ModelClient for Scripted {
     fn stream(
@@ -31,7 +31,7 @@ impl ModelClient for Scripted {
 }
 
 #[derive(Default)]
-struct Memory {
+pub(crate) struct Memory {
     entries: Mutex<Vec<TranscriptEntry>>,
     events: Mutex<Vec<EventKind>>,
 }
@@ -79,7 +79,7 @@ impl SessionBackend for Memory {
     }
 }
 
-fn tool_turn(calls: &[(&str, serde_json::Value)]) -> Vec<ModelEvent> {
+pub(crate) fn tool_turn(calls: &[(&str, serde_json::Value)]) -> Vec<ModelEvent> {
     let mut events = vec![ModelEvent::TextDelta {
         text: "working".into(),
     }];
@@ -98,7 +98,7 @@ fn tool_turn(calls: &[(&str, serde_json::Value)]) -> Vec<ModelEvent> {
     events
 }
 
-fn final_turn(text: &str) -> Vec<ModelEvent> {
+pub(crate) fn final_turn(text: &str) -> Vec<ModelEvent> {
     vec![
         ModelEvent::TextDelta { text: text.into() },
         ModelEvent::Done {
@@ -107,7 +107,7 @@ fn final_turn(text: &str) -> Vec<ModelEvent> {
     ]
 }
 
-fn config() -> AgentConfig {
+pub(crate) fn config() -> AgentConfig {
     AgentConfig {
         model: ModelRef::parse("scripted/test").unwrap(),
         model_label: "scripted/test (scripted)".into(),
@@ -116,7 +116,7 @@ fn config() -> AgentConfig {
     }
 }
 
-fn backend_with_prompt() -> Memory {
+pub(crate) fn backend_with_prompt() -> Memory {
     let memory = Memory::default();
     memory.entries.lock().unwrap().push(TranscriptEntry {
         id: EntryId::from_suffix("user"),
