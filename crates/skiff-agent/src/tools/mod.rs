@@ -73,7 +73,7 @@ impl Tools {
             workspace: Workspace::new(root)?,
             exec_env,
             ledger: None,
-            processes: Processes::new(),
+            processes: Processes::for_turn(),
         })
     }
 

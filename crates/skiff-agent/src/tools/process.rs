@@ -55,18 +55,14 @@ enum Action {
 #[derive(Clone, Debug)]
 pub struct Processes(Arc<Inner>);
 
-impl Default for Processes {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 #[derive(Debug)]
 struct Inner {
     state: Mutex<State>,
     /// Cancelled when the last handle goes: every process is a child of it.
     all: CancellationToken,
     _stop_all: DropGuard,
+    /// Whether this registry outlives a turn, so that `keep` means something.
+    session: bool,
 }
 
 #[derive(Debug, Default)]
@@ -103,12 +99,24 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Processes {
-    pub fn new() -> Self {
+    /// A registry for one turn: it goes with the turn's tools, `keep` or not.
+    pub fn for_turn() -> Self {
+        Self::with_scope(false)
+    }
+
+    /// A registry a session holds across its turns: `keep` processes live on between them
+    /// until [`Processes::stop_all`] or the registry is dropped.
+    pub fn for_session() -> Self {
+        Self::with_scope(true)
+    }
+
+    fn with_scope(session: bool) -> Self {
         let all = CancellationToken::new();
         Self(Arc::new(Inner {
             state: Mutex::default(),
             _stop_all: all.clone().drop_guard(),
             all,
+            session,
         }))
     }
 
@@ -206,7 +214,7 @@ impl Processes {
             }
         };
         tokio::spawn(task);
-        let keep = args.keep.unwrap_or(false);
+        let keep = args.keep.unwrap_or(false) && self.0.session;
         state.procs.insert(
             id,
             Proc {
@@ -218,14 +226,17 @@ impl Processes {
                 shared,
             },
         );
-        Ok(format!(
-            "started process {id}: {command}\nit runs until stopped{}; read its output with \
-             {{\"action\": \"output\", \"id\": \"{id}\"}}",
-            if keep {
-                " or the session ends"
-            } else {
-                " or this turn ends"
+        let until = match (keep, args.keep) {
+            (true, _) => " or the session ends",
+            (false, Some(true)) => {
+                " or this turn ends (keep is not available here: this runtime ends background \
+                 processes with the turn)"
             }
+            (false, _) => " or this turn ends",
+        };
+        Ok(format!(
+            "started process {id}: {command}\nit runs until stopped{until}; read its output \
+             with {{\"action\": \"output\", \"id\": \"{id}\"}}"
         ))
     }
 

@@ -94,7 +94,7 @@ async fn a_process_that_exits_reports_its_code_and_last_output() {
 #[tokio::test]
 async fn background_processes_end_with_the_turn_unless_kept_and_with_the_session_always() {
     let dir = tempfile::tempdir().unwrap();
-    let session = Processes::new();
+    let session = Processes::for_session();
     let tools = Tools::new(dir.path().to_path_buf(), hermetic_home(dir.path()))
         .unwrap()
         .with_processes(session.clone());
@@ -141,6 +141,7 @@ async fn background_processes_end_with_the_turn_unless_kept_and_with_the_session
 #[tokio::test]
 async fn dropping_the_registry_stops_kept_processes() {
     let (_dir, tools) = workspace();
+    let tools = tools.with_processes(Processes::for_session());
     call(
         &tools,
         "process",
@@ -153,4 +154,22 @@ async fn dropping_the_registry_stops_kept_processes() {
     while !running("sleep 31461").is_empty() {
         tokio::task::yield_now().await;
     }
+}
+
+#[tokio::test]
+async fn keep_says_so_where_the_runtime_ends_processes_with_the_turn() {
+    let (_dir, tools) = workspace();
+    let out = call(
+        &tools,
+        "process",
+        json!({"action": "start", "command": "sleep 31471", "keep": true}),
+    )
+    .await;
+    assert!(
+        out.content.contains("keep is not available here"),
+        "{}",
+        out.content
+    );
+    tools.end_turn().await;
+    assert_gone(&["sleep 31471"]);
 }
