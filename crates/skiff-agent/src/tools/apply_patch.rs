@@ -30,6 +30,13 @@ struct Write {
     mode_of: PathBuf,
 }
 
+/// What a checked patch will do: files to write, files to delete, and one line per file.
+struct Plan {
+    writes: Vec<Write>,
+    removals: Vec<PathBuf>,
+    summary: Vec<String>,
+}
+
 enum Undo {
     Remove(PathBuf),
     Restore(PathBuf, String),
@@ -43,7 +50,11 @@ pub(super) fn apply_patch(
 ) -> Result<String, String> {
     let not_applied = |e: String| format!("patch not applied, nothing was changed: {e}");
     let ops = patch::parse(&args.patch).map_err(not_applied)?;
-    let (writes, removals, summary) = plan(ws, &ops).map_err(not_applied)?;
+    let Plan {
+        writes,
+        removals,
+        summary,
+    } = plan(ws, &ops).map_err(not_applied)?;
     if cancel.is_cancelled() {
         return Err("apply_patch was cancelled before it wrote anything".to_owned());
     }
@@ -52,7 +63,7 @@ pub(super) fn apply_patch(
 }
 
 /// Everything the patch will do, checked and computed, nothing written.
-fn plan(ws: &Workspace, ops: &[FileOp]) -> Result<(Vec<Write>, Vec<PathBuf>, Vec<String>), String> {
+fn plan(ws: &Workspace, ops: &[FileOp]) -> Result<Plan, String> {
     let mut claimed = HashSet::new();
     let mut claim = |path: &Path, user_path: &str| {
         if claimed.insert(path.to_path_buf()) {
@@ -140,7 +151,11 @@ fn plan(ws: &Workspace, ops: &[FileOp]) -> Result<(Vec<Write>, Vec<PathBuf>, Vec
             }
         }
     }
-    Ok((writes, removals, summary))
+    Ok(Plan {
+        writes,
+        removals,
+        summary,
+    })
 }
 
 fn refuse_existing(path: &Path, user_path: &str, what: &str) -> Result<(), String> {
