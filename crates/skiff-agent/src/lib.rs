@@ -6,9 +6,11 @@
 //! very same code with a backend made of gateway RPCs.
 
 mod context;
+mod instructions;
 pub mod tools;
 mod turn;
 
+pub use instructions::{INSTRUCTIONS_FILE, MAX_INSTRUCTIONS_BYTES};
 pub use turn::{AgentConfig, TurnOutcome, run_turn};
 
 use futures_util::stream::BoxStream;

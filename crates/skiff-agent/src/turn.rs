@@ -2,7 +2,7 @@
 //! the model stops calling tools, the run is cancelled, or something fails.
 
 use crate::tools::Tools;
-use crate::{BackendError, ModelClient, SessionBackend, context};
+use crate::{BackendError, ModelClient, SessionBackend, context, instructions};
 use futures_util::StreamExt;
 use skiff_protocol::EntryId;
 use skiff_protocol::event::EventKind;
@@ -46,7 +46,10 @@ pub async fn run_turn<M: ModelClient, B: SessionBackend>(
     config: &AgentConfig,
     cancel: &CancellationToken,
 ) -> TurnOutcome {
-    match drive(model, backend, tools, config, cancel).await {
+    let outcome = drive(model, backend, tools, config, cancel).await;
+    // However the turn ended, what it started in the background ends with it.
+    tools.end_turn().await;
+    match outcome {
         Ok(outcome) => outcome,
         Err(e) => TurnOutcome::Failed(e.0),
     }
@@ -60,11 +63,25 @@ async fn drive<M: ModelClient, B: SessionBackend>(
     cancel: &CancellationToken,
 ) -> Result<TurnOutcome, BackendError> {
     let mut entries = backend.transcript().await?;
+    // Read once per turn: an edit the agent makes to AGENTS.md applies from the next turn, so
+    // every step of a turn (and its prompt cache) sees the same text.
+    let instructions = instructions::load(tools.workspace()).await;
+    if let Some(text) = instructions.notice() {
+        let leaf = entries.last().map(|e| e.id.clone());
+        commit(
+            backend,
+            &mut entries,
+            leaf,
+            vec![EntryBody::Notice { text }],
+        )
+        .await?;
+    }
+    let system = instructions.system(SYSTEM_PROMPT);
     for _ in 0..config.max_steps {
         let leaf = entries.last().map(|e| e.id.clone());
         let request = ModelRequest {
             model: config.model.clone(),
-            system: SYSTEM_PROMPT.to_owned(),
+            system: system.clone(),
             messages: context::messages(&entries),
             tools: tools.specs(),
             max_output_tokens: config.max_output_tokens,

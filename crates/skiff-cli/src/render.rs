@@ -400,6 +400,15 @@ fn view_result(name: &str, content: &str, is_error: bool, detail: Detail) -> Res
             body: head(content, ERROR_LINES, detail),
         };
     }
+    if name == "apply_patch"
+        && let Some(files) = content.strip_prefix("applied the patch:\n")
+    {
+        // One `A|M|D|R path` line per file: short, and what a reviewer wants to see.
+        return ResultView {
+            note: Some(plural(files.lines().count(), "file", "files")),
+            body: head(files, ERROR_LINES, detail),
+        };
+    }
     let note = match name {
         "read" => read_note(content),
         "ls" => count_note(content, "entry", "entries", "more entries"),
@@ -929,6 +938,18 @@ mod tests {
         assert_eq!(
             note("edit", "applied 1 edit(s) to a.rs").as_deref(),
             Some("1 edit")
+        );
+        assert_eq!(
+            view_result(
+                "apply_patch",
+                "applied the patch:\nA new.rs\nM src/lib.rs",
+                false,
+                PLAIN
+            ),
+            ResultView {
+                note: Some("2 files".to_owned()),
+                body: vec!["A new.rs".to_owned(), "M src/lib.rs".to_owned()],
+            }
         );
         for name in ["read", "ls", "find", "grep", "write", "edit"] {
             assert!(

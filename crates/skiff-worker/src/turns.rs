@@ -3,7 +3,7 @@
 use crate::backend::{RpcBackend, RpcModel};
 use crate::link::Link;
 use futures_util::StreamExt;
-use skiff_agent::tools::Tools;
+use skiff_agent::tools::{Processes, Tools};
 use skiff_agent::{AgentConfig, TurnOutcome, run_turn};
 use skiff_protocol::RunId;
 use skiff_protocol::model::{Message, ModelEvent, ModelRef, ModelRequest};
@@ -27,6 +27,9 @@ struct State {
 pub(crate) struct Turns {
     link: Arc<Link>,
     state: Mutex<State>,
+    /// The session's background processes: a worker serves one session, so `keep` processes
+    /// live across its turns and end with the worker (contained, they die with it).
+    processes: Processes,
 }
 
 impl Turns {
@@ -37,6 +40,7 @@ impl Turns {
                 workspace: home,
                 ..State::default()
             }),
+            processes: Processes::for_session(),
         }
     }
 
@@ -94,7 +98,7 @@ impl Turns {
         cancel: &CancellationToken,
     ) -> TurnEnd {
         let tools = match Tools::new(workspace.clone(), egress_env()) {
-            Ok(tools) => tools,
+            Ok(tools) => tools.with_processes(self.processes.clone()),
             Err(e) => {
                 return TurnEnd::Failed {
                     error: format!("the workspace {} is unusable: {e}", workspace.display()),

@@ -8,16 +8,22 @@
 use super::{MAX_RESULT_BYTES, Workspace};
 use serde::Deserialize;
 use skiff_process::{Cmd, Error, Ledger};
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
-const DEFAULT_TIMEOUT_S: u64 = 120;
-const MAX_TIMEOUT_S: u64 = 3600;
+/// How long a command may run when the call does not say; a test suite or a build fits, a
+/// command waiting for input that never comes does not hold the turn for long.
+pub(super) const DEFAULT_TIMEOUT_S: u64 = 120;
+/// The longest a call may ask for; longer work belongs in several calls or in the background.
+pub(super) const MAX_TIMEOUT_S: u64 = 3600;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct ExecArgs {
     command: String,
+    /// The directory to run in, relative to the workspace root (the root when absent).
+    workdir: Option<String>,
     timeout_s: Option<u64>,
 }
 
@@ -28,27 +34,20 @@ pub(super) async fn exec(
     args: ExecArgs,
     cancel: &CancellationToken,
 ) -> Result<String, String> {
-    let timeout_s = args
-        .timeout_s
-        .unwrap_or(DEFAULT_TIMEOUT_S)
-        .clamp(1, MAX_TIMEOUT_S);
-    let mut cmd = Cmd::new("bash")
-        .args(["-lc", &args.command])
-        .cwd(ws.root())
+    let timeout_s = args.timeout_s.unwrap_or(DEFAULT_TIMEOUT_S);
+    if !(1..=MAX_TIMEOUT_S).contains(&timeout_s) {
+        return Err(format!(
+            "timeout_s is {timeout_s}; give 1 to {MAX_TIMEOUT_S} seconds (the default is \
+             {DEFAULT_TIMEOUT_S})"
+        ));
+    }
+    let cwd = match &args.workdir {
+        Some(dir) => workdir(ws, dir)?,
+        None => ws.root().to_path_buf(),
+    };
+    let cmd = shell(extra_env, ledger, &args.command, &cwd)
         .timeout(Duration::from_secs(timeout_s))
-        .output_cap(MAX_RESULT_BYTES)
-        .merge_stderr()
-        .contained()
-        .env("TERM", "dumb")
-        .env("PAGER", "cat")
-        .env("GIT_PAGER", "cat")
-        .env("GIT_TERMINAL_PROMPT", "0");
-    for (k, v) in extra_env {
-        cmd = cmd.env(k.clone(), v.clone());
-    }
-    if let Some(ledger) = ledger {
-        cmd = cmd.ledger(ledger.clone());
-    }
+        .output_cap(MAX_RESULT_BYTES);
     match cmd.run(cancel).await {
         Ok(done) => {
             let code = done.code();
@@ -63,5 +62,45 @@ pub(super) async fn exec(
             Err("cancelled; the command and everything it started were killed".to_owned())
         }
         Err(e) => Err(e.to_string()),
+    }
+}
+
+/// `bash -lc command` in `cwd`, contained, with a clean environment plus `extra_env`, and
+/// recorded in `ledger` while it runs: how every command the agent starts is run.
+pub(super) fn shell(
+    extra_env: &[(String, String)],
+    ledger: Option<&Ledger>,
+    command: &str,
+    cwd: &Path,
+) -> Cmd {
+    let mut cmd = Cmd::new("bash")
+        .args(["-lc", command])
+        .cwd(cwd)
+        .merge_stderr()
+        .contained()
+        .env("TERM", "dumb")
+        .env("PAGER", "cat")
+        .env("GIT_PAGER", "cat")
+        .env("GIT_TERMINAL_PROMPT", "0");
+    for (k, v) in extra_env {
+        cmd = cmd.env(k.clone(), v.clone());
+    }
+    if let Some(ledger) = ledger {
+        cmd = cmd.ledger(ledger.clone());
+    }
+    cmd
+}
+
+/// A workspace directory to run in, checked like any tool path.
+pub(super) fn workdir(ws: &Workspace, dir: &str) -> Result<PathBuf, String> {
+    let path = ws.resolve(dir)?;
+    // stat, not open: it follows a symlink (`resolve` checked where it goes) and never blocks.
+    match std::fs::metadata(&path) {
+        Ok(meta) if meta.is_dir() => Ok(path),
+        Ok(meta) => Err(format!(
+            "workdir {dir} is {}, not a directory",
+            super::fsio::kind(&meta)
+        )),
+        Err(e) => Err(format!("workdir {dir}: {e}")),
     }
 }

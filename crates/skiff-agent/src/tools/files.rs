@@ -5,9 +5,8 @@ use super::fsio::{self, Lines};
 use super::{MAX_RESULT_BYTES, Workspace};
 use serde::Deserialize;
 use std::fmt::Write as _;
-use std::io::{Read, Write as _};
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::Path;
+use std::io::Read;
+use std::path::PathBuf;
 use tokio_util::sync::CancellationToken;
 
 const DEFAULT_READ_LINES: usize = 2000;
@@ -168,7 +167,7 @@ pub(super) fn write(ws: &Workspace, args: WriteArgs) -> Result<String, String> {
             fsio::not_regular(&args.path, &meta, "write")
         });
     }
-    write_atomic(&target, args.content.as_bytes())
+    fsio::write_atomic(&target, args.content.as_bytes())
         .map_err(|e| format!("cannot write {}: {e}", args.path))?;
     Ok(format!(
         "wrote {} bytes to {}",
@@ -179,34 +178,7 @@ pub(super) fn write(ws: &Workspace, args: WriteArgs) -> Result<String, String> {
 
 pub(super) fn edit(ws: &Workspace, args: EditArgs) -> Result<String, String> {
     let opened = fsio::open_regular(ws, &args.path, "edit")?;
-    let too_big = |bytes: u64| {
-        format!(
-            "{} is {}; edit rewrites the whole file and works on files up to {} MiB. Change a \
-             file this large with exec (sed, a script) instead",
-            args.path,
-            fsio::size(bytes),
-            MAX_EDIT_BYTES >> 20
-        )
-    };
-    if opened.meta.len() > MAX_EDIT_BYTES {
-        return Err(too_big(opened.meta.len()));
-    }
-    let mut bytes = Vec::new();
-    opened
-        .file
-        .take(MAX_EDIT_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|e| format!("cannot read {}: {e}", args.path))?;
-    if bytes.len() as u64 > MAX_EDIT_BYTES {
-        // It grew while being read.
-        return Err(too_big(bytes.len() as u64));
-    }
-    let path = opened.path;
-    if bytes.contains(&0) {
-        return Err(format!("{} is a binary file", ws.display(&path)));
-    }
-    let text =
-        String::from_utf8(bytes).map_err(|_| format!("{} is not UTF-8 text", ws.display(&path)))?;
+    let (path, text) = read_text(ws, opened, &args.path, "edit")?;
     if args.edits.is_empty() {
         return Err("edits is empty; give at least one {old_text, new_text}".to_owned());
     }
@@ -252,13 +224,51 @@ pub(super) fn edit(ws: &Workspace, args: EditArgs) -> Result<String, String> {
         at = end;
     }
     result.push_str(&text[at..]);
-    write_atomic(&path, result.as_bytes())
+    fsio::write_atomic(&path, result.as_bytes())
         .map_err(|e| format!("cannot write {}: {e}", args.path))?;
     Ok(format!(
         "applied {} edit(s) to {}",
         spans.len(),
         ws.display(&path)
     ))
+}
+
+/// The whole text of a file a tool is about to rewrite: at most [`MAX_EDIT_BYTES`], UTF-8 and
+/// not binary. Returns the file's own path (a symlink on the way resolved) with it.
+pub(super) fn read_text(
+    ws: &Workspace,
+    opened: fsio::Opened,
+    user_path: &str,
+    tool: &str,
+) -> Result<(PathBuf, String), String> {
+    let too_big = |bytes: u64| {
+        format!(
+            "{user_path} is {}; {tool} rewrites the whole file and works on files up to {} MiB. \
+             Change a file this large with exec (sed, a script) instead",
+            fsio::size(bytes),
+            MAX_EDIT_BYTES >> 20
+        )
+    };
+    if opened.meta.len() > MAX_EDIT_BYTES {
+        return Err(too_big(opened.meta.len()));
+    }
+    let mut bytes = Vec::new();
+    opened
+        .file
+        .take(MAX_EDIT_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("cannot read {user_path}: {e}"))?;
+    if bytes.len() as u64 > MAX_EDIT_BYTES {
+        // It grew while being read.
+        return Err(too_big(bytes.len() as u64));
+    }
+    let path = opened.path;
+    if bytes.contains(&0) {
+        return Err(format!("{} is a binary file", ws.display(&path)));
+    }
+    let text =
+        String::from_utf8(bytes).map_err(|_| format!("{} is not UTF-8 text", ws.display(&path)))?;
+    Ok((path, text))
 }
 
 pub(super) fn ls(ws: &Workspace, args: LsArgs) -> Result<String, String> {
@@ -309,43 +319,4 @@ pub(super) fn ls(ws: &Workspace, args: LsArgs) -> Result<String, String> {
         out = "(empty directory)".to_owned();
     }
     Ok(out)
-}
-
-/// Writes through a new temporary file and a rename, so a crash never leaves half a file. Keeps
-/// the permissions of a file it replaces (an edited script stays executable). The temporary
-/// file is created exclusively (`O_EXCL | O_NOFOLLOW`), so nothing planted at its name — a
-/// FIFO, a symlink — is ever opened.
-fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let parent = path.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(parent)?;
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let (tmp, mut file) = (0u32..1000)
-        .map(|n| parent.join(format!(".{name}.{}-{n}.skiff-tmp", std::process::id())))
-        .find_map(|tmp| {
-            match std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o666)
-                .custom_flags(libc::O_NOFOLLOW)
-                .open(&tmp)
-            {
-                Ok(file) => Some(Ok((tmp, file))),
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => None,
-                Err(e) => Some(Err(e)),
-            }
-        })
-        .unwrap_or_else(|| Err(std::io::Error::other("no free temporary name")))?;
-    let written = file.write_all(bytes).and_then(|()| {
-        if let Ok(meta) = std::fs::metadata(path) {
-            file.set_permissions(meta.permissions())?;
-        }
-        std::fs::rename(&tmp, path)
-    });
-    if written.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    written
 }

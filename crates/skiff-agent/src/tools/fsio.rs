@@ -10,7 +10,7 @@
 
 use super::Workspace;
 use std::fs::{File, Metadata};
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader, Read, Write as _};
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use tokio_util::sync::CancellationToken;
@@ -62,7 +62,7 @@ pub(super) fn not_regular(name: &str, meta: &Metadata, tool: &str) -> String {
 }
 
 /// A regular file of the workspace, opened for reading.
-pub(super) struct Opened {
+pub(crate) struct Opened {
     pub file: File,
     /// The file's own path (a symlink on the way resolved), inside the workspace.
     pub path: PathBuf,
@@ -71,7 +71,7 @@ pub(super) struct Opened {
 
 /// Opens `user_path` for reading if, and only if, it is a regular file inside the workspace.
 /// Never blocks: see the module doc.
-pub(super) fn open_regular(ws: &Workspace, user_path: &str, tool: &str) -> Result<Opened, String> {
+pub(crate) fn open_regular(ws: &Workspace, user_path: &str, tool: &str) -> Result<Opened, String> {
     let lexical = ws.resolve(user_path)?;
     let cannot = |e: std::io::Error| format!("cannot {tool} {user_path}: {e}");
     let meta = std::fs::symlink_metadata(&lexical).map_err(cannot)?;
@@ -244,6 +244,51 @@ pub(super) fn size(bytes: u64) -> String {
     } else {
         format!("{value:.1} {}", UNITS[unit])
     }
+}
+
+/// Writes through a new temporary file and a rename, so a crash never leaves half a file. Keeps
+/// the permissions of a file it replaces (an edited script stays executable). The temporary
+/// file is created exclusively (`O_EXCL | O_NOFOLLOW`), so nothing planted at its name — a
+/// FIFO, a symlink — is ever opened.
+pub(super) fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    write_atomic_like(path, bytes, path)
+}
+
+/// [`write_atomic`], with the permissions of `like` when it exists (a moved file keeps its
+/// mode).
+pub(super) fn write_atomic_like(path: &Path, bytes: &[u8], like: &Path) -> std::io::Result<()> {
+    let parent = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(parent)?;
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let (tmp, mut file) = (0u32..1000)
+        .map(|n| parent.join(format!(".{name}.{}-{n}.skiff-tmp", std::process::id())))
+        .find_map(|tmp| {
+            match std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o666)
+                .custom_flags(libc::O_NOFOLLOW)
+                .open(&tmp)
+            {
+                Ok(file) => Some(Ok((tmp, file))),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => None,
+                Err(e) => Some(Err(e)),
+            }
+        })
+        .unwrap_or_else(|| Err(std::io::Error::other("no free temporary name")))?;
+    let written = file.write_all(bytes).and_then(|()| {
+        if let Ok(meta) = std::fs::metadata(like) {
+            file.set_permissions(meta.permissions())?;
+        }
+        std::fs::rename(&tmp, path)
+    });
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
 }
 
 #[cfg(test)]

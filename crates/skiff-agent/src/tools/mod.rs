@@ -7,13 +7,17 @@
 //! when the run is cancelled or after [`FILE_TOOL_TIMEOUT`]; `exec` kills everything its
 //! command started at its timeout, on cancel and when it ends.
 
+mod apply_patch;
 mod exec;
 mod files;
-mod fsio;
+pub(crate) mod fsio;
+mod patch;
 mod paths;
+mod process;
 mod search;
 
 pub use paths::Workspace;
+pub use process::Processes;
 
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
@@ -59,6 +63,7 @@ pub struct Tools {
     workspace: Workspace,
     exec_env: Vec<(String, String)>,
     ledger: Option<Ledger>,
+    processes: Processes,
 }
 
 impl Tools {
@@ -68,6 +73,7 @@ impl Tools {
             workspace: Workspace::new(root)?,
             exec_env,
             ledger: None,
+            processes: Processes::for_turn(),
         })
     }
 
@@ -76,6 +82,19 @@ impl Tools {
     pub fn with_ledger(mut self, ledger: Ledger) -> Self {
         self.ledger = Some(ledger);
         self
+    }
+
+    /// Runs `process` commands in `processes` rather than in a registry of these tools' own:
+    /// a session that keeps one registry across its turns lets `keep` processes live on
+    /// between them, and stops them with [`Processes::stop_all`] when it ends.
+    pub fn with_processes(mut self, processes: Processes) -> Self {
+        self.processes = processes;
+        self
+    }
+
+    /// Ends the turn for background processes: every one not started with `keep` is stopped.
+    pub async fn end_turn(&self) {
+        self.processes.end_turn().await;
     }
 
     pub fn workspace(&self) -> &Workspace {
@@ -112,6 +131,12 @@ impl Tools {
                 })
                 .await
             }
+            "apply_patch" => {
+                blocking(name, parse(call, args), cancel, move |a, c| {
+                    apply_patch::apply_patch(&ws, a, c)
+                })
+                .await
+            }
             "ls" => {
                 blocking(name, parse(call, args), cancel, move |a, _| {
                     files::ls(&ws, a)
@@ -143,8 +168,21 @@ impl Tools {
                 }
                 Err(e) => Err(e),
             },
+            "process" => match parse(call, args) {
+                Ok(a) => {
+                    process::process(
+                        &self.processes,
+                        &self.workspace,
+                        &self.exec_env,
+                        self.ledger.as_ref(),
+                        a,
+                    )
+                    .await
+                }
+                Err(e) => Err(e),
+            },
             other => Err(format!(
-                "unknown tool `{other}`; available tools: read, write, edit, ls, find, grep, exec"
+                "unknown tool `{other}`; available tools: read, write, edit, apply_patch, ls, find, grep, exec, process"
             )),
         };
         match out {
@@ -200,6 +238,28 @@ pub fn runs_on_gateway(name: &str) -> bool {
 
 /// The main argument of a call, for one-line display (`read src/lib.rs`).
 pub fn summary(call: &ToolCall) -> String {
+    if call.name == "apply_patch" {
+        return patch_summary(call);
+    }
+    if call.name == "process" {
+        let field = |key: &str| match call.arguments.get(key) {
+            Some(Value::String(s)) => s.lines().next().unwrap_or("").to_owned(),
+            Some(Value::Number(n)) => n.to_string(),
+            _ => String::new(),
+        };
+        let action = field("action");
+        let target = match action.as_str() {
+            "start" => field("command"),
+            _ => field("id"),
+        };
+        let text = format!("{action} {target}");
+        let text = text.trim_end();
+        return if text.chars().count() > 120 {
+            format!("{}…", text.chars().take(119).collect::<String>())
+        } else {
+            text.to_owned()
+        };
+    }
     let key = match call.name.as_str() {
         "find" | "grep" => "pattern",
         "exec" => "command",
@@ -219,6 +279,30 @@ pub fn summary(call: &ToolCall) -> String {
         format!("{}…", line.chars().take(119).collect::<String>())
     } else {
         line.to_owned()
+    }
+}
+
+/// The files a patch names (`src/a.rs, src/b.rs`), read from its section headers.
+fn patch_summary(call: &ToolCall) -> String {
+    let patch = call
+        .arguments
+        .get("patch")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    let files: Vec<&str> = patch
+        .lines()
+        .filter_map(|line| {
+            ["*** Add File: ", "*** Delete File: ", "*** Update File: "]
+                .iter()
+                .find_map(|header| line.strip_prefix(header))
+        })
+        .map(str::trim)
+        .collect();
+    let text = files.join(", ");
+    if text.chars().count() > 120 {
+        format!("{}…", text.chars().take(119).collect::<String>())
+    } else {
+        text
     }
 }
 
@@ -273,6 +357,13 @@ fn specs() -> Vec<ToolSpec> {
             }}),
         ),
         spec(
+            "apply_patch",
+            "Change files with a patch: add, delete, update and move several files in one call, all or nothing (if any hunk does not match, no file is changed and the error shows the hunk). Format:\n*** Begin Patch\n*** Add File: path\n+line of the new file\n*** Delete File: path\n*** Update File: path\n*** Move to: new/path (optional)\n@@ a line just above the change, to locate it (optional)\n context line\n-removed line\n+added line\n*** End of File (optional: the hunk is at the end of the file)\n*** End Patch\nGive about three lines of context around each change; paths are relative to the workspace root.",
+            json!({"type": "object", "additionalProperties": false, "required": ["patch"], "properties": {
+                "patch": {"type": "string", "description": "The whole patch, from *** Begin Patch to *** End Patch"}
+            }}),
+        ),
+        spec(
             "ls",
             "List a directory of the workspace (the root when path is omitted). Directories end with /.",
             json!({"type": "object", "additionalProperties": false, "properties": {
@@ -306,10 +397,22 @@ fn specs() -> Vec<ToolSpec> {
         ),
         spec(
             "exec",
-            "Run a shell command with bash -lc in the workspace root. Returns the exit code and the combined output (long output is truncated in the middle). Everything the command starts, background processes included, is killed when it ends, times out or is cancelled.",
+            "Run a shell command with bash -lc in the workspace root (or workdir). Returns the exit code and the combined output (long output is truncated in the middle). Everything the command starts, background processes included, is killed when it ends, times out or is cancelled; use the process tool for a server or watcher that must keep running.",
             json!({"type": "object", "additionalProperties": false, "required": ["command"], "properties": {
                 "command": {"type": "string"},
-                "timeout_s": {"type": "integer", "minimum": 1, "maximum": 3600, "description": "Default 120"}
+                "workdir": {"type": "string", "description": "Directory to run in, relative to the workspace root"},
+                "timeout_s": {"type": "integer", "minimum": 1, "maximum": exec::MAX_TIMEOUT_S, "description": format!("Seconds before the command is killed; default {}", exec::DEFAULT_TIMEOUT_S)}
+            }}),
+        ),
+        spec(
+            "process",
+            "Run a command in the background (a dev server, a watcher) and check on it while you work. start {command, workdir?, keep?} returns an id; status {id?} lists processes or shows one; output {id} returns the output since the last read (the last ~60 KiB are kept); stop {id} kills it and everything it started. Background processes are stopped when the turn ends unless started with keep: true, and always when the session ends.",
+            json!({"type": "object", "additionalProperties": false, "required": ["action"], "properties": {
+                "action": {"type": "string", "enum": ["start", "status", "output", "stop"]},
+                "id": {"type": "string", "description": "The id start returned (for status, output, stop)"},
+                "command": {"type": "string", "description": "For start: run with bash -lc"},
+                "workdir": {"type": "string", "description": "For start: directory relative to the workspace root"},
+                "keep": {"type": "boolean", "description": "For start: keep it running after this turn ends"}
             }}),
         ),
     ]

@@ -8,6 +8,8 @@
     reason = "test helpers fail loudly; clippy.toml only covers #[test] functions"
 )]
 
+mod patch;
+mod process;
 mod procs;
 mod special_files;
 mod tools;

@@ -296,3 +296,62 @@ async fn exec_leaves_nothing_running_when_it_ends() {
     assert!(out.content.contains("started"), "{}", out.content);
     assert_gone(&["sleep 31421"]);
 }
+
+#[tokio::test]
+async fn exec_runs_in_a_workdir_of_the_workspace_and_nowhere_else() {
+    let (dir, tools) = workspace();
+    let out = call(
+        &tools,
+        "exec",
+        json!({"command": "pwd; ls", "workdir": "src"}),
+    )
+    .await;
+    assert!(!out.is_error, "{}", out.content);
+    let src = dir.path().canonicalize().unwrap().join("src");
+    assert_eq!(
+        out.content,
+        format!("exit code: 0\n{}\nlib.rs\n", src.display())
+    );
+    for (workdir, says) in [
+        ("..", "escapes the workspace"),
+        ("/tmp", "outside the workspace"),
+        ("a.txt", "workdir a.txt is a regular file, not a directory"),
+        ("nope", "workdir nope: No such file or directory"),
+    ] {
+        let out = call(
+            &tools,
+            "exec",
+            json!({"command": "touch ran", "workdir": workdir}),
+        )
+        .await;
+        assert!(
+            out.is_error && out.content.contains(says),
+            "{workdir}: {}",
+            out.content
+        );
+    }
+    assert!(!dir.path().join("ran").exists());
+    assert!(!dir.path().parent().unwrap().join("ran").exists());
+}
+
+#[tokio::test]
+async fn exec_timeouts_outside_their_bounds_are_refused_before_running() {
+    let (dir, tools) = workspace();
+    for timeout_s in [0, 3601] {
+        let out = call(
+            &tools,
+            "exec",
+            json!({"command": "touch ran", "timeout_s": timeout_s}),
+        )
+        .await;
+        assert!(
+            out.is_error
+                && out
+                    .content
+                    .contains("give 1 to 3600 seconds (the default is 120)"),
+            "{}",
+            out.content
+        );
+    }
+    assert!(!dir.path().join("ran").exists());
+}

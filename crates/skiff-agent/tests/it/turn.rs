@@ -13,7 +13,7 @@ use std::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
 /// Plays reply N when the context holds N assistant messages.
-struct Scripted(Vec<Vec<ModelEvent>>);
+pub(crate) struct Scripted(pub(crate) Vec<Vec<ModelEvent>>);
 
 impl ModelClient for Scripted {
     fn stream(
@@ -31,7 +31,7 @@ impl ModelClient for Scripted {
 }
 
 #[derive(Default)]
-struct Memory {
+pub(crate) struct Memory {
     entries: Mutex<Vec<TranscriptEntry>>,
     events: Mutex<Vec<EventKind>>,
 }
@@ -79,7 +79,7 @@ impl SessionBackend for Memory {
     }
 }
 
-fn tool_turn(calls: &[(&str, serde_json::Value)]) -> Vec<ModelEvent> {
+pub(crate) fn tool_turn(calls: &[(&str, serde_json::Value)]) -> Vec<ModelEvent> {
     let mut events = vec![ModelEvent::TextDelta {
         text: "working".into(),
     }];
@@ -98,7 +98,7 @@ fn tool_turn(calls: &[(&str, serde_json::Value)]) -> Vec<ModelEvent> {
     events
 }
 
-fn final_turn(text: &str) -> Vec<ModelEvent> {
+pub(crate) fn final_turn(text: &str) -> Vec<ModelEvent> {
     vec![
         ModelEvent::TextDelta { text: text.into() },
         ModelEvent::Done {
@@ -107,7 +107,7 @@ fn final_turn(text: &str) -> Vec<ModelEvent> {
     ]
 }
 
-fn config() -> AgentConfig {
+pub(crate) fn config() -> AgentConfig {
     AgentConfig {
         model: ModelRef::parse("scripted/test").unwrap(),
         model_label: "scripted/test (scripted)".into(),
@@ -116,7 +116,7 @@ fn config() -> AgentConfig {
     }
 }
 
-fn backend_with_prompt() -> Memory {
+pub(crate) fn backend_with_prompt() -> Memory {
     let memory = Memory::default();
     memory.entries.lock().unwrap().push(TranscriptEntry {
         id: EntryId::from_suffix("user"),
@@ -337,4 +337,130 @@ async fn gateway_tools_go_through_the_backend() {
         result,
         r#"gateway ran web_fetch with {"url":"https://example.invalid/"}"#
     );
+}
+
+/// Plays a script and keeps every request it was sent.
+struct Recording {
+    script: Scripted,
+    requests: Mutex<Vec<ModelRequest>>,
+}
+
+impl Recording {
+    fn new(script: Vec<Vec<ModelEvent>>) -> Self {
+        Self {
+            script: Scripted(script),
+            requests: Mutex::default(),
+        }
+    }
+}
+
+impl ModelClient for Recording {
+    fn stream(
+        &self,
+        request: ModelRequest,
+        cancel: CancellationToken,
+    ) -> BoxStream<'static, ModelEvent> {
+        self.requests.lock().unwrap().push(request.clone());
+        self.script.stream(request, cancel)
+    }
+}
+
+/// Runs a turn that lists the workspace and finishes, in a workspace holding `agents_md`.
+async fn turn_with_instructions(agents_md: &str) -> (tempfile::TempDir, Memory, Vec<ModelRequest>) {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("AGENTS.md"), agents_md).unwrap();
+    let tools = Tools::new(dir.path().to_path_buf(), Vec::new()).unwrap();
+    let model = Recording::new(vec![tool_turn(&[("ls", json!({}))]), final_turn("done")]);
+    let memory = backend_with_prompt();
+    let outcome = run_turn(
+        &model,
+        &memory,
+        &tools,
+        &config(),
+        &CancellationToken::new(),
+    )
+    .await;
+    assert_eq!(outcome, TurnOutcome::Completed);
+    let requests = model.requests.into_inner().unwrap();
+    (dir, memory, requests)
+}
+
+#[tokio::test]
+async fn agents_md_reaches_every_request_and_people_are_told() {
+    let (_dir, memory, requests) =
+        turn_with_instructions("Run `make check` before you finish.\n").await;
+    assert_eq!(requests.len(), 2);
+    for request in &requests {
+        assert!(
+            request
+                .system
+                .ends_with("# Project instructions\n\nThe workspace's AGENTS.md says the following; follow it unless the user asks otherwise.\n\nRun `make check` before you finish.\n"),
+            "{}",
+            request.system
+        );
+        // Instructions are not a message of the conversation.
+        assert!(matches!(&request.messages[0], Message::User { text } if text == "go"));
+    }
+    let entries = memory.entries.lock().unwrap();
+    assert!(
+        matches!(&entries[1].body, EntryBody::Notice { text } if text == "project instructions: AGENTS.md (36 bytes)"),
+        "{:?}",
+        entries[1]
+    );
+    let events = memory.events.lock().unwrap();
+    assert!(events.iter().any(|e| matches!(e,
+        EventKind::Entry { entry } if matches!(&entry.body, EntryBody::Notice { text } if text.starts_with("project instructions: AGENTS.md")))));
+}
+
+#[tokio::test]
+async fn agents_md_is_bounded_and_the_same_bytes_wherever_the_workspace_lies() {
+    let big = "Prefer small functions; name things for the reader.\n".repeat(2000);
+    let (dir_a, memory_a, requests_a) = turn_with_instructions(&big).await;
+    let (dir_b, _memory_b, requests_b) = turn_with_instructions(&big).await;
+    assert_ne!(dir_a.path(), dir_b.path());
+    assert_eq!(
+        serde_json::to_vec(&requests_a).unwrap(),
+        serde_json::to_vec(&requests_b).unwrap(),
+        "the requests differ between two workspace locations"
+    );
+    let system = &requests_a[0].system;
+    assert!(!system.contains(dir_a.path().to_str().unwrap()));
+    assert!(
+        system.len() < skiff_agent::MAX_INSTRUCTIONS_BYTES + 2048,
+        "{} bytes of system text",
+        system.len()
+    );
+    assert!(
+        system.contains("[AGENTS.md is 101.6 KiB; only its first 32 KiB are shown here."),
+        "{}",
+        &system[system.len() - 300..]
+    );
+    let entries = memory_a.entries.lock().unwrap();
+    assert!(
+        matches!(&entries[1].body, EntryBody::Notice { text } if text == "project instructions: AGENTS.md (101.6 KiB, only the first 32 KiB given to the model)"),
+        "{:?}",
+        entries[1]
+    );
+}
+
+#[tokio::test]
+async fn without_agents_md_nothing_is_added() {
+    let dir = tempfile::tempdir().unwrap();
+    let tools = Tools::new(dir.path().to_path_buf(), Vec::new()).unwrap();
+    let model = Recording::new(vec![final_turn("done")]);
+    let memory = backend_with_prompt();
+    run_turn(
+        &model,
+        &memory,
+        &tools,
+        &config(),
+        &CancellationToken::new(),
+    )
+    .await;
+    assert!(
+        !model.requests.lock().unwrap()[0]
+            .system
+            .contains("Project instructions")
+    );
+    assert_eq!(kinds(&memory), ["user_message", "assistant_message"]);
 }

@@ -422,3 +422,73 @@ fn a_second_gateway_on_a_state_dir_in_use_exits_and_leaves_the_first_ones_turns_
     let detail = gw.json(&["session", "show", "--json", &id]);
     assert_eq!(detail["runs"][0]["status"], "succeeded");
 }
+
+const PATCH_AND_COMMIT: &str = r#"
+[[turns]]
+text = "Patching."
+[[turns.tool_calls]]
+name = "apply_patch"
+arguments = { patch = """
+*** Begin Patch
+*** Add File: docs/usage.md
++Run `make` first.
+*** Update File: notes.txt
+@@
+-draft notes
++final notes
+*** Delete File: old.txt
+*** End Patch
+""" }
+
+[[turns]]
+text = "Committing."
+[[turns.tool_calls]]
+name = "exec"
+arguments = { command = "git add -A && git commit -q -m 'agent: patch'" }
+
+[[turns]]
+text = "All done."
+"#;
+
+#[test]
+fn a_patch_lands_on_the_session_branch_and_project_instructions_are_named() {
+    let gw = Gateway::start(PATCH_AND_COMMIT);
+    let repo = TempGitRepo::new(&[
+        ("notes.txt", "draft notes\n"),
+        ("old.txt", "stale\n"),
+        ("AGENTS.md", "Keep notes short.\n"),
+    ]);
+    let out = gw.run(&[
+        "session",
+        "new",
+        "--workspace",
+        repo.path().to_str().unwrap(),
+        "--model",
+        "fake/e2e",
+        "patch the notes",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("! project instructions: AGENTS.md (18 bytes)"),
+        "{}",
+        stderr(&out)
+    );
+    let shown = stdout(&out);
+    assert!(
+        shown.contains("▸ apply_patch docs/usage.md, notes.txt, old.txt  ✓ 3 files"),
+        "{shown}"
+    );
+
+    let list = gw.json(&["session", "list", "--json"]);
+    let branch = format!("skiff/{}", list["sessions"][0]["id"].as_str().unwrap());
+    assert_eq!(
+        git(repo.path(), &["show", &format!("{branch}:notes.txt")]),
+        "final notes\n"
+    );
+    assert_eq!(
+        git(repo.path(), &["show", &format!("{branch}:docs/usage.md")]),
+        "Run `make` first.\n"
+    );
+    let files = git(repo.path(), &["ls-tree", "--name-only", &branch]);
+    assert!(!files.lines().any(|f| f == "old.txt"), "{files}");
+}

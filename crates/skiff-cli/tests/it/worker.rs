@@ -145,7 +145,11 @@ fn a_worker_session_commits_back_and_matches_a_local_one() {
     let mut responses = write_run_commit();
     responses.extend(write_run_commit());
     let rig = Rig::start(responses, "");
-    let repo = TempGitRepo::new(&[("README.md", "a repo\n")]);
+    // Project instructions too must reach the provider identically from both placements.
+    let repo = TempGitRepo::new(&[
+        ("README.md", "a repo\n"),
+        ("AGENTS.md", "Say things plainly.\n"),
+    ]);
 
     let local = rig
         .gw
@@ -213,6 +217,10 @@ fn a_worker_session_commits_back_and_matches_a_local_one() {
     // (prompt-cache affinity), and carry the key only on the gateway's side of the wire.
     let requests = rig.fake.requests();
     assert_eq!(requests.len(), 8);
+    assert!(
+        String::from_utf8_lossy(&requests[4].body).contains("Say things plainly."),
+        "the worker's request lacks the project instructions"
+    );
     for i in 0..4 {
         assert_eq!(
             String::from_utf8_lossy(&requests[i].body),
