@@ -475,7 +475,7 @@ impl Core {
         };
         let attempt = self.store.start_attempt(scope, run, RUNTIME_NODE, 1)?;
         let outcome = run_turn(
-            &CatalogClient(self.catalog.clone()),
+            &CatalogClient::for_session(self.catalog.clone(), &session.id),
             &backend,
             &tools,
             &config,

@@ -7,7 +7,7 @@
 use crate::drive::{Failure, drive};
 use crate::http::HttpProvider;
 use crate::scripted::Script;
-use crate::{Error, Result, anthropic, http, openai};
+use crate::{CacheKey, Error, Result, anthropic, http, openai};
 use futures_util::stream::BoxStream;
 use serde::Deserialize;
 use skiff_protocol::api::ModelView;
@@ -159,9 +159,13 @@ impl Catalog {
     /// Streams the model's answer to `request`. Never panics; the stream always ends with
     /// exactly one `Done` or `Error` and nothing after it. When `cancel` fires, the request in
     /// flight is dropped and the stream ends promptly with `Done { stop_reason: Cancelled }`.
+    ///
+    /// `cache_key` names the conversation for providers whose prompt cache is keyed (see
+    /// [`CacheKey`]); the gateway passes its session's key in every placement.
     pub fn stream(
         &self,
         request: ModelRequest,
+        cache_key: Option<CacheKey>,
         cancel: CancellationToken,
     ) -> BoxStream<'static, ModelEvent> {
         let inner = Arc::clone(&self.inner);
@@ -169,12 +173,15 @@ impl Catalog {
             // Looked up again because a stored ref may predate a configuration change.
             let (_, provider) = lookup(&inner.providers, request.model.as_str())
                 .map_err(|e| Failure::new(ModelErrorKind::Configuration, e.to_string()))?;
+            let cache_key = cache_key.as_ref();
+            let client = &inner.client;
             match provider {
                 Provider::OpenAi(provider) => {
-                    http::run::<openai::Decoder>(&inner.client, provider, &request, &emitter).await
+                    http::run::<openai::Decoder>(client, provider, &request, cache_key, &emitter)
+                        .await
                 }
                 Provider::Anthropic(provider) => {
-                    http::run::<anthropic::Decoder>(&inner.client, provider, &request, &emitter)
+                    http::run::<anthropic::Decoder>(client, provider, &request, cache_key, &emitter)
                         .await
                 }
                 Provider::Scripted { script, .. } => Ok(script.play(&request, &emitter).await),

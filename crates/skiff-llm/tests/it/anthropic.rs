@@ -3,7 +3,7 @@
 use crate::transport::Wire;
 use crate::{request, run, tool_calls};
 use serde_json::{Value, json};
-use skiff_protocol::model::{ModelErrorKind, ModelEvent, StopReason, Usage};
+use skiff_protocol::model::{Message, ModelErrorKind, ModelEvent, StopReason, ToolCall, Usage};
 use skiff_test_support::anthropic_sse::{
     error, message_delta, message_start, message_stop, ping, text_block, tool_use_block,
 };
@@ -91,7 +91,7 @@ async fn request_goes_to_messages_with_version_header() {
     assert_eq!(body["model"], "claude-sonnet-4-5");
     assert_eq!(body["max_tokens"], 4096);
     assert_eq!(body["stream"], true);
-    assert_eq!(body["system"], "You are a careful coding agent.");
+    assert_eq!(body["system"][0]["text"], "You are a careful coding agent.");
     assert_eq!(body["tools"][0]["input_schema"]["type"], "object");
 }
 
@@ -187,4 +187,134 @@ async fn error_event_carries_the_providers_message() {
     assert_eq!(kind, ModelErrorKind::ProviderFailed);
     assert!(message.contains("Internal server error"), "{message}");
     assert!(message.contains("provider `anthropic`"), "{message}");
+}
+
+/// JSON pointers of every block in `body` that carries a `cache_control` breakpoint.
+fn breakpoints(body: &Value) -> Vec<String> {
+    let mut found = Vec::new();
+    for (i, tool) in body["tools"].as_array().into_iter().flatten().enumerate() {
+        if tool.get("cache_control").is_some() {
+            found.push(format!("/tools/{i}"));
+        }
+    }
+    for (i, block) in body["system"].as_array().into_iter().flatten().enumerate() {
+        if block.get("cache_control").is_some() {
+            found.push(format!("/system/{i}"));
+        }
+    }
+    for (m, message) in body["messages"].as_array().unwrap().iter().enumerate() {
+        for (b, block) in message["content"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            if let Some(control) = block.get("cache_control") {
+                assert_eq!(control, &json!({ "type": "ephemeral" }));
+                found.push(format!("/messages/{m}/content/{b}"));
+            }
+        }
+    }
+    found
+}
+
+#[tokio::test]
+async fn cache_breakpoints_roll_with_a_tool_use_conversation() {
+    let call = |id: &str, name: &str| ToolCall {
+        id: id.into(),
+        name: name.into(),
+        arguments: json!({ "path": "src/lib.rs" }),
+    };
+    let result = |id: &str| Message::ToolResult {
+        call_id: id.into(),
+        name: "read".into(),
+        content: "fn main() {}".into(),
+        is_error: false,
+    };
+    // The context of each step of a session: two parallel reads, an edit, the answer, and the
+    // user's next turn.
+    let steps: Vec<Vec<Message>> = vec![
+        vec![Message::User {
+            text: "Fix the bug".into(),
+        }],
+        vec![
+            Message::Assistant {
+                text: "Reading.".into(),
+                tool_calls: vec![call("toolu_1", "read"), call("toolu_2", "read")],
+            },
+            result("toolu_1"),
+            result("toolu_2"),
+        ],
+        vec![
+            Message::Assistant {
+                text: String::new(),
+                tool_calls: vec![call("toolu_3", "edit")],
+            },
+            result("toolu_3"),
+        ],
+        vec![
+            Message::Assistant {
+                text: "Fixed.".into(),
+                tool_calls: vec![],
+            },
+            Message::User {
+                text: "Now add a test".into(),
+            },
+        ],
+    ];
+    let fake =
+        FakeProvider::start(steps.iter().map(|_| FakeResponse::sse(hello())).collect()).await;
+    let catalog = ANTHROPIC.catalog(&fake.base_url(), "");
+    let mut context = request(ANTHROPIC.model);
+    context.messages.clear();
+    for step in steps {
+        context.messages.extend(step);
+        run(&catalog, context.clone()).await;
+    }
+    let bodies: Vec<Value> = fake
+        .requests()
+        .iter()
+        .map(|r| serde_json::from_slice(&r.body).unwrap())
+        .collect();
+    let marks: Vec<Vec<String>> = bodies.iter().map(breakpoints).collect();
+    // Tools + system in every request; then the newest user-role message and the one before it,
+    // which is where the previous request put its newest.
+    assert_eq!(
+        marks,
+        [
+            vec!["/system/0", "/messages/0/content/0"],
+            vec![
+                "/system/0",
+                "/messages/0/content/0",
+                "/messages/2/content/1"
+            ],
+            vec![
+                "/system/0",
+                "/messages/2/content/1",
+                "/messages/4/content/0"
+            ],
+            vec![
+                "/system/0",
+                "/messages/4/content/0",
+                "/messages/6/content/0"
+            ],
+        ]
+    );
+    assert!(marks.iter().all(|m| m.len() <= 4), "the API allows four");
+    // The cached prefix up to the first breakpoint is the same bytes in every step.
+    for body in &bodies[1..] {
+        assert_eq!(body["tools"], bodies[0]["tools"]);
+        assert_eq!(body["system"], bodies[0]["system"]);
+    }
+}
+
+#[tokio::test]
+async fn without_a_system_prompt_the_tools_end_the_cached_prefix() {
+    let fake = FakeProvider::start(vec![FakeResponse::sse(hello())]).await;
+    let mut context = request(ANTHROPIC.model);
+    context.system.clear();
+    run(&ANTHROPIC.catalog(&fake.base_url(), ""), context).await;
+    let body: Value = serde_json::from_slice(&fake.requests()[0].body).unwrap();
+    assert_eq!(body.get("system"), None);
+    assert_eq!(breakpoints(&body), ["/tools/0", "/messages/0/content/0"]);
 }

@@ -1,11 +1,13 @@
 //! `api = "openai-completions"` against the fake provider.
 
 use crate::transport::Wire;
-use crate::{request, run, tool_calls};
+use crate::{collect, request, run, tool_calls};
 use serde_json::{Value, json};
+use skiff_llm::CacheKey;
 use skiff_protocol::model::{ModelErrorKind, ModelEvent, StopReason, Usage};
 use skiff_test_support::openai_sse::{done, finish, text_chunks, tool_call, usage};
 use skiff_test_support::{FakeProvider, FakeResponse};
+use tokio_util::sync::CancellationToken;
 
 const OPENAI: Wire = Wire {
     provider: "openai",
@@ -89,6 +91,32 @@ async fn request_goes_to_chat_completions_with_a_streaming_body() {
     assert_eq!(body["messages"][0]["role"], "system");
     assert_eq!(body["messages"][1]["role"], "user");
     assert_eq!(body["tools"][0]["function"]["name"], "read");
+    // Without a key from the gateway, no cache routing is asked for.
+    assert_eq!(body.get("prompt_cache_key"), None);
+}
+
+#[tokio::test]
+async fn the_gateways_cache_key_routes_a_conversation_to_one_prompt_cache() {
+    let hellos = (0..3).map(|_| FakeResponse::sse(hello())).collect();
+    let fake = FakeProvider::start(hellos).await;
+    let catalog = OPENAI.catalog(&fake.base_url(), "");
+    let ask = |conversation: &str| {
+        let key = CacheKey::for_conversation(conversation);
+        collect(catalog.stream(request(OPENAI.model), Some(key), CancellationToken::new()))
+    };
+    ask("ses_a").await;
+    ask("ses_a").await;
+    ask("ses_b").await;
+    let keys: Vec<Value> = fake
+        .requests()
+        .iter()
+        .map(|r| serde_json::from_slice::<Value>(&r.body).unwrap()["prompt_cache_key"].clone())
+        .collect();
+    let expected = CacheKey::for_conversation("ses_a");
+    assert_eq!(keys[0], expected.as_str());
+    assert_eq!(keys[0], keys[1]);
+    assert_ne!(keys[0], keys[2]);
+    assert!(keys[2].is_string());
 }
 
 #[tokio::test]
