@@ -594,6 +594,37 @@ fn plural(n: usize, one: &str, many: &str) -> String {
 }
 
 /// `532 B`, `14.2 KiB`, `3.1 MiB`, `1.0 GiB`.
+/// A turn's (or a session's) token counts, as `session show` prints them:
+/// `in 1200 (1000 read from cache, 150 written) / out 80 tokens · $0.0123`. The cache part
+/// only when the provider reported one, the cost only when the model has prices.
+pub fn tokens(
+    input: u64,
+    output: u64,
+    cache_read: u64,
+    cache_write: u64,
+    cost_usd: Option<f64>,
+) -> String {
+    let cache = match (cache_read, cache_write) {
+        (0, 0) => String::new(),
+        (read, 0) => format!(" ({read} read from cache)"),
+        (0, written) => format!(" ({written} written to cache)"),
+        (read, written) => format!(" ({read} read from cache, {written} written)"),
+    };
+    let cost = cost_usd
+        .map(|c| format!(" · {}", dollars(c)))
+        .unwrap_or_default();
+    format!("in {input}{cache} / out {output} tokens{cost}")
+}
+
+/// Cents are too coarse for one turn of a cheap model, so four decimals below a dollar.
+pub fn dollars(amount: f64) -> String {
+    if amount >= 1.0 {
+        format!("${amount:.2}")
+    } else {
+        format!("${amount:.4}")
+    }
+}
+
 pub fn bytes(n: u64) -> String {
     const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
     if n < 1024 {

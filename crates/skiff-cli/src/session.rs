@@ -237,13 +237,14 @@ pub async fn run(cmd: SessionCommand, state_dir: &Path, json: bool) -> Result<Ex
                     .as_deref()
                     .map(|e| format!(": {e}"))
                     .unwrap_or_default();
-                outln!(
-                    "  {}  {}  in {} / out {} tokens{err}",
-                    run.id,
-                    run.status,
+                let tokens = render::tokens(
                     run.input_tokens,
-                    run.output_tokens
-                )?;
+                    run.output_tokens,
+                    run.cache_read_tokens,
+                    run.cache_write_tokens,
+                    None,
+                );
+                outln!("  {}  {}  {tokens}{err}", run.id, run.status)?;
             }
             outln!()?;
             let shown = Detail::with_full_flag(args.detail.full);

@@ -81,6 +81,8 @@ pub(crate) fn run_view(run: &RunRow) -> RunView {
         finished_at_ms: run.finished_at_ms,
         input_tokens: run.usage.input_tokens,
         output_tokens: run.usage.output_tokens,
+        cache_read_tokens: run.usage.cache_read_tokens,
+        cache_write_tokens: run.usage.cache_write_tokens,
     }
 }
 

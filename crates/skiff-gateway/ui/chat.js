@@ -177,10 +177,10 @@ export class ChatView {
   }
 
   run(id) {
-    if (!id) return { usageIn: 0, usageOut: 0, steps: 0 };
+    if (!id) return { usageIn: 0, usageOut: 0, usageCached: 0, usageWritten: 0, steps: 0 };
     let r = this.runs.get(id);
     if (!r) {
-      r = { id, status: null, startedAt: null, endedAt: null, model: null, usageIn: 0, usageOut: 0, steps: 0, error: null };
+      r = { id, status: null, startedAt: null, endedAt: null, model: null, usageIn: 0, usageOut: 0, usageCached: 0, usageWritten: 0, steps: 0, error: null };
       this.runs.set(id, r);
     }
     return r;
@@ -288,6 +288,8 @@ export class ChatView {
         });
         run.usageIn += body.usage?.input_tokens || 0;
         run.usageOut += body.usage?.output_tokens || 0;
+        run.usageCached += body.usage?.cache_read_tokens || 0;
+        run.usageWritten += body.usage?.cache_write_tokens || 0;
         run.steps += 1;
         run.model = body.model || run.model;
         this.add({ key: entry.id, kind: 'assistant', text: body.text, tools, model: body.model, usage: body.usage });
@@ -461,7 +463,7 @@ export class ChatView {
           r.status === 'succeeded' ? 'done' : r.status.replace('_', ' '),
           r.startedAt && r.endedAt ? fmtDuration(r.endedAt - r.startedAt) : null,
           r.steps ? `${r.steps} step${r.steps === 1 ? '' : 's'}` : null,
-          `${fmtInt(r.usageIn)} in · ${fmtInt(r.usageOut)} out tokens`,
+          `${fmtInt(r.usageIn)} in${r.usageCached ? ` (${fmtInt(r.usageCached)} cached)` : ''} · ${fmtInt(r.usageOut)} out tokens`,
           r.model,
         ].filter(Boolean);
         // The turn's Changes view keeps its state across re-renders of this line.

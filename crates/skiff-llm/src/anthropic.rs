@@ -141,7 +141,7 @@ fn tool_input(arguments: &Value) -> Value {
 /// Decoding state of one streamed response.
 #[derive(Default)]
 pub(crate) struct Decoder {
-    usage: Usage,
+    usage: WireUsage,
     stop: Option<StopReason>,
     /// Tool-use blocks being assembled, by content block index.
     calls: BTreeMap<u64, PartialCall>,
@@ -188,14 +188,36 @@ enum Event {
 #[derive(Deserialize)]
 struct StartMessage {
     #[serde(default)]
-    usage: StartUsage,
+    usage: WireUsage,
 }
 
-/// Defaults because compatible proxies do not always report usage.
-#[derive(Deserialize, Default)]
-struct StartUsage {
+/// Usage as the API reports it: `input_tokens` is only the part of the prompt after the last
+/// cache breakpoint, the cache counts are the rest. Defaults because compatible proxies do not
+/// always report usage.
+#[derive(Deserialize, Default, Clone, Copy)]
+struct WireUsage {
     #[serde(default)]
     input_tokens: u64,
+    #[serde(default)]
+    output_tokens: u64,
+    #[serde(default)]
+    cache_creation_input_tokens: u64,
+    #[serde(default)]
+    cache_read_input_tokens: u64,
+}
+
+impl WireUsage {
+    /// Skiff's `input_tokens` is the whole prompt; the cache counts are parts of it.
+    fn normalized(self) -> Usage {
+        Usage {
+            input_tokens: self.input_tokens
+                + self.cache_creation_input_tokens
+                + self.cache_read_input_tokens,
+            output_tokens: self.output_tokens,
+            cache_read_tokens: self.cache_read_input_tokens,
+            cache_write_tokens: self.cache_creation_input_tokens,
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -230,10 +252,13 @@ struct MessageDelta {
     stop_reason: Option<String>,
 }
 
+/// Only what changed since `message_start`; every count present is cumulative.
 #[derive(Deserialize)]
 struct DeltaUsage {
     input_tokens: Option<u64>,
     output_tokens: Option<u64>,
+    cache_creation_input_tokens: Option<u64>,
+    cache_read_input_tokens: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -268,7 +293,13 @@ impl Adapter for Decoder {
         let decoded: Event =
             serde_json::from_str(&event.data).map_err(|e| malformed(&event, &e))?;
         match decoded {
-            Event::MessageStart { message } => self.usage.input_tokens = message.usage.input_tokens,
+            // The output count here is a placeholder; message_delta has the real one.
+            Event::MessageStart { message } => {
+                self.usage = WireUsage {
+                    output_tokens: 0,
+                    ..message.usage
+                }
+            }
             Event::ContentBlockStart {
                 index,
                 content_block,
@@ -324,14 +355,21 @@ impl Adapter for Decoder {
                     });
                 }
                 // Counts in message_delta are cumulative, so they replace earlier ones.
-                if let Some(usage) = usage {
-                    self.usage.input_tokens = usage.input_tokens.unwrap_or(self.usage.input_tokens);
-                    self.usage.output_tokens =
-                        usage.output_tokens.unwrap_or(self.usage.output_tokens);
+                if let Some(delta) = usage {
+                    let u = &mut self.usage;
+                    u.input_tokens = delta.input_tokens.unwrap_or(u.input_tokens);
+                    u.output_tokens = delta.output_tokens.unwrap_or(u.output_tokens);
+                    u.cache_creation_input_tokens = delta
+                        .cache_creation_input_tokens
+                        .unwrap_or(u.cache_creation_input_tokens);
+                    u.cache_read_input_tokens = delta
+                        .cache_read_input_tokens
+                        .unwrap_or(u.cache_read_input_tokens);
                 }
             }
             Event::MessageStop => {
-                out.push(ModelEvent::Usage { usage: self.usage });
+                let usage = self.usage.normalized();
+                out.push(ModelEvent::Usage { usage });
                 return Ok(Some(self.stop.unwrap_or(StopReason::Other)));
             }
             Event::Error { error } => {

@@ -137,6 +137,13 @@ struct WireUsage {
     prompt_tokens: u64,
     #[serde(default)]
     completion_tokens: u64,
+    prompt_tokens_details: Option<PromptDetails>,
+}
+
+/// `cached_tokens` are part of `prompt_tokens`; OpenAI does not report cache writes.
+#[derive(Deserialize)]
+struct PromptDetails {
+    cached_tokens: Option<u64>,
 }
 
 impl PartialCall {
@@ -224,9 +231,13 @@ impl Adapter for Decoder {
             ));
         }
         if let Some(usage) = chunk.usage {
+            let cached = usage.prompt_tokens_details.and_then(|d| d.cached_tokens);
             self.usage = Some(Usage {
                 input_tokens: usage.prompt_tokens,
                 output_tokens: usage.completion_tokens,
+                // Never more than the prompt, whatever a compatible server says.
+                cache_read_tokens: cached.unwrap_or(0).min(usage.prompt_tokens),
+                cache_write_tokens: 0,
             });
         }
         for choice in chunk.choices.into_iter().flatten() {

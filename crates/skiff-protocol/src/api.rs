@@ -147,8 +147,15 @@ pub struct RunView {
     pub created_at_ms: i64,
     #[serde(default)]
     pub finished_at_ms: Option<i64>,
+    /// Every prompt token of the turn's model calls, cached or not.
     pub input_tokens: u64,
     pub output_tokens: u64,
+    /// Of `input_tokens`, those the provider read from its prompt cache.
+    #[serde(default)]
+    pub cache_read_tokens: u64,
+    /// Of `input_tokens`, those the provider wrote to its prompt cache.
+    #[serde(default)]
+    pub cache_write_tokens: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

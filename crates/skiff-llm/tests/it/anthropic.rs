@@ -5,7 +5,8 @@ use crate::{request, run, tool_calls};
 use serde_json::{Value, json};
 use skiff_protocol::model::{Message, ModelErrorKind, ModelEvent, StopReason, ToolCall, Usage};
 use skiff_test_support::anthropic_sse::{
-    error, message_delta, message_start, message_stop, ping, text_block, tool_use_block,
+    error, message_delta, message_delta_cached, message_start, message_start_cached, message_stop,
+    ping, text_block, tool_use_block,
 };
 use skiff_test_support::{FakeProvider, FakeResponse};
 
@@ -66,7 +67,8 @@ async fn text_usage_and_stop_reason() {
             ModelEvent::Usage {
                 usage: Usage {
                     input_tokens: 25,
-                    output_tokens: 3
+                    output_tokens: 3,
+                    ..Usage::default()
                 }
             },
             ModelEvent::Done {
@@ -120,7 +122,8 @@ async fn tool_use_input_split_across_deltas_is_reassembled() {
             ModelEvent::Usage {
                 usage: Usage {
                     input_tokens: 40,
-                    output_tokens: 30
+                    output_tokens: 30,
+                    ..Usage::default()
                 }
             },
             ModelEvent::Done {
@@ -317,4 +320,51 @@ async fn without_a_system_prompt_the_tools_end_the_cached_prefix() {
     let body: Value = serde_json::from_slice(&fake.requests()[0].body).unwrap();
     assert_eq!(body.get("system"), None);
     assert_eq!(breakpoints(&body), ["/tools/0", "/messages/0/content/0"]);
+}
+
+#[tokio::test]
+async fn cache_reads_and_writes_are_part_of_the_input() {
+    // As the API reports a request whose prefix was partly cached: 2000 tokens read, 300
+    // written, 40 after the last breakpoint; message_delta repeats the cumulative counts.
+    let events = stream(vec![
+        message_start_cached(40, 300, 2000),
+        text_block(0, &["Hi"]),
+        message_delta_cached("end_turn", 40, 300, 2000, 7),
+        message_stop(),
+    ])
+    .await;
+    let usage = events.iter().find_map(|e| match e {
+        ModelEvent::Usage { usage } => Some(*usage),
+        _ => None,
+    });
+    assert_eq!(
+        usage,
+        Some(Usage {
+            input_tokens: 2340,
+            output_tokens: 7,
+            cache_read_tokens: 2000,
+            cache_write_tokens: 300,
+        })
+    );
+}
+
+#[tokio::test]
+async fn cache_counts_only_in_message_start_still_count() {
+    let events = stream(vec![
+        message_start_cached(10, 0, 500),
+        message_delta("end_turn", 3),
+        message_stop(),
+    ])
+    .await;
+    assert_eq!(
+        events[0],
+        ModelEvent::Usage {
+            usage: Usage {
+                input_tokens: 510,
+                output_tokens: 3,
+                cache_read_tokens: 500,
+                cache_write_tokens: 0,
+            }
+        }
+    );
 }

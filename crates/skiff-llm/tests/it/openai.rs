@@ -5,7 +5,7 @@ use crate::{collect, request, run, tool_calls};
 use serde_json::{Value, json};
 use skiff_llm::CacheKey;
 use skiff_protocol::model::{ModelErrorKind, ModelEvent, StopReason, Usage};
-use skiff_test_support::openai_sse::{done, finish, text_chunks, tool_call, usage};
+use skiff_test_support::openai_sse::{done, finish, text_chunks, tool_call, usage, usage_cached};
 use skiff_test_support::{FakeProvider, FakeResponse};
 use tokio_util::sync::CancellationToken;
 
@@ -66,7 +66,8 @@ async fn text_usage_and_stop_reason() {
             ModelEvent::Usage {
                 usage: Usage {
                     input_tokens: 10,
-                    output_tokens: 2
+                    output_tokens: 2,
+                    ..Usage::default()
                 }
             },
             ModelEvent::Done {
@@ -184,4 +185,26 @@ async fn an_error_chunk_mid_stream_is_reported() {
     let (kind, message) = crate::error(&events);
     assert_eq!(kind, ModelErrorKind::ProviderFailed);
     assert!(message.contains("The server is overloaded"), "{message}");
+}
+
+#[tokio::test]
+async fn cached_prompt_tokens_are_read_from_the_usage_chunk() {
+    let (_, events) = stream(vec![
+        text_chunks(&["Hi"]),
+        finish("stop"),
+        usage_cached(3000, 12, 2816),
+        done(),
+    ])
+    .await;
+    assert_eq!(
+        events[events.len() - 2],
+        ModelEvent::Usage {
+            usage: Usage {
+                input_tokens: 3000,
+                output_tokens: 12,
+                cache_read_tokens: 2816,
+                cache_write_tokens: 0,
+            }
+        }
+    );
 }
