@@ -827,6 +827,23 @@ fn indent(text: &str) -> String {
 mod tests {
     use super::*;
 
+    #[test]
+    fn tokens_name_the_cache_and_the_cost_only_when_known() {
+        assert_eq!(tokens(120, 30, 0, 0, None), "in 120 / out 30 tokens");
+        assert_eq!(
+            tokens(5000, 80, 4000, 900, Some(0.00291)),
+            "in 5000 (4000 read from cache, 900 written) / out 80 tokens · $0.0029"
+        );
+        assert_eq!(
+            tokens(5000, 80, 4000, 0, Some(12.5)),
+            "in 5000 (4000 read from cache) / out 80 tokens · $12.50"
+        );
+        assert_eq!(
+            tokens(9, 1, 0, 9, None),
+            "in 9 (9 written to cache) / out 1 tokens"
+        );
+    }
+
     const PLAIN: Detail = Detail {
         full: false,
         full_flag: true,

@@ -44,6 +44,19 @@ function exitBadge(code) {
 
 const TOOL_SYMBOL = { pending: '○', running: '◌', ok: '✓', error: '✕', cancelled: '⊘' };
 const TOOL_LABEL = { pending: 'queued', running: 'running', ok: 'done', error: 'failed', cancelled: 'not run' };
+/** What a run's tokens cost at `prices` (dollars per million tokens), reckoned as the gateway
+ *  does: cache reads and writes are parts of the input, each at its own price. */
+function costOf(r, prices) {
+  const uncached = Math.max(0, r.usageIn - r.usageCached - r.usageWritten);
+  return (uncached * prices.input + r.usageCached * prices.cache_read
+    + r.usageWritten * prices.cache_write + r.usageOut * prices.output) / 1e6;
+}
+
+/** Cents are too coarse for one turn of a cheap model. */
+function fmtDollars(x) {
+  return x >= 1 ? `$${x.toFixed(2)}` : `$${x.toFixed(4)}`;
+}
+
 const RUN_SYMBOL = { succeeded: '✓', failed: '✕', cancelled: '⊘', timed_out: '✕', orphaned: '✕' };
 
 export class ChatView {
@@ -173,7 +186,18 @@ export class ChatView {
       h('span', { class: 'sep', 'aria-hidden': 'true' }, '·'),
       h('span', { class: 'mono path', title: ws.path }, ws.path || ''),
       h('span', { class: 'sep', 'aria-hidden': 'true' }, '·'),
-      h('span', { class: 'mono muted' }, s.id));
+      h('span', { class: 'mono muted' }, s.id),
+      this.totalEl());
+  }
+
+  /** The session's cost so far, when its model has prices. */
+  totalEl() {
+    const prices = this.session?.model?.prices;
+    if (!prices) return null;
+    let total = 0;
+    for (const r of this.runs.values()) total += costOf(r, prices);
+    return [h('span', { class: 'sep', 'aria-hidden': 'true' }, '·'),
+      h('span', { class: 'cost', title: 'Session cost at the configured prices' }, `${fmtDollars(total)} total`)];
   }
 
   run(id) {
@@ -464,6 +488,7 @@ export class ChatView {
           r.startedAt && r.endedAt ? fmtDuration(r.endedAt - r.startedAt) : null,
           r.steps ? `${r.steps} step${r.steps === 1 ? '' : 's'}` : null,
           `${fmtInt(r.usageIn)} in${r.usageCached ? ` (${fmtInt(r.usageCached)} cached)` : ''} · ${fmtInt(r.usageOut)} out tokens`,
+          this.session?.model?.prices ? fmtDollars(costOf(r, this.session.model.prices)) : null,
           r.model,
         ].filter(Boolean);
         // The turn's Changes view keeps its state across re-renders of this line.

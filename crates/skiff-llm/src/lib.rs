@@ -22,7 +22,7 @@ mod scripted;
 pub mod sse;
 
 pub use cache::CacheKey;
-pub use catalog::{Api, Catalog, ProviderConfig};
+pub use catalog::{Api, Catalog, PriceConfig, ProviderConfig};
 
 use std::path::PathBuf;
 
@@ -60,6 +60,9 @@ pub enum Error {
         "model `{model}` does not exist: the built-in `scripted` provider only has `scripted/demo`. To replay your own script, configure a provider with `api = \"scripted\"` and a `script` file"
     )]
     UnknownScriptedModel { model: String },
+
+    #[error("{key}: {problem}")]
+    InvalidPrice { key: String, problem: String },
 
     #[error("default_model: {0}")]
     InvalidDefaultModel(Box<Error>),
