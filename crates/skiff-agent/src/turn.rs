@@ -214,10 +214,7 @@ async fn stream_reply<M: ModelClient, B: SessionBackend>(
                 backend.publish(EventKind::TextDelta { text }).await;
             }
             ModelEvent::ToolCall { call } => reply.tool_calls.push(call),
-            ModelEvent::Usage { usage } => {
-                reply.usage.input_tokens += usage.input_tokens;
-                reply.usage.output_tokens += usage.output_tokens;
-            }
+            ModelEvent::Usage { usage } => reply.usage.add(usage),
             ModelEvent::Done { stop_reason } => {
                 reply.stop_reason = stop_reason;
                 return reply;

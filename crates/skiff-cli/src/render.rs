@@ -603,6 +603,37 @@ fn plural(n: usize, one: &str, many: &str) -> String {
 }
 
 /// `532 B`, `14.2 KiB`, `3.1 MiB`, `1.0 GiB`.
+/// A turn's (or a session's) token counts, as `session show` prints them:
+/// `in 1200 (1000 read from cache, 150 written) / out 80 tokens · $0.0123`. The cache part
+/// only when the provider reported one, the cost only when the model has prices.
+pub fn tokens(
+    input: u64,
+    output: u64,
+    cache_read: u64,
+    cache_write: u64,
+    cost_usd: Option<f64>,
+) -> String {
+    let cache = match (cache_read, cache_write) {
+        (0, 0) => String::new(),
+        (read, 0) => format!(" ({read} read from cache)"),
+        (0, written) => format!(" ({written} written to cache)"),
+        (read, written) => format!(" ({read} read from cache, {written} written)"),
+    };
+    let cost = cost_usd
+        .map(|c| format!(" · {}", dollars(c)))
+        .unwrap_or_default();
+    format!("in {input}{cache} / out {output} tokens{cost}")
+}
+
+/// Cents are too coarse for one turn of a cheap model, so four decimals below a dollar.
+pub fn dollars(amount: f64) -> String {
+    if amount >= 1.0 {
+        format!("${amount:.2}")
+    } else {
+        format!("${amount:.4}")
+    }
+}
+
 pub fn bytes(n: u64) -> String {
     const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
     if n < 1024 {
@@ -804,6 +835,23 @@ fn indent(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tokens_name_the_cache_and_the_cost_only_when_known() {
+        assert_eq!(tokens(120, 30, 0, 0, None), "in 120 / out 30 tokens");
+        assert_eq!(
+            tokens(5000, 80, 4000, 900, Some(0.00291)),
+            "in 5000 (4000 read from cache, 900 written) / out 80 tokens · $0.0029"
+        );
+        assert_eq!(
+            tokens(5000, 80, 4000, 0, Some(12.5)),
+            "in 5000 (4000 read from cache) / out 80 tokens · $12.50"
+        );
+        assert_eq!(
+            tokens(9, 1, 0, 9, None),
+            "in 9 (9 written to cache) / out 1 tokens"
+        );
+    }
 
     const PLAIN: Detail = Detail {
         full: false,

@@ -288,13 +288,26 @@ pub async fn run(cmd: SessionCommand, state_dir: &Path, json: bool) -> Result<Ex
                     .as_deref()
                     .map(|e| format!(": {e}"))
                     .unwrap_or_default();
-                outln!(
-                    "  {}  {}  in {} / out {} tokens{err}",
-                    run.id,
-                    run.status,
+                let tokens = render::tokens(
                     run.input_tokens,
-                    run.output_tokens
-                )?;
+                    run.output_tokens,
+                    run.cache_read_tokens,
+                    run.cache_write_tokens,
+                    run.cost_usd,
+                );
+                outln!("  {}  {}  {tokens}{err}", run.id, run.status)?;
+            }
+            // With one run the total would repeat its line.
+            if detail.runs.len() > 1 {
+                let t = &detail.totals;
+                let tokens = render::tokens(
+                    t.input_tokens,
+                    t.output_tokens,
+                    t.cache_read_tokens,
+                    t.cache_write_tokens,
+                    t.cost_usd,
+                );
+                outln!("total      {tokens}")?;
             }
             outln!()?;
             let shown = Detail::with_full_flag(args.detail.full);

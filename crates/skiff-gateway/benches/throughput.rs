@@ -66,6 +66,7 @@ fn batch() -> Vec<EntryBody> {
                     usage: Usage {
                         input_tokens: 1200,
                         output_tokens: 80,
+                        ..Usage::default()
                     },
                     stop_reason: StopReason::ToolUse,
                 }

@@ -5,7 +5,7 @@ use crate::Core;
 use futures_util::stream::BoxStream;
 use skiff_agent::tools::ToolOutput;
 use skiff_agent::{BackendError, ModelClient, SessionBackend};
-use skiff_llm::Catalog;
+use skiff_llm::{CacheKey, Catalog};
 use skiff_protocol::event::EventKind;
 use skiff_protocol::model::{ModelEvent, ModelRequest};
 use skiff_protocol::transcript::{EntryBody, TranscriptEntry};
@@ -14,7 +14,24 @@ use skiff_store::Scope;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
-pub(crate) struct CatalogClient(pub Catalog);
+/// Model calls of one session, with the session's prompt-cache key: the same key the
+/// inference proxy gives the session's calls when its loop runs on a worker.
+pub(crate) struct CatalogClient {
+    pub catalog: Catalog,
+    pub cache_key: CacheKey,
+}
+
+impl CatalogClient {
+    pub fn for_session(catalog: Catalog, session: &SessionId) -> Self {
+        let cache_key = prompt_cache_key(session);
+        Self { catalog, cache_key }
+    }
+}
+
+/// The one derivation of a session's prompt-cache key, for both placements.
+pub(crate) fn prompt_cache_key(session: &SessionId) -> CacheKey {
+    CacheKey::for_conversation(session.as_str())
+}
 
 impl ModelClient for CatalogClient {
     fn stream(
@@ -22,7 +39,8 @@ impl ModelClient for CatalogClient {
         request: ModelRequest,
         cancel: CancellationToken,
     ) -> BoxStream<'static, ModelEvent> {
-        self.0.stream(request, cancel)
+        self.catalog
+            .stream(request, Some(self.cache_key.clone()), cancel)
     }
 }
 

@@ -166,6 +166,20 @@ mod tests {
     }
 
     #[test]
+    fn a_misspelt_price_names_its_model() {
+        let err = Config::parse(
+            "[providers.openai]\napi = \"openai-completions\"\n\
+             [providers.openai.prices.\"gpt-4o\"]\ninput = 2.5\noutput = 10.0\ncached = 1.25\n",
+        )
+        .unwrap_err();
+        assert!(err.contains("providers.openai.prices.gpt-4o"), "{err}");
+        assert!(
+            err.contains("cached") && err.contains("cache_read"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn wrong_type_names_its_path() {
         let err = Config::parse("[models]\ndefault = 3\n").unwrap_err();
         assert!(err.contains("models.default"), "{err}");

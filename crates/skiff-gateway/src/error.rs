@@ -195,6 +195,7 @@ fn model_code(e: &skiff_llm::Error) -> ErrorCode {
         | L::MalformedModelRef { .. }
         | L::UnknownProvider { .. }
         | L::UnknownScriptedModel { .. }
+        | L::InvalidPrice { .. }
         | L::InvalidDefaultModel(_) => ErrorCode::BadModel,
         L::HttpClient(_) => ErrorCode::Internal,
     }

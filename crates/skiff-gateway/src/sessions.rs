@@ -7,8 +7,9 @@ use crate::{Core, workspace};
 use serde_json::json;
 use skiff_agent::tools::Tools;
 use skiff_agent::{AgentConfig, TurnOutcome, run_turn};
+use skiff_llm::Catalog;
 use skiff_protocol::api::{
-    CreateSessionRequest, RunStarted, RunStatus, RunView, SessionDetail, SessionView,
+    CreateSessionRequest, RunStarted, RunStatus, RunView, SessionDetail, SessionView, UsageTotals,
 };
 use skiff_protocol::environment::PlacementState;
 use skiff_protocol::event::EventKind;
@@ -76,7 +77,11 @@ fn check_prompt(prompt: &str) -> Result<()> {
     Ok(())
 }
 
-pub(crate) fn run_view(run: &RunRow) -> RunView {
+/// `run` for the API, its cost at the prices `catalog` has for its model today.
+pub(crate) fn run_view(run: &RunRow, catalog: &Catalog) -> RunView {
+    let cost_usd = ModelRef::parse(&run.model_ref)
+        .and_then(|model| catalog.prices(&model))
+        .map(|prices| prices.cost_usd(&run.usage));
     RunView {
         id: run.id.clone(),
         session_id: run.session_id.clone(),
@@ -87,18 +92,43 @@ pub(crate) fn run_view(run: &RunRow) -> RunView {
         finished_at_ms: run.finished_at_ms,
         input_tokens: run.usage.input_tokens,
         output_tokens: run.usage.output_tokens,
+        cache_read_tokens: run.usage.cache_read_tokens,
+        cache_write_tokens: run.usage.cache_write_tokens,
+        cost_usd,
     }
+}
+
+/// The runs added up; a cost only when every run has one (a partial sum would read as the
+/// whole).
+fn totals(runs: &[RunView]) -> UsageTotals {
+    let mut totals = UsageTotals {
+        cost_usd: Some(0.0),
+        ..UsageTotals::default()
+    };
+    for run in runs {
+        totals.input_tokens += run.input_tokens;
+        totals.output_tokens += run.output_tokens;
+        totals.cache_read_tokens += run.cache_read_tokens;
+        totals.cache_write_tokens += run.cache_write_tokens;
+        totals.cost_usd = totals.cost_usd.zip(run.cost_usd).map(|(a, b)| a + b);
+    }
+    totals
 }
 
 impl Core {
     pub(crate) fn session_view(&self, scope: &Scope, row: SessionRow) -> Result<SessionView> {
-        let last_run = self.store.runs(scope, &row.id)?.last().map(run_view);
+        let last_run = self
+            .store
+            .runs(scope, &row.id)?
+            .last()
+            .map(|r| run_view(r, &self.catalog));
         let model = ModelRef::parse(&row.model_ref)
             .map(|m| self.catalog.describe(&m))
             .unwrap_or_else(|| skiff_protocol::api::ModelView {
                 model_ref: row.model_ref.clone(),
                 scripted: false,
                 label: row.model_ref.clone(),
+                prices: None,
             });
         let worker = self.store.placement(scope, &row.id)?.map(|p| {
             skiff_protocol::api::WorkerPlacementView {
@@ -132,11 +162,18 @@ impl Core {
 
     pub(crate) fn detail(&self, scope: &Scope, id: &SessionId) -> Result<SessionDetail> {
         let row = self.store.session(scope, id)?;
-        let runs = self.store.runs(scope, id)?.iter().map(run_view).collect();
+        let runs: Vec<RunView> = self
+            .store
+            .runs(scope, id)?
+            .iter()
+            .map(|r| run_view(r, &self.catalog))
+            .collect();
+        let totals = totals(&runs);
         let transcript = self.store.transcript(scope, id)?;
         Ok(SessionDetail {
             session: self.session_view(scope, row)?,
             runs,
+            totals,
             transcript,
         })
     }
@@ -345,7 +382,7 @@ impl Core {
         let session = self.store.session(scope, id)?;
         Ok(RunStarted {
             session: self.session_view(scope, session)?,
-            run: run_view(&run),
+            run: run_view(&run, &self.catalog),
         })
     }
 
@@ -378,7 +415,7 @@ impl Core {
         if token.is_none() {
             self.finish(scope, id, &run.id, RunStatus::Cancelled, None);
         }
-        Ok(run_view(&self.store.run(scope, &run.id)?))
+        Ok(run_view(&self.store.run(scope, &run.id)?, &self.catalog))
     }
 
     async fn execute(
@@ -478,7 +515,7 @@ impl Core {
         };
         let attempt = self.store.start_attempt(scope, run, RUNTIME_NODE, 1)?;
         let outcome = run_turn(
-            &CatalogClient(self.catalog.clone()),
+            &CatalogClient::for_session(self.catalog.clone(), &session.id),
             &backend,
             &tools,
             &config,

@@ -44,6 +44,19 @@ function exitBadge(code) {
 
 const TOOL_SYMBOL = { pending: '○', running: '◌', ok: '✓', error: '✕', cancelled: '⊘' };
 const TOOL_LABEL = { pending: 'queued', running: 'running', ok: 'done', error: 'failed', cancelled: 'not run' };
+/** What a run's tokens cost at `prices` (dollars per million tokens), reckoned as the gateway
+ *  does: cache reads and writes are parts of the input, each at its own price. */
+function costOf(r, prices) {
+  const uncached = Math.max(0, r.usageIn - r.usageCached - r.usageWritten);
+  return (uncached * prices.input + r.usageCached * prices.cache_read
+    + r.usageWritten * prices.cache_write + r.usageOut * prices.output) / 1e6;
+}
+
+/** Cents are too coarse for one turn of a cheap model. */
+function fmtDollars(x) {
+  return x >= 1 ? `$${x.toFixed(2)}` : `$${x.toFixed(4)}`;
+}
+
 const RUN_SYMBOL = { succeeded: '✓', failed: '✕', cancelled: '⊘', timed_out: '✕', orphaned: '✕' };
 
 export class ChatView {
@@ -175,7 +188,18 @@ export class ChatView {
       h('span', { class: 'sep', 'aria-hidden': 'true' }, '·'),
       h('span', { class: 'mono path', title: ws.path }, ws.path || ''),
       h('span', { class: 'sep', 'aria-hidden': 'true' }, '·'),
-      h('span', { class: 'mono muted' }, s.id));
+      h('span', { class: 'mono muted' }, s.id),
+      this.totalEl());
+  }
+
+  /** The session's cost so far, when its model has prices. */
+  totalEl() {
+    const prices = this.session?.model?.prices;
+    if (!prices) return null;
+    let total = 0;
+    for (const r of this.runs.values()) total += costOf(r, prices);
+    return [h('span', { class: 'sep', 'aria-hidden': 'true' }, '·'),
+      h('span', { class: 'cost', title: 'Session cost at the configured prices' }, `${fmtDollars(total)} total`)];
   }
 
   /** Pull back (on a worker) and Dispatch… (not on a box), each behind a confirmation. */
@@ -241,10 +265,10 @@ export class ChatView {
   }
 
   run(id) {
-    if (!id) return { usageIn: 0, usageOut: 0, steps: 0 };
+    if (!id) return { usageIn: 0, usageOut: 0, usageCached: 0, usageWritten: 0, steps: 0 };
     let r = this.runs.get(id);
     if (!r) {
-      r = { id, status: null, startedAt: null, endedAt: null, model: null, usageIn: 0, usageOut: 0, steps: 0, error: null };
+      r = { id, status: null, startedAt: null, endedAt: null, model: null, usageIn: 0, usageOut: 0, usageCached: 0, usageWritten: 0, steps: 0, error: null };
       this.runs.set(id, r);
     }
     return r;
@@ -352,6 +376,8 @@ export class ChatView {
         });
         run.usageIn += body.usage?.input_tokens || 0;
         run.usageOut += body.usage?.output_tokens || 0;
+        run.usageCached += body.usage?.cache_read_tokens || 0;
+        run.usageWritten += body.usage?.cache_write_tokens || 0;
         run.steps += 1;
         run.model = body.model || run.model;
         this.add({ key: entry.id, kind: 'assistant', text: body.text, tools, model: body.model, usage: body.usage });
@@ -525,7 +551,8 @@ export class ChatView {
           r.status === 'succeeded' ? 'done' : r.status.replace('_', ' '),
           r.startedAt && r.endedAt ? fmtDuration(r.endedAt - r.startedAt) : null,
           r.steps ? `${r.steps} step${r.steps === 1 ? '' : 's'}` : null,
-          `${fmtInt(r.usageIn)} in · ${fmtInt(r.usageOut)} out tokens`,
+          `${fmtInt(r.usageIn)} in${r.usageCached ? ` (${fmtInt(r.usageCached)} cached)` : ''} · ${fmtInt(r.usageOut)} out tokens`,
+          this.session?.model?.prices ? fmtDollars(costOf(r, this.session.model.prices)) : null,
           r.model,
         ].filter(Boolean);
         // The turn's Changes view keeps its state across re-renders of this line.

@@ -3,6 +3,7 @@
 //!
 //! The transport (sending, retries, timeouts, HTTP errors) is `http`'s, not this module's.
 
+use crate::CacheKey;
 use crate::drive::Failure;
 use crate::http::{Adapter, malformed, tool_arguments};
 use crate::sse::SseEvent;
@@ -21,6 +22,13 @@ const ANTHROPIC_VERSION: HeaderName = HeaderName::from_static("anthropic-version
 
 /// The body of `POST {base_url}/v1/messages` for `request`: compact JSON with sorted keys, so
 /// the same request always gives the same bytes.
+///
+/// It carries prompt-cache breakpoints (`cache_control`) at three stable positions, within the
+/// API's limit of four: the end of tools + system (the same in every request of a session), and
+/// the last block of each of the last two user-role messages. The newest one writes this
+/// request's prefix to the cache; the one before is where the previous request of the session
+/// wrote its own, so it is read back however many blocks were added since (the API looks only
+/// 20 blocks back from a breakpoint for an earlier entry).
 pub fn request_body(request: &ModelRequest) -> Vec<u8> {
     let mut messages = Vec::with_capacity(request.messages.len());
     // Results of one assistant turn go together in the user message that follows it.
@@ -41,7 +49,12 @@ pub fn request_body(request: &ModelRequest) -> Vec<u8> {
                 }));
                 continue;
             }
-            Message::User { text } => json!({ "role": "user", "content": text }),
+            // Always in block form, so that a message reads the same whether or not it carries
+            // a breakpoint.
+            Message::User { text } => json!({
+                "role": "user",
+                "content": [{ "type": "text", "text": text }],
+            }),
             Message::Assistant { text, tool_calls } => {
                 // The API rejects empty text blocks.
                 let text = (!text.is_empty()).then(|| json!({ "type": "text", "text": text }));
@@ -61,6 +74,12 @@ pub fn request_body(request: &ModelRequest) -> Vec<u8> {
         messages.push(wire);
     }
     push_results(&mut messages, &mut results);
+    let user_turns = messages.iter_mut().filter(|m| m["role"] == "user");
+    for message in user_turns.rev().take(ROLLING_BREAKPOINTS) {
+        if let Some(last) = message["content"].as_array_mut().and_then(|c| c.last_mut()) {
+            last["cache_control"] = ephemeral();
+        }
+    }
 
     let mut body = json!({
         "model": request.model.model_id(),
@@ -68,11 +87,8 @@ pub fn request_body(request: &ModelRequest) -> Vec<u8> {
         "messages": messages,
         "stream": true,
     });
-    if !request.system.is_empty() {
-        body["system"] = json!(request.system);
-    }
     if !request.tools.is_empty() {
-        body["tools"] = request
+        let mut tools: Vec<Value> = request
             .tools
             .iter()
             .map(|tool| {
@@ -83,8 +99,28 @@ pub fn request_body(request: &ModelRequest) -> Vec<u8> {
                 })
             })
             .collect();
+        // The prefix is tools, then system: without a system prompt the tools end it.
+        if let (true, Some(last)) = (request.system.is_empty(), tools.last_mut()) {
+            last["cache_control"] = ephemeral();
+        }
+        body["tools"] = Value::Array(tools);
+    }
+    if !request.system.is_empty() {
+        body["system"] = json!([{
+            "type": "text",
+            "text": request.system,
+            "cache_control": ephemeral(),
+        }]);
     }
     body.to_string().into_bytes()
+}
+
+/// Breakpoints on user-role messages, newest first; with the one after tools + system, three of
+/// the API's four.
+const ROLLING_BREAKPOINTS: usize = 2;
+
+fn ephemeral() -> Value {
+    json!({ "type": "ephemeral" })
 }
 
 fn push_results(messages: &mut Vec<Value>, results: &mut Vec<Value>) {
@@ -105,7 +141,7 @@ fn tool_input(arguments: &Value) -> Value {
 /// Decoding state of one streamed response.
 #[derive(Default)]
 pub(crate) struct Decoder {
-    usage: Usage,
+    usage: WireUsage,
     stop: Option<StopReason>,
     /// Tool-use blocks being assembled, by content block index.
     calls: BTreeMap<u64, PartialCall>,
@@ -152,14 +188,36 @@ enum Event {
 #[derive(Deserialize)]
 struct StartMessage {
     #[serde(default)]
-    usage: StartUsage,
+    usage: WireUsage,
 }
 
-/// Defaults because compatible proxies do not always report usage.
-#[derive(Deserialize, Default)]
-struct StartUsage {
+/// Usage as the API reports it: `input_tokens` is only the part of the prompt after the last
+/// cache breakpoint, the cache counts are the rest. Defaults because compatible proxies do not
+/// always report usage.
+#[derive(Deserialize, Default, Clone, Copy)]
+struct WireUsage {
     #[serde(default)]
     input_tokens: u64,
+    #[serde(default)]
+    output_tokens: u64,
+    #[serde(default)]
+    cache_creation_input_tokens: u64,
+    #[serde(default)]
+    cache_read_input_tokens: u64,
+}
+
+impl WireUsage {
+    /// Skiff's `input_tokens` is the whole prompt; the cache counts are parts of it.
+    fn normalized(self) -> Usage {
+        Usage {
+            input_tokens: self.input_tokens
+                + self.cache_creation_input_tokens
+                + self.cache_read_input_tokens,
+            output_tokens: self.output_tokens,
+            cache_read_tokens: self.cache_read_input_tokens,
+            cache_write_tokens: self.cache_creation_input_tokens,
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -194,10 +252,13 @@ struct MessageDelta {
     stop_reason: Option<String>,
 }
 
+/// Only what changed since `message_start`; every count present is cumulative.
 #[derive(Deserialize)]
 struct DeltaUsage {
     input_tokens: Option<u64>,
     output_tokens: Option<u64>,
+    cache_creation_input_tokens: Option<u64>,
+    cache_read_input_tokens: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -210,7 +271,8 @@ struct ErrorBody {
 impl Adapter for Decoder {
     const PATH: &'static str = "/v1/messages";
 
-    fn request_body(request: &ModelRequest) -> Vec<u8> {
+    /// Anthropic's cache is keyed by the prompt itself; the breakpoints say where.
+    fn request_body(request: &ModelRequest, _cache_key: Option<&CacheKey>) -> Vec<u8> {
         request_body(request)
     }
 
@@ -231,7 +293,13 @@ impl Adapter for Decoder {
         let decoded: Event =
             serde_json::from_str(&event.data).map_err(|e| malformed(&event, &e))?;
         match decoded {
-            Event::MessageStart { message } => self.usage.input_tokens = message.usage.input_tokens,
+            // The output count here is a placeholder; message_delta has the real one.
+            Event::MessageStart { message } => {
+                self.usage = WireUsage {
+                    output_tokens: 0,
+                    ..message.usage
+                }
+            }
             Event::ContentBlockStart {
                 index,
                 content_block,
@@ -287,14 +355,21 @@ impl Adapter for Decoder {
                     });
                 }
                 // Counts in message_delta are cumulative, so they replace earlier ones.
-                if let Some(usage) = usage {
-                    self.usage.input_tokens = usage.input_tokens.unwrap_or(self.usage.input_tokens);
-                    self.usage.output_tokens =
-                        usage.output_tokens.unwrap_or(self.usage.output_tokens);
+                if let Some(delta) = usage {
+                    let u = &mut self.usage;
+                    u.input_tokens = delta.input_tokens.unwrap_or(u.input_tokens);
+                    u.output_tokens = delta.output_tokens.unwrap_or(u.output_tokens);
+                    u.cache_creation_input_tokens = delta
+                        .cache_creation_input_tokens
+                        .unwrap_or(u.cache_creation_input_tokens);
+                    u.cache_read_input_tokens = delta
+                        .cache_read_input_tokens
+                        .unwrap_or(u.cache_read_input_tokens);
                 }
             }
             Event::MessageStop => {
-                out.push(ModelEvent::Usage { usage: self.usage });
+                let usage = self.usage.normalized();
+                out.push(ModelEvent::Usage { usage });
                 return Ok(Some(self.stop.unwrap_or(StopReason::Other)));
             }
             Event::Error { error } => {
@@ -370,7 +445,15 @@ mod tests {
           "max_tokens": 2048,
           "messages": [
             {
-              "content": "Read the README twice",
+              "content": [
+                {
+                  "cache_control": {
+                    "type": "ephemeral"
+                  },
+                  "text": "Read the README twice",
+                  "type": "text"
+                }
+              ],
               "role": "user"
             },
             {
@@ -407,6 +490,9 @@ mod tests {
                   "type": "tool_result"
                 },
                 {
+                  "cache_control": {
+                    "type": "ephemeral"
+                  },
                   "content": "# Skiff",
                   "is_error": true,
                   "tool_use_id": "toolu_2",
@@ -418,7 +504,15 @@ mod tests {
           ],
           "model": "claude-sonnet-4-5",
           "stream": true,
-          "system": "You are terse.",
+          "system": [
+            {
+              "cache_control": {
+                "type": "ephemeral"
+              },
+              "text": "You are terse.",
+              "type": "text"
+            }
+          ],
           "tools": [
             {
               "description": "Read a file",

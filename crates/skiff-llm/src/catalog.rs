@@ -7,10 +7,10 @@
 use crate::drive::{Failure, drive};
 use crate::http::HttpProvider;
 use crate::scripted::Script;
-use crate::{Error, Result, anthropic, http, openai};
+use crate::{CacheKey, Error, Result, anthropic, http, openai};
 use futures_util::stream::BoxStream;
 use serde::Deserialize;
-use skiff_protocol::api::ModelView;
+use skiff_protocol::api::{ModelPrices, ModelView};
 use skiff_protocol::model::{ModelErrorKind, ModelEvent, ModelRef, ModelRequest};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -46,6 +46,24 @@ pub struct ProviderConfig {
     /// 10 s, else 1 s when absent (default 2).
     #[serde(default)]
     pub max_retries: Option<u32>,
+    /// Prices of this provider's models, by model id (`[providers.NAME.prices."MODEL"]`), for
+    /// the costs `session show` and the UI print. A model without prices has no cost shown.
+    #[serde(default)]
+    pub prices: BTreeMap<String, PriceConfig>,
+}
+
+/// One `[providers.NAME.prices."MODEL"]` table, in US dollars per million tokens.
+#[derive(Deserialize, Clone, Copy, Debug, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PriceConfig {
+    pub input: f64,
+    pub output: f64,
+    /// Tokens read from the prompt cache; the input price when left out.
+    #[serde(default)]
+    pub cache_read: Option<f64>,
+    /// Tokens written to the prompt cache; the input price when left out.
+    #[serde(default)]
+    pub cache_write: Option<f64>,
 }
 
 #[derive(Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
@@ -76,6 +94,8 @@ pub struct Catalog {
 #[derive(Debug)]
 struct Inner {
     providers: BTreeMap<String, Provider>,
+    /// By model ref (`provider/model-id`).
+    prices: BTreeMap<String, ModelPrices>,
     default_model: ModelRef,
     client: reqwest::Client,
 }
@@ -97,7 +117,12 @@ impl Catalog {
         config_dir: &Path,
     ) -> Result<Catalog> {
         let mut built = BTreeMap::new();
-        for (name, config) in providers {
+        let mut prices = BTreeMap::new();
+        for (name, mut config) in providers {
+            for (model, price) in std::mem::take(&mut config.prices) {
+                let model_ref = format!("{name}/{model}");
+                prices.insert(model_ref, validated_prices(&name, &model, price)?);
+            }
             let provider = Provider::from_config(&name, config, config_dir)?;
             built.insert(name, provider);
         }
@@ -125,6 +150,7 @@ impl Catalog {
         Ok(Catalog {
             inner: Arc::new(Inner {
                 providers: built,
+                prices,
                 default_model,
                 client,
             }),
@@ -153,15 +179,25 @@ impl Catalog {
             } else {
                 model.to_string()
             },
+            prices: self.prices(model),
         }
+    }
+
+    /// `model`'s configured prices, if any.
+    pub fn prices(&self, model: &ModelRef) -> Option<ModelPrices> {
+        self.inner.prices.get(model.as_str()).copied()
     }
 
     /// Streams the model's answer to `request`. Never panics; the stream always ends with
     /// exactly one `Done` or `Error` and nothing after it. When `cancel` fires, the request in
     /// flight is dropped and the stream ends promptly with `Done { stop_reason: Cancelled }`.
+    ///
+    /// `cache_key` names the conversation for providers whose prompt cache is keyed (see
+    /// [`CacheKey`]); the gateway passes its session's key in every placement.
     pub fn stream(
         &self,
         request: ModelRequest,
+        cache_key: Option<CacheKey>,
         cancel: CancellationToken,
     ) -> BoxStream<'static, ModelEvent> {
         let inner = Arc::clone(&self.inner);
@@ -169,12 +205,15 @@ impl Catalog {
             // Looked up again because a stored ref may predate a configuration change.
             let (_, provider) = lookup(&inner.providers, request.model.as_str())
                 .map_err(|e| Failure::new(ModelErrorKind::Configuration, e.to_string()))?;
+            let cache_key = cache_key.as_ref();
+            let client = &inner.client;
             match provider {
                 Provider::OpenAi(provider) => {
-                    http::run::<openai::Decoder>(&inner.client, provider, &request, &emitter).await
+                    http::run::<openai::Decoder>(client, provider, &request, cache_key, &emitter)
+                        .await
                 }
                 Provider::Anthropic(provider) => {
-                    http::run::<anthropic::Decoder>(&inner.client, provider, &request, &emitter)
+                    http::run::<anthropic::Decoder>(client, provider, &request, cache_key, &emitter)
                         .await
                 }
                 Provider::Scripted { script, .. } => Ok(script.play(&request, &emitter).await),
@@ -268,6 +307,41 @@ fn http_provider(name: &str, config: ProviderConfig, example_url: &str) -> Resul
         api_key_env: config.api_key_env,
         idle_timeout: Duration::from_secs(idle_timeout_s),
         max_retries: config.max_retries.unwrap_or(DEFAULT_MAX_RETRIES),
+    })
+}
+
+/// Prices must be finite and not negative, and name a model id that can be part of a model ref.
+fn validated_prices(provider: &str, model: &str, price: PriceConfig) -> Result<ModelPrices> {
+    let key = |field: &str| format!("providers.{provider}.prices.\"{model}\"{field}");
+    if ModelRef::parse(&format!("{provider}/{model}")).is_none() {
+        return Err(Error::InvalidPrice {
+            key: key(""),
+            problem: "a model id must be non-empty and without whitespace".to_owned(),
+        });
+    }
+    let fields = [
+        ("input", Some(price.input)),
+        ("output", Some(price.output)),
+        ("cache_read", price.cache_read),
+        ("cache_write", price.cache_write),
+    ];
+    for (field, value) in fields {
+        if let Some(value) = value
+            && !(value.is_finite() && value >= 0.0)
+        {
+            return Err(Error::InvalidPrice {
+                key: key(&format!(".{field}")),
+                problem: format!(
+                    "{value} is not a price; give US dollars per million tokens, 0 or more (for example 3.0)"
+                ),
+            });
+        }
+    }
+    Ok(ModelPrices {
+        input: price.input,
+        output: price.output,
+        cache_read: price.cache_read.unwrap_or(price.input),
+        cache_write: price.cache_write.unwrap_or(price.input),
     })
 }
 

@@ -4,6 +4,7 @@
 //!
 //! It knows no wire format: an [`Adapter`] builds the body and decodes the events.
 
+use crate::CacheKey;
 use crate::drive::{Emitter, Failure};
 use crate::sse::{SseEvent, SseParser};
 use futures_util::StreamExt;
@@ -29,7 +30,8 @@ pub(crate) trait Adapter: Default + Send {
     /// Appended to the provider's `base_url`.
     const PATH: &'static str;
 
-    fn request_body(request: &ModelRequest) -> Vec<u8>;
+    /// The body for `request`; `cache_key` is the gateway's, for formats that carry one.
+    fn request_body(request: &ModelRequest, cache_key: Option<&CacheKey>) -> Vec<u8>;
 
     /// The provider's own headers; `api_key` is present when the provider is configured with one.
     fn headers(api_key: Option<&str>) -> Vec<(HeaderName, String)>;
@@ -91,11 +93,13 @@ pub(crate) async fn run<A: Adapter>(
     client: &Client,
     provider: &HttpProvider,
     request: &ModelRequest,
+    cache_key: Option<&CacheKey>,
     emitter: &Emitter,
 ) -> Result<StopReason, Failure> {
     let key = provider.api_key()?;
     let key = key.as_deref();
-    exchange::<A>(client, provider, key, request, emitter)
+    let body = A::request_body(request, cache_key);
+    exchange::<A>(client, provider, key, request, body, emitter)
         .await
         .map_err(|f| Failure::new(f.kind, redact(&f.message, key)))
 }
@@ -105,12 +109,12 @@ async fn exchange<A: Adapter>(
     provider: &HttpProvider,
     key: Option<&str>,
     request: &ModelRequest,
+    body: Vec<u8>,
     emitter: &Emitter,
 ) -> Result<StopReason, Failure> {
     let name = &provider.name;
     let url = format!("{}{}", provider.base_url, A::PATH);
     let headers = headers::<A>(provider, key)?;
-    let body = A::request_body(request);
 
     let mut retries = 0;
     let response = loop {

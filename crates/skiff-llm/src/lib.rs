@@ -7,12 +7,13 @@
 //! tools or transcripts, and it retries nothing but a busy provider (429/503/529) asking for a
 //! short wait before anything was streamed.
 //!
-//! Module map: `catalog` owns configuration and dispatch, `http` the transport shared by the
-//! two HTTP adapters ([`openai`], [`anthropic`]), `sse` the event-stream framing, `scripted` the
-//! stand-in model, and `drive` the guarantee that every stream ends with exactly one terminal
-//! event.
+//! Module map: `catalog` owns configuration and dispatch, `cache` the prompt-cache key,
+//! `http` the transport shared by the two HTTP adapters ([`openai`], [`anthropic`]), `sse` the
+//! event-stream framing, `scripted` the stand-in model, and `drive` the guarantee that every
+//! stream ends with exactly one terminal event.
 
 pub mod anthropic;
+mod cache;
 mod catalog;
 mod drive;
 mod http;
@@ -20,7 +21,8 @@ pub mod openai;
 mod scripted;
 pub mod sse;
 
-pub use catalog::{Api, Catalog, ProviderConfig};
+pub use cache::CacheKey;
+pub use catalog::{Api, Catalog, PriceConfig, ProviderConfig};
 
 use std::path::PathBuf;
 
@@ -58,6 +60,9 @@ pub enum Error {
         "model `{model}` does not exist: the built-in `scripted` provider only has `scripted/demo`. To replay your own script, configure a provider with `api = \"scripted\"` and a `script` file"
     )]
     UnknownScriptedModel { model: String },
+
+    #[error("{key}: {problem}")]
+    InvalidPrice { key: String, problem: String },
 
     #[error("default_model: {0}")]
     InvalidDefaultModel(Box<Error>),

@@ -3,6 +3,7 @@
 //!
 //! The transport (sending, retries, timeouts, HTTP errors) is `http`'s, not this module's.
 
+use crate::CacheKey;
 use crate::drive::Failure;
 use crate::http::{Adapter, malformed, tool_arguments};
 use crate::sse::SseEvent;
@@ -15,8 +16,9 @@ use skiff_protocol::model::{
 use std::collections::BTreeMap;
 
 /// The body of `POST {base_url}/chat/completions` for `request`: compact JSON with sorted keys,
-/// so the same request always gives the same bytes.
-pub fn request_body(request: &ModelRequest) -> Vec<u8> {
+/// so the same request always gives the same bytes. `cache_key` becomes `prompt_cache_key`,
+/// which routes a conversation's requests to the same prompt cache.
+pub fn request_body(request: &ModelRequest, cache_key: Option<&CacheKey>) -> Vec<u8> {
     let mut messages = Vec::with_capacity(request.messages.len() + 1);
     if !request.system.is_empty() {
         messages.push(json!({ "role": "system", "content": request.system }));
@@ -43,6 +45,9 @@ pub fn request_body(request: &ModelRequest) -> Vec<u8> {
         "stream_options": { "include_usage": true },
         "max_completion_tokens": request.max_output_tokens,
     });
+    if let Some(key) = cache_key {
+        body["prompt_cache_key"] = json!(key.as_str());
+    }
     // The API rejects an empty `tools` array.
     if !request.tools.is_empty() {
         body["tools"] = request
@@ -132,6 +137,13 @@ struct WireUsage {
     prompt_tokens: u64,
     #[serde(default)]
     completion_tokens: u64,
+    prompt_tokens_details: Option<PromptDetails>,
+}
+
+/// `cached_tokens` are part of `prompt_tokens`; OpenAI does not report cache writes.
+#[derive(Deserialize)]
+struct PromptDetails {
+    cached_tokens: Option<u64>,
 }
 
 impl PartialCall {
@@ -176,8 +188,8 @@ impl Decoder {
 impl Adapter for Decoder {
     const PATH: &'static str = "/chat/completions";
 
-    fn request_body(request: &ModelRequest) -> Vec<u8> {
-        request_body(request)
+    fn request_body(request: &ModelRequest, cache_key: Option<&CacheKey>) -> Vec<u8> {
+        request_body(request, cache_key)
     }
 
     fn headers(api_key: Option<&str>) -> Vec<(HeaderName, String)> {
@@ -219,9 +231,13 @@ impl Adapter for Decoder {
             ));
         }
         if let Some(usage) = chunk.usage {
+            let cached = usage.prompt_tokens_details.and_then(|d| d.cached_tokens);
             self.usage = Some(Usage {
                 input_tokens: usage.prompt_tokens,
                 output_tokens: usage.completion_tokens,
+                // Never more than the prompt, whatever a compatible server says.
+                cache_read_tokens: cached.unwrap_or(0).min(usage.prompt_tokens),
+                cache_write_tokens: 0,
             });
         }
         for choice in chunk.choices.into_iter().flatten() {
@@ -291,12 +307,17 @@ mod tests {
 
     #[test]
     fn request_body_is_a_pure_function_of_the_request() {
-        assert_eq!(request_body(&request()), request_body(&request().clone()));
+        let key = CacheKey::for_conversation("ses_1");
+        assert_eq!(
+            request_body(&request(), Some(&key)),
+            request_body(&request().clone(), Some(&key))
+        );
     }
 
     #[test]
     fn request_body_snapshot() {
-        let body: Value = serde_json::from_slice(&request_body(&request())).unwrap();
+        let key = CacheKey::for_conversation("ses_1");
+        let body: Value = serde_json::from_slice(&request_body(&request(), Some(&key))).unwrap();
         insta::assert_snapshot!(serde_json::to_string_pretty(&body).unwrap(), @r#"
         {
           "max_completion_tokens": 1024,
@@ -330,6 +351,7 @@ mod tests {
             }
           ],
           "model": "gpt-4o-mini",
+          "prompt_cache_key": "6841447f7cc3c2cba0a143e5711fd611",
           "stream": true,
           "stream_options": {
             "include_usage": true

@@ -81,6 +81,7 @@ impl Script {
             input_tokens: words(&request.system)
                 + request.messages.iter().map(message_words).sum::<u64>(),
             output_tokens: words(text) + calls.len() as u64,
+            ..Usage::default()
         };
         emitter.emit(ModelEvent::Usage { usage }).await;
         if calls.is_empty() {

@@ -157,7 +157,7 @@ impl WorkspaceView {
 
 /// The model a session uses, labelled so that a scripted stand-in is never mistaken for a
 /// real model.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ModelView {
     #[serde(rename = "ref")]
@@ -165,6 +165,34 @@ pub struct ModelView {
     pub scripted: bool,
     /// What to show a person: `anthropic/claude-sonnet-4-5`, or `scripted/demo (scripted)`.
     pub label: String,
+    /// What the model costs, when the gateway's configuration says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prices: Option<ModelPrices>,
+}
+
+/// A model's prices in US dollars per million tokens, from `[providers.NAME.prices."MODEL"]`.
+/// Cache prices left out of the configuration are the input price.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelPrices {
+    pub input: f64,
+    pub output: f64,
+    pub cache_read: f64,
+    pub cache_write: f64,
+}
+
+impl ModelPrices {
+    /// What `usage` cost: uncached input at the input price, cache reads and writes at theirs
+    /// (they are parts of `input_tokens`), output at the output price.
+    pub fn cost_usd(&self, usage: &crate::model::Usage) -> f64 {
+        let cached = usage.cache_read_tokens + usage.cache_write_tokens;
+        let uncached = usage.input_tokens.saturating_sub(cached);
+        let per_million = uncached as f64 * self.input
+            + usage.cache_read_tokens as f64 * self.cache_read
+            + usage.cache_write_tokens as f64 * self.cache_write
+            + usage.output_tokens as f64 * self.output;
+        per_million / 1_000_000.0
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -179,8 +207,18 @@ pub struct RunView {
     pub created_at_ms: i64,
     #[serde(default)]
     pub finished_at_ms: Option<i64>,
+    /// Every prompt token of the turn's model calls, cached or not.
     pub input_tokens: u64,
     pub output_tokens: u64,
+    /// Of `input_tokens`, those the provider read from its prompt cache.
+    #[serde(default)]
+    pub cache_read_tokens: u64,
+    /// Of `input_tokens`, those the provider wrote to its prompt cache.
+    #[serde(default)]
+    pub cache_write_tokens: u64,
+    /// In US dollars at the model's configured prices; absent when it has none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost_usd: Option<f64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -234,8 +272,24 @@ pub struct RunStarted {
 pub struct SessionDetail {
     pub session: SessionView,
     pub runs: Vec<RunView>,
+    /// The runs' tokens and cost added up.
+    #[serde(default)]
+    pub totals: UsageTotals,
     /// The transcript from the root to the leaf.
     pub transcript: Vec<TranscriptEntry>,
+}
+
+/// A session's token counts and cost over all its runs.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UsageTotals {
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub cache_read_tokens: u64,
+    pub cache_write_tokens: u64,
+    /// In US dollars; absent unless every run's model has prices.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost_usd: Option<f64>,
 }
 
 /// `GET /v1/sessions`

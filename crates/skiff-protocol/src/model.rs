@@ -91,12 +91,35 @@ pub struct ModelRequest {
     pub max_output_tokens: u32,
 }
 
-/// Token usage of one model response.
+/// Token usage of one model response (or the sum of several).
+///
+/// `input_tokens` is the whole prompt, whichever way the provider billed it: the cache fields
+/// say how much of it was read from the provider's prompt cache and how much written to it
+/// (each part of `input_tokens`, never beyond it). Absent from transcripts written before
+/// prompt caching, hence the defaults.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Usage {
     pub input_tokens: u64,
     pub output_tokens: u64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cache_read_tokens: u64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cache_write_tokens: u64,
+}
+
+impl Usage {
+    /// Adds `other`'s counts to these.
+    pub fn add(&mut self, other: Usage) {
+        self.input_tokens += other.input_tokens;
+        self.output_tokens += other.output_tokens;
+        self.cache_read_tokens += other.cache_read_tokens;
+        self.cache_write_tokens += other.cache_write_tokens;
+    }
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// Why the model stopped.
@@ -167,5 +190,15 @@ mod tests {
         assert!(ModelRef::parse("/x").is_none());
         assert!(ModelRef::parse("x/").is_none());
         assert!(ModelRef::parse("a/b c").is_none());
+    }
+
+    #[test]
+    fn usage_written_before_prompt_caching_still_reads() {
+        let old: Usage = serde_json::from_str(r#"{"input_tokens":12,"output_tokens":3}"#).unwrap();
+        assert_eq!(old.cache_read_tokens + old.cache_write_tokens, 0);
+        assert_eq!(
+            serde_json::to_string(&old).unwrap(),
+            r#"{"input_tokens":12,"output_tokens":3}"#
+        );
     }
 }

@@ -247,6 +247,12 @@ ALTER TABLE placements ADD COLUMN box_in_step INTEGER NOT NULL DEFAULT 0;
 -- key a session's setup has skips that setup.
 ALTER TABLE environments ADD COLUMN prepared_key TEXT;
 "#,
+    r#"
+-- Of a run's input tokens, how many the provider read from its prompt cache and how many it
+-- wrote to it (each part of input_tokens).
+ALTER TABLE runs ADD COLUMN cache_read_tokens INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE runs ADD COLUMN cache_write_tokens INTEGER NOT NULL DEFAULT 0;
+"#,
 ];
 
 pub(crate) fn migrate(conn: &mut Connection) -> Result<()> {

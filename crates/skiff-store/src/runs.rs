@@ -46,7 +46,7 @@ impl AttemptStatus {
 }
 
 const COLUMNS: &str = "id, session_id, status, model_ref, error, input_tokens, output_tokens, \
-                       created_at_ms, finished_at_ms";
+                       created_at_ms, finished_at_ms, cache_read_tokens, cache_write_tokens";
 const OPEN_STATUSES: &str =
     "'queued','starting','running','waiting_input','waiting_approval','cancelling'";
 
@@ -67,6 +67,8 @@ fn from_row(row: &Row<'_>) -> rusqlite::Result<RunRow> {
         usage: Usage {
             input_tokens: row.get(5)?,
             output_tokens: row.get(6)?,
+            cache_read_tokens: row.get(9)?,
+            cache_write_tokens: row.get(10)?,
         },
         created_at_ms: row.get(7)?,
         finished_at_ms: row.get(8)?,
@@ -217,17 +219,20 @@ impl Store {
         self.run(scope, id)
     }
 
-    /// Adds a model response's token usage to the run's totals.
+    /// Adds a model response's token usage (cache reads and writes too) to the run's totals.
     pub fn add_run_usage(&self, scope: &Scope, id: &RunId, usage: Usage) -> Result<()> {
         self.conn().execute(
-            "UPDATE runs SET input_tokens = input_tokens + ?1, output_tokens = output_tokens + ?2 \
+            "UPDATE runs SET input_tokens = input_tokens + ?1, output_tokens = output_tokens + ?2, \
+             cache_read_tokens = cache_read_tokens + ?6, cache_write_tokens = cache_write_tokens + ?7 \
              WHERE id = ?3 AND owner_id = ?4 AND tenant_id = ?5",
             params![
                 usage.input_tokens,
                 usage.output_tokens,
                 id.as_str(),
                 scope.owner_id,
-                scope.tenant_id
+                scope.tenant_id,
+                usage.cache_read_tokens,
+                usage.cache_write_tokens,
             ],
         )?;
         Ok(())
@@ -322,6 +327,8 @@ impl Store {
                     usage: Usage {
                         input_tokens: row.get(7)?,
                         output_tokens: row.get(8)?,
+                        cache_read_tokens: row.get(11)?,
+                        cache_write_tokens: row.get(12)?,
                     },
                     created_at_ms: row.get(9)?,
                     finished_at_ms: Some(now),

@@ -14,11 +14,19 @@ fn quote(text: &str) -> String {
     Value::from(text).to_string()
 }
 
+/// `message_start` of a response that used no prompt cache.
 pub fn message_start(input_tokens: u64) -> Vec<String> {
+    message_start_cached(input_tokens, 0, 0)
+}
+
+/// `message_start` with the usage the API reports for a request with cache breakpoints:
+/// `input_tokens` is only the part after the last breakpoint; `cache_write` tokens were
+/// written to the cache and `cache_read` tokens read from it.
+pub fn message_start_cached(input_tokens: u64, cache_write: u64, cache_read: u64) -> Vec<String> {
     vec![event(
         "message_start",
         &format!(
-            r#"{{"type":"message_start","message":{{"id":"msg_fake","type":"message","role":"assistant","content":[],"model":"claude-fake","stop_reason":null,"stop_sequence":null,"usage":{{"input_tokens":{input_tokens},"output_tokens":1}}}}}}"#
+            r#"{{"type":"message_start","message":{{"id":"msg_fake","type":"message","role":"assistant","content":[],"model":"claude-fake","stop_reason":null,"stop_sequence":null,"usage":{{"input_tokens":{input_tokens},"cache_creation_input_tokens":{cache_write},"cache_read_input_tokens":{cache_read},"output_tokens":1,"service_tier":"standard"}}}}}}"#
         ),
     )]
 }
@@ -76,6 +84,24 @@ pub fn message_delta(stop_reason: &str, output_tokens: u64) -> Vec<String> {
     )]
 }
 
+/// `message_delta` as the API sends it today: the usage repeats the cumulative input and cache
+/// counts beside the output count.
+pub fn message_delta_cached(
+    stop_reason: &str,
+    input_tokens: u64,
+    cache_write: u64,
+    cache_read: u64,
+    output_tokens: u64,
+) -> Vec<String> {
+    vec![event(
+        "message_delta",
+        &format!(
+            r#"{{"type":"message_delta","delta":{{"stop_reason":{},"stop_sequence":null}},"usage":{{"input_tokens":{input_tokens},"cache_creation_input_tokens":{cache_write},"cache_read_input_tokens":{cache_read},"output_tokens":{output_tokens}}}}}"#,
+            quote(stop_reason)
+        ),
+    )]
+}
+
 pub fn message_stop() -> Vec<String> {
     vec![event("message_stop", r#"{"type":"message_stop"}"#)]
 }
@@ -111,6 +137,8 @@ mod tests {
             ping(),
             tool_use_block(1, "toolu_1", "read", r#"{"path":"a\"b"}"#, 4),
             message_delta("tool_use", 9),
+            message_start_cached(5, 100, 2000),
+            message_delta_cached("end_turn", 5, 100, 2000, 9),
             message_stop(),
             error("overloaded_error", "Overloaded"),
         ]

@@ -1,8 +1,9 @@
 //! A fake model provider: an HTTP/1.1 server on a raw `TcpListener`, so that it can misbehave in
 //! ways a real framework would not allow (drop a response halfway, stall after the headers).
 //!
-//! One canned response per request, in order; every request is recorded. No keep-alive: each
-//! response says `Connection: close`.
+//! One canned response per request, in order, or a response computed from the request
+//! ([`FakeProvider::start_with`]); every request is recorded. No keep-alive: each response says
+//! `Connection: close`.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::net::SocketAddr;
@@ -102,20 +103,42 @@ pub struct FakeProvider {
     server: JoinHandle<()>,
 }
 
+/// Computes the answer to a request (given every request so far, the newest last).
+type Responder = Box<dyn FnMut(&[RecordedRequest]) -> FakeResponse + Send>;
+
 #[derive(Default)]
 struct State {
     requests: Vec<RecordedRequest>,
     responses: VecDeque<FakeResponse>,
+    responder: Option<Responder>,
 }
 
 impl FakeProvider {
     pub async fn start(responses: Vec<FakeResponse>) -> FakeProvider {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let state = Arc::new(Mutex::new(State {
+        Self::serve_state(State {
             requests: Vec::new(),
             responses: responses.into(),
-        }));
+            responder: None,
+        })
+        .await
+    }
+
+    /// A fake whose answers `responder` computes from the requests received so far (the one
+    /// to answer last), for servers whose answer depends on what was asked.
+    pub async fn start_with(
+        responder: impl FnMut(&[RecordedRequest]) -> FakeResponse + Send + 'static,
+    ) -> FakeProvider {
+        Self::serve_state(State {
+            responder: Some(Box::new(responder)),
+            ..State::default()
+        })
+        .await
+    }
+
+    async fn serve_state(state: State) -> FakeProvider {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let state = Arc::new(Mutex::new(state));
         let server = tokio::spawn(serve(listener, Arc::clone(&state)));
         FakeProvider {
             addr,
@@ -159,10 +182,15 @@ async fn handle(mut socket: TcpStream, state: Arc<Mutex<State>>) {
         let mut state = state.lock().unwrap();
         state.requests.push(request);
         let number = state.requests.len();
-        state.responses.pop_front().unwrap_or_else(|| {
-            let body = format!("FakeProvider: no response left for request {number}");
-            FakeResponse::status(500, &[], &body)
-        })
+        let state = &mut *state;
+        if let Some(responder) = &mut state.responder {
+            responder(&state.requests)
+        } else {
+            state.responses.pop_front().unwrap_or_else(|| {
+                let body = format!("FakeProvider: no response left for request {number}");
+                FakeResponse::status(500, &[], &body)
+            })
+        }
     };
     respond(socket, response).await;
 }

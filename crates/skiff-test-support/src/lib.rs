@@ -13,6 +13,7 @@
     reason = "test support: failing loudly is the point"
 )]
 
+pub mod anthropic_cache;
 pub mod anthropic_sse;
 mod fake_provider;
 mod git;

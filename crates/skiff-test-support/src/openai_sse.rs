@@ -60,8 +60,14 @@ pub fn finish(reason: &str) -> Vec<String> {
 
 /// The final usage chunk, whose `choices` is empty.
 pub fn usage(prompt: u64, completion: u64) -> Vec<String> {
+    usage_cached(prompt, completion, 0)
+}
+
+/// The final usage chunk of a request whose first `cached` prompt tokens (part of `prompt`)
+/// came from the prompt cache, with the details objects OpenAI sends.
+pub fn usage_cached(prompt: u64, completion: u64, cached: u64) -> Vec<String> {
     let usage = format!(
-        r#"{{"prompt_tokens":{prompt},"completion_tokens":{completion},"total_tokens":{}}}"#,
+        r#"{{"prompt_tokens":{prompt},"completion_tokens":{completion},"total_tokens":{},"prompt_tokens_details":{{"cached_tokens":{cached},"audio_tokens":0}},"completion_tokens_details":{{"reasoning_tokens":0,"audio_tokens":0,"accepted_prediction_tokens":0,"rejected_prediction_tokens":0}}}}"#,
         prompt + completion
     );
     vec![chunk("[]", &usage)]

@@ -29,6 +29,7 @@ mod snapshots;
 mod snapshots_cli;
 mod sync;
 mod ui;
+mod usage;
 mod worker;
 mod worker_faults;
 mod worker_hostile;

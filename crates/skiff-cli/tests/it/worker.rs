@@ -214,17 +214,22 @@ fn a_worker_session_commits_back_and_matches_a_local_one() {
     assert_eq!(remote_detail["session"]["placement"], "active");
 
     // The gateway built every provider request; they are byte-identical across placements
-    // (prompt-cache affinity), and carry the key only on the gateway's side of the wire.
+    // (prompt-cache affinity) but for the session's own cache key, and carry the API key only
+    // on the gateway's side of the wire.
     let requests = rig.fake.requests();
     assert_eq!(requests.len(), 8);
     assert!(
         String::from_utf8_lossy(&requests[4].body).contains("Say things plainly."),
         "the worker's request lacks the project instructions"
     );
+    let keys: Vec<String> = requests.iter().map(prompt_cache_key).collect();
+    assert!(keys[..4].iter().all(|k| *k == keys[0]), "{keys:?}");
+    assert!(keys[4..].iter().all(|k| *k == keys[4]), "{keys:?}");
+    assert_ne!(keys[0], keys[4], "two sessions share a prompt cache key");
     for i in 0..4 {
         assert_eq!(
-            String::from_utf8_lossy(&requests[i].body),
-            String::from_utf8_lossy(&requests[i + 4].body),
+            String::from_utf8_lossy(&requests[i].body).replace(&keys[0], "KEY"),
+            String::from_utf8_lossy(&requests[i + 4].body).replace(&keys[4], "KEY"),
             "request {i} differs between placements"
         );
     }
@@ -252,6 +257,15 @@ fn a_worker_session_commits_back_and_matches_a_local_one() {
     assert_eq!(egress["output_tokens"], 3 * 30 + 10);
     assert!(egress["bytes_out"].as_u64().unwrap() > 1000, "{egress}");
     assert!(egress["bytes_in"].as_u64().unwrap() > 100, "{egress}");
+}
+
+/// The `prompt_cache_key` the gateway put in a chat-completions request; it never names the
+/// session it stands for.
+pub fn prompt_cache_key(request: &skiff_test_support::RecordedRequest) -> String {
+    let body: Value = serde_json::from_slice(&request.body).unwrap();
+    let key = body["prompt_cache_key"].as_str().unwrap().to_owned();
+    assert!(!key.contains("ses_"), "{key}");
+    key
 }
 
 /// Every file under `dir` that contains one of `needles` (bytes), as paths. Copies of the
@@ -686,6 +700,11 @@ fn a_local_session_is_dispatched_to_a_worker_at_a_turn_boundary() {
         .unwrap();
     // The uncommitted file written on the gateway travelled with the workspace.
     assert!(result.contains("written at home"), "{result}");
+    // The gateway chose the prompt cache key in both placements: the same one, so the
+    // provider's cache of this conversation survives the move.
+    let keys: Vec<String> = rig.fake.requests().iter().map(prompt_cache_key).collect();
+    assert_eq!(keys.len(), 4);
+    assert!(keys.iter().all(|k| *k == keys[0]), "{keys:?}");
     // A second dispatch to another profile is refused, not silently moved.
     let out = rig.session(&["send", "--profile", "elsewhere", &id, "move"]);
     assert_eq!(out.status.code(), Some(2));

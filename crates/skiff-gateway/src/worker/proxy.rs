@@ -6,7 +6,8 @@
 //! received. A finished call's events are cached, so a worker that comes back after the end
 //! gets the same answer (terminal replay) and the provider is not asked twice. A gateway that
 //! restarts mid-call has nothing to resume: the call fails, and the turn is retried as a new
-//! turn rather than replayed.
+//! turn rather than replayed. Prompt-cache metadata is the gateway's too: a worker's request
+//! has no field for it, and the session's key is added here exactly as for a local loop.
 
 use super::endpoint::Admitted;
 use super::{CANARY_MODEL, canary_answer, lock};
@@ -315,7 +316,10 @@ impl Core {
                 ])
                 .boxed()
             } else {
-                core.catalog.stream(request, call.cancel.clone())
+                // Decided here, not by the worker: the session's key, as in a local loop.
+                let cache_key = crate::backend::prompt_cache_key(&key.0);
+                core.catalog
+                    .stream(request, Some(cache_key), call.cancel.clone())
             };
             let mut usage = (0u64, 0u64);
             let mut bytes_in = 0u64;

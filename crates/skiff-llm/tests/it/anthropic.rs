@@ -3,9 +3,10 @@
 use crate::transport::Wire;
 use crate::{request, run, tool_calls};
 use serde_json::{Value, json};
-use skiff_protocol::model::{ModelErrorKind, ModelEvent, StopReason, Usage};
+use skiff_protocol::model::{Message, ModelErrorKind, ModelEvent, StopReason, ToolCall, Usage};
 use skiff_test_support::anthropic_sse::{
-    error, message_delta, message_start, message_stop, ping, text_block, tool_use_block,
+    error, message_delta, message_delta_cached, message_start, message_start_cached, message_stop,
+    ping, text_block, tool_use_block,
 };
 use skiff_test_support::{FakeProvider, FakeResponse};
 
@@ -66,7 +67,8 @@ async fn text_usage_and_stop_reason() {
             ModelEvent::Usage {
                 usage: Usage {
                     input_tokens: 25,
-                    output_tokens: 3
+                    output_tokens: 3,
+                    ..Usage::default()
                 }
             },
             ModelEvent::Done {
@@ -91,7 +93,7 @@ async fn request_goes_to_messages_with_version_header() {
     assert_eq!(body["model"], "claude-sonnet-4-5");
     assert_eq!(body["max_tokens"], 4096);
     assert_eq!(body["stream"], true);
-    assert_eq!(body["system"], "You are a careful coding agent.");
+    assert_eq!(body["system"][0]["text"], "You are a careful coding agent.");
     assert_eq!(body["tools"][0]["input_schema"]["type"], "object");
 }
 
@@ -120,7 +122,8 @@ async fn tool_use_input_split_across_deltas_is_reassembled() {
             ModelEvent::Usage {
                 usage: Usage {
                     input_tokens: 40,
-                    output_tokens: 30
+                    output_tokens: 30,
+                    ..Usage::default()
                 }
             },
             ModelEvent::Done {
@@ -187,4 +190,181 @@ async fn error_event_carries_the_providers_message() {
     assert_eq!(kind, ModelErrorKind::ProviderFailed);
     assert!(message.contains("Internal server error"), "{message}");
     assert!(message.contains("provider `anthropic`"), "{message}");
+}
+
+/// JSON pointers of every block in `body` that carries a `cache_control` breakpoint.
+fn breakpoints(body: &Value) -> Vec<String> {
+    let mut found = Vec::new();
+    for (i, tool) in body["tools"].as_array().into_iter().flatten().enumerate() {
+        if tool.get("cache_control").is_some() {
+            found.push(format!("/tools/{i}"));
+        }
+    }
+    for (i, block) in body["system"].as_array().into_iter().flatten().enumerate() {
+        if block.get("cache_control").is_some() {
+            found.push(format!("/system/{i}"));
+        }
+    }
+    for (m, message) in body["messages"].as_array().unwrap().iter().enumerate() {
+        for (b, block) in message["content"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            if let Some(control) = block.get("cache_control") {
+                assert_eq!(control, &json!({ "type": "ephemeral" }));
+                found.push(format!("/messages/{m}/content/{b}"));
+            }
+        }
+    }
+    found
+}
+
+#[tokio::test]
+async fn cache_breakpoints_roll_with_a_tool_use_conversation() {
+    let call = |id: &str, name: &str| ToolCall {
+        id: id.into(),
+        name: name.into(),
+        arguments: json!({ "path": "src/lib.rs" }),
+    };
+    let result = |id: &str| Message::ToolResult {
+        call_id: id.into(),
+        name: "read".into(),
+        content: "fn main() {}".into(),
+        is_error: false,
+    };
+    // The context of each step of a session: two parallel reads, an edit, the answer, and the
+    // user's next turn.
+    let steps: Vec<Vec<Message>> = vec![
+        vec![Message::User {
+            text: "Fix the bug".into(),
+        }],
+        vec![
+            Message::Assistant {
+                text: "Reading.".into(),
+                tool_calls: vec![call("toolu_1", "read"), call("toolu_2", "read")],
+            },
+            result("toolu_1"),
+            result("toolu_2"),
+        ],
+        vec![
+            Message::Assistant {
+                text: String::new(),
+                tool_calls: vec![call("toolu_3", "edit")],
+            },
+            result("toolu_3"),
+        ],
+        vec![
+            Message::Assistant {
+                text: "Fixed.".into(),
+                tool_calls: vec![],
+            },
+            Message::User {
+                text: "Now add a test".into(),
+            },
+        ],
+    ];
+    let fake =
+        FakeProvider::start(steps.iter().map(|_| FakeResponse::sse(hello())).collect()).await;
+    let catalog = ANTHROPIC.catalog(&fake.base_url(), "");
+    let mut context = request(ANTHROPIC.model);
+    context.messages.clear();
+    for step in steps {
+        context.messages.extend(step);
+        run(&catalog, context.clone()).await;
+    }
+    let bodies: Vec<Value> = fake
+        .requests()
+        .iter()
+        .map(|r| serde_json::from_slice(&r.body).unwrap())
+        .collect();
+    let marks: Vec<Vec<String>> = bodies.iter().map(breakpoints).collect();
+    // Tools + system in every request; then the newest user-role message and the one before it,
+    // which is where the previous request put its newest.
+    assert_eq!(
+        marks,
+        [
+            vec!["/system/0", "/messages/0/content/0"],
+            vec![
+                "/system/0",
+                "/messages/0/content/0",
+                "/messages/2/content/1"
+            ],
+            vec![
+                "/system/0",
+                "/messages/2/content/1",
+                "/messages/4/content/0"
+            ],
+            vec![
+                "/system/0",
+                "/messages/4/content/0",
+                "/messages/6/content/0"
+            ],
+        ]
+    );
+    assert!(marks.iter().all(|m| m.len() <= 4), "the API allows four");
+    // The cached prefix up to the first breakpoint is the same bytes in every step.
+    for body in &bodies[1..] {
+        assert_eq!(body["tools"], bodies[0]["tools"]);
+        assert_eq!(body["system"], bodies[0]["system"]);
+    }
+}
+
+#[tokio::test]
+async fn without_a_system_prompt_the_tools_end_the_cached_prefix() {
+    let fake = FakeProvider::start(vec![FakeResponse::sse(hello())]).await;
+    let mut context = request(ANTHROPIC.model);
+    context.system.clear();
+    run(&ANTHROPIC.catalog(&fake.base_url(), ""), context).await;
+    let body: Value = serde_json::from_slice(&fake.requests()[0].body).unwrap();
+    assert_eq!(body.get("system"), None);
+    assert_eq!(breakpoints(&body), ["/tools/0", "/messages/0/content/0"]);
+}
+
+#[tokio::test]
+async fn cache_reads_and_writes_are_part_of_the_input() {
+    // As the API reports a request whose prefix was partly cached: 2000 tokens read, 300
+    // written, 40 after the last breakpoint; message_delta repeats the cumulative counts.
+    let events = stream(vec![
+        message_start_cached(40, 300, 2000),
+        text_block(0, &["Hi"]),
+        message_delta_cached("end_turn", 40, 300, 2000, 7),
+        message_stop(),
+    ])
+    .await;
+    let usage = events.iter().find_map(|e| match e {
+        ModelEvent::Usage { usage } => Some(*usage),
+        _ => None,
+    });
+    assert_eq!(
+        usage,
+        Some(Usage {
+            input_tokens: 2340,
+            output_tokens: 7,
+            cache_read_tokens: 2000,
+            cache_write_tokens: 300,
+        })
+    );
+}
+
+#[tokio::test]
+async fn cache_counts_only_in_message_start_still_count() {
+    let events = stream(vec![
+        message_start_cached(10, 0, 500),
+        message_delta("end_turn", 3),
+        message_stop(),
+    ])
+    .await;
+    assert_eq!(
+        events[0],
+        ModelEvent::Usage {
+            usage: Usage {
+                input_tokens: 510,
+                output_tokens: 3,
+                cache_read_tokens: 500,
+                cache_write_tokens: 0,
+            }
+        }
+    );
 }

@@ -107,6 +107,7 @@ fn scripted_models_are_labelled() {
             model_ref: "scripted/demo".into(),
             scripted: true,
             label: "scripted/demo (scripted)".into(),
+            prices: None,
         }
     );
     let real = ModelRef::parse("openai/gpt-4o").unwrap();
@@ -116,6 +117,7 @@ fn scripted_models_are_labelled() {
             model_ref: "openai/gpt-4o".into(),
             scripted: false,
             label: "openai/gpt-4o".into(),
+            prices: None,
         }
     );
 }
@@ -214,4 +216,38 @@ async fn streaming_an_unknown_model_is_a_configuration_error() {
 fn the_catalog_is_shared_across_tasks() {
     fn shareable<T: Clone + Send + Sync + 'static>() {}
     shareable::<Catalog>();
+}
+
+#[test]
+fn prices_are_per_model_with_cache_prices_defaulting_to_input() {
+    let catalog = catalog(&format!(
+        "{PROVIDERS}\n[anthropic.prices.\"claude-sonnet-4-5\"]\ninput = 3.0\noutput = 15.0\ncache_read = 0.3\n"
+    ));
+    let priced = ModelRef::parse("anthropic/claude-sonnet-4-5").unwrap();
+    let prices = catalog.prices(&priced).unwrap();
+    assert_eq!((prices.cache_read, prices.cache_write), (0.3, 3.0));
+    assert_eq!(catalog.describe(&priced).prices, Some(prices));
+    let unpriced = ModelRef::parse("anthropic/claude-haiku-4-5").unwrap();
+    assert_eq!(catalog.prices(&unpriced), None);
+    // 1000 uncached at $3, 9000 read at $0.30, 500 out at $15 (per million).
+    let usage = skiff_protocol::model::Usage {
+        input_tokens: 10_000,
+        output_tokens: 500,
+        cache_read_tokens: 9000,
+        cache_write_tokens: 0,
+    };
+    assert!((prices.cost_usd(&usage) - 0.0132).abs() < 1e-12);
+}
+
+#[test]
+fn a_bad_price_names_its_key() {
+    let err = new_catalog(
+        &format!("{PROVIDERS}\n[openai.prices.\"gpt-4o\"]\ninput = 2.5\noutput = -10.0\n"),
+        None,
+    )
+    .unwrap_err();
+    assert_eq!(
+        err,
+        "providers.openai.prices.\"gpt-4o\".output: -10 is not a price; give US dollars per million tokens, 0 or more (for example 3.0)"
+    );
 }

@@ -55,7 +55,7 @@ pub fn request(model: &str) -> ModelRequest {
 
 /// Runs `request` to the end of its stream (failing after 20 s rather than hanging).
 pub async fn run(catalog: &Catalog, request: ModelRequest) -> Vec<ModelEvent> {
-    collect(catalog.stream(request, CancellationToken::new())).await
+    collect(catalog.stream(request, None, CancellationToken::new())).await
 }
 
 pub async fn collect(stream: BoxStream<'static, ModelEvent>) -> Vec<ModelEvent> {

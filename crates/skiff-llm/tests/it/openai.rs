@@ -1,11 +1,13 @@
 //! `api = "openai-completions"` against the fake provider.
 
 use crate::transport::Wire;
-use crate::{request, run, tool_calls};
+use crate::{collect, request, run, tool_calls};
 use serde_json::{Value, json};
+use skiff_llm::CacheKey;
 use skiff_protocol::model::{ModelErrorKind, ModelEvent, StopReason, Usage};
-use skiff_test_support::openai_sse::{done, finish, text_chunks, tool_call, usage};
+use skiff_test_support::openai_sse::{done, finish, text_chunks, tool_call, usage, usage_cached};
 use skiff_test_support::{FakeProvider, FakeResponse};
+use tokio_util::sync::CancellationToken;
 
 const OPENAI: Wire = Wire {
     provider: "openai",
@@ -64,7 +66,8 @@ async fn text_usage_and_stop_reason() {
             ModelEvent::Usage {
                 usage: Usage {
                     input_tokens: 10,
-                    output_tokens: 2
+                    output_tokens: 2,
+                    ..Usage::default()
                 }
             },
             ModelEvent::Done {
@@ -89,6 +92,32 @@ async fn request_goes_to_chat_completions_with_a_streaming_body() {
     assert_eq!(body["messages"][0]["role"], "system");
     assert_eq!(body["messages"][1]["role"], "user");
     assert_eq!(body["tools"][0]["function"]["name"], "read");
+    // Without a key from the gateway, no cache routing is asked for.
+    assert_eq!(body.get("prompt_cache_key"), None);
+}
+
+#[tokio::test]
+async fn the_gateways_cache_key_routes_a_conversation_to_one_prompt_cache() {
+    let hellos = (0..3).map(|_| FakeResponse::sse(hello())).collect();
+    let fake = FakeProvider::start(hellos).await;
+    let catalog = OPENAI.catalog(&fake.base_url(), "");
+    let ask = |conversation: &str| {
+        let key = CacheKey::for_conversation(conversation);
+        collect(catalog.stream(request(OPENAI.model), Some(key), CancellationToken::new()))
+    };
+    ask("ses_a").await;
+    ask("ses_a").await;
+    ask("ses_b").await;
+    let keys: Vec<Value> = fake
+        .requests()
+        .iter()
+        .map(|r| serde_json::from_slice::<Value>(&r.body).unwrap()["prompt_cache_key"].clone())
+        .collect();
+    let expected = CacheKey::for_conversation("ses_a");
+    assert_eq!(keys[0], expected.as_str());
+    assert_eq!(keys[0], keys[1]);
+    assert_ne!(keys[0], keys[2]);
+    assert!(keys[2].is_string());
 }
 
 #[tokio::test]
@@ -156,4 +185,26 @@ async fn an_error_chunk_mid_stream_is_reported() {
     let (kind, message) = crate::error(&events);
     assert_eq!(kind, ModelErrorKind::ProviderFailed);
     assert!(message.contains("The server is overloaded"), "{message}");
+}
+
+#[tokio::test]
+async fn cached_prompt_tokens_are_read_from_the_usage_chunk() {
+    let (_, events) = stream(vec![
+        text_chunks(&["Hi"]),
+        finish("stop"),
+        usage_cached(3000, 12, 2816),
+        done(),
+    ])
+    .await;
+    assert_eq!(
+        events[events.len() - 2],
+        ModelEvent::Usage {
+            usage: Usage {
+                input_tokens: 3000,
+                output_tokens: 12,
+                cache_read_tokens: 2816,
+                cache_write_tokens: 0,
+            }
+        }
+    );
 }

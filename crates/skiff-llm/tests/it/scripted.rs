@@ -124,7 +124,7 @@ async fn cancellation_is_honoured_between_chunks() {
         "chunk_delay_ms = 1000\n[[turns]]\ntext = \"{words}\"\n"
     ));
     let cancel = CancellationToken::new();
-    let stream = catalog.stream(after_turns(0), cancel.clone());
+    let stream = catalog.stream(after_turns(0), None, cancel.clone());
     let events = crate::collect_cancelling_after_first(stream, cancel).await;
     let text = text(&events);
     assert!(text.starts_with("w0") && !text.contains("w39"), "{text}");

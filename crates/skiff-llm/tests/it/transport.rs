@@ -185,7 +185,7 @@ pub async fn cancellation_ends_the_stream_promptly(wire: &Wire) {
     let fake = FakeProvider::start(vec![slow]).await;
     let catalog = wire.catalog(&fake.base_url(), "");
     let cancel = CancellationToken::new();
-    let stream = catalog.stream(request(wire.model), cancel.clone());
+    let stream = catalog.stream(request(wire.model), None, cancel.clone());
     let events = crate::collect_cancelling_after_first(stream, cancel).await;
     assert_eq!(
         events.last(),
