@@ -510,7 +510,7 @@ impl Core {
         )?;
         // The box is in use from now on (its idle time counts from here).
         self.store.touch_environment(scope, &env.id)?;
-        self.hand_over_turn(scope, session);
+        self.hand_over_turn(scope, session)?;
         Ok(p)
     }
 

@@ -31,13 +31,30 @@ impl Core {
     /// turn was orphaned by a gateway restart gets it retried as a new turn.
     pub(super) async fn after_admission(self: &Arc<Self>, a: &super::endpoint::Admitted) {
         let session = &a.claims.session_id;
-        let Ok(Some(p)) = self.store.placement(&a.scope, session) else {
-            return;
+        if let Err(e) = self.resume_admitted(a).await {
+            // Nothing is decided on a guess: the worker is sent away and, reconnecting, is
+            // admitted again and gets this decision made again.
+            tracing::error!(%session, error = %e, "could not read what an admitted worker should do; closing its connection so it reconnects");
+            self.audit(
+                &a.scope,
+                "worker.resume",
+                session.as_str(),
+                "failed",
+                serde_json::json!({ "epoch": a.claims.owner_epoch }),
+            );
+            a.live.close();
+        }
+    }
+
+    async fn resume_admitted(self: &Arc<Self>, a: &super::endpoint::Admitted) -> Result<()> {
+        let session = &a.claims.session_id;
+        let Some(p) = self.store.placement(&a.scope, session)? else {
+            return Ok(());
         };
         if p.state != PlacementState::Active {
-            return;
+            return Ok(());
         }
-        let runs = self.store.runs(&a.scope, session).unwrap_or_default();
+        let runs = self.store.runs(&a.scope, session)?;
         if let Some(last) = runs.last()
             && last.status == RunStatus::Orphaned
         {
@@ -57,9 +74,9 @@ impl Core {
             {
                 tracing::warn!(%session, error = %e, "could not retry the orphaned turn");
             }
-            return;
+            return Ok(());
         }
-        self.hand_over_turn(&a.scope, session);
+        self.hand_over_turn(&a.scope, session)
     }
 
     /// A worker's connection closed: repair the tunnel, then replace a dead worker or reclaim

@@ -653,3 +653,40 @@ async fn after_a_pull_back_the_old_workers_writes_are_refused_as_stale() {
         again.message
     );
 }
+
+/// What an admitted worker should do next (its turn again, or a retried orphaned turn) is read
+/// from the database; a failed read sends the worker away to reconnect rather than leaving it
+/// waiting for a turn that never comes.
+#[tokio::test]
+async fn a_worker_whose_next_step_cannot_be_read_is_sent_away_to_reconnect() {
+    let h = Harness::new().await.unwrap();
+    let live = h.a.live.clone();
+    let (tx, mut frames) = mpsc::unbounded_channel();
+    let closed = live.connect(h.a.conn_id, h.a.claims.owner_epoch, tx);
+    h.sql("ALTER TABLE runs RENAME TO runs_unreadable").unwrap();
+    h.core.after_admission(&h.a).await;
+    assert!(closed.is_cancelled(), "the worker was left waiting");
+    assert!(
+        frames.try_recv().is_err(),
+        "a turn was handed over on a guess"
+    );
+    let conn = rusqlite::Connection::open(&h.db).unwrap();
+    let failed: i64 = conn
+        .query_row(
+            "SELECT COUNT(*) FROM audit WHERE action = 'worker.resume' AND decision = 'failed'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(failed, 1);
+    // Reconnected once the database is back, it gets its turn.
+    h.sql("ALTER TABLE runs_unreadable RENAME TO runs").unwrap();
+    let (tx, mut frames) = mpsc::unbounded_channel();
+    let _closed = live.connect(h.a.conn_id, h.a.claims.owner_epoch, tx);
+    h.core.after_admission(&h.a).await;
+    let turn = next_frame(&mut frames).await.unwrap();
+    assert!(
+        matches!(&turn, GatewayFrame::Turn { turn } if turn.run_id == h.run),
+        "{turn:?}"
+    );
+}

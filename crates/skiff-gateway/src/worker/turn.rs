@@ -25,19 +25,20 @@ use tokio_util::sync::CancellationToken;
 
 impl Core {
     /// Sends the session's open run to its worker (again: the worker starts a run once).
-    pub(crate) fn hand_over_turn(&self, scope: &Scope, session: &SessionId) {
-        let Ok(Some(run)) = self.store.open_run(scope, session) else {
-            return;
+    pub(crate) fn hand_over_turn(&self, scope: &Scope, session: &SessionId) -> Result<()> {
+        let Some(run) = self.store.open_run(scope, session)? else {
+            return Ok(());
         };
         if run.status != RunStatus::Running {
-            return;
+            return Ok(());
         }
-        let Ok(model) = ModelRef::parse(&run.model_ref).ok_or(()) else {
-            return;
-        };
-        let Ok(transcript) = self.store.transcript(scope, session) else {
-            return;
-        };
+        let model = ModelRef::parse(&run.model_ref).ok_or_else(|| {
+            crate::Error::Internal(format!(
+                "run {} records a malformed model {:?}",
+                run.id, run.model_ref
+            ))
+        })?;
+        let transcript = self.store.transcript(scope, session)?;
         let turn = TurnAssignment {
             run_id: run.id.clone(),
             model_label: self.catalog.describe(&model).label,
@@ -49,6 +50,7 @@ impl Core {
         let live = self.workers.live(session);
         live.set_open_run(Some(run.id.clone()));
         live.send(GatewayFrame::Turn { turn });
+        Ok(())
     }
 
     /// Runs the admitted run on the session's worker and waits for its end.
@@ -77,7 +79,7 @@ impl Core {
         // From here the box may hold work the gateway lacks, until this turn's reconciliation
         // succeeds: the session is not parked (its box not cleared) before then.
         self.store.mark_box_ahead(scope, &session.id)?;
-        self.hand_over_turn(scope, &session.id);
+        self.hand_over_turn(scope, &session.id)?;
         tokio::pin!(done);
         let stall = self.envs.stall_timeout(&p.profile);
         let end = loop {
