@@ -343,17 +343,30 @@ impl Core {
         let session = self.store.session(scope, id)?;
         drop(admission);
         // The status goes out first, as followers expect; the first entry follows at the
-        // leaf (re-read if a notice landed in between).
-        self.hub.publish(
-            scope,
-            id,
-            Some(&run.id),
-            EventKind::RunStatus {
-                status: RunStatus::Queued,
-                error: None,
-            },
-        )?;
-        self.append_at_leaf(scope, id, Some(&run.id), &[first])?;
+        // leaf (re-read if a notice landed in between). A turn that cannot begin ends failed:
+        // left open, it would refuse every later message to the session.
+        let begun = self
+            .hub
+            .publish(
+                scope,
+                id,
+                Some(&run.id),
+                EventKind::RunStatus {
+                    status: RunStatus::Queued,
+                    error: None,
+                },
+            )
+            .and_then(|_| self.append_at_leaf(scope, id, Some(&run.id), &[first]));
+        if let Err(e) = begun {
+            self.finish(
+                scope,
+                id,
+                &run.id,
+                RunStatus::Failed,
+                Some("the turn could not be started: its message could not be recorded"),
+            );
+            return Err(e.into());
+        }
         self.audit(
             scope,
             "run.start",

@@ -223,3 +223,40 @@ async fn requests_without_a_valid_token_are_refused() {
     );
     gw.shutdown().await;
 }
+
+/// A turn whose message cannot be recorded ends failed instead of staying open: left open, it
+/// would refuse every later message to the session as "busy".
+#[tokio::test]
+async fn a_turn_whose_message_cannot_be_recorded_ends_failed_and_the_session_takes_the_next() {
+    let gw = TestGateway::start(DONE).await;
+    let ws = gw.plain_dir("ws", &[("a.txt", "a\n")]);
+    let started = gw
+        .client
+        .create_session(&request(&ws, "fake/x", "first"))
+        .await
+        .unwrap();
+    let id = started.session.id.clone();
+    gw.client.follow_until_run_end(&id, 0).await;
+    let db = rusqlite::Connection::open(gw.state_dir.join("skiff.db")).unwrap();
+    db.execute_batch(
+        "CREATE TRIGGER no_entries BEFORE INSERT ON entries \
+           BEGIN SELECT RAISE(ABORT, 'injected: disk full'); END;",
+    )
+    .unwrap();
+    let refused = gw.client.send_message(&id, "second").await.unwrap_err();
+    assert_eq!(refused.status, 500, "{refused:?}");
+    assert!(
+        !refused.error.message.contains("injected"),
+        "the database's own text reached the client: {refused:?}"
+    );
+    let runs = gw.client.session(&id).await.unwrap().runs;
+    assert_eq!(runs.len(), 2);
+    assert_eq!(runs[1].status, RunStatus::Failed, "{runs:?}");
+
+    db.execute_batch("DROP TRIGGER no_entries").unwrap();
+    gw.client
+        .send_message(&id, "third")
+        .await
+        .expect("the session takes the next message");
+    gw.shutdown().await;
+}
