@@ -296,6 +296,33 @@ pub async fn run(cmd: SessionCommand, state_dir: &Path, json: bool) -> Result<Ex
                     run.cost_usd,
                 );
                 outln!("  {}  {}  {tokens}{err}", run.id, run.status)?;
+                // A run that moved between boxes lists each try: where, under which epoch,
+                // from which checkpoint, and how it ended.
+                let attempts: Vec<_> = detail
+                    .attempts
+                    .iter()
+                    .filter(|a| a.run_id == run.id)
+                    .collect();
+                if attempts.len() > 1 {
+                    for (n, a) in attempts.iter().enumerate() {
+                        let from = a
+                            .from_checkpoint
+                            .map(|c| format!("  from checkpoint {c}"))
+                            .unwrap_or_default();
+                        let why = a
+                            .error
+                            .as_deref()
+                            .map(|e| format!(": {e}"))
+                            .unwrap_or_default();
+                        outln!(
+                            "    attempt {}  {}  epoch {}{from}  {}{why}",
+                            n + 1,
+                            a.node,
+                            a.owner_epoch,
+                            a.status
+                        )?;
+                    }
+                }
             }
             // With one run the total would repeat its line.
             if detail.runs.len() > 1 {

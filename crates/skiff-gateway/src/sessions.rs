@@ -9,7 +9,8 @@ use skiff_agent::tools::Tools;
 use skiff_agent::{AgentConfig, TurnOutcome, run_turn};
 use skiff_llm::Catalog;
 use skiff_protocol::api::{
-    CreateSessionRequest, RunStarted, RunStatus, RunView, SessionDetail, SessionView, UsageTotals,
+    AttemptView, CreateSessionRequest, RunStarted, RunStatus, RunView, SessionDetail, SessionView,
+    UsageTotals,
 };
 use skiff_protocol::environment::PlacementState;
 use skiff_protocol::event::EventKind;
@@ -170,12 +171,43 @@ impl Core {
             .collect();
         let totals = totals(&runs);
         let transcript = self.store.transcript(scope, id)?;
+        let attempts = self.attempt_views(scope, id)?;
         Ok(SessionDetail {
             session: self.session_view(scope, row)?,
             runs,
             totals,
             transcript,
+            attempts,
         })
+    }
+
+    fn attempt_views(&self, scope: &Scope, id: &SessionId) -> Result<Vec<AttemptView>> {
+        let checkpoints = self
+            .store
+            .artifacts(scope, id, skiff_store::ArtifactRole::Checkpoint)?;
+        let seq_of = |artifact: &str| {
+            checkpoints
+                .iter()
+                .find(|c| c.id.as_str() == artifact)
+                .and_then(|c| c.seq)
+        };
+        Ok(self
+            .store
+            .attempts(scope, id)?
+            .into_iter()
+            .map(|a| AttemptView {
+                from_checkpoint: a.checkpoint_artifact_id.as_deref().and_then(seq_of),
+                id: a.id,
+                run_id: a.run_id,
+                node: a.runtime_node,
+                owner_epoch: u64::try_from(a.owner_epoch).unwrap_or(0),
+                status: a.status,
+                resumed_from: a.resume_from,
+                error: a.error,
+                started_at_ms: a.started_at_ms,
+                finished_at_ms: a.finished_at_ms,
+            })
+            .collect())
     }
 
     /// Creates a session with its own workspace and starts its first run.
@@ -535,12 +567,13 @@ impl Core {
             cancel,
         )
         .await;
-        let attempt_status = match (&outcome, cancel.is_cancelled()) {
-            (_, true) | (TurnOutcome::Cancelled, _) => AttemptStatus::Cancelled,
-            (TurnOutcome::Completed, _) => AttemptStatus::Succeeded,
-            (TurnOutcome::Failed(_), _) => AttemptStatus::Failed,
+        let (attempt_status, error) = match (&outcome, cancel.is_cancelled()) {
+            (_, true) | (TurnOutcome::Cancelled, _) => (AttemptStatus::Cancelled, None),
+            (TurnOutcome::Completed, _) => (AttemptStatus::Succeeded, None),
+            (TurnOutcome::Failed(e), _) => (AttemptStatus::Failed, Some(e.as_str())),
         };
-        self.store.finish_attempt(scope, &attempt, attempt_status)?;
+        self.store
+            .finish_attempt(scope, &attempt, attempt_status, error)?;
         Ok(outcome)
     }
 

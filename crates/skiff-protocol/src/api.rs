@@ -1,6 +1,6 @@
 //! JSON payloads of the client API (`/v1/...`), shared by the gateway and the CLI.
 
-use crate::ids::{RunId, SessionId};
+use crate::ids::{AttemptId, RunId, SessionId};
 use crate::transcript::TranscriptEntry;
 use serde::{Deserialize, Serialize};
 
@@ -277,6 +277,84 @@ pub struct SessionDetail {
     pub totals: UsageTotals,
     /// The transcript from the root to the leaf.
     pub transcript: Vec<TranscriptEntry>,
+    /// Every attempt of every run, oldest first: where each ran, under which owner epoch,
+    /// and how it ended. A run that failed over has more than one.
+    #[serde(default)]
+    pub attempts: Vec<AttemptView>,
+}
+
+/// How one attempt at a run went.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AttemptStatus {
+    Starting,
+    Running,
+    Succeeded,
+    Failed,
+    Cancelled,
+    Orphaned,
+}
+
+impl AttemptStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AttemptStatus::Starting => "starting",
+            AttemptStatus::Running => "running",
+            AttemptStatus::Succeeded => "succeeded",
+            AttemptStatus::Failed => "failed",
+            AttemptStatus::Cancelled => "cancelled",
+            AttemptStatus::Orphaned => "orphaned",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<AttemptStatus> {
+        [
+            AttemptStatus::Starting,
+            AttemptStatus::Running,
+            AttemptStatus::Succeeded,
+            AttemptStatus::Failed,
+            AttemptStatus::Cancelled,
+            AttemptStatus::Orphaned,
+        ]
+        .into_iter()
+        .find(|a| a.as_str() == s)
+    }
+
+    pub fn is_active(self) -> bool {
+        matches!(self, AttemptStatus::Starting | AttemptStatus::Running)
+    }
+}
+
+impl std::fmt::Display for AttemptStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One try at running a turn: on the gateway, or on a worker box under an owner epoch. When a
+/// box dies mid-turn, its attempt ends `failed` with the evidence and the next one starts on a
+/// fresh box from the last checkpoint.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AttemptView {
+    pub id: AttemptId,
+    pub run_id: RunId,
+    /// `gateway`, or the environment (box) it ran on.
+    pub node: String,
+    pub owner_epoch: u64,
+    pub status: AttemptStatus,
+    /// The attempt this one took the run over from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resumed_from: Option<AttemptId>,
+    /// The checkpoint its workspace started from, for an attempt that took a run over.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_checkpoint: Option<u64>,
+    /// Why it ended, for one that did not succeed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    pub started_at_ms: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at_ms: Option<i64>,
 }
 
 /// A session's token counts and cost over all its runs.

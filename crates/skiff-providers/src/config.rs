@@ -34,6 +34,17 @@ impl Isolation {
     }
 }
 
+/// A profile's answer to a box that dies mid-turn.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Failover {
+    /// A fresh box takes the turn over from the last checkpoint.
+    #[default]
+    Auto,
+    /// The turn ends failed; the next message places the session again.
+    Manual,
+}
+
 /// How much of the session branch's history a box's repository gets.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -102,6 +113,13 @@ pub struct ProfileConfig {
     /// (default `15m`).
     #[serde(default)]
     pub stall_timeout: Option<String>,
+    /// What happens to a turn whose box dies: `auto` (default) goes on on a fresh box from the
+    /// last checkpoint, `manual` ends it failed and waits for the next message.
+    #[serde(default)]
+    pub failover: Failover,
+    /// How many times one turn may fail over to a fresh box (default 2).
+    #[serde(default)]
+    pub failover_attempts: Option<u32>,
     /// Secrets for setup only: `NAME = "env:GATEWAY_VAR"`, read from the gateway's environment.
     #[serde(default)]
     pub setup_env: std::collections::BTreeMap<String, String>,
@@ -271,6 +289,8 @@ impl ProfileConfig {
             setup_timeout: None,
             turn_timeout: None,
             stall_timeout: None,
+            failover: Failover::Auto,
+            failover_attempts: None,
             setup_env: Default::default(),
             setup_key_files: Vec::new(),
             egress: EgressConfig::default(),
@@ -321,6 +341,14 @@ impl ProfileConfig {
             .as_deref()
             .map(|text| duration("", "turn_timeout", Some(text), "30m"))
             .transpose()
+    }
+
+    /// How many times one turn may move to a fresh box after its box died (0: never).
+    pub fn failovers_allowed(&self) -> u32 {
+        match self.failover {
+            Failover::Auto => self.failover_attempts.unwrap_or(2),
+            Failover::Manual => 0,
+        }
     }
 
     /// How long a worker may go without progress during a turn.

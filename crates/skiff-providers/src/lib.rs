@@ -19,7 +19,7 @@ pub mod local;
 mod static_ssh;
 
 pub use config::{
-    EgressConfig, History, Isolation, Limits, LimitsConfig, ProfileConfig, ProviderKind,
+    EgressConfig, Failover, History, Isolation, Limits, LimitsConfig, ProfileConfig, ProviderKind,
 };
 
 use futures_util::future::BoxFuture;

@@ -34,7 +34,7 @@ pub use environments::EnvironmentRow;
 pub use error::{Error, Result};
 pub use ids::mint;
 pub use placements::{CachedOp, IdlePlacement, PlacementChange, PlacementRow, WorkerSlots};
-pub use runs::{AttemptStatus, RunRow};
+pub use runs::{AttemptRow, AttemptStatus, Resume, RunRow};
 pub use sessions::{NewSession, SessionRow};
 pub use snapshots::{NewSnapshot, SnapshotRow};
 pub use tokens::AuditRow;

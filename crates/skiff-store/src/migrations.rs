@@ -253,6 +253,10 @@ ALTER TABLE environments ADD COLUMN prepared_key TEXT;
 ALTER TABLE runs ADD COLUMN cache_read_tokens INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE runs ADD COLUMN cache_write_tokens INTEGER NOT NULL DEFAULT 0;
 "#,
+    r#"
+-- Why an attempt ended, for one that did not succeed (a failover's evidence: the box stopped).
+ALTER TABLE attempts ADD COLUMN error TEXT;
+"#,
 ];
 
 pub(crate) fn migrate(conn: &mut Connection) -> Result<()> {

@@ -22,27 +22,28 @@ pub struct RunRow {
 }
 
 /// Status of an attempt. `Starting` and `Running` are active.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum AttemptStatus {
-    Starting,
-    Running,
-    Succeeded,
-    Failed,
-    Cancelled,
-    Orphaned,
+pub use skiff_protocol::api::AttemptStatus;
+
+/// One attempt at a run, as stored.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AttemptRow {
+    pub id: AttemptId,
+    pub run_id: RunId,
+    pub runtime_node: String,
+    pub owner_epoch: i64,
+    pub status: AttemptStatus,
+    pub resume_from: Option<AttemptId>,
+    pub checkpoint_artifact_id: Option<String>,
+    pub error: Option<String>,
+    pub started_at_ms: i64,
+    pub finished_at_ms: Option<i64>,
 }
 
-impl AttemptStatus {
-    fn as_str(self) -> &'static str {
-        match self {
-            AttemptStatus::Starting => "starting",
-            AttemptStatus::Running => "running",
-            AttemptStatus::Succeeded => "succeeded",
-            AttemptStatus::Failed => "failed",
-            AttemptStatus::Cancelled => "cancelled",
-            AttemptStatus::Orphaned => "orphaned",
-        }
-    }
+/// Where an attempt that takes a run over starts from.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Resume<'a> {
+    pub after: Option<&'a AttemptId>,
+    pub checkpoint_artifact_id: Option<&'a str>,
 }
 
 const COLUMNS: &str = "id, session_id, status, model_ref, error, input_tokens, output_tokens, \
@@ -246,10 +247,24 @@ impl Store {
         runtime_node: &str,
         owner_epoch: i64,
     ) -> Result<AttemptId> {
+        self.resume_attempt(scope, run, runtime_node, owner_epoch, Resume::default())
+    }
+
+    /// Starts an attempt of `run` that takes it over from an earlier one (`resume`). Refused
+    /// while another attempt is active.
+    pub fn resume_attempt(
+        &self,
+        scope: &Scope,
+        run: &RunRow,
+        runtime_node: &str,
+        owner_epoch: i64,
+        resume: Resume<'_>,
+    ) -> Result<AttemptId> {
         let id = AttemptId::from_suffix(&mint()?);
         let inserted = self.conn().execute(
             "INSERT INTO attempts (id, run_id, session_id, owner_id, tenant_id, runtime_node, \
-             owner_epoch, status, started_at_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'running', ?8)",
+             owner_epoch, status, started_at_ms, resume_from_attempt_id, checkpoint_artifact_id) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'running', ?8, ?9, ?10)",
             params![
                 id.as_str(),
                 run.id.as_str(),
@@ -258,7 +273,9 @@ impl Store {
                 scope.tenant_id,
                 runtime_node,
                 owner_epoch,
-                now_ms()
+                now_ms(),
+                resume.after.map(AttemptId::as_str),
+                resume.checkpoint_artifact_id,
             ],
         );
         match inserted {
@@ -270,18 +287,74 @@ impl Store {
         }
     }
 
+    /// Ends an active attempt; `error` says why one that did not succeed ended.
     pub fn finish_attempt(
         &self,
         scope: &Scope,
         id: &AttemptId,
         status: AttemptStatus,
+        error: Option<&str>,
     ) -> Result<()> {
         self.conn().execute(
-            "UPDATE attempts SET status = ?1, finished_at_ms = ?2 \
+            "UPDATE attempts SET status = ?1, finished_at_ms = ?2, error = ?6 \
              WHERE id = ?3 AND owner_id = ?4 AND tenant_id = ?5 AND status IN ('starting','running')",
-            params![status.as_str(), now_ms(), id.as_str(), scope.owner_id, scope.tenant_id],
+            params![
+                status.as_str(),
+                now_ms(),
+                id.as_str(),
+                scope.owner_id,
+                scope.tenant_id,
+                error
+            ],
         )?;
         Ok(())
+    }
+
+    /// Every attempt of the session's runs, oldest first.
+    pub fn attempts(&self, scope: &Scope, session: &SessionId) -> Result<Vec<AttemptRow>> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare(
+            "SELECT id, run_id, runtime_node, owner_epoch, status, resume_from_attempt_id, \
+             checkpoint_artifact_id, error, started_at_ms, finished_at_ms FROM attempts \
+             WHERE session_id = ?1 AND owner_id = ?2 AND tenant_id = ?3 \
+             ORDER BY started_at_ms, rowid",
+        )?;
+        let rows = stmt
+            .query_map(
+                params![session.as_str(), scope.owner_id, scope.tenant_id],
+                |row| {
+                    let status: String = row.get(4)?;
+                    Ok(AttemptRow {
+                        id: id_col(row, 0, AttemptId::parse)?,
+                        run_id: id_col(row, 1, RunId::parse)?,
+                        runtime_node: row.get(2)?,
+                        owner_epoch: row.get(3)?,
+                        status: AttemptStatus::parse(&status).ok_or_else(|| {
+                            rusqlite::Error::FromSqlConversionFailure(
+                                4,
+                                rusqlite::types::Type::Text,
+                                format!("unknown attempt status {status:?}").into(),
+                            )
+                        })?,
+                        resume_from: match row.get::<_, Option<String>>(5)? {
+                            Some(s) => Some(AttemptId::parse(&s).ok_or_else(|| {
+                                rusqlite::Error::FromSqlConversionFailure(
+                                    5,
+                                    rusqlite::types::Type::Text,
+                                    format!("malformed attempt id {s:?}").into(),
+                                )
+                            })?),
+                            None => None,
+                        },
+                        checkpoint_artifact_id: row.get(6)?,
+                        error: row.get(7)?,
+                        started_at_ms: row.get(8)?,
+                        finished_at_ms: row.get(9)?,
+                    })
+                },
+            )?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        Ok(rows)
     }
 
     /// Status of an attempt, for tests and diagnostics.

@@ -362,7 +362,7 @@ fn a_gateway_restart_mid_turn_fails_it_and_retries_it_as_a_new_turn() {
 }
 
 #[test]
-fn a_dead_box_reclaims_the_placement_and_the_next_message_starts_fresh_from_the_checkpoint() {
+fn with_manual_failover_a_dead_box_reclaims_the_placement_and_the_next_message_starts_fresh() {
     let responses = vec![
         // Turn 1: log "one", commit, done (checkpoint 1 has it).
         tool_reply("c1", "exec", r#"{"command":"echo one >> runs.log"}"#),
@@ -375,7 +375,7 @@ fn a_dead_box_reclaims_the_placement_and_the_next_message_starts_fresh_from_the_
         tool_reply("c3", "exec", r#"{"command":"cat runs.log"}"#),
         text_reply(&["only ", "one"]),
     ];
-    let rig = Rig::start(responses, "");
+    let rig = Rig::start(responses, "failover = \"manual\"\n");
     let repo = TempGitRepo::new(&[("README.md", "a repo\n")]);
     let f = new_following(&rig, repo.path(), "log one");
     assert!(f.finish().0.success());
@@ -408,6 +408,11 @@ fn a_dead_box_reclaims_the_placement_and_the_next_message_starts_fresh_from_the_
 
     let detail = show(&rig, &id);
     assert_eq!(detail["session"]["placement"], "reclaimed");
+    let error = detail["runs"][1]["error"].as_str().unwrap();
+    assert!(
+        error.contains("profiles.local.failover is \"manual\""),
+        "the failure names the setting that kept the turn from moving on: {error}"
+    );
     let notice = detail["transcript"]
         .as_array()
         .unwrap()
@@ -685,7 +690,9 @@ pub fn wait_placement(rig: &Rig, id: &str, state: &str) -> Value {
 
 #[test]
 fn a_box_that_answers_but_runs_no_worker_gives_its_work_back_before_it_goes() {
-    let rig = Rig::start(exec_then_slow("one"), "");
+    // Manual failover: what is proved here is the box's work coming home before it goes (a
+    // failover would place the turn on a box whose worker cannot start either).
+    let rig = Rig::start(exec_then_slow("one"), "failover = \"manual\"\n");
     let repo = TempGitRepo::new(&[("README.md", "a repo\n")]);
     let mut f = new_following(&rig, repo.path(), "log once");
     f.mid_second_stream();
@@ -758,4 +765,132 @@ fn a_box_that_fails_its_check_reclaims_its_session_at_once() {
     let detail = show(&rig, &id);
     assert_eq!(detail["session"]["placement"], "active");
     assert_ne!(detail["session"]["worker"]["environment_id"], env.as_str());
+}
+
+/// A box that dies mid-turn costs the work since the last checkpoint, never the turn: the
+/// attempt ends failed with its evidence, a fresh box takes the run over from checkpoint 1
+/// under a new epoch, the chat says so, and no tool call runs twice.
+#[test]
+fn a_box_that_dies_mid_turn_fails_over_to_a_fresh_box_and_the_turn_goes_on() {
+    let responses = vec![
+        // Turn 1: log "one", commit, done (checkpoint 1 has it).
+        tool_reply("c1", "exec", r#"{"command":"echo one >> runs.log"}"#),
+        commit_runs_log(),
+        text_reply(&["logged ", "one"]),
+        // Turn 2: log "two", then the box dies mid-stream...
+        tool_reply("c2", "exec", r#"{"command":"echo two >> runs.log"}"#),
+        slow_reply(),
+        // ...and the turn goes on on a fresh box, from checkpoint 1.
+        tool_reply("c3", "exec", r#"{"command":"cat runs.log"}"#),
+        text_reply(&["only ", "one"]),
+    ];
+    let rig = Rig::start(responses, "");
+    let repo = TempGitRepo::new(&[("README.md", "a repo\n")]);
+    assert!(
+        new_following(&rig, repo.path(), "log one")
+            .finish()
+            .0
+            .success()
+    );
+    let id = {
+        let list = rig.gw.json(&["session", "list", "--json"]);
+        list["sessions"][0]["id"].as_str().unwrap().to_owned()
+    };
+    let first_env = show(&rig, &id)["session"]["worker"]["environment_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    let mut f = Following::start(&rig, &["send", "--json", &id, "log two"]);
+    f.mid_second_stream();
+    let boxes = skiff_providers::local::Boxes::new(
+        rig.root.path().to_path_buf(),
+        crate::harness::SKIFF.into(),
+    );
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let killed = std::time::Instant::now();
+    rt.block_on(boxes.destroy(&rig.root.boxes()[0])).unwrap();
+    f.until("the new attempt's model request", |e, seen| {
+        e["type"] == "model_request"
+            && seen.iter().filter(|s| s["type"] == "model_request").count() == 3
+    });
+    // A figure for the closing note, not an assertion: this machine is shared.
+    eprintln!(
+        "failover: box killed → first model request of the new attempt: {} ms",
+        killed.elapsed().as_millis()
+    );
+    let (status, _) = f.finish();
+    assert!(status.success(), "the turn went on and finished");
+
+    let detail = show(&rig, &id);
+    assert_eq!(detail["session"]["placement"], "active");
+    let second_env = detail["session"]["worker"]["environment_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_ne!(second_env, first_env);
+    assert_eq!(detail["runs"][1]["status"], "succeeded");
+    let run = detail["runs"][1]["id"].as_str().unwrap();
+    let attempts: Vec<&Value> = detail["attempts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|a| a["run_id"] == run)
+        .collect();
+    assert_eq!(attempts.len(), 2, "{attempts:#?}");
+    assert_eq!(attempts[0]["node"], first_env.as_str());
+    assert_eq!(attempts[0]["status"], "failed");
+    assert!(
+        attempts[0]["error"].as_str().unwrap().contains("box"),
+        "{attempts:#?}"
+    );
+    assert_eq!(attempts[1]["node"], second_env.as_str());
+    assert_eq!(attempts[1]["status"], "succeeded");
+    assert_eq!(attempts[1]["resumed_from"], attempts[0]["id"]);
+    assert_eq!(attempts[1]["from_checkpoint"], 1);
+    assert!(attempts[1]["owner_epoch"].as_u64() > attempts[0]["owner_epoch"].as_u64());
+
+    let notices: Vec<&str> = detail["transcript"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["body"]["kind"] == "notice")
+        .map(|e| e["body"]["text"].as_str().unwrap())
+        .collect();
+    assert!(
+        notices
+            .iter()
+            .any(|n| n.contains("exec echo two >> runs.log")),
+        "the chat names what was lost: {notices:#?}"
+    );
+    assert!(
+        notices
+            .iter()
+            .any(|n| n
+                .contains("The turn goes on on a fresh box from checkpoint 1 (failover 1 of 2")),
+        "{notices:#?}"
+    );
+    // The new box started from checkpoint 1, and the lost exec was not run again.
+    let results: Vec<&str> = detail["transcript"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["body"]["kind"] == "tool_result")
+        .map(|e| e["body"]["content"].as_str().unwrap())
+        .collect();
+    let cat = results.last().unwrap();
+    assert!(cat.ends_with("one\n") && !cat.contains("two"), "{cat}");
+    assert_eq!(rig.fake.requests().len(), 7, "no model call was made twice");
+
+    let out = rig.gw.run(&["session", "show", &id]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(&format!("attempt 1  {first_env}"))
+            && text.contains(&format!("attempt 2  {second_env}"))
+            && text.contains("from checkpoint 1  succeeded"),
+        "{text}"
+    );
 }

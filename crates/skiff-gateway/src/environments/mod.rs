@@ -115,6 +115,13 @@ impl Environments {
             .and_then(|p| p.config.turn_timeout().ok().flatten())
     }
 
+    /// How many times a turn on `profile` may move to a fresh box after its box died.
+    pub(crate) fn failovers_allowed(&self, profile: &str) -> u32 {
+        self.profiles
+            .get(profile)
+            .map_or(0, |p| p.config.failovers_allowed())
+    }
+
     /// How long a worker of `profile` may go without progress during a turn.
     pub(crate) fn stall_timeout(&self, profile: &str) -> std::time::Duration {
         self.profiles

@@ -12,7 +12,7 @@ use skiff_protocol::environment::PlacementState;
 use skiff_protocol::model::ModelRef;
 use skiff_protocol::sync::{Refusal, RefusalKind};
 use skiff_protocol::worker::{GatewayFrame, Reply, TurnAssignment, TurnEnd};
-use skiff_protocol::{RunId, SessionId};
+use skiff_protocol::{AttemptId, RunId, SessionId};
 use skiff_store::{PlacementChange, PlacementRow, RunRow, Scope, SessionRow};
 use skiff_sync::filelist::Limits;
 use skiff_sync::inbound_git::{self, Adoption};
@@ -53,7 +53,10 @@ impl Core {
         Ok(())
     }
 
-    /// Runs the admitted run on the session's worker and waits for its end.
+    /// Runs the admitted run on the session's worker and waits for its end. A box that dies
+    /// mid-turn ends its attempt `failed`; unless the profile says `failover = "manual"` (or
+    /// the run used up its `failover_attempts`), a fresh box takes the run over from the last
+    /// checkpoint under a new owner epoch, and the chat says what was lost.
     pub(crate) async fn run_turn_on_worker(
         self: &Arc<Self>,
         scope: &Scope,
@@ -61,19 +64,98 @@ impl Core {
         run: &RunRow,
         cancel: &CancellationToken,
     ) -> Result<skiff_agent::TurnOutcome> {
-        let p = self.ensure_worker(scope, session, cancel).await?;
+        let mut p = self.ensure_worker(scope, session, cancel).await?;
         self.set_run_status(scope, &session.id, &run.id, RunStatus::Running, None)?;
-        let env = p
-            .environment_id
-            .clone()
-            .map(|e| e.to_string())
-            .unwrap_or_default();
-        let attempt = self.store.start_attempt(
-            scope,
-            run,
-            &env,
-            i64::try_from(p.owner_epoch).unwrap_or(0),
-        )?;
+        let allowed = self.envs.failovers_allowed(&p.profile);
+        let mut failovers = 0;
+        let mut resume: Option<(AttemptId, Option<String>)> = None;
+        loop {
+            let env = p
+                .environment_id
+                .clone()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            let epoch = i64::try_from(p.owner_epoch).unwrap_or(0);
+            let attempt = match &resume {
+                None => self.store.start_attempt(scope, run, &env, epoch)?,
+                Some((after, checkpoint)) => self.store.resume_attempt(
+                    scope,
+                    run,
+                    &env,
+                    epoch,
+                    skiff_store::Resume {
+                        after: Some(after),
+                        checkpoint_artifact_id: checkpoint.as_deref(),
+                    },
+                )?,
+            };
+            let end = self.attend_turn(scope, session, run, &p, cancel).await?;
+            if let TurnEnd::Failed { error } = &end
+                && !cancel.is_cancelled()
+                && self.box_died(scope, &session.id)
+            {
+                if let Err(e) = self.store.finish_attempt(
+                    scope,
+                    &attempt,
+                    skiff_store::AttemptStatus::Failed,
+                    Some(error),
+                ) {
+                    tracing::warn!(run = %run.id, error = %e, "could not finish the attempt");
+                }
+                if failovers < allowed {
+                    failovers += 1;
+                    let checkpoint = self.fail_over(scope, session, run, &p, failovers, allowed);
+                    p = self.ensure_worker(scope, session, cancel).await?;
+                    resume = Some((attempt, checkpoint));
+                    continue;
+                }
+                let why = if allowed == 0 {
+                    format!("{error} (profiles.{}.failover is \"manual\")", p.profile)
+                } else {
+                    format!(
+                        "{error}; the turn already moved to a fresh box {allowed} time(s) (profiles.{}.failover_attempts)",
+                        p.profile
+                    )
+                };
+                return Ok(skiff_agent::TurnOutcome::Failed(why));
+            }
+            let (status, outcome, error) = match end {
+                TurnEnd::Completed => (
+                    skiff_store::AttemptStatus::Succeeded,
+                    skiff_agent::TurnOutcome::Completed,
+                    None,
+                ),
+                TurnEnd::Cancelled => (
+                    skiff_store::AttemptStatus::Cancelled,
+                    skiff_agent::TurnOutcome::Cancelled,
+                    None,
+                ),
+                TurnEnd::Failed { error } => (
+                    skiff_store::AttemptStatus::Failed,
+                    skiff_agent::TurnOutcome::Failed(error.clone()),
+                    Some(error),
+                ),
+            };
+            if let Err(e) = self
+                .store
+                .finish_attempt(scope, &attempt, status, error.as_deref())
+            {
+                tracing::warn!(run = %run.id, error = %e, "could not finish the attempt");
+            }
+            return Ok(outcome);
+        }
+    }
+
+    /// Hands the open run to the placement's worker and waits for the turn's end: a stalled
+    /// worker is replaced meanwhile, a cancel is passed on.
+    async fn attend_turn(
+        self: &Arc<Self>,
+        scope: &Scope,
+        session: &SessionRow,
+        run: &RunRow,
+        p: &PlacementRow,
+        cancel: &CancellationToken,
+    ) -> Result<TurnEnd> {
         let live = self.workers.live(&session.id);
         let done = live.expect_turn(&run.id);
         // From here the box may hold work the gateway lacks, until this turn's reconciliation
@@ -99,27 +181,57 @@ impl Core {
                 }
             }
         };
-        let end = end.unwrap_or(TurnEnd::Failed {
+        Ok(end.unwrap_or(TurnEnd::Failed {
             error: "the worker did not finish the turn".into(),
-        });
-        let (status, outcome) = match end {
-            TurnEnd::Completed => (
-                skiff_store::AttemptStatus::Succeeded,
-                skiff_agent::TurnOutcome::Completed,
-            ),
-            TurnEnd::Cancelled => (
-                skiff_store::AttemptStatus::Cancelled,
-                skiff_agent::TurnOutcome::Cancelled,
-            ),
-            TurnEnd::Failed { error } => (
-                skiff_store::AttemptStatus::Failed,
-                skiff_agent::TurnOutcome::Failed(error),
-            ),
+        }))
+    }
+
+    /// Whether the session's box was given up (reclaimed) under its turn.
+    fn box_died(&self, scope: &Scope, session: &SessionId) -> bool {
+        matches!(
+            self.store.placement(scope, session),
+            Ok(Some(p)) if p.state == PlacementState::Reclaimed
+        )
+    }
+
+    /// Records a failover and tells the chat; returns the checkpoint the next attempt's
+    /// workspace starts from (the session's last).
+    fn fail_over(
+        &self,
+        scope: &Scope,
+        session: &SessionRow,
+        run: &RunRow,
+        p: &PlacementRow,
+        n: u32,
+        allowed: u32,
+    ) -> Option<String> {
+        let last = self
+            .store
+            .artifacts(scope, &session.id, skiff_store::ArtifactRole::Checkpoint)
+            .ok()
+            .and_then(|rows| rows.last().map(|r| (r.id.to_string(), r.seq)));
+        let from = match last.as_ref().and_then(|(_, seq)| *seq) {
+            Some(seq) => format!("checkpoint {seq}"),
+            None => "the workspace the session started with".to_owned(),
         };
-        if let Err(e) = self.store.finish_attempt(scope, &attempt, status) {
-            tracing::warn!(run = %run.id, error = %e, "could not finish the attempt");
-        }
-        Ok(outcome)
+        let text = format!(
+            "The turn goes on on a fresh box from {from} (failover {n} of {allowed}, profiles.{}.failover_attempts).",
+            p.profile
+        );
+        self.audit(
+            scope,
+            "run.failover",
+            run.id.as_str(),
+            "applied",
+            json!({
+                "session": session.id.as_str(),
+                "from_env": p.environment_id.as_ref().map(|e| e.as_str()),
+                "epoch": p.owner_epoch,
+                "failover": n,
+            }),
+        );
+        self.notify(scope, &session.id, Some(&run.id), &text);
+        last.map(|(id, _)| id)
     }
 
     /// A worker that showed no progress for `stall` is killed on its box and its connection

@@ -157,9 +157,41 @@ fn a_second_active_attempt_is_refused() {
         .unwrap_err();
     assert!(matches!(err, Error::AttemptActive { .. }), "{err}");
     store
-        .finish_attempt(&alice(), &first, AttemptStatus::Failed)
+        .finish_attempt(
+            &alice(),
+            &first,
+            AttemptStatus::Failed,
+            Some("its box stopped"),
+        )
         .unwrap();
-    store.start_attempt(&alice(), &run, "gateway", 2).unwrap();
+    let second = store
+        .resume_attempt(
+            &alice(),
+            &run,
+            "env_b",
+            2,
+            skiff_store::Resume {
+                after: Some(&first),
+                checkpoint_artifact_id: Some("art_1"),
+            },
+        )
+        .unwrap();
+    // Both are listed, oldest first, with how the first ended and where the second began.
+    let attempts = store.attempts(&alice(), &s).unwrap();
+    assert_eq!(attempts.len(), 2);
+    assert_eq!(attempts[0].status, AttemptStatus::Failed);
+    assert_eq!(attempts[0].error.as_deref(), Some("its box stopped"));
+    assert_eq!(attempts[1].id, second);
+    assert_eq!(attempts[1].resume_from.as_ref(), Some(&first));
+    assert_eq!(attempts[1].checkpoint_artifact_id.as_deref(), Some("art_1"));
+    assert_eq!(attempts[1].owner_epoch, 2);
+    assert!(
+        store
+            .attempts(&Scope::new("usr_bob", "ten_b"), &s)
+            .unwrap()
+            .is_empty(),
+        "another owner's attempts"
+    );
 }
 
 #[test]
@@ -183,7 +215,7 @@ fn active_attempts_become_orphaned_when_the_gateway_restarts() {
             .transition_run(&alice(), &finished.id, RunStatus::Succeeded, None)
             .unwrap();
         store
-            .finish_attempt(&alice(), &done_attempt, AttemptStatus::Succeeded)
+            .finish_attempt(&alice(), &done_attempt, AttemptStatus::Succeeded, None)
             .unwrap();
         let run = store.create_run(&alice(), &s, "scripted/demo").unwrap();
         store
