@@ -29,6 +29,7 @@ type Shared = State<Arc<Core>>;
 pub(crate) fn router(core: Arc<Core>) -> Router {
     let authenticated = Router::new()
         .route("/v1/health", get(health))
+        .route("/metrics", get(crate::metrics::metrics))
         .route("/v1/sessions", get(list_sessions).post(create_session))
         .route("/v1/sessions/{id}", get(show_session))
         .route("/v1/sessions/{id}/messages", post(send_message))
@@ -45,6 +46,8 @@ pub(crate) fn router(core: Arc<Core>) -> Router {
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(core.clone(), authenticate));
     crate::ui::public_routes()
+        .route("/healthz", get(crate::metrics::healthz))
+        .route("/readyz", get(crate::metrics::readyz))
         .merge(authenticated)
         .layer(middleware::from_fn(crate::ui::security_headers))
         .with_state(core)

@@ -18,6 +18,7 @@ mod environments;
 mod error;
 mod housekeeping;
 mod hub;
+mod metrics;
 mod quarantine;
 mod restore;
 mod results;

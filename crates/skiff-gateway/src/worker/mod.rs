@@ -354,6 +354,14 @@ impl Workers {
         }
     }
 
+    /// How many sessions' workers are connected now.
+    pub(crate) fn connected(&self) -> u64 {
+        let live: Vec<Arc<Live>> = lock(&self.live).values().cloned().collect();
+        live.iter()
+            .filter(|l| l.connected_epoch().is_some())
+            .count() as u64
+    }
+
     pub(crate) fn live(&self, session: &SessionId) -> Arc<Live> {
         lock(&self.live).entry(session.clone()).or_default().clone()
     }

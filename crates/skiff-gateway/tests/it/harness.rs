@@ -121,6 +121,11 @@ impl Client {
         }
     }
 
+    /// The bearer token this client sends.
+    pub fn token(&self) -> &str {
+        &self.token
+    }
+
     /// The same gateway with another bearer token.
     pub fn with_token(&self, token: &str) -> Client {
         Client::new(&self.url, token)

@@ -10,3 +10,4 @@
 mod admission;
 mod deadlines;
 mod harness;
+mod operations;
