@@ -253,6 +253,11 @@ ALTER TABLE environments ADD COLUMN prepared_key TEXT;
 ALTER TABLE runs ADD COLUMN cache_read_tokens INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE runs ADD COLUMN cache_write_tokens INTEGER NOT NULL DEFAULT 0;
 "#,
+    r#"
+-- The session whose agent started this one with its `dispatch` tool (NULL: a person did).
+ALTER TABLE sessions ADD COLUMN parent_id TEXT REFERENCES sessions(id);
+CREATE INDEX sessions_by_parent ON sessions(parent_id) WHERE parent_id IS NOT NULL;
+"#,
 ];
 
 pub(crate) fn migrate(conn: &mut Connection) -> Result<()> {
