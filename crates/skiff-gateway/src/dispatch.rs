@@ -331,7 +331,19 @@ impl Core {
             text.push_str("still running; call dispatch_wait to wait for it\n");
             return Ok(ToolOutput::ok(text));
         }
-        match self.session_diff(scope, &child.id, true).await {
+        // The run's own changes (its checkpoint against where the child started): the
+        // parent's uncommitted work the child started from is not the child's doing.
+        let diff = match &run {
+            Some(run) => match self.turn_changes(scope, &child.id, &run.id, true).await {
+                Ok(diff) => Ok(diff),
+                Err(e) => {
+                    tracing::warn!(child = %child.id, error = %e, "no turn diff for a child; reporting the session's");
+                    self.session_diff(scope, &child.id, true).await
+                }
+            },
+            None => self.session_diff(scope, &child.id, true).await,
+        };
+        match diff {
             Ok(diff) => {
                 text.push_str(&format!(
                     "diffstat: {} file(s) changed, {} insertion(s)(+), {} deletion(s)(-)\n",
