@@ -480,6 +480,20 @@ fn dispatch_specs() -> Vec<ToolSpec> {
 mod tests {
     use super::*;
 
+    #[test]
+    fn only_tools_made_with_dispatch_offer_the_dispatch_tools() {
+        let dir = tempfile::tempdir().unwrap();
+        let names = |tools: &Tools| -> Vec<String> {
+            tools.specs().into_iter().map(|s| s.name).collect()
+        };
+        let plain = Tools::new(dir.path().into(), Vec::new()).unwrap();
+        assert!(!names(&plain).iter().any(|n| n.starts_with("dispatch")));
+        let with = plain.with_dispatch();
+        let names = names(&with);
+        assert_eq!(names[names.len() - 3..], DISPATCH_TOOLS.map(String::from));
+        assert!(DISPATCH_TOOLS.iter().all(|t| runs_on_gateway(t)));
+    }
+
     #[tokio::test]
     async fn a_file_tool_that_blocks_loses_to_cancel() {
         let cancel = CancellationToken::new();
