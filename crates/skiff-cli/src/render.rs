@@ -712,8 +712,7 @@ pub fn session_table(sessions: &[SessionView]) -> String {
 /// Like [`session_table`], with every dispatched session right under its parent, indented
 /// (a child whose parent is not in the list stands on its own).
 pub fn session_tree(sessions: &[SessionView]) -> String {
-    let listed: std::collections::HashSet<&str> =
-        sessions.iter().map(|s| s.id.as_str()).collect();
+    let listed: std::collections::HashSet<&str> = sessions.iter().map(|s| s.id.as_str()).collect();
     let is_root = |s: &SessionView| {
         s.parent_id
             .as_ref()

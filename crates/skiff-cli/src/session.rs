@@ -247,6 +247,9 @@ pub async fn run(cmd: SessionCommand, state_dir: &Path, json: bool) -> Result<Ex
             let s = &detail.session;
             outln!("session    {}", s.id)?;
             outln!("title      {}", s.title)?;
+            if let Some(parent) = &s.parent_id {
+                outln!("parent     {parent} (its agent dispatched this session)")?;
+            }
             outln!("state      {}", render::state(s))?;
             match &s.worker {
                 Some(w) => outln!(

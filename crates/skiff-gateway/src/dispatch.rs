@@ -282,7 +282,10 @@ impl Core {
         let mut changes = self.hub.session_changes();
         let deadline = tokio::time::Instant::now().checked_add(limit);
         loop {
-            if self.newest_run(scope, &child.id)?.is_none_or(|r| r.status.is_terminal()) {
+            if self
+                .newest_run(scope, &child.id)?
+                .is_none_or(|r| r.status.is_terminal())
+            {
                 return Ok(Waited::Finished);
             }
             let expired = async {

@@ -86,7 +86,12 @@ impl Store {
         (profile, max_live): (&str, u64),
         max_children: u64,
     ) -> Result<SessionRow> {
-        self.create_session_in(scope, new, Some((profile, max_live)), Some((parent, max_children)))
+        self.create_session_in(
+            scope,
+            new,
+            Some((profile, max_live)),
+            Some((parent, max_children)),
+        )
     }
 
     /// The sessions `parent`'s agent dispatched, oldest first.

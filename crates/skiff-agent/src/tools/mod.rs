@@ -483,9 +483,8 @@ mod tests {
     #[test]
     fn only_tools_made_with_dispatch_offer_the_dispatch_tools() {
         let dir = tempfile::tempdir().unwrap();
-        let names = |tools: &Tools| -> Vec<String> {
-            tools.specs().into_iter().map(|s| s.name).collect()
-        };
+        let names =
+            |tools: &Tools| -> Vec<String> { tools.specs().into_iter().map(|s| s.name).collect() };
         let plain = Tools::new(dir.path().into(), Vec::new()).unwrap();
         assert!(!names(&plain).iter().any(|n| n.starts_with("dispatch")));
         let with = plain.with_dispatch();

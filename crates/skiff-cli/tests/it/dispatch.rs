@@ -159,11 +159,20 @@ fn a_dispatched_child_runs_on_a_box_from_the_parents_state_and_reports_back() {
     let results = tool_results(&rig, &parent);
     let (_, report, is_error) = results.iter().find(|r| r.0 == "dispatch").unwrap();
     assert!(!is_error, "{report}");
-    assert!(report.contains(&format!("child session {child_id}: succeeded")), "{report}");
-    assert!(report.contains(&format!("branch: skiff/{child_id}")), "{report}");
+    assert!(
+        report.contains(&format!("child session {child_id}: succeeded")),
+        "{report}"
+    );
+    assert!(
+        report.contains(&format!("branch: skiff/{child_id}")),
+        "{report}"
+    );
     assert!(report.contains(" child.txt | +2 -0"), "{report}");
     assert!(!report.contains("notes.txt"), "{report}");
-    assert!(report.ends_with("final message:\nchild wrote child.txt"), "{report}");
+    assert!(
+        report.ends_with("final message:\nchild wrote child.txt"),
+        "{report}"
+    );
 
     // The child started from the parent's uncommitted work.
     let child_results = tool_results(&rig, child_id);
@@ -185,8 +194,23 @@ fn a_dispatched_child_runs_on_a_box_from_the_parents_state_and_reports_back() {
     for r in &kids {
         let names = tool_names(r);
         assert!(names.iter().any(|n| n == "write"), "{names:?}");
-        assert!(!names.iter().any(|n| n.starts_with("dispatch")), "{names:?}");
+        assert!(
+            !names.iter().any(|n| n.starts_with("dispatch")),
+            "{names:?}"
+        );
     }
+
+    let shown = rig.gw.run(&["session", "show", child_id]);
+    assert!(
+        stdout(&shown).contains(&format!("parent     {parent}")),
+        "{}",
+        stdout(&shown)
+    );
+    // The child's branch is in the user's repository, as every session's is.
+    crate::harness::git(
+        repo.path(),
+        &["rev-parse", "--verify", &format!("skiff/{child_id}")],
+    );
 
     // `session list --tree`: the child right under its parent.
     let tree = rig.gw.run(&["session", "list", "--tree"]);
@@ -237,9 +261,19 @@ fn without_waiting_the_parent_reads_its_child_later_and_the_cap_refuses_more() {
         .next()
         .unwrap();
     let (name, waited, is_error) = &results[1];
-    assert_eq!((name.as_str(), *is_error), ("dispatch_wait", false), "{waited}");
-    assert!(waited.contains(&format!("child session {child_id}: succeeded")), "{waited}");
-    assert!(waited.ends_with("final message:\nchild finished"), "{waited}");
+    assert_eq!(
+        (name.as_str(), *is_error),
+        ("dispatch_wait", false),
+        "{waited}"
+    );
+    assert!(
+        waited.contains(&format!("child session {child_id}: succeeded")),
+        "{waited}"
+    );
+    assert!(
+        waited.ends_with("final message:\nchild finished"),
+        "{waited}"
+    );
     let (name, refused, is_error) = &results[2];
     assert_eq!((name.as_str(), *is_error), ("dispatch", true), "{refused}");
     assert!(refused.contains("max_children"), "{refused}");
@@ -248,7 +282,11 @@ fn without_waiting_the_parent_reads_its_child_later_and_the_cap_refuses_more() {
         .into_iter()
         .filter(|s| s["parent_id"] == parent.as_str())
         .collect();
-    assert_eq!(children.len(), 1, "the refused child left no session behind");
+    assert_eq!(
+        children.len(),
+        1,
+        "the refused child left no session behind"
+    );
     assert_eq!(children[0]["title"], "the helper");
 }
 

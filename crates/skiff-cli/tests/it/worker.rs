@@ -44,9 +44,7 @@ impl Rig {
     /// Like [`Rig::start`], with a fake whose answers `responder` computes from the requests
     /// so far (for sessions whose model calls interleave).
     pub fn start_with_responder(
-        responder: impl FnMut(&[skiff_test_support::RecordedRequest]) -> FakeResponse
-        + Send
-        + 'static,
+        responder: impl FnMut(&[skiff_test_support::RecordedRequest]) -> FakeResponse + Send + 'static,
         extra_config: &str,
     ) -> Rig {
         let rt = tokio::runtime::Builder::new_multi_thread()
