@@ -705,15 +705,50 @@ pub fn state(session: &SessionView) -> String {
 }
 
 pub fn session_table(sessions: &[SessionView]) -> String {
+    let rows: Vec<(&SessionView, usize)> = sessions.iter().map(|s| (s, 0)).collect();
+    session_rows(&rows)
+}
+
+/// Like [`session_table`], with every dispatched session right under its parent, indented
+/// (a child whose parent is not in the list stands on its own).
+pub fn session_tree(sessions: &[SessionView]) -> String {
+    let listed: std::collections::HashSet<&str> = sessions.iter().map(|s| s.id.as_str()).collect();
+    let is_root = |s: &SessionView| {
+        s.parent_id
+            .as_ref()
+            .is_none_or(|p| !listed.contains(p.as_str()))
+    };
+    fn add<'a>(
+        s: &'a SessionView,
+        depth: usize,
+        all: &'a [SessionView],
+        rows: &mut Vec<(&'a SessionView, usize)>,
+    ) {
+        rows.push((s, depth));
+        for child in all.iter().filter(|c| c.parent_id.as_ref() == Some(&s.id)) {
+            add(child, depth + 1, all, rows);
+        }
+    }
+    let mut rows = Vec::new();
+    for root in sessions.iter().filter(|s| is_root(s)) {
+        add(root, 0, sessions, &mut rows);
+    }
+    session_rows(&rows)
+}
+
+fn session_rows(sessions: &[(&SessionView, usize)]) -> String {
     if sessions.is_empty() {
         return "no sessions yet; start one with `skiff session new \"PROMPT\"`\n".to_owned();
     }
     let now = now_ms();
     let rows: Vec<[String; 6]> = sessions
         .iter()
-        .map(|s| {
+        .map(|&(s, depth)| {
             [
-                s.id.to_string(),
+                match depth {
+                    0 => s.id.to_string(),
+                    d => format!("{}└ {}", "  ".repeat(d - 1), s.id),
+                },
                 state(s),
                 match &s.worker {
                     Some(w) => match &w.environment_id {

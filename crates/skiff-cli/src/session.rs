@@ -18,7 +18,7 @@ pub enum SessionCommand {
     /// Create a session and run its first turn, streaming it
     New(NewArgs),
     /// List sessions, newest activity first
-    List,
+    List(ListArgs),
     /// Show a session: workspace, branch, runs and transcript
     Show(ShowArgs),
     /// Send the next message and stream the turn
@@ -135,6 +135,13 @@ pub struct DispatchArgs {
 }
 
 #[derive(Args)]
+pub struct ListArgs {
+    /// Show the sessions an agent dispatched under the session that dispatched them
+    #[arg(long)]
+    tree: bool,
+}
+
+#[derive(Args)]
 pub struct IdArgs {
     /// Session id (ses_…)
     id: String,
@@ -220,10 +227,12 @@ pub async fn run(cmd: SessionCommand, state_dir: &Path, json: bool) -> Result<Ex
             let live = Live::with_detail(json, Detail::with_full_flag(args.detail.full));
             started_turn(&client, started, args.detach, live).await
         }
-        SessionCommand::List => {
+        SessionCommand::List(args) => {
             let list = client.sessions().await?;
             if json {
                 outln!("{}", serde_json::to_string_pretty(&list)?)?;
+            } else if args.tree {
+                out!("{}", render::session_tree(&list.sessions))?;
             } else {
                 out!("{}", render::session_table(&list.sessions))?;
             }
@@ -238,6 +247,9 @@ pub async fn run(cmd: SessionCommand, state_dir: &Path, json: bool) -> Result<Ex
             let s = &detail.session;
             outln!("session    {}", s.id)?;
             outln!("title      {}", s.title)?;
+            if let Some(parent) = &s.parent_id {
+                outln!("parent     {parent} (its agent dispatched this session)")?;
+            }
             outln!("state      {}", render::state(s))?;
             match &s.worker {
                 Some(w) => outln!(

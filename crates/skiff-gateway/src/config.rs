@@ -31,6 +31,10 @@ pub struct GatewayConfig {
     /// runs a turn (or is being placed) are new ones refused ("at capacity") [default: 16].
     #[serde(default)]
     pub max_workers: Option<u64>,
+    /// How many child sessions one session's agent may start with its `dispatch` tool
+    /// [default: 4].
+    #[serde(default)]
+    pub max_children: Option<u64>,
     /// Hosts the gateway-resident `web_fetch` tool may reach [default: none].
     #[serde(default)]
     pub web_fetch_allow: Vec<String>,

@@ -149,6 +149,7 @@ fn raw_store_failure(e: &skiff_store::Error) -> bool {
         | S::IllegalSnapshotTransition { .. }
         | S::IllegalPlacementTransition { .. }
         | S::WorkersAtCapacity { .. }
+        | S::TooManyChildren { .. }
         | S::Retained { .. }
         | S::Corrupt { .. } => false,
     }
@@ -165,6 +166,7 @@ fn store_code(e: &skiff_store::Error) -> ErrorCode {
         | S::IllegalEnvironmentTransition { .. }
         | S::IllegalSnapshotTransition { .. }
         | S::IllegalPlacementTransition { .. }
+        | S::TooManyChildren { .. }
         | S::Retained { .. } => ErrorCode::Conflict,
         S::WorkersAtCapacity { .. } => ErrorCode::AtCapacity,
         S::Open { .. } | S::Checkpointer(_) | S::Sqlite(_) if e.is_retryable() => {

@@ -12,6 +12,7 @@ mod backend;
 pub mod bundle;
 mod checkpoints;
 pub mod config;
+mod dispatch;
 mod egress;
 mod env_api;
 mod environments;
@@ -80,6 +81,8 @@ pub(crate) struct Core {
     procs: skiff_process::Ledger,
     /// `[gateway] turn_timeout`: how long a turn may run unless its profile says otherwise.
     turn_timeout: std::time::Duration,
+    /// `[gateway] max_children`: how many child sessions one session's agent may dispatch.
+    max_children: u64,
     /// Sessions whose workspace is being restored to a checkpoint: no turn is admitted.
     restoring: Mutex<std::collections::HashSet<skiff_protocol::SessionId>>,
 }
@@ -203,6 +206,7 @@ pub(crate) async fn open_core(options: &Options) -> Result<(Arc<Core>, std::time
         _lock: lock,
         procs,
         turn_timeout,
+        max_children: config.gateway.max_children.unwrap_or(4),
         restoring: Mutex::default(),
     });
     core.envs

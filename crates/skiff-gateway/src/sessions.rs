@@ -44,7 +44,7 @@ impl TurnDeadline {
     }
 }
 
-fn title_of(prompt: &str) -> String {
+pub(crate) fn title_of(prompt: &str) -> String {
     let line = prompt
         .lines()
         .find(|l| !l.trim().is_empty())
@@ -63,7 +63,7 @@ fn user_message(prompt: &str) -> EntryBody {
     }
 }
 
-fn check_prompt(prompt: &str) -> Result<()> {
+pub(crate) fn check_prompt(prompt: &str) -> Result<()> {
     if prompt.trim().is_empty() {
         return Err(Error::BadRequest(
             "the prompt is empty; say what the agent should do".into(),
@@ -147,6 +147,7 @@ impl Core {
             model,
             worker,
             placement: row.placement,
+            parent_id: row.parent_id,
             created_at_ms: row.created_at_ms,
             updated_at_ms: row.updated_at_ms,
             last_run,
@@ -456,6 +457,7 @@ impl Core {
             "allowed",
             json!({ "session": id.as_str() }),
         );
+        self.cancel_children(scope, id);
         // No task owns it (it never started): finish it here. Otherwise the task ends it.
         if token.is_none() {
             self.finish(scope, id, &run.id, RunStatus::Cancelled, None);
@@ -493,6 +495,11 @@ impl Core {
             Ok(TurnOutcome::Failed(e)) => (RunStatus::Failed, Some(e)),
             Err(e) => (RunStatus::Failed, Some(e.to_string())),
         };
+        // A turn stopped before its end stops the children it dispatched (a cancel through
+        // the API has already; a deadline has not).
+        if matches!(status.0, RunStatus::Cancelled | RunStatus::TimedOut) {
+            self.cancel_children(&scope, &session.id);
+        }
         // Worker sessions checkpoint after reconciling each turn (in `turn.finish`).
         if session.placement == PlacementState::Local.as_str() {
             self.checkpoint_turn(&scope, &session, &run.id, None).await;
@@ -544,7 +551,7 @@ impl Core {
             max_steps: MAX_STEPS,
             max_output_tokens: MAX_OUTPUT_TOKENS,
         };
-        let tools = Tools::new(session.workspace.path().into(), Vec::new())
+        let mut tools = Tools::new(session.workspace.path().into(), Vec::new())
             .map_err(|e| {
                 Error::Internal(format!(
                     "workspace {} is gone: {e}",
@@ -552,6 +559,10 @@ impl Core {
                 ))
             })?
             .with_ledger(self.procs.clone());
+        // A child never dispatches children of its own.
+        if session.parent_id.is_none() {
+            tools = tools.with_dispatch();
+        }
         let backend = StoreBackend {
             core: self.clone(),
             scope: scope.clone(),

@@ -148,15 +148,25 @@ export class Sidebar {
     }
     const focusedId = document.activeElement?.dataset?.sessionId;
     const now = Date.now();
+    // Sessions an agent dispatched sit under the session that dispatched them (in its group);
+    // one whose parent is not listed stands on its own.
+    const shown = new Set(list.map((s) => s.id));
+    const childrenOf = (s) => list.filter((c) => c.parent_id === s.id);
+    const item = (s) => {
+      const children = childrenOf(s);
+      return h('li', {}, this.row(s, now),
+        children.length ? h('ul', { class: 'rows children', 'aria-label': `Dispatched by ${s.title || s.id}` }, children.map(item)) : null);
+    };
+    const tops = list.filter((s) => !s.parent_id || !shown.has(s.parent_id));
     const sections = [];
     for (const [key, label] of GROUPS) {
-      const rows = list.filter((s) => group(sessionState(s)) === key);
+      const rows = tops.filter((s) => group(sessionState(s)) === key);
       if (rows.length === 0) continue;
       const headingId = `group-${key}`;
       sections.push(
         h('section', { class: 'group', 'aria-labelledby': headingId },
           h('h2', { id: headingId, class: 'group-title' }, label),
-          h('ul', { class: 'rows' }, rows.map((s) => h('li', {}, this.row(s, now))))),
+          h('ul', { class: 'rows' }, rows.map(item))),
       );
     }
     replace(this.container, ...sections);

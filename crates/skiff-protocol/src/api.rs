@@ -234,6 +234,9 @@ pub struct SessionView {
     /// Worker sessions: the profile and the environment (box) they run on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub worker: Option<WorkerPlacementView>,
+    /// The session whose agent started this one with its `dispatch` tool.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_id: Option<SessionId>,
     pub created_at_ms: i64,
     pub updated_at_ms: i64,
     /// The newest run, if any.

@@ -58,6 +58,12 @@ pub enum Error {
         other: u64,
         max: u64,
     },
+    /// The session's agent has started as many child sessions as `[gateway] max_children`
+    /// allows.
+    #[error(
+        "session {parent} has already started {max} child sessions, the most `[gateway] max_children` allows; finish with the children it has"
+    )]
+    TooManyChildren { parent: String, max: u64 },
     #[error("artifact {id} is retained: {reason}")]
     Retained { id: String, reason: String },
     #[error("stored {what} is unreadable: {detail}")]

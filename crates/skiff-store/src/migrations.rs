@@ -257,6 +257,11 @@ ALTER TABLE runs ADD COLUMN cache_write_tokens INTEGER NOT NULL DEFAULT 0;
 -- Why an attempt ended, for one that did not succeed (a failover's evidence: the box stopped).
 ALTER TABLE attempts ADD COLUMN error TEXT;
 "#,
+    r#"
+-- The session whose agent started this one with its `dispatch` tool (NULL: a person did).
+ALTER TABLE sessions ADD COLUMN parent_id TEXT REFERENCES sessions(id);
+CREATE INDEX sessions_by_parent ON sessions(parent_id) WHERE parent_id IS NOT NULL;
+"#,
 ];
 
 pub(crate) fn migrate(conn: &mut Connection) -> Result<()> {

@@ -25,10 +25,12 @@ pub struct SessionRow {
     pub leaf_entry_id: Option<String>,
     pub created_at_ms: i64,
     pub updated_at_ms: i64,
+    /// The session whose agent dispatched this one.
+    pub parent_id: Option<SessionId>,
 }
 
 const COLUMNS: &str = "id, title, workspace, model_ref, placement, lifecycle_revision, \
-                       leaf_entry_id, created_at_ms, updated_at_ms";
+                       leaf_entry_id, created_at_ms, updated_at_ms, parent_id";
 
 fn from_row(row: &Row<'_>) -> rusqlite::Result<SessionRow> {
     Ok(SessionRow {
@@ -41,6 +43,18 @@ fn from_row(row: &Row<'_>) -> rusqlite::Result<SessionRow> {
         leaf_entry_id: row.get(6)?,
         created_at_ms: row.get(7)?,
         updated_at_ms: row.get(8)?,
+        parent_id: row
+            .get::<_, Option<String>>(9)?
+            .map(|id| {
+                SessionId::parse(&id).ok_or_else(|| {
+                    rusqlite::Error::FromSqlConversionFailure(
+                        9,
+                        rusqlite::types::Type::Text,
+                        format!("{id} is not a session id").into(),
+                    )
+                })
+            })
+            .transpose()?,
     })
 }
 
@@ -58,14 +72,73 @@ impl Store {
         new: &NewSession,
         placement: Option<(&str, u64)>,
     ) -> Result<SessionRow> {
+        self.create_session_in(scope, new, placement, None)
+    }
+
+    /// Creates `parent`'s child session placed on `profile` (its worker slot claimed under
+    /// `max_live`), unless `parent` has started `max_children` children already — counted and
+    /// written in one transaction, so two dispatches at once cannot both pass the cap.
+    pub fn create_child_session(
+        &self,
+        scope: &Scope,
+        new: &NewSession,
+        parent: &SessionId,
+        (profile, max_live): (&str, u64),
+        max_children: u64,
+    ) -> Result<SessionRow> {
+        self.create_session_in(
+            scope,
+            new,
+            Some((profile, max_live)),
+            Some((parent, max_children)),
+        )
+    }
+
+    /// The sessions `parent`'s agent dispatched, oldest first.
+    pub fn children(&self, scope: &Scope, parent: &SessionId) -> Result<Vec<SessionRow>> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare_cached(&format!(
+            "SELECT {COLUMNS} FROM sessions WHERE parent_id = ?1 AND owner_id = ?2 \
+             AND tenant_id = ?3 ORDER BY created_at_ms, id"
+        ))?;
+        let rows = stmt
+            .query_map(
+                params![parent.as_str(), scope.owner_id, scope.tenant_id],
+                from_row,
+            )?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        Ok(rows)
+    }
+
+    fn create_session_in(
+        &self,
+        scope: &Scope,
+        new: &NewSession,
+        placement: Option<(&str, u64)>,
+        parent: Option<(&SessionId, u64)>,
+    ) -> Result<SessionRow> {
         let now = now_ms();
         let workspace = to_json("session workspace", &new.workspace)?;
         {
             let mut conn = self.conn();
             let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+            if let Some((parent, max)) = parent {
+                let started: u64 = tx.query_row(
+                    "SELECT COUNT(*) FROM sessions WHERE parent_id = ?1 AND owner_id = ?2 \
+                     AND tenant_id = ?3",
+                    params![parent.as_str(), scope.owner_id, scope.tenant_id],
+                    |r| r.get(0),
+                )?;
+                if started >= max {
+                    return Err(Error::TooManyChildren {
+                        parent: parent.to_string(),
+                        max,
+                    });
+                }
+            }
             tx.execute(
                 "INSERT INTO sessions (id, owner_id, tenant_id, title, workspace, model_ref, \
-                 created_at_ms, updated_at_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7)",
+                 created_at_ms, updated_at_ms, parent_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?7, ?8)",
                 params![
                     new.id.as_str(),
                     scope.owner_id,
@@ -73,7 +146,8 @@ impl Store {
                     new.title,
                     workspace,
                     new.model_ref,
-                    now
+                    now,
+                    parent.map(|(p, _)| p.as_str())
                 ],
             )?;
             if let Some((profile, max_live)) = placement {

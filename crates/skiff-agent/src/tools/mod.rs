@@ -64,6 +64,8 @@ pub struct Tools {
     exec_env: Vec<(String, String)>,
     ledger: Option<Ledger>,
     processes: Processes,
+    /// Whether the model is offered the dispatch tools ([`DISPATCH_TOOLS`]).
+    dispatch: bool,
 }
 
 impl Tools {
@@ -74,6 +76,7 @@ impl Tools {
             exec_env,
             ledger: None,
             processes: Processes::for_turn(),
+            dispatch: false,
         })
     }
 
@@ -92,6 +95,13 @@ impl Tools {
         self
     }
 
+    /// Offers the model the dispatch tools. Only a gateway-placed session that is not itself a
+    /// child gets them: a worker session or a child never sees them, so it cannot recurse.
+    pub fn with_dispatch(mut self) -> Self {
+        self.dispatch = true;
+        self
+    }
+
     /// Ends the turn for background processes: every one not started with `keep` is stopped.
     pub async fn end_turn(&self) {
         self.processes.end_turn().await;
@@ -103,7 +113,11 @@ impl Tools {
 
     /// The JSON schemas the model sees, in a fixed order (request bodies must be stable).
     pub fn specs(&self) -> Vec<ToolSpec> {
-        specs()
+        let mut specs = specs();
+        if self.dispatch {
+            specs.extend(dispatch_specs());
+        }
+        specs
     }
 
     /// Runs one call. Never panics and never fails the loop: every problem becomes an error
@@ -231,9 +245,16 @@ async fn blocking<A: Send + 'static>(
 /// The tool that runs on the gateway rather than next to the workspace (controlled egress).
 pub const WEB_FETCH: &str = "web_fetch";
 
+/// The tools that start a child session on a worker and read how it went; the gateway runs
+/// them (see [`Tools::with_dispatch`] for who is offered them).
+pub const DISPATCH: &str = "dispatch";
+pub const DISPATCH_STATUS: &str = "dispatch_status";
+pub const DISPATCH_WAIT: &str = "dispatch_wait";
+pub const DISPATCH_TOOLS: [&str; 3] = [DISPATCH, DISPATCH_STATUS, DISPATCH_WAIT];
+
 /// Whether the gateway, not the workspace's machine, runs this tool.
 pub fn runs_on_gateway(name: &str) -> bool {
-    name == WEB_FETCH
+    name == WEB_FETCH || DISPATCH_TOOLS.contains(&name)
 }
 
 /// The main argument of a call, for one-line display (`read src/lib.rs`).
@@ -264,6 +285,8 @@ pub fn summary(call: &ToolCall) -> String {
         "find" | "grep" => "pattern",
         "exec" => "command",
         WEB_FETCH => "url",
+        DISPATCH => "prompt",
+        DISPATCH_STATUS | DISPATCH_WAIT => "id",
         _ => "path",
     };
     let text = call
@@ -418,9 +441,57 @@ fn specs() -> Vec<ToolSpec> {
     ]
 }
 
+fn dispatch_specs() -> Vec<ToolSpec> {
+    let spec = |name: &str, description: &str, parameters: Value| ToolSpec {
+        name: name.to_owned(),
+        description: description.to_owned(),
+        parameters,
+    };
+    vec![
+        spec(
+            DISPATCH,
+            "Hand a task to a child session on a worker box: it starts from this workspace as it is now (uncommitted changes included), on its own branch skiff/<child-id>. With wait (the default) the result is the child's status, branch, diffstat and final message; with wait: false it is the child's id at once, for dispatch_status and dispatch_wait. The child cannot dispatch further children.",
+            json!({"type": "object", "additionalProperties": false, "required": ["prompt"], "properties": {
+                "prompt": {"type": "string", "description": "What the child should do; it sees nothing of this conversation"},
+                "profile": {"type": "string", "description": "The worker profile to run on; default: the gateway's first"},
+                "title": {"type": "string", "description": "The child session's title; default: the prompt's first line"},
+                "wait": {"type": "boolean", "description": "Wait for the child to finish (default true)"}
+            }}),
+        ),
+        spec(
+            DISPATCH_STATUS,
+            "How a child session started with dispatch is doing: its status, and once it has finished its branch, diffstat and final message.",
+            json!({"type": "object", "additionalProperties": false, "required": ["id"], "properties": {
+                "id": {"type": "string", "description": "The child's session id (ses_…)"}
+            }}),
+        ),
+        spec(
+            DISPATCH_WAIT,
+            "Wait for a child session started with dispatch to finish, then return its status, branch, diffstat and final message (or its status so far when timeout_s passes first).",
+            json!({"type": "object", "additionalProperties": false, "required": ["id"], "properties": {
+                "id": {"type": "string", "description": "The child's session id (ses_…)"},
+                "timeout_s": {"type": "integer", "minimum": 1, "description": "Seconds to wait at most; default 1800"}
+            }}),
+        ),
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_tools_made_with_dispatch_offer_the_dispatch_tools() {
+        let dir = tempfile::tempdir().unwrap();
+        let names =
+            |tools: &Tools| -> Vec<String> { tools.specs().into_iter().map(|s| s.name).collect() };
+        let plain = Tools::new(dir.path().into(), Vec::new()).unwrap();
+        assert!(!names(&plain).iter().any(|n| n.starts_with("dispatch")));
+        let with = plain.with_dispatch();
+        let names = names(&with);
+        assert_eq!(names[names.len() - 3..], DISPATCH_TOOLS.map(String::from));
+        assert!(DISPATCH_TOOLS.iter().all(|t| runs_on_gateway(t)));
+    }
 
     #[tokio::test]
     async fn a_file_tool_that_blocks_loses_to_cancel() {

@@ -12,6 +12,7 @@ mod api;
 mod bad_input;
 mod box_isolation;
 mod deadlines;
+mod dispatch;
 mod egress;
 mod env;
 mod harness;

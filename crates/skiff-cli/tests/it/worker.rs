@@ -38,6 +38,30 @@ impl Rig {
             .build()
             .unwrap();
         let fake = rt.block_on(FakeProvider::start(responses));
+        Self::serving(rt, fake, extra_config, env)
+    }
+
+    /// Like [`Rig::start`], with a fake whose answers `responder` computes from the requests
+    /// so far (for sessions whose model calls interleave).
+    pub fn start_with_responder(
+        responder: impl FnMut(&[skiff_test_support::RecordedRequest]) -> FakeResponse + Send + 'static,
+        extra_config: &str,
+    ) -> Rig {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let fake = rt.block_on(FakeProvider::start_with(responder));
+        Self::serving(rt, fake, extra_config, &[])
+    }
+
+    fn serving(
+        rt: tokio::runtime::Runtime,
+        fake: FakeProvider,
+        extra_config: &str,
+        env: &[(&str, &str)],
+    ) -> Rig {
         let root = BoxRoot::new();
         let config = format!(
             "[providers.openai]\napi = \"openai-completions\"\nbase_url = \"{}/v1\"\napi_key_env = \"SKIFF_TEST_PROVIDER_KEY\"\n\

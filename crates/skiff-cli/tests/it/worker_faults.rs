@@ -173,7 +173,7 @@ fn streamed_text(seen: &[Value], after_model_requests: usize) -> String {
 }
 
 /// Follows the session's event stream from the start until `count` runs have ended.
-fn wait_runs_ended(rig: &Rig, id: &str, count: usize) -> Value {
+pub fn wait_runs_ended(rig: &Rig, id: &str, count: usize) -> Value {
     let resp = reqwest::blocking::Client::builder()
         .timeout(Duration::from_secs(120))
         .build()

@@ -690,3 +690,31 @@ async fn a_worker_whose_next_step_cannot_be_read_is_sent_away_to_reconnect() {
         "{turn:?}"
     );
 }
+
+#[tokio::test]
+async fn a_worker_cannot_dispatch_a_child_even_by_naming_the_tool() {
+    let mut h = Harness::new().await.unwrap();
+    let scope = h.a.scope.clone();
+    let before = h.core.store.sessions(&scope).unwrap().len();
+    for (seq, name) in skiff_agent::tools::DISPATCH_TOOLS.into_iter().enumerate() {
+        let reply = h
+            .call(
+                StreamKind::Tool,
+                seq as u64 + 1,
+                Call::ToolGateway {
+                    name: name.into(),
+                    arguments: serde_json::json!({"prompt": "CHILD: recurse", "id": "ses_x"}),
+                },
+            )
+            .await
+            .unwrap();
+        match reply {
+            Reply::ToolOutput { content, is_error } => {
+                assert!(is_error, "{name}: {content}");
+                assert!(content.contains("cannot start children"), "{content}");
+            }
+            other => panic!("{name}: {other:?}"),
+        }
+    }
+    assert_eq!(h.core.store.sessions(&scope).unwrap().len(), before);
+}

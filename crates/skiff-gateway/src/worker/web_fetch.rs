@@ -1,4 +1,4 @@
-//! `web_fetch`, the gateway-resident tool: it runs on the gateway for local and worker
+//! `web_fetch`, a gateway-resident tool (the dispatch tools are in `dispatch.rs`): it runs on the gateway for local and worker
 //! sessions alike, only for hosts on `[gateway] web_fetch_allow` (default: none), follows no
 //! redirects, and returns at most [`MAX_FETCH_BYTES`] of text. Every call is counted as
 //! controlled egress of the session's environment and audited (host, bytes, decision — never
@@ -25,7 +25,7 @@ struct Args {
 impl Core {
     /// Runs a gateway-resident tool for `session` (on `env`, for a worker session).
     pub(crate) async fn gateway_tool(
-        &self,
+        self: &std::sync::Arc<Self>,
         scope: &Scope,
         session: &SessionId,
         env: Option<&skiff_protocol::EnvironmentId>,
@@ -33,6 +33,11 @@ impl Core {
         arguments: &serde_json::Value,
         cancel: &CancellationToken,
     ) -> ToolOutput {
+        if skiff_agent::tools::DISPATCH_TOOLS.contains(&name) {
+            return self
+                .dispatch_tool(scope, session, env, name, arguments, cancel)
+                .await;
+        }
         if name != skiff_agent::tools::WEB_FETCH {
             return ToolOutput::error(format!("{name} is not a gateway tool"));
         }

@@ -485,3 +485,48 @@ fn a_pull_back_claim_loses_to_an_open_turn_and_coming_home_fences_the_worker_and
     assert!(store.come_home(&alice(), &s).is_err());
     store.request_placement(&alice(), &s, "local", 3).unwrap();
 }
+
+#[test]
+fn a_session_starts_children_up_to_its_cap_and_knows_them() {
+    let store = Store::open_in_memory().unwrap();
+    let parent = new_session(&store, &alice());
+    let child = |title: &str| NewSession {
+        id: SessionId::from_suffix(&skiff_store::mint().unwrap()),
+        title: title.into(),
+        workspace: WorkspaceView::Plain {
+            source: "/state/ws".into(),
+            path: "/state/ws2".into(),
+        },
+        model_ref: "scripted/demo".into(),
+    };
+    let first = store
+        .create_child_session(&alice(), &child("one"), &parent, ("local", 16), 2)
+        .unwrap();
+    assert_eq!(first.parent_id.as_ref(), Some(&parent));
+    store
+        .create_child_session(&alice(), &child("two"), &parent, ("local", 16), 2)
+        .unwrap();
+    let refused = child("three");
+    let err = store
+        .create_child_session(&alice(), &refused, &parent, ("local", 16), 2)
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::TooManyChildren { max: 2, .. }),
+        "{err}"
+    );
+    assert!(err.to_string().contains("max_children"), "{err}");
+    // Refused in the transaction: no row, and no worker slot claimed for it.
+    assert!(store.session(&alice(), &refused.id).is_err());
+    assert!(store.placement(&alice(), &refused.id).unwrap().is_none());
+    let titles: Vec<String> = store
+        .children(&alice(), &parent)
+        .unwrap()
+        .into_iter()
+        .map(|c| c.title)
+        .collect();
+    assert_eq!(titles, ["one", "two"]);
+    assert_eq!(store.session(&alice(), &parent).unwrap().parent_id, None);
+    // Another tenant sees none of them.
+    let bob = Scope::new("usr_bob", "ten_b");
+    assert!(store.children(&bob, &parent).unwrap().is_empty());
+}
