@@ -1,9 +1,10 @@
 //! SQLite persistence for the gateway: sessions, the transcript tree, runs and their state
 //! machine, attempts, the per-session event log, environments, snapshots, tokens and audit
-//! rows.
+//! rows, and the vault's sealed secrets.
 //!
 //! This is the only crate that speaks SQL. Every table but the worker protocol's own
-//! (`worker_ops`, `worker_cursors`, `worker_credentials`) carries `owner_id` and `tenant_id`,
+//! (`worker_ops`, `worker_cursors`, `worker_credentials`) and the gateway-wide vault
+//! (`secrets`, admin only) carries `owner_id` and `tenant_id`,
 //! and every query a client's request reaches filters by the caller's [`Scope`]: a caller
 //! asking for someone else's row gets "not found". The unscoped queries are the gateway's own
 //! work across scopes (token verification, restart reconciliation, worker slots, snapshot
@@ -23,6 +24,7 @@ mod ids;
 mod migrations;
 mod placements;
 mod runs;
+mod secrets;
 mod sessions;
 mod snapshots;
 mod tokens;
@@ -35,6 +37,7 @@ pub use error::{Error, Result};
 pub use ids::mint;
 pub use placements::{CachedOp, IdlePlacement, PlacementChange, PlacementRow, WorkerSlots};
 pub use runs::{AttemptStatus, RunRow};
+pub use secrets::{Resealed, SecretRow};
 pub use sessions::{NewSession, SessionRow};
 pub use snapshots::{NewSnapshot, SnapshotRow};
 pub use tokens::AuditRow;

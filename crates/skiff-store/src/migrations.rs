@@ -253,6 +253,21 @@ ALTER TABLE environments ADD COLUMN prepared_key TEXT;
 ALTER TABLE runs ADD COLUMN cache_read_tokens INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE runs ADD COLUMN cache_write_tokens INTEGER NOT NULL DEFAULT 0;
 "#,
+    r#"
+-- The vault: each secret sealed with AES-256-GCM under a key kept outside the database (a key
+-- file or SKIFF_VAULT_KEY); the secret's name is the AAD, so a ciphertext moved to another name
+-- does not open. `key_id` names the key that sealed it (a hash of the key, never the key), so
+-- a rotation cut short still finds the right key. The gateway's own, like its configuration:
+-- no owner or tenant, and only the admin reaches it.
+CREATE TABLE secrets (
+    name          TEXT PRIMARY KEY,
+    ciphertext    BLOB NOT NULL,
+    nonce         BLOB NOT NULL,
+    key_id        TEXT NOT NULL,
+    created_at_ms INTEGER NOT NULL,
+    updated_at_ms INTEGER NOT NULL
+);
+"#,
 ];
 
 pub(crate) fn migrate(conn: &mut Connection) -> Result<()> {
