@@ -29,7 +29,6 @@ use crate::error::Error;
 use aes_gcm::aead::{Aead, KeyInit, Payload};
 use aes_gcm::{Aes256Gcm, Nonce};
 use axum::extract::{Path as UrlPath, State};
-use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Extension, Json, Router};
@@ -346,15 +345,17 @@ impl Vault {
         Ok(self.store.secrets()?.iter().map(view).collect())
     }
 
-    pub(crate) fn remove(&self, name: &str) -> crate::Result<()> {
+    /// Removes `name`; what it was (name and dates).
+    pub(crate) fn remove(&self, name: &str) -> crate::Result<SecretView> {
         check_name(name)?;
+        let not_found = || VaultError::NotFound {
+            name: name.to_owned(),
+        };
+        let row = self.store.secret(name)?.ok_or_else(not_found)?;
         if !self.store.delete_secret(name)? {
-            return Err(VaultError::NotFound {
-                name: name.to_owned(),
-            }
-            .into());
+            return Err(not_found().into());
         }
-        Ok(())
+        Ok(view(&row))
     }
 
     /// Seals every secret under a new key (see the module's doc for the order).
@@ -637,9 +638,9 @@ async fn remove(
     UrlPath(name): UrlPath<String>,
 ) -> crate::Result<Response> {
     admin_only(&core, &scope, "secret.rm", &name)?;
-    core.vault.remove(&name)?;
+    let removed = core.vault.remove(&name)?;
     core.audit(&scope, "secret.rm", &name, "applied", serde_json::json!({}));
-    Ok(StatusCode::NO_CONTENT.into_response())
+    Ok(Json(removed).into_response())
 }
 
 async fn rotate(
