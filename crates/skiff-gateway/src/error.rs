@@ -490,6 +490,27 @@ mod tests {
                 500,
                 "internal",
             ),
+            (
+                crate::vault::VaultError::InvalidName { name: s("a/b") }.into(),
+                400,
+                "bad_request",
+            ),
+            (
+                crate::vault::VaultError::NotFound { name: s("openai") }.into(),
+                404,
+                "not_found",
+            ),
+            (
+                crate::vault::VaultError::WrongKey {
+                    name: s("openai"),
+                    sealed_with: s("a"),
+                    source_name: s("SKIFF_VAULT_KEY"),
+                    current: s("b"),
+                }
+                .into(),
+                500,
+                "internal",
+            ),
         ];
         for (error, status, code) in cases {
             let shown = format!("{error:?}");

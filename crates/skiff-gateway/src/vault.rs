@@ -330,8 +330,9 @@ impl Vault {
         let not_found = || VaultError::NotFound {
             name: name.to_owned(),
         };
-        let row = self.store.secret(name)?.ok_or_else(not_found)?;
+        // The keyring first: loading it may finish a rotation, which reseals the row.
         let keys = self.keyring(&mut self.slot(), false)?;
+        let row = self.store.secret(name)?.ok_or_else(not_found)?;
         let Some(keys) = keys else {
             return Err(VaultError::NoKey {
                 path: self.key_path(),
@@ -673,4 +674,188 @@ async fn rotate(
         serde_json::json!({ "resealed": rotated.resealed, "key_source": rotated.key_source }),
     );
     Ok(Json(rotated).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const VALUE: &str = "sk-test-0123456789abcdef";
+
+    struct Fixture {
+        dir: tempfile::TempDir,
+        store: Arc<Store>,
+    }
+
+    impl Fixture {
+        fn new() -> Fixture {
+            let dir = tempfile::tempdir().unwrap();
+            let store = Arc::new(Store::open(&dir.path().join("skiff.db")).unwrap());
+            Fixture { dir, store }
+        }
+
+        fn vault(&self, env_key: Option<&str>) -> Vault {
+            Vault::new(
+                self.store.clone(),
+                self.dir.path(),
+                env_key.map(str::to_owned),
+            )
+        }
+
+        fn key_file(&self) -> PathBuf {
+            self.dir.path().join(KEY_FILE)
+        }
+    }
+
+    fn env_key() -> String {
+        BASE64.encode(random::<KEY_LEN>().unwrap())
+    }
+
+    #[test]
+    fn a_secret_set_opens_again_and_its_key_file_is_private() {
+        let f = Fixture::new();
+        let vault = f.vault(None);
+        vault.set("openai", VALUE).unwrap();
+        assert_eq!(vault.open("openai").unwrap(), VALUE);
+        let mode = std::fs::metadata(f.key_file()).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        // A restarted gateway reads the same key file.
+        assert_eq!(f.vault(None).open("openai").unwrap(), VALUE);
+        let listed = vault.list().unwrap();
+        assert_eq!(listed.len(), 1);
+        assert_eq!(listed[0].name, "openai");
+        let missing = vault.open("anthropic").unwrap_err().to_string();
+        assert!(missing.contains("no secret `anthropic`"), "{missing}");
+        let bad = vault.set("../etc", VALUE).unwrap_err();
+        assert_eq!(bad.code(), skiff_protocol::api::ErrorCode::BadRequest);
+    }
+
+    #[test]
+    fn a_wrong_key_is_refused_naming_where_the_key_came_from() {
+        let f = Fixture::new();
+        f.vault(Some(&env_key())).set("openai", VALUE).unwrap();
+        let e = f.vault(Some(&env_key())).open("openai").unwrap_err();
+        let message = e.to_string();
+        assert!(
+            message.contains("sealed with another key") && message.contains(KEY_ENV),
+            "{message}"
+        );
+        assert!(!message.contains(VALUE));
+        let garbage = f.vault(Some("not base64!")).open("openai").unwrap_err();
+        assert!(garbage.to_string().contains(KEY_ENV), "{garbage}");
+    }
+
+    #[test]
+    fn a_key_file_others_may_read_is_refused() {
+        let f = Fixture::new();
+        f.vault(None).set("openai", VALUE).unwrap();
+        std::fs::set_permissions(f.key_file(), std::fs::Permissions::from_mode(0o644)).unwrap();
+        let message = f.vault(None).open("openai").unwrap_err().to_string();
+        assert!(
+            message.contains("mode 0644") && message.contains("chmod 600"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn both_a_key_file_and_the_variable_are_refused_rather_than_guessed_between() {
+        let f = Fixture::new();
+        f.vault(None).set("openai", VALUE).unwrap();
+        let message = f
+            .vault(Some(&env_key()))
+            .open("openai")
+            .unwrap_err()
+            .to_string();
+        assert!(message.contains("will not guess"), "{message}");
+    }
+
+    #[test]
+    fn a_ciphertext_moved_to_another_name_does_not_open() {
+        let f = Fixture::new();
+        let vault = f.vault(None);
+        vault.set("openai", VALUE).unwrap();
+        vault.set("anthropic", "another-value").unwrap();
+        let openai = f.store.secret("openai").unwrap().unwrap();
+        f.store
+            .put_secret(
+                "anthropic",
+                &Resealed {
+                    ciphertext: openai.ciphertext,
+                    nonce: openai.nonce,
+                    key_id: openai.key_id,
+                },
+            )
+            .unwrap();
+        let message = vault.open("anthropic").unwrap_err().to_string();
+        assert!(
+            message.contains("altered or belong to another secret"),
+            "{message}"
+        );
+        assert!(!message.contains(VALUE));
+    }
+
+    #[test]
+    fn rotation_keeps_every_secret_and_the_old_key_opens_none() {
+        let f = Fixture::new();
+        let vault = f.vault(None);
+        vault.set("openai", VALUE).unwrap();
+        vault.set("github", "ghp-token").unwrap();
+        let old = read_key_file(&f.key_file()).unwrap().unwrap();
+
+        let rotated = vault.rotate().unwrap();
+        assert_eq!(rotated.resealed, 2);
+        assert_eq!(rotated.new_key, None, "a key file's key is never shown");
+        assert!(!f.dir.path().join(PREVIOUS_KEY_FILE).exists());
+        for vault in [&vault, &f.vault(None)] {
+            assert_eq!(vault.open("openai").unwrap(), VALUE);
+            assert_eq!(vault.open("github").unwrap(), "ghp-token");
+        }
+        let only_old = Keyring {
+            current: old,
+            previous: None,
+        };
+        for row in f.store.secrets().unwrap() {
+            assert!(vault.open_row(&only_old, &row).is_err(), "{}", row.name);
+            let forced = only_old.current.cipher.decrypt(
+                Nonce::from_slice(&row.nonce),
+                Payload {
+                    msg: &row.ciphertext,
+                    aad: row.name.as_bytes(),
+                },
+            );
+            assert!(forced.is_err(), "the old key still opens {}", row.name);
+        }
+    }
+
+    #[test]
+    fn with_the_key_in_the_environment_rotation_hands_the_new_key_back_once() {
+        let f = Fixture::new();
+        let old = env_key();
+        let vault = f.vault(Some(&old));
+        vault.set("openai", VALUE).unwrap();
+        let rotated = vault.rotate().unwrap();
+        let new = rotated.new_key.unwrap();
+        assert_eq!(rotated.key_source, KEY_ENV);
+        assert!(!f.key_file().exists(), "no key file is written beside the variable");
+        assert_eq!(vault.open("openai").unwrap(), VALUE);
+        assert_eq!(f.vault(Some(&new)).open("openai").unwrap(), VALUE);
+        assert!(f.vault(Some(&old)).open("openai").is_err());
+    }
+
+    /// The state a crash leaves between the key files' move and the transaction's commit: the
+    /// new key in `vault.key`, the old one in `vault.key.previous`, rows still under the old.
+    #[test]
+    fn a_rotation_cut_short_before_its_commit_still_opens_and_is_finished_at_next_use() {
+        let f = Fixture::new();
+        f.vault(None).set("openai", VALUE).unwrap();
+        let old_text = std::fs::read(f.key_file()).unwrap();
+        write_key_text(f.dir.path(), PREVIOUS_KEY_FILE, &old_text).unwrap();
+        write_key_file(f.dir.path(), KEY_FILE, &random::<KEY_LEN>().unwrap()).unwrap();
+
+        let restarted = f.vault(None);
+        assert_eq!(restarted.open("openai").unwrap(), VALUE);
+        assert!(!f.dir.path().join(PREVIOUS_KEY_FILE).exists());
+        let current = read_key_file(&f.key_file()).unwrap().unwrap();
+        assert_eq!(f.store.secret("openai").unwrap().unwrap().key_id, current.id);
+    }
 }
