@@ -32,6 +32,9 @@ pub enum SecretCommand {
 }
 
 pub async fn run(cmd: SecretCommand, state_dir: &Path, json: bool) -> Result<ExitCode> {
+    if let SecretCommand::Set { name } | SecretCommand::Rm { name } = &cmd {
+        check_name(name)?;
+    }
     let client = Client::discover(state_dir)?;
     match cmd {
         SecretCommand::Set { name } => {
@@ -103,6 +106,22 @@ pub async fn run(cmd: SecretCommand, state_dir: &Path, json: bool) -> Result<Exi
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// A name goes into the URL's path: one that could change the route (`/`, `?`, `#`) or need
+/// escaping is refused here; the gateway checks the rest of its rule.
+fn check_name(name: &str) -> Result<()> {
+    if !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+    {
+        return Ok(());
+    }
+    Err(Failure::Usage(format!(
+        "{name:?} is not a secret name: use letters, digits, `_`, `-` or `.`"
+    ))
+    .into())
 }
 
 /// The value from stdin, refused from a terminal (it would echo) and when empty; one trailing

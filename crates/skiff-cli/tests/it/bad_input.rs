@@ -131,6 +131,7 @@ fn an_existing_private_state_dir_still_works() {
 #[test]
 fn a_closed_stdout_ends_every_command_quietly() {
     let gw = Gateway::start(DONE);
+    let repo = TempGitRepo::new(&[("a.txt", "a\n")]);
     let id = gw.new_session(repo.path(), "fake/x", "hi");
     let root = tempfile::tempdir().unwrap();
     let root = root.path().to_str().unwrap();
