@@ -58,7 +58,9 @@ pub enum VaultError {
     InvalidName { name: String },
     #[error("the value of secret `{name}` is empty; pipe the value in on stdin")]
     EmptyValue { name: String },
-    #[error("the vault holds no secret `{name}`; set it with `skiff secret set {name}` (value on stdin)")]
+    #[error(
+        "the vault holds no secret `{name}`; set it with `skiff secret set {name}` (value on stdin)"
+    )]
     NotFound { name: String },
     #[error(
         "both {KEY_ENV} and {} hold a vault key, and the gateway will not guess which one sealed the secrets: unset {KEY_ENV} or remove the file",
@@ -71,8 +73,13 @@ pub enum VaultError {
         path.display()
     )]
     KeyFileMode { path: PathBuf, mode: u32 },
-    #[error("the vault key from {source_name} is not usable: {problem} (it must be 32 random bytes in base64, as `head -c 32 /dev/urandom | base64`)")]
-    BadKey { source_name: String, problem: String },
+    #[error(
+        "the vault key from {source_name} is not usable: {problem} (it must be 32 random bytes in base64, as `head -c 32 /dev/urandom | base64`)"
+    )]
+    BadKey {
+        source_name: String,
+        problem: String,
+    },
     #[error("cannot {action} the vault key file {}: {source}", path.display())]
     KeyFile {
         action: &'static str,
@@ -122,12 +129,10 @@ impl Key {
     }
 
     fn parse(text: &str, source_name: &str) -> Result<Key, VaultError> {
-        let bytes = BASE64
-            .decode(text.trim())
-            .map_err(|e| VaultError::BadKey {
-                source_name: source_name.to_owned(),
-                problem: format!("it is not base64 ({e})"),
-            })?;
+        let bytes = BASE64.decode(text.trim()).map_err(|e| VaultError::BadKey {
+            source_name: source_name.to_owned(),
+            problem: format!("it is not base64 ({e})"),
+        })?;
         Key::from_bytes(&bytes, source_name)
     }
 }
@@ -717,7 +722,10 @@ mod tests {
         let vault = f.vault(None);
         vault.set("openai", VALUE).unwrap();
         assert_eq!(vault.open("openai").unwrap(), VALUE);
-        let mode = std::fs::metadata(f.key_file()).unwrap().permissions().mode();
+        let mode = std::fs::metadata(f.key_file())
+            .unwrap()
+            .permissions()
+            .mode();
         assert_eq!(mode & 0o777, 0o600);
         // A restarted gateway reads the same key file.
         assert_eq!(f.vault(None).open("openai").unwrap(), VALUE);
@@ -836,7 +844,10 @@ mod tests {
         let rotated = vault.rotate().unwrap();
         let new = rotated.new_key.unwrap();
         assert_eq!(rotated.key_source, KEY_ENV);
-        assert!(!f.key_file().exists(), "no key file is written beside the variable");
+        assert!(
+            !f.key_file().exists(),
+            "no key file is written beside the variable"
+        );
         assert_eq!(vault.open("openai").unwrap(), VALUE);
         assert_eq!(f.vault(Some(&new)).open("openai").unwrap(), VALUE);
         assert!(f.vault(Some(&old)).open("openai").is_err());
@@ -856,6 +867,9 @@ mod tests {
         assert_eq!(restarted.open("openai").unwrap(), VALUE);
         assert!(!f.dir.path().join(PREVIOUS_KEY_FILE).exists());
         let current = read_key_file(&f.key_file()).unwrap().unwrap();
-        assert_eq!(f.store.secret("openai").unwrap().unwrap().key_id, current.id);
+        assert_eq!(
+            f.store.secret("openai").unwrap().unwrap().key_id,
+            current.id
+        );
     }
 }

@@ -33,7 +33,10 @@ pub type Result<T> = std::result::Result<T, Error>;
 pub trait Secrets: Send + Sync + std::fmt::Debug {
     /// The plaintext of secret `name`, or why it cannot be had. The error names the secret
     /// and the key source, never a value.
-    fn reveal(&self, name: &str) -> std::result::Result<String, Box<dyn std::error::Error + Send + Sync>>;
+    fn reveal(
+        &self,
+        name: &str,
+    ) -> std::result::Result<String, Box<dyn std::error::Error + Send + Sync>>;
 }
 
 /// Configuration errors found while building or querying the [`Catalog`]. Failures of a model

@@ -162,7 +162,11 @@ fn a_secret_piped_in_is_the_providers_key_survives_rotation_and_appears_nowhere_
 
     let out = gw.cli(&["secret", "set", "openai"], Some(&format!("{VALUE}\n")));
     assert!(out.status.success(), "{}", said(&out));
-    assert!(stdout(&out).contains("stored secret openai"), "{}", said(&out));
+    assert!(
+        stdout(&out).contains("stored secret openai"),
+        "{}",
+        said(&out)
+    );
     let key_file = gw.state().join("vault.key");
     let mode = std::fs::metadata(&key_file).unwrap().permissions().mode();
     assert_eq!(mode & 0o777, 0o600, "the key file is created private");
@@ -186,7 +190,11 @@ fn a_secret_piped_in_is_the_providers_key_survives_rotation_and_appears_nowhere_
     let old_key = std::fs::read(&key_file).unwrap();
     let out = gw.cli(&["secret", "rotate-key"], None);
     assert!(out.status.success(), "{}", said(&out));
-    assert!(stdout(&out).contains("sealed 1 secret(s)"), "{}", said(&out));
+    assert!(
+        stdout(&out).contains("sealed 1 secret(s)"),
+        "{}",
+        said(&out)
+    );
     assert_ne!(std::fs::read(&key_file).unwrap(), old_key);
     assert!(!gw.state().join("vault.key.previous").exists());
     let out = gw.session(repo.path());
@@ -207,7 +215,10 @@ fn a_secret_piped_in_is_the_providers_key_survives_rotation_and_appears_nowhere_
         assert!(!out.status.success(), "{args:?}");
         messages.push(said(&out));
     }
-    assert!(messages[2].contains("no secret `nothing-here`"), "{messages:?}");
+    assert!(
+        messages[2].contains("no secret `nothing-here`"),
+        "{messages:?}"
+    );
     assert!(messages.iter().all(|m| !m.contains(VALUE)), "{messages:?}");
 
     let store = skiff_store::Store::open(&gw.state().join("skiff.db")).unwrap();
@@ -235,8 +246,14 @@ fn a_secret_piped_in_is_the_providers_key_survives_rotation_and_appears_nowhere_
         "the value reached the gateway's log"
     );
     // The database holds the value only sealed; no other file of the state dir holds it.
-    assert_eq!(files_containing(&gw.state(), VALUE.as_bytes()), Vec::<PathBuf>::new());
-    assert_eq!(files_containing(repo.path(), VALUE.as_bytes()), Vec::<PathBuf>::new());
+    assert_eq!(
+        files_containing(&gw.state(), VALUE.as_bytes()),
+        Vec::<PathBuf>::new()
+    );
+    assert_eq!(
+        files_containing(repo.path(), VALUE.as_bytes()),
+        Vec::<PathBuf>::new()
+    );
 
     let out = gw.cli(&["secret", "rm", "openai"], None);
     assert!(out.status.success(), "{}", said(&out));
@@ -274,7 +291,10 @@ fn a_wrong_vault_key_or_one_others_can_read_is_refused_with_a_clear_error() {
         text.contains("sealed with another key") && text.contains("SKIFF_VAULT_KEY"),
         "{text}"
     );
-    assert!(fake.requests().is_empty(), "no request went out without its key");
+    assert!(
+        fake.requests().is_empty(),
+        "no request went out without its key"
+    );
 
     let out = gw.cli(&["secret", "rotate-key"], None);
     assert_eq!(out.status.code(), Some(7), "{}", said(&out));
