@@ -149,6 +149,11 @@ impl Client {
         Err(Failure::Refused(err).into())
     }
 
+    /// The HTTP client, for a request the helpers below do not shape (a `PUT`).
+    pub(crate) fn http(&self) -> &reqwest::Client {
+        &self.http
+    }
+
     pub(crate) fn get(&self, path: &str) -> reqwest::RequestBuilder {
         self.http.get(format!("{}{path}", self.url))
     }

@@ -11,6 +11,7 @@ mod env;
 mod gateway;
 mod render;
 mod results;
+mod secret;
 mod session;
 mod ui;
 mod worker;
@@ -30,7 +31,8 @@ const EXIT_CODES: &str = "Exit codes:
   7  the gateway's own fault (its log has the cause)
 
 Environment:
-  SKIFF_URL, SKIFF_TOKEN   the gateway to talk to (win over <state-dir>/gateway.json)";
+  SKIFF_URL, SKIFF_TOKEN   the gateway to talk to (win over <state-dir>/gateway.json)
+  SKIFF_VAULT_KEY          the gateway's vault key (base64 of 32 bytes) instead of <state-dir>/vault.key";
 
 #[derive(Parser)]
 #[command(
@@ -70,6 +72,9 @@ enum Command {
     Box(boxes::BoxArgs),
     /// Run the whole flow offline: a gateway, a sample repository, a session that edits, tests and commits
     Demo(demo::DemoArgs),
+    /// Keep provider keys and tokens sealed in the gateway's vault (`api_key = "vault:NAME"`)
+    #[command(subcommand)]
+    Secret(secret::SecretCommand),
     /// Print a one-use login link for the Control UI in a browser
     Ui(ui::UiArgs),
     /// Check this machine for what worker boxes need (root, sshd, rsync, namespaces…)
@@ -96,6 +101,7 @@ fn without_json_form(command: &Command) -> Option<&'static str> {
         | Command::Box(_)
         | Command::Demo(_)
         | Command::Ui(_)
+        | Command::Secret(_)
         | Command::Doctor => None,
     }
 }
@@ -180,6 +186,7 @@ fn main() -> ExitCode {
             Command::Env(cmd) => env::run(cmd, &state_dir, json).await,
             Command::Box(args) => boxes::run(args, &state_dir, json).await,
             Command::Ui(args) => ui::run(args, &state_dir, json).await,
+            Command::Secret(cmd) => secret::run(cmd, &state_dir, json).await,
             Command::Worker(args) => worker::run(args).await,
             Command::Doctor => doctor::run(json).await,
             // Answered above, before a runtime exists.

@@ -32,6 +32,8 @@ pub enum Error {
     /// The ledger of running tool commands (`<state>/procs/`) could not be read or cleared.
     #[error(transparent)]
     Process(#[from] skiff_process::Error),
+    #[error(transparent)]
+    Vault(#[from] crate::vault::VaultError),
     /// The request is malformed, or asks for what can never be done: the client's to fix.
     #[error("{0}")]
     BadRequest(String),
@@ -87,6 +89,7 @@ impl Error {
             Error::Ssh(e) => ssh_code(e),
             Error::Sync(e) => sync_code(e),
             Error::Process(e) => process_code(e),
+            Error::Vault(e) => vault_code(e),
             Error::BadRequest(_) => ErrorCode::BadRequest,
             Error::Forbidden(_) => ErrorCode::Forbidden,
             Error::NotFound(_) => ErrorCode::NotFound,
@@ -253,6 +256,24 @@ fn sync_code(e: &skiff_sync::Error) -> ErrorCode {
         Y::Io { .. } | Y::Invalid { .. } => ErrorCode::Internal,
         Y::Process(p) => process_code(p),
         Y::Ssh(e) => ssh_code(e),
+    }
+}
+
+fn vault_code(e: &crate::vault::VaultError) -> ErrorCode {
+    use crate::vault::VaultError as V;
+    match e {
+        V::InvalidName { .. } | V::EmptyValue { .. } => ErrorCode::BadRequest,
+        V::NotFound { .. } => ErrorCode::NotFound,
+        // The gateway's key (its file, its environment) or its sealed rows: the operator's to
+        // fix on the gateway's side, and the message says how.
+        V::TwoKeys { .. }
+        | V::KeyFileMode { .. }
+        | V::BadKey { .. }
+        | V::KeyFile { .. }
+        | V::WrongKey { .. }
+        | V::NoKey { .. }
+        | V::Tampered { .. }
+        | V::Seal { .. } => ErrorCode::Internal,
     }
 }
 
@@ -466,6 +487,27 @@ mod tests {
                 skiff_process::Error::Ledger {
                     path: s("/state/procs"),
                     source: io(),
+                }
+                .into(),
+                500,
+                "internal",
+            ),
+            (
+                crate::vault::VaultError::InvalidName { name: s("a/b") }.into(),
+                400,
+                "bad_request",
+            ),
+            (
+                crate::vault::VaultError::NotFound { name: s("openai") }.into(),
+                404,
+                "not_found",
+            ),
+            (
+                crate::vault::VaultError::WrongKey {
+                    name: s("openai"),
+                    sealed_with: s("a"),
+                    source_name: s("SKIFF_VAULT_KEY"),
+                    current: s("b"),
                 }
                 .into(),
                 500,

@@ -28,6 +28,7 @@ pub mod state_dir;
 mod sync_api;
 mod transcript;
 mod ui;
+mod vault;
 mod worker;
 mod workspace;
 
@@ -85,6 +86,8 @@ pub(crate) struct Core {
     max_children: u64,
     /// Sessions whose workspace is being restored to a checkpoint: no turn is admitted.
     restoring: Mutex<std::collections::HashSet<skiff_protocol::SessionId>>,
+    /// Sealed secrets (`vault:NAME` in configuration); the catalog holds it too.
+    vault: Arc<vault::Vault>,
 }
 
 /// A started gateway.
@@ -174,8 +177,19 @@ pub(crate) async fn open_core(options: &Options) -> Result<(Arc<Core>, std::time
     let credential_ttl = config.gateway.worker_credential_ttl(&config_path)?;
     let turn_timeout = config.gateway.turn_timeout(&config_path)?;
     let config_dir = config_path.parent().map(PathBuf::from).unwrap_or_default();
-    let catalog = skiff_llm::Catalog::new(config.providers, config.models.default, &config_dir)?;
     let store = Arc::new(Store::open(&state.database())?);
+    // Read once: the variable is this process's, and no child inherits it (`skiff-process`).
+    let vault = Arc::new(vault::Vault::new(
+        store.clone(),
+        state.root(),
+        std::env::var(vault::KEY_ENV).ok(),
+    ));
+    let catalog = skiff_llm::Catalog::new(
+        config.providers,
+        config.models.default,
+        &config_dir,
+        Some(vault.clone() as Arc<dyn skiff_llm::Secrets>),
+    )?;
     let tokens = auth::Tokens::load(&store)?;
     let hub = Arc::new(Hub::new(store.clone()));
     let envs = Arc::new(environments::Environments::new(
@@ -208,6 +222,7 @@ pub(crate) async fn open_core(options: &Options) -> Result<(Arc<Core>, std::time
         turn_timeout,
         max_children: config.gateway.max_children.unwrap_or(4),
         restoring: Mutex::default(),
+        vault,
     });
     core.envs
         .set_readiness(Arc::new(worker::probe::Probe(Arc::downgrade(&core))));

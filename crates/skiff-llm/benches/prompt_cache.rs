@@ -156,7 +156,7 @@ async fn main() {
         fake.base_url()
     ))
     .unwrap();
-    let catalog = Catalog::new(providers, None, std::path::Path::new("/")).unwrap();
+    let catalog = Catalog::new(providers, None, std::path::Path::new("/"), None).unwrap();
 
     let mut request = context();
     let (mut all, mut warm) = (Totals::default(), Totals::default());

@@ -5,9 +5,9 @@
 //! skiff.toml (the gateway does, so key paths appear in errors) and knows no wire format.
 
 use crate::drive::{Failure, drive};
-use crate::http::HttpProvider;
+use crate::http::{HttpProvider, KeySource};
 use crate::scripted::Script;
-use crate::{CacheKey, Error, Result, anthropic, http, openai};
+use crate::{CacheKey, Error, Result, Secrets, anthropic, http, openai};
 use futures_util::stream::BoxStream;
 use serde::Deserialize;
 use skiff_protocol::api::{ModelPrices, ModelView};
@@ -35,6 +35,11 @@ pub struct ProviderConfig {
     /// The environment variable holding the API key; unset for local servers that need none.
     #[serde(default)]
     pub api_key_env: Option<String>,
+    /// Where the API key comes from: `"env:VAR"` (the gateway's environment) or `"vault:NAME"`
+    /// (a secret `skiff secret set NAME` stored). Read at each call, like `api_key_env`, which
+    /// is `"env:VAR"` spelled the old way; a provider has one or the other.
+    #[serde(default)]
+    pub api_key: Option<String>,
     /// Required for `api = "scripted"`; a relative path resolves against the config file's
     /// directory.
     #[serde(default)]
@@ -85,7 +90,7 @@ impl Api {
 }
 
 /// The configured providers. Cheap to clone; shared by every session. Holds no API key (keys
-/// are read from the environment per call), so `Debug` is safe to log.
+/// are read from the environment or the vault per call), so `Debug` is safe to log.
 #[derive(Clone, Debug)]
 pub struct Catalog {
     inner: Arc<Inner>,
@@ -111,10 +116,13 @@ impl Catalog {
     /// Validates every provider: `base_url` present and a valid http(s) URL for the HTTP apis,
     /// the script file readable and well-formed for `scripted`. Unless the configuration names
     /// a provider `scripted` itself, a built-in one with the single model `scripted/demo` exists.
+    /// `secrets` opens `api_key = "vault:NAME"` keys; without it such a provider's calls fail
+    /// saying the vault is not available.
     pub fn new(
         providers: BTreeMap<String, ProviderConfig>,
         default_model: Option<String>,
         config_dir: &Path,
+        secrets: Option<Arc<dyn Secrets>>,
     ) -> Result<Catalog> {
         let mut built = BTreeMap::new();
         let mut prices = BTreeMap::new();
@@ -123,7 +131,7 @@ impl Catalog {
                 let model_ref = format!("{name}/{model}");
                 prices.insert(model_ref, validated_prices(&name, &model, price)?);
             }
-            let provider = Provider::from_config(&name, config, config_dir)?;
+            let provider = Provider::from_config(&name, config, config_dir, secrets.as_ref())?;
             built.insert(name, provider);
         }
         if !built.contains_key(BUILTIN_SCRIPTED) {
@@ -223,7 +231,12 @@ impl Catalog {
 }
 
 impl Provider {
-    fn from_config(name: &str, config: ProviderConfig, config_dir: &Path) -> Result<Provider> {
+    fn from_config(
+        name: &str,
+        config: ProviderConfig,
+        config_dir: &Path,
+        secrets: Option<&Arc<dyn Secrets>>,
+    ) -> Result<Provider> {
         if name.contains('/') || ModelRef::parse(&format!("{name}/m")).is_none() {
             return Err(invalid(
                 name,
@@ -233,10 +246,12 @@ impl Provider {
         match config.api {
             Api::Scripted => scripted_provider(name, config, config_dir),
             Api::OpenaiCompletions => {
-                http_provider(name, config, "https://api.openai.com/v1").map(Provider::OpenAi)
+                http_provider(name, config, "https://api.openai.com/v1", secrets)
+                    .map(Provider::OpenAi)
             }
             Api::AnthropicMessages => {
-                http_provider(name, config, "https://api.anthropic.com").map(Provider::Anthropic)
+                http_provider(name, config, "https://api.anthropic.com", secrets)
+                    .map(Provider::Anthropic)
             }
         }
     }
@@ -248,6 +263,9 @@ fn scripted_provider(name: &str, config: ProviderConfig, config_dir: &Path) -> R
     }
     if config.api_key_env.is_some() {
         return Err(unused(name, config.api, "api_key_env"));
+    }
+    if config.api_key.is_some() {
+        return Err(unused(name, config.api, "api_key"));
     }
     let Some(script) = config.script else {
         return Err(invalid(
@@ -270,7 +288,12 @@ fn scripted_provider(name: &str, config: ProviderConfig, config_dir: &Path) -> R
     })
 }
 
-fn http_provider(name: &str, config: ProviderConfig, example_url: &str) -> Result<HttpProvider> {
+fn http_provider(
+    name: &str,
+    config: ProviderConfig,
+    example_url: &str,
+    secrets: Option<&Arc<dyn Secrets>>,
+) -> Result<HttpProvider> {
     if config.script.is_some() {
         return Err(unused(name, config.api, "script"));
     }
@@ -301,13 +324,47 @@ fn http_provider(name: &str, config: ProviderConfig, example_url: &str) -> Resul
             "idle_timeout_s must be at least 1".to_owned(),
         ));
     }
+    let key = match (config.api_key_env, config.api_key) {
+        (Some(_), Some(_)) => {
+            return Err(invalid(
+                name,
+                "set `api_key` or `api_key_env`, not both (`api_key_env = \"VAR\"` is `api_key = \"env:VAR\"`)".to_owned(),
+            ));
+        }
+        (Some(var), None) => Some(KeySource::Env { var }),
+        (None, Some(text)) => Some(key_source(name, &text)?),
+        (None, None) => None,
+    };
     Ok(HttpProvider {
         name: name.to_owned(),
         base_url: base_url.trim_end_matches('/').to_owned(),
-        api_key_env: config.api_key_env,
+        key,
+        secrets: secrets.cloned(),
         idle_timeout: Duration::from_secs(idle_timeout_s),
         max_retries: config.max_retries.unwrap_or(DEFAULT_MAX_RETRIES),
     })
+}
+
+/// `api_key = "env:VAR"` or `"vault:NAME"`; the value itself never appears in configuration.
+fn key_source(provider: &str, text: &str) -> Result<KeySource> {
+    let named = |rest: &str| {
+        !rest.is_empty()
+            && rest
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+    };
+    match text.split_once(':') {
+        Some(("env", var)) if named(var) => Ok(KeySource::Env {
+            var: var.to_owned(),
+        }),
+        Some(("vault", secret)) if named(secret) => Ok(KeySource::Vault {
+            secret: secret.to_owned(),
+        }),
+        _ => Err(invalid(
+            provider,
+            "`api_key` must be \"env:VAR\" (the gateway's environment) or \"vault:NAME\" (a secret stored with `skiff secret set NAME`), never the key itself".to_owned(),
+        )),
+    }
 }
 
 /// Prices must be finite and not negative, and name a model id that can be part of a model ref.

@@ -51,27 +51,58 @@ pub(crate) struct HttpProvider {
     pub(crate) name: String,
     /// Without a trailing `/`.
     pub(crate) base_url: String,
-    pub(crate) api_key_env: Option<String>,
+    pub(crate) key: Option<KeySource>,
+    /// Opens `vault:` keys; the gateway's vault.
+    pub(crate) secrets: Option<std::sync::Arc<dyn crate::Secrets>>,
     pub(crate) idle_timeout: Duration,
     pub(crate) max_retries: u32,
 }
 
+/// Where a provider's API key is read from at each call.
+#[derive(Debug, Clone)]
+pub(crate) enum KeySource {
+    /// The gateway's environment (`api_key_env = "VAR"` or `api_key = "env:VAR"`).
+    Env { var: String },
+    /// A secret of the gateway's vault.
+    Vault { secret: String },
+}
+
+impl KeySource {
+    /// Where to look when the key is refused: "OPENAI_API_KEY", "vault secret `openai`".
+    fn place(&self) -> String {
+        match self {
+            KeySource::Env { var, .. } => var.clone(),
+            KeySource::Vault { secret } => format!("vault secret `{secret}`"),
+        }
+    }
+}
+
 impl HttpProvider {
     /// Read at call time, not at startup, so that a key set or rotated in the gateway's
-    /// environment takes effect without touching the configuration.
+    /// environment or vault takes effect without touching the configuration.
     fn api_key(&self) -> Result<Option<String>, Failure> {
-        let Some(var) = &self.api_key_env else {
-            return Ok(None);
-        };
-        match std::env::var(var) {
-            Ok(key) if !key.trim().is_empty() => Ok(Some(key)),
-            _ => Err(Failure::new(
-                ModelErrorKind::Configuration,
-                format!(
-                    "provider `{}` needs an API key: set {var} in the gateway's environment",
-                    self.name
-                ),
-            )),
+        let name = &self.name;
+        let missing = |message: String| Failure::new(ModelErrorKind::Configuration, message);
+        match &self.key {
+            None => Ok(None),
+            Some(KeySource::Env { var }) => match std::env::var(var) {
+                Ok(key) if !key.trim().is_empty() => Ok(Some(key)),
+                _ => Err(missing(format!(
+                    "provider `{name}` needs an API key: set {var} in the gateway's environment"
+                ))),
+            },
+            Some(KeySource::Vault { secret }) => {
+                let Some(secrets) = &self.secrets else {
+                    return Err(missing(format!(
+                        "provider `{name}`: providers.{name}.api_key names vault secret `{secret}`, but this process has no vault"
+                    )));
+                };
+                secrets.reveal(secret).map(Some).map_err(|e| {
+                    missing(format!(
+                        "provider `{name}`: providers.{name}.api_key = \"vault:{secret}\": {e}"
+                    ))
+                })
+            }
         }
     }
 
@@ -237,7 +268,10 @@ fn headers<A: Adapter>(provider: &HttpProvider, key: Option<&str>) -> Result<Hea
                 format!(
                     "provider `{}`: the value for header `{header}` cannot be sent over HTTP; check the API key in {}",
                     provider.name,
-                    provider.api_key_env.as_deref().unwrap_or("api_key_env"),
+                    provider
+                        .key
+                        .as_ref()
+                        .map_or_else(|| "api_key".to_owned(), KeySource::place),
                 ),
             )
         })?;
@@ -261,10 +295,10 @@ fn status_failure(
             format!("provider `{name}` failed ({http}); try again later"),
         );
     }
-    let hint = match (status.as_u16(), &provider.api_key_env) {
-        (401 | 403, Some(var)) => format!("; check the API key in {var}"),
+    let hint = match (status.as_u16(), &provider.key) {
+        (401 | 403, Some(key)) => format!("; check the API key in {}", key.place()),
         (401 | 403, None) => {
-            format!("; the provider may need an API key: set api_key_env in [providers.{name}]")
+            format!("; the provider may need an API key: set api_key in [providers.{name}]")
         }
         (404, _) => format!(
             "; check base_url and that the model `{}` exists",

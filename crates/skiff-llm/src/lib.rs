@@ -28,6 +28,17 @@ use std::path::PathBuf;
 
 pub type Result<T> = std::result::Result<T, Error>;
 
+/// Where `api_key = "vault:NAME"` keys are opened: the gateway's vault. Asked at each call, so
+/// a secret set or rotated reaches the next request.
+pub trait Secrets: Send + Sync + std::fmt::Debug {
+    /// The plaintext of secret `name`, or why it cannot be had. The error names the secret
+    /// and the key source, never a value.
+    fn reveal(
+        &self,
+        name: &str,
+    ) -> std::result::Result<String, Box<dyn std::error::Error + Send + Sync>>;
+}
+
 /// Configuration errors found while building or querying the [`Catalog`]. Failures of a model
 /// call are not errors of this type: they arrive in the stream as `ModelEvent::Error`.
 #[derive(Debug, thiserror::Error)]

@@ -1,5 +1,6 @@
 //! Types that cross a process boundary: ids, API payloads (sessions, environments, sync),
-//! live events, transcript entries, the normalized model conversation, the lease-CLI contract
+//! the vault's secrets (names and dates; a value only as a request body), live events,
+//! transcript entries, the normalized model conversation, the lease-CLI contract
 //! and the worker protocol.
 //!
 //! This crate is serde types only. It deliberately has no tokio, no I/O and no behaviour beyond
@@ -12,6 +13,7 @@ pub mod event;
 pub mod ids;
 pub mod lease;
 pub mod model;
+pub mod secrets;
 pub mod sync;
 pub mod transcript;
 pub mod worker;

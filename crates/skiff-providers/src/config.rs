@@ -120,7 +120,8 @@ pub struct ProfileConfig {
     /// How many times one turn may fail over to a fresh box (default 2).
     #[serde(default)]
     pub failover_attempts: Option<u32>,
-    /// Secrets for setup only: `NAME = "env:GATEWAY_VAR"`, read from the gateway's environment.
+    /// Secrets for setup only: `NAME = "env:GATEWAY_VAR"` (the gateway's environment) or
+    /// `NAME = "vault:SECRET"` (the gateway's vault).
     #[serde(default)]
     pub setup_env: std::collections::BTreeMap<String, String>,
     /// Files whose contents key a prepared-box snapshot (lockfiles), besides the script's own
@@ -356,9 +357,14 @@ impl ProfileConfig {
         duration("", "stall_timeout", self.stall_timeout.as_deref(), "15m")
     }
 
-    /// Setup's secrets, each read from the gateway's environment now. An error names the key
-    /// and the variable, never a value.
-    pub fn setup_secrets(&self, name: &str) -> Result<Vec<(String, String)>> {
+    /// Setup's secrets, each read now: `env:VAR` from the gateway's environment, `vault:NAME`
+    /// through `vault` (the gateway's vault; its error says why a secret cannot be had). An
+    /// error names the key and the variable or secret, never a value.
+    pub fn setup_secrets(
+        &self,
+        name: &str,
+        vault: &dyn Fn(&str) -> std::result::Result<String, String>,
+    ) -> Result<Vec<(String, String)>> {
         let bad = |problem: String| Error::Config {
             profile: name.to_owned(),
             problem,
@@ -370,9 +376,16 @@ impl ProfileConfig {
                     "`setup_env.{key}` is not an environment variable name (letters, digits, _)"
                 )));
             }
+            if let Some(secret) = source.strip_prefix("vault:").filter(|v| !v.is_empty()) {
+                let value = vault(secret).map_err(|problem| {
+                    bad(format!("`setup_env.{key} = \"vault:{secret}\"`: {problem}"))
+                })?;
+                secrets.push((key.clone(), value));
+                continue;
+            }
             let Some(var) = source.strip_prefix("env:").filter(|v| is_env_name(v)) else {
                 return Err(bad(format!(
-                    "`setup_env.{key} = {source:?}` must name a gateway environment variable, like \"env:NPM_TOKEN\""
+                    "`setup_env.{key} = {source:?}` must name a gateway environment variable or a vault secret, like \"env:NPM_TOKEN\" or \"vault:npm\""
                 )));
             };
             let value = std::env::var(var).map_err(|_| {

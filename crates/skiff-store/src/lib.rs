@@ -1,9 +1,10 @@
 //! SQLite persistence for the gateway: sessions, the transcript tree, runs and their state
 //! machine, attempts, the per-session event log, environments, snapshots, tokens and audit
-//! rows.
+//! rows, and the vault's sealed secrets.
 //!
 //! This is the only crate that speaks SQL. Every table but the worker protocol's own
-//! (`worker_ops`, `worker_cursors`, `worker_credentials`) carries `owner_id` and `tenant_id`,
+//! (`worker_ops`, `worker_cursors`, `worker_credentials`) and the gateway-wide vault
+//! (`secrets`, admin only) carries `owner_id` and `tenant_id`,
 //! and every query a client's request reaches filters by the caller's [`Scope`]: a caller
 //! asking for someone else's row gets "not found". The unscoped queries are the gateway's own
 //! work across scopes (token verification, restart reconciliation, worker slots, snapshot
@@ -24,6 +25,7 @@ mod metrics;
 mod migrations;
 mod placements;
 mod runs;
+mod secrets;
 mod sessions;
 mod snapshots;
 mod tokens;
@@ -37,6 +39,7 @@ pub use ids::mint;
 pub use metrics::{EgressTotals, Gauges};
 pub use placements::{CachedOp, IdlePlacement, PlacementChange, PlacementRow, WorkerSlots};
 pub use runs::{AttemptRow, AttemptStatus, Resume, RunRow};
+pub use secrets::{Resealed, SecretRow};
 pub use sessions::{NewSession, SessionRow};
 pub use snapshots::{NewSnapshot, SnapshotRow};
 pub use tokens::AuditRow;

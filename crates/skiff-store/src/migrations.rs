@@ -262,6 +262,21 @@ ALTER TABLE attempts ADD COLUMN error TEXT;
 ALTER TABLE sessions ADD COLUMN parent_id TEXT REFERENCES sessions(id);
 CREATE INDEX sessions_by_parent ON sessions(parent_id) WHERE parent_id IS NOT NULL;
 "#,
+    r#"
+-- The vault: each secret sealed with AES-256-GCM under a key kept outside the database (a key
+-- file or SKIFF_VAULT_KEY); the secret's name is the AAD, so a ciphertext moved to another name
+-- does not open. `key_id` names the key that sealed it (a hash of the key, never the key), so
+-- a rotation cut short still finds the right key. The gateway's own, like its configuration:
+-- no owner or tenant, and only the admin reaches it.
+CREATE TABLE secrets (
+    name          TEXT PRIMARY KEY,
+    ciphertext    BLOB NOT NULL,
+    nonce         BLOB NOT NULL,
+    key_id        TEXT NOT NULL,
+    created_at_ms INTEGER NOT NULL,
+    updated_at_ms INTEGER NOT NULL
+);
+"#,
 ];
 
 pub(crate) fn migrate(conn: &mut Connection) -> Result<()> {

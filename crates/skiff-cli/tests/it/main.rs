@@ -31,6 +31,7 @@ mod snapshots_cli;
 mod sync;
 mod ui;
 mod usage;
+mod vault;
 mod worker;
 mod worker_faults;
 mod worker_hostile;

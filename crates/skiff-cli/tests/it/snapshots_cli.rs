@@ -170,6 +170,7 @@ fn top_level_help() {
           env          Lease, inspect and tear down worker boxes
           box          This machine's local boxes behind the lease-CLI contract (what `command` providers run)
           demo         Run the whole flow offline: a gateway, a sample repository, a session that edits, tests and commits
+          secret       Keep provider keys and tokens sealed in the gateway's vault (`api_key = "vault:NAME"`)
           ui           Print a one-use login link for the Control UI in a browser
           doctor       Check this machine for what worker boxes need (root, sshd, rsync, namespaces…)
           completions  Print a shell completion script: `skiff completions bash > /etc/bash_completion.d/skiff`
@@ -195,6 +196,7 @@ fn top_level_help() {
 
         Environment:
           SKIFF_URL, SKIFF_TOKEN   the gateway to talk to (win over <state-dir>/gateway.json)
+          SKIFF_VAULT_KEY          the gateway's vault key (base64 of 32 bytes) instead of <state-dir>/vault.key
 
         ----- stderr -----
     "#);

@@ -138,7 +138,9 @@ impl Core {
     ) -> Result<Option<SetupPlan>> {
         let config = self.envs.profile_config(profile)?;
         let timeout = config.setup_timeout()?;
-        let secrets = config.setup_secrets(profile)?;
+        let secrets = config.setup_secrets(profile, &|secret| {
+            skiff_llm::Secrets::reveal(self.vault.as_ref(), secret).map_err(|e| e.to_string())
+        })?;
         let workspace = Path::new(session.workspace.path());
         let script = workspace.join(SETUP_SCRIPT);
         let (label, command, text) = match &config.setup {

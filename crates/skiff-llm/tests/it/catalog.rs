@@ -24,6 +24,7 @@ fn new_catalog(providers_toml: &str, default: Option<&str>) -> Result<Catalog, S
         providers,
         default.map(str::to_owned),
         Path::new("/etc/skiff"),
+        None,
     )
     .map_err(|e| e.to_string())
 }
@@ -194,7 +195,7 @@ fn an_invalid_script_file_is_named_with_the_problem() {
         path.display()
     );
     let providers: BTreeMap<String, ProviderConfig> = toml::from_str(&providers).unwrap();
-    let err = Catalog::new(providers, None, Path::new("/elsewhere"))
+    let err = Catalog::new(providers, None, Path::new("/elsewhere"), None)
         .unwrap_err()
         .to_string();
     assert!(

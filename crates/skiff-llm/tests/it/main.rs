@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 /// A catalog from the body of a skiff.toml `[providers]` section, as the gateway builds it.
 pub fn catalog_in(providers_toml: &str, config_dir: &Path) -> Catalog {
     let providers: BTreeMap<String, ProviderConfig> = toml::from_str(providers_toml).unwrap();
-    Catalog::new(providers, None, config_dir).unwrap()
+    Catalog::new(providers, None, config_dir, None).unwrap()
 }
 
 pub fn catalog(providers_toml: &str) -> Catalog {
