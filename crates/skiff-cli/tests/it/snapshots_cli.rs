@@ -386,3 +386,77 @@ fn env_list_lines_its_columns_up() {
     "#);
     crate::env::destroy(&gw, env["id"].as_str().unwrap());
 }
+
+#[test]
+fn env_create_and_show_read_well() {
+    let root = crate::env::BoxRoot::new();
+    let gw = Gateway::start_with("", &crate::env::profiles(&root));
+    let tmp = gw.state_dir.parent().unwrap().to_owned();
+    let _guard = settings(&[(root.path(), "[BOXES]"), (&tmp, "[GW]")]).bind_to_scope();
+    let created = gw.run(&["env", "create", "--profile", "local"]);
+    let id = String::from_utf8_lossy(&created.stdout)
+        .split_whitespace()
+        .find(|w| w.starts_with("env_"))
+        .unwrap()
+        .to_owned();
+    insta::assert_snapshot!(render(&created), @r"
+    success: true
+    exit_code: 0
+    ----- stdout -----
+    environment  env_xxxxxxxxxxxxxxxx
+    state        idle
+    profile      local · provider local
+    lease        lbx_xxxxxxxxxxxx
+    ssh          skf-[HASH]@127.0.0.1:[PORT]
+    bundle       [HASH]
+    age          Ns ago · idle since Ns ago
+    sessions     -
+    tunnel       none
+    egress       0 model requests · tokens 0 in / 0 out · bytes 0 in / 0 out · 0 gateway-tool calls
+
+    ----- stderr -----
+       [DURATION]  env_xxxxxxxxxxxxxxxx  requested
+       [DURATION]  env_xxxxxxxxxxxxxxxx  provisioning
+       [DURATION]  env_xxxxxxxxxxxxxxxx  bootstrapping
+       [DURATION]  env_xxxxxxxxxxxxxxxx  idle
+    ");
+    insta::assert_snapshot!(run(gw.cli().args(["env", "show", &id])), @r"
+    success: true
+    exit_code: 0
+    ----- stdout -----
+    environment  env_xxxxxxxxxxxxxxxx
+    state        idle
+    profile      local · provider local
+    lease        lbx_xxxxxxxxxxxx
+    ssh          skf-[HASH]@127.0.0.1:[PORT]
+    bundle       [HASH]
+    age          Ns ago · idle since Ns ago
+    sessions     -
+    tunnel       none
+    egress       0 model requests · tokens 0 in / 0 out · bytes 0 in / 0 out · 0 gateway-tool calls
+
+    ----- stderr -----
+    ");
+    crate::env::destroy(&gw, &id);
+}
+
+#[test]
+fn session_watch_of_a_finished_session_reads_well() {
+    let gw = Gateway::start(FIX_TYPO);
+    let repo = TempGitRepo::new(&[("notes.txt", "draft notes\n")]);
+    let tmp = gw.state_dir.parent().unwrap().to_owned();
+    let _guard = settings(&[(repo.path(), "[REPO]"), (&tmp, "[GW]")]).bind_to_scope();
+    let id = gw.new_session(repo.path(), "fake/x", "check the notes");
+    insta::assert_snapshot!(run(gw.cli().args(["session", "watch", &id])), @r"
+    success: true
+    exit_code: 0
+    ----- stdout -----
+    Checking the file.
+      ▸ exec cat notes.txt  ✓ exit 0 · [DURATION]
+          draft notes
+    The notes are fine.
+
+    ----- stderr -----
+    ✓ run succeeded
+    ");
+}
