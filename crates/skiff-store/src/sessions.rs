@@ -99,7 +99,7 @@ impl Store {
         let conn = self.conn();
         let mut stmt = conn.prepare_cached(&format!(
             "SELECT {COLUMNS} FROM sessions WHERE parent_id = ?1 AND owner_id = ?2 \
-             AND tenant_id = ?3 ORDER BY created_at_ms, id"
+             AND tenant_id = ?3 ORDER BY created_at_ms, rowid"
         ))?;
         let rows = stmt
             .query_map(
