@@ -24,7 +24,10 @@ pub(crate) fn messages(entries: &[TranscriptEntry]) -> Vec<Message> {
         match &entry.body {
             EntryBody::UserMessage { text } => messages.push(Message::User { text: text.clone() }),
             EntryBody::AssistantMessage {
-                text, tool_calls, ..
+                text,
+                tool_calls,
+                reasoning,
+                ..
             } => {
                 unanswered = tool_calls
                     .iter()
@@ -33,6 +36,7 @@ pub(crate) fn messages(entries: &[TranscriptEntry]) -> Vec<Message> {
                 messages.push(Message::Assistant {
                     text: text.clone(),
                     tool_calls: tool_calls.clone(),
+                    reasoning: reasoning.clone(),
                 })
             }
             EntryBody::ToolResult {
@@ -40,6 +44,7 @@ pub(crate) fn messages(entries: &[TranscriptEntry]) -> Vec<Message> {
                 name,
                 content,
                 is_error,
+                images,
             } => {
                 unanswered.retain(|(id, _)| id != call_id);
                 messages.push(Message::ToolResult {
@@ -47,6 +52,7 @@ pub(crate) fn messages(entries: &[TranscriptEntry]) -> Vec<Message> {
                     name: name.clone(),
                     content: content.clone(),
                     is_error: *is_error,
+                    images: images.clone(),
                 })
             }
             EntryBody::Notice { .. } => {}
@@ -69,6 +75,7 @@ fn answer_lost(messages: &mut Vec<Message>, unanswered: &mut Vec<(String, String
             name,
             content: LOST_RESULT.to_owned(),
             is_error: true,
+            images: Vec::new(),
         });
     }
 }
@@ -101,6 +108,7 @@ mod tests {
             entry(
                 1,
                 EntryBody::AssistantMessage {
+                    reasoning: Vec::new(),
                     text: String::new(),
                     tool_calls: vec![call],
                     model: "m".into(),
@@ -120,6 +128,7 @@ mod tests {
         assert_eq!(
             messages[2],
             Message::ToolResult {
+                images: Vec::new(),
                 call_id: "c1".into(),
                 name: "exec".into(),
                 content: LOST_RESULT.into(),

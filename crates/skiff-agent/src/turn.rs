@@ -6,7 +6,9 @@ use crate::{BackendError, ModelClient, SessionBackend, context, instructions};
 use futures_util::StreamExt;
 use skiff_protocol::EntryId;
 use skiff_protocol::event::EventKind;
-use skiff_protocol::model::{ModelEvent, ModelRef, ModelRequest, StopReason, ToolCall, Usage};
+use skiff_protocol::model::{
+    ModelEvent, ModelRef, ModelRequest, Reasoning, ReasoningEffort, StopReason, ToolCall, Usage,
+};
 use skiff_protocol::transcript::EntryBody;
 use std::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -19,6 +21,8 @@ pub struct AgentConfig {
     pub model_label: String,
     pub max_steps: usize,
     pub max_output_tokens: u32,
+    /// The session's `--reasoning` choice; `None` leaves it to the model's setting.
+    pub reasoning: Option<ReasoningEffort>,
 }
 
 /// How a turn ended.
@@ -85,6 +89,7 @@ async fn drive<M: ModelClient, B: SessionBackend>(
             messages: context::messages(&entries),
             tools: tools.specs(),
             max_output_tokens: config.max_output_tokens,
+            reasoning: config.reasoning,
         };
         backend
             .publish(EventKind::ModelRequest {
@@ -106,10 +111,13 @@ async fn drive<M: ModelClient, B: SessionBackend>(
             model: config.model_label.clone(),
             usage: reply.usage,
             stop_reason: reply.stop_reason,
+            // Kept even when interrupted: it is what the model said, and only a complete
+            // block (with its signature) ever reaches here.
+            reasoning: reply.reasoning.clone(),
         };
         if interrupted {
             let mut bodies = Vec::new();
-            if !reply.text.is_empty() {
+            if !reply.text.is_empty() || !reply.reasoning.is_empty() {
                 bodies.push(assistant);
             }
             let outcome = match reply.error {
@@ -187,6 +195,7 @@ async fn commit<B: SessionBackend>(
 
 struct Reply {
     text: String,
+    reasoning: Vec<Reasoning>,
     tool_calls: Vec<ToolCall>,
     usage: Usage,
     stop_reason: StopReason,
@@ -201,6 +210,7 @@ async fn stream_reply<M: ModelClient, B: SessionBackend>(
 ) -> Reply {
     let mut reply = Reply {
         text: String::new(),
+        reasoning: Vec::new(),
         tool_calls: Vec::new(),
         usage: Usage::default(),
         stop_reason: StopReason::Other,
@@ -213,6 +223,8 @@ async fn stream_reply<M: ModelClient, B: SessionBackend>(
                 reply.text.push_str(&text);
                 backend.publish(EventKind::TextDelta { text }).await;
             }
+            ModelEvent::ReasoningDelta { .. } => {}
+            ModelEvent::Reasoning { reasoning } => reply.reasoning.push(reasoning),
             ModelEvent::ToolCall { call } => reply.tool_calls.push(call),
             ModelEvent::Usage { usage } => reply.usage.add(usage),
             ModelEvent::Done { stop_reason } => {
@@ -270,5 +282,6 @@ async fn run_tool<B: SessionBackend>(
         name: call.name.clone(),
         content: output.content,
         is_error: output.is_error,
+        images: output.images,
     }
 }

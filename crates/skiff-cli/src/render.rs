@@ -250,6 +250,7 @@ impl Live {
                     name,
                     content,
                     is_error,
+                    ..
                 } => self.show_result(call_id, name, content, *is_error)?,
                 EntryBody::AssistantMessage { tool_calls, .. } => {
                     for call in tool_calls {
@@ -838,6 +839,7 @@ pub fn transcript(entries: &[TranscriptEntry], detail: Detail) -> String {
                 name,
                 content,
                 is_error,
+                ..
             } => {
                 let summary = open
                     .iter()

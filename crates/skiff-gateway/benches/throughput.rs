@@ -58,6 +58,7 @@ fn batch() -> Vec<EntryBody> {
         .map(|i| {
             if i % 2 == 0 {
                 EntryBody::AssistantMessage {
+                    reasoning: Vec::new(),
                     text:
                         "I'll read the file and then fix the failing assertion in the parser test."
                             .into(),
@@ -72,6 +73,7 @@ fn batch() -> Vec<EntryBody> {
                 }
             } else {
                 EntryBody::ToolResult {
+                    images: Vec::new(),
                     call_id: format!("call_{i}"),
                     name: "read".into(),
                     content: "     1\tfn parse(input: &str) -> Result<Ast> {\n     2\t    todo\n"

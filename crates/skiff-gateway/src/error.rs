@@ -201,6 +201,7 @@ fn model_code(e: &skiff_llm::Error) -> ErrorCode {
         | L::UnknownProvider { .. }
         | L::UnknownScriptedModel { .. }
         | L::InvalidPrice { .. }
+        | L::InvalidModelSetting { .. }
         | L::InvalidDefaultModel(_) => ErrorCode::BadModel,
         L::HttpClient(_) => ErrorCode::Internal,
     }

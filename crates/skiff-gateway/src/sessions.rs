@@ -550,6 +550,7 @@ impl Core {
             model,
             max_steps: MAX_STEPS,
             max_output_tokens: MAX_OUTPUT_TOKENS,
+            reasoning: None,
         };
         let mut tools = Tools::new(session.workspace.path().into(), Vec::new())
             .map_err(|e| {

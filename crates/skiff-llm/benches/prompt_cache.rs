@@ -53,6 +53,7 @@ fn context() -> ModelRequest {
         }),
     };
     ModelRequest {
+        reasoning: None,
         model: ModelRef::parse("anthropic/claude-sonnet-4-5").unwrap(),
         system: rule.repeat(60),
         messages: Vec::new(),
@@ -190,12 +191,15 @@ async fn main() {
                         }
                     }
                     ModelEvent::Error { message, .. } => panic!("{message}"),
-                    ModelEvent::Done { .. } => {}
+                    ModelEvent::Done { .. }
+                    | ModelEvent::ReasoningDelta { .. }
+                    | ModelEvent::Reasoning { .. } => {}
                 }
             }
             let results: Vec<Message> = tool_calls
                 .iter()
                 .map(|call| Message::ToolResult {
+                    images: Vec::new(),
                     call_id: call.id.clone(),
                     name: call.name.clone(),
                     content: tool_output(call, turn),
@@ -203,9 +207,11 @@ async fn main() {
                 })
                 .collect();
             let done = tool_calls.is_empty();
-            request
-                .messages
-                .push(Message::Assistant { text, tool_calls });
+            request.messages.push(Message::Assistant {
+                reasoning: Vec::new(),
+                text,
+                tool_calls,
+            });
             request.messages.extend(results);
             if done {
                 break;

@@ -3,10 +3,10 @@
 //!
 //! The transport (sending, retries, timeouts, HTTP errors) is `http`'s, not this module's.
 
-use crate::CacheKey;
 use crate::drive::Failure;
 use crate::http::{Adapter, malformed, tool_arguments};
 use crate::sse::SseEvent;
+use crate::{CacheKey, ModelSettings};
 use reqwest::header::HeaderName;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -29,7 +29,8 @@ const ANTHROPIC_VERSION: HeaderName = HeaderName::from_static("anthropic-version
 /// request's prefix to the cache; the one before is where the previous request of the session
 /// wrote its own, so it is read back however many blocks were added since (the API looks only
 /// 20 blocks back from a breakpoint for an earlier entry).
-pub fn request_body(request: &ModelRequest) -> Vec<u8> {
+pub fn request_body(request: &ModelRequest, settings: &ModelSettings) -> Vec<u8> {
+    let _ = settings;
     let mut messages = Vec::with_capacity(request.messages.len());
     // Results of one assistant turn go together in the user message that follows it.
     let mut results = Vec::new();
@@ -55,7 +56,9 @@ pub fn request_body(request: &ModelRequest) -> Vec<u8> {
                 "role": "user",
                 "content": [{ "type": "text", "text": text }],
             }),
-            Message::Assistant { text, tool_calls } => {
+            Message::Assistant {
+                text, tool_calls, ..
+            } => {
                 // The API rejects empty text blocks.
                 let text = (!text.is_empty()).then(|| json!({ "type": "text", "text": text }));
                 let calls = tool_calls.iter().map(|call| {
@@ -272,8 +275,12 @@ impl Adapter for Decoder {
     const PATH: &'static str = "/v1/messages";
 
     /// Anthropic's cache is keyed by the prompt itself; the breakpoints say where.
-    fn request_body(request: &ModelRequest, _cache_key: Option<&CacheKey>) -> Vec<u8> {
-        request_body(request)
+    fn request_body(
+        request: &ModelRequest,
+        settings: &ModelSettings,
+        _cache_key: Option<&CacheKey>,
+    ) -> Vec<u8> {
+        request_body(request, settings)
     }
 
     fn headers(api_key: Option<&str>) -> Vec<(HeaderName, String)> {
@@ -397,6 +404,10 @@ mod tests {
     use super::*;
     use skiff_protocol::model::{ModelRef, ToolSpec};
 
+    fn settings() -> ModelSettings {
+        ModelSettings::defaults_for("claude-test")
+    }
+
     fn request() -> ModelRequest {
         let call = |id: &str| ToolCall {
             id: id.into(),
@@ -404,12 +415,14 @@ mod tests {
             arguments: json!({ "path": "README.md" }),
         };
         let result = |id: &str, is_error| Message::ToolResult {
+            images: Vec::new(),
             call_id: id.into(),
             name: "read".into(),
             content: "# Skiff".into(),
             is_error,
         };
         ModelRequest {
+            reasoning: None,
             model: ModelRef::parse("anthropic/claude-sonnet-4-5").unwrap(),
             system: "You are terse.".into(),
             messages: vec![
@@ -417,6 +430,7 @@ mod tests {
                     text: "Read the README twice".into(),
                 },
                 Message::Assistant {
+                    reasoning: Vec::new(),
                     text: "Reading.".into(),
                     tool_calls: vec![call("toolu_1"), call("toolu_2")],
                 },
@@ -434,12 +448,15 @@ mod tests {
 
     #[test]
     fn request_body_is_a_pure_function_of_the_request() {
-        assert_eq!(request_body(&request()), request_body(&request().clone()));
+        assert_eq!(
+            request_body(&request(), &settings()),
+            request_body(&request().clone(), &settings())
+        );
     }
 
     #[test]
     fn request_body_snapshot() {
-        let body: Value = serde_json::from_slice(&request_body(&request())).unwrap();
+        let body: Value = serde_json::from_slice(&request_body(&request(), &settings())).unwrap();
         insta::assert_snapshot!(serde_json::to_string_pretty(&body).unwrap(), @r##"
         {
           "max_tokens": 2048,

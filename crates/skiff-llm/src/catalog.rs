@@ -11,7 +11,7 @@ use crate::{CacheKey, Error, Result, Secrets, anthropic, http, openai};
 use futures_util::stream::BoxStream;
 use serde::Deserialize;
 use skiff_protocol::api::{ModelPrices, ModelView};
-use skiff_protocol::model::{ModelErrorKind, ModelEvent, ModelRef, ModelRequest};
+use skiff_protocol::model::{ModelErrorKind, ModelEvent, ModelRef, ModelRequest, ReasoningEffort};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -23,6 +23,8 @@ const DEMO_MODEL: &str = "scripted/demo";
 const DEMO_SCRIPT: &str = include_str!("scripted/demo.toml");
 const DEFAULT_IDLE_TIMEOUT_S: u64 = 120;
 const DEFAULT_MAX_RETRIES: u32 = 2;
+/// The context window assumed for a model nobody described: small enough for local servers.
+const DEFAULT_CONTEXT_WINDOW: u64 = 32_768;
 
 /// One `[providers.<name>]` table of skiff.toml.
 #[derive(Deserialize, Clone, Debug)]
@@ -55,6 +57,62 @@ pub struct ProviderConfig {
     /// the costs `session show` and the UI print. A model without prices has no cost shown.
     #[serde(default)]
     pub prices: BTreeMap<String, PriceConfig>,
+    /// What this provider's models can do, by model id (`[providers.NAME.models."MODEL"]`).
+    /// A model without a table gets the defaults [`ModelSettings::defaults_for`] knows.
+    #[serde(default)]
+    pub models: BTreeMap<String, ModelConfig>,
+}
+
+/// One `[providers.NAME.models."MODEL"]` table; every field overrides the model's default.
+#[derive(Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    /// The model's context window in tokens; compaction keeps every request within it.
+    #[serde(default)]
+    pub context_window: Option<u64>,
+    /// `"off"`, `"low"`, `"medium"` or `"high"`: how hard the model thinks unless a session's
+    /// `--reasoning` says otherwise.
+    #[serde(default)]
+    pub reasoning: Option<String>,
+    /// Whether the model takes images (a `read` of a PNG, JPEG, GIF or WebP file).
+    #[serde(default)]
+    pub images: Option<bool>,
+}
+
+/// What a model can do, as the loop and the adapters need it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ModelSettings {
+    pub context_window: u64,
+    /// `None`: the model is not asked to reason (no thinking, no effort sent).
+    pub reasoning: Option<ReasoningEffort>,
+    pub images: bool,
+}
+
+impl ModelSettings {
+    /// Defaults by model id, for models a configuration does not describe: the context window
+    /// of well-known model families, images for the families that take them, no reasoning.
+    pub fn defaults_for(model_id: &str) -> ModelSettings {
+        let id = model_id.to_ascii_lowercase();
+        let context_window = if id.starts_with("claude") {
+            200_000
+        } else if id.starts_with("gpt-4.1") {
+            1_047_576
+        } else if id.starts_with("gpt-5") || id.starts_with("o3") || id.starts_with("o4") {
+            400_000
+        } else if id.starts_with("gpt-4o") {
+            128_000
+        } else {
+            DEFAULT_CONTEXT_WINDOW
+        };
+        let images = ["claude", "gpt-4o", "gpt-4.1", "gpt-5", "o3", "o4"]
+            .iter()
+            .any(|family| id.starts_with(family));
+        ModelSettings {
+            context_window,
+            reasoning: None,
+            images,
+        }
+    }
 }
 
 /// One `[providers.NAME.prices."MODEL"]` table, in US dollars per million tokens.
@@ -101,6 +159,8 @@ struct Inner {
     providers: BTreeMap<String, Provider>,
     /// By model ref (`provider/model-id`).
     prices: BTreeMap<String, ModelPrices>,
+    /// By model ref, for the models skiff.toml describes.
+    settings: BTreeMap<String, ModelSettings>,
     default_model: ModelRef,
     client: reqwest::Client,
 }
@@ -126,10 +186,15 @@ impl Catalog {
     ) -> Result<Catalog> {
         let mut built = BTreeMap::new();
         let mut prices = BTreeMap::new();
+        let mut settings = BTreeMap::new();
         for (name, mut config) in providers {
             for (model, price) in std::mem::take(&mut config.prices) {
                 let model_ref = format!("{name}/{model}");
                 prices.insert(model_ref, validated_prices(&name, &model, price)?);
+            }
+            for (model, described) in std::mem::take(&mut config.models) {
+                let model_ref = format!("{name}/{model}");
+                settings.insert(model_ref, validated_settings(&name, &model, described)?);
             }
             let provider = Provider::from_config(&name, config, config_dir, secrets.as_ref())?;
             built.insert(name, provider);
@@ -159,6 +224,7 @@ impl Catalog {
             inner: Arc::new(Inner {
                 providers: built,
                 prices,
+                settings,
                 default_model,
                 client,
             }),
@@ -191,6 +257,11 @@ impl Catalog {
         }
     }
 
+    /// What `model` can do: its `[providers.NAME.models."MODEL"]` table over the defaults.
+    pub fn settings(&self, model: &ModelRef) -> ModelSettings {
+        self.inner.settings(model)
+    }
+
     /// `model`'s configured prices, if any.
     pub fn prices(&self, model: &ModelRef) -> Option<ModelPrices> {
         self.inner.prices.get(model.as_str()).copied()
@@ -215,18 +286,37 @@ impl Catalog {
                 .map_err(|e| Failure::new(ModelErrorKind::Configuration, e.to_string()))?;
             let cache_key = cache_key.as_ref();
             let client = &inner.client;
+            let settings = &inner.settings_for(&request);
             match provider {
                 Provider::OpenAi(provider) => {
-                    http::run::<openai::Decoder>(client, provider, &request, cache_key, &emitter)
-                        .await
+                    let decoder = http::run::<openai::Decoder>;
+                    decoder(client, provider, &request, settings, cache_key, &emitter).await
                 }
                 Provider::Anthropic(provider) => {
-                    http::run::<anthropic::Decoder>(client, provider, &request, cache_key, &emitter)
-                        .await
+                    let decoder = http::run::<anthropic::Decoder>;
+                    decoder(client, provider, &request, settings, cache_key, &emitter).await
                 }
                 Provider::Scripted { script, .. } => Ok(script.play(&request, &emitter).await),
             }
         })
+    }
+}
+
+impl Inner {
+    fn settings(&self, model: &ModelRef) -> ModelSettings {
+        self.settings
+            .get(model.as_str())
+            .copied()
+            .unwrap_or_else(|| ModelSettings::defaults_for(model.model_id()))
+    }
+
+    /// The model's settings with the session's `--reasoning` choice over its own.
+    fn settings_for(&self, request: &ModelRequest) -> ModelSettings {
+        let mut settings = self.settings(&request.model);
+        if let Some(effort) = request.reasoning {
+            settings.reasoning = (effort != ReasoningEffort::Off).then_some(effort);
+        }
+        settings
     }
 }
 
@@ -400,6 +490,40 @@ fn validated_prices(provider: &str, model: &str, price: PriceConfig) -> Result<M
         cache_read: price.cache_read.unwrap_or(price.input),
         cache_write: price.cache_write.unwrap_or(price.input),
     })
+}
+
+/// A model table's values over the model's defaults; a bad value names its key.
+fn validated_settings(provider: &str, model: &str, config: ModelConfig) -> Result<ModelSettings> {
+    let key = |field: &str| format!("providers.{provider}.models.\"{model}\"{field}");
+    if ModelRef::parse(&format!("{provider}/{model}")).is_none() {
+        return Err(Error::InvalidModelSetting {
+            key: key(""),
+            problem: "a model id must be non-empty and without whitespace".to_owned(),
+        });
+    }
+    let mut settings = ModelSettings::defaults_for(model);
+    if let Some(window) = config.context_window {
+        if window < 1024 {
+            return Err(Error::InvalidModelSetting {
+                key: key(".context_window"),
+                problem: format!(
+                    "{window} tokens is too small a context window; give at least 1024"
+                ),
+            });
+        }
+        settings.context_window = window;
+    }
+    if let Some(reasoning) = config.reasoning {
+        let effort = ReasoningEffort::parse(&reasoning).ok_or_else(|| Error::InvalidModelSetting {
+            key: key(".reasoning"),
+            problem: format!("`{reasoning}` is not a reasoning setting; use \"off\", \"low\", \"medium\" or \"high\""),
+        })?;
+        settings.reasoning = (effort != ReasoningEffort::Off).then_some(effort);
+    }
+    if let Some(images) = config.images {
+        settings.images = images;
+    }
+    Ok(settings)
 }
 
 fn invalid(provider: &str, problem: String) -> Error {

@@ -4,9 +4,9 @@
 //!
 //! It knows no wire format: an [`Adapter`] builds the body and decodes the events.
 
-use crate::CacheKey;
 use crate::drive::{Emitter, Failure};
 use crate::sse::{SseEvent, SseParser};
+use crate::{CacheKey, ModelSettings};
 use futures_util::StreamExt;
 use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 use reqwest::{Client, StatusCode};
@@ -30,8 +30,14 @@ pub(crate) trait Adapter: Default + Send {
     /// Appended to the provider's `base_url`.
     const PATH: &'static str;
 
-    /// The body for `request`; `cache_key` is the gateway's, for formats that carry one.
-    fn request_body(request: &ModelRequest, cache_key: Option<&CacheKey>) -> Vec<u8>;
+    /// The body for `request` to a model with `settings` (what it takes, how hard it
+    /// reasons, with the session's `--reasoning` already applied); `cache_key` is the
+    /// gateway's, for formats that carry one.
+    fn request_body(
+        request: &ModelRequest,
+        settings: &ModelSettings,
+        cache_key: Option<&CacheKey>,
+    ) -> Vec<u8>;
 
     /// The provider's own headers; `api_key` is present when the provider is configured with one.
     fn headers(api_key: Option<&str>) -> Vec<(HeaderName, String)>;
@@ -124,12 +130,13 @@ pub(crate) async fn run<A: Adapter>(
     client: &Client,
     provider: &HttpProvider,
     request: &ModelRequest,
+    settings: &ModelSettings,
     cache_key: Option<&CacheKey>,
     emitter: &Emitter,
 ) -> Result<StopReason, Failure> {
     let key = provider.api_key()?;
     let key = key.as_deref();
-    let body = A::request_body(request, cache_key);
+    let body = A::request_body(request, settings, cache_key);
     exchange::<A>(client, provider, key, request, body, emitter)
         .await
         .map_err(|f| Failure::new(f.kind, redact(&f.message, key)))

@@ -22,7 +22,7 @@ mod scripted;
 pub mod sse;
 
 pub use cache::CacheKey;
-pub use catalog::{Api, Catalog, PriceConfig, ProviderConfig};
+pub use catalog::{Api, Catalog, ModelConfig, ModelSettings, PriceConfig, ProviderConfig};
 
 use std::path::PathBuf;
 
@@ -74,6 +74,9 @@ pub enum Error {
 
     #[error("{key}: {problem}")]
     InvalidPrice { key: String, problem: String },
+
+    #[error("{key}: {problem}")]
+    InvalidModelSetting { key: String, problem: String },
 
     #[error("default_model: {0}")]
     InvalidDefaultModel(Box<Error>),

@@ -3,10 +3,10 @@
 //!
 //! The transport (sending, retries, timeouts, HTTP errors) is `http`'s, not this module's.
 
-use crate::CacheKey;
 use crate::drive::Failure;
 use crate::http::{Adapter, malformed, tool_arguments};
 use crate::sse::SseEvent;
+use crate::{CacheKey, ModelSettings};
 use reqwest::header::{AUTHORIZATION, HeaderName};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -18,14 +18,21 @@ use std::collections::BTreeMap;
 /// The body of `POST {base_url}/chat/completions` for `request`: compact JSON with sorted keys,
 /// so the same request always gives the same bytes. `cache_key` becomes `prompt_cache_key`,
 /// which routes a conversation's requests to the same prompt cache.
-pub fn request_body(request: &ModelRequest, cache_key: Option<&CacheKey>) -> Vec<u8> {
+pub fn request_body(
+    request: &ModelRequest,
+    settings: &ModelSettings,
+    cache_key: Option<&CacheKey>,
+) -> Vec<u8> {
+    let _ = settings;
     let mut messages = Vec::with_capacity(request.messages.len() + 1);
     if !request.system.is_empty() {
         messages.push(json!({ "role": "system", "content": request.system }));
     }
     messages.extend(request.messages.iter().map(|message| match message {
         Message::User { text } => json!({ "role": "user", "content": text }),
-        Message::Assistant { text, tool_calls } => {
+        Message::Assistant {
+            text, tool_calls, ..
+        } => {
             // The API rejects an empty `tool_calls` array and wants `null` content beside calls.
             let content = (!text.is_empty()).then_some(text);
             let mut wire = json!({ "role": "assistant", "content": content });
@@ -188,8 +195,12 @@ impl Decoder {
 impl Adapter for Decoder {
     const PATH: &'static str = "/chat/completions";
 
-    fn request_body(request: &ModelRequest, cache_key: Option<&CacheKey>) -> Vec<u8> {
-        request_body(request, cache_key)
+    fn request_body(
+        request: &ModelRequest,
+        settings: &ModelSettings,
+        cache_key: Option<&CacheKey>,
+    ) -> Vec<u8> {
+        request_body(request, settings, cache_key)
     }
 
     fn headers(api_key: Option<&str>) -> Vec<(HeaderName, String)> {
@@ -273,8 +284,13 @@ mod tests {
     use super::*;
     use skiff_protocol::model::{ModelRef, ToolSpec};
 
+    fn settings() -> ModelSettings {
+        ModelSettings::defaults_for("gpt-test")
+    }
+
     fn request() -> ModelRequest {
         ModelRequest {
+            reasoning: None,
             model: ModelRef::parse("openai/gpt-4o-mini").unwrap(),
             system: "You are terse.".into(),
             messages: vec![
@@ -282,6 +298,7 @@ mod tests {
                     text: "List files".into(),
                 },
                 Message::Assistant {
+                    reasoning: Vec::new(),
                     text: String::new(),
                     tool_calls: vec![ToolCall {
                         id: "call_1".into(),
@@ -290,6 +307,7 @@ mod tests {
                     }],
                 },
                 Message::ToolResult {
+                    images: Vec::new(),
                     call_id: "call_1".into(),
                     name: "ls".into(),
                     content: "README.md".into(),
@@ -309,15 +327,16 @@ mod tests {
     fn request_body_is_a_pure_function_of_the_request() {
         let key = CacheKey::for_conversation("ses_1");
         assert_eq!(
-            request_body(&request(), Some(&key)),
-            request_body(&request().clone(), Some(&key))
+            request_body(&request(), &settings(), Some(&key)),
+            request_body(&request().clone(), &settings(), Some(&key))
         );
     }
 
     #[test]
     fn request_body_snapshot() {
         let key = CacheKey::for_conversation("ses_1");
-        let body: Value = serde_json::from_slice(&request_body(&request(), Some(&key))).unwrap();
+        let body: Value =
+            serde_json::from_slice(&request_body(&request(), &settings(), Some(&key))).unwrap();
         insta::assert_snapshot!(serde_json::to_string_pretty(&body).unwrap(), @r#"
         {
           "max_completion_tokens": 1024,

@@ -99,7 +99,9 @@ fn words(text: &str) -> u64 {
 fn message_words(message: &Message) -> u64 {
     match message {
         Message::User { text } => words(text),
-        Message::Assistant { text, tool_calls } => words(text) + tool_calls.len() as u64,
+        Message::Assistant {
+            text, tool_calls, ..
+        } => words(text) + tool_calls.len() as u64,
         Message::ToolResult { content, .. } => words(content),
     }
 }

@@ -60,6 +60,79 @@ pub struct ToolCall {
     pub arguments: Value,
 }
 
+/// A model's reasoning exactly as its provider returned it, kept so it can be sent back
+/// unchanged on the following requests of the turn (providers verify the signatures and the
+/// encrypted content, so not one byte may change).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Reasoning {
+    /// An Anthropic `thinking` block.
+    Thinking { thinking: String, signature: String },
+    /// An Anthropic `redacted_thinking` block: encrypted, never shown.
+    RedactedThinking { data: String },
+    /// An OpenAI Responses API `reasoning` output item: its summary parts and, when requested,
+    /// its encrypted content.
+    OpenaiReasoning {
+        id: String,
+        summary: Vec<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        encrypted_content: Option<String>,
+    },
+}
+
+impl Reasoning {
+    /// What a person may read of it: the thinking or the summary; nothing for redacted blocks.
+    pub fn readable_text(&self) -> String {
+        match self {
+            Reasoning::Thinking { thinking, .. } => thinking.clone(),
+            Reasoning::RedactedThinking { .. } => String::new(),
+            Reasoning::OpenaiReasoning { summary, .. } => summary.join("\n\n"),
+        }
+    }
+}
+
+/// How hard a reasoning model should think: a per-model setting in skiff.toml and the
+/// `--reasoning` option. Adapters map it to their provider's knob (Anthropic's thinking budget,
+/// OpenAI's reasoning effort).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReasoningEffort {
+    Off,
+    Low,
+    Medium,
+    High,
+}
+
+impl ReasoningEffort {
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "off" => Some(Self::Off),
+            "low" => Some(Self::Low),
+            "medium" => Some(Self::Medium),
+            "high" => Some(Self::High),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Off => "off",
+            Self::Low => "low",
+            Self::Medium => "medium",
+            Self::High => "high",
+        }
+    }
+}
+
+/// An image given to the model (a `read` of a PNG, JPEG, GIF or WebP file), base64-encoded.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Image {
+    /// `image/png`, `image/jpeg`, `image/gif` or `image/webp`.
+    pub media_type: String,
+    pub data_base64: String,
+}
+
 /// One message of the model context.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "role", rename_all = "snake_case", deny_unknown_fields)]
@@ -70,12 +143,18 @@ pub enum Message {
     Assistant {
         text: String,
         tool_calls: Vec<ToolCall>,
+        /// The response's reasoning, in the order the provider sent it; sent back verbatim.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        reasoning: Vec<Reasoning>,
     },
     ToolResult {
         call_id: String,
         name: String,
         content: String,
         is_error: bool,
+        /// Images the tool returned; a model that takes no images gets `content` alone.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        images: Vec<Image>,
     },
 }
 
@@ -89,6 +168,10 @@ pub struct ModelRequest {
     pub messages: Vec<Message>,
     pub tools: Vec<ToolSpec>,
     pub max_output_tokens: u32,
+    /// The session's `--reasoning` choice; `None` leaves it to the model's setting in
+    /// skiff.toml (or the adapter's default for the model).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<ReasoningEffort>,
 }
 
 /// Token usage of one model response (or the sum of several).
@@ -160,6 +243,14 @@ pub enum ModelErrorKind {
 pub enum ModelEvent {
     TextDelta {
         text: String,
+    },
+    /// Readable reasoning as it streams (thinking text, a reasoning summary), for display.
+    ReasoningDelta {
+        text: String,
+    },
+    /// A complete reasoning block, to be kept and sent back verbatim.
+    Reasoning {
+        reasoning: Reasoning,
     },
     /// A complete tool call (argument fragments are assembled by the adapter).
     ToolCall {

@@ -2,7 +2,7 @@
 //! and parent ids; writers submit [`EntryBody`] values only.
 
 use crate::ids::{EntryId, RunId};
-use crate::model::{ToolCall, Usage};
+use crate::model::{Image, Reasoning, ToolCall, Usage};
 use serde::{Deserialize, Serialize};
 
 /// The semantic content of an entry; what a writer submits.
@@ -18,12 +18,17 @@ pub enum EntryBody {
         model: String,
         usage: Usage,
         stop_reason: crate::model::StopReason,
+        /// The response's reasoning, verbatim (absent from entries written before reasoning).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        reasoning: Vec<Reasoning>,
     },
     ToolResult {
         call_id: String,
         name: String,
         content: String,
         is_error: bool,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        images: Vec<Image>,
     },
     /// Something the user should know that is not part of the model context (an error, a
     /// cancellation, lost work).

@@ -99,7 +99,11 @@ impl SessionBackend for RpcBackend {
             )
             .await;
         match reply {
-            Reply::ToolOutput { content, is_error } => ToolOutput { content, is_error },
+            Reply::ToolOutput { content, is_error } => ToolOutput {
+                content,
+                is_error,
+                images: Vec::new(),
+            },
             other => ToolOutput::error(refused(other, "the tool call").0),
         }
     }

@@ -110,6 +110,7 @@ impl Turns {
             model_label: turn.model_label,
             max_steps: turn.max_steps,
             max_output_tokens: turn.max_output_tokens,
+            reasoning: None,
         };
         let model = RpcModel {
             link: self.link.clone(),
@@ -153,6 +154,7 @@ impl Turns {
                 }],
                 tools: Vec::new(),
                 max_output_tokens: 64,
+                reasoning: None,
             };
             let model = RpcModel {
                 link: link.clone(),

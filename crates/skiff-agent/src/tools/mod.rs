@@ -22,7 +22,7 @@ pub use process::Processes;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use skiff_process::Ledger;
-use skiff_protocol::model::{ToolCall, ToolSpec};
+use skiff_protocol::model::{Image, ToolCall, ToolSpec};
 use std::path::PathBuf;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -39,6 +39,9 @@ pub const FILE_TOOL_TIMEOUT: Duration = Duration::from_secs(120);
 pub struct ToolOutput {
     pub content: String,
     pub is_error: bool,
+    /// Images for the model (a `read` of an image file); `content` describes them for models
+    /// that take none.
+    pub images: Vec<Image>,
 }
 
 impl ToolOutput {
@@ -46,6 +49,7 @@ impl ToolOutput {
         Self {
             content: content.into(),
             is_error: false,
+            images: Vec::new(),
         }
     }
 
@@ -53,6 +57,7 @@ impl ToolOutput {
         Self {
             content: content.into(),
             is_error: true,
+            images: Vec::new(),
         }
     }
 }

@@ -109,6 +109,7 @@ pub(crate) fn final_turn(text: &str) -> Vec<ModelEvent> {
 
 pub(crate) fn config() -> AgentConfig {
     AgentConfig {
+        reasoning: None,
         model: ModelRef::parse("scripted/test").unwrap(),
         model_label: "scripted/test (scripted)".into(),
         max_steps: 10,

@@ -285,6 +285,7 @@ fn notice(text: &str) -> Value {
 
 fn model_request(model: &str, text: &str, max_output_tokens: u32) -> Value {
     let request = ModelRequest {
+        reasoning: None,
         model: ModelRef::parse(model).unwrap(),
         system: String::new(),
         messages: vec![Message::User { text: text.into() }],

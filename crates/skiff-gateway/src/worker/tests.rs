@@ -179,6 +179,7 @@ impl Harness {
 
 fn assistant(text: &str) -> EntryBody {
     EntryBody::AssistantMessage {
+        reasoning: Vec::new(),
         text: text.into(),
         tool_calls: Vec::new(),
         model: "scripted/demo".into(),
@@ -197,6 +198,7 @@ fn commit(text: &str) -> Call {
 fn model_call() -> anyhow::Result<Call> {
     Ok(Call::ModelStream {
         request: ModelRequest {
+            reasoning: None,
             model: ModelRef::parse("scripted/demo").ok_or_else(|| anyhow::anyhow!("model ref"))?,
             system: String::new(),
             messages: vec![Message::User { text: "hi".into() }],

@@ -229,6 +229,7 @@ async fn cache_breakpoints_roll_with_a_tool_use_conversation() {
         arguments: json!({ "path": "src/lib.rs" }),
     };
     let result = |id: &str| Message::ToolResult {
+        images: Vec::new(),
         call_id: id.into(),
         name: "read".into(),
         content: "fn main() {}".into(),
@@ -242,6 +243,7 @@ async fn cache_breakpoints_roll_with_a_tool_use_conversation() {
         }],
         vec![
             Message::Assistant {
+                reasoning: Vec::new(),
                 text: "Reading.".into(),
                 tool_calls: vec![call("toolu_1", "read"), call("toolu_2", "read")],
             },
@@ -250,6 +252,7 @@ async fn cache_breakpoints_roll_with_a_tool_use_conversation() {
         ],
         vec![
             Message::Assistant {
+                reasoning: Vec::new(),
                 text: String::new(),
                 tool_calls: vec![call("toolu_3", "edit")],
             },
@@ -257,6 +260,7 @@ async fn cache_breakpoints_roll_with_a_tool_use_conversation() {
         ],
         vec![
             Message::Assistant {
+                reasoning: Vec::new(),
                 text: "Fixed.".into(),
                 tool_calls: vec![],
             },

@@ -39,6 +39,7 @@ pub fn catalog(providers_toml: &str) -> Catalog {
 
 pub fn request(model: &str) -> ModelRequest {
     ModelRequest {
+        reasoning: None,
         model: ModelRef::parse(model).unwrap(),
         system: "You are a careful coding agent.".into(),
         messages: vec![Message::User {

@@ -34,6 +34,7 @@ fn after_turns(turns: usize) -> skiff_protocol::model::ModelRequest {
     let mut request = request("fake/any");
     for _ in 0..turns {
         request.messages.push(Message::Assistant {
+            reasoning: Vec::new(),
             text: "earlier".into(),
             tool_calls: vec![],
         });
