@@ -559,7 +559,8 @@ impl Core {
                     session.workspace.path()
                 ))
             })?
-            .with_ledger(self.procs.clone());
+            .with_ledger(self.procs.clone())
+            .with_processes(self.session_processes(&session.id));
         // A child never dispatches children of its own.
         if session.parent_id.is_none() {
             tools = tools.with_dispatch();
@@ -587,6 +588,29 @@ impl Core {
         self.store
             .finish_attempt(scope, &attempt, attempt_status, error)?;
         Ok(outcome)
+    }
+
+    /// The session's background-process registry, made at its first gateway turn.
+    fn session_processes(&self, session: &SessionId) -> skiff_agent::tools::Processes {
+        self.session_processes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .entry(session.clone())
+            .or_insert_with(skiff_agent::tools::Processes::for_session)
+            .clone()
+    }
+
+    /// Stops every background process of a session that leaves the gateway (kept ones too):
+    /// its workspace is about to be somewhere else.
+    pub(crate) fn end_session_processes(&self, session: &SessionId) {
+        let gone = self
+            .session_processes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(session);
+        // Dropping the last handle stops the processes (a turn in flight holds none: a
+        // session only moves at a turn boundary or after its turn was cancelled).
+        drop(gone);
     }
 
     /// Moves a run to its terminal status and tells subscribers. Cancellation wins over a

@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Notify;
 use tokio::task::{JoinHandle, JoinSet};
 
 /// What the fake answers to one request.
@@ -100,6 +101,8 @@ impl RecordedRequest {
 pub struct FakeProvider {
     addr: SocketAddr,
     state: Arc<Mutex<State>>,
+    /// Told each time a request has been received in full.
+    arrived: Arc<Notify>,
     server: JoinHandle<()>,
 }
 
@@ -139,10 +142,12 @@ impl FakeProvider {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let state = Arc::new(Mutex::new(state));
-        let server = tokio::spawn(serve(listener, Arc::clone(&state)));
+        let arrived = Arc::new(Notify::new());
+        let server = tokio::spawn(serve(listener, Arc::clone(&state), Arc::clone(&arrived)));
         FakeProvider {
             addr,
             state,
+            arrived,
             server,
         }
     }
@@ -156,6 +161,21 @@ impl FakeProvider {
     pub fn requests(&self) -> Vec<RecordedRequest> {
         self.state.lock().unwrap().requests.clone()
     }
+
+    /// Waits until `count` requests have been received in full (and so are being answered):
+    /// the event a test awaits before it acts on a call in flight.
+    pub async fn wait_for_requests(&self, count: usize) {
+        loop {
+            let arrived = self.arrived.notified();
+            tokio::pin!(arrived);
+            // Registered before the count is read, so a request that lands in between wakes us.
+            arrived.as_mut().enable();
+            if self.state.lock().unwrap().requests.len() >= count {
+                return;
+            }
+            arrived.await;
+        }
+    }
 }
 
 impl Drop for FakeProvider {
@@ -165,15 +185,15 @@ impl Drop for FakeProvider {
     }
 }
 
-async fn serve(listener: TcpListener, state: Arc<Mutex<State>>) {
+async fn serve(listener: TcpListener, state: Arc<Mutex<State>>, arrived: Arc<Notify>) {
     let mut connections = JoinSet::new();
     while let Ok((socket, _)) = listener.accept().await {
         while connections.try_join_next().is_some() {}
-        connections.spawn(handle(socket, Arc::clone(&state)));
+        connections.spawn(handle(socket, Arc::clone(&state), Arc::clone(&arrived)));
     }
 }
 
-async fn handle(mut socket: TcpStream, state: Arc<Mutex<State>>) {
+async fn handle(mut socket: TcpStream, state: Arc<Mutex<State>>, arrived: Arc<Notify>) {
     let Some(request) = read_request(&mut socket).await else {
         return;
     };
@@ -192,6 +212,7 @@ async fn handle(mut socket: TcpStream, state: Arc<Mutex<State>>) {
             })
         }
     };
+    arrived.notify_waiters();
     respond(socket, response).await;
 }
 

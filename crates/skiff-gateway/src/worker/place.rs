@@ -60,6 +60,9 @@ impl Core {
         let row = self
             .store
             .transition_placement(scope, session, to, change)?;
+        if to != PlacementState::Local {
+            self.end_session_processes(session);
+        }
         if change.advance_epoch {
             // INVARIANT: no connection of an older epoch outlives the advance (the event hot
             // path checks epochs per connection).

@@ -37,7 +37,9 @@ async fn a_message_while_a_turn_runs_is_refused_as_busy_and_changes_nothing() {
         .await
         .unwrap();
     let id = started.session.id.clone();
-    gw.client.wait_for_status(&id, RunStatus::Running).await;
+    // The stalled answer is being given: the turn is inside its model call, so the cancel
+    // below ends this turn and not the next one's request.
+    gw.provider.as_ref().unwrap().wait_for_requests(1).await;
     let before = gw.client.session(&id).await.unwrap();
 
     let refused = gw.client.send_message(&id, "second").await.unwrap_err();

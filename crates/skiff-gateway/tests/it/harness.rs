@@ -5,10 +5,9 @@
 use futures_util::StreamExt;
 use skiff_protocol::SessionId;
 use skiff_protocol::api::{
-    ApiError, CreateSessionRequest, RunStarted, RunStatus, SendMessageRequest, SessionDetail,
-    SessionList,
+    ApiError, CreateSessionRequest, RunStarted, SendMessageRequest, SessionDetail, SessionList,
 };
-use skiff_protocol::event::{EventKind, SessionEvent};
+use skiff_protocol::event::SessionEvent;
 use skiff_test_support::{FakeProvider, FakeResponse};
 use std::path::PathBuf;
 
@@ -227,32 +226,6 @@ impl Client {
             }
         }
         panic!("the event stream ended before the run did: {events:?}");
-    }
-
-    /// Waits (on the event stream) until a run of the session reaches `status`.
-    pub async fn wait_for_status(&self, id: &SessionId, status: RunStatus) {
-        let resp = self
-            .http
-            .get(format!("{}/v1/sessions/{id}/events?after=0", self.url))
-            .bearer_auth(&self.token)
-            .send()
-            .await
-            .unwrap();
-        let mut body = resp.bytes_stream();
-        let mut buffer = String::new();
-        while let Some(chunk) = body.next().await {
-            buffer.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
-            while let Some(end) = buffer.find('\n') {
-                let line: String = buffer.drain(..=end).collect();
-                if let Some(data) = line.trim_end().strip_prefix("data: ") {
-                    let event: SessionEvent = serde_json::from_str(data).unwrap();
-                    if matches!(event.kind, EventKind::RunStatus { status: s, .. } if s == status) {
-                        return;
-                    }
-                }
-            }
-        }
-        panic!("the event stream ended before a run became {status:?}");
     }
 
     async fn send_json<B: serde::Serialize, T: serde::de::DeserializeOwned>(
