@@ -53,6 +53,26 @@ function costOf(r, prices) {
 }
 
 /** Cents are too coarse for one turn of a cheap model. */
+const ATTEMPT_SYMBOL = { succeeded: '✓', failed: '✕', cancelled: '⊘', orphaned: '✕', running: '◌', starting: '○' };
+
+/** A run that moved between boxes: each attempt, where it ran and how it ended. */
+function attemptsView(attempts) {
+  if (!attempts || attempts.length < 2) return null;
+  const rows = attempts.map((a, i) => h('li', { class: `attempt as-${a.status}` },
+    h('span', { class: 'sym', 'aria-hidden': 'true' }, ATTEMPT_SYMBOL[a.status] || '•'),
+    h('span', {}, [
+      `attempt ${i + 1}`,
+      a.node === 'gateway' ? 'on the gateway' : `on ${a.node}`,
+      `epoch ${a.owner_epoch}`,
+      a.from_checkpoint != null ? `from checkpoint ${a.from_checkpoint}` : null,
+      a.status,
+    ].filter(Boolean).join(' · ')),
+    a.error ? h('span', { class: 'attempt-error' }, a.error) : null));
+  return h('details', { class: 'attempts' },
+    h('summary', {}, `moved: ${attempts.length} attempts`),
+    h('ol', {}, ...rows));
+}
+
 function fmtDollars(x) {
   return x >= 1 ? `$${x.toFixed(2)}` : `$${x.toFixed(4)}`;
 }
@@ -130,6 +150,7 @@ export class ChatView {
         const r = this.run(run.id);
         r.model = r.model || run.model;
       }
+      this.takeAttempts(detail.attempts);
       this.renderHeader();
     } catch (e) {
       if (e.status === 404) {
@@ -274,6 +295,28 @@ export class ChatView {
     return r;
   }
 
+  /** Files each run's attempts; a run that moved (failover) shows them under its summary. */
+  takeAttempts(attempts) {
+    for (const a of attempts || []) {
+      const r = this.run(a.run_id);
+      r.attempts = (r.attempts || []).filter((x) => x.id !== a.id);
+      r.attempts.push(a);
+    }
+    for (const b of this.blocks) if (b.kind === 'runend') b.dirty = true;
+  }
+
+  /** After a worker turn ends, its attempts are read again: a failover adds one. */
+  async refreshAttempts() {
+    try {
+      const detail = await api.session(this.id);
+      if (this.stopped) return;
+      this.takeAttempts(detail.attempts);
+      this.schedule();
+    } catch {
+      // The summary keeps what it had; the next load shows the rest.
+    }
+  }
+
   activeRun() {
     for (const r of this.runs.values()) {
       if (r.status && ACTIVE.includes(r.status)) return r;
@@ -302,6 +345,7 @@ export class ChatView {
             }
           }
           this.add({ key: `end:${ev.run_id}`, kind: 'runend', run });
+          if (this.session?.placement && this.session.placement !== 'local') this.refreshAttempts();
           if (ev.at_ms >= this.openedAt - 1000) announce(`Turn ${ev.status.replace('_', ' ')}`);
         }
         break;
@@ -561,6 +605,7 @@ export class ChatView {
           h('span', { class: 'sym', 'aria-hidden': 'true' }, RUN_SYMBOL[r.status] || '•'),
           h('span', {}, parts.join(' · ')),
           r.error && r.status !== 'cancelled' ? h('span', { class: 'run-error' }, r.error) : null,
+          attemptsView(r.attempts),
           block.changes?.el);
       }
       default:
