@@ -270,6 +270,33 @@ test('keyboard alone: j/k move through sessions, Enter opens, / searches', async
   await page.waitForSelector('.srow');
 });
 
+test('the sidebar lists the newest page of sessions and shows older ones on request', async (t) => {
+  // A gateway of its own: the count of its sessions is the point.
+  const gw = await gatewayFor(t, { ...SCRIPTS, done: '[[turns]]\ntext = "ok"\n' });
+  const workspace = gitRepo();
+  const ids = [];
+  for (let i = 0; i < 103; i += 1) {
+    const resp = await fetch(`${gw.url}/v1/sessions`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${gw.token()}`, 'content-type': 'application/json' },
+      body: JSON.stringify({ prompt: `Task number ${i}`, workspace, model: 'done/x' }),
+    });
+    assert.equal(resp.status, 201);
+    ids.push((await resp.json()).session.id);
+  }
+  // Every turn has ended, so nothing moves in the list while the page reads it.
+  for (const id of ids) gw.cli('session', 'watch', id, '--json');
+  const page = await pageFor(t, gw);
+  await page.goto(`${gw.url}/#/environments`);
+  await page.waitForSelector('button.older');
+  assert.equal(await page.locator('.srow').count(), 100, 'the live list starts with the newest 100');
+  await page.click('button.older');
+  await page.waitForFunction(() => document.querySelectorAll('.srow').length === 103);
+  assert.equal(await page.locator('button.older').count(), 0, 'nothing older is left to show');
+  const shown = await page.locator('.srow').evaluateAll((rows) => rows.map((r) => r.dataset.sessionId));
+  assert.deepEqual([...shown].sort(), [...ids].sort(), 'every session once');
+});
+
 test('environments show a calm empty state when the gateway has none', async (t) => {
   const page = await pageFor(t, gw);
   await page.goto(`${gw.url}/#/environments`);

@@ -6,8 +6,8 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use skiff_protocol::SessionId;
 use skiff_protocol::api::{
-    ApiError, CreateSessionRequest, ErrorCode, RunStarted, RunView, SendMessageRequest,
-    SessionDetail, SessionList,
+    ApiError, CreateSessionRequest, ErrorCode, RunStarted, RunView, SESSION_PAGE_MAX,
+    SendMessageRequest, SessionDetail, SessionList,
 };
 use skiff_protocol::event::SessionEvent;
 use std::path::Path;
@@ -170,8 +170,30 @@ impl Client {
         self.send(self.post("/v1/sessions", req)).await
     }
 
-    pub async fn sessions(&self) -> Result<SessionList> {
-        self.send(self.get("/v1/sessions")).await
+    /// The `limit` most recently active sessions (all without one), read a page at a time;
+    /// `next` is set when more exist beyond the limit.
+    pub async fn sessions(&self, limit: Option<usize>) -> Result<SessionList> {
+        let mut all = SessionList {
+            sessions: Vec::new(),
+            next: None,
+        };
+        let mut before: Option<SessionId> = None;
+        loop {
+            let wanted = limit.map_or(SESSION_PAGE_MAX, |l| l - all.sessions.len());
+            let mut path = format!("/v1/sessions?limit={}", wanted.min(SESSION_PAGE_MAX));
+            if let Some(id) = &before {
+                path.push_str(&format!("&before={id}"));
+            }
+            let page: SessionList = self.send(self.get(&path)).await?;
+            all.sessions.extend(page.sessions);
+            all.next = page.next;
+            match &all.next {
+                Some(next) if limit.is_none_or(|l| all.sessions.len() < l) => {
+                    before = Some(next.clone());
+                }
+                _ => return Ok(all),
+            }
+        }
     }
 
     pub async fn session(&self, id: &str) -> Result<SessionDetail> {

@@ -139,6 +139,9 @@ pub struct ListArgs {
     /// Show the sessions an agent dispatched under the session that dispatched them
     #[arg(long)]
     tree: bool,
+    /// Show only the N most recently active sessions (default: all of them)
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    limit: Option<u32>,
 }
 
 #[derive(Args)]
@@ -228,13 +231,20 @@ pub async fn run(cmd: SessionCommand, state_dir: &Path, json: bool) -> Result<Ex
             started_turn(&client, started, args.detach, live).await
         }
         SessionCommand::List(args) => {
-            let list = client.sessions().await?;
+            let limit = args.limit.map(|n| n as usize);
+            let list = client.sessions(limit).await?;
             if json {
                 outln!("{}", serde_json::to_string_pretty(&list)?)?;
             } else if args.tree {
                 out!("{}", render::session_tree(&list.sessions))?;
             } else {
                 out!("{}", render::session_table(&list.sessions))?;
+            }
+            if !json && list.next.is_some() {
+                eprintln!(
+                    "(the {} most recently active; older ones with a larger --limit, or without it)",
+                    list.sessions.len()
+                );
             }
             Ok(ExitCode::SUCCESS)
         }

@@ -18,7 +18,7 @@ use serde_json::json;
 use skiff_protocol::SessionId;
 use skiff_protocol::api::{
     ApiError, CreateSessionRequest, DispatchRequest, ErrorCode, PullBackRequest,
-    SendMessageRequest, SessionList,
+    SESSION_PAGE_DEFAULT, SESSION_PAGE_MAX, SendMessageRequest, SessionList,
 };
 use skiff_store::Scope;
 use std::sync::Arc;
@@ -143,13 +143,39 @@ async fn health() -> Json<serde_json::Value> {
     Json(json!({ "status": "ok", "version": env!("CARGO_PKG_VERSION") }))
 }
 
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PageQuery {
+    limit: Option<usize>,
+    before: Option<String>,
+}
+
 async fn list_sessions(
     State(core): Shared,
     Extension(scope): Extension<Scope>,
+    query: Result<Query<PageQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<SessionList>, Error> {
-    Ok(Json(SessionList {
-        sessions: core.list(&scope)?,
-    }))
+    let Query(query) = query.map_err(|e| {
+        Error::BadRequest(format!(
+            "{}; the list takes ?limit=N (1 to {SESSION_PAGE_MAX}) and ?before=SESSION_ID",
+            e.body_text()
+        ))
+    })?;
+    let limit = query.limit.unwrap_or(SESSION_PAGE_DEFAULT);
+    if !(1..=SESSION_PAGE_MAX).contains(&limit) {
+        return Err(Error::BadRequest(format!(
+            "limit={limit} is out of range: a page holds 1 to {SESSION_PAGE_MAX} sessions"
+        )));
+    }
+    let before = match query.before.as_deref() {
+        None => None,
+        Some(raw) => Some(SessionId::parse(raw).ok_or_else(|| {
+            Error::BadRequest(format!(
+                "before={raw} is not a session id; pass the `next` of the previous page"
+            ))
+        })?),
+    };
+    Ok(Json(core.list_page(&scope, limit, before.as_ref())?))
 }
 
 async fn create_session(
@@ -272,7 +298,8 @@ async fn session_changes(
 ) -> Result<Response, Error> {
     // Subscribe before reading the list: a change after this point is in the channel.
     let rx = core.hub.session_changes();
-    let snapshot = core.list(&scope)?;
+    // The newest page: older sessions are read a page at a time (`GET /v1/sessions`).
+    let snapshot = core.list_page(&scope, SESSION_PAGE_DEFAULT, None)?.sessions;
     let state = (core, scope, rx, snapshot, true);
     let stream = futures_util::stream::unfold(state, |mut s| async move {
         let (core, scope, rx, pending, ready) = &mut s;
@@ -298,8 +325,8 @@ async fn session_changes(
                 }
                 Ok(_) => {}
                 Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
-                    match core.list(scope) {
-                        Ok(all) => *pending = all,
+                    match core.list_page(scope, SESSION_PAGE_DEFAULT, None) {
+                        Ok(page) => *pending = page.sessions,
                         Err(e) => return Some((Err(axum::Error::new(e)), s)),
                     }
                 }

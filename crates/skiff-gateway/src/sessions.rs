@@ -9,8 +9,8 @@ use skiff_agent::tools::Tools;
 use skiff_agent::{AgentConfig, TurnOutcome, run_turn};
 use skiff_llm::Catalog;
 use skiff_protocol::api::{
-    AttemptView, CreateSessionRequest, RunStarted, RunStatus, RunView, SessionDetail, SessionView,
-    UsageTotals,
+    AttemptView, CreateSessionRequest, RunStarted, RunStatus, RunView, SessionDetail, SessionList,
+    SessionView, UsageTotals,
 };
 use skiff_protocol::environment::PlacementState;
 use skiff_protocol::event::EventKind;
@@ -118,11 +118,17 @@ fn totals(runs: &[RunView]) -> UsageTotals {
 
 impl Core {
     pub(crate) fn session_view(&self, scope: &Scope, row: SessionRow) -> Result<SessionView> {
-        let last_run = self
-            .store
-            .runs(scope, &row.id)?
-            .last()
-            .map(|r| run_view(r, &self.catalog));
+        let last_run = self.store.runs(scope, &row.id)?.pop();
+        let placement = self.store.placement(scope, &row.id)?;
+        Ok(self.session_view_of(row, placement, last_run.as_ref()))
+    }
+
+    fn session_view_of(
+        &self,
+        row: SessionRow,
+        placement: Option<skiff_store::PlacementRow>,
+        last_run: Option<&RunRow>,
+    ) -> SessionView {
         let model = ModelRef::parse(&row.model_ref)
             .map(|m| self.catalog.describe(&m))
             .unwrap_or_else(|| skiff_protocol::api::ModelView {
@@ -131,16 +137,14 @@ impl Core {
                 label: row.model_ref.clone(),
                 prices: None,
             });
-        let worker = self.store.placement(scope, &row.id)?.map(|p| {
-            skiff_protocol::api::WorkerPlacementView {
-                profile: p.profile,
-                environment_id: p.environment_id,
-                owner_epoch: p.owner_epoch,
-                error: p.error,
-                left_out: p.left_out,
-            }
+        let worker = placement.map(|p| skiff_protocol::api::WorkerPlacementView {
+            profile: p.profile,
+            environment_id: p.environment_id,
+            owner_epoch: p.owner_epoch,
+            error: p.error,
+            left_out: p.left_out,
         });
-        Ok(SessionView {
+        SessionView {
             id: row.id,
             title: row.title,
             workspace: row.workspace,
@@ -150,16 +154,30 @@ impl Core {
             parent_id: row.parent_id,
             created_at_ms: row.created_at_ms,
             updated_at_ms: row.updated_at_ms,
-            last_run,
-        })
+            last_run: last_run.map(|r| run_view(r, &self.catalog)),
+        }
     }
 
-    pub(crate) fn list(&self, scope: &Scope) -> Result<Vec<SessionView>> {
-        self.store
-            .sessions(scope)?
+    /// A page of the session list (one query), most recently active first, after session
+    /// `after` when given; `next` names the page's last session when more may follow.
+    pub(crate) fn list_page(
+        &self,
+        scope: &Scope,
+        limit: usize,
+        after: Option<&SessionId>,
+    ) -> Result<SessionList> {
+        // One more than asked says whether another page follows.
+        let mut rows = self.store.session_page(scope, limit + 1, after)?;
+        let more = rows.len() > limit;
+        rows.truncate(limit);
+        let sessions: Vec<SessionView> = rows
             .into_iter()
-            .map(|row| self.session_view(scope, row))
-            .collect()
+            .map(|r| self.session_view_of(r.session, r.placement, r.last_run.as_ref()))
+            .collect();
+        let next = more
+            .then(|| sessions.last().map(|s| s.id.clone()))
+            .flatten();
+        Ok(SessionList { sessions, next })
     }
 
     pub(crate) fn detail(&self, scope: &Scope, id: &SessionId) -> Result<SessionDetail> {

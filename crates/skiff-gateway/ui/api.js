@@ -49,6 +49,7 @@ export async function request(method, path, body) {
 export const api = {
   health: () => request('GET', '/v1/health'),
   session: (id) => request('GET', `/v1/sessions/${encodeURIComponent(id)}`),
+  sessions: (limit, before) => request('GET', `/v1/sessions?limit=${limit}${before ? `&before=${encodeURIComponent(before)}` : ''}`),
   create: (body) => request('POST', '/v1/sessions', body),
   send: (id, prompt) => request('POST', `/v1/sessions/${encodeURIComponent(id)}/messages`, { prompt }),
   cancel: (id) => request('POST', `/v1/sessions/${encodeURIComponent(id)}/cancel`, {}),

@@ -2,6 +2,7 @@
 // live from the `/v1/events` stream and re-rendered at most once per animation frame.
 
 import { h, replace, fmtAgo, isoTime, frameBatcher } from './dom.js';
+import { api } from './api.js';
 
 const ACTIVE_RUN = ['queued', 'starting', 'running', 'cancelling'];
 const FAILED_RUN = ['failed', 'timed_out', 'orphaned'];
@@ -65,6 +66,8 @@ const GROUPS = [
 ];
 
 const SEEN_KEY = 'skiff.seen';
+/** The live list starts with the newest page (the gateway's SESSION_PAGE_DEFAULT). */
+const PAGE = 100;
 
 export class Sidebar {
   constructor(container, search) {
@@ -73,6 +76,11 @@ export class Sidebar {
     this.sessions = new Map();
     this.ready = false;
     this.current = null;
+    // Older sessions than the live list's first page: `undefined` until asked, then the
+    // session to page after (`null`: there are no more).
+    this.older = undefined;
+    this.loadingOlder = false;
+    this.olderError = null;
     // What this browser has seen of each session (updated_at_ms), for unread marks. Not a
     // secret; kept across reloads.
     try {
@@ -169,8 +177,52 @@ export class Sidebar {
           h('ul', { class: 'rows' }, rows.map(item))),
       );
     }
-    replace(this.container, ...sections);
+    replace(this.container, ...sections, this.olderButton());
     if (focusedId) this.container.querySelector(`[data-session-id="${CSS.escape(focusedId)}"]`)?.focus();
+  }
+
+  /** "Show older sessions" while the gateway may hold more than the sidebar lists. */
+  olderButton() {
+    const more = this.older === undefined ? this.sessions.size >= PAGE : this.older !== null;
+    if (!this.ready || !more) return null;
+    const button = h('button', { type: 'button', class: 'older', disabled: this.loadingOlder || null },
+      this.loadingOlder ? 'Loading older sessions…' : 'Show older sessions');
+    button.addEventListener('click', () => this.loadOlder());
+    return h('div', { class: 'older-wrap' }, button,
+      this.olderError ? h('p', { class: 'older-error', role: 'alert' }, this.olderError) : null);
+  }
+
+  async loadOlder() {
+    if (this.loadingOlder) return;
+    this.loadingOlder = true;
+    this.schedule();
+    try {
+      const after = this.older ?? this.oldest()?.id;
+      const page = await api.sessions(PAGE, after);
+      for (const s of page.sessions) {
+        if (this.sessions.has(s.id)) continue;
+        // Old news, not unread.
+        if (this.seen[s.id] === undefined) this.seen[s.id] = s.updated_at_ms;
+        this.upsert(s);
+      }
+      this.saveSeen();
+      this.older = page.next ?? null;
+      this.olderError = null;
+    } catch (e) {
+      this.olderError = `Could not load older sessions: ${e.message}`;
+    } finally {
+      this.loadingOlder = false;
+      this.schedule();
+    }
+  }
+
+  /** The last session of the gateway's order (least recent activity, then highest id). */
+  oldest() {
+    let last = null;
+    for (const s of this.sessions.values()) {
+      if (!last || s.updated_at_ms < last.updated_at_ms || (s.updated_at_ms === last.updated_at_ms && s.id > last.id)) last = s;
+    }
+    return last;
   }
 
   row(s, now) {

@@ -373,11 +373,22 @@ pub struct UsageTotals {
     pub cost_usd: Option<f64>,
 }
 
-/// `GET /v1/sessions`
+/// How many sessions a page of `GET /v1/sessions` holds unless `limit` says.
+pub const SESSION_PAGE_DEFAULT: usize = 100;
+/// The most sessions one page may hold.
+pub const SESSION_PAGE_MAX: usize = 1000;
+
+/// `GET /v1/sessions[?limit=N][&before=ID]`: a page of sessions, most recently active first
+/// (at most [`SESSION_PAGE_DEFAULT`] unless `limit` says otherwise, up to
+/// [`SESSION_PAGE_MAX`]).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SessionList {
     pub sessions: Vec<SessionView>,
+    /// When more sessions follow: the last one of this page, to pass as `?before=` for the
+    /// next. Absent on the last page.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next: Option<SessionId>,
 }
 
 /// `POST /v1/ui/tickets`: a one-use Control UI login link (`GET <gateway><login_path>`),

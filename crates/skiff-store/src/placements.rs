@@ -37,7 +37,7 @@ pub struct PlacementRow {
     pub box_in_step: bool,
 }
 
-const COLUMNS: &str = "session_id, owner_id, tenant_id, state, profile, generation, environment_id, \
+pub(crate) const COLUMNS: &str = "session_id, owner_id, tenant_id, state, profile, generation, environment_id, \
     owner_epoch, base_manifest, bundle_hash, worker_pid, error, updated_at_ms, left_out, box_in_step";
 
 fn parse_state(s: &str) -> rusqlite::Result<PlacementState> {
@@ -51,22 +51,26 @@ fn parse_state(s: &str) -> rusqlite::Result<PlacementState> {
 }
 
 fn from_row(row: &Row<'_>) -> rusqlite::Result<PlacementRow> {
-    let env: Option<String> = row.get(6)?;
+    from_row_at(row, 0)
+}
+
+pub(crate) fn from_row_at(row: &Row<'_>, o: usize) -> rusqlite::Result<PlacementRow> {
+    let env: Option<String> = row.get(o + 6)?;
     Ok(PlacementRow {
-        session_id: id_col(row, 0, SessionId::parse)?,
-        scope: Scope::new(row.get::<_, String>(1)?, row.get::<_, String>(2)?),
-        state: parse_state(&row.get::<_, String>(3)?)?,
-        profile: row.get(4)?,
-        generation: row.get(5)?,
+        session_id: id_col(row, o, SessionId::parse)?,
+        scope: Scope::new(row.get::<_, String>(o + 1)?, row.get::<_, String>(o + 2)?),
+        state: parse_state(&row.get::<_, String>(o + 3)?)?,
+        profile: row.get(o + 4)?,
+        generation: row.get(o + 5)?,
         environment_id: env.as_deref().and_then(EnvironmentId::parse),
-        owner_epoch: row.get(7)?,
-        base_manifest: row.get(8)?,
-        bundle_hash: row.get(9)?,
-        worker_pid: row.get(10)?,
-        error: row.get(11)?,
-        updated_at_ms: row.get(12)?,
-        left_out: row.get(13)?,
-        box_in_step: row.get(14)?,
+        owner_epoch: row.get(o + 7)?,
+        base_manifest: row.get(o + 8)?,
+        bundle_hash: row.get(o + 9)?,
+        worker_pid: row.get(o + 10)?,
+        error: row.get(o + 11)?,
+        updated_at_ms: row.get(o + 12)?,
+        left_out: row.get(o + 13)?,
+        box_in_step: row.get(o + 14)?,
     })
 }
 

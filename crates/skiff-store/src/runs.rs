@@ -46,33 +46,37 @@ pub struct Resume<'a> {
     pub checkpoint_artifact_id: Option<&'a str>,
 }
 
-const COLUMNS: &str = "id, session_id, status, model_ref, error, input_tokens, output_tokens, \
+pub(crate) const COLUMNS: &str = "id, session_id, status, model_ref, error, input_tokens, output_tokens, \
                        created_at_ms, finished_at_ms, cache_read_tokens, cache_write_tokens";
 const OPEN_STATUSES: &str =
     "'queued','starting','running','waiting_input','waiting_approval','cancelling'";
 
 fn from_row(row: &Row<'_>) -> rusqlite::Result<RunRow> {
-    let status: String = row.get(2)?;
+    from_row_at(row, 0)
+}
+
+pub(crate) fn from_row_at(row: &Row<'_>, o: usize) -> rusqlite::Result<RunRow> {
+    let status: String = row.get(o + 2)?;
     Ok(RunRow {
-        id: id_col(row, 0, RunId::parse)?,
-        session_id: id_col(row, 1, SessionId::parse)?,
+        id: id_col(row, o, RunId::parse)?,
+        session_id: id_col(row, o + 1, SessionId::parse)?,
         status: RunStatus::parse(&status).ok_or_else(|| {
             rusqlite::Error::FromSqlConversionFailure(
-                2,
+                o + 2,
                 rusqlite::types::Type::Text,
                 format!("unknown run status {status:?}").into(),
             )
         })?,
-        model_ref: row.get(3)?,
-        error: row.get(4)?,
+        model_ref: row.get(o + 3)?,
+        error: row.get(o + 4)?,
         usage: Usage {
-            input_tokens: row.get(5)?,
-            output_tokens: row.get(6)?,
-            cache_read_tokens: row.get(9)?,
-            cache_write_tokens: row.get(10)?,
+            input_tokens: row.get(o + 5)?,
+            output_tokens: row.get(o + 6)?,
+            cache_read_tokens: row.get(o + 9)?,
+            cache_write_tokens: row.get(o + 10)?,
         },
-        created_at_ms: row.get(7)?,
-        finished_at_ms: row.get(8)?,
+        created_at_ms: row.get(o + 7)?,
+        finished_at_ms: row.get(o + 8)?,
     })
 }
 

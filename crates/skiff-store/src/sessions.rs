@@ -29,26 +29,30 @@ pub struct SessionRow {
     pub parent_id: Option<SessionId>,
 }
 
-const COLUMNS: &str = "id, title, workspace, model_ref, placement, lifecycle_revision, \
+pub(crate) const COLUMNS: &str = "id, title, workspace, model_ref, placement, lifecycle_revision, \
                        leaf_entry_id, created_at_ms, updated_at_ms, parent_id";
 
 fn from_row(row: &Row<'_>) -> rusqlite::Result<SessionRow> {
+    from_row_at(row, 0)
+}
+
+pub(crate) fn from_row_at(row: &Row<'_>, o: usize) -> rusqlite::Result<SessionRow> {
     Ok(SessionRow {
-        id: id_col(row, 0, SessionId::parse)?,
-        title: row.get(1)?,
-        workspace: json_col(row, 2)?,
-        model_ref: row.get(3)?,
-        placement: row.get(4)?,
-        lifecycle_revision: row.get(5)?,
-        leaf_entry_id: row.get(6)?,
-        created_at_ms: row.get(7)?,
-        updated_at_ms: row.get(8)?,
+        id: id_col(row, o, SessionId::parse)?,
+        title: row.get(o + 1)?,
+        workspace: json_col(row, o + 2)?,
+        model_ref: row.get(o + 3)?,
+        placement: row.get(o + 4)?,
+        lifecycle_revision: row.get(o + 5)?,
+        leaf_entry_id: row.get(o + 6)?,
+        created_at_ms: row.get(o + 7)?,
+        updated_at_ms: row.get(o + 8)?,
         parent_id: row
-            .get::<_, Option<String>>(9)?
+            .get::<_, Option<String>>(o + 9)?
             .map(|id| {
                 SessionId::parse(&id).ok_or_else(|| {
                     rusqlite::Error::FromSqlConversionFailure(
-                        9,
+                        o + 9,
                         rusqlite::types::Type::Text,
                         format!("{id} is not a session id").into(),
                     )

@@ -10,5 +10,6 @@
 mod admission;
 mod deadlines;
 mod harness;
+mod listing;
 mod operations;
 mod processes;
