@@ -207,7 +207,11 @@ struct PartialCall {
 #[derive(Deserialize)]
 #[serde(tag = "type")]
 enum Event {
-    #[serde(rename = "response.output_text.delta")]
+    /// A refusal reads as the answer: without it the person would see nothing at all.
+    #[serde(
+        rename = "response.output_text.delta",
+        alias = "response.refusal.delta"
+    )]
     OutputTextDelta { delta: String },
     #[serde(rename = "response.reasoning_summary_text.delta")]
     ReasoningSummaryDelta {
@@ -375,7 +379,14 @@ impl Decoder {
                 name,
                 arguments,
             } => {
-                let streamed = id.and_then(|id| self.calls.remove(&id));
+                // Found by item id, or by call id from a server that leaves the item id out.
+                let key = id.filter(|id| self.calls.contains_key(id)).or_else(|| {
+                    self.calls
+                        .iter()
+                        .find(|(_, call)| call.call_id == call_id)
+                        .map(|(key, _)| key.clone())
+                });
+                let streamed = key.and_then(|key| self.calls.remove(&key));
                 // The item carries the whole arguments; the streamed ones stand in for a
                 // compatible server that leaves them out here.
                 let arguments = match streamed {
@@ -767,6 +778,49 @@ mod tests {
             })
             .collect();
         assert_eq!(text, "One\n\nTwo");
+    }
+
+    #[test]
+    fn a_call_is_emitted_once_even_when_its_done_item_has_no_id() {
+        let mut decoder = Decoder::default();
+        let mut out = Vec::new();
+        for data in [
+            r#"{"type":"response.output_item.added","output_index":0,"item":{"id":"fc_1","type":"function_call","status":"in_progress","arguments":"","call_id":"call_1","name":"read"}}"#,
+            r#"{"type":"response.function_call_arguments.delta","item_id":"fc_1","output_index":0,"delta":"{\"path\":\"a\"}"}"#,
+            r#"{"type":"response.output_item.done","output_index":0,"item":{"type":"function_call","arguments":"","call_id":"call_1","name":"read"}}"#,
+        ] {
+            assert_eq!(decoder.decode(sse(data), &mut out).unwrap(), None);
+        }
+        let completed =
+            r#"{"type":"response.completed","response":{"status":"completed","usage":null}}"#;
+        assert_eq!(
+            decoder.decode(sse(completed), &mut out).unwrap(),
+            Some(StopReason::ToolUse)
+        );
+        assert_eq!(
+            out,
+            [ModelEvent::ToolCall {
+                call: ToolCall {
+                    id: "call_1".into(),
+                    name: "read".into(),
+                    arguments: json!({ "path": "a" }),
+                }
+            }]
+        );
+    }
+
+    #[test]
+    fn a_refusal_reads_as_the_answer() {
+        let mut decoder = Decoder::default();
+        let mut out = Vec::new();
+        let refusal = r#"{"type":"response.refusal.delta","item_id":"msg_1","output_index":0,"content_index":0,"delta":"I can't help with that.","sequence_number":4}"#;
+        decoder.decode(sse(refusal), &mut out).unwrap();
+        assert_eq!(
+            out,
+            [ModelEvent::TextDelta {
+                text: "I can't help with that.".into()
+            }]
+        );
     }
 
     #[test]
