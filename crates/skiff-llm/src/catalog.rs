@@ -7,7 +7,7 @@
 use crate::drive::{Failure, drive};
 use crate::http::{HttpProvider, KeySource};
 use crate::scripted::Script;
-use crate::{CacheKey, Error, Result, Secrets, anthropic, http, openai};
+use crate::{CacheKey, Error, Result, Secrets, anthropic, http, openai, responses};
 use futures_util::stream::BoxStream;
 use serde::Deserialize;
 use skiff_protocol::api::{ModelPrices, ModelView};
@@ -31,7 +31,7 @@ const DEFAULT_CONTEXT_WINDOW: u64 = 32_768;
 #[serde(deny_unknown_fields)]
 pub struct ProviderConfig {
     pub api: Api,
-    /// Required for the two HTTP apis, for example `https://api.openai.com/v1`.
+    /// Required for the HTTP apis, for example `https://api.openai.com/v1`.
     #[serde(default)]
     pub base_url: Option<String>,
     /// The environment variable holding the API key; unset for local servers that need none.
@@ -133,6 +133,7 @@ pub struct PriceConfig {
 #[serde(rename_all = "kebab-case")]
 pub enum Api {
     OpenaiCompletions,
+    OpenaiResponses,
     AnthropicMessages,
     Scripted,
 }
@@ -141,6 +142,7 @@ impl Api {
     fn as_str(self) -> &'static str {
         match self {
             Api::OpenaiCompletions => "openai-completions",
+            Api::OpenaiResponses => "openai-responses",
             Api::AnthropicMessages => "anthropic-messages",
             Api::Scripted => "scripted",
         }
@@ -168,6 +170,7 @@ struct Inner {
 #[derive(Debug)]
 enum Provider {
     OpenAi(HttpProvider),
+    OpenAiResponses(HttpProvider),
     Anthropic(HttpProvider),
     Scripted { script: Script, builtin: bool },
 }
@@ -292,6 +295,10 @@ impl Catalog {
                     let decoder = http::run::<openai::Decoder>;
                     decoder(client, provider, &request, settings, cache_key, &emitter).await
                 }
+                Provider::OpenAiResponses(provider) => {
+                    let decoder = http::run::<responses::Decoder>;
+                    decoder(client, provider, &request, settings, cache_key, &emitter).await
+                }
                 Provider::Anthropic(provider) => {
                     let decoder = http::run::<anthropic::Decoder>;
                     decoder(client, provider, &request, settings, cache_key, &emitter).await
@@ -338,6 +345,10 @@ impl Provider {
             Api::OpenaiCompletions => {
                 http_provider(name, config, "https://api.openai.com/v1", secrets)
                     .map(Provider::OpenAi)
+            }
+            Api::OpenaiResponses => {
+                http_provider(name, config, "https://api.openai.com/v1", secrets)
+                    .map(Provider::OpenAiResponses)
             }
             Api::AnthropicMessages => {
                 http_provider(name, config, "https://api.anthropic.com", secrets)

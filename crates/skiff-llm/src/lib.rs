@@ -8,7 +8,8 @@
 //! short wait before anything was streamed.
 //!
 //! Module map: `catalog` owns configuration and dispatch, `cache` the prompt-cache key,
-//! `http` the transport shared by the two HTTP adapters ([`openai`], [`anthropic`]), `sse` the
+//! `http` the transport shared by the HTTP adapters ([`openai`] for Chat Completions,
+//! [`responses`] for OpenAI's Responses API, [`anthropic`]), `sse` the
 //! event-stream framing, `scripted` the stand-in model, and `drive` the guarantee that every
 //! stream ends with exactly one terminal event.
 
@@ -18,6 +19,7 @@ mod catalog;
 mod drive;
 mod http;
 pub mod openai;
+pub mod responses;
 mod scripted;
 pub mod sse;
 

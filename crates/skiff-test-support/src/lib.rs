@@ -1,6 +1,6 @@
 //! Test-only helpers: a fake model provider that speaks real HTTP and server-sent events (and
-//! can misbehave on purpose), builders for the OpenAI and Anthropic stream formats, and
-//! temporary git repositories.
+//! can misbehave on purpose), builders for the OpenAI (Chat Completions and Responses) and
+//! Anthropic stream formats, and temporary git repositories.
 //!
 //! Nothing here is linked into a shipped binary. It deliberately does not mock Skiff's own
 //! types: fakes sit on the far side of a real wire format so the code under test runs unchanged.
@@ -17,6 +17,7 @@ pub mod anthropic_cache;
 pub mod anthropic_sse;
 mod fake_provider;
 mod git;
+pub mod openai_responses_sse;
 pub mod openai_sse;
 
 pub use fake_provider::{FakeProvider, FakeResponse, RecordedRequest};

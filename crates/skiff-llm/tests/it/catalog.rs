@@ -124,6 +124,34 @@ fn scripted_models_are_labelled() {
 }
 
 #[test]
+fn openai_responses_is_configured_like_the_other_http_apis() {
+    let catalog = new_catalog(
+        "[openai]\napi = \"openai-responses\"\nbase_url = \"https://api.openai.com/v1\"\napi_key = \"env:OPENAI_API_KEY\"\n\n[openai.models.\"gpt-5\"]\nreasoning = \"medium\"\n",
+        Some("openai/gpt-5"),
+    )
+    .unwrap();
+    let model = catalog.resolve(None).unwrap();
+    assert_eq!(model.as_str(), "openai/gpt-5");
+    assert_eq!(
+        catalog.settings(&model).reasoning,
+        Some(skiff_protocol::model::ReasoningEffort::Medium)
+    );
+    assert!(!catalog.describe(&model).scripted);
+    assert_eq!(
+        new_catalog("[openai]\napi = \"openai-responses\"\n", None).unwrap_err(),
+        "provider `openai`: api = \"openai-responses\" needs `base_url`, for example \"https://api.openai.com/v1\""
+    );
+    assert_eq!(
+        new_catalog(
+            "[openai]\napi = \"openai-responses\"\nbase_url = \"https://api.openai.com/v1\"\nscript = \"x.toml\"\n",
+            None
+        )
+        .unwrap_err(),
+        "provider `openai`: `script` has no meaning for api = \"openai-responses\"; remove it"
+    );
+}
+
+#[test]
 fn http_providers_need_a_valid_base_url() {
     assert_eq!(
         new_catalog("[local]\napi = \"openai-completions\"\n", None).unwrap_err(),

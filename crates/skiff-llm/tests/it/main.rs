@@ -1,4 +1,4 @@
-//! Integration tests of skiff-llm: both HTTP adapters against the fake provider, the scripted
+//! Integration tests of skiff-llm: the HTTP adapters against the fake provider, the scripted
 //! model, and the catalog. Every stream is checked to end with exactly one terminal event.
 
 // clippy.toml allows these in `#[test]` functions only; the helpers here are test code too.
@@ -12,6 +12,7 @@
 mod anthropic;
 mod catalog;
 mod openai;
+mod responses;
 mod scripted;
 mod transport;
 

@@ -1,4 +1,4 @@
-//! Transport behaviour both HTTP adapters share (HTTP errors, retries, timeouts, dropped and
+//! Transport behaviour the HTTP adapters share (HTTP errors, retries, timeouts, dropped and
 //! refused connections, cancellation, API keys, request bodies), written once and run for each
 //! wire format through `transport_tests!`.
 
@@ -9,7 +9,7 @@ use skiff_test_support::{FakeProvider, FakeResponse};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
-/// What differs between the two wire formats, as far as the transport tests care.
+/// What differs between the wire formats, as far as the transport tests care.
 pub struct Wire {
     /// The provider's name in the configuration, and the `api` it uses.
     pub provider: &'static str,
