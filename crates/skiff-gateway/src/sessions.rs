@@ -559,7 +559,8 @@ impl Core {
                     session.workspace.path()
                 ))
             })?
-            .with_ledger(self.procs.clone());
+            .with_ledger(self.procs.clone())
+            .with_gateway_tools(self.mcp.specs());
         // A child never dispatches children of its own.
         if session.parent_id.is_none() {
             tools = tools.with_dispatch();

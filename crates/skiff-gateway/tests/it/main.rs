@@ -10,4 +10,5 @@
 mod admission;
 mod deadlines;
 mod harness;
+mod mcp;
 mod operations;
