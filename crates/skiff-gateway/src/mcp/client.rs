@@ -4,8 +4,12 @@
 
 use super::McpError;
 use super::config::{ServerDef, Source, Transport};
+use http::{HeaderName, HeaderValue};
 use rmcp::model::{CallToolRequestParams, CallToolResult, JsonObject};
 use rmcp::service::{Peer, RoleClient, RunningService, ServiceExt};
+use rmcp::transport::streamable_http_client::{
+    StreamableHttpClientTransport, StreamableHttpClientTransportConfig,
+};
 use serde_json::Value;
 use std::process::Stdio;
 use std::sync::Arc;
@@ -100,9 +104,41 @@ impl Server {
                     _child: Some(ChildGroup { child, pgid }),
                 })
             }
-            Transport::Http { .. } => Err(McpError::HttpUnsupported {
-                server: self.def.name.clone(),
-            }),
+            Transport::Http {
+                url,
+                headers,
+                bearer,
+            } => {
+                let mut config = StreamableHttpClientTransportConfig::with_uri(url.as_str());
+                for (name, source) in headers {
+                    let key = format!("mcp.{}.headers.{name}", self.def.name);
+                    let value = self.resolve(&key, source)?;
+                    let bad = || McpError::Header { key: key.clone() };
+                    config.custom_headers.insert(
+                        HeaderName::from_bytes(name.as_bytes()).map_err(|_| bad())?,
+                        HeaderValue::from_str(&value).map_err(|_| bad())?,
+                    );
+                }
+                if let Some(source) = bearer {
+                    let key = format!("mcp.{}.bearer", self.def.name);
+                    config.auth_header = Some(self.resolve(&key, source)?);
+                }
+                let client = reqwest::Client::builder()
+                    .redirect(reqwest::redirect::Policy::none())
+                    .build()
+                    .map_err(|e| McpError::Handshake {
+                        reason: e.to_string(),
+                    })?;
+                let transport =
+                    StreamableHttpClientTransport::with_client(super::http::Http(client), config);
+                let service = ().serve(transport).await.map_err(|e| McpError::Handshake {
+                    reason: e.to_string(),
+                })?;
+                Ok(Connection {
+                    service,
+                    _child: None,
+                })
+            }
         }
     }
 

@@ -27,10 +27,6 @@ pub(crate) enum Transport {
         args: Vec<String>,
         env: Vec<(String, Source)>,
     },
-    #[expect(
-        dead_code,
-        reason = "the streamable-HTTP client is not built yet; its configuration is checked already"
-    )]
     Http {
         url: String,
         headers: Vec<(String, Source)>,

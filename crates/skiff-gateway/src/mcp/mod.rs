@@ -6,15 +6,20 @@
 //! Every call is audited (`mcp.call`: server, tool, status, duration; never arguments or
 //! content) and, for a worker session, counted as controlled egress of its environment.
 //!
+//! A stdio server (`command`) is the gateway's child; an HTTP server (`url`) is reached with
+//! the streamable-HTTP transport (`http.rs`).
+//!
 //! A server that cannot start does not stop the gateway: its tools are absent and the log says
 //! why. A stdio server that exits is started again at the next call; the tool list stays the
 //! one read at startup, so prompts stay cache-stable.
 //!
 //! Deliberately absent: resources, prompts, sampling and notifications (only tools), images in
-//! results (text parts only), and re-reading a server's tool list while the gateway runs.
+//! results (text parts only), OAuth for HTTP servers (a `bearer` or `headers` only), and
+//! re-reading a server's tool list while the gateway runs.
 
 mod client;
 mod config;
+mod http;
 
 pub(crate) use config::{ServerDef, validate};
 
@@ -63,8 +68,8 @@ pub(crate) enum McpError {
     Timeout { server: String, seconds: u64 },
     #[error("the server failed the request: {reason}")]
     Service { reason: String },
-    #[error("streamable-HTTP MCP servers (`mcp.{server}.url`) are not supported by this build yet")]
-    HttpUnsupported { server: String },
+    #[error("`{key}` is not a valid HTTP header name and value")]
+    Header { key: String },
 }
 
 impl Mcp {

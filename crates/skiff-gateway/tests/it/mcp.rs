@@ -260,3 +260,100 @@ async fn a_bad_mcp_table_stops_the_gateway_naming_the_key() {
         assert!(text.contains(key), "{text}");
     }
 }
+
+/// A streamable-HTTP MCP server: JSON answers to POSTs, a session id, no server stream, and
+/// every request refused without the bearer token and header the test configured.
+async fn http_server(bearer: String) -> (String, tokio::task::JoinHandle<()>) {
+    use axum::http::{HeaderMap, StatusCode};
+    use axum::response::IntoResponse;
+    let post = move |headers: HeaderMap, body: axum::body::Bytes| {
+        let bearer = bearer.clone();
+        async move {
+            let auth = headers.get("authorization").and_then(|v| v.to_str().ok());
+            let key = headers.get("x-api-key").and_then(|v| v.to_str().ok());
+            if auth != Some(format!("Bearer {bearer}").as_str()) || key != Some("k-123") {
+                return StatusCode::UNAUTHORIZED.into_response();
+            }
+            let message: Value = serde_json::from_slice(&body).unwrap();
+            let Some(id) = message.get("id").cloned() else {
+                return StatusCode::ACCEPTED.into_response();
+            };
+            let result = match message["method"].as_str().unwrap() {
+                "initialize" => serde_json::json!({
+                    "protocolVersion": message["params"]["protocolVersion"],
+                    "capabilities": {"tools": {}},
+                    "serverInfo": {"name": "http-fake", "version": "1"},
+                }),
+                "tools/list" => serde_json::json!({"tools": [
+                    {"name": "lookup", "description": "Looks up.", "inputSchema": {"type": "object"}},
+                ]}),
+                "tools/call" => serde_json::json!({
+                    "content": [{"type": "text", "text": "answered over HTTP"}],
+                }),
+                other => panic!("unexpected {other}"),
+            };
+            (
+                [
+                    ("content-type", "application/json"),
+                    ("mcp-session-id", "s-1"),
+                ],
+                serde_json::json!({"jsonrpc": "2.0", "id": id, "result": result}).to_string(),
+            )
+                .into_response()
+        }
+    };
+    let app = axum::Router::new().route(
+        "/mcp",
+        axum::routing::post(post)
+            .get(|| async { StatusCode::METHOD_NOT_ALLOWED })
+            .delete(|| async { StatusCode::OK }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/mcp", listener.local_addr().unwrap());
+    let task = tokio::spawn(async move {
+        axum::serve(listener, app).await.unwrap();
+    });
+    (url, task)
+}
+
+#[tokio::test]
+async fn an_http_server_is_reached_with_its_bearer_and_headers() {
+    let path = std::env::var("PATH").unwrap();
+    let (url, server) = http_server(path).await;
+    let responses = vec![
+        tool_reply("call_1", "mcp__remote__lookup", r#"{}"#),
+        answer("done"),
+    ];
+    let config = format!(
+        "[mcp.remote]\nurl = \"{url}\"\nbearer = \"env:PATH\"\nheaders = {{ X-Api-Key = \"k-123\" }}\ntools = [\"lookup\"]\ntimeout_s = 5\n"
+    );
+    let gw = TestGateway::configured("", &config, Some(responses)).await;
+    let ws = gw.plain_dir("ws", &[]);
+    let started = gw
+        .client
+        .create_session(&CreateSessionRequest {
+            prompt: "look".into(),
+            workspace: ws.display().to_string(),
+            model: Some("http/m".into()),
+            profile: None,
+        })
+        .await
+        .unwrap();
+    gw.client.follow_until_run_end(&started.session.id, 0).await;
+    let requests = gw.provider.as_ref().unwrap().requests();
+    assert!(offered(&requests[0].body).contains(&"mcp__remote__lookup".to_owned()));
+    let detail = gw.client.session(&started.session.id).await.unwrap();
+    let result = detail
+        .transcript
+        .iter()
+        .find_map(|e| match &e.body {
+            EntryBody::ToolResult {
+                content, is_error, ..
+            } => Some((content.clone(), *is_error)),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(result, ("answered over HTTP".to_owned(), false));
+    gw.shutdown().await;
+    server.abort();
+}
