@@ -17,6 +17,34 @@ pub struct Config {
     pub profiles: BTreeMap<String, skiff_providers::ProfileConfig>,
     #[serde(default)]
     pub gateway: GatewayConfig,
+    /// MCP servers whose allowlisted tools the gateway offers every session (`[mcp.NAME]`).
+    #[serde(default)]
+    pub mcp: BTreeMap<String, McpConfig>,
+}
+
+/// `[mcp.NAME]`: one MCP server, run by the gateway (never on a box). Exactly one of
+/// `command` (a stdio server the gateway starts) or `url` (a streamable-HTTP server).
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct McpConfig {
+    /// The program of a stdio server, started by the gateway with a clean environment.
+    pub command: Option<String>,
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// Variables for a stdio server: a literal, or `"env:VAR"` / `"vault:NAME"`.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// The endpoint of a streamable-HTTP server.
+    pub url: Option<String>,
+    /// Headers sent to an HTTP server: a literal, or `"env:VAR"` / `"vault:NAME"`.
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// `Authorization: Bearer …` for an HTTP server: `"env:VAR"` or `"vault:NAME"` only.
+    pub bearer: Option<String>,
+    /// The tools of this server the agent is offered (required; none is offered otherwise).
+    pub tools: Option<Vec<String>>,
+    /// How long starting the server, listing its tools or one call may take [default: 60].
+    pub timeout_s: Option<u64>,
 }
 
 #[derive(Debug, Default, Clone, Deserialize)]

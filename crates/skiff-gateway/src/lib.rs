@@ -19,6 +19,7 @@ mod environments;
 mod error;
 mod housekeeping;
 mod hub;
+mod mcp;
 mod metrics;
 mod quarantine;
 mod restore;
@@ -88,10 +89,15 @@ pub(crate) struct Core {
     restoring: Mutex<std::collections::HashSet<skiff_protocol::SessionId>>,
     /// Sealed secrets (`vault:NAME` in configuration); the catalog holds it too.
     vault: Arc<vault::Vault>,
+<<<<<<< HEAD
     /// The background processes of gateway-placed sessions, one registry per session across
     /// its turns, so `process {keep: true}` lives on between turns. Dropping a registry stops
     /// what it holds: when the session leaves the gateway, and when the gateway stops.
     session_processes: Mutex<HashMap<skiff_protocol::SessionId, skiff_agent::tools::Processes>>,
+=======
+    /// `[mcp.NAME]`: the MCP servers started at startup and the tools they offer.
+    mcp: mcp::Mcp,
+>>>>>>> wt/mcp
 }
 
 /// A started gateway.
@@ -118,6 +124,7 @@ impl Running {
             token.cancel();
         }
         let _ = self.server.await;
+        self.core.mcp.shutdown().await;
     }
 
     /// Waits until the server stops (it stops on its own only on an I/O error).
@@ -180,6 +187,7 @@ pub(crate) async fn open_core(options: &Options) -> Result<(Arc<Core>, std::time
     let lifetime_tick = config.gateway.lifetime_tick(&config_path)?;
     let credential_ttl = config.gateway.worker_credential_ttl(&config_path)?;
     let turn_timeout = config.gateway.turn_timeout(&config_path)?;
+    let mcp_servers = mcp::validate(&config_path, &config.mcp)?;
     let config_dir = config_path.parent().map(PathBuf::from).unwrap_or_default();
     let store = Arc::new(Store::open(&state.database())?);
     // Read once: the variable is this process's, and no child inherits it (`skiff-process`).
@@ -195,6 +203,8 @@ pub(crate) async fn open_core(options: &Options) -> Result<(Arc<Core>, std::time
         Some(vault.clone() as Arc<dyn skiff_llm::Secrets>),
     )?;
     let tokens = auth::Tokens::load(&store)?;
+    // Before any session can be offered tools: the list every session sees is fixed here.
+    let mcp = mcp::Mcp::start(mcp_servers, vault.clone()).await;
     let hub = Arc::new(Hub::new(store.clone()));
     let envs = Arc::new(environments::Environments::new(
         store.clone(),
@@ -227,7 +237,11 @@ pub(crate) async fn open_core(options: &Options) -> Result<(Arc<Core>, std::time
         max_children: config.gateway.max_children.unwrap_or(4),
         restoring: Mutex::default(),
         vault,
+<<<<<<< HEAD
         session_processes: Mutex::default(),
+=======
+        mcp,
+>>>>>>> wt/mcp
     });
     core.envs
         .set_readiness(Arc::new(worker::probe::Probe(Arc::downgrade(&core))));

@@ -78,6 +78,20 @@ const INHERITED: &[&str] = &[
 ];
 const DEFAULT_PATH: &str = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin";
 
+/// The clean environment every child starts from ([`INHERITED`]'s variables this process has,
+/// and a default `PATH`), for the rare child that cannot be a [`Cmd`] (a long-lived server
+/// whose pipes another library drives: the gateway's MCP servers).
+pub fn inherited_env() -> Vec<(String, OsString)> {
+    let mut env: Vec<(String, OsString)> = INHERITED
+        .iter()
+        .filter_map(|key| std::env::var_os(key).map(|v| ((*key).to_owned(), v)))
+        .collect();
+    if std::env::var_os("PATH").is_none() {
+        env.push(("PATH".to_owned(), DEFAULT_PATH.into()));
+    }
+    env
+}
+
 /// How a finished command ended.
 #[derive(Debug)]
 pub struct Finished {

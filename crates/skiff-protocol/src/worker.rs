@@ -315,6 +315,11 @@ pub struct TurnAssignment {
     pub max_output_tokens: u32,
     /// The transcript from the root to the leaf the turn starts from.
     pub transcript: Vec<TranscriptEntry>,
+    /// Tools the gateway runs beyond the built-in ones (MCP servers' `mcp__…` tools): their
+    /// specs only, offered to the model as a gateway-placed loop offers them. The worker
+    /// never sees a server, its command, URL or credentials.
+    #[serde(default)]
+    pub gateway_tools: Vec<crate::model::ToolSpec>,
 }
 
 /// Frames the gateway sends.

@@ -23,6 +23,38 @@ pub mod openai_sse;
 pub use fake_provider::{FakeProvider, FakeResponse, RecordedRequest};
 pub use git::TempGitRepo;
 
+/// The `fake-mcp-server` binary of this crate (a stdio MCP server, see its source), built
+/// first when missing: a test of another crate cannot depend on a binary, and a workspace
+/// build (`scripts/test`) has built it already.
+pub fn fake_mcp_server() -> std::path::PathBuf {
+    static BUILT: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let exe = std::env::current_exe().unwrap();
+    // target/<profile>/deps/<test binary> → target/<profile>/fake-mcp-server
+    let path = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .unwrap()
+        .join("fake-mcp-server");
+    let _one = BUILT.lock().unwrap_or_else(|p| p.into_inner());
+    if !path.exists() {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let status = std::process::Command::new(cargo)
+            .args([
+                "build",
+                "-p",
+                "skiff-test-support",
+                "--bin",
+                "fake-mcp-server",
+            ])
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .status()
+            .unwrap();
+        assert!(status.success(), "could not build fake-mcp-server");
+    }
+    assert!(path.exists(), "{} was not built", path.display());
+    path
+}
+
 /// Splits `text` into `n` pieces of roughly equal length (fewer when it is shorter), never
 /// inside a UTF-8 character, as a provider splits streamed JSON.
 fn fragments(text: &str, n: usize) -> Vec<&str> {

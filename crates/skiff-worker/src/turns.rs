@@ -98,7 +98,9 @@ impl Turns {
         cancel: &CancellationToken,
     ) -> TurnEnd {
         let tools = match Tools::new(workspace.clone(), egress_env()) {
-            Ok(tools) => tools.with_processes(self.processes.clone()),
+            Ok(tools) => tools
+                .with_processes(self.processes.clone())
+                .with_gateway_tools(turn.gateway_tools),
             Err(e) => {
                 return TurnEnd::Failed {
                     error: format!("the workspace {} is unusable: {e}", workspace.display()),

@@ -71,6 +71,9 @@ pub struct Tools {
     processes: Processes,
     /// Whether the model is offered the dispatch tools ([`DISPATCH_TOOLS`]).
     dispatch: bool,
+    /// Specs of tools the gateway runs for this session beyond the built-in ones (MCP
+    /// servers' tools, [`MCP_PREFIX`]), in the gateway's order.
+    gateway_specs: Vec<ToolSpec>,
 }
 
 impl Tools {
@@ -82,6 +85,7 @@ impl Tools {
             ledger: None,
             processes: Processes::for_turn(),
             dispatch: false,
+            gateway_specs: Vec::new(),
         })
     }
 
@@ -107,6 +111,14 @@ impl Tools {
         self
     }
 
+    /// Offers the model tools the gateway runs (MCP servers' tools, named
+    /// `mcp__<server>__<tool>`): after the built-in tools and before the dispatch tools, so a
+    /// worker session's list is the same bytes as a gateway session's up to dispatch.
+    pub fn with_gateway_tools(mut self, specs: Vec<ToolSpec>) -> Self {
+        self.gateway_specs = specs;
+        self
+    }
+
     /// Ends the turn for background processes: every one not started with `keep` is stopped.
     pub async fn end_turn(&self) {
         self.processes.end_turn().await;
@@ -119,6 +131,7 @@ impl Tools {
     /// The JSON schemas the model sees, in a fixed order (request bodies must be stable).
     pub fn specs(&self) -> Vec<ToolSpec> {
         let mut specs = specs();
+        specs.extend(self.gateway_specs.iter().cloned());
         if self.dispatch {
             specs.extend(dispatch_specs());
         }
@@ -257,9 +270,12 @@ pub const DISPATCH_STATUS: &str = "dispatch_status";
 pub const DISPATCH_WAIT: &str = "dispatch_wait";
 pub const DISPATCH_TOOLS: [&str; 3] = [DISPATCH, DISPATCH_STATUS, DISPATCH_WAIT];
 
+/// The prefix of an MCP server's tool as the model sees it: `mcp__<server>__<tool>`.
+pub const MCP_PREFIX: &str = "mcp__";
+
 /// Whether the gateway, not the workspace's machine, runs this tool.
 pub fn runs_on_gateway(name: &str) -> bool {
-    name == WEB_FETCH || DISPATCH_TOOLS.contains(&name)
+    name == WEB_FETCH || DISPATCH_TOOLS.contains(&name) || name.starts_with(MCP_PREFIX)
 }
 
 /// The main argument of a call, for one-line display (`read src/lib.rs`).

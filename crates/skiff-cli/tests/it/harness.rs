@@ -89,6 +89,11 @@ impl Gateway {
         cmd
     }
 
+    /// The gateway process's pid.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub fn run(&self, args: &[&str]) -> Output {
         self.cli().args(args).output().unwrap()
     }

@@ -18,6 +18,7 @@ mod env;
 mod harness;
 mod homecoming;
 mod leftovers;
+mod mcp;
 mod newcomer;
 mod parking;
 mod pull_back;

@@ -46,6 +46,7 @@ impl Core {
             max_steps: crate::sessions::MAX_STEPS,
             max_output_tokens: crate::sessions::MAX_OUTPUT_TOKENS,
             transcript,
+            gateway_tools: self.mcp.specs(),
         };
         let live = self.workers.live(session);
         live.set_open_run(Some(run.id.clone()));

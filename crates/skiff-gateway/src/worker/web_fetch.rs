@@ -1,4 +1,4 @@
-//! `web_fetch`, a gateway-resident tool (the dispatch tools are in `dispatch.rs`): it runs on the gateway for local and worker
+//! `web_fetch`, a gateway-resident tool (the dispatch tools are in `dispatch.rs`, MCP servers' in `mcp/`): it runs on the gateway for local and worker
 //! sessions alike, only for hosts on `[gateway] web_fetch_allow` (default: none), follows no
 //! redirects, and returns at most [`MAX_FETCH_BYTES`] of text. Every call is counted as
 //! controlled egress of the session's environment and audited (host, bytes, decision — never
@@ -36,6 +36,11 @@ impl Core {
         if skiff_agent::tools::DISPATCH_TOOLS.contains(&name) {
             return self
                 .dispatch_tool(scope, session, env, name, arguments, cancel)
+                .await;
+        }
+        if name.starts_with(skiff_agent::tools::MCP_PREFIX) {
+            return self
+                .mcp_tool(scope, session, env, name, arguments, cancel)
                 .await;
         }
         if name != skiff_agent::tools::WEB_FETCH {

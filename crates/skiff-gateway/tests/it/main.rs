@@ -11,5 +11,6 @@ mod admission;
 mod deadlines;
 mod harness;
 mod listing;
+mod mcp;
 mod operations;
 mod processes;
