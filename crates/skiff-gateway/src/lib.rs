@@ -89,15 +89,12 @@ pub(crate) struct Core {
     restoring: Mutex<std::collections::HashSet<skiff_protocol::SessionId>>,
     /// Sealed secrets (`vault:NAME` in configuration); the catalog holds it too.
     vault: Arc<vault::Vault>,
-<<<<<<< HEAD
     /// The background processes of gateway-placed sessions, one registry per session across
     /// its turns, so `process {keep: true}` lives on between turns. Dropping a registry stops
     /// what it holds: when the session leaves the gateway, and when the gateway stops.
     session_processes: Mutex<HashMap<skiff_protocol::SessionId, skiff_agent::tools::Processes>>,
-=======
     /// `[mcp.NAME]`: the MCP servers started at startup and the tools they offer.
     mcp: mcp::Mcp,
->>>>>>> wt/mcp
 }
 
 /// A started gateway.
@@ -237,11 +234,8 @@ pub(crate) async fn open_core(options: &Options) -> Result<(Arc<Core>, std::time
         max_children: config.gateway.max_children.unwrap_or(4),
         restoring: Mutex::default(),
         vault,
-<<<<<<< HEAD
         session_processes: Mutex::default(),
-=======
         mcp,
->>>>>>> wt/mcp
     });
     core.envs
         .set_readiness(Arc::new(worker::probe::Probe(Arc::downgrade(&core))));

@@ -578,11 +578,8 @@ impl Core {
                 ))
             })?
             .with_ledger(self.procs.clone())
-<<<<<<< HEAD
-            .with_processes(self.session_processes(&session.id));
-=======
+            .with_processes(self.session_processes(&session.id))
             .with_gateway_tools(self.mcp.specs());
->>>>>>> wt/mcp
         // A child never dispatches children of its own.
         if session.parent_id.is_none() {
             tools = tools.with_dispatch();
