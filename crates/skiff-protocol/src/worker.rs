@@ -309,6 +309,9 @@ pub struct TurnAssignment {
     pub model_label: String,
     pub max_steps: usize,
     pub max_output_tokens: u32,
+    /// The session's reasoning choice; `None` leaves it to the model's setting.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<crate::model::ReasoningEffort>,
     /// The transcript from the root to the leaf the turn starts from.
     pub transcript: Vec<TranscriptEntry>,
 }

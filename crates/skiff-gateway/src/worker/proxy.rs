@@ -332,11 +332,17 @@ impl Core {
                 // Streamed text goes to the session's followers from here, as it arrives: the
                 // worker gets it for its loop but does not send it back (half the tunnel
                 // traffic, and the live stream does not wait on the box).
-                if let (ModelEvent::TextDelta { text }, Some((scope, run))) = (&event, &stream_to) {
-                    let delta = EventKind::TextDelta { text: text.clone() };
-                    if let Err(e) = core.hub.publish(scope, &key.0, Some(run), delta) {
-                        tracing::warn!(error = %e, "could not publish streamed text");
+                let delta = match &event {
+                    ModelEvent::TextDelta { text } => Some(EventKind::TextDelta { text: text.clone() }),
+                    ModelEvent::ReasoningDelta { text } => {
+                        Some(EventKind::ReasoningDelta { text: text.clone() })
                     }
+                    _ => None,
+                };
+                if let (Some(delta), Some((scope, run))) = (delta, &stream_to)
+                    && let Err(e) = core.hub.publish(scope, &key.0, Some(run), delta)
+                {
+                    tracing::warn!(error = %e, "could not publish streamed text");
                 }
                 let end = terminal(&event);
                 lock(&call.events).push(event);

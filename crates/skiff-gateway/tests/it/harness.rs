@@ -143,6 +143,7 @@ impl Client {
         let body = SendMessageRequest {
             prompt: prompt.to_owned(),
             profile: None,
+            reasoning: None,
         };
         self.send_json(
             reqwest::Method::POST,
