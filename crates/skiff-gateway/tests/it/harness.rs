@@ -145,6 +145,15 @@ impl Client {
             profile: None,
             reasoning: None,
         };
+        self.send(id, &body).await
+    }
+
+    /// `POST /v1/sessions/{id}/messages` with the whole request.
+    pub async fn send(
+        &self,
+        id: &SessionId,
+        body: &SendMessageRequest,
+    ) -> Result<RunStarted, Refused> {
         self.send_json(
             reqwest::Method::POST,
             &format!("/v1/sessions/{id}/messages"),

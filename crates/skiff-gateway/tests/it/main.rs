@@ -11,3 +11,4 @@ mod admission;
 mod deadlines;
 mod harness;
 mod operations;
+mod reasoning;
