@@ -209,9 +209,8 @@ pub struct SendArgs {
 
 /// `--reasoning`: a usage error (exit 2) names the allowed values.
 fn reasoning_effort(value: &str) -> std::result::Result<ReasoningEffort, String> {
-    ReasoningEffort::parse(value).ok_or_else(|| {
-        format!("`{value}` is not a reasoning effort; use off, low, medium or high")
-    })
+    ReasoningEffort::parse(value)
+        .ok_or_else(|| format!("`{value}` is not a reasoning effort; use off, low, medium or high"))
 }
 
 pub async fn run(cmd: SessionCommand, state_dir: &Path, json: bool) -> Result<ExitCode> {

@@ -578,7 +578,10 @@ impl Core {
             model,
             max_steps: MAX_STEPS,
             max_output_tokens: MAX_OUTPUT_TOKENS,
-            reasoning: session.reasoning.as_deref().and_then(ReasoningEffort::parse),
+            reasoning: session
+                .reasoning
+                .as_deref()
+                .and_then(ReasoningEffort::parse),
         };
         let mut tools = Tools::new(session.workspace.path().into(), Vec::new())
             .map_err(|e| {

@@ -760,8 +760,7 @@ mod tests {
             (ReasoningEffort::High, 24_576),
         ] {
             settings.reasoning = Some(effort);
-            let body: Value =
-                serde_json::from_slice(&request_body(&request, &settings)).unwrap();
+            let body: Value = serde_json::from_slice(&request_body(&request, &settings)).unwrap();
             assert_eq!(body["thinking"]["budget_tokens"], budget);
             assert_eq!(body["max_tokens"], budget + 1000);
         }

@@ -77,7 +77,9 @@ impl SessionBackend for RpcBackend {
         // text and reasoning through its inference proxy: none travels back over the tunnel.
         if matches!(
             event,
-            EventKind::Entry { .. } | EventKind::TextDelta { .. } | EventKind::ReasoningDelta { .. }
+            EventKind::Entry { .. }
+                | EventKind::TextDelta { .. }
+                | EventKind::ReasoningDelta { .. }
         ) {
             return;
         }

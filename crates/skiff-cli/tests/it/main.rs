@@ -21,6 +21,7 @@ mod leftovers;
 mod newcomer;
 mod parking;
 mod pull_back;
+mod reasoning;
 mod restore;
 mod results;
 mod rewind;

@@ -333,7 +333,9 @@ impl Core {
                 // worker gets it for its loop but does not send it back (half the tunnel
                 // traffic, and the live stream does not wait on the box).
                 let delta = match &event {
-                    ModelEvent::TextDelta { text } => Some(EventKind::TextDelta { text: text.clone() }),
+                    ModelEvent::TextDelta { text } => {
+                        Some(EventKind::TextDelta { text: text.clone() })
+                    }
                     ModelEvent::ReasoningDelta { text } => {
                         Some(EventKind::ReasoningDelta { text: text.clone() })
                     }

@@ -145,7 +145,11 @@ async fn reasoning_chosen_for_a_session_reaches_the_model_and_its_thinking_goes_
     gw.client.follow_until_run_end(&id, after).await;
     let sent = bodies(&fake);
     assert_eq!(budget(&sent[2]), 2048);
-    assert_eq!(budget(&sent[3]), 2048, "a send without --reasoning keeps it");
+    assert_eq!(
+        budget(&sent[3]),
+        2048,
+        "a send without --reasoning keeps it"
+    );
     // Thinking from the earlier turn still goes back unchanged.
     assert!(sent[3].contains(&replayed), "{}", sent[3]);
     let detail = gw.client.session(&id).await.unwrap();

@@ -435,7 +435,10 @@ async fn thinking_streams_for_display_and_arrives_whole_with_its_signature() {
         position(&|e| matches!(e, ModelEvent::Reasoning { .. }))
             < position(&|e| matches!(e, ModelEvent::ToolCall { .. }))
     );
-    assert_eq!(tool_calls(&events)[0].arguments, json!({ "path": "README.md" }));
+    assert_eq!(
+        tool_calls(&events)[0].arguments,
+        json!({ "path": "README.md" })
+    );
 }
 
 #[tokio::test]
@@ -489,7 +492,10 @@ async fn thinking_goes_back_byte_for_byte_with_the_budget() {
         quoted(SIGNATURE),
         quoted(&THOUGHT.concat())
     );
-    let redacted = format!(r#"{{"data":{},"type":"redacted_thinking"}}"#, quoted(REDACTED));
+    let redacted = format!(
+        r#"{{"data":{},"type":"redacted_thinking"}}"#,
+        quoted(REDACTED)
+    );
     let signature_as_streamed = format!(r#""signature":{}"#, quoted(SIGNATURE));
     assert!(
         thinking_then_tool_use()
