@@ -205,6 +205,10 @@ impl Call {
 /// Frames a worker sends.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "nearly every frame is a call; boxing it would allocate for each one to save room in the rare others"
+)]
 pub enum WorkerFrame {
     Hello {
         protocol_version: u32,
