@@ -223,7 +223,9 @@ async fn stream_reply<M: ModelClient, B: SessionBackend>(
                 reply.text.push_str(&text);
                 backend.publish(EventKind::TextDelta { text }).await;
             }
-            ModelEvent::ReasoningDelta { .. } => {}
+            ModelEvent::ReasoningDelta { text } => {
+                backend.publish(EventKind::ReasoningDelta { text }).await;
+            }
             ModelEvent::Reasoning { reasoning } => reply.reasoning.push(reasoning),
             ModelEvent::ToolCall { call } => reply.tool_calls.push(call),
             ModelEvent::Usage { usage } => reply.usage.add(usage),

@@ -205,10 +205,12 @@ impl Client {
         id: &str,
         prompt: &str,
         profile: Option<&str>,
+        reasoning: Option<skiff_protocol::model::ReasoningEffort>,
     ) -> Result<RunStarted> {
         let body = SendMessageRequest {
             prompt: prompt.to_owned(),
             profile: profile.map(str::to_owned),
+            reasoning,
         };
         self.send(self.post(&format!("/v1/sessions/{id}/messages"), &body))
             .await

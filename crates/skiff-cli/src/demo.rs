@@ -114,6 +114,7 @@ pub async fn run(args: DemoArgs, user_state_dir: &Path, json: bool) -> Result<Ex
                 workspace: repo.display().to_string(),
                 model: None,
                 profile: (!args.on_gateway).then(|| "local".to_owned()),
+                reasoning: None,
             })
             .await?;
         let session = started_run.session.clone();

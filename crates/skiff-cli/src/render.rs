@@ -10,6 +10,7 @@
 use indicatif::{ProgressBar, ProgressStyle};
 use skiff_protocol::api::{RunStatus, SessionView};
 use skiff_protocol::event::{EventKind, SessionEvent};
+use skiff_protocol::model::Reasoning;
 use skiff_protocol::transcript::{EntryBody, TranscriptEntry};
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
@@ -66,6 +67,10 @@ pub struct Live {
     finished: Vec<Finished>,
     /// Calls whose result was shown; a finish event that arrives after it changes nothing.
     shown: HashSet<String>,
+    /// When the model started streaming reasoning (the event's `at_ms`), while it still is.
+    thinking_since: Option<i64>,
+    /// The newest event's `at_ms`, to end a thinking line when the stream ends.
+    last_at_ms: i64,
 }
 
 impl Live {
@@ -89,6 +94,8 @@ impl Live {
             calls: HashMap::new(),
             finished: Vec::new(),
             shown: HashSet::new(),
+            thinking_since: None,
+            last_at_ms: 0,
         }
     }
 
@@ -197,7 +204,19 @@ impl Live {
             }
             return Ok(());
         }
+        self.last_at_ms = event.at_ms;
+        if !matches!(event.kind, EventKind::ReasoningDelta { .. }) {
+            self.end_thinking(event.at_ms);
+        }
         match &event.kind {
+            EventKind::ReasoningDelta { .. } => {
+                if self.thinking_since.is_none() {
+                    self.thinking_since = Some(event.at_ms);
+                    self.flush_finished()?;
+                    self.line_break()?;
+                    self.spin("thinking…".to_owned());
+                }
+            }
             EventKind::ModelRequest { model } => {
                 self.flush_finished()?;
                 self.spin(format!("thinking ({model})"));
@@ -290,6 +309,17 @@ impl Live {
         Ok(())
     }
 
+    /// Reasoning stopped streaming at `at_ms`: one line saying for how long (the text itself
+    /// is in the transcript; `--json` streams it).
+    fn end_thinking(&mut self, at_ms: i64) {
+        if let Some(since) = self.thinking_since.take() {
+            self.stop_spinner();
+            let ms = u64::try_from(at_ms.saturating_sub(since)).unwrap_or(0);
+            // On stderr like the spinner it replaces; stdout stays the answer.
+            eprintln!("thinking… {}", format_duration(ms));
+        }
+    }
+
     /// Setup output: on a terminal, its newest line beside a spinner (the failure message
     /// carries the last lines, `session setup-log` all of them); otherwise every line.
     fn setup_output(&mut self, text: &str) {
@@ -307,6 +337,7 @@ impl Live {
     }
 
     pub fn finish(&mut self) -> anyhow::Result<()> {
+        self.end_thinking(self.last_at_ms);
         self.flush_finished()?;
         self.stop_spinner();
         self.line_break()
@@ -803,6 +834,24 @@ pub fn table<const N: usize>(header: &[&str; N], rows: &[[String; N]]) -> String
     out
 }
 
+/// `  · thinking (1234 chars)`: that the model reasoned and how much, never what (it can be
+/// long, and `--json` has it whole); a redacted block is only counted.
+fn thinking_marker(reasoning: &[Reasoning]) -> String {
+    let chars: usize = reasoning
+        .iter()
+        .map(|r| r.readable_text().chars().count())
+        .sum();
+    let redacted = reasoning
+        .iter()
+        .filter(|r| matches!(r, Reasoning::RedactedThinking { .. }))
+        .count();
+    let mut parts = vec![plural(chars, "char", "chars")];
+    if redacted > 0 {
+        parts.push(format!("{redacted} redacted"));
+    }
+    format!("  · thinking ({})\n", parts.join(", "))
+}
+
 /// A transcript as a person reads it: each tool call a row with its result under it (as the
 /// live stream shows them, without durations, which the transcript does not keep).
 pub fn transcript(entries: &[TranscriptEntry], detail: Detail) -> String {
@@ -821,8 +870,14 @@ pub fn transcript(entries: &[TranscriptEntry], detail: Detail) -> String {
         match &entry.body {
             EntryBody::UserMessage { text } => out.push_str(&format!("you    {}\n", indent(text))),
             EntryBody::AssistantMessage {
-                text, tool_calls, ..
+                text,
+                tool_calls,
+                reasoning,
+                ..
             } => {
+                if !reasoning.is_empty() {
+                    out.push_str(&thinking_marker(reasoning));
+                }
                 if !text.is_empty() {
                     out.push_str(&format!("agent  {}\n", indent(text)));
                 }

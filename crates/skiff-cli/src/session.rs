@@ -9,6 +9,7 @@ use futures_util::StreamExt;
 use skiff_protocol::api::{CreateSessionRequest, ErrorCode, PlacementMove, RunStarted, RunStatus};
 use skiff_protocol::environment::PlacementState;
 use skiff_protocol::event::EventKind;
+use skiff_protocol::model::ReasoningEffort;
 use skiff_protocol::{RunId, SessionId};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -179,6 +180,10 @@ pub struct NewArgs {
     /// Run the session on a worker box of this profile (see `skiff env`) instead of the gateway
     #[arg(long, value_name = "PROFILE")]
     profile: Option<String>,
+    /// How hard the model reasons: off, low, medium or high [default: the model's `reasoning`
+    /// in skiff.toml]
+    #[arg(long, value_name = "EFFORT", value_parser = reasoning_effort)]
+    reasoning: Option<ReasoningEffort>,
     /// Start the turn and return without streaming it
     #[arg(long)]
     detach: bool,
@@ -195,11 +200,20 @@ pub struct SendArgs {
     /// Run this turn, and the session from now on, on a worker box of this profile
     #[arg(long, value_name = "PROFILE")]
     profile: Option<String>,
+    /// How hard the model reasons, from this turn on: off, low, medium or high
+    #[arg(long, value_name = "EFFORT", value_parser = reasoning_effort)]
+    reasoning: Option<ReasoningEffort>,
     /// Start the turn and return without streaming it
     #[arg(long)]
     detach: bool,
     #[command(flatten)]
     detail: FullArg,
+}
+
+/// `--reasoning`: a usage error (exit 2) names the allowed values.
+fn reasoning_effort(value: &str) -> std::result::Result<ReasoningEffort, String> {
+    ReasoningEffort::parse(value)
+        .ok_or_else(|| format!("`{value}` is not a reasoning effort; use off, low, medium or high"))
 }
 
 pub async fn run(cmd: SessionCommand, state_dir: &Path, json: bool) -> Result<ExitCode> {
@@ -218,6 +232,7 @@ pub async fn run(cmd: SessionCommand, state_dir: &Path, json: bool) -> Result<Ex
                     workspace: workspace.display().to_string(),
                     model: args.model,
                     profile: args.profile,
+                    reasoning: args.reasoning,
                 })
                 .await?;
             let live = Live::with_detail(json, Detail::with_full_flag(args.detail.full));
@@ -225,7 +240,12 @@ pub async fn run(cmd: SessionCommand, state_dir: &Path, json: bool) -> Result<Ex
         }
         SessionCommand::Send(args) => {
             let started = client
-                .send_message(&args.id, &args.prompt, args.profile.as_deref())
+                .send_message(
+                    &args.id,
+                    &args.prompt,
+                    args.profile.as_deref(),
+                    args.reasoning,
+                )
                 .await?;
             let live = Live::with_detail(json, Detail::with_full_flag(args.detail.full));
             started_turn(&client, started, args.detach, live).await
@@ -286,6 +306,9 @@ pub async fn run(cmd: SessionCommand, state_dir: &Path, json: bool) -> Result<Ex
                 outln!("sync       {left_out}")?;
             }
             outln!("model      {}", s.model.label)?;
+            if let Some(effort) = s.reasoning {
+                outln!("reasoning  {}", effort.as_str())?;
+            }
             match &s.workspace {
                 skiff_protocol::api::WorkspaceView::Git {
                     source,

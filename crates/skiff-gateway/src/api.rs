@@ -209,6 +209,7 @@ async fn send_message(
             &session_id(&id)?,
             &req.prompt,
             req.profile.as_deref(),
+            req.reasoning,
         )
         .await?;
     Ok((StatusCode::CREATED, Json(started)).into_response())

@@ -205,6 +205,14 @@ impl Core {
                 )
             })
             .await;
+        // A child thinks as hard as its parent does.
+        let created = match (created, parent.reasoning.as_deref()) {
+            (Ok(_), Some(reasoning)) => self
+                .store
+                .set_session_reasoning(scope, &id, Some(reasoning))
+                .map_err(Into::into),
+            (created, _) => created,
+        };
         let child = match created {
             Ok(row) => row,
             Err(e) => {

@@ -429,6 +429,14 @@ impl Core {
                 .map_err(Error::from),
             Err(e) => Err(e),
         };
+        // The fork keeps the session's reasoning choice.
+        let made = match (made, session.reasoning.as_deref()) {
+            (Ok(_), Some(reasoning)) => self
+                .store
+                .set_session_reasoning(scope, &new_id, Some(reasoning))
+                .map_err(Error::from),
+            (made, _) => made,
+        };
         let row = match made {
             Ok(row) => row,
             Err(e) => {

@@ -14,7 +14,7 @@ use skiff_protocol::api::{
 };
 use skiff_protocol::environment::PlacementState;
 use skiff_protocol::event::EventKind;
-use skiff_protocol::model::ModelRef;
+use skiff_protocol::model::{ModelRef, ReasoningEffort};
 use skiff_protocol::transcript::EntryBody;
 use skiff_protocol::{RunId, SessionId};
 use skiff_store::{AttemptStatus, NewSession, RunRow, Scope, SessionRow};
@@ -152,6 +152,7 @@ impl Core {
             worker,
             placement: row.placement,
             parent_id: row.parent_id,
+            reasoning: row.reasoning.as_deref().and_then(ReasoningEffort::parse),
             created_at_ms: row.created_at_ms,
             updated_at_ms: row.updated_at_ms,
             last_run: last_run.map(|r| run_view(r, &self.catalog)),
@@ -271,6 +272,13 @@ impl Core {
             }
             None => self.store.create_session(scope, &new).map_err(Into::into),
         };
+        let created = match (created, req.reasoning) {
+            (Ok(_), Some(effort)) => self
+                .store
+                .set_session_reasoning(scope, &id, Some(effort.as_str()))
+                .map_err(Into::into),
+            (created, _) => created,
+        };
         if let Err(e) = created {
             workspace::discard(&workspace).await;
             return Err(e);
@@ -279,6 +287,7 @@ impl Core {
             "workspace_kind": match workspace { skiff_protocol::api::WorkspaceView::Git { .. } => "git", _ => "plain" },
             "model": model.as_str(),
             "profile": req.profile,
+            "reasoning": req.reasoning,
         }));
         // Before the first turn can change anything: what `diff` and `apply` compare with.
         self.record_base(scope, &id, &workspace).await;
@@ -292,6 +301,7 @@ impl Core {
         id: &SessionId,
         prompt: &str,
         profile: Option<&str>,
+        reasoning: Option<ReasoningEffort>,
     ) -> Result<RunStarted> {
         check_prompt(prompt)?;
         // Not found is said about the session, before anything is claimed for it.
@@ -312,7 +322,7 @@ impl Core {
                 _ => {
                     self.claim_dispatch(scope, id, profile).await?;
                     return self
-                        .admit_turn(scope, id, user_message(prompt), admission)
+                        .admit_turn(scope, id, user_message(prompt), reasoning, admission)
                         .await;
                 }
             }
@@ -337,7 +347,7 @@ impl Core {
             self.claim_worker_slot(|max| self.store.request_placement(scope, id, &p.profile, max))
                 .await?;
         }
-        self.admit_turn(scope, id, user_message(prompt), admission)
+        self.admit_turn(scope, id, user_message(prompt), reasoning, admission)
             .await
     }
 
@@ -374,21 +384,39 @@ impl Core {
         first: EntryBody,
     ) -> Result<RunStarted> {
         let admission = self.workers.live(id).admission.clone().lock_owned().await;
-        self.admit_turn(scope, id, first, admission).await
+        self.admit_turn(scope, id, first, None, admission).await
     }
 
     /// Admits the turn under the session's `admission` lock (released once the run exists and
-    /// the placement it runs under is read) and starts it.
+    /// the placement it runs under is read) and starts it. `reasoning`, when given, becomes
+    /// the session's choice from this turn on.
     async fn admit_turn(
         self: &Arc<Self>,
         scope: &Scope,
         id: &SessionId,
         first: EntryBody,
+        reasoning: Option<ReasoningEffort>,
         admission: tokio::sync::OwnedMutexGuard<()>,
     ) -> Result<RunStarted> {
         let model_ref = self.store.session(scope, id)?.model_ref;
         // Admission first: only the admitted turn may write the user's message.
         let run = self.admit_run(scope, id, &model_ref)?;
+        // Only an admitted turn changes the choice: a refused message leaves the session as
+        // it was.
+        if let Some(effort) = reasoning
+            && let Err(e) = self
+                .store
+                .set_session_reasoning(scope, id, Some(effort.as_str()))
+        {
+            self.finish(
+                scope,
+                id,
+                &run.id,
+                RunStatus::Failed,
+                Some("the turn could not be started: its reasoning choice could not be recorded"),
+            );
+            return Err(e.into());
+        }
         // Read after admission, so a move claimed before it is seen (one claimed after it
         // finds the run open and refuses or cancels it).
         let session = self.store.session(scope, id)?;
@@ -568,7 +596,10 @@ impl Core {
             model,
             max_steps: MAX_STEPS,
             max_output_tokens: MAX_OUTPUT_TOKENS,
-            reasoning: None,
+            reasoning: session
+                .reasoning
+                .as_deref()
+                .and_then(ReasoningEffort::parse),
         };
         let mut tools = Tools::new(session.workspace.path().into(), Vec::new())
             .map_err(|e| {

@@ -354,16 +354,25 @@ export class ChatView {
         run.model = ev.model;
         break;
       case 'text_delta': {
-        if (!this.streaming || this.streaming.runId !== ev.run_id) {
-          this.endStreaming(null);
-          this.streaming = { runId: ev.run_id, text: '' };
-          this.streaming.block = this.add({ key: `stream:${ev.cursor}`, kind: 'streaming', stream: this.streaming });
-        }
-        this.streaming.text += ev.text;
-        this.streaming.block.dirty = true;
+        const s = this.stream(ev);
+        // The answer began: the thinking before it took this long.
+        if (s.thinkStart !== null && s.thinkEnd === null) s.thinkEnd = ev.at_ms;
+        s.text += ev.text;
+        s.block.dirty = true;
+        break;
+      }
+      case 'reasoning_delta': {
+        // Shown collapsed while it streams; the committed entry carries the whole block.
+        const s = this.stream(ev);
+        if (s.thinkStart === null) s.thinkStart = ev.at_ms;
+        s.thinking += ev.text;
+        s.block.dirty = true;
         break;
       }
       case 'tool_started': {
+        if (this.streaming && this.streaming.runId === ev.run_id && this.streaming.thinkStart !== null && this.streaming.thinkEnd === null) {
+          this.streaming.thinkEnd = ev.at_ms;
+        }
         const tool = this.tool(ev.run_id, ev.call_id, ev.name);
         tool.summary = ev.summary || tool.summary;
         tool.status = 'running';
@@ -411,7 +420,10 @@ export class ChatView {
         this.add({ key: entry.id, kind: 'user', text: body.text, at: entry.created_at_ms });
         break;
       case 'assistant_message': {
-        if (this.streaming && this.streaming.runId === runId) this.endStreaming(runId, true);
+        // How long the model thought, when its reasoning streamed here (not kept in the entry).
+        const s = this.streaming && this.streaming.runId === runId ? this.streaming : null;
+        const thinkMs = s && s.thinkStart !== null ? (s.thinkEnd ?? entry.created_at_ms) - s.thinkStart : null;
+        if (s) this.endStreaming(runId, true);
         const tools = body.tool_calls.map((call) => {
           const tool = this.tool(runId, call.id, call.name);
           tool.args = call.arguments;
@@ -424,7 +436,7 @@ export class ChatView {
         run.usageWritten += body.usage?.cache_write_tokens || 0;
         run.steps += 1;
         run.model = body.model || run.model;
-        this.add({ key: entry.id, kind: 'assistant', text: body.text, tools, model: body.model, usage: body.usage });
+        this.add({ key: entry.id, kind: 'assistant', text: body.text, tools, model: body.model, usage: body.usage, reasoning: body.reasoning || [], thinkMs });
         break;
       }
       case 'tool_result': {
@@ -463,6 +475,16 @@ export class ChatView {
 
   touchTool(tool) {
     tool.dirty = true;
+  }
+
+  /** The run's streaming block (text and reasoning as they arrive), started if need be. */
+  stream(ev) {
+    if (!this.streaming || this.streaming.runId !== ev.run_id) {
+      this.endStreaming(null);
+      this.streaming = { runId: ev.run_id, text: '', thinking: '', thinkStart: null, thinkEnd: null };
+      this.streaming.block = this.add({ key: `stream:${ev.cursor}`, kind: 'streaming', stream: this.streaming });
+    }
+    return this.streaming;
   }
 
   /** Ends the streaming block: dropped when its committed entry replaces it, else kept. */
@@ -571,9 +593,10 @@ export class ChatView {
         const body = text ? h('div', { class: 'body md' }, renderMarkdown(text)) : null;
         if (body && block.kind === 'streaming') body.append(h('span', { class: 'caret', 'aria-hidden': 'true' }, '▌'));
         const tools = block.tools?.length ? h('ul', { class: 'tools' }, block.tools.map((t) => this.toolEl(t))) : null;
+        const thinking = this.thinkingEl(block);
         return h('li', { class: `msg agent${block.kind === 'streaming' ? ' streaming' : ''}` },
           h('div', { class: 'who' }, text ? 'agent' : ''),
-          h('div', { class: 'stack' }, body, tools));
+          h('div', { class: 'stack' }, thinking, body, tools));
       }
       case 'notice':
         return h('li', { class: 'notice' }, h('span', { 'aria-hidden': 'true' }, '⚠ '), block.text);
@@ -611,6 +634,35 @@ export class ChatView {
       default:
         return h('li', {});
     }
+  }
+
+  /**
+   * The model's reasoning, collapsed: "Thinking" and how long, when that is known; opened, the
+   * readable text (a redacted block says so). Streaming, it reads "Thinking…" until the answer
+   * begins. A re-render keeps the reader's choice to open it.
+   */
+  thinkingEl(block) {
+    let parts;
+    let label;
+    if (block.kind === 'streaming') {
+      const s = block.stream;
+      if (s.thinkStart === null) return null;
+      parts = s.thinking ? [h('div', { class: 'thinking-text' }, s.thinking)] : [];
+      label = s.thinkEnd === null ? 'Thinking…' : `Thinking · ${fmtDuration(s.thinkEnd - s.thinkStart)}`;
+    } else {
+      const reasoning = block.reasoning || [];
+      if (!reasoning.length) return null;
+      parts = reasoning.map((r) => {
+        if (r.type === 'redacted_thinking') return h('div', { class: 'thinking-text muted' }, 'redacted');
+        const text = r.type === 'thinking' ? r.thinking : (r.summary || []).join('\n\n');
+        return h('div', { class: 'thinking-text' }, text || '(no readable text)');
+      });
+      label = block.thinkMs !== null && block.thinkMs !== undefined ? `Thinking · ${fmtDuration(block.thinkMs)}` : 'Thinking';
+    }
+    const open = block.el?.querySelector('details.thinking')?.open ? { open: '' } : {};
+    return h('details', { class: 'thinking', ...open },
+      h('summary', {}, label),
+      ...parts);
   }
 
   toolEl(tool) {

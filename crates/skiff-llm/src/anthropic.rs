@@ -11,7 +11,8 @@ use reqwest::header::HeaderName;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use skiff_protocol::model::{
-    Message, ModelErrorKind, ModelEvent, ModelRequest, StopReason, ToolCall, Usage,
+    Message, ModelErrorKind, ModelEvent, ModelRequest, Reasoning, ReasoningEffort, StopReason,
+    ToolCall, Usage,
 };
 use std::collections::BTreeMap;
 
@@ -29,8 +30,12 @@ const ANTHROPIC_VERSION: HeaderName = HeaderName::from_static("anthropic-version
 /// request's prefix to the cache; the one before is where the previous request of the session
 /// wrote its own, so it is read back however many blocks were added since (the API looks only
 /// 20 blocks back from a breakpoint for an earlier entry).
+///
+/// With reasoning on (`settings.reasoning`), it asks for extended thinking with a token budget
+/// for the effort, and `max_tokens` grows by that budget (the API wants it above the budget,
+/// and the answer keeps its own allowance). Every assistant message's thinking blocks go back
+/// first in its content, exactly as they came: the API checks their signatures.
 pub fn request_body(request: &ModelRequest, settings: &ModelSettings) -> Vec<u8> {
-    let _ = settings;
     let mut messages = Vec::with_capacity(request.messages.len());
     // Results of one assistant turn go together in the user message that follows it.
     let mut results = Vec::new();
@@ -57,8 +62,11 @@ pub fn request_body(request: &ModelRequest, settings: &ModelSettings) -> Vec<u8>
                 "content": [{ "type": "text", "text": text }],
             }),
             Message::Assistant {
-                text, tool_calls, ..
+                text,
+                tool_calls,
+                reasoning,
             } => {
+                let thinking = reasoning.iter().filter_map(thinking_block);
                 // The API rejects empty text blocks.
                 let text = (!text.is_empty()).then(|| json!({ "type": "text", "text": text }));
                 let calls = tool_calls.iter().map(|call| {
@@ -69,7 +77,7 @@ pub fn request_body(request: &ModelRequest, settings: &ModelSettings) -> Vec<u8>
                         "input": tool_input(&call.arguments),
                     })
                 });
-                let content: Vec<Value> = text.into_iter().chain(calls).collect();
+                let content: Vec<Value> = thinking.chain(text).chain(calls).collect();
                 json!({ "role": "assistant", "content": content })
             }
         };
@@ -90,6 +98,10 @@ pub fn request_body(request: &ModelRequest, settings: &ModelSettings) -> Vec<u8>
         "messages": messages,
         "stream": true,
     });
+    if let Some(budget) = settings.reasoning.and_then(thinking_budget) {
+        body["thinking"] = json!({ "type": "enabled", "budget_tokens": budget });
+        body["max_tokens"] = json!(budget.saturating_add(request.max_output_tokens));
+    }
     if !request.tools.is_empty() {
         let mut tools: Vec<Value> = request
             .tools
@@ -116,6 +128,31 @@ pub fn request_body(request: &ModelRequest, settings: &ModelSettings) -> Vec<u8>
         }]);
     }
     body.to_string().into_bytes()
+}
+
+/// The thinking budget for an effort, in tokens (the API's minimum is 1024).
+fn thinking_budget(effort: ReasoningEffort) -> Option<u32> {
+    match effort {
+        ReasoningEffort::Off => None,
+        ReasoningEffort::Low => Some(2048),
+        ReasoningEffort::Medium => Some(8192),
+        ReasoningEffort::High => Some(24_576),
+    }
+}
+
+/// An Anthropic reasoning block as the API sent it. Another provider's reasoning (a session
+/// that changed models) means nothing to this API and is left out.
+fn thinking_block(reasoning: &Reasoning) -> Option<Value> {
+    match reasoning {
+        Reasoning::Thinking {
+            thinking,
+            signature,
+        } => Some(json!({ "type": "thinking", "thinking": thinking, "signature": signature })),
+        Reasoning::RedactedThinking { data } => {
+            Some(json!({ "type": "redacted_thinking", "data": data }))
+        }
+        Reasoning::OpenaiReasoning { .. } => None,
+    }
 }
 
 /// Breakpoints on user-role messages, newest first; with the one after tools + system, three of
@@ -146,8 +183,14 @@ fn tool_input(arguments: &Value) -> Value {
 pub(crate) struct Decoder {
     usage: WireUsage,
     stop: Option<StopReason>,
-    /// Tool-use blocks being assembled, by content block index.
-    calls: BTreeMap<u64, PartialCall>,
+    /// Tool-use and thinking blocks being assembled, by content block index.
+    blocks: BTreeMap<u64, Partial>,
+}
+
+enum Partial {
+    Call(PartialCall),
+    Thinking { thinking: String, signature: String },
+    Redacted { data: String },
 }
 
 struct PartialCall {
@@ -234,7 +277,17 @@ enum Block {
         name: String,
         input: Option<Value>,
     },
-    /// Thinking and other block types, which carry nothing the agent uses.
+    /// Usually empty here; the text and signature follow as deltas.
+    Thinking {
+        #[serde(default)]
+        thinking: String,
+        #[serde(default)]
+        signature: String,
+    },
+    RedactedThinking {
+        data: String,
+    },
+    /// Block types added after this was written, which carry nothing the agent uses.
     #[serde(other)]
     Other,
 }
@@ -246,6 +299,10 @@ enum Delta {
     Text { text: String },
     #[serde(rename = "input_json_delta")]
     InputJson { partial_json: String },
+    #[serde(rename = "thinking_delta")]
+    Thinking { thinking: String },
+    #[serde(rename = "signature_delta")]
+    Signature { signature: String },
     #[serde(other)]
     Other,
 }
@@ -317,29 +374,53 @@ impl Adapter for Decoder {
                 Block::ToolUse { id, name, input } => {
                     let input = input.unwrap_or(Value::Null);
                     let json = String::new();
-                    self.calls.insert(
-                        index,
-                        PartialCall {
-                            id,
-                            name,
-                            input,
-                            json,
-                        },
-                    );
+                    let call = PartialCall {
+                        id,
+                        name,
+                        input,
+                        json,
+                    };
+                    self.blocks.insert(index, Partial::Call(call));
+                }
+                Block::Thinking {
+                    thinking,
+                    signature,
+                } => {
+                    if !thinking.is_empty() {
+                        let text = thinking.clone();
+                        out.push(ModelEvent::ReasoningDelta { text });
+                    }
+                    let block = Partial::Thinking {
+                        thinking,
+                        signature,
+                    };
+                    self.blocks.insert(index, block);
+                }
+                Block::RedactedThinking { data } => {
+                    self.blocks.insert(index, Partial::Redacted { data });
                 }
                 Block::Text { .. } | Block::Other => {}
             },
-            Event::ContentBlockDelta { index, delta } => match delta {
-                Delta::Text { text } => out.push(ModelEvent::TextDelta { text }),
-                Delta::InputJson { partial_json } => {
-                    if let Some(call) = self.calls.get_mut(&index) {
+            Event::ContentBlockDelta { index, delta } => {
+                match (delta, self.blocks.get_mut(&index)) {
+                    (Delta::Text { text }, _) => out.push(ModelEvent::TextDelta { text }),
+                    (Delta::InputJson { partial_json }, Some(Partial::Call(call))) => {
                         call.json.push_str(&partial_json);
                     }
+                    (Delta::Thinking { thinking }, Some(Partial::Thinking { thinking: t, .. })) => {
+                        t.push_str(&thinking);
+                        out.push(ModelEvent::ReasoningDelta { text: thinking });
+                    }
+                    (
+                        Delta::Signature { signature },
+                        Some(Partial::Thinking { signature: s, .. }),
+                    ) => s.push_str(&signature),
+                    // A delta for a block that was never started, or of another kind.
+                    _ => {}
                 }
-                Delta::Other => {}
-            },
-            Event::ContentBlockStop { index } => {
-                if let Some(call) = self.calls.remove(&index) {
+            }
+            Event::ContentBlockStop { index } => match self.blocks.remove(&index) {
+                Some(Partial::Call(call)) => {
                     let arguments = match call.input {
                         Value::Object(input) if call.json.is_empty() => Value::Object(input),
                         _ => tool_arguments(call.json),
@@ -351,7 +432,22 @@ impl Adapter for Decoder {
                     };
                     out.push(ModelEvent::ToolCall { call });
                 }
-            }
+                Some(Partial::Thinking {
+                    thinking,
+                    signature,
+                }) => {
+                    let reasoning = Reasoning::Thinking {
+                        thinking,
+                        signature,
+                    };
+                    out.push(ModelEvent::Reasoning { reasoning });
+                }
+                Some(Partial::Redacted { data }) => {
+                    let reasoning = Reasoning::RedactedThinking { data };
+                    out.push(ModelEvent::Reasoning { reasoning });
+                }
+                None => {}
+            },
             Event::MessageDelta { delta, usage } => {
                 if let Some(reason) = delta.stop_reason {
                     self.stop = Some(match reason.as_str() {
@@ -546,6 +642,132 @@ mod tests {
           ]
         }
         "##);
+    }
+
+    /// A turn that thought before its call, with the thinking sent back and a high budget.
+    fn thinking_request() -> (ModelRequest, ModelSettings) {
+        let mut request = request();
+        request.messages.truncate(3);
+        request.system.clear();
+        request.tools.clear();
+        if let Message::Assistant {
+            reasoning,
+            tool_calls,
+            ..
+        } = &mut request.messages[1]
+        {
+            tool_calls.truncate(1);
+            *reasoning = vec![
+                Reasoning::Thinking {
+                    thinking: "The README is short; \"read\" it.\n".into(),
+                    signature: "EqQBCgIYAhIM1gbcDa9GJwZA2b3h+/=".into(),
+                },
+                Reasoning::RedactedThinking {
+                    data: "EmwKAhgBEgy3va3pzix/LafPsn4a".into(),
+                },
+                Reasoning::OpenaiReasoning {
+                    id: "rs_1".into(),
+                    summary: vec!["not for this API".into()],
+                    encrypted_content: None,
+                },
+            ];
+        }
+        let settings = ModelSettings {
+            reasoning: Some(ReasoningEffort::High),
+            ..settings()
+        };
+        (request, settings)
+    }
+
+    #[test]
+    fn request_body_with_thinking_snapshot() {
+        let (request, settings) = thinking_request();
+        let body: Value = serde_json::from_slice(&request_body(&request, &settings)).unwrap();
+        insta::assert_snapshot!(serde_json::to_string_pretty(&body).unwrap(), @r##"
+        {
+          "max_tokens": 26624,
+          "messages": [
+            {
+              "content": [
+                {
+                  "cache_control": {
+                    "type": "ephemeral"
+                  },
+                  "text": "Read the README twice",
+                  "type": "text"
+                }
+              ],
+              "role": "user"
+            },
+            {
+              "content": [
+                {
+                  "signature": "EqQBCgIYAhIM1gbcDa9GJwZA2b3h+/=",
+                  "thinking": "The README is short; \"read\" it.\n",
+                  "type": "thinking"
+                },
+                {
+                  "data": "EmwKAhgBEgy3va3pzix/LafPsn4a",
+                  "type": "redacted_thinking"
+                },
+                {
+                  "text": "Reading.",
+                  "type": "text"
+                },
+                {
+                  "id": "toolu_1",
+                  "input": {
+                    "path": "README.md"
+                  },
+                  "name": "read",
+                  "type": "tool_use"
+                }
+              ],
+              "role": "assistant"
+            },
+            {
+              "content": [
+                {
+                  "cache_control": {
+                    "type": "ephemeral"
+                  },
+                  "content": "# Skiff",
+                  "is_error": false,
+                  "tool_use_id": "toolu_1",
+                  "type": "tool_result"
+                }
+              ],
+              "role": "user"
+            }
+          ],
+          "model": "claude-sonnet-4-5",
+          "stream": true,
+          "thinking": {
+            "budget_tokens": 24576,
+            "type": "enabled"
+          }
+        }
+        "##);
+    }
+
+    #[test]
+    fn each_effort_has_a_budget_below_max_tokens() {
+        let (mut request, mut settings) = thinking_request();
+        request.max_output_tokens = 1000;
+        for (effort, budget) in [
+            (ReasoningEffort::Low, 2048),
+            (ReasoningEffort::Medium, 8192),
+            (ReasoningEffort::High, 24_576),
+        ] {
+            settings.reasoning = Some(effort);
+            let body: Value = serde_json::from_slice(&request_body(&request, &settings)).unwrap();
+            assert_eq!(body["thinking"]["budget_tokens"], budget);
+            assert_eq!(body["max_tokens"], budget + 1000);
+        }
+        settings.reasoning = None;
+        let body: Value = serde_json::from_slice(&request_body(&request, &settings)).unwrap();
+        assert_eq!(body.get("thinking"), None);
+        assert_eq!(body["max_tokens"], 1000);
     }
 
     #[test]

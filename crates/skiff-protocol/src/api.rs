@@ -1,6 +1,7 @@
 //! JSON payloads of the client API (`/v1/...`), shared by the gateway and the CLI.
 
 use crate::ids::{AttemptId, RunId, SessionId};
+use crate::model::ReasoningEffort;
 use crate::transcript::TranscriptEntry;
 use serde::{Deserialize, Serialize};
 
@@ -87,6 +88,9 @@ pub struct CreateSessionRequest {
     /// A worker profile to run on; the gateway itself when absent.
     #[serde(default)]
     pub profile: Option<String>,
+    /// How hard the model reasons in this session; the model's setting when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<ReasoningEffort>,
 }
 
 /// `POST /v1/sessions/{id}/messages`
@@ -98,6 +102,9 @@ pub struct SendMessageRequest {
     /// session is dispatched at the turn boundary; a reclaimed one gets a fresh box.
     #[serde(default)]
     pub profile: Option<String>,
+    /// How hard the model reasons from this turn on (the session keeps the choice).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<ReasoningEffort>,
 }
 
 /// `POST /v1/sessions/{id}/pull-back`: bring a worker session home at a turn boundary.
@@ -237,6 +244,9 @@ pub struct SessionView {
     /// The session whose agent started this one with its `dispatch` tool.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent_id: Option<SessionId>,
+    /// The session's `--reasoning` choice; absent: the model's setting in skiff.toml.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<ReasoningEffort>,
     pub created_at_ms: i64,
     pub updated_at_ms: i64,
     /// The newest run, if any.

@@ -33,6 +33,9 @@ pub enum EventKind {
     ModelRequest { model: String },
     /// Streamed assistant text.
     TextDelta { text: String },
+    /// Streamed readable reasoning (thinking text, a reasoning summary) before the answer. A
+    /// client shows that the model is thinking; the whole block lands in the assistant entry.
+    ReasoningDelta { text: String },
     /// A tool started. `summary` is the main argument, for one-line display.
     ToolStarted {
         call_id: String,

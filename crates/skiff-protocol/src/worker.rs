@@ -209,6 +209,10 @@ impl Call {
 )]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "nearly every frame is a call; boxing it would allocate for each one to save room in the rare others"
+)]
 pub enum WorkerFrame {
     Hello {
         protocol_version: u32,
@@ -313,6 +317,9 @@ pub struct TurnAssignment {
     pub model_label: String,
     pub max_steps: usize,
     pub max_output_tokens: u32,
+    /// The session's reasoning choice; `None` leaves it to the model's setting.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<crate::model::ReasoningEffort>,
     /// The transcript from the root to the leaf the turn starts from.
     pub transcript: Vec<TranscriptEntry>,
     /// Tools the gateway runs beyond the built-in ones (MCP servers' `mcp__…` tools): their

@@ -277,6 +277,11 @@ CREATE TABLE secrets (
     updated_at_ms INTEGER NOT NULL
 );
 "#,
+    r#"
+-- How hard the session's model reasons (`off`, `low`, `medium`, `high`); NULL leaves it to the
+-- model's setting in skiff.toml. `skiff session send --reasoning` changes it from then on.
+ALTER TABLE sessions ADD COLUMN reasoning TEXT;
+"#,
 ];
 
 pub(crate) fn migrate(conn: &mut Connection) -> Result<()> {

@@ -27,10 +27,13 @@ pub struct SessionRow {
     pub updated_at_ms: i64,
     /// The session whose agent dispatched this one.
     pub parent_id: Option<SessionId>,
+    /// The session's reasoning choice (`off`, `low`, `medium`, `high`); `None` leaves it to
+    /// the model's setting.
+    pub reasoning: Option<String>,
 }
 
 pub(crate) const COLUMNS: &str = "id, title, workspace, model_ref, placement, lifecycle_revision, \
-                       leaf_entry_id, created_at_ms, updated_at_ms, parent_id";
+                       leaf_entry_id, created_at_ms, updated_at_ms, parent_id, reasoning";
 
 fn from_row(row: &Row<'_>) -> rusqlite::Result<SessionRow> {
     from_row_at(row, 0)
@@ -59,6 +62,7 @@ pub(crate) fn from_row_at(row: &Row<'_>, o: usize) -> rusqlite::Result<SessionRo
                 })
             })
             .transpose()?,
+        reasoning: row.get(o + 10)?,
     })
 }
 
@@ -160,6 +164,27 @@ impl Store {
             tx.commit()?;
         }
         self.session(scope, &new.id)
+    }
+
+    /// Sets how hard the session's model reasons from its next turn on (`None`: as the
+    /// model's setting says).
+    pub fn set_session_reasoning(
+        &self,
+        scope: &Scope,
+        id: &SessionId,
+        reasoning: Option<&str>,
+    ) -> Result<SessionRow> {
+        let changed = self.conn().execute(
+            "UPDATE sessions SET reasoning = ?1 WHERE id = ?2 AND owner_id = ?3 AND tenant_id = ?4",
+            params![reasoning, id.as_str(), scope.owner_id, scope.tenant_id],
+        )?;
+        if changed == 0 {
+            return Err(Error::NotFound {
+                what: "session",
+                id: id.to_string(),
+            });
+        }
+        self.session(scope, id)
     }
 
     pub fn session(&self, scope: &Scope, id: &SessionId) -> Result<SessionRow> {

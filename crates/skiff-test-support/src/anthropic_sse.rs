@@ -73,6 +73,29 @@ pub fn tool_use_block(index: u32, id: &str, name: &str, args_json: &str, n: usiz
     block(index, &start, deltas)
 }
 
+/// A thinking block as extended thinking streams it: start (empty `thinking` and
+/// `signature`), one `thinking_delta` per element of `texts`, one `signature_delta`, stop.
+pub fn thinking_block(index: u32, texts: &[&str], signature: &str) -> Vec<String> {
+    let deltas = texts
+        .iter()
+        .map(|text| format!(r#"{{"type":"thinking_delta","thinking":{}}}"#, quote(text)))
+        .chain([format!(
+            r#"{{"type":"signature_delta","signature":{}}}"#,
+            quote(signature)
+        )]);
+    block(
+        index,
+        r#"{"type":"thinking","thinking":"","signature":""}"#,
+        deltas,
+    )
+}
+
+/// A `redacted_thinking` block: its encrypted `data` whole in the start event, no deltas.
+pub fn redacted_thinking_block(index: u32, data: &str) -> Vec<String> {
+    let start = format!(r#"{{"type":"redacted_thinking","data":{}}}"#, quote(data));
+    block(index, &start, [])
+}
+
 /// `stop_reason` is `end_turn`, `tool_use`, `max_tokens`, …
 pub fn message_delta(stop_reason: &str, output_tokens: u64) -> Vec<String> {
     vec![event(
@@ -135,6 +158,8 @@ mod tests {
         let events = [
             message_start(5),
             ping(),
+            thinking_block(0, &["Let me", " think"], "EqQBCgIYAhIM"),
+            redacted_thinking_block(1, "EmwKAhgBEgy3va3pzix"),
             tool_use_block(1, "toolu_1", "read", r#"{"path":"a\"b"}"#, 4),
             message_delta("tool_use", 9),
             message_start_cached(5, 100, 2000),

@@ -74,8 +74,13 @@ impl SessionBackend for RpcBackend {
 
     async fn publish(&self, event: EventKind) {
         // Committed entries reach subscribers through the gateway's commit path, and streamed
-        // text through its inference proxy: neither travels back over the tunnel.
-        if matches!(event, EventKind::Entry { .. } | EventKind::TextDelta { .. }) {
+        // text and reasoning through its inference proxy: none travels back over the tunnel.
+        if matches!(
+            event,
+            EventKind::Entry { .. }
+                | EventKind::TextDelta { .. }
+                | EventKind::ReasoningDelta { .. }
+        ) {
             return;
         }
         self.link.publish(Some(self.run.clone()), event).await;

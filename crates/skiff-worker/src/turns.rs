@@ -112,7 +112,7 @@ impl Turns {
             model_label: turn.model_label,
             max_steps: turn.max_steps,
             max_output_tokens: turn.max_output_tokens,
-            reasoning: None,
+            reasoning: turn.reasoning,
         };
         let model = RpcModel {
             link: self.link.clone(),

@@ -22,6 +22,7 @@ mod mcp;
 mod newcomer;
 mod parking;
 mod pull_back;
+mod reasoning;
 mod restore;
 mod results;
 mod rewind;

@@ -63,6 +63,8 @@ impl Rig {
         env: &[(&str, &str)],
     ) -> Rig {
         let root = BoxRoot::new();
+        // `{fake_url}` in the extra configuration is the fake's address (for more providers).
+        let extra_config = extra_config.replace("{fake_url}", &fake.base_url());
         let config = format!(
             "[providers.openai]\napi = \"openai-completions\"\nbase_url = \"{}/v1\"\napi_key_env = \"SKIFF_TEST_PROVIDER_KEY\"\n\
              [profiles.local]\nprovider = \"local\"\nroot = \"{}\"\n{extra_config}",

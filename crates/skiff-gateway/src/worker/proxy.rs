@@ -16,7 +16,9 @@ use futures_util::StreamExt;
 use serde_json::json;
 use skiff_protocol::environment::EgressAccounting;
 use skiff_protocol::event::EventKind;
-use skiff_protocol::model::{Message, ModelErrorKind, ModelEvent, ModelRequest, StopReason};
+use skiff_protocol::model::{
+    Message, ModelErrorKind, ModelEvent, ModelRequest, ReasoningEffort, StopReason,
+};
 use skiff_protocol::worker::{Call, GatewayFrame, MODEL_CREDIT, OpId, RefusalCode, StreamKind};
 use skiff_protocol::{EnvironmentId, SessionId};
 use std::sync::{Arc, Mutex};
@@ -189,11 +191,14 @@ impl Core {
                 }
                 // The readiness canary of a box being brought up has no session row to read.
                 let canary = op.run_id.is_none() && Core::canary_call(a, request.model.as_str());
-                let session_model = if canary {
-                    CANARY_MODEL.to_owned()
+                let (session_model, session_reasoning) = if canary {
+                    (CANARY_MODEL.to_owned(), None)
                 } else {
                     match self.store.session(&a.scope, &op.session_id) {
-                        Ok(s) => s.model_ref,
+                        Ok(s) => (
+                            s.model_ref,
+                            s.reasoning.as_deref().and_then(ReasoningEffort::parse),
+                        ),
                         // Not "this is not the session's model": the gateway could not look.
                         Err(e) => {
                             fail(
@@ -207,7 +212,7 @@ impl Core {
                     }
                 };
                 let allowed = session_model.as_str();
-                if let Err(reason) = check_request(&request, &options, allowed) {
+                if let Err(reason) = check_request(&request, &options, allowed, session_reasoning) {
                     self.audit_worker(
                         &a.scope,
                         "worker.call",
@@ -332,11 +337,19 @@ impl Core {
                 // Streamed text goes to the session's followers from here, as it arrives: the
                 // worker gets it for its loop but does not send it back (half the tunnel
                 // traffic, and the live stream does not wait on the box).
-                if let (ModelEvent::TextDelta { text }, Some((scope, run))) = (&event, &stream_to) {
-                    let delta = EventKind::TextDelta { text: text.clone() };
-                    if let Err(e) = core.hub.publish(scope, &key.0, Some(run), delta) {
-                        tracing::warn!(error = %e, "could not publish streamed text");
+                let delta = match &event {
+                    ModelEvent::TextDelta { text } => {
+                        Some(EventKind::TextDelta { text: text.clone() })
                     }
+                    ModelEvent::ReasoningDelta { text } => {
+                        Some(EventKind::ReasoningDelta { text: text.clone() })
+                    }
+                    _ => None,
+                };
+                if let (Some(delta), Some((scope, run))) = (delta, &stream_to)
+                    && let Err(e) = core.hub.publish(scope, &key.0, Some(run), delta)
+                {
+                    tracing::warn!(error = %e, "could not publish streamed text");
                 }
                 let end = terminal(&event);
                 lock(&call.events).push(event);
@@ -454,7 +467,20 @@ fn check_request(
     request: &ModelRequest,
     options: &skiff_protocol::worker::ModelOptions,
     allowed_model: &str,
+    allowed_reasoning: Option<ReasoningEffort>,
 ) -> Result<(), (RefusalCode, String)> {
+    // How hard the model thinks is the session's choice (and its cost), not the worker's.
+    if request.reasoning != allowed_reasoning {
+        let name = |r: Option<ReasoningEffort>| r.map_or("the model's setting", |r| r.as_str());
+        return Err((
+            RefusalCode::NotAllowed,
+            format!(
+                "reasoning {} is not this session's choice ({})",
+                name(request.reasoning),
+                name(allowed_reasoning)
+            ),
+        ));
+    }
     if request.model.as_str() != allowed_model {
         return Err((
             RefusalCode::NotAllowed,

@@ -9,7 +9,7 @@ use crate::{Core, Options};
 use skiff_protocol::api::{RunStatus, WorkspaceView};
 use skiff_protocol::environment::PlacementState;
 use skiff_protocol::model::{
-    Message, ModelErrorKind, ModelEvent, ModelRef, ModelRequest, StopReason, Usage,
+    Message, ModelErrorKind, ModelEvent, ModelRef, ModelRequest, ReasoningEffort, StopReason, Usage,
 };
 use skiff_protocol::transcript::EntryBody;
 use skiff_protocol::worker::{
@@ -719,4 +719,47 @@ async fn a_worker_cannot_dispatch_a_child_even_by_naming_the_tool() {
         }
     }
     assert_eq!(h.core.store.sessions(&scope).unwrap().len(), before);
+}
+
+#[tokio::test]
+async fn a_worker_cannot_choose_how_hard_the_model_thinks() {
+    let mut h = Harness::new().await.unwrap();
+    let with_reasoning = |effort| {
+        let mut call = model_call().unwrap();
+        if let Call::ModelStream { request, .. } = &mut call {
+            request.reasoning = Some(effort);
+        }
+        call
+    };
+    h.core
+        .on_call(
+            &h.a,
+            h.op(StreamKind::Model, 1),
+            with_reasoning(ReasoningEffort::High),
+        )
+        .await;
+    let events = model_frame(&mut h, 1).await.unwrap();
+    assert!(
+        matches!(events.as_slice(), [ModelEvent::Error { kind: ModelErrorKind::Rejected, message }] if message.contains("reasoning high is not this session's choice")),
+        "{events:?}"
+    );
+
+    // The session's own choice is what the worker was handed, and passes.
+    let session = h.a.claims.session_id.clone();
+    h.core
+        .store
+        .set_session_reasoning(&h.a.scope, &session, Some("high"))
+        .unwrap();
+    h.core
+        .on_call(
+            &h.a,
+            h.op(StreamKind::Model, 2),
+            with_reasoning(ReasoningEffort::High),
+        )
+        .await;
+    let events = model_frame(&mut h, 2).await.unwrap();
+    assert!(
+        !events.iter().any(|e| matches!(e, ModelEvent::Error { .. })),
+        "{events:?}"
+    );
 }

@@ -9,7 +9,7 @@ use crate::quarantine::Refused;
 use serde_json::json;
 use skiff_protocol::api::{RunStatus, WorkspaceView};
 use skiff_protocol::environment::PlacementState;
-use skiff_protocol::model::ModelRef;
+use skiff_protocol::model::{ModelRef, ReasoningEffort};
 use skiff_protocol::sync::{Refusal, RefusalKind};
 use skiff_protocol::worker::{GatewayFrame, Reply, TurnAssignment, TurnEnd};
 use skiff_protocol::{AttemptId, RunId, SessionId};
@@ -39,7 +39,9 @@ impl Core {
             ))
         })?;
         let transcript = self.store.transcript(scope, session)?;
+        let reasoning = self.store.session(scope, session)?.reasoning;
         let turn = TurnAssignment {
+            reasoning: reasoning.as_deref().and_then(ReasoningEffort::parse),
             run_id: run.id.clone(),
             model_label: self.catalog.describe(&model).label,
             model,

@@ -13,6 +13,7 @@ fn request(workspace: &std::path::Path, model: &str, prompt: &str) -> CreateSess
         workspace: workspace.display().to_string(),
         model: Some(model.to_owned()),
         profile: None,
+        reasoning: None,
     }
 }
 

@@ -29,6 +29,7 @@ async fn a_turn_past_the_gateways_turn_timeout_ends_timed_out_and_the_session_go
             workspace: ws.display().to_string(),
             model: Some("http/m".into()),
             profile: None,
+            reasoning: None,
         })
         .await
         .unwrap();

@@ -142,7 +142,17 @@ impl Client {
         let body = SendMessageRequest {
             prompt: prompt.to_owned(),
             profile: None,
+            reasoning: None,
         };
+        self.send(id, &body).await
+    }
+
+    /// `POST /v1/sessions/{id}/messages` with the whole request.
+    pub async fn send(
+        &self,
+        id: &SessionId,
+        body: &SendMessageRequest,
+    ) -> Result<RunStarted, Refused> {
         self.send_json(
             reqwest::Method::POST,
             &format!("/v1/sessions/{id}/messages"),

@@ -25,6 +25,7 @@ async fn pages_of_the_session_list_hold_every_session_once_newest_activity_first
         let started = gw
             .client
             .create_session(&CreateSessionRequest {
+                reasoning: None,
                 prompt: format!("task {n}"),
                 workspace: ws.display().to_string(),
                 model: Some("fake/x".into()),

@@ -14,3 +14,4 @@ mod listing;
 mod mcp;
 mod operations;
 mod processes;
+mod reasoning;

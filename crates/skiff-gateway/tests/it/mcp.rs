@@ -66,6 +66,7 @@ async fn an_allowlisted_mcp_tool_is_offered_and_runs_on_the_gateway_audited() {
     let started = gw
         .client
         .create_session(&CreateSessionRequest {
+            reasoning: None,
             prompt: "who are you".into(),
             workspace: ws.display().to_string(),
             model: Some("http/m".into()),
@@ -182,6 +183,7 @@ async fn a_server_that_never_answers_is_a_tool_error_naming_the_timeout() {
     let started = gw
         .client
         .create_session(&CreateSessionRequest {
+            reasoning: None,
             prompt: "wait".into(),
             workspace: ws.display().to_string(),
             model: Some("http/m".into()),
@@ -221,6 +223,7 @@ async fn a_server_that_cannot_start_leaves_its_tools_out_and_the_gateway_up() {
     let started = gw
         .client
         .create_session(&CreateSessionRequest {
+            reasoning: None,
             prompt: "hi".into(),
             workspace: ws.display().to_string(),
             model: Some("http/m".into()),
@@ -332,6 +335,7 @@ async fn an_http_server_is_reached_with_its_bearer_and_headers() {
     let started = gw
         .client
         .create_session(&CreateSessionRequest {
+            reasoning: None,
             prompt: "look".into(),
             workspace: ws.display().to_string(),
             model: Some("http/m".into()),

@@ -63,6 +63,7 @@ async fn metrics_count_sessions_and_runs_in_the_text_format_behind_the_token() {
             workspace: ws.display().to_string(),
             model: Some("fake/x".into()),
             profile: None,
+            reasoning: None,
         })
         .await
         .unwrap();

@@ -35,6 +35,7 @@ async fn a_kept_process_of_a_gateway_session_outlives_its_turn_and_the_others_do
     let started = gw
         .client
         .create_session(&CreateSessionRequest {
+            reasoning: None,
             prompt: "start them".into(),
             workspace: ws.display().to_string(),
             model: Some("fake/x".into()),

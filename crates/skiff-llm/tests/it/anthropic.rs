@@ -3,10 +3,12 @@
 use crate::transport::Wire;
 use crate::{request, run, tool_calls};
 use serde_json::{Value, json};
-use skiff_protocol::model::{Message, ModelErrorKind, ModelEvent, StopReason, ToolCall, Usage};
+use skiff_protocol::model::{
+    Message, ModelErrorKind, ModelEvent, Reasoning, ReasoningEffort, StopReason, ToolCall, Usage,
+};
 use skiff_test_support::anthropic_sse::{
     error, message_delta, message_delta_cached, message_start, message_start_cached, message_stop,
-    ping, text_block, tool_use_block,
+    ping, redacted_thinking_block, text_block, thinking_block, tool_use_block,
 };
 use skiff_test_support::{FakeProvider, FakeResponse};
 
@@ -371,4 +373,144 @@ async fn cache_counts_only_in_message_start_still_count() {
             }
         }
     );
+}
+
+// Thinking text with what JSON escapes (quotes, backslashes, newlines) and what it does not
+// (non-ASCII), and a signature with base64's `+`, `/` and `=`: none of it may change on the way
+// back.
+const THOUGHT: [&str; 3] = [
+    "The user wants the \"README\".\n",
+    "Paths look like C:\\x or é/ü — ",
+    "read it first.",
+];
+const SIGNATURE: &str = "EqQBCgIYAhIM1gbcDa9GJwZA2b3h+GgxBdjrkzLoky3dl1pk/iMOYds=";
+const REDACTED: &str = "EmwKAhgBEgy3va3pzix/LafPsn4aHhhOa+5Y==";
+
+/// A response that thinks, has a thought redacted, and calls a tool, as the API streams it.
+fn thinking_then_tool_use() -> Vec<String> {
+    [
+        message_start(50),
+        thinking_block(0, &THOUGHT, SIGNATURE),
+        redacted_thinking_block(1, REDACTED),
+        tool_use_block(2, "toolu_t", "read", r#"{"path":"README.md"}"#, 3),
+        message_delta("tool_use", 120),
+        message_stop(),
+    ]
+    .concat()
+}
+
+#[tokio::test]
+async fn thinking_streams_for_display_and_arrives_whole_with_its_signature() {
+    let events = stream(vec![thinking_then_tool_use()]).await;
+    let deltas: Vec<&str> = events
+        .iter()
+        .filter_map(|e| match e {
+            ModelEvent::ReasoningDelta { text } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(deltas, THOUGHT);
+    let blocks: Vec<&Reasoning> = events
+        .iter()
+        .filter_map(|e| match e {
+            ModelEvent::Reasoning { reasoning } => Some(reasoning),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        blocks,
+        [
+            &Reasoning::Thinking {
+                thinking: THOUGHT.concat(),
+                signature: SIGNATURE.into(),
+            },
+            &Reasoning::RedactedThinking {
+                data: REDACTED.into()
+            },
+        ]
+    );
+    // The blocks come before the call, in the order the model produced them.
+    let position = |f: &dyn Fn(&ModelEvent) -> bool| events.iter().position(f).unwrap();
+    assert!(
+        position(&|e| matches!(e, ModelEvent::Reasoning { .. }))
+            < position(&|e| matches!(e, ModelEvent::ToolCall { .. }))
+    );
+    assert_eq!(
+        tool_calls(&events)[0].arguments,
+        json!({ "path": "README.md" })
+    );
+}
+
+#[tokio::test]
+async fn thinking_goes_back_byte_for_byte_with_the_budget() {
+    let fake = FakeProvider::start(vec![
+        FakeResponse::sse(thinking_then_tool_use()),
+        FakeResponse::sse(hello()),
+    ])
+    .await;
+    let catalog = ANTHROPIC.catalog(&fake.base_url(), "");
+    let mut context = request(ANTHROPIC.model);
+    context.reasoning = Some(ReasoningEffort::Medium);
+    let first = run(&catalog, context.clone()).await;
+
+    // What the agent loop keeps of the reply, then the tool's result.
+    let reasoning = first
+        .iter()
+        .filter_map(|e| match e {
+            ModelEvent::Reasoning { reasoning } => Some(reasoning.clone()),
+            _ => None,
+        })
+        .collect();
+    context.messages.push(Message::Assistant {
+        text: String::new(),
+        tool_calls: tool_calls(&first),
+        reasoning,
+    });
+    context.messages.push(Message::ToolResult {
+        images: Vec::new(),
+        call_id: "toolu_t".into(),
+        name: "read".into(),
+        content: "# Skiff".into(),
+        is_error: false,
+    });
+    run(&catalog, context).await;
+
+    let requests = fake.requests();
+    let first_body: Value = serde_json::from_slice(&requests[0].body).unwrap();
+    assert_eq!(
+        first_body["thinking"],
+        json!({ "type": "enabled", "budget_tokens": 8192 })
+    );
+    assert_eq!(first_body["max_tokens"], 8192 + 4096);
+
+    // The raw JSON of the thinking block as the API streamed its pieces, and of the redacted
+    // block as it came in content_block_start, appear verbatim in the second request.
+    let second = String::from_utf8(requests[1].body.clone()).unwrap();
+    let quoted = |s: &str| Value::from(s).to_string();
+    let thinking = format!(
+        r#"{{"signature":{},"thinking":{},"type":"thinking"}}"#,
+        quoted(SIGNATURE),
+        quoted(&THOUGHT.concat())
+    );
+    let redacted = format!(
+        r#"{{"data":{},"type":"redacted_thinking"}}"#,
+        quoted(REDACTED)
+    );
+    let signature_as_streamed = format!(r#""signature":{}"#, quoted(SIGNATURE));
+    assert!(
+        thinking_then_tool_use()
+            .concat()
+            .contains(&signature_as_streamed)
+    );
+    let assistant = format!(r#"{{"content":[{thinking},{redacted},{{"id":"toolu_t""#);
+    assert!(
+        second.contains(&assistant),
+        "the assistant message must start with the thinking blocks as received:\n{second}"
+    );
+    let body: Value = serde_json::from_str(&second).unwrap();
+    assert_eq!(
+        body["messages"][1]["content"][0]["thinking"],
+        THOUGHT.concat()
+    );
+    assert_eq!(body["thinking"]["budget_tokens"], 8192);
 }
