@@ -856,8 +856,16 @@ pub fn transcript(entries: &[TranscriptEntry], detail: Detail) -> String {
                 push_body(&mut out, &view.body, detail);
             }
             EntryBody::Notice { text } => out.push_str(&format!("  ! {text}\n")),
-            EntryBody::Compaction { summary } => {
-                out.push_str(&format!("  (compacted) {}\n", indent(summary)))
+            EntryBody::Compaction {
+                summary,
+                entries,
+                tokens_before,
+                ..
+            } => {
+                out.push_str(&format!(
+                    "  ── conversation compacted: {entries} entries (≈{tokens_before} tokens) summarised ──\n  {}\n",
+                    indent(summary)
+                ));
             }
         }
     }

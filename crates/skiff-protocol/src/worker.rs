@@ -309,7 +309,12 @@ pub struct TurnAssignment {
     pub model_label: String,
     pub max_steps: usize,
     pub max_output_tokens: u32,
-    /// The transcript from the root to the leaf the turn starts from.
+    /// The model's context window in tokens (the catalog's setting for it).
+    pub context_window: u64,
+    /// `[gateway] compact_at`: the fraction of the window past which the loop compacts.
+    pub compact_at: f64,
+    /// The transcript from the session's last compaction (or its root) to the leaf the turn
+    /// starts from: nothing before a compaction reaches the model, so it stays home.
     pub transcript: Vec<TranscriptEntry>,
 }
 

@@ -114,6 +114,8 @@ pub(crate) fn config() -> AgentConfig {
         model_label: "scripted/test (scripted)".into(),
         max_steps: 10,
         max_output_tokens: 1024,
+        context_window: 0,
+        compact_at: skiff_agent::compact::DEFAULT_COMPACT_AT,
     }
 }
 

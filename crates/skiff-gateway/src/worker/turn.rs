@@ -42,10 +42,12 @@ impl Core {
         let turn = TurnAssignment {
             run_id: run.id.clone(),
             model_label: self.catalog.describe(&model).label,
+            context_window: self.catalog.settings(&model).context_window,
+            compact_at: self.compact_at,
             model,
             max_steps: crate::sessions::MAX_STEPS,
             max_output_tokens: crate::sessions::MAX_OUTPUT_TOKENS,
-            transcript,
+            transcript: skiff_agent::compact::since_last_compaction(&transcript).to_vec(),
         };
         let live = self.workers.live(session);
         live.set_open_run(Some(run.id.clone()));
