@@ -32,7 +32,7 @@ impl ModelClient for Scripted {
 
 #[derive(Default)]
 pub(crate) struct Memory {
-    entries: Mutex<Vec<TranscriptEntry>>,
+    pub(crate) entries: Mutex<Vec<TranscriptEntry>>,
     events: Mutex<Vec<EventKind>>,
 }
 
@@ -131,7 +131,7 @@ pub(crate) fn backend_with_prompt() -> Memory {
     memory
 }
 
-fn kinds(memory: &Memory) -> Vec<&'static str> {
+pub(crate) fn kinds(memory: &Memory) -> Vec<&'static str> {
     memory
         .entries
         .lock()
