@@ -266,7 +266,19 @@ impl Live {
                     self.line_break()?;
                     eprintln!("! {text}");
                 }
-                EntryBody::UserMessage { .. } | EntryBody::Compaction { .. } => {}
+                EntryBody::Compaction {
+                    entries,
+                    tokens_before,
+                    ..
+                } => {
+                    self.flush_finished()?;
+                    self.stop_spinner();
+                    self.line_break()?;
+                    eprintln!(
+                        "── conversation compacted: {entries} entries (≈{tokens_before} tokens) summarised; `skiff session show` has the summary"
+                    );
+                }
+                EntryBody::UserMessage { .. } => {}
             },
             EventKind::RunStatus { status, error } if status.is_terminal() => {
                 self.flush_finished()?;
