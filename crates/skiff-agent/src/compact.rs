@@ -25,10 +25,11 @@ use skiff_protocol::worker::MAX_FRAME_BYTES;
 use std::collections::BTreeSet;
 use tokio_util::sync::CancellationToken;
 
-/// The most a request's serialized messages may weigh before the loop compacts, whatever the
-/// window: half a worker frame, so a worker's model call (and the next turn's hand-over) fit
-/// a frame with room for one step's tool results.
-pub const FRAME_BUDGET_BYTES: usize = MAX_FRAME_BYTES / 2;
+/// The most a serialized model request may weigh before the loop compacts, whatever the
+/// window: 3 MiB, under the gateway's inference-proxy limit for a worker's model request
+/// (4 MiB, itself half a frame), so a long worker session never sends a request the proxy
+/// refuses, and the next turn's hand-over (what follows the compaction) fits its frame.
+pub const FRAME_BUDGET_BYTES: usize = MAX_FRAME_BYTES * 3 / 8;
 
 /// The default of `[gateway] compact_at`.
 pub const DEFAULT_COMPACT_AT: f64 = 0.8;
@@ -86,7 +87,7 @@ impl Limits {
         if !compactable(entries) {
             return false;
         }
-        if serialized_len(&request.messages) > FRAME_BUDGET_BYTES {
+        if serialized_len(request) > FRAME_BUDGET_BYTES {
             return true;
         }
         self.threshold()
