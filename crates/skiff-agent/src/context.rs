@@ -9,7 +9,7 @@ pub(crate) const LOST_RESULT: &str = "no result was recorded for this call: the 
      Check the workspace before repeating it.";
 
 /// The messages the model sees for a transcript (root to leaf). Notices are for people only;
-/// a compaction replaces everything before it with its summary. A tool call without a result
+/// a compaction replaces everything before it with its summary (and the user's latest message). A tool call without a result
 /// (its runtime died mid-call) gets an error result, so the context stays valid.
 pub(crate) fn messages(entries: &[TranscriptEntry]) -> Vec<Message> {
     let mut messages = Vec::with_capacity(entries.len());
@@ -56,10 +56,15 @@ pub(crate) fn messages(entries: &[TranscriptEntry]) -> Vec<Message> {
                 })
             }
             EntryBody::Notice { .. } => {}
-            EntryBody::Compaction { summary } => {
+            EntryBody::Compaction {
+                summary,
+                files,
+                request,
+                ..
+            } => {
                 messages.clear();
                 messages.push(Message::User {
-                    text: format!("Summary of the conversation so far:\n{summary}"),
+                    text: crate::compact::summary_text(summary, files, request.as_deref()),
                 });
             }
         }

@@ -5,6 +5,7 @@
 //! SQL, HTTP or SSH: the gateway runs it with a store-backed backend, and a worker runs the
 //! very same code with a backend made of gateway RPCs.
 
+pub mod compact;
 mod context;
 mod instructions;
 pub mod tools;

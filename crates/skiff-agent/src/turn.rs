@@ -2,7 +2,7 @@
 //! the model stops calling tools, the run is cancelled, or something fails.
 
 use crate::tools::Tools;
-use crate::{BackendError, ModelClient, SessionBackend, context, instructions};
+use crate::{BackendError, ModelClient, SessionBackend, compact, context, instructions};
 use futures_util::StreamExt;
 use skiff_protocol::EntryId;
 use skiff_protocol::event::EventKind;
@@ -23,6 +23,10 @@ pub struct AgentConfig {
     pub max_output_tokens: u32,
     /// The session's `--reasoning` choice; `None` leaves it to the model's setting.
     pub reasoning: Option<ReasoningEffort>,
+    /// The model's context window in tokens (0: unknown; only the frame budget applies).
+    pub context_window: u64,
+    /// The fraction of the window past which the loop compacts before a request.
+    pub compact_at: f64,
 }
 
 /// How a turn ended.
@@ -36,7 +40,7 @@ pub enum TurnOutcome {
 // INVARIANT: the system prompt names no absolute path, host or placement, so the provider
 // request for a session is the same whether the loop runs on the gateway or on a worker
 // (prompt-cache affinity across placements).
-const SYSTEM_PROMPT: &str = "You are Skiff's coding agent. You work inside one workspace (a \
+pub(crate) const SYSTEM_PROMPT: &str = "You are Skiff's coding agent. You work inside one workspace (a \
 directory, usually a git repository) through the tools you are given; every path is relative to \
 the workspace root. Read before you edit, keep changes focused, run the project's checks with \
 `exec` when they exist, and commit finished work with git when the user asks for it. When you \
@@ -82,8 +86,7 @@ async fn drive<M: ModelClient, B: SessionBackend>(
     }
     let system = instructions.system(SYSTEM_PROMPT);
     for _ in 0..config.max_steps {
-        let leaf = entries.last().map(|e| e.id.clone());
-        let request = ModelRequest {
+        let mut request = ModelRequest {
             model: config.model.clone(),
             system: system.clone(),
             messages: context::messages(&entries),
@@ -91,6 +94,15 @@ async fn drive<M: ModelClient, B: SessionBackend>(
             max_output_tokens: config.max_output_tokens,
             reasoning: config.reasoning,
         };
+        if config.limits().exceeded(&request, &entries) {
+            if let Some(failed) =
+                compact(model, backend, &mut entries, &system, config, cancel).await?
+            {
+                return Ok(failed);
+            }
+            request.messages = context::messages(&entries);
+        }
+        let leaf = entries.last().map(|e| e.id.clone());
         backend
             .publish(EventKind::ModelRequest {
                 model: config.model_label.clone(),
@@ -167,6 +179,57 @@ async fn drive<M: ModelClient, B: SessionBackend>(
     )
     .await?;
     Ok(TurnOutcome::Failed(text))
+}
+
+impl AgentConfig {
+    fn limits(&self) -> compact::Limits {
+        compact::Limits {
+            context_window: self.context_window,
+            compact_at: self.compact_at,
+        }
+    }
+}
+
+/// Summarises the context into a compaction entry at the leaf; a failure ends the turn with
+/// a notice and nothing else written.
+async fn compact<M: ModelClient, B: SessionBackend>(
+    model: &M,
+    backend: &B,
+    entries: &mut Vec<skiff_protocol::transcript::TranscriptEntry>,
+    system: &str,
+    config: &AgentConfig,
+    cancel: &CancellationToken,
+) -> Result<Option<TurnOutcome>, BackendError> {
+    backend
+        .publish(EventKind::ModelRequest {
+            model: config.model_label.clone(),
+        })
+        .await;
+    let summarized = compact::summarize(
+        model,
+        &config.model,
+        system,
+        entries,
+        config.limits(),
+        config.max_output_tokens,
+        cancel,
+    )
+    .await;
+    let leaf = entries.last().map(|e| e.id.clone());
+    let (body, outcome) = match summarized {
+        Ok(compacted) => (compacted.body, None),
+        Err(compact::CompactError::Cancelled) => (cancelled_notice(), Some(TurnOutcome::Cancelled)),
+        Err(e) => {
+            let text =
+                format!("The context outgrew the model's window and could not be compacted: {e}");
+            (
+                EntryBody::Notice { text: text.clone() },
+                Some(TurnOutcome::Failed(text)),
+            )
+        }
+    };
+    commit(backend, entries, leaf, vec![body]).await?;
+    Ok(outcome)
 }
 
 fn cancelled_notice() -> EntryBody {

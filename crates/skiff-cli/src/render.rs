@@ -285,7 +285,19 @@ impl Live {
                     self.line_break()?;
                     eprintln!("! {text}");
                 }
-                EntryBody::UserMessage { .. } | EntryBody::Compaction { .. } => {}
+                EntryBody::Compaction {
+                    entries,
+                    tokens_before,
+                    ..
+                } => {
+                    self.flush_finished()?;
+                    self.stop_spinner();
+                    self.line_break()?;
+                    eprintln!(
+                        "── conversation compacted: {entries} entries (≈{tokens_before} tokens) summarised; `skiff session show` has the summary"
+                    );
+                }
+                EntryBody::UserMessage { .. } => {}
             },
             EventKind::RunStatus { status, error } if status.is_terminal() => {
                 self.flush_finished()?;
@@ -911,8 +923,16 @@ pub fn transcript(entries: &[TranscriptEntry], detail: Detail) -> String {
                 push_body(&mut out, &view.body, detail);
             }
             EntryBody::Notice { text } => out.push_str(&format!("  ! {text}\n")),
-            EntryBody::Compaction { summary } => {
-                out.push_str(&format!("  (compacted) {}\n", indent(summary)))
+            EntryBody::Compaction {
+                summary,
+                entries,
+                tokens_before,
+                ..
+            } => {
+                out.push_str(&format!(
+                    "  ── conversation compacted: {entries} entries (≈{tokens_before} tokens) summarised ──\n  {}\n",
+                    indent(summary)
+                ));
             }
         }
     }

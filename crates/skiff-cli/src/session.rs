@@ -1,5 +1,5 @@
-//! `skiff session new|list|show|send|watch|cancel|pull-back|dispatch|checkpoints|restore|fork|
-//! publish|quarantine` (and `diff|apply|export`, in `results.rs`)
+//! `skiff session new|list|show|send|watch|cancel|compact|pull-back|dispatch|checkpoints|restore|
+//! fork|publish|quarantine` (and `diff|apply|export`, in `results.rs`)
 
 use crate::client::Client;
 use crate::render::{self, Detail, Live};
@@ -28,6 +28,10 @@ pub enum SessionCommand {
     Watch(ShowArgs),
     /// Cancel the running turn
     Cancel(IdArgs),
+    /// Summarise the conversation so far with the session's model; the model reads the
+    /// summary instead of the earlier messages from the next turn on (the transcript keeps
+    /// them)
+    Compact(IdArgs),
     /// Bring a worker session home: its worker stopped and fenced, the box's work brought
     /// back, the box given back to the pool; the next message runs on the gateway
     PullBack(PullBackArgs),
@@ -546,6 +550,23 @@ pub async fn run(cmd: SessionCommand, state_dir: &Path, json: bool) -> Result<Ex
             };
             let answer = client.send(client.post(&path, &body)).await?;
             follow_move(&client, answer, PlacementState::Active, json).await
+        }
+        SessionCommand::Compact(args) => {
+            let path = format!("/v1/sessions/{}/compact", args.id);
+            let done: skiff_protocol::api::CompactResult = client
+                .send(client.post(&path, &serde_json::json!({})))
+                .await?;
+            if json {
+                outln!("{}", serde_json::to_string_pretty(&done)?)?;
+            } else {
+                outln!(
+                    "compacted {} entries (≈{} tokens) into a summary of {} tokens",
+                    done.entries,
+                    done.tokens_before,
+                    done.summary_tokens
+                )?;
+            }
+            Ok(ExitCode::SUCCESS)
         }
         SessionCommand::Cancel(args) => {
             let run = client.cancel(&args.id).await?;

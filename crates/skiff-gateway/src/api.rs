@@ -43,6 +43,7 @@ pub(crate) fn router(core: Arc<Core>) -> Router {
         .merge(crate::env_api::routes())
         .merge(crate::sync_api::routes())
         .merge(crate::restore::routes())
+        .merge(crate::compaction::routes())
         .merge(crate::vault::routes())
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(core.clone(), authenticate));

@@ -76,7 +76,9 @@ impl SessionBackend for StoreBackend {
             )
             .map_err(|e| BackendError(e.to_string()))?;
         for body in &bodies {
-            if let EntryBody::AssistantMessage { usage, .. } = body {
+            if let EntryBody::AssistantMessage { usage, .. } | EntryBody::Compaction { usage, .. } =
+                body
+            {
                 store
                     .add_run_usage(&self.scope, &self.run, *usage)
                     .map_err(|e| BackendError(e.to_string()))?;

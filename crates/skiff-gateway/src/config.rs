@@ -73,6 +73,10 @@ pub struct GatewayConfig {
     /// `turn_timeout` wins for its sessions [default: 2h].
     #[serde(default)]
     pub turn_timeout: Option<String>,
+    /// The fraction of a model's context window past which a session's context is compacted
+    /// (summarised) before the next model request, from 0.1 to 0.95 [default: 0.8].
+    #[serde(default)]
+    pub compact_at: Option<f64>,
 }
 
 impl GatewayConfig {
@@ -95,6 +99,25 @@ impl GatewayConfig {
             self.worker_credential_ttl.as_deref(),
             "10m",
         )
+    }
+
+    /// `compact_at`, checked against its range.
+    pub fn compact_at(&self, config_path: &Path) -> Result<f64, ConfigError> {
+        let value = self
+            .compact_at
+            .unwrap_or(skiff_agent::compact::DEFAULT_COMPACT_AT);
+        let range = skiff_agent::compact::COMPACT_AT_RANGE;
+        if range.contains(&value) {
+            return Ok(value);
+        }
+        Err(ConfigError::Invalid {
+            path: config_path.display().to_string(),
+            message: format!(
+                "at `gateway.compact_at`: {value} is not a fraction of the context window from {} to {} (like 0.8)",
+                range.start(),
+                range.end()
+            ),
+        })
     }
 
     pub fn turn_timeout(&self, config_path: &Path) -> Result<std::time::Duration, ConfigError> {

@@ -11,6 +11,7 @@ mod auth;
 mod backend;
 pub mod bundle;
 mod checkpoints;
+mod compaction;
 pub mod config;
 mod dispatch;
 mod egress;
@@ -83,6 +84,8 @@ pub(crate) struct Core {
     procs: skiff_process::Ledger,
     /// `[gateway] turn_timeout`: how long a turn may run unless its profile says otherwise.
     turn_timeout: std::time::Duration,
+    /// `[gateway] compact_at`: the share of a model's window past which a context compacts.
+    compact_at: f64,
     /// `[gateway] max_children`: how many child sessions one session's agent may dispatch.
     max_children: u64,
     /// Sessions whose workspace is being restored to a checkpoint: no turn is admitted.
@@ -185,6 +188,7 @@ pub(crate) async fn open_core(options: &Options) -> Result<(Arc<Core>, std::time
     let credential_ttl = config.gateway.worker_credential_ttl(&config_path)?;
     let turn_timeout = config.gateway.turn_timeout(&config_path)?;
     let mcp_servers = mcp::validate(&config_path, &config.mcp)?;
+    let compact_at = config.gateway.compact_at(&config_path)?;
     let config_dir = config_path.parent().map(PathBuf::from).unwrap_or_default();
     let store = Arc::new(Store::open(&state.database())?);
     // Read once: the variable is this process's, and no child inherits it (`skiff-process`).
@@ -231,6 +235,7 @@ pub(crate) async fn open_core(options: &Options) -> Result<(Arc<Core>, std::time
         _lock: lock,
         procs,
         turn_timeout,
+        compact_at,
         max_children: config.gateway.max_children.unwrap_or(4),
         restoring: Mutex::default(),
         vault,

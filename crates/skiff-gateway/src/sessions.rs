@@ -593,6 +593,7 @@ impl Core {
         })?;
         let config = AgentConfig {
             model_label: self.catalog.describe(&model).label,
+            context_window: self.catalog.settings(&model).context_window,
             model,
             max_steps: MAX_STEPS,
             max_output_tokens: MAX_OUTPUT_TOKENS,
@@ -600,6 +601,7 @@ impl Core {
                 .reasoning
                 .as_deref()
                 .and_then(ReasoningEffort::parse),
+            compact_at: self.compact_at,
         };
         let mut tools = Tools::new(session.workspace.path().into(), Vec::new())
             .map_err(|e| {

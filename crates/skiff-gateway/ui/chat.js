@@ -455,7 +455,7 @@ export class ChatView {
         this.add({ key: entry.id, kind: 'notice', text: body.text });
         break;
       case 'compaction':
-        this.add({ key: entry.id, kind: 'notice', text: 'Earlier conversation was compacted into a summary.' });
+        this.add({ key: entry.id, kind: 'compaction', summary: body.summary, entries: body.entries || 0, files: body.files || [] });
         break;
       default:
         break;
@@ -600,6 +600,16 @@ export class ChatView {
       }
       case 'notice':
         return h('li', { class: 'notice' }, h('span', { 'aria-hidden': 'true' }, '⚠ '), block.text);
+      case 'compaction': {
+        // A divider: the model reads only the summary from here on; the chat above stays.
+        const open = block.el?.querySelector('details')?.open ? { open: '' } : {};
+        const what = block.entries ? ` · ${block.entries} entr${block.entries === 1 ? 'y' : 'ies'} summarised` : '';
+        return h('li', { class: 'compaction', role: 'separator', 'aria-label': 'Conversation compacted' },
+          h('details', open,
+            h('summary', {}, 'Conversation compacted', h('span', { class: 'muted' }, what)),
+            h('div', { class: 'body plain' }, block.summary),
+            block.files.length ? h('div', { class: 'muted mono' }, `files: ${block.files.join(', ')}`) : null));
+      }
       case 'placement': {
         const line = [h('span', { class: 'mono' }, block.state), ' ', block.text];
         if (!block.output) return h('li', { class: 'placement-step' }, ...line);

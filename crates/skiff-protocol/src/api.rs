@@ -296,6 +296,21 @@ pub struct SessionDetail {
     pub attempts: Vec<AttemptView>,
 }
 
+/// `POST /v1/sessions/{id}/compact`: the compaction entry written at the session's leaf.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CompactResult {
+    /// How many entries the summary replaced in the model context (they stay in the
+    /// transcript).
+    pub entries: u64,
+    /// The estimated size of the context it replaced, in tokens.
+    pub tokens_before: u64,
+    /// The summary's size in tokens.
+    pub summary_tokens: u64,
+    /// The compaction entry itself.
+    pub entry: TranscriptEntry,
+}
+
 /// How one attempt at a run went.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -35,9 +35,28 @@ pub enum EntryBody {
     Notice {
         text: String,
     },
-    /// A summary that replaces everything before it in the model context.
+    /// A summary that replaces everything before it in the model context (the entries stay in
+    /// the transcript for people). The fields after `summary` are absent from entries written
+    /// before compaction had them.
     Compaction {
         summary: String,
+        /// Workspace paths the compacted conversation's tool calls touched, taken from the
+        /// calls themselves (not from the summary), sorted.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        files: Vec<String>,
+        /// The user's most recent message at the time, verbatim: the model still reads it
+        /// after the summary.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        request: Option<String>,
+        /// How many entries the summary replaced.
+        #[serde(default)]
+        entries: u64,
+        /// The estimated size of the context it replaced, in tokens.
+        #[serde(default)]
+        tokens_before: u64,
+        /// What the compaction call cost.
+        #[serde(default)]
+        usage: Usage,
     },
 }
 

@@ -320,7 +320,12 @@ pub struct TurnAssignment {
     /// The session's reasoning choice; `None` leaves it to the model's setting.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reasoning: Option<crate::model::ReasoningEffort>,
-    /// The transcript from the root to the leaf the turn starts from.
+    /// The model's context window in tokens (the catalog's setting for it).
+    pub context_window: u64,
+    /// `[gateway] compact_at`: the fraction of the window past which the loop compacts.
+    pub compact_at: f64,
+    /// The transcript from the session's last compaction (or its root) to the leaf the turn
+    /// starts from: nothing before a compaction reaches the model, so it stays home.
     pub transcript: Vec<TranscriptEntry>,
     /// Tools the gateway runs beyond the built-in ones (MCP servers' `mcp__…` tools): their
     /// specs only, offered to the model as a gateway-placed loop offers them. The worker

@@ -113,6 +113,8 @@ impl Turns {
             max_steps: turn.max_steps,
             max_output_tokens: turn.max_output_tokens,
             reasoning: turn.reasoning,
+            context_window: turn.context_window,
+            compact_at: turn.compact_at,
         };
         let model = RpcModel {
             link: self.link.clone(),

@@ -32,7 +32,7 @@ impl ModelClient for Scripted {
 
 #[derive(Default)]
 pub(crate) struct Memory {
-    entries: Mutex<Vec<TranscriptEntry>>,
+    pub(crate) entries: Mutex<Vec<TranscriptEntry>>,
     events: Mutex<Vec<EventKind>>,
 }
 
@@ -114,6 +114,8 @@ pub(crate) fn config() -> AgentConfig {
         model_label: "scripted/test (scripted)".into(),
         max_steps: 10,
         max_output_tokens: 1024,
+        context_window: 0,
+        compact_at: skiff_agent::compact::DEFAULT_COMPACT_AT,
     }
 }
 
@@ -129,7 +131,7 @@ pub(crate) fn backend_with_prompt() -> Memory {
     memory
 }
 
-fn kinds(memory: &Memory) -> Vec<&'static str> {
+pub(crate) fn kinds(memory: &Memory) -> Vec<&'static str> {
     memory
         .entries
         .lock()

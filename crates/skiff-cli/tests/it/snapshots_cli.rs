@@ -460,3 +460,50 @@ fn session_watch_of_a_finished_session_reads_well() {
     ✓ run succeeded
     ");
 }
+
+#[test]
+fn session_compact_says_what_it_replaced_and_show_marks_the_point() {
+    let gw = Gateway::start(FIX_TYPO);
+    let repo = TempGitRepo::new(&[("notes.txt", "draft notes\n")]);
+    let tmp = gw.state_dir.parent().unwrap().to_owned();
+    let mut settings = settings(&[(repo.path(), "[REPO]"), (&tmp, "[GW]")]);
+    // The sizes follow the system prompt and the tool specs, which change for other reasons.
+    settings.add_filter(r"≈\d+ tokens", "≈[N] tokens");
+    settings.add_filter(r"summary of \d+ tokens", "summary of [N] tokens");
+    let _guard = settings.bind_to_scope();
+    let id = gw.new_session(repo.path(), "fake/any", "look at the notes");
+
+    insta::assert_snapshot!(run(gw.cli().args(["session", "compact", &id])), @r#"
+        success: true
+        exit_code: 0
+        ----- stdout -----
+        compacted 4 entries (≈[N] tokens) into a summary of [N] tokens
+
+        ----- stderr -----
+    "#);
+    // The scripted model replays its first turn as the summary.
+    insta::assert_snapshot!(run(gw.cli().args(["session", "show", &id])), @r#"
+        success: true
+        exit_code: 0
+        ----- stdout -----
+        session    ses_xxxxxxxxxxxxxxxx
+        title      look at the notes
+        state      idle
+        placement  local
+        model      fake/any (scripted)
+        workspace  [GW]/state/worktrees/ses_xxxxxxxxxxxxxxxx (git worktree of [REPO])
+        branch     skiff/ses_xxxxxxxxxxxxxxxx (from [HASH])
+        runs       1
+          run_xxxxxxxxxxxxxxxx  succeeded  in [N] / out [N] tokens
+
+        you    look at the notes
+        agent  Checking the file.
+          ▸ exec cat notes.txt  ✓ exit 0
+              draft notes
+        agent  The notes are fine.
+          ── conversation compacted: 4 entries (≈[N] tokens) summarised ──
+          Checking the file.
+
+        ----- stderr -----
+    "#);
+}

@@ -549,15 +549,17 @@ impl Core {
                 message: "a commit carries 1 to 256 entries".into(),
             };
         }
-        if entries.iter().any(|e| {
-            matches!(
-                e,
-                EntryBody::UserMessage { .. } | EntryBody::Compaction { .. }
-            )
-        }) {
+        // A compaction from the worker's loop is allowed: it only shapes the model context,
+        // and the entries it summarises stay in the transcript.
+        if entries
+            .iter()
+            .any(|e| matches!(e, EntryBody::UserMessage { .. }))
+        {
             return Reply::Refused {
                 code: RefusalCode::Forbidden,
-                message: "workers commit assistant messages, tool results and notices only".into(),
+                message:
+                    "workers commit assistant messages, tool results, notices and compactions only"
+                        .into(),
             };
         }
         let Some(run) = &op.run_id else {
@@ -575,7 +577,8 @@ impl Core {
         ) {
             Ok(committed) => {
                 for body in &entries {
-                    if let EntryBody::AssistantMessage { usage, .. } = body
+                    if let EntryBody::AssistantMessage { usage, .. }
+                    | EntryBody::Compaction { usage, .. } = body
                         && let Err(e) = self.store.add_run_usage(scope, run, *usage)
                     {
                         tracing::warn!(%run, error = %e, "could not account a worker's model usage");

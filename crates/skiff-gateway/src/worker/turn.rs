@@ -44,10 +44,12 @@ impl Core {
             reasoning: reasoning.as_deref().and_then(ReasoningEffort::parse),
             run_id: run.id.clone(),
             model_label: self.catalog.describe(&model).label,
+            context_window: self.catalog.settings(&model).context_window,
+            compact_at: self.compact_at,
             model,
             max_steps: crate::sessions::MAX_STEPS,
             max_output_tokens: crate::sessions::MAX_OUTPUT_TOKENS,
-            transcript,
+            transcript: skiff_agent::compact::since_last_compaction(&transcript).to_vec(),
             gateway_tools: self.mcp.specs(),
         };
         let live = self.workers.live(session);

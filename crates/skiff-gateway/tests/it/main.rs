@@ -8,6 +8,7 @@
 )]
 
 mod admission;
+mod compaction;
 mod deadlines;
 mod harness;
 mod listing;
