@@ -137,6 +137,16 @@ impl<R: Read> Lines<R> {
         }
     }
 
+    /// The start of the input, without consuming it (what a file's type is told by).
+    pub fn head(&mut self) -> std::io::Result<&[u8]> {
+        self.fill()
+    }
+
+    /// The reader, with what was buffered and not yet consumed still to be read.
+    pub fn into_inner(self) -> BufReader<R> {
+        self.inner
+    }
+
     /// Whether the start of the input looks binary (a NUL byte early on).
     pub fn looks_binary(&mut self) -> std::io::Result<bool> {
         let head = self.fill()?;

@@ -11,11 +11,13 @@ mod apply_patch;
 mod exec;
 mod files;
 pub(crate) mod fsio;
+pub(crate) mod image;
 mod patch;
 mod paths;
 mod process;
 mod search;
 
+pub use image::label as image_label;
 pub use paths::Workspace;
 pub use process::Processes;
 
@@ -133,10 +135,10 @@ impl Tools {
         let name = call.name.as_str();
         let out = match name {
             "read" => {
-                blocking(name, parse(call, args), cancel, move |a, c| {
+                let read = blocking(name, parse(call, args), cancel, move |a, c| {
                     files::read(&ws, a, c)
-                })
-                .await
+                });
+                return read.await.unwrap_or_else(ToolOutput::error);
             }
             "write" => {
                 blocking(name, parse(call, args), cancel, move |a, _| {
@@ -225,12 +227,12 @@ fn parse<T: DeserializeOwned>(call: &ToolCall, args: &Value) -> Result<T, String
 /// Runs a file tool on the blocking pool, so that the run's cancellation (or the timeout)
 /// ends the call at once even if the tool is still working; `f` gets the token too, so its
 /// loops stop early.
-async fn blocking<A: Send + 'static>(
+async fn blocking<A: Send + 'static, T: Send + 'static>(
     name: &str,
     args: Result<A, String>,
     cancel: &CancellationToken,
-    f: impl FnOnce(A, &CancellationToken) -> Result<String, String> + Send + 'static,
-) -> Result<String, String> {
+    f: impl FnOnce(A, &CancellationToken) -> Result<T, String> + Send + 'static,
+) -> Result<T, String> {
     let args = args?;
     let token = cancel.child_token();
     let for_tool = token.clone();
@@ -358,7 +360,7 @@ fn specs() -> Vec<ToolSpec> {
     vec![
         spec(
             "read",
-            "Read a text file of the workspace. Returns numbered lines, at most about 60 KiB per call. Use offset (1-based line) and limit (number of lines) for large files.",
+            "Read a file of the workspace. A text file comes back as numbered lines, at most about 60 KiB per call; use offset (1-based line) and limit (number of lines) for large files. A PNG, JPEG, GIF or WebP image (up to 3.75 MiB) comes back as the image itself, for you to look at.",
             json!({"type": "object", "additionalProperties": false, "required": ["path"], "properties": {
                 "path": {"type": "string", "description": "Path relative to the workspace root"},
                 "offset": {"type": "integer", "minimum": 1, "description": "First line to read (1-based)"},
