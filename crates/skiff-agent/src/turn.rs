@@ -69,7 +69,7 @@ async fn drive<M: ModelClient, B: SessionBackend>(
     let mut entries = backend.transcript().await?;
     // Read once per turn: an edit the agent makes to AGENTS.md applies from the next turn, so
     // every step of a turn (and its prompt cache) sees the same text.
-    let instructions = instructions::load(tools.workspace()).await;
+    let instructions = instructions::load(tools.workspace(), tools.repository_root()).await;
     if let Some(text) = instructions.notice() {
         let leaf = entries.last().map(|e| e.id.clone());
         commit(

@@ -73,6 +73,8 @@ pub struct Tools {
     processes: Processes,
     /// Whether the model is offered the dispatch tools ([`DISPATCH_TOOLS`]).
     dispatch: bool,
+    /// The repository root above the workspace root, when the workspace is a subfolder of one.
+    repository_root: Option<PathBuf>,
 }
 
 impl Tools {
@@ -84,7 +86,34 @@ impl Tools {
             ledger: None,
             processes: Processes::for_turn(),
             dispatch: false,
+            repository_root: None,
         })
+    }
+
+    /// Says that the workspace is a subfolder of the repository whose root is `root`: each turn
+    /// then gives the model the `AGENTS.md` files of the folders from `root` down to the
+    /// workspace root, root first (see `instructions`). Skiff's own sessions never call it: their
+    /// workspace is the repository root. Refused unless `root` is a folder above the workspace
+    /// root.
+    pub fn with_repository_root(mut self, root: &std::path::Path) -> std::io::Result<Self> {
+        let root = root.canonicalize()?;
+        if root == self.workspace.root() || !self.workspace.root().starts_with(&root) {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!(
+                    "repository root {} is not a folder above the workspace root {}",
+                    root.display(),
+                    self.workspace.root().display()
+                ),
+            ));
+        }
+        self.repository_root = Some(root);
+        Ok(self)
+    }
+
+    /// The repository root [`Tools::with_repository_root`] named, if any.
+    pub fn repository_root(&self) -> Option<&std::path::Path> {
+        self.repository_root.as_deref()
     }
 
     /// Records every running `exec` command in `ledger`, so that a process started after a
