@@ -144,6 +144,8 @@ async fn drive<M: ModelClient, B: SessionBackend>(
         for call in &reply.tool_calls {
             results.push(run_tool(backend, tools, call, cancel).await);
         }
+        // A step's results are committed together (one worker frame): bound their images.
+        crate::tools::image::bound_step(&mut results);
         let cancelled = cancel.is_cancelled();
         if cancelled {
             results.push(cancelled_notice());

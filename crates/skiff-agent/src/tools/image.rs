@@ -8,6 +8,7 @@
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 use skiff_protocol::model::Image;
+use skiff_protocol::transcript::EntryBody;
 
 /// The largest image file `read` gives the model. Its base64 form is then at most 5 MiB, the
 /// most Anthropic takes per image; it also leaves room beside the context in one worker frame
@@ -130,6 +131,38 @@ pub(crate) fn dimensions(format: Format, bytes: &[u8]) -> Option<(u32, u32)> {
     (found.0 > 0 && found.1 > 0).then_some(found)
 }
 
+/// What the model reads in place of an image a step had no room for.
+pub(crate) const STEP_IMAGE_LEFT_OUT: &str = "(the image is not shown: the images read before it \
+     in this step fill the room one step has; read it again on its own)";
+
+/// Keeps a step's images, in call order, up to [`MAX_CONTEXT_IMAGE_BYTES`] of base64 in all; a
+/// later one is dropped with a line saying so. A step's results are committed together (on a
+/// worker, in one frame, which must stay within `MAX_FRAME_BYTES`), so several large images read
+/// at once cannot make the commit too large to send.
+pub(crate) fn bound_step(results: &mut [EntryBody]) {
+    let mut kept = 0usize;
+    for result in results {
+        let EntryBody::ToolResult {
+            content, images, ..
+        } = result
+        else {
+            continue;
+        };
+        let before = images.len();
+        images.retain(|image| {
+            let fits = kept + image.data_base64.len() <= MAX_CONTEXT_IMAGE_BYTES;
+            if fits {
+                kept += image.data_base64.len();
+            }
+            fits
+        });
+        for _ in images.len()..before {
+            content.push('\n');
+            content.push_str(STEP_IMAGE_LEFT_OUT);
+        }
+    }
+}
+
 /// The model's copy of an image file.
 pub(crate) fn encode(format: Format, bytes: &[u8]) -> Image {
     Image {
@@ -247,5 +280,38 @@ mod tests {
         assert_eq!(size(84 * 1024 + 100), "84 KiB");
         assert_eq!(size(MAX_IMAGE_BYTES + 1), "3.8 MiB");
         assert_eq!(limit(), "3.75 MiB");
+    }
+
+    #[test]
+    fn a_step_keeps_its_images_in_call_order_up_to_the_bound() {
+        let result = |n: usize| EntryBody::ToolResult {
+            call_id: format!("c{n}"),
+            name: "read".into(),
+            content: format!("image: {n}.png"),
+            is_error: false,
+            images: vec![Image {
+                media_type: "image/png".into(),
+                data_base64: "A".repeat(MAX_CONTEXT_IMAGE_BYTES / 2),
+            }],
+        };
+        let mut results = vec![result(1), result(2), result(3)];
+        bound_step(&mut results);
+        let shown: Vec<(String, usize)> = results
+            .iter()
+            .map(|r| match r {
+                EntryBody::ToolResult {
+                    content, images, ..
+                } => (content.clone(), images.len()),
+                _ => unreachable!(),
+            })
+            .collect();
+        assert_eq!(
+            shown,
+            [
+                ("image: 1.png".to_owned(), 1),
+                ("image: 2.png".to_owned(), 1),
+                (format!("image: 3.png\n{STEP_IMAGE_LEFT_OUT}"), 0),
+            ]
+        );
     }
 }
