@@ -19,16 +19,19 @@
 
 use crate::ModelClient;
 use futures_util::StreamExt;
-use skiff_protocol::model::{Message, ModelEvent, ModelRef, ModelRequest, StopReason, Usage};
+use skiff_protocol::model::{
+    Image, Message, ModelEvent, ModelRef, ModelRequest, StopReason, Usage,
+};
 use skiff_protocol::transcript::{EntryBody, TranscriptEntry};
 use skiff_protocol::worker::MAX_FRAME_BYTES;
 use std::collections::BTreeSet;
 use tokio_util::sync::CancellationToken;
 
 /// The most a serialized model request may weigh before the loop compacts, whatever the
-/// window: 3 MiB, under the gateway's inference-proxy limit for a worker's model request
-/// (4 MiB, itself half a frame), so a long worker session never sends a request the proxy
-/// refuses, and the next turn's hand-over (what follows the compaction) fits its frame.
+/// window, images aside (they have their own 3 MiB, `tools::MAX_CONTEXT_IMAGE_BYTES`): 3 MiB,
+/// so that with its images a worker's model request stays under the gateway's inference-proxy
+/// limit for it (7 MiB, under a frame's 8), and the next turn's hand-over (what follows the
+/// compaction) fits its frame.
 pub const FRAME_BUDGET_BYTES: usize = MAX_FRAME_BYTES * 3 / 8;
 
 /// The default of `[gateway] compact_at`.
@@ -87,7 +90,10 @@ impl Limits {
         if !compactable(entries) {
             return false;
         }
-        if serialized_len(request) > FRAME_BUDGET_BYTES {
+        let images: usize = request_images(&request.messages)
+            .map(|i| i.data_base64.len())
+            .sum();
+        if serialized_len(request).saturating_sub(images) > FRAME_BUDGET_BYTES {
             return true;
         }
         self.threshold()
@@ -135,13 +141,56 @@ pub fn estimate_tokens(request: &ModelRequest, entries: &[TranscriptEntry]) -> u
         let added: usize = context[i + 1..]
             .iter()
             .filter(|e| !matches!(e.body, EntryBody::Notice { .. }))
-            .map(|e| serialized_len(&e.body))
+            .map(|e| {
+                let images = match &e.body {
+                    EntryBody::ToolResult { images, .. } => images.as_slice(),
+                    _ => &[],
+                };
+                serialized_len(&e.body) - image_data_len(images)
+            })
             .sum();
-        return usage.input_tokens + usage.output_tokens + bytes_to_tokens(added);
+        let images: usize = context[i + 1..]
+            .iter()
+            .map(|e| match &e.body {
+                EntryBody::ToolResult { images, .. } => images.len(),
+                _ => 0,
+            })
+            .sum();
+        return usage.input_tokens
+            + usage.output_tokens
+            + bytes_to_tokens(added)
+            + image_tokens(images);
     }
     bytes_to_tokens(
-        request.system.len() + serialized_len(&request.messages) + serialized_len(&request.tools),
-    )
+        request.system.len() + text_len(&request.messages) + serialized_len(&request.tools),
+    ) + image_tokens(request_images(&request.messages).count())
+}
+
+/// What a model counts for one image, near enough: Anthropic bills about (width × height) / 750
+/// tokens, about 1,600 for an image at its largest unscaled size. Its base64 bytes say nothing
+/// about that, and counting them as text would compact at every request that carries one.
+const IMAGE_TOKENS: u64 = 1_600;
+
+fn image_tokens(count: usize) -> u64 {
+    IMAGE_TOKENS.saturating_mul(u64::try_from(count).unwrap_or(u64::MAX))
+}
+
+fn request_images(messages: &[Message]) -> impl Iterator<Item = &Image> {
+    messages.iter().flat_map(|m| match m {
+        Message::ToolResult { images, .. } => images.as_slice(),
+        _ => &[],
+    })
+}
+
+fn image_data_len(images: &[Image]) -> usize {
+    images.iter().map(|i| i.data_base64.len()).sum()
+}
+
+/// The serialized size of `messages` without their images' data: images have their own
+/// bound ([`crate::tools::MAX_CONTEXT_IMAGE_BYTES`]), beside this budget.
+fn text_len(messages: &[Message]) -> usize {
+    serialized_len(messages)
+        .saturating_sub(request_images(messages).map(|i| i.data_base64.len()).sum())
 }
 
 fn bytes_to_tokens(bytes: usize) -> u64 {
@@ -215,7 +264,7 @@ pub async fn summarize<M: ModelClient>(
 /// The system prompt a turn in `workspace` starts with (its `AGENTS.md` included): what a
 /// compaction outside a turn (`skiff session compact`) summarises under.
 pub async fn system_prompt(workspace: &crate::tools::Workspace) -> String {
-    crate::instructions::load(workspace)
+    crate::instructions::load(workspace, None)
         .await
         .system(crate::turn::SYSTEM_PROMPT)
 }

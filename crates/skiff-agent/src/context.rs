@@ -1,5 +1,6 @@
 //! Turning a transcript into model context.
 
+use crate::tools::image::MAX_CONTEXT_IMAGE_BYTES;
 use skiff_protocol::model::Message;
 use skiff_protocol::transcript::{EntryBody, TranscriptEntry};
 
@@ -70,7 +71,39 @@ pub(crate) fn messages(entries: &[TranscriptEntry]) -> Vec<Message> {
         }
     }
     answer_lost(&mut messages, &mut unanswered);
+    keep_recent_images(&mut messages);
     messages
+}
+
+/// What the model reads in place of an image older ones pushed out of the request.
+pub(crate) const IMAGE_LEFT_OUT: &str =
+    "(the image is no longer shown, to leave room for newer ones; read the file again to see it)";
+
+/// Keeps the newest images up to [`MAX_CONTEXT_IMAGE_BYTES`] of base64 in all, newest first;
+/// an older one is replaced by a line saying so. However many images a session reads, its
+/// requests stay within what providers and a worker's frame take.
+fn keep_recent_images(messages: &mut [Message]) {
+    let mut kept = 0usize;
+    for message in messages.iter_mut().rev() {
+        let Message::ToolResult {
+            content, images, ..
+        } = message
+        else {
+            continue;
+        };
+        let before = images.len();
+        images.retain(|image| {
+            let fits = kept + image.data_base64.len() <= MAX_CONTEXT_IMAGE_BYTES;
+            if fits {
+                kept += image.data_base64.len();
+            }
+            fits
+        });
+        for _ in images.len()..before {
+            content.push('\n');
+            content.push_str(IMAGE_LEFT_OUT);
+        }
+    }
 }
 
 fn answer_lost(messages: &mut Vec<Message>, unanswered: &mut Vec<(String, String)>) {
@@ -89,7 +122,7 @@ fn answer_lost(messages: &mut Vec<Message>, unanswered: &mut Vec<(String, String
 mod tests {
     use super::*;
     use skiff_protocol::EntryId;
-    use skiff_protocol::model::{StopReason, ToolCall, Usage};
+    use skiff_protocol::model::{Image, StopReason, ToolCall, Usage};
 
     fn entry(n: usize, body: EntryBody) -> TranscriptEntry {
         TranscriptEntry {
@@ -139,6 +172,62 @@ mod tests {
                 content: LOST_RESULT.into(),
                 is_error: true,
             }
+        );
+    }
+
+    #[test]
+    fn only_the_newest_images_that_fit_stay_in_the_context() {
+        let big = |tag: &str| Image {
+            media_type: "image/png".into(),
+            data_base64: tag.repeat(MAX_CONTEXT_IMAGE_BYTES / 2 - 10),
+        };
+        let mut entries = vec![entry(0, EntryBody::UserMessage { text: "go".into() })];
+        for n in 1..=3 {
+            let id = format!("c{n}");
+            entries.push(entry(
+                2 * n,
+                EntryBody::AssistantMessage {
+                    reasoning: Vec::new(),
+                    text: String::new(),
+                    tool_calls: vec![ToolCall {
+                        id: id.clone(),
+                        name: "read".into(),
+                        arguments: serde_json::json!({"path": format!("{n}.png")}),
+                    }],
+                    model: "m".into(),
+                    usage: Usage::default(),
+                    stop_reason: StopReason::ToolUse,
+                },
+            ));
+            entries.push(entry(
+                2 * n + 1,
+                EntryBody::ToolResult {
+                    call_id: id,
+                    name: "read".into(),
+                    content: format!("image: {n}.png"),
+                    is_error: false,
+                    images: vec![big(&n.to_string())],
+                },
+            ));
+        }
+        let messages = messages(&entries);
+        let results: Vec<(&str, usize)> = messages
+            .iter()
+            .filter_map(|m| match m {
+                Message::ToolResult {
+                    content, images, ..
+                } => Some((content.as_str(), images.len())),
+                _ => None,
+            })
+            .collect();
+        let left_out = format!("image: 1.png\n{IMAGE_LEFT_OUT}");
+        assert_eq!(
+            results,
+            [
+                (left_out.as_str(), 0),
+                ("image: 2.png", 1),
+                ("image: 3.png", 1)
+            ]
         );
     }
 }

@@ -73,7 +73,7 @@ async fn drive<M: ModelClient, B: SessionBackend>(
     let mut entries = backend.transcript().await?;
     // Read once per turn: an edit the agent makes to AGENTS.md applies from the next turn, so
     // every step of a turn (and its prompt cache) sees the same text.
-    let instructions = instructions::load(tools.workspace()).await;
+    let instructions = instructions::load(tools.workspace(), tools.repository_root()).await;
     if let Some(text) = instructions.notice() {
         let leaf = entries.last().map(|e| e.id.clone());
         commit(
@@ -156,6 +156,8 @@ async fn drive<M: ModelClient, B: SessionBackend>(
         for call in &reply.tool_calls {
             results.push(run_tool(backend, tools, call, cancel).await);
         }
+        // A step's results are committed together (one worker frame): bound their images.
+        crate::tools::image::bound_step(&mut results);
         let cancelled = cancel.is_cancelled();
         if cancelled {
             results.push(cancelled_notice());

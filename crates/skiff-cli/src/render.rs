@@ -10,7 +10,7 @@
 use indicatif::{ProgressBar, ProgressStyle};
 use skiff_protocol::api::{RunStatus, SessionView};
 use skiff_protocol::event::{EventKind, SessionEvent};
-use skiff_protocol::model::Reasoning;
+use skiff_protocol::model::{Image, Reasoning};
 use skiff_protocol::transcript::{EntryBody, TranscriptEntry};
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
@@ -172,6 +172,7 @@ impl Live {
         name: &str,
         content: &str,
         is_error: bool,
+        images: &[Image],
     ) -> anyhow::Result<()> {
         self.stop_spinner();
         self.line_break()?;
@@ -182,7 +183,7 @@ impl Live {
             .position(|f| f.call_id == call_id)
             .map(|i| self.finished.remove(i));
         let (name, summary) = self.call(call_id, name);
-        let view = view_result(&name, content, is_error, self.detail);
+        let view = view_result(&name, content, is_error, self.detail).with_images(images);
         let status = Status {
             is_error: Some(is_error),
             note: view.note.as_deref(),
@@ -269,8 +270,8 @@ impl Live {
                     name,
                     content,
                     is_error,
-                    ..
-                } => self.show_result(call_id, name, content, *is_error)?,
+                    images,
+                } => self.show_result(call_id, name, content, *is_error, images)?,
                 EntryBody::AssistantMessage { tool_calls, .. } => {
                     for call in tool_calls {
                         self.calls.entry(call.id.clone()).or_insert_with(|| Call {
@@ -426,6 +427,20 @@ fn push_body(out: &mut String, body: &[String], detail: Detail) {
 struct ResultView {
     note: Option<String>,
     body: Vec<String>,
+}
+
+impl ResultView {
+    /// A result with images shows each as `[image 1280×720 png]` on its row, never its data.
+    fn with_images(mut self, images: &[Image]) -> Self {
+        if !images.is_empty() {
+            let labels: Vec<String> = images
+                .iter()
+                .map(|image| format!("[{}]", skiff_agent::tools::image_label(image)))
+                .collect();
+            self.note = Some(labels.join(" "));
+        }
+        self
+    }
 }
 
 fn view_result(name: &str, content: &str, is_error: bool, detail: Detail) -> ResultView {
@@ -906,14 +921,14 @@ pub fn transcript(entries: &[TranscriptEntry], detail: Detail) -> String {
                 name,
                 content,
                 is_error,
-                ..
+                images,
             } => {
                 let summary = open
                     .iter()
                     .position(|(id, _, _)| id == call_id)
                     .map(|i| open.remove(i).2)
                     .unwrap_or_default();
-                let view = view_result(name, content, *is_error, detail);
+                let view = view_result(name, content, *is_error, detail).with_images(images);
                 let status = Status {
                     is_error: Some(*is_error),
                     note: view.note.as_deref(),
@@ -1170,5 +1185,62 @@ mod tests {
             Detail { dim: true, ..PLAIN },
         );
         assert_eq!(dimmed, "      \x1b[2mout\x1b[0m\n");
+    }
+
+    #[test]
+    fn an_image_result_shows_its_size_and_kind_never_its_data() {
+        use skiff_protocol::EntryId;
+        use skiff_protocol::model::{StopReason, ToolCall, Usage};
+        // The start of a 1280×720 PNG, as `read` encodes one.
+        let data = "iVBORw0KGgoAAAANSUhEUgAABQAAAALQCAIAAAA=";
+        let entry = |n: usize, body: EntryBody| TranscriptEntry {
+            id: EntryId::from_suffix(&format!("e{n}")),
+            parent_id: None,
+            run_id: None,
+            created_at_ms: 0,
+            body,
+        };
+        let entries = [
+            entry(
+                0,
+                EntryBody::AssistantMessage {
+                    reasoning: Vec::new(),
+                    text: "Looking at the screenshot.".into(),
+                    tool_calls: vec![ToolCall {
+                        id: "c1".into(),
+                        name: "read".into(),
+                        arguments: serde_json::json!({"path": "shot.png"}),
+                    }],
+                    model: "m".into(),
+                    usage: Usage::default(),
+                    stop_reason: StopReason::ToolUse,
+                },
+            ),
+            entry(
+                1,
+                EntryBody::ToolResult {
+                    call_id: "c1".into(),
+                    name: "read".into(),
+                    content: "image: shot.png, 1280×720 PNG, 84 KiB".into(),
+                    is_error: false,
+                    images: vec![Image {
+                        media_type: "image/png".into(),
+                        data_base64: data.into(),
+                    }],
+                },
+            ),
+        ];
+        let shown = transcript(
+            &entries,
+            Detail {
+                full: true,
+                ..PLAIN
+            },
+        );
+        assert_eq!(
+            shown,
+            "agent  Looking at the screenshot.\n  ▸ read shot.png  ✓ [image 1280×720 png]\n"
+        );
+        assert!(!shown.contains("iVBOR"));
     }
 }

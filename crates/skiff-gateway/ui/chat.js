@@ -445,6 +445,7 @@ export class ChatView {
         const orphan = !tool || !tool.block;
         tool = this.tool(runId, body.call_id, body.name);
         tool.output = body.content;
+        tool.images = body.images || [];
         tool.isError = body.is_error;
         if (tool.status === 'pending' || tool.status === 'running') tool.status = body.is_error ? 'error' : 'ok';
         if (orphan) this.add({ key: entry.id, kind: 'assistant', text: '', tools: [tool] });
@@ -769,6 +770,15 @@ export class ChatView {
         parts.push(h('button', { type: 'button', class: 'link-btn', onclick: () => { tool.full = true; this.updateTool(tool); } },
           `Show all (${fmtBytes(new Blob([out]).size)}, ${fmtInt(out.split('\n').length)} lines)`));
       }
+    }
+    for (const image of tool.images || []) {
+      // Only the image types `read` produces; the browser never treats the data as anything else.
+      if (!/^image\/(png|jpeg|gif|webp)$/.test(image.media_type)) continue;
+      const src = `data:${image.media_type};base64,${image.data_base64}`;
+      const button = h('button', { type: 'button', class: 'thumb', 'aria-pressed': 'false', title: 'Show larger',
+        onclick: () => button.setAttribute('aria-pressed', String(button.getAttribute('aria-pressed') !== 'true')) },
+      h('img', { src, alt: `The image ${tool.name} ${tool.summary} returned to the model`, decoding: 'async' }));
+      parts.push(button);
     }
     replace(body, ...parts);
     // The end of a command's output is what matters: start there when it scrolls.

@@ -4,15 +4,15 @@
 //! The transport (sending, retries, timeouts, HTTP errors) is `http`'s, not this module's.
 
 use crate::drive::Failure;
-use crate::http::{Adapter, malformed, tool_arguments};
+use crate::http::{Adapter, images_not_shown, malformed, tool_arguments};
 use crate::sse::SseEvent;
 use crate::{CacheKey, ModelSettings};
 use reqwest::header::HeaderName;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use skiff_protocol::model::{
-    Message, ModelErrorKind, ModelEvent, ModelRequest, Reasoning, ReasoningEffort, StopReason,
-    ToolCall, Usage,
+    Image, Message, ModelErrorKind, ModelEvent, ModelRequest, Reasoning, ReasoningEffort,
+    StopReason, ToolCall, Usage,
 };
 use std::collections::BTreeMap;
 
@@ -45,12 +45,13 @@ pub fn request_body(request: &ModelRequest, settings: &ModelSettings) -> Vec<u8>
                 call_id,
                 content,
                 is_error,
+                images,
                 ..
             } => {
                 results.push(json!({
                     "type": "tool_result",
                     "tool_use_id": call_id,
-                    "content": content,
+                    "content": tool_result_content(request, settings, content, images),
                     "is_error": is_error,
                 }));
                 continue;
@@ -153,6 +154,37 @@ fn thinking_block(reasoning: &Reasoning) -> Option<Value> {
         }
         Reasoning::OpenaiReasoning { .. } => None,
     }
+}
+
+/// A tool result's `content`: its text alone (a string, as before images), or the text then its
+/// images as blocks; for a model that takes no images, the text with a note saying so.
+fn tool_result_content(
+    request: &ModelRequest,
+    settings: &ModelSettings,
+    content: &str,
+    images: &[Image],
+) -> Value {
+    if images.is_empty() {
+        return json!(content);
+    }
+    if !settings.images {
+        return json!(format!(
+            "{content}\n{}",
+            images_not_shown(&request.model, images.len())
+        ));
+    }
+    let text = json!({ "type": "text", "text": content });
+    let images = images.iter().map(|image| {
+        json!({
+            "type": "image",
+            "source": {
+                "type": "base64",
+                "media_type": image.media_type,
+                "data": image.data_base64,
+            },
+        })
+    });
+    Value::Array(std::iter::once(text).chain(images).collect())
 }
 
 /// Breakpoints on user-role messages, newest first; with the one after tools + system, three of

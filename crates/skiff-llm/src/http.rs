@@ -10,7 +10,7 @@ use crate::{CacheKey, ModelSettings};
 use futures_util::StreamExt;
 use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 use reqwest::{Client, StatusCode};
-use skiff_protocol::model::{ModelErrorKind, ModelEvent, ModelRequest, StopReason};
+use skiff_protocol::model::{ModelErrorKind, ModelEvent, ModelRef, ModelRequest, StopReason};
 use std::time::Duration;
 use tokio::time::timeout;
 
@@ -250,6 +250,22 @@ pub(crate) fn tool_arguments(raw: String) -> serde_json::Value {
         return serde_json::Value::Object(serde_json::Map::new());
     }
     serde_json::from_str(&raw).unwrap_or(serde_json::Value::String(raw))
+}
+
+/// What a model that takes no images reads after a tool result's text in place of its images
+/// (`[providers.NAME.models."MODEL"] images = false`, or a model the defaults do not know).
+pub(crate) fn images_not_shown(model: &ModelRef, count: usize) -> String {
+    let what = if count == 1 {
+        "the image is".to_owned()
+    } else {
+        format!("the {count} images are")
+    };
+    format!(
+        "({what} not shown: model {model} takes no images; set images = true in \
+         [providers.{}.models.\"{}\"] if it does)",
+        model.provider(),
+        model.model_id()
+    )
 }
 
 /// The failure for an SSE event an adapter could not decode, quoting the start of its data.

@@ -4,7 +4,7 @@
 //! The transport (sending, retries, timeouts, HTTP errors) is `http`'s, not this module's.
 
 use crate::drive::Failure;
-use crate::http::{Adapter, malformed, tool_arguments};
+use crate::http::{Adapter, images_not_shown, malformed, tool_arguments};
 use crate::sse::SseEvent;
 use crate::{CacheKey, ModelSettings};
 use reqwest::header::{AUTHORIZATION, HeaderName};
@@ -23,28 +23,70 @@ pub fn request_body(
     settings: &ModelSettings,
     cache_key: Option<&CacheKey>,
 ) -> Vec<u8> {
-    let _ = settings;
     let mut messages = Vec::with_capacity(request.messages.len() + 1);
     if !request.system.is_empty() {
         messages.push(json!({ "role": "system", "content": request.system }));
     }
-    messages.extend(request.messages.iter().map(|message| match message {
-        Message::User { text } => json!({ "role": "user", "content": text }),
-        Message::Assistant {
-            text, tool_calls, ..
-        } => {
-            // The API rejects an empty `tool_calls` array and wants `null` content beside calls.
-            let content = (!text.is_empty()).then_some(text);
-            let mut wire = json!({ "role": "assistant", "content": content });
-            if !tool_calls.is_empty() {
-                wire["tool_calls"] = tool_calls.iter().map(wire_tool_call).collect();
+    // A tool message carries text only: the images of a run of tool results follow it in one
+    // user message, before the next assistant message.
+    let mut images: Vec<Value> = Vec::new();
+    for message in &request.messages {
+        let wire = match message {
+            Message::User { text } => json!({ "role": "user", "content": text }),
+            Message::Assistant {
+                text, tool_calls, ..
+            } => {
+                // The API rejects an empty `tool_calls` array and wants `null` content beside
+                // calls.
+                let content = (!text.is_empty()).then_some(text);
+                let mut wire = json!({ "role": "assistant", "content": content });
+                if !tool_calls.is_empty() {
+                    wire["tool_calls"] = tool_calls.iter().map(wire_tool_call).collect();
+                }
+                wire
             }
-            wire
-        }
-        Message::ToolResult {
-            call_id, content, ..
-        } => json!({ "role": "tool", "tool_call_id": call_id, "content": content }),
-    }));
+            Message::ToolResult {
+                call_id,
+                name,
+                content,
+                images: shown,
+                ..
+            } => {
+                let content = if shown.is_empty() {
+                    content.clone()
+                } else if settings.images {
+                    images.push(json!({
+                        "type": "text",
+                        "text": format!("The image{} {name} returned ({call_id}):", plural(shown.len())),
+                    }));
+                    images.extend(shown.iter().map(|image| {
+                        json!({
+                            "type": "image_url",
+                            "image_url": {
+                                "url": format!("data:{};base64,{}", image.media_type, image.data_base64),
+                            },
+                        })
+                    }));
+                    format!(
+                        "{content}\n(the image{} follow{} in the next user message)",
+                        plural(shown.len()),
+                        if shown.len() == 1 { "s" } else { "" }
+                    )
+                } else {
+                    format!(
+                        "{content}\n{}",
+                        images_not_shown(&request.model, shown.len())
+                    )
+                };
+                messages
+                    .push(json!({ "role": "tool", "tool_call_id": call_id, "content": content }));
+                continue;
+            }
+        };
+        push_images(&mut messages, &mut images);
+        messages.push(wire);
+    }
+    push_images(&mut messages, &mut images);
     let mut body = json!({
         "model": request.model.model_id(),
         "messages": messages,
@@ -73,6 +115,16 @@ pub fn request_body(
             .collect();
     }
     body.to_string().into_bytes()
+}
+
+fn push_images(messages: &mut Vec<Value>, images: &mut Vec<Value>) {
+    if !images.is_empty() {
+        messages.push(json!({ "role": "user", "content": std::mem::take(images) }));
+    }
+}
+
+fn plural(count: usize) -> &'static str {
+    if count == 1 { "" } else { "s" }
 }
 
 fn wire_tool_call(call: &ToolCall) -> Value {

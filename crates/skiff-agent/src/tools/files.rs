@@ -2,7 +2,8 @@
 //! or device is refused by name and never blocks a call, and reads are streamed and bounded.
 
 use super::fsio::{self, Lines};
-use super::{MAX_RESULT_BYTES, Workspace};
+use super::image::{self, MAX_IMAGE_BYTES, MAX_IMAGE_SIDE};
+use super::{MAX_RESULT_BYTES, ToolOutput, Workspace};
 use serde::Deserialize;
 use std::fmt::Write as _;
 use std::io::Read;
@@ -56,18 +57,95 @@ pub(super) struct LsArgs {
     path: Option<String>,
 }
 
-/// Streams the lines `offset..offset + limit` (1-based) without loading the file: lines before
-/// the range are skipped as they are read, long lines are cut, and the output stops at
-/// [`MAX_READ_BYTES`], saying where to continue.
+/// An image file (known by its first bytes: PNG, JPEG, GIF, WebP) is given to the model whole,
+/// within [`MAX_IMAGE_BYTES`]. Of a text file, streams the lines `offset..offset + limit`
+/// (1-based) without loading the file: lines before the range are skipped as they are read,
+/// long lines are cut, and the output stops at [`MAX_READ_BYTES`], saying where to continue.
 pub(super) fn read(
     ws: &Workspace,
     args: ReadArgs,
     cancel: &CancellationToken,
-) -> Result<String, String> {
+) -> Result<ToolOutput, String> {
     let opened = fsio::open_regular(ws, &args.path, "read")?;
     let name = ws.display(&opened.path);
     let failed = |e: std::io::Error| format!("cannot read {}: {e}", args.path);
     let mut lines = Lines::new(opened.file, cancel.clone());
+    if let Some(format) = image::sniff(lines.head().map_err(failed)?) {
+        return read_image(&name, format, lines, opened.meta.len(), cancel).map(|(text, image)| {
+            ToolOutput {
+                images: vec![image],
+                ..ToolOutput::ok(text)
+            }
+        });
+    }
+    read_text_lines(&name, &args, lines, opened.meta.len()).map(ToolOutput::ok)
+}
+
+/// The whole of an image file, with its one-line description (`image: shot.png, 1280×720 PNG,
+/// 84 KiB`).
+fn read_image(
+    name: &str,
+    format: image::Format,
+    lines: Lines<std::fs::File>,
+    len: u64,
+    cancel: &CancellationToken,
+) -> Result<(String, skiff_protocol::model::Image), String> {
+    let too_big = |bytes: u64| {
+        format!(
+            "{name} is a {} image of {}; read gives the model images up to {} (3 MiB once \
+             base64-encoded: what a request has room for beside the conversation). Make it smaller first, e.g. with exec: convert {name} -resize 50% \
+             smaller.png",
+            format.name(),
+            image::size(bytes),
+            image::limit()
+        )
+    };
+    if len > MAX_IMAGE_BYTES {
+        return Err(too_big(len));
+    }
+    let mut bytes = Vec::new();
+    lines
+        .into_inner()
+        .take(MAX_IMAGE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("cannot read {name}: {e}"))?;
+    if cancel.is_cancelled() {
+        return Err("read was cancelled".to_owned());
+    }
+    if bytes.len() as u64 > MAX_IMAGE_BYTES {
+        // It grew while being read.
+        return Err(too_big(bytes.len() as u64));
+    }
+    let Some((width, height)) = image::dimensions(format, &bytes) else {
+        return Err(format!(
+            "{name} starts like a {} image but its size cannot be read from its header; the \
+             file may be cut short or damaged",
+            format.name()
+        ));
+    };
+    if width.max(height) > MAX_IMAGE_SIDE {
+        return Err(format!(
+            "{name} is a {width}×{height} {} image; models take images up to {MAX_IMAGE_SIDE} \
+             pixels a side. Make it smaller first, e.g. with exec: convert {name} -resize \
+             {MAX_IMAGE_SIDE}x{MAX_IMAGE_SIDE} smaller.png",
+            format.name()
+        ));
+    }
+    let text = format!(
+        "image: {name}, {width}×{height} {}, {}",
+        format.name(),
+        image::size(bytes.len() as u64)
+    );
+    Ok((text, image::encode(format, &bytes)))
+}
+
+fn read_text_lines(
+    name: &str,
+    args: &ReadArgs,
+    mut lines: Lines<std::fs::File>,
+    len: u64,
+) -> Result<String, String> {
+    let failed = |e: std::io::Error| format!("cannot read {}: {e}", args.path);
     if lines.looks_binary().map_err(failed)? {
         return Err(format!("{name} is a binary file"));
     }
@@ -138,7 +216,7 @@ pub(super) fn read(
                 let _ = write!(
                     out,
                     "[… more lines follow ({name} is {}); read with offset={next} to continue]",
-                    fsio::size(opened.meta.len())
+                    fsio::size(len)
                 );
             }
         }

@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 pub(super) const BINARY_SNIFF_BYTES: usize = 8000;
 
 /// What a path is, for a refusal ("pipe is a FIFO, not a regular file").
-pub(super) fn kind(meta: &Metadata) -> &'static str {
+pub(crate) fn kind(meta: &Metadata) -> &'static str {
     let t = meta.file_type();
     if t.is_file() {
         "a regular file"
@@ -102,7 +102,7 @@ pub(crate) fn open_regular(ws: &Workspace, user_path: &str, tool: &str) -> Resul
 
 /// `open(path, O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC)`: returns at once whatever
 /// `path` is. The caller checks the opened file's type.
-pub(super) fn open_nonblocking(path: &Path) -> std::io::Result<File> {
+pub(crate) fn open_nonblocking(path: &Path) -> std::io::Result<File> {
     std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
@@ -135,6 +135,16 @@ impl<R: Read> Lines<R> {
                 Err(e) => return Err(e),
             }
         }
+    }
+
+    /// The start of the input, without consuming it (what a file's type is told by).
+    pub fn head(&mut self) -> std::io::Result<&[u8]> {
+        self.fill()
+    }
+
+    /// The reader, with what was buffered and not yet consumed still to be read.
+    pub fn into_inner(self) -> BufReader<R> {
+        self.inner
     }
 
     /// Whether the start of the input looks binary (a NUL byte early on).

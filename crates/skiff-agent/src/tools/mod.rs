@@ -11,11 +11,14 @@ mod apply_patch;
 mod exec;
 mod files;
 pub(crate) mod fsio;
+pub(crate) mod image;
+pub use image::MAX_CONTEXT_IMAGE_BYTES;
 mod patch;
 mod paths;
 mod process;
 mod search;
 
+pub use image::label as image_label;
 pub use paths::Workspace;
 pub use process::Processes;
 
@@ -74,6 +77,8 @@ pub struct Tools {
     /// Specs of tools the gateway runs for this session beyond the built-in ones (MCP
     /// servers' tools, [`MCP_PREFIX`]), in the gateway's order.
     gateway_specs: Vec<ToolSpec>,
+    /// The repository root above the workspace root, when the workspace is a subfolder of one.
+    repository_root: Option<PathBuf>,
 }
 
 impl Tools {
@@ -86,7 +91,34 @@ impl Tools {
             processes: Processes::for_turn(),
             dispatch: false,
             gateway_specs: Vec::new(),
+            repository_root: None,
         })
+    }
+
+    /// Says that the workspace is a subfolder of the repository whose root is `root`: each turn
+    /// then gives the model the `AGENTS.md` files of the folders from `root` down to the
+    /// workspace root, root first (see `instructions`). Skiff's own sessions never call it: their
+    /// workspace is the repository root. Refused unless `root` is a folder above the workspace
+    /// root.
+    pub fn with_repository_root(mut self, root: &std::path::Path) -> std::io::Result<Self> {
+        let root = root.canonicalize()?;
+        if root == self.workspace.root() || !self.workspace.root().starts_with(&root) {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!(
+                    "repository root {} is not a folder above the workspace root {}",
+                    root.display(),
+                    self.workspace.root().display()
+                ),
+            ));
+        }
+        self.repository_root = Some(root);
+        Ok(self)
+    }
+
+    /// The repository root [`Tools::with_repository_root`] named, if any.
+    pub fn repository_root(&self) -> Option<&std::path::Path> {
+        self.repository_root.as_deref()
     }
 
     /// Records every running `exec` command in `ledger`, so that a process started after a
@@ -146,10 +178,10 @@ impl Tools {
         let name = call.name.as_str();
         let out = match name {
             "read" => {
-                blocking(name, parse(call, args), cancel, move |a, c| {
+                let read = blocking(name, parse(call, args), cancel, move |a, c| {
                     files::read(&ws, a, c)
-                })
-                .await
+                });
+                return read.await.unwrap_or_else(ToolOutput::error);
             }
             "write" => {
                 blocking(name, parse(call, args), cancel, move |a, _| {
@@ -238,12 +270,12 @@ fn parse<T: DeserializeOwned>(call: &ToolCall, args: &Value) -> Result<T, String
 /// Runs a file tool on the blocking pool, so that the run's cancellation (or the timeout)
 /// ends the call at once even if the tool is still working; `f` gets the token too, so its
 /// loops stop early.
-async fn blocking<A: Send + 'static>(
+async fn blocking<A: Send + 'static, T: Send + 'static>(
     name: &str,
     args: Result<A, String>,
     cancel: &CancellationToken,
-    f: impl FnOnce(A, &CancellationToken) -> Result<String, String> + Send + 'static,
-) -> Result<String, String> {
+    f: impl FnOnce(A, &CancellationToken) -> Result<T, String> + Send + 'static,
+) -> Result<T, String> {
     let args = args?;
     let token = cancel.child_token();
     let for_tool = token.clone();
@@ -374,7 +406,7 @@ fn specs() -> Vec<ToolSpec> {
     vec![
         spec(
             "read",
-            "Read a text file of the workspace. Returns numbered lines, at most about 60 KiB per call. Use offset (1-based line) and limit (number of lines) for large files.",
+            "Read a file of the workspace. A text file comes back as numbered lines, at most about 60 KiB per call; use offset (1-based line) and limit (number of lines) for large files. A PNG, JPEG, GIF or WebP image (up to 2.25 MiB) comes back as the image itself, for you to look at.",
             json!({"type": "object", "additionalProperties": false, "required": ["path"], "properties": {
                 "path": {"type": "string", "description": "Path relative to the workspace root"},
                 "offset": {"type": "integer", "minimum": 1, "description": "First line to read (1-based)"},

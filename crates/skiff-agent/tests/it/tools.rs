@@ -355,3 +355,70 @@ async fn exec_timeouts_outside_their_bounds_are_refused_before_running() {
     }
     assert!(!dir.path().join("ran").exists());
 }
+
+/// A real PNG file (64×48, RGB), as a screenshot would be.
+const PNG: &[u8] = include_bytes!("fixtures/gradient.png");
+
+#[tokio::test]
+async fn read_of_an_image_gives_the_model_the_image_itself() {
+    use base64::Engine as _;
+    let (dir, tools) = workspace();
+    std::fs::write(dir.path().join("shot.png"), PNG).unwrap();
+    let out = call(&tools, "read", json!({"path": "shot.png"})).await;
+    assert!(!out.is_error, "{}", out.content);
+    assert_eq!(out.content, "image: shot.png, 64×48 PNG, 6 KiB");
+    assert_eq!(out.images.len(), 1);
+    assert_eq!(out.images[0].media_type, "image/png");
+    let data = base64::engine::general_purpose::STANDARD
+        .decode(&out.images[0].data_base64)
+        .unwrap();
+    assert_eq!(data, PNG);
+    assert_eq!(
+        skiff_agent::tools::image_label(&out.images[0]),
+        "image 64×48 png"
+    );
+
+    // Known by its bytes, not its name; and a file named like an image that is text is read
+    // as text.
+    std::fs::write(dir.path().join("capture.bin"), PNG).unwrap();
+    let out = call(&tools, "read", json!({"path": "capture.bin"})).await;
+    assert_eq!(out.content, "image: capture.bin, 64×48 PNG, 6 KiB");
+    assert_eq!(out.images.len(), 1);
+    std::fs::write(dir.path().join("notes.png"), "not an image\n").unwrap();
+    let out = call(&tools, "read", json!({"path": "notes.png"})).await;
+    assert_eq!(out.content, "     1\tnot an image\n");
+    assert!(out.images.is_empty());
+}
+
+#[tokio::test]
+async fn an_image_too_large_for_a_model_is_refused_with_its_size_and_the_limit() {
+    let (dir, tools) = workspace();
+    let file = std::fs::File::create(dir.path().join("huge.png")).unwrap();
+    std::io::Write::write_all(&mut &file, PNG).unwrap();
+    file.set_len(4 * 1024 * 1024).unwrap();
+    let out = call(&tools, "read", json!({"path": "huge.png"})).await;
+    assert!(out.is_error);
+    assert!(out.images.is_empty());
+    assert!(
+        out.content.starts_with(
+            "huge.png is a PNG image of 4.0 MiB; read gives the model images up to 3.75 MiB \
+             (5 MiB once base64-encoded"
+        ),
+        "{}",
+        out.content
+    );
+
+    // A header that says the image is wider than models take.
+    let mut wide = PNG.to_vec();
+    wide[16..20].copy_from_slice(&9000u32.to_be_bytes());
+    std::fs::write(dir.path().join("wide.png"), wide).unwrap();
+    let out = call(&tools, "read", json!({"path": "wide.png"})).await;
+    assert!(out.is_error);
+    assert!(
+        out.content.starts_with(
+            "wide.png is a 9000×48 PNG image; models take images up to 8000 pixels a side"
+        ),
+        "{}",
+        out.content
+    );
+}

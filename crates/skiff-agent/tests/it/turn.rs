@@ -467,3 +467,61 @@ async fn without_agents_md_nothing_is_added() {
     );
     assert_eq!(kinds(&memory), ["user_message", "assistant_message"]);
 }
+
+/// A workspace that is a subfolder of a repository gets the AGENTS.md of every folder from the
+/// repository root down to it, root first, each under its path; a folder between them without
+/// one is skipped, and the system text names no absolute path.
+#[tokio::test]
+async fn agents_md_from_parent_folders_up_to_the_repository_root_reach_the_request() {
+    let repo = tempfile::tempdir().unwrap();
+    let workspace = repo.path().join("services/api");
+    std::fs::create_dir_all(&workspace).unwrap();
+    std::fs::write(repo.path().join("AGENTS.md"), "Use conventional commits.\n").unwrap();
+    std::fs::write(workspace.join("AGENTS.md"), "Run `make api-test`.\n").unwrap();
+    let tools = Tools::new(workspace.clone(), Vec::new())
+        .unwrap()
+        .with_repository_root(repo.path())
+        .unwrap();
+    let model = Recording::new(vec![final_turn("done")]);
+    let memory = backend_with_prompt();
+    let outcome = run_turn(
+        &model,
+        &memory,
+        &tools,
+        &config(),
+        &CancellationToken::new(),
+    )
+    .await;
+    assert_eq!(outcome, TurnOutcome::Completed);
+    let requests = model.requests.into_inner().unwrap();
+    let system = &requests[0].system;
+    assert!(
+        system.ends_with(
+            "# Project instructions\n\nThese AGENTS.md files say the following, the repository \
+             root's first; where they disagree, the one nearer the workspace wins. Follow them \
+             unless the user asks otherwise.\n\n## AGENTS.md\n\nUse conventional commits.\n\n\n\
+             ## services/api/AGENTS.md\n\nRun `make api-test`.\n"
+        ),
+        "{system}"
+    );
+    assert!(!system.contains(&repo.path().display().to_string()));
+    let entries = memory.entries.lock().unwrap();
+    assert!(
+        matches!(&entries[1].body, EntryBody::Notice { text } if text == "project instructions: AGENTS.md (26 bytes), services/api/AGENTS.md (21 bytes)"),
+        "{:?}",
+        entries[1]
+    );
+    drop(entries);
+
+    // A repository root that is not above the workspace is refused by name.
+    let other = tempfile::tempdir().unwrap();
+    let err = Tools::new(workspace, Vec::new())
+        .unwrap()
+        .with_repository_root(other.path())
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("is not a folder above the workspace root"),
+        "{err}"
+    );
+}

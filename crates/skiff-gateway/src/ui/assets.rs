@@ -35,9 +35,10 @@ const FILES: &[(&str, &str, &str)] = &[
 const JS: &str = "text/javascript; charset=utf-8";
 const INDEX: &str = include_str!("../../ui/index.html");
 
-/// Scripts, styles, images and connections from this origin only; no inline script or style,
-/// no framing, no plugins, forms post only here.
-const CSP: &str = "default-src 'self'; base-uri 'none'; object-src 'none'; \
+/// Scripts, styles, images and connections from this origin only (and images a tool returned,
+/// shown from `data:` URLs); no inline script or style, no framing, no plugins, forms post only
+/// here.
+const CSP: &str = "default-src 'self'; img-src 'self' data:; base-uri 'none'; object-src 'none'; \
                    frame-ancestors 'none'; form-action 'self'";
 
 pub(crate) async fn index() -> Response {

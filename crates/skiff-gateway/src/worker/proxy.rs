@@ -26,10 +26,15 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 /// The largest context a worker may send, serialized.
-pub(crate) const MAX_MODEL_REQUEST_BYTES: usize = 4 * 1024 * 1024;
-// INVARIANT: the agent loop compacts before a request passes its budget, so a long worker
-// session's requests stay under this limit.
-const _: () = assert!(skiff_agent::compact::FRAME_BUDGET_BYTES < MAX_MODEL_REQUEST_BYTES);
+pub(crate) const MAX_MODEL_REQUEST_BYTES: usize = 7 * 1024 * 1024;
+// INVARIANT: the agent loop compacts before a request's text passes its budget and carries at
+// most MAX_CONTEXT_IMAGE_BYTES of images, so a long worker session's requests stay under this
+// limit, which itself leaves the frame that carries it room for its envelope.
+const _: () = assert!(
+    skiff_agent::compact::FRAME_BUDGET_BYTES + skiff_agent::tools::MAX_CONTEXT_IMAGE_BYTES
+        < MAX_MODEL_REQUEST_BYTES
+);
+const _: () = assert!(MAX_MODEL_REQUEST_BYTES < skiff_protocol::worker::MAX_FRAME_BYTES);
 /// How many model calls one session may have in flight (a loop needs one).
 const MAX_MODEL_CALLS_IN_FLIGHT: usize = 2;
 /// The most output tokens a worker may ask for.

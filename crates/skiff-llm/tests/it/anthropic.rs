@@ -514,3 +514,130 @@ async fn thinking_goes_back_byte_for_byte_with_the_budget() {
     );
     assert_eq!(body["thinking"]["budget_tokens"], 8192);
 }
+
+#[test]
+fn an_image_tool_result_carries_the_image_as_a_block_after_its_text() {
+    let request = crate::image_request(ANTHROPIC.model);
+    let settings = skiff_llm::ModelSettings::defaults_for("claude-sonnet-4-5");
+    assert!(settings.images);
+    let body = skiff_llm::anthropic::request_body(&request, &settings);
+    insta::assert_snapshot!(crate::pretty(&body), @r#"
+        {
+          "max_tokens": 4096,
+          "messages": [
+            {
+              "content": [
+                {
+                  "cache_control": {
+                    "type": "ephemeral"
+                  },
+                  "text": "What is in this repository?",
+                  "type": "text"
+                }
+              ],
+              "role": "user"
+            },
+            {
+              "content": [
+                {
+                  "id": "call_1",
+                  "input": {
+                    "path": "shot.png"
+                  },
+                  "name": "read",
+                  "type": "tool_use"
+                }
+              ],
+              "role": "assistant"
+            },
+            {
+              "content": [
+                {
+                  "cache_control": {
+                    "type": "ephemeral"
+                  },
+                  "content": [
+                    {
+                      "text": "image: shot.png, 64×48 PNG, 6 KiB",
+                      "type": "text"
+                    },
+                    {
+                      "source": {
+                        "data": "iVBORw0KGgo=",
+                        "media_type": "image/png",
+                        "type": "base64"
+                      },
+                      "type": "image"
+                    }
+                  ],
+                  "is_error": false,
+                  "tool_use_id": "call_1",
+                  "type": "tool_result"
+                }
+              ],
+              "role": "user"
+            }
+          ],
+          "model": "claude-sonnet-4-5",
+          "stream": true
+        }
+        "#);
+}
+
+#[test]
+fn a_model_that_takes_no_images_reads_why_in_the_tool_result() {
+    let request = crate::image_request(ANTHROPIC.model);
+    let settings = skiff_llm::ModelSettings {
+        images: false,
+        ..skiff_llm::ModelSettings::defaults_for("claude-sonnet-4-5")
+    };
+    let body = skiff_llm::anthropic::request_body(&request, &settings);
+    insta::assert_snapshot!(crate::pretty(&body), @r#"
+        {
+          "max_tokens": 4096,
+          "messages": [
+            {
+              "content": [
+                {
+                  "cache_control": {
+                    "type": "ephemeral"
+                  },
+                  "text": "What is in this repository?",
+                  "type": "text"
+                }
+              ],
+              "role": "user"
+            },
+            {
+              "content": [
+                {
+                  "id": "call_1",
+                  "input": {
+                    "path": "shot.png"
+                  },
+                  "name": "read",
+                  "type": "tool_use"
+                }
+              ],
+              "role": "assistant"
+            },
+            {
+              "content": [
+                {
+                  "cache_control": {
+                    "type": "ephemeral"
+                  },
+                  "content": "image: shot.png, 64×48 PNG, 6 KiB\n(the image is not shown: model anthropic/claude-sonnet-4-5 takes no images; set images = true in [providers.anthropic.models.\"claude-sonnet-4-5\"] if it does)",
+                  "is_error": false,
+                  "tool_use_id": "call_1",
+                  "type": "tool_result"
+                }
+              ],
+              "role": "user"
+            }
+          ],
+          "model": "claude-sonnet-4-5",
+          "stream": true
+        }
+        "#);
+}

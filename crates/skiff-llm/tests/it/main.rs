@@ -125,3 +125,38 @@ pub fn error(events: &[ModelEvent]) -> (ModelErrorKind, String) {
         other => panic!("expected an error, got {other:?} in {events:#?}"),
     }
 }
+
+/// `request(model)` after the model read an image: its call, then the result with the image.
+pub fn image_request(model: &str) -> ModelRequest {
+    let mut request = request(model);
+    request.system.clear();
+    request.tools.clear();
+    request.messages.extend([
+        Message::Assistant {
+            reasoning: Vec::new(),
+            text: String::new(),
+            tool_calls: vec![ToolCall {
+                id: "call_1".into(),
+                name: "read".into(),
+                arguments: json!({ "path": "shot.png" }),
+            }],
+        },
+        Message::ToolResult {
+            call_id: "call_1".into(),
+            name: "read".into(),
+            content: "image: shot.png, 64×48 PNG, 6 KiB".into(),
+            is_error: false,
+            images: vec![skiff_protocol::model::Image {
+                media_type: "image/png".into(),
+                data_base64: "iVBORw0KGgo=".into(),
+            }],
+        },
+    ]);
+    request
+}
+
+/// A request body as a person reads it (pretty JSON), for snapshots.
+pub fn pretty(body: &[u8]) -> String {
+    let value: serde_json::Value = serde_json::from_slice(body).unwrap();
+    serde_json::to_string_pretty(&value).unwrap()
+}

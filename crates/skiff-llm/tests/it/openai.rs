@@ -208,3 +208,119 @@ async fn cached_prompt_tokens_are_read_from_the_usage_chunk() {
         }
     );
 }
+
+#[test]
+fn an_image_tool_result_is_followed_by_a_user_message_with_the_image() {
+    let mut request = crate::image_request(OPENAI.model);
+    request
+        .messages
+        .push(skiff_protocol::model::Message::Assistant {
+            reasoning: Vec::new(),
+            text: "A gradient.".into(),
+            tool_calls: Vec::new(),
+        });
+    let settings = skiff_llm::ModelSettings::defaults_for("gpt-4o-mini");
+    assert!(settings.images);
+    let body = skiff_llm::openai::request_body(&request, &settings, None);
+    insta::assert_snapshot!(crate::pretty(&body), @r#"
+        {
+          "max_completion_tokens": 4096,
+          "messages": [
+            {
+              "content": "What is in this repository?",
+              "role": "user"
+            },
+            {
+              "content": null,
+              "role": "assistant",
+              "tool_calls": [
+                {
+                  "function": {
+                    "arguments": "{\"path\":\"shot.png\"}",
+                    "name": "read"
+                  },
+                  "id": "call_1",
+                  "type": "function"
+                }
+              ]
+            },
+            {
+              "content": "image: shot.png, 64×48 PNG, 6 KiB\n(the image follows in the next user message)",
+              "role": "tool",
+              "tool_call_id": "call_1"
+            },
+            {
+              "content": [
+                {
+                  "text": "The image read returned (call_1):",
+                  "type": "text"
+                },
+                {
+                  "image_url": {
+                    "url": "data:image/png;base64,iVBORw0KGgo="
+                  },
+                  "type": "image_url"
+                }
+              ],
+              "role": "user"
+            },
+            {
+              "content": "A gradient.",
+              "role": "assistant"
+            }
+          ],
+          "model": "gpt-4o-mini",
+          "stream": true,
+          "stream_options": {
+            "include_usage": true
+          }
+        }
+        "#);
+}
+
+/// `images = false` in the model's table reaches the request the provider gets.
+#[tokio::test]
+async fn a_model_configured_without_images_reads_why_in_the_tool_message() {
+    let fake = FakeProvider::start(vec![FakeResponse::sse(hello())]).await;
+    let catalog = OPENAI.catalog(
+        &fake.base_url(),
+        "[openai.models.\"gpt-4o-mini\"]\nimages = false",
+    );
+    run(&catalog, crate::image_request(OPENAI.model)).await;
+    let body = &fake.requests()[0].body;
+    insta::assert_snapshot!(crate::pretty(body), @r#"
+        {
+          "max_completion_tokens": 4096,
+          "messages": [
+            {
+              "content": "What is in this repository?",
+              "role": "user"
+            },
+            {
+              "content": null,
+              "role": "assistant",
+              "tool_calls": [
+                {
+                  "function": {
+                    "arguments": "{\"path\":\"shot.png\"}",
+                    "name": "read"
+                  },
+                  "id": "call_1",
+                  "type": "function"
+                }
+              ]
+            },
+            {
+              "content": "image: shot.png, 64×48 PNG, 6 KiB\n(the image is not shown: model openai/gpt-4o-mini takes no images; set images = true in [providers.openai.models.\"gpt-4o-mini\"] if it does)",
+              "role": "tool",
+              "tool_call_id": "call_1"
+            }
+          ],
+          "model": "gpt-4o-mini",
+          "stream": true,
+          "stream_options": {
+            "include_usage": true
+          }
+        }
+        "#);
+}
