@@ -203,10 +203,6 @@ impl Call {
 }
 
 /// Frames a worker sends.
-#[allow(
-    clippy::large_enum_variant,
-    reason = "a frame lives only between its line and its handler; boxing a call buys nothing"
-)]
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
 #[allow(
