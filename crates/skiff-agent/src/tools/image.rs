@@ -279,7 +279,7 @@ mod tests {
     fn sizes_read_in_binary_units() {
         assert_eq!(size(812), "812 bytes");
         assert_eq!(size(84 * 1024 + 100), "84 KiB");
-        assert_eq!(size(MAX_IMAGE_BYTES + 1), "3.8 MiB");
+        assert_eq!(size(MAX_IMAGE_BYTES + 1), "2.3 MiB");
         assert_eq!(limit(), "2.25 MiB");
     }
 

@@ -401,8 +401,8 @@ async fn an_image_too_large_for_a_model_is_refused_with_its_size_and_the_limit()
     assert!(out.images.is_empty());
     assert!(
         out.content.starts_with(
-            "huge.png is a PNG image of 4.0 MiB; read gives the model images up to 3.75 MiB \
-             (5 MiB once base64-encoded"
+            "huge.png is a PNG image of 4.0 MiB; read gives the model images up to 2.25 MiB \
+             (3 MiB once base64-encoded"
         ),
         "{}",
         out.content

@@ -705,7 +705,7 @@ fn during_a_turn_a_worker_cannot_forge_entries_pick_models_or_apply_anything_twi
 
     // Nor a model the session does not use, an oversized answer, or a context over the
     // proxy's limit (a frame under the endpoint's).
-    let big = "a".repeat(5 * 1024 * 1024);
+    let big = "a".repeat(7 * 1024 * 1024 + 512 * 1024);
     for (request, code, says) in [
         (
             model_request("openai/gpt-expensive", "hi", 100),
@@ -720,7 +720,7 @@ fn during_a_turn_a_worker_cannot_forge_entries_pick_models_or_apply_anything_twi
         (
             model_request(MODEL, &big, 100),
             RefusalCode::TooLarge,
-            "limit is 4194304",
+            "limit is 7340032",
         ),
     ] {
         model_seq += 1;
