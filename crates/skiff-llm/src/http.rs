@@ -245,6 +245,14 @@ async fn exchange<A: Adapter>(
 /// A model's tool-call arguments as JSON. Text that is not JSON is kept as a JSON string, so
 /// the agent can report the mistake to the model as a tool error instead of failing the whole
 /// response; no text at all means no arguments.
+/// `Authorization: Bearer <key>` when there is a key: the OpenAI apis' one header.
+pub(crate) fn bearer(api_key: Option<&str>) -> Vec<(HeaderName, String)> {
+    api_key
+        .map(|key| (reqwest::header::AUTHORIZATION, format!("Bearer {key}")))
+        .into_iter()
+        .collect()
+}
+
 pub(crate) fn tool_arguments(raw: String) -> serde_json::Value {
     if raw.trim().is_empty() {
         return serde_json::Value::Object(serde_json::Map::new());

@@ -4,10 +4,10 @@
 //! The transport (sending, retries, timeouts, HTTP errors) is `http`'s, not this module's.
 
 use crate::drive::Failure;
-use crate::http::{Adapter, images_not_shown, malformed, tool_arguments};
+use crate::http::{self, Adapter, images_not_shown, malformed, tool_arguments};
 use crate::sse::SseEvent;
 use crate::{CacheKey, ModelSettings};
-use reqwest::header::{AUTHORIZATION, HeaderName};
+use reqwest::header::HeaderName;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use skiff_protocol::model::{
@@ -256,10 +256,7 @@ impl Adapter for Decoder {
     }
 
     fn headers(api_key: Option<&str>) -> Vec<(HeaderName, String)> {
-        api_key
-            .map(|key| (AUTHORIZATION, format!("Bearer {key}")))
-            .into_iter()
-            .collect()
+        http::bearer(api_key)
     }
 
     fn decode(

@@ -9,10 +9,10 @@
 //! module's; `previous_response_id`, built-in tools and background responses are not used.
 
 use crate::drive::Failure;
-use crate::http::{Adapter, malformed, tool_arguments};
+use crate::http::{self, Adapter, malformed, tool_arguments};
 use crate::sse::SseEvent;
 use crate::{CacheKey, ModelSettings};
-use reqwest::header::{AUTHORIZATION, HeaderName};
+use reqwest::header::HeaderName;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use skiff_protocol::model::{
@@ -419,10 +419,7 @@ impl Adapter for Decoder {
     }
 
     fn headers(api_key: Option<&str>) -> Vec<(HeaderName, String)> {
-        api_key
-            .map(|key| (AUTHORIZATION, format!("Bearer {key}")))
-            .into_iter()
-            .collect()
+        http::bearer(api_key)
     }
 
     fn decode(
