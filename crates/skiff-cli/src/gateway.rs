@@ -26,7 +26,9 @@ enum LogFormat {
 
 fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        // The MCP client library logs each server's whole handshake at info; the gateway says
+        // what matters of it (ready, with which tools) itself.
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rmcp=warn"));
     // Colour only for a person at a terminal: a redirected log (a file, journald) gets none.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
