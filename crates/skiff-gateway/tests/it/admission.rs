@@ -1,21 +1,11 @@
 //! What the gateway admits and what it refuses, and that a refusal changes nothing.
 
-use crate::harness::TestGateway;
-use skiff_protocol::api::{CreateSessionRequest, RunStatus};
+use crate::harness::{TestGateway, session_request};
+use skiff_protocol::api::RunStatus;
 use skiff_protocol::event::EventKind;
 use skiff_test_support::{FakeResponse, TempGitRepo, openai_sse};
 
 const DONE: &str = "[[turns]]\ntext = \"ok\"\n";
-
-fn request(workspace: &std::path::Path, model: &str, prompt: &str) -> CreateSessionRequest {
-    CreateSessionRequest {
-        prompt: prompt.to_owned(),
-        workspace: workspace.display().to_string(),
-        model: Some(model.to_owned()),
-        profile: None,
-        reasoning: None,
-    }
-}
 
 fn answer(text: &str) -> FakeResponse {
     FakeResponse::sse(
@@ -34,7 +24,7 @@ async fn a_message_while_a_turn_runs_is_refused_as_busy_and_changes_nothing() {
     let ws = gw.plain_dir("ws", &[("a.txt", "a\n")]);
     let started = gw
         .client
-        .create_session(&request(&ws, "http/m", "first"))
+        .create_session(&session_request(&ws, "http/m", "first"))
         .await
         .unwrap();
     let id = started.session.id.clone();
@@ -95,7 +85,7 @@ async fn an_unknown_model_or_provider_is_refused_before_anything_is_created() {
     ] {
         let refused = gw
             .client
-            .create_session(&request(repo.path(), model, "hi"))
+            .create_session(&session_request(repo.path(), model, "hi"))
             .await
             .unwrap_err();
         assert_eq!(refused.status, 422, "{model}: {refused:?}");
@@ -127,14 +117,14 @@ async fn an_empty_prompt_or_a_missing_workspace_is_named_and_nothing_is_created(
     let ws = gw.plain_dir("ws", &[("a.txt", "a\n")]);
     let empty = gw
         .client
-        .create_session(&request(&ws, "fake/x", "  \n"))
+        .create_session(&session_request(&ws, "fake/x", "  \n"))
         .await
         .unwrap_err();
     assert_eq!(empty.status, 400);
     assert!(empty.error.message.contains("prompt is empty"), "{empty:?}");
     let missing = gw
         .client
-        .create_session(&request(
+        .create_session(&session_request(
             std::path::Path::new("/nonexistent/skiff-ws"),
             "fake/x",
             "hi",
@@ -152,7 +142,7 @@ async fn an_empty_prompt_or_a_missing_workspace_is_named_and_nothing_is_created(
 
     let started = gw
         .client
-        .create_session(&request(&ws, "fake/x", "hi"))
+        .create_session(&session_request(&ws, "fake/x", "hi"))
         .await
         .unwrap();
     gw.client.follow_until_run_end(&started.session.id, 0).await;
@@ -235,7 +225,7 @@ async fn a_turn_whose_message_cannot_be_recorded_ends_failed_and_the_session_tak
     let ws = gw.plain_dir("ws", &[("a.txt", "a\n")]);
     let started = gw
         .client
-        .create_session(&request(&ws, "fake/x", "first"))
+        .create_session(&session_request(&ws, "fake/x", "first"))
         .await
         .unwrap();
     let id = started.session.id.clone();

@@ -2,8 +2,8 @@
 //! request that would cross it, and the turn goes on from the summary; `POST .../compact`
 //! does the same on request; `[gateway] compact_at` is checked at start.
 
-use crate::harness::TestGateway;
-use skiff_protocol::api::{CompactResult, CreateSessionRequest, RunStatus};
+use crate::harness::{TestGateway, session_request};
+use skiff_protocol::api::{CompactResult, RunStatus};
 use skiff_protocol::event::EventKind;
 use skiff_protocol::transcript::EntryBody;
 use skiff_test_support::{FakeResponse, openai_sse};
@@ -67,13 +67,7 @@ async fn a_context_past_its_window_share_is_compacted_once_and_the_turn_goes_on_
     let ws = gw.plain_dir("ws", &[("a.txt", "a\n")]);
     let started = gw
         .client
-        .create_session(&CreateSessionRequest {
-            reasoning: None,
-            prompt: "FIRST-REQUEST".into(),
-            workspace: ws.display().to_string(),
-            model: Some("http/m".into()),
-            profile: None,
-        })
+        .create_session(&session_request(&ws, "http/m", "FIRST-REQUEST"))
         .await
         .unwrap();
     let id = started.session.id.clone();
@@ -179,13 +173,7 @@ async fn compacting_a_session_while_a_turn_runs_is_refused_as_busy_and_writes_no
     let ws = gw.plain_dir("ws", &[("a.txt", "a\n")]);
     let started = gw
         .client
-        .create_session(&CreateSessionRequest {
-            reasoning: None,
-            prompt: "go".into(),
-            workspace: ws.display().to_string(),
-            model: Some("http/m".into()),
-            profile: None,
-        })
+        .create_session(&session_request(&ws, "http/m", "go"))
         .await
         .unwrap();
     let id = started.session.id.clone();

@@ -1,7 +1,7 @@
 //! A turn that runs past its time limit is stopped and says why.
 
-use crate::harness::TestGateway;
-use skiff_protocol::api::{CreateSessionRequest, RunStatus};
+use crate::harness::{TestGateway, session_request};
+use skiff_protocol::api::RunStatus;
 use skiff_protocol::event::EventKind;
 use skiff_test_support::{FakeResponse, openai_sse};
 
@@ -24,13 +24,7 @@ async fn a_turn_past_the_gateways_turn_timeout_ends_timed_out_and_the_session_go
     let ws = gw.plain_dir("ws", &[("a.txt", "a\n")]);
     let started = gw
         .client
-        .create_session(&CreateSessionRequest {
-            prompt: "think forever".into(),
-            workspace: ws.display().to_string(),
-            model: Some("http/m".into()),
-            profile: None,
-            reasoning: None,
-        })
+        .create_session(&session_request(&ws, "http/m", "think forever"))
         .await
         .unwrap();
     let id = started.session.id;

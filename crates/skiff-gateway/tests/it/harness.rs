@@ -11,6 +11,21 @@ use skiff_protocol::event::SessionEvent;
 use skiff_test_support::{FakeProvider, FakeResponse};
 use std::path::PathBuf;
 
+/// A session request for `workspace` on `model` (a gateway session, the model's own reasoning).
+pub fn session_request(
+    workspace: &std::path::Path,
+    model: &str,
+    prompt: impl Into<String>,
+) -> CreateSessionRequest {
+    CreateSessionRequest {
+        prompt: prompt.into(),
+        workspace: workspace.display().to_string(),
+        model: Some(model.to_owned()),
+        profile: None,
+        reasoning: None,
+    }
+}
+
 /// A gateway for one test. Providers: `fake` (scripted, from the test's script) and, when
 /// started with [`TestGateway::with_provider`], `http` (an OpenAI-compatible fake server).
 pub struct TestGateway {

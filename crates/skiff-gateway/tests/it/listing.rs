@@ -1,9 +1,9 @@
 //! The session list a page at a time: most recently active first, every session exactly once
 //! across the pages, and a clear refusal for a page that cannot be read.
 
-use crate::harness::TestGateway;
+use crate::harness::{TestGateway, session_request};
 use skiff_protocol::SessionId;
-use skiff_protocol::api::{CreateSessionRequest, SessionList};
+use skiff_protocol::api::SessionList;
 
 const DONE: &str = "[[turns]]\ntext = \"ok\"\n";
 
@@ -24,13 +24,7 @@ async fn pages_of_the_session_list_hold_every_session_once_newest_activity_first
     for n in 0..5 {
         let started = gw
             .client
-            .create_session(&CreateSessionRequest {
-                reasoning: None,
-                prompt: format!("task {n}"),
-                workspace: ws.display().to_string(),
-                model: Some("fake/x".into()),
-                profile: None,
-            })
+            .create_session(&session_request(&ws, "fake/x", format!("task {n}")))
             .await
             .unwrap();
         gw.client.follow_until_run_end(&started.session.id, 0).await;

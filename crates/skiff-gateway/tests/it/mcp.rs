@@ -2,9 +2,8 @@
 //! speaks the MCP stdio wire format) started by an in-process gateway; its allowlisted tools
 //! offered to the model and run here, audited.
 
-use crate::harness::TestGateway;
+use crate::harness::{TestGateway, session_request};
 use serde_json::Value;
-use skiff_protocol::api::CreateSessionRequest;
 use skiff_protocol::transcript::EntryBody;
 use skiff_test_support::{FakeResponse, openai_sse};
 
@@ -65,13 +64,7 @@ async fn an_allowlisted_mcp_tool_is_offered_and_runs_on_the_gateway_audited() {
     let ws = gw.plain_dir("ws", &[("a.txt", "a\n")]);
     let started = gw
         .client
-        .create_session(&CreateSessionRequest {
-            reasoning: None,
-            prompt: "who are you".into(),
-            workspace: ws.display().to_string(),
-            model: Some("http/m".into()),
-            profile: None,
-        })
+        .create_session(&session_request(&ws, "http/m", "who are you"))
         .await
         .unwrap();
     let id = started.session.id.clone();
@@ -182,13 +175,7 @@ async fn a_server_that_never_answers_is_a_tool_error_naming_the_timeout() {
     let ws = gw.plain_dir("ws", &[]);
     let started = gw
         .client
-        .create_session(&CreateSessionRequest {
-            reasoning: None,
-            prompt: "wait".into(),
-            workspace: ws.display().to_string(),
-            model: Some("http/m".into()),
-            profile: None,
-        })
+        .create_session(&session_request(&ws, "http/m", "wait"))
         .await
         .unwrap();
     gw.client.follow_until_run_end(&started.session.id, 0).await;
@@ -222,13 +209,7 @@ async fn a_server_that_cannot_start_leaves_its_tools_out_and_the_gateway_up() {
     let ws = gw.plain_dir("ws", &[]);
     let started = gw
         .client
-        .create_session(&CreateSessionRequest {
-            reasoning: None,
-            prompt: "hi".into(),
-            workspace: ws.display().to_string(),
-            model: Some("http/m".into()),
-            profile: None,
-        })
+        .create_session(&session_request(&ws, "http/m", "hi"))
         .await
         .unwrap();
     gw.client.follow_until_run_end(&started.session.id, 0).await;
@@ -334,13 +315,7 @@ async fn an_http_server_is_reached_with_its_bearer_and_headers() {
     let ws = gw.plain_dir("ws", &[]);
     let started = gw
         .client
-        .create_session(&CreateSessionRequest {
-            reasoning: None,
-            prompt: "look".into(),
-            workspace: ws.display().to_string(),
-            model: Some("http/m".into()),
-            profile: None,
-        })
+        .create_session(&session_request(&ws, "http/m", "look"))
         .await
         .unwrap();
     gw.client.follow_until_run_end(&started.session.id, 0).await;

@@ -1,8 +1,7 @@
 //! What an operator's tooling reads: liveness and readiness without a token, and the
 //! gauges in Prometheus' text format behind one.
 
-use crate::harness::TestGateway;
-use skiff_protocol::api::CreateSessionRequest;
+use crate::harness::{TestGateway, session_request};
 
 const DONE: &str = "[[turns]]\ntext = \"ok\"\n";
 
@@ -58,13 +57,7 @@ async fn metrics_count_sessions_and_runs_in_the_text_format_behind_the_token() {
     let ws = gw.plain_dir("ws", &[("a.txt", "a\n")]);
     let started = gw
         .client
-        .create_session(&CreateSessionRequest {
-            prompt: "hi".into(),
-            workspace: ws.display().to_string(),
-            model: Some("fake/x".into()),
-            profile: None,
-            reasoning: None,
-        })
+        .create_session(&session_request(&ws, "fake/x", "hi"))
         .await
         .unwrap();
     gw.client.follow_until_run_end(&started.session.id, 0).await;

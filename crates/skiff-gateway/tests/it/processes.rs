@@ -1,8 +1,7 @@
 //! Background processes of gateway-placed sessions: `keep` lives on between turns, the rest
 //! ends with its turn.
 
-use crate::harness::TestGateway;
-use skiff_protocol::api::CreateSessionRequest;
+use crate::harness::{TestGateway, session_request};
 use skiff_protocol::transcript::EntryBody;
 
 const SCRIPT: &str = r#"
@@ -34,13 +33,7 @@ async fn a_kept_process_of_a_gateway_session_outlives_its_turn_and_the_others_do
     let ws = gw.plain_dir("ws", &[("a.txt", "a\n")]);
     let started = gw
         .client
-        .create_session(&CreateSessionRequest {
-            reasoning: None,
-            prompt: "start them".into(),
-            workspace: ws.display().to_string(),
-            model: Some("fake/x".into()),
-            profile: None,
-        })
+        .create_session(&session_request(&ws, "fake/x", "start them"))
         .await
         .unwrap();
     let id = started.session.id.clone();
