@@ -305,7 +305,7 @@ export class ChatView {
     for (const b of this.blocks) if (b.kind === 'runend') b.dirty = true;
   }
 
-  /** After a worker turn ends, its attempts are read again: a failover adds one. */
+  /** After a turn whose box was given up ends, its attempts are read again (a failover adds one). */
   async refreshAttempts() {
     try {
       const detail = await api.session(this.id);
@@ -345,7 +345,7 @@ export class ChatView {
             }
           }
           this.add({ key: `end:${ev.run_id}`, kind: 'runend', run });
-          if (this.session?.placement && this.session.placement !== 'local') this.refreshAttempts();
+          if (run.moved) this.refreshAttempts();
           if (ev.at_ms >= this.openedAt - 1000) announce(`Turn ${ev.status.replace('_', ' ')}`);
         }
         break;
@@ -395,6 +395,8 @@ export class ChatView {
         this.setupStep = null;
         this.add({ key: `pl:${ev.cursor}`, kind: 'placement', state: ev.state, text: ev.detail });
         if (ev.state === 'setup') this.setupStep = this.blocks[this.blocks.length - 1];
+        // A box given up under a running turn: the turn may go on as a new attempt.
+        if (ev.state === 'reclaimed' && ev.run_id) run.moved = true;
         break;
       case 'setup_output': {
         // The box's setup output, under its `setup` step (bounded by the gateway; the whole
