@@ -2,6 +2,7 @@
 //! catalog, transcript commits into the store, live events into the hub.
 
 use crate::Core;
+use crate::telemetry::Telemetry;
 use futures_util::stream::BoxStream;
 use skiff_agent::tools::ToolOutput;
 use skiff_agent::{BackendError, ModelClient, SessionBackend};
@@ -19,12 +20,16 @@ use tokio_util::sync::CancellationToken;
 pub(crate) struct CatalogClient {
     pub catalog: Catalog,
     pub cache_key: CacheKey,
+    telemetry: Arc<Telemetry>,
 }
 
 impl CatalogClient {
-    pub fn for_session(catalog: Catalog, session: &SessionId) -> Self {
-        let cache_key = prompt_cache_key(session);
-        Self { catalog, cache_key }
+    pub fn for_session(core: &Core, session: &SessionId) -> Self {
+        Self {
+            catalog: core.catalog.clone(),
+            cache_key: prompt_cache_key(session),
+            telemetry: core.telemetry.clone(),
+        }
     }
 }
 
@@ -39,8 +44,10 @@ impl ModelClient for CatalogClient {
         request: ModelRequest,
         cancel: CancellationToken,
     ) -> BoxStream<'static, ModelEvent> {
-        self.catalog
-            .stream(request, Some(self.cache_key.clone()), cancel)
+        let stream = self
+            .catalog
+            .stream(request, Some(self.cache_key.clone()), cancel);
+        self.telemetry.model_stream("gateway", stream)
     }
 }
 

@@ -71,7 +71,7 @@ impl Core {
             compact_at: self.compact_at,
         };
         let compacted = compact::summarize(
-            &CatalogClient::for_session(self.catalog.clone(), id),
+            &CatalogClient::for_session(self, id),
             &model,
             &system,
             &entries,

@@ -5,6 +5,7 @@
 //! blocks the publisher, and a client that reconnects with its
 //! last cursor misses nothing and sees nothing twice.
 
+use crate::telemetry::{self, Telemetry};
 use futures_util::Stream;
 use skiff_protocol::event::{EventKind, SessionEvent};
 use skiff_protocol::{RunId, SessionId};
@@ -21,6 +22,7 @@ const CHANGES_CAPACITY: usize = 1024;
 
 pub struct Hub {
     store: Arc<Store>,
+    telemetry: Arc<Telemetry>,
     /// INVARIANT: held across append + send, so broadcast order equals cursor order.
     channels: Mutex<HashMap<SessionId, broadcast::Sender<Arc<SessionEvent>>>>,
     /// "This session's runs or transcript changed": what a session list follows (ids only;
@@ -29,9 +31,10 @@ pub struct Hub {
 }
 
 impl Hub {
-    pub fn new(store: Arc<Store>) -> Self {
+    pub(crate) fn new(store: Arc<Store>, telemetry: Arc<Telemetry>) -> Self {
         Self {
             store,
+            telemetry,
             channels: Mutex::new(HashMap::new()),
             changes: broadcast::channel(CHANGES_CAPACITY).0,
         }
@@ -71,7 +74,13 @@ impl Hub {
         append: impl FnOnce() -> Result<SessionEvent, skiff_store::Error>,
     ) -> Result<Arc<SessionEvent>, skiff_store::Error> {
         let mut channels = self.lock();
+        let started = std::time::Instant::now();
         let event = Arc::new(append()?);
+        self.telemetry
+            .observe(telemetry::EVENT_APPEND, Vec::new(), started.elapsed());
+        if let EventKind::Placement { state, .. } = &event.kind {
+            self.telemetry.placement(session, *state);
+        }
         if let Some(tx) = channels.get(session)
             && tx.send(event.clone()).is_err()
         {
@@ -113,6 +122,7 @@ impl Hub {
             .subscribe();
         let state = Follow {
             store: self.store.clone(),
+            telemetry: self.telemetry.clone(),
             scope,
             session,
             cursor,
@@ -129,6 +139,7 @@ impl Hub {
 
 struct Follow {
     store: Arc<Store>,
+    telemetry: Arc<Telemetry>,
     scope: Scope,
     session: SessionId,
     cursor: u64,
@@ -159,6 +170,12 @@ impl Follow {
                 Ok(event) if event.cursor <= self.cursor => {}
                 Ok(event) if event.cursor == self.cursor + 1 => {
                     self.cursor = event.cursor;
+                    let lag_ms = skiff_store::now_ms().saturating_sub(event.at_ms).max(0);
+                    self.telemetry.observe(
+                        telemetry::EVENT_FANOUT,
+                        Vec::new(),
+                        std::time::Duration::from_millis(lag_ms as u64),
+                    );
                     return Some(Ok(event));
                 }
                 // A gap (or a lagged receiver): the store has what we missed.
@@ -194,7 +211,7 @@ mod tests {
                 },
             )
             .unwrap();
-        (Arc::new(Hub::new(store)), scope, id)
+        (Arc::new(Hub::new(store, Default::default())), scope, id)
     }
 
     fn delta(i: usize) -> EventKind {

@@ -28,6 +28,7 @@ mod results;
 mod sessions;
 pub mod state_dir;
 mod sync_api;
+mod telemetry;
 mod transcript;
 mod ui;
 mod vault;
@@ -98,6 +99,8 @@ pub(crate) struct Core {
     session_processes: Mutex<HashMap<skiff_protocol::SessionId, skiff_agent::tools::Processes>>,
     /// `[mcp.NAME]`: the MCP servers started at startup and the tools they offer.
     mcp: mcp::Mcp,
+    /// What `GET /metrics` reports beyond the store's gauges; the hub holds it too.
+    telemetry: Arc<telemetry::Telemetry>,
 }
 
 /// A started gateway.
@@ -206,7 +209,8 @@ pub(crate) async fn open_core(options: &Options) -> Result<(Arc<Core>, std::time
     let tokens = auth::Tokens::load(&store)?;
     // Before any session can be offered tools: the list every session sees is fixed here.
     let mcp = mcp::Mcp::start(mcp_servers, vault.clone()).await;
-    let hub = Arc::new(Hub::new(store.clone()));
+    let telemetry = Arc::new(telemetry::Telemetry::default());
+    let hub = Arc::new(Hub::new(store.clone(), telemetry.clone()));
     let envs = Arc::new(environments::Environments::new(
         store.clone(),
         config.profiles,
@@ -241,6 +245,7 @@ pub(crate) async fn open_core(options: &Options) -> Result<(Arc<Core>, std::time
         vault,
         session_processes: Mutex::default(),
         mcp,
+        telemetry,
     });
     core.envs
         .set_readiness(Arc::new(worker::probe::Probe(Arc::downgrade(&core))));

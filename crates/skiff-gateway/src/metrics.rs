@@ -1,9 +1,11 @@
 //! The operator's endpoints: `GET /healthz` (the process answers), `GET /readyz` (and its
 //! database does), both without a token for load balancers and orchestrators; and
-//! `GET /metrics`, the gauges in Prometheus' text format, behind the admin token.
+//! `GET /metrics`, in Prometheus' text format, behind the admin token: gauges read from the
+//! store and the live worker table at scrape time, then what the gateway measured as it
+//! worked (`telemetry.rs`: placement steps, model calls and tokens, event writes and fan-out).
+//! `ops/grafana/skiff.json` is a dashboard of them.
 //!
-//! Deliberately absent for now: histograms of placement steps and sync, SQL latency and
-//! traces — what is here is read from the store and the live worker table at scrape time.
+//! Deliberately absent for now: traces, and lease renewals (one gateway per database).
 
 use crate::Core;
 use axum::extract::State;
@@ -108,6 +110,7 @@ pub(crate) async fn metrics(State(core): State<Arc<Core>>) -> crate::error::Resu
         out.family(name, help, "counter");
         out.sample(name, &[], value);
     }
+    core.telemetry.render(&mut out.0);
     Ok((
         [(
             header::CONTENT_TYPE,
@@ -141,7 +144,7 @@ impl Text {
 }
 
 /// A label value as the format wants it: backslash, double quote and newline escaped.
-fn escape(v: &str) -> String {
+pub(crate) fn escape(v: &str) -> String {
     v.replace('\\', "\\\\")
         .replace('"', "\\\"")
         .replace('\n', "\\n")

@@ -625,7 +625,7 @@ impl Core {
         };
         let attempt = self.store.start_attempt(scope, run, RUNTIME_NODE, 1)?;
         let outcome = run_turn(
-            &CatalogClient::for_session(self.catalog.clone(), &session.id),
+            &CatalogClient::for_session(self, &session.id),
             &backend,
             &tools,
             &config,

@@ -331,8 +331,10 @@ impl Core {
             } else {
                 // Decided here, not by the worker: the session's key, as in a local loop.
                 let cache_key = crate::backend::prompt_cache_key(&key.0);
-                core.catalog
-                    .stream(request, Some(cache_key), call.cancel.clone())
+                let stream = core
+                    .catalog
+                    .stream(request, Some(cache_key), call.cancel.clone());
+                core.telemetry.model_stream("worker", stream)
             };
             let mut usage = (0u64, 0u64);
             let mut bytes_in = 0u64;
