@@ -31,7 +31,12 @@ pub struct Hub {
 }
 
 impl Hub {
-    pub(crate) fn new(store: Arc<Store>, telemetry: Arc<Telemetry>) -> Self {
+    /// A hub whose measurements nobody reads (benchmarks and tests).
+    pub fn new(store: Arc<Store>) -> Self {
+        Self::with_telemetry(store, Arc::default())
+    }
+
+    pub(crate) fn with_telemetry(store: Arc<Store>, telemetry: Arc<Telemetry>) -> Self {
         Self {
             store,
             telemetry,
@@ -211,7 +216,7 @@ mod tests {
                 },
             )
             .unwrap();
-        (Arc::new(Hub::new(store, Default::default())), scope, id)
+        (Arc::new(Hub::new(store)), scope, id)
     }
 
     fn delta(i: usize) -> EventKind {

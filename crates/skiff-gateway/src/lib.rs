@@ -210,7 +210,7 @@ pub(crate) async fn open_core(options: &Options) -> Result<(Arc<Core>, std::time
     // Before any session can be offered tools: the list every session sees is fixed here.
     let mcp = mcp::Mcp::start(mcp_servers, vault.clone()).await;
     let telemetry = Arc::new(telemetry::Telemetry::default());
-    let hub = Arc::new(Hub::new(store.clone(), telemetry.clone()));
+    let hub = Arc::new(Hub::with_telemetry(store.clone(), telemetry.clone()));
     let envs = Arc::new(environments::Environments::new(
         store.clone(),
         config.profiles,
