@@ -19,11 +19,18 @@ const BROADCAST_CAPACITY: usize = 4096;
 const REPLAY_BATCH: usize = 512;
 /// Session-change notices buffered for list followers; a follower that lags re-reads the list.
 const CHANGES_CAPACITY: usize = 1024;
+/// Locks that order each session's publishing (a session always takes the same one).
+const ORDER_STRIPES: usize = 64;
 
 pub struct Hub {
     store: Arc<Store>,
     telemetry: Arc<Telemetry>,
-    /// INVARIANT: held across append + send, so broadcast order equals cursor order.
+    /// INVARIANT: a session's stripe is held across append + send, so its broadcast order
+    /// equals its cursor order. Striped rather than one lock, so sessions write side by side;
+    /// rather than one per session, so nothing grows with the sessions a gateway ever saw.
+    order: [Mutex<()>; ORDER_STRIPES],
+    /// The live channel of each session someone follows. Held to find, add, drop or send on
+    /// a channel, never across a database write.
     channels: Mutex<HashMap<SessionId, broadcast::Sender<Arc<SessionEvent>>>>,
     /// "This session's runs or transcript changed": what a session list follows (ids only;
     /// followers filter by scope and read the session themselves).
@@ -40,6 +47,7 @@ impl Hub {
         Self {
             store,
             telemetry,
+            order: std::array::from_fn(|_| Mutex::new(())),
             channels: Mutex::new(HashMap::new()),
             changes: broadcast::channel(CHANGES_CAPACITY).0,
         }
@@ -78,19 +86,30 @@ impl Hub {
         session: &SessionId,
         append: impl FnOnce() -> Result<SessionEvent, skiff_store::Error>,
     ) -> Result<Arc<SessionEvent>, skiff_store::Error> {
-        let mut channels = self.lock();
+        let stripe = {
+            use std::hash::{BuildHasher, BuildHasherDefault};
+            let hasher = BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default();
+            hasher.hash_one(session) as usize % ORDER_STRIPES
+        };
+        let order = self.order[stripe].lock().unwrap_or_else(|p| p.into_inner());
         let started = std::time::Instant::now();
         let event = Arc::new(append()?);
         self.telemetry
             .observe(telemetry::EVENT_APPEND, Vec::new(), started.elapsed());
+        {
+            // A subscriber joins under this lock too: one that joined before this point gets
+            // the event here, one that joins after reads it from the store.
+            let mut channels = self.lock();
+            if let Some(tx) = channels.get(session)
+                && tx.send(event.clone()).is_err()
+            {
+                // Nobody listens any more; drop the channel until someone subscribes again.
+                channels.remove(session);
+            }
+        }
+        drop(order);
         if let EventKind::Placement { state, .. } = &event.kind {
             self.telemetry.placement(session, *state);
-        }
-        if let Some(tx) = channels.get(session)
-            && tx.send(event.clone()).is_err()
-        {
-            // Nobody listens any more; drop the channel until someone subscribes again.
-            channels.remove(session);
         }
         // Streamed text and tool progress do not change what a session list shows; run
         // statuses and committed entries (which move `updated_at_ms`) do.
@@ -261,5 +280,62 @@ mod tests {
             .err()
             .unwrap();
         assert!(matches!(err, skiff_store::Error::NotFound { .. }));
+    }
+
+    /// Many sessions publishing at once while followers come and go: each follower sees its
+    /// session's events once, in cursor order, with none missing.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn sessions_publishing_side_by_side_each_reach_their_followers_in_order() {
+        let store = Arc::new(Store::open_in_memory().unwrap());
+        let scope = Scope::new("usr_a", "ten_a");
+        let hub = Arc::new(Hub::new(store.clone()));
+        let sessions: Vec<SessionId> = (0..8)
+            .map(|i| {
+                let id = SessionId::from_suffix(&format!("s{i}"));
+                store
+                    .create_session(
+                        &scope,
+                        &NewSession {
+                            id: id.clone(),
+                            title: "t".into(),
+                            workspace: WorkspaceView::Plain {
+                                source: "/s".into(),
+                                path: "/p".into(),
+                            },
+                            model_ref: "scripted/demo".into(),
+                        },
+                    )
+                    .unwrap();
+                id
+            })
+            .collect();
+        const EACH: u64 = 300;
+        let mut followers = Vec::new();
+        let mut publishers = Vec::new();
+        for id in &sessions {
+            for _ in 0..2 {
+                let stream = hub.subscribe(scope.clone(), id.clone(), 0).unwrap();
+                followers.push(tokio::spawn(async move {
+                    let mut stream = std::pin::pin!(stream);
+                    let mut cursors = Vec::new();
+                    while cursors.len() < EACH as usize {
+                        cursors.push(stream.next().await.unwrap().unwrap().cursor);
+                    }
+                    cursors
+                }));
+            }
+            let (hub, scope, id) = (hub.clone(), scope.clone(), id.clone());
+            publishers.push(tokio::task::spawn_blocking(move || {
+                for i in 0..EACH {
+                    hub.publish(&scope, &id, None, delta(i as usize)).unwrap();
+                }
+            }));
+        }
+        for p in publishers {
+            p.await.unwrap();
+        }
+        for f in followers {
+            assert_eq!(f.await.unwrap(), (1..=EACH).collect::<Vec<_>>());
+        }
     }
 }
