@@ -958,7 +958,10 @@ fn a_run_fails_over_twice_then_the_third_box_death_fails_it_naming_the_cap() {
                 .as_str()
                 .unwrap()
                 .to_owned();
-            assert!(!envs.contains(&env), "a fresh box each time: {env} in {envs:?}");
+            assert!(
+                !envs.contains(&env),
+                "a fresh box each time: {env} in {envs:?}"
+            );
             envs.push(env);
         }
         kill_the_box(&rig);
@@ -971,7 +974,9 @@ fn a_run_fails_over_twice_then_the_third_box_death_fails_it_naming_the_cap() {
     assert_eq!(run["status"], "failed");
     let error = run["error"].as_str().unwrap();
     assert!(
-        error.contains("the turn already moved to a fresh box 2 time(s) (profiles.local.failover_attempts)"),
+        error.contains(
+            "the turn already moved to a fresh box 2 time(s) (profiles.local.failover_attempts)"
+        ),
         "the failure names the cap and its key: {error}"
     );
     assert_eq!(detail["session"]["placement"], "reclaimed");
