@@ -42,7 +42,11 @@ test('a fan-out shows as one sidebar row, compares its attempts and picks one af
   await groupRow.waitFor();
   assert.equal(await groupRow.locator('.badge').innerText(), '×2');
   assert.equal(await page.locator('.srow.grow').count(), 1);
-  for (const id of ids) await page.locator(`.rows.attempts .srow[data-session-id="${id}"]`).waitFor();
+  for (const [i, id] of ids.entries()) {
+    const row = page.locator(`.rows.attempts .srow[data-session-id="${id}"]`);
+    await row.waitFor();
+    assert.equal(await row.locator('.stitle').innerText(), `Attempt ${i + 1}`);
+  }
 
   // The comparison: one row per attempt with status, diffstat, tests and the final message.
   await page.waitForSelector('.group-table tbody tr');

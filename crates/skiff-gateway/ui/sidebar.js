@@ -284,7 +284,7 @@ export class Sidebar {
     h('span', { class: 'badge pl-worker', title: `${ordered.length} attempts on worker boxes` }, `×${ordered.length}`));
     return h('li', {}, row,
       h('ul', { class: 'rows children attempts', 'aria-label': `Attempts of ${first.title || id}` },
-        ordered.map((s) => h('li', {}, this.row(s, now)))));
+        ordered.map((s, i) => h('li', {}, this.row({ ...s, title: `Attempt ${i + 1}` }, now)))));
   }
 
   /** Moves keyboard focus to the next (+1) or previous (-1) session row. */
