@@ -117,15 +117,7 @@ pub fn table(view: &GroupView) -> String {
         )),
         (None, _) => out.push_str("no attempt picked yet\n"),
     }
-    let header = [
-        "ATTEMPT".to_owned(),
-        "STATUS".to_owned(),
-        "FILES".to_owned(),
-        "+/-".to_owned(),
-        "TESTS".to_owned(),
-        "FINAL MESSAGE".to_owned(),
-    ];
-    let mut rows = vec![header];
+    let mut rows = Vec::new();
     for a in &view.attempts {
         let id = if a.picked {
             format!("{} *", a.session.id)
@@ -159,21 +151,17 @@ pub fn table(view: &GroupView) -> String {
             .collect();
         rows.push([id, status, files, lines, tests, message]);
     }
-    let widths: Vec<usize> = (0..6)
-        .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
-        .collect();
-    for r in &rows {
-        let mut line = String::new();
-        for (i, cell) in r.iter().enumerate() {
-            if i == 5 {
-                line.push_str(cell);
-            } else {
-                line.push_str(&format!("{cell:<w$}  ", w = widths[i]));
-            }
-        }
-        out.push_str(line.trim_end());
-        out.push('\n');
-    }
+    out.push_str(&crate::render::table(
+        &[
+            "ATTEMPT",
+            "STATUS",
+            "FILES",
+            "+/-",
+            "TESTS",
+            "FINAL MESSAGE",
+        ],
+        &rows,
+    ));
     if view.attempts.iter().any(|a| a.picked) {
         out.push_str("(* picked)\n");
     }

@@ -94,6 +94,12 @@ fn a_fan_out_of_three_is_compared_and_one_attempt_picked_while_the_rest_are_park
     let group = sessions[0]["group_id"].as_str().unwrap().to_owned();
     assert!(group.starts_with("grp_"), "{group}");
     assert!(sessions.iter().all(|s| s["group_id"] == group.as_str()));
+    let listed = stdout(&rig.gw.run(&["session", "list"]));
+    assert_eq!(
+        listed.matches(&format!("(attempt of {group})")).count(),
+        3,
+        "{listed}"
+    );
     let envs: std::collections::HashSet<&str> = sessions
         .iter()
         .map(|s| s["worker"]["environment_id"].as_str().unwrap())
