@@ -64,7 +64,7 @@ test('a fan-out shows as one sidebar row, compares its attempts and picks one af
   const pickButton = page.locator(`tr[data-session-id="${ids[1]}"] button`);
   await pickButton.click();
   await page.waitForSelector('dialog#pick[open]');
-  assert.match(await page.locator('#pick .pick-text').innerText(), new RegExp(`Pick ${ids[1]} .* 1 other attempt are parked`));
+  assert.match(await page.locator('#pick .pick-text').innerText(), new RegExp(`Pick ${ids[1]} .* the other attempt is parked`));
   await shot(page, 'group-confirm-1280');
   await page.click('#pick button[value="cancel"]');
   await page.waitForSelector('dialog#pick[open]', { state: 'detached' });

@@ -109,7 +109,7 @@ export class GroupView {
     const dialog = document.getElementById('pick');
     const others = this.view.attempts.length - 1;
     dialog.querySelector('.pick-text').textContent = `Pick ${attempt.session.id} as the result of this group? `
-      + `Its branch becomes the group's result; the ${others} other attempt${others === 1 ? '' : 's'} are parked `
+      + `Its branch becomes the group's result; ${others === 1 ? 'the other attempt is' : `the ${others} other attempts are`} parked `
       + '(their boxes go back to the pool; they stay readable).';
     dialog.returnValue = '';
     dialog.onclose = async () => {

@@ -331,7 +331,10 @@ fn a_pull_back_that_would_overwrite_a_change_made_at_home_is_refused_and_leaves_
     assert_eq!(detail["session"]["placement"], "active", "{detail:#}");
     assert_eq!(detail["session"]["worker"]["environment_id"], env.as_str());
     let why = detail["session"]["worker"]["error"].as_str().unwrap_or("");
-    assert!(why.contains("runs.log"), "the session says why: {detail:#}");
+    assert!(
+        why.contains("runs.log") && why.contains("changed since the box got its copy"),
+        "the session says why: {detail:#}"
+    );
     // Both sides intact.
     assert_eq!(
         std::fs::read_to_string(home.join("runs.log")).unwrap(),
