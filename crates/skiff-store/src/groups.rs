@@ -47,7 +47,9 @@ impl Store {
                  VALUES (?1, ?2, ?3, ?4, ?5)",
                 params![id.as_str(), scope.owner_id, scope.tenant_id, title, now],
             )?;
-            for new in sessions {
+            // One millisecond apart, in the order given: every reader (the session list, the
+            // UI numbering attempts) sees the order they were started in.
+            for (at, new) in (now..).zip(sessions) {
                 let workspace = to_json("session workspace", &new.workspace)?;
                 tx.execute(
                     "INSERT INTO sessions (id, owner_id, tenant_id, title, workspace, model_ref, \
@@ -59,7 +61,7 @@ impl Store {
                         new.title,
                         workspace,
                         new.model_ref,
-                        now,
+                        at,
                         id.as_str()
                     ],
                 )?;

@@ -579,6 +579,10 @@ fn a_group_takes_all_its_worker_slots_at_once_or_none_and_has_one_pick() {
     let ids: Vec<_> = rows.iter().map(|r| r.id.clone()).collect();
     assert_eq!(ids, [two[0].id.clone(), two[1].id.clone()]);
     assert!(rows.iter().all(|r| r.group_id.as_ref() == Some(&group)));
+    assert!(
+        rows[0].created_at_ms < rows[1].created_at_ms,
+        "started in order"
+    );
     assert_eq!(store.worker_slots().unwrap().live, 3);
 
     // One pick: again the same is fine, another is refused, a stranger is not in the group.
