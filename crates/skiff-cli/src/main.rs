@@ -9,6 +9,7 @@ mod demo;
 mod doctor;
 mod env;
 mod gateway;
+mod groups;
 mod render;
 mod results;
 mod secret;

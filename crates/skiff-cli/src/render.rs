@@ -818,7 +818,10 @@ fn session_rows(sessions: &[(&SessionView, usize)]) -> String {
                 },
                 s.model.label.clone(),
                 ago(s.updated_at_ms, now),
-                s.title.clone(),
+                match &s.group_id {
+                    Some(group) => format!("{} (attempt of {group})", s.title),
+                    None => s.title.clone(),
+                },
             ]
         })
         .collect();

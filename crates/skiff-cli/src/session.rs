@@ -1,5 +1,6 @@
 //! `skiff session new|list|show|send|watch|cancel|compact|pull-back|dispatch|checkpoints|restore|
-//! fork|publish|quarantine` (and `diff|apply|export`, in `results.rs`)
+//! fork|publish|quarantine` (and `diff|apply|export`, in `results.rs`; `compare|pick` and
+//! `new --attempts`, in `groups.rs`)
 
 use crate::client::Client;
 use crate::render::{self, Detail, Live};
@@ -60,6 +61,18 @@ pub enum SessionCommand {
     Quarantine(QuarantineArgs),
     /// The whole output of the newest setup run for this worker session
     SetupLog(IdArgs),
+    /// A fan-out group's attempts side by side: status, diffstat, the last exec's exit code
+    /// (tests) and the final message's first line
+    Compare(CompareArgs),
+    /// Pick a fan-out attempt as its group's result (its branch); the other attempts are
+    /// parked, their boxes given back (they stay readable)
+    Pick(IdArgs),
+}
+
+#[derive(Args)]
+pub struct CompareArgs {
+    /// Group id (grp_…), as `session new --attempts` printed it
+    group: String,
 }
 
 #[derive(Args)]
@@ -188,6 +201,11 @@ pub struct NewArgs {
     /// in skiff.toml]
     #[arg(long, value_name = "EFFORT", value_parser = reasoning_effort)]
     reasoning: Option<ReasoningEffort>,
+    /// Fan-out: start N sibling sessions (2 to 8) with this prompt on N boxes of --profile,
+    /// as one group to compare (`session compare`) and pick from (`session pick`)
+    #[arg(long, value_name = "N", requires = "profile",
+          value_parser = clap::value_parser!(u32).range(2..=i64::from(skiff_protocol::api::MAX_ATTEMPTS)))]
+    attempts: Option<u32>,
     /// Start the turn and return without streaming it
     #[arg(long)]
     detach: bool,
@@ -230,15 +248,20 @@ pub async fn run(cmd: SessionCommand, state_dir: &Path, json: bool) -> Result<Ex
             };
             let workspace = std::path::absolute(&workspace)
                 .with_context(|| format!("cannot resolve {}", workspace.display()))?;
-            let started = client
-                .create_session(&CreateSessionRequest {
-                    prompt: args.prompt,
-                    workspace: workspace.display().to_string(),
-                    model: args.model,
-                    profile: args.profile,
-                    reasoning: args.reasoning,
-                })
-                .await?;
+            let request = CreateSessionRequest {
+                prompt: args.prompt,
+                workspace: workspace.display().to_string(),
+                model: args.model,
+                profile: args.profile,
+                reasoning: args.reasoning,
+                attempts: args.attempts,
+            };
+            if args.attempts.is_some() {
+                let started = client.send(client.post("/v1/sessions", &request)).await?;
+                let live = Detail::with_full_flag(args.detail.full);
+                return crate::groups::started(&client, started, args.detach, json, live).await;
+            }
+            let started = client.create_session(&request).await?;
             let live = Live::with_detail(json, Detail::with_full_flag(args.detail.full));
             started_turn(&client, started, args.detach, live).await
         }
@@ -283,6 +306,9 @@ pub async fn run(cmd: SessionCommand, state_dir: &Path, json: bool) -> Result<Ex
             outln!("title      {}", s.title)?;
             if let Some(parent) = &s.parent_id {
                 outln!("parent     {parent} (its agent dispatched this session)")?;
+            }
+            if let Some(group) = &detail.group {
+                outln!("group      {}", crate::groups::membership(group, &s.id))?;
             }
             outln!("state      {}", render::state(s))?;
             match &s.worker {
@@ -502,6 +528,8 @@ pub async fn run(cmd: SessionCommand, state_dir: &Path, json: bool) -> Result<Ex
             }
             Ok(ExitCode::SUCCESS)
         }
+        SessionCommand::Compare(args) => crate::groups::compare(&client, &args.group, json).await,
+        SessionCommand::Pick(args) => crate::groups::pick(&client, &args.id, json).await,
         SessionCommand::Diff(args) => crate::results::diff(&client, args, json).await,
         SessionCommand::Apply(args) => crate::results::apply(&client, args, json).await,
         SessionCommand::Export(args) => crate::results::export(&client, args, json).await,

@@ -43,6 +43,7 @@ pub(crate) fn router(core: Arc<Core>) -> Router {
         .merge(crate::env_api::routes())
         .merge(crate::sync_api::routes())
         .merge(crate::restore::routes())
+        .merge(crate::groups::routes())
         .merge(crate::compaction::routes())
         .merge(crate::vault::routes())
         .fallback(not_found)
@@ -185,6 +186,10 @@ async fn create_session(
     body: Result<Json<CreateSessionRequest>, axum::extract::rejection::JsonRejection>,
 ) -> Result<Response, Error> {
     let Json(req) = body.map_err(|e| Error::BadRequest(e.body_text()))?;
+    if req.attempts.is_some() {
+        let started = core.fan_out(&scope, req).await?;
+        return Ok((StatusCode::CREATED, Json(started)).into_response());
+    }
     let started = core.create_session(&scope, req).await?;
     Ok((StatusCode::CREATED, Json(started)).into_response())
 }

@@ -153,6 +153,8 @@ fn raw_store_failure(e: &skiff_store::Error) -> bool {
         | S::IllegalPlacementTransition { .. }
         | S::WorkersAtCapacity { .. }
         | S::TooManyChildren { .. }
+        | S::GroupAtCapacity { .. }
+        | S::AlreadyPicked { .. }
         | S::Retained { .. }
         | S::Corrupt { .. } => false,
     }
@@ -170,8 +172,9 @@ fn store_code(e: &skiff_store::Error) -> ErrorCode {
         | S::IllegalSnapshotTransition { .. }
         | S::IllegalPlacementTransition { .. }
         | S::TooManyChildren { .. }
+        | S::AlreadyPicked { .. }
         | S::Retained { .. } => ErrorCode::Conflict,
-        S::WorkersAtCapacity { .. } => ErrorCode::AtCapacity,
+        S::WorkersAtCapacity { .. } | S::GroupAtCapacity { .. } => ErrorCode::AtCapacity,
         S::Open { .. } | S::Checkpointer(_) | S::Sqlite(_) if e.is_retryable() => {
             ErrorCode::Unavailable
         }

@@ -18,6 +18,7 @@ mod egress;
 mod env_api;
 mod environments;
 mod error;
+mod groups;
 mod housekeeping;
 mod hub;
 mod mcp;

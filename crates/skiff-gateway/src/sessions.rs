@@ -152,6 +152,7 @@ impl Core {
             worker,
             placement: row.placement,
             parent_id: row.parent_id,
+            group_id: row.group_id,
             reasoning: row.reasoning.as_deref().and_then(ReasoningEffort::parse),
             created_at_ms: row.created_at_ms,
             updated_at_ms: row.updated_at_ms,
@@ -192,12 +193,20 @@ impl Core {
         let totals = totals(&runs);
         let transcript = self.store.transcript(scope, id)?;
         let attempts = self.attempt_views(scope, id)?;
+        let group = match &row.group_id {
+            Some(group) => Some(skiff_protocol::api::GroupPick {
+                id: group.clone(),
+                picked: self.store.group(scope, group)?.picked,
+            }),
+            None => None,
+        };
         Ok(SessionDetail {
             session: self.session_view(scope, row)?,
             runs,
             totals,
             transcript,
             attempts,
+            group,
         })
     }
 
@@ -237,6 +246,11 @@ impl Core {
         req: CreateSessionRequest,
     ) -> Result<RunStarted> {
         check_prompt(&req.prompt)?;
+        if req.attempts.is_some() {
+            return Err(Error::Internal(
+                "a fan-out request reached the one-session path".into(),
+            ));
+        }
         if let Some(profile) = &req.profile {
             self.check_profile(profile)?;
             // The quick answer when every slot has a turn running (a session merely idle on

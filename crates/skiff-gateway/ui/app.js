@@ -1,5 +1,5 @@
 // The Control UI: login, the live session list, and the routed main view
-// (#/s/<id> chat, #/new, #/environments). Plain ES modules, no build step.
+// (#/s/<id> chat, #/g/<group> a fan-out's attempts, #/new, #/environments). Plain ES modules, no build step.
 
 import { h, replace } from './dom.js';
 import { api, follow, onUnauthorized } from './api.js';
@@ -7,6 +7,7 @@ import { Sidebar } from './sidebar.js';
 import { ChatView } from './chat.js';
 import { NewSessionView } from './newsession.js';
 import { EnvironmentsView } from './environments.js';
+import { GroupView } from './groups.js';
 
 const $ = (id) => document.getElementById(id);
 
@@ -96,11 +97,15 @@ function route() {
   if (!app.running) return;
   const hash = location.hash || '#/';
   const m = hash.match(/^#\/s\/(ses_[A-Za-z0-9_-]+)$/);
+  const g = hash.match(/^#\/g\/(grp_[A-Za-z0-9_-]+)$/);
   if (app.view) app.view.destroy();
   let view;
   if (m) {
     view = new ChatView(m[1], ctx);
     app.sidebar.setCurrent(m[1]);
+  } else if (g) {
+    view = new GroupView(g[1], ctx);
+    app.sidebar.setCurrent(g[1]);
   } else {
     app.sidebar.setCurrent(null);
     if (hash === '#/new') view = new NewSessionView(ctx);
@@ -109,7 +114,7 @@ function route() {
   }
   app.view = view;
   replace($('main'), view.el);
-  document.title = m ? `Skiff · ${m[1]}` : 'Skiff';
+  document.title = m ? `Skiff · ${m[1]}` : g ? `Skiff · ${g[1]}` : 'Skiff';
   for (const a of document.querySelectorAll('#env-link, #new-session')) {
     a.toggleAttribute('aria-current', a.getAttribute('href') === hash);
   }

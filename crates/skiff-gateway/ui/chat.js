@@ -210,6 +210,8 @@ export class ChatView {
       h('span', { class: 'mono path', title: ws.path }, ws.path || ''),
       h('span', { class: 'sep', 'aria-hidden': 'true' }, '·'),
       h('span', { class: 'mono muted' }, s.id),
+      s.group_id ? [h('span', { class: 'sep', 'aria-hidden': 'true' }, '·'),
+        h('a', { class: 'group-link', href: `#/g/${s.group_id}`, title: `Compare the attempts of ${s.group_id}` }, 'attempt of a fan-out · compare')] : null,
       this.totalEl());
   }
 

@@ -49,6 +49,16 @@ export function sessionState(s) {
   return 'idle';
 }
 
+/** A fan-out group's state: running while any attempt is, failed when every one failed. */
+export function groupState(attempts) {
+  const states = attempts.map(sessionState);
+  const live = states.find((st) => group(st) === 'running');
+  if (live) return live;
+  if (states.includes('waiting')) return 'waiting';
+  if (states.every((st) => st === 'failed')) return 'failed';
+  return 'idle';
+}
+
 export function activityAt(s) {
   return Math.max(s.updated_at_ms || 0, s.last_run?.created_at_ms || 0, s.last_run?.finished_at_ms || 0);
 }
@@ -165,16 +175,27 @@ export class Sidebar {
       return h('li', {}, this.row(s, now),
         children.length ? h('ul', { class: 'rows children', 'aria-label': `Dispatched by ${s.title || s.id}` }, children.map(item)) : null);
     };
-    const tops = list.filter((s) => !s.parent_id || !shown.has(s.parent_id));
+    // A fan-out's attempts sit under one row for their group (where its newest attempt
+    // would be); the group row opens the comparison.
+    const siblings = new Map();
+    for (const s of list) {
+      if (!s.group_id) continue;
+      if (!siblings.has(s.group_id)) siblings.set(s.group_id, []);
+      siblings.get(s.group_id).push(s);
+    }
+    const stateOf = (s) => (s.group_id ? groupState(siblings.get(s.group_id)) : sessionState(s));
+    const entry = (s) => (s.group_id ? this.groupItem(siblings.get(s.group_id), now) : item(s));
+    const tops = list.filter((s) => (!s.parent_id || !shown.has(s.parent_id))
+      && (!s.group_id || siblings.get(s.group_id)[0] === s));
     const sections = [];
     for (const [key, label] of GROUPS) {
-      const rows = tops.filter((s) => group(sessionState(s)) === key);
+      const rows = tops.filter((s) => group(stateOf(s)) === key);
       if (rows.length === 0) continue;
       const headingId = `group-${key}`;
       sections.push(
         h('section', { class: 'group', 'aria-labelledby': headingId },
           h('h2', { id: headingId, class: 'group-title' }, label),
-          h('ul', { class: 'rows' }, rows.map(item))),
+          h('ul', { class: 'rows' }, rows.map(entry))),
       );
     }
     replace(this.container, ...sections, this.olderButton());
@@ -241,6 +262,29 @@ export class Sidebar {
     unread ? h('span', { class: 'unread', title: 'New activity', 'aria-hidden': 'true' }) : null,
     h('time', { class: 'ago', datetime: isoTime(activityAt(s)), title: new Date(activityAt(s)).toLocaleString() }, fmtAgo(activityAt(s), now)),
     h('span', { class: `badge pl-${p.kind}`, title: p.label, 'aria-hidden': 'true' }, p.kind === 'gateway' ? 'G' : 'W'));
+  }
+
+  /** A fan-out group's row (opens its comparison) with its attempts, oldest first, under it. */
+  groupItem(attempts, now) {
+    const ordered = [...attempts].sort((a, b) => a.created_at_ms - b.created_at_ms || (a.id < b.id ? -1 : 1));
+    const first = ordered[0];
+    const id = first.group_id;
+    const state = groupState(ordered);
+    const at = Math.max(...ordered.map(activityAt));
+    const row = h('a', {
+      class: `srow grow${id === this.current ? ' current' : ''}`,
+      href: `#/g/${id}`,
+      'aria-current': id === this.current ? 'page' : null,
+      dataset: { groupId: id, state },
+    },
+    h('span', { class: `dot st-${state}`, 'aria-hidden': 'true' }, STATE_SYMBOL[state] || '○'),
+    h('span', { class: 'stitle' }, first.title || id),
+    h('span', { class: 'sr-only' }, `, fan-out of ${ordered.length} attempts, ${state}`),
+    h('time', { class: 'ago', datetime: isoTime(at), title: new Date(at).toLocaleString() }, fmtAgo(at, now)),
+    h('span', { class: 'badge pl-worker', title: `${ordered.length} attempts on worker boxes` }, `×${ordered.length}`));
+    return h('li', {}, row,
+      h('ul', { class: 'rows children attempts', 'aria-label': `Attempts of ${first.title || id}` },
+        ordered.map((s, i) => h('li', {}, this.row({ ...s, title: `Attempt ${i + 1}` }, now)))));
   }
 
   /** Moves keyboard focus to the next (+1) or previous (-1) session row. */

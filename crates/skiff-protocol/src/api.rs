@@ -1,6 +1,6 @@
 //! JSON payloads of the client API (`/v1/...`), shared by the gateway and the CLI.
 
-use crate::ids::{AttemptId, RunId, SessionId};
+use crate::ids::{AttemptId, GroupId, RunId, SessionId};
 use crate::model::ReasoningEffort;
 use crate::transcript::TranscriptEntry;
 use serde::{Deserialize, Serialize};
@@ -91,6 +91,81 @@ pub struct CreateSessionRequest {
     /// How hard the model reasons in this session; the model's setting when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reasoning: Option<ReasoningEffort>,
+    /// Fan-out: start this many sibling sessions (2 to [`MAX_ATTEMPTS`]) on as many boxes of
+    /// `profile`, with the same prompt and base, as one group. The answer is then a
+    /// [`FanOutStarted`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempts: Option<u32>,
+}
+
+/// The most sibling sessions one fan-out starts.
+pub const MAX_ATTEMPTS: u32 = 8;
+
+/// `POST /v1/sessions` with `attempts`: the group and each attempt's session and first run.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FanOutStarted {
+    pub group_id: GroupId,
+    pub attempts: Vec<RunStarted>,
+}
+
+/// `GET /v1/groups/{id}` (what `skiff session compare` shows): a fan-out group's attempts
+/// side by side.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GroupView {
+    pub id: GroupId,
+    pub title: String,
+    pub created_at_ms: i64,
+    /// The attempt picked as the group's result, once one is.
+    #[serde(default)]
+    pub picked: Option<SessionId>,
+    /// The picked attempt's branch (git workspaces): the group's result.
+    #[serde(default)]
+    pub result_branch: Option<String>,
+    /// Oldest first (the order they were started in).
+    pub attempts: Vec<GroupAttemptView>,
+}
+
+/// One attempt of a fan-out group.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GroupAttemptView {
+    pub session: SessionView,
+    /// Its newest run's status (absent before its first run exists).
+    #[serde(default)]
+    pub status: Option<RunStatus>,
+    /// Its changes against the group's base; absent when they could not be read (`diff_error`).
+    #[serde(default)]
+    pub diff: Option<DiffStat>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub diff_error: Option<String>,
+    /// The exit code of the last `exec` it ran, when it ran one (how its tests went, when the
+    /// last command was its tests).
+    #[serde(default)]
+    pub last_exec_exit: Option<i64>,
+    /// The first line of its final message.
+    #[serde(default)]
+    pub final_line: Option<String>,
+    pub picked: bool,
+}
+
+/// Files changed, lines added and removed.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DiffStat {
+    pub files: u64,
+    pub insertions: u64,
+    pub deletions: u64,
+}
+
+/// `POST /v1/sessions/{id}/pick`: the group with this attempt picked, and the siblings parked
+/// (their boxes given back; they stay readable).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PickResult {
+    pub group: GroupView,
+    pub parked: Vec<SessionId>,
 }
 
 /// `POST /v1/sessions/{id}/messages`
@@ -244,6 +319,9 @@ pub struct SessionView {
     /// The session whose agent started this one with its `dispatch` tool.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent_id: Option<SessionId>,
+    /// The fan-out group this session is one attempt of.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group_id: Option<GroupId>,
     /// The session's `--reasoning` choice; absent: the model's setting in skiff.toml.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reasoning: Option<ReasoningEffort>,
@@ -294,6 +372,18 @@ pub struct SessionDetail {
     /// and how it ended. A run that failed over has more than one.
     #[serde(default)]
     pub attempts: Vec<AttemptView>,
+    /// The fan-out group the session belongs to, and which attempt was picked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<GroupPick>,
+}
+
+/// A session's fan-out group as its detail shows it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GroupPick {
+    pub id: GroupId,
+    #[serde(default)]
+    pub picked: Option<SessionId>,
 }
 
 /// `POST /v1/sessions/{id}/compact`: the compaction entry written at the session's leaf.

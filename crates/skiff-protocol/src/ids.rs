@@ -66,6 +66,12 @@ id_type!(
     "ent_"
 );
 id_type!(
+    /// A fan-out group: sibling sessions started together with the same prompt and base,
+    /// one of which may be picked as the group's result.
+    GroupId,
+    "grp_"
+);
+id_type!(
     /// An artifact: a content-addressed blob with metadata (checkpoint, manifest, result, log).
     ArtifactId,
     "art_"

@@ -18,4 +18,4 @@ pub mod sync;
 pub mod transcript;
 pub mod worker;
 
-pub use ids::{AttemptId, EntryId, EnvironmentId, RunId, SessionId, SnapshotId};
+pub use ids::{AttemptId, EntryId, EnvironmentId, GroupId, RunId, SessionId, SnapshotId};

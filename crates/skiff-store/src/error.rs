@@ -64,6 +64,15 @@ pub enum Error {
         "session {parent} has already started {max} child sessions, the most `[gateway] max_children` allows; finish with the children it has"
     )]
     TooManyChildren { parent: String, max: u64 },
+    /// A fan-out needs more free worker slots than there are: all its sessions are admitted
+    /// together or none is.
+    #[error(
+        "a fan-out of {needs} attempts needs {needs} workers, {free} free (of [gateway] max_workers = {max}); try fewer attempts, or again when turns finish"
+    )]
+    GroupAtCapacity { needs: u64, free: u64, max: u64 },
+    /// Another attempt of the group was picked already.
+    #[error("group {group} already has attempt {picked} picked as its result")]
+    AlreadyPicked { group: String, picked: String },
     #[error("artifact {id} is retained: {reason}")]
     Retained { id: String, reason: String },
     #[error("stored {what} is unreadable: {detail}")]

@@ -282,6 +282,21 @@ CREATE TABLE secrets (
 -- model's setting in skiff.toml. `skiff session send --reasoning` changes it from then on.
 ALTER TABLE sessions ADD COLUMN reasoning TEXT;
 "#,
+    r#"
+-- Fan-out groups: sibling sessions started together with the same prompt and base, on as
+-- many boxes. `picked_session_id` is the attempt chosen as the group's result (NULL: none yet).
+CREATE TABLE session_groups (
+    id                TEXT PRIMARY KEY,
+    owner_id          TEXT NOT NULL,
+    tenant_id         TEXT NOT NULL,
+    title             TEXT NOT NULL,
+    picked_session_id TEXT,
+    picked_at_ms      INTEGER,
+    created_at_ms     INTEGER NOT NULL
+);
+ALTER TABLE sessions ADD COLUMN group_id TEXT REFERENCES session_groups(id);
+CREATE INDEX sessions_by_group ON sessions(group_id) WHERE group_id IS NOT NULL;
+"#,
 ];
 
 pub(crate) fn migrate(conn: &mut Connection) -> Result<()> {

@@ -203,7 +203,7 @@ impl WorkerSlots {
     }
 }
 
-fn slots_in(conn: &rusqlite::Connection) -> Result<WorkerSlots> {
+pub(crate) fn slots_in(conn: &rusqlite::Connection) -> Result<WorkerSlots> {
     let (live, running_turns) = conn.query_row(
         &format!(
             "SELECT COUNT(*), COALESCE(SUM(EXISTS (SELECT 1 FROM runs r WHERE r.session_id = p.session_id \

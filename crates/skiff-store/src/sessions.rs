@@ -2,8 +2,8 @@
 
 use crate::{Error, Result, Scope, Store, id_col, json_col, now_ms, to_json};
 use rusqlite::{OptionalExtension, Row, params};
-use skiff_protocol::SessionId;
 use skiff_protocol::api::WorkspaceView;
+use skiff_protocol::{GroupId, SessionId};
 
 /// What the gateway knows when it creates a session (it has already prepared the workspace).
 #[derive(Clone, Debug)]
@@ -30,10 +30,12 @@ pub struct SessionRow {
     /// The session's reasoning choice (`off`, `low`, `medium`, `high`); `None` leaves it to
     /// the model's setting.
     pub reasoning: Option<String>,
+    /// The fan-out group this session is one attempt of.
+    pub group_id: Option<GroupId>,
 }
 
 pub(crate) const COLUMNS: &str = "id, title, workspace, model_ref, placement, lifecycle_revision, \
-                       leaf_entry_id, created_at_ms, updated_at_ms, parent_id, reasoning";
+                       leaf_entry_id, created_at_ms, updated_at_ms, parent_id, reasoning, group_id";
 
 fn from_row(row: &Row<'_>) -> rusqlite::Result<SessionRow> {
     from_row_at(row, 0)
@@ -63,6 +65,18 @@ pub(crate) fn from_row_at(row: &Row<'_>, o: usize) -> rusqlite::Result<SessionRo
             })
             .transpose()?,
         reasoning: row.get(o + 10)?,
+        group_id: row
+            .get::<_, Option<String>>(o + 11)?
+            .map(|id| {
+                GroupId::parse(&id).ok_or_else(|| {
+                    rusqlite::Error::FromSqlConversionFailure(
+                        o + 11,
+                        rusqlite::types::Type::Text,
+                        format!("{id} is not a group id").into(),
+                    )
+                })
+            })
+            .transpose()?,
     })
 }
 
@@ -118,7 +132,7 @@ impl Store {
         Ok(rows)
     }
 
-    fn create_session_in(
+    pub(crate) fn create_session_in(
         &self,
         scope: &Scope,
         new: &NewSession,

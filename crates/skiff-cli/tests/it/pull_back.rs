@@ -276,3 +276,82 @@ fn two_dispatches_at_once_place_the_session_once_on_one_box() {
         envs[0].0.as_str()
     );
 }
+
+/// The gateway's copy of the workspace changed while the session ran on its box, in the same
+/// file the box's turn wrote: the pull-back is refused with an error naming the file, the
+/// gateway's copy and the box's work are both left as they were, and the session stays active
+/// on its box.
+#[test]
+fn a_pull_back_that_would_overwrite_a_change_made_at_home_is_refused_and_leaves_both_sides() {
+    let responses = vec![
+        text_reply(&["hello"]),
+        // On the box: a change nobody commits, then a long reply to cancel.
+        tool_reply(
+            "w1",
+            "exec",
+            r#"{"command":"echo made on the box >> runs.log"}"#,
+        ),
+        long_reply(),
+    ];
+    let rig = Rig::start(responses, "");
+    let repo = TempGitRepo::new(&[("README.md", "a repo\n")]);
+    let id = local_session(&rig, repo.path());
+    let home = std::path::PathBuf::from(
+        show(&rig, &id)["session"]["workspace"]["path"]
+            .as_str()
+            .unwrap(),
+    );
+    let out = rig
+        .gw
+        .run(&["session", "dispatch", &id, "--profile", "local"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let env = show(&rig, &id)["session"]["worker"]["environment_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    let mut turn = Following::start(&rig, &["send", "--json", &id, "log it and talk"]);
+    turn.until("the slow reply streaming", |e, seen| {
+        e["type"] == "text_delta"
+            && seen.iter().filter(|s| s["type"] == "model_request").count() == 2
+    });
+    // Meanwhile, at home, someone writes the same file in the gateway's copy.
+    std::fs::write(home.join("runs.log"), "changed at home\n").unwrap();
+
+    let out = rig.gw.run(&["session", "pull-back", "--cancel", &id]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "refused: {err}");
+    assert!(
+        err.contains("runs.log"),
+        "the refusal names the file: {err}"
+    );
+    let _ = turn.finish();
+
+    let detail = show(&rig, &id);
+    assert_eq!(detail["session"]["placement"], "active", "{detail:#}");
+    assert_eq!(detail["session"]["worker"]["environment_id"], env.as_str());
+    let why = detail["session"]["worker"]["error"].as_str().unwrap_or("");
+    assert!(
+        why.contains("runs.log") && why.contains("changed since the box got its copy"),
+        "the session says why: {detail:#}"
+    );
+    // Both sides intact.
+    assert_eq!(
+        std::fs::read_to_string(home.join("runs.log")).unwrap(),
+        "changed at home\n"
+    );
+    let boxes = rig.root.boxes();
+    assert_eq!(boxes.len(), 1);
+    let on_box = rig
+        .root
+        .path()
+        .join(&boxes[0])
+        .join("home/workspaces")
+        .join(&id)
+        .join("runs.log");
+    assert_eq!(
+        std::fs::read_to_string(on_box).unwrap(),
+        "made on the box\n"
+    );
+    assert_eq!(environments(&rig), vec![(env, "attached".to_owned())]);
+}

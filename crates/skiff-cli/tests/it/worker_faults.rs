@@ -894,3 +894,120 @@ fn a_box_that_dies_mid_turn_fails_over_to_a_fresh_box_and_the_turn_goes_on() {
         "{text}"
     );
 }
+
+/// Destroys the one box under the rig's root (the session's current one), as a dead machine.
+fn kill_the_box(rig: &Rig) {
+    let live = rig.root.boxes();
+    assert_eq!(live.len(), 1, "one live box: {live:?}");
+    let boxes = skiff_providers::local::Boxes::new(
+        rig.root.path().to_path_buf(),
+        crate::harness::SKIFF.into(),
+    );
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(boxes.destroy(&live[0])).unwrap();
+}
+
+/// With `failover_attempts = 2`, a run survives two box deaths (each a failover from the last
+/// checkpoint onto a fresh box); the third fails the run with an error naming the key, and
+/// the session is left reclaimed with every attempt and its evidence listed.
+#[test]
+fn a_run_fails_over_twice_then_the_third_box_death_fails_it_naming_the_cap() {
+    let responses = vec![
+        // Turn 1: log "one", commit, done (checkpoint 1 has it).
+        tool_reply("c1", "exec", r#"{"command":"echo one >> runs.log"}"#),
+        commit_runs_log(),
+        text_reply(&["logged ", "one"]),
+        // Turn 2: log "two", then the box dies mid-stream, three times over.
+        tool_reply("c2", "exec", r#"{"command":"echo two >> runs.log"}"#),
+        slow_reply(),
+        slow_reply(),
+        slow_reply(),
+    ];
+    let rig = Rig::start(responses, "failover_attempts = 2\n");
+    let repo = TempGitRepo::new(&[("README.md", "a repo\n")]);
+    assert!(
+        new_following(&rig, repo.path(), "log one")
+            .finish()
+            .0
+            .success()
+    );
+    let id = {
+        let list = rig.gw.json(&["session", "list", "--json"]);
+        list["sessions"][0]["id"].as_str().unwrap().to_owned()
+    };
+
+    let mut f = Following::start(&rig, &["send", "--json", &id, "log two"]);
+    let mut envs = vec![
+        show(&rig, &id)["session"]["worker"]["environment_id"]
+            .as_str()
+            .unwrap()
+            .to_owned(),
+    ];
+    for requests in [2, 3, 4] {
+        // Mid-stream of the turn's `requests`-th model call (the new attempt's first after a
+        // failover), the box dies.
+        f.until("text of the model call to cut", |e, seen| {
+            e["type"] == "text_delta"
+                && seen.iter().filter(|s| s["type"] == "model_request").count() == requests
+        });
+        if requests > 2 {
+            let env = show(&rig, &id)["session"]["worker"]["environment_id"]
+                .as_str()
+                .unwrap()
+                .to_owned();
+            assert!(
+                !envs.contains(&env),
+                "a fresh box each time: {env} in {envs:?}"
+            );
+            envs.push(env);
+        }
+        kill_the_box(&rig);
+    }
+    let (status, _) = f.finish();
+    assert_eq!(status.code(), Some(1), "the third death failed the run");
+
+    let detail = show(&rig, &id);
+    let run = &detail["runs"][1];
+    assert_eq!(run["status"], "failed");
+    let error = run["error"].as_str().unwrap();
+    assert!(
+        error.contains(
+            "the turn already moved to a fresh box 2 time(s) (profiles.local.failover_attempts)"
+        ),
+        "the failure names the cap and its key: {error}"
+    );
+    assert_eq!(detail["session"]["placement"], "reclaimed");
+    let attempts: Vec<&Value> = detail["attempts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|a| a["run_id"] == run["id"])
+        .collect();
+    assert_eq!(attempts.len(), 3, "{attempts:#?}");
+    for (a, env) in attempts.iter().zip(&envs) {
+        assert_eq!(a["status"], "failed", "{a:#}");
+        assert_eq!(a["node"], env.as_str(), "{a:#}");
+        assert!(a["error"].as_str().unwrap().contains("box"), "{a:#}");
+    }
+    assert_eq!(attempts[1]["resumed_from"], attempts[0]["id"]);
+    assert_eq!(attempts[2]["resumed_from"], attempts[1]["id"]);
+    assert_eq!(attempts[2]["from_checkpoint"], 1);
+    let notes = notices(&detail);
+    for n in 1..=2 {
+        assert!(
+            notes
+                .iter()
+                .any(|t| t.contains(&format!("from checkpoint 1 (failover {n} of 2"))),
+            "{notes:#?}"
+        );
+    }
+    assert!(
+        !notes.iter().any(|t| t.contains("failover 3")),
+        "no third failover: {notes:#?}"
+    );
+    // No model call was made twice: 3 for turn 1, then one per attempt after the exec.
+    assert_eq!(rig.fake.requests().len(), 7);
+}

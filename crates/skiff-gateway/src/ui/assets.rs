@@ -21,6 +21,7 @@ const FILES: &[(&str, &str, &str)] = &[
     ("chat.js", JS, include_str!("../../ui/chat.js")),
     ("changes.js", JS, include_str!("../../ui/changes.js")),
     ("newsession.js", JS, include_str!("../../ui/newsession.js")),
+    ("groups.js", JS, include_str!("../../ui/groups.js")),
     (
         "environments.js",
         JS,

@@ -151,7 +151,7 @@ impl Core {
 
     /// Parks the session idle on its box the longest, to free its slot. `false` when no
     /// session is idle on a box: every slot has a turn (or a placement) in flight.
-    async fn park_least_recently_used(self: &Arc<Self>) -> Result<bool> {
+    pub(crate) async fn park_least_recently_used(self: &Arc<Self>) -> Result<bool> {
         for p in self.store.idle_placements()? {
             if self.workers.recovering(&p.session_id) {
                 continue;

@@ -253,3 +253,65 @@ async fn a_turn_whose_message_cannot_be_recorded_ends_failed_and_the_session_tak
         .expect("the session takes the next message");
     gw.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_fan_out_with_a_bad_count_or_profile_is_refused_and_creates_nothing() {
+    let gw = TestGateway::start(DONE).await;
+    let ws = gw.plain_dir("ws", &[("a.txt", "a\n")]);
+    let body = |attempts: u32, profile: Option<&str>| {
+        let mut req = session_request(&ws, "fake/x", "try it");
+        req.attempts = Some(attempts);
+        req.profile = profile.map(str::to_owned);
+        serde_json::to_string(&req).unwrap()
+    };
+    for (attempts, profile, says) in [
+        (1, Some("local"), "2 to 8 attempts"),
+        (9, Some("local"), "2 to 8 attempts"),
+        (3, None, "name a worker profile"),
+        (3, Some("nope"), "no worker profile `nope`"),
+    ] {
+        let (status, error) = gw
+            .client
+            .raw(
+                reqwest::Method::POST,
+                "/v1/sessions",
+                &body(attempts, profile),
+            )
+            .await;
+        assert_eq!(status, 400, "{error}");
+        assert!(
+            error["message"].as_str().unwrap().contains(says),
+            "{attempts} {profile:?}: {error}"
+        );
+    }
+    assert!(gw.client.sessions().await.unwrap().sessions.is_empty());
+
+    // A session of no group has nothing to pick from; a group that does not exist is not found.
+    let started = gw
+        .client
+        .create_session(&session_request(&ws, "fake/x", "alone"))
+        .await
+        .unwrap();
+    gw.client.follow_until_run_end(&started.session.id, 0).await;
+    let pick = format!("/v1/sessions/{}/pick", started.session.id);
+    let (status, error) = gw.client.raw(reqwest::Method::POST, &pick, "{}").await;
+    assert_eq!(status, 400, "{error}");
+    assert!(
+        error["message"]
+            .as_str()
+            .unwrap()
+            .contains("is not an attempt of a fan-out group"),
+        "{error}"
+    );
+    let (status, _) = gw
+        .client
+        .raw(reqwest::Method::GET, "/v1/groups/grp_missing", "")
+        .await;
+    assert_eq!(status, 404);
+    let (status, _) = gw
+        .client
+        .raw(reqwest::Method::GET, "/v1/groups/ses_nope", "")
+        .await;
+    assert_eq!(status, 400);
+    gw.shutdown().await;
+}

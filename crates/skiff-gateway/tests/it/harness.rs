@@ -23,6 +23,7 @@ pub fn session_request(
         model: Some(model.to_owned()),
         profile: None,
         reasoning: None,
+        attempts: None,
     }
 }
 

@@ -78,6 +78,7 @@ async fn reasoning_chosen_for_a_session_reaches_the_model_and_its_thinking_goes_
             model: Some("claude/claude-sonnet-4-5".into()),
             profile: None,
             reasoning: Some(ReasoningEffort::High),
+            attempts: None,
         })
         .await
         .unwrap();

@@ -530,3 +530,87 @@ fn a_session_starts_children_up_to_its_cap_and_knows_them() {
     let bob = Scope::new("usr_bob", "ten_b");
     assert!(store.children(&bob, &parent).unwrap().is_empty());
 }
+
+#[test]
+fn a_group_takes_all_its_worker_slots_at_once_or_none_and_has_one_pick() {
+    let store = Store::open_in_memory().unwrap();
+    let attempt = || NewSession {
+        id: SessionId::from_suffix(&skiff_store::mint().unwrap()),
+        title: "try it".into(),
+        workspace: WorkspaceView::Plain {
+            source: "/src".into(),
+            path: "/state/ws".into(),
+        },
+        model_ref: "scripted/demo".into(),
+    };
+    // One slot of three is taken: a group of three is refused whole.
+    let busy = NewSession { ..attempt() };
+    store
+        .create_session_placed(&alice(), &busy, Some(("local", 3)))
+        .unwrap();
+    let group = skiff_protocol::GroupId::from_suffix("g1");
+    let three = [attempt(), attempt(), attempt()];
+    let err = store
+        .create_group(&alice(), &group, "try it", &three, ("local", 3))
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::GroupAtCapacity {
+                needs: 3,
+                free: 2,
+                max: 3
+            }
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("needs 3 workers, 2 free"), "{err}");
+    assert!(store.group(&alice(), &group).is_err());
+    for a in &three {
+        assert!(store.session(&alice(), &a.id).is_err(), "no row written");
+    }
+    assert_eq!(store.worker_slots().unwrap().live, 1);
+
+    // Two fit: both rows, both placements, in the order given.
+    let two = [attempt(), attempt()];
+    let rows = store
+        .create_group(&alice(), &group, "try it", &two, ("local", 3))
+        .unwrap();
+    let ids: Vec<_> = rows.iter().map(|r| r.id.clone()).collect();
+    assert_eq!(ids, [two[0].id.clone(), two[1].id.clone()]);
+    assert!(rows.iter().all(|r| r.group_id.as_ref() == Some(&group)));
+    assert!(
+        rows[0].created_at_ms < rows[1].created_at_ms,
+        "started in order"
+    );
+    assert_eq!(store.worker_slots().unwrap().live, 3);
+
+    // One pick: again the same is fine, another is refused, a stranger is not in the group.
+    let bob = Scope::new("usr_bob", "ten_b");
+    assert!(
+        store.pick(&bob, &group, &ids[0]).is_err(),
+        "another tenant's group"
+    );
+    assert!(matches!(
+        store.pick(&alice(), &group, &busy.id),
+        Err(Error::NotFound { .. })
+    ));
+    assert_eq!(
+        store
+            .pick(&alice(), &group, &ids[0])
+            .unwrap()
+            .picked
+            .as_ref(),
+        Some(&ids[0])
+    );
+    assert_eq!(
+        store
+            .pick(&alice(), &group, &ids[0])
+            .unwrap()
+            .picked
+            .as_ref(),
+        Some(&ids[0])
+    );
+    let err = store.pick(&alice(), &group, &ids[1]).unwrap_err();
+    assert!(matches!(err, Error::AlreadyPicked { .. }), "{err}");
+}
