@@ -66,6 +66,11 @@ id_type!(
     "ent_"
 );
 id_type!(
+    /// An approval: a tool call waiting for a person's decision.
+    ApprovalId,
+    "apr_"
+);
+id_type!(
     /// An artifact: a content-addressed blob with metadata (checkpoint, manifest, result, log).
     ArtifactId,
     "art_"

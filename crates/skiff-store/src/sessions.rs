@@ -30,10 +30,13 @@ pub struct SessionRow {
     /// The session's reasoning choice (`off`, `low`, `medium`, `high`); `None` leaves it to
     /// the model's setting.
     pub reasoning: Option<String>,
+    /// The session's own approval policy (`--approval`); `None` leaves it to its profile's
+    /// or the gateway's.
+    pub approval: Option<skiff_protocol::approval::ApprovalPolicy>,
 }
 
 pub(crate) const COLUMNS: &str = "id, title, workspace, model_ref, placement, lifecycle_revision, \
-                       leaf_entry_id, created_at_ms, updated_at_ms, parent_id, reasoning";
+                       leaf_entry_id, created_at_ms, updated_at_ms, parent_id, reasoning, approval";
 
 fn from_row(row: &Row<'_>) -> rusqlite::Result<SessionRow> {
     from_row_at(row, 0)
@@ -63,6 +66,18 @@ pub(crate) fn from_row_at(row: &Row<'_>, o: usize) -> rusqlite::Result<SessionRo
             })
             .transpose()?,
         reasoning: row.get(o + 10)?,
+        approval: row
+            .get::<_, Option<String>>(o + 11)?
+            .map(|text| {
+                serde_json::from_str(&text).map_err(|e| {
+                    rusqlite::Error::FromSqlConversionFailure(
+                        o + 11,
+                        rusqlite::types::Type::Text,
+                        Box::new(e),
+                    )
+                })
+            })
+            .transpose()?,
     })
 }
 
@@ -177,6 +192,27 @@ impl Store {
         let changed = self.conn().execute(
             "UPDATE sessions SET reasoning = ?1 WHERE id = ?2 AND owner_id = ?3 AND tenant_id = ?4",
             params![reasoning, id.as_str(), scope.owner_id, scope.tenant_id],
+        )?;
+        if changed == 0 {
+            return Err(Error::NotFound {
+                what: "session",
+                id: id.to_string(),
+            });
+        }
+        self.session(scope, id)
+    }
+
+    /// Sets the session's own approval policy from its next tool call on.
+    pub fn set_session_approval(
+        &self,
+        scope: &Scope,
+        id: &SessionId,
+        approval: &skiff_protocol::approval::ApprovalPolicy,
+    ) -> Result<SessionRow> {
+        let text = to_json("approval policy", approval)?;
+        let changed = self.conn().execute(
+            "UPDATE sessions SET approval = ?1 WHERE id = ?2 AND owner_id = ?3 AND tenant_id = ?4",
+            params![text, id.as_str(), scope.owner_id, scope.tenant_id],
         )?;
         if changed == 0 {
             return Err(Error::NotFound {
