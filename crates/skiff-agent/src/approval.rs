@@ -140,7 +140,9 @@ impl Approvals {
             return Some(Ask {
                 tool: call.name.clone(),
                 kind: ApprovalKind::Request,
-                subject: cap(arg("action").unwrap_or("(the model named no action)").to_owned()),
+                subject: cap(arg("action")
+                    .unwrap_or("(the model named no action)")
+                    .to_owned()),
                 reason: arg("reason").map(str::to_owned),
             });
         }

@@ -188,6 +188,10 @@ pub struct NewArgs {
     /// in skiff.toml]
     #[arg(long, value_name = "EFFORT", value_parser = reasoning_effort)]
     reasoning: Option<ReasoningEffort>,
+    /// Which tool calls wait for your approval: never, on-request, or rules like
+    /// '{ exec = ["rm *"], write_outside = ["src/**"], all = true }' [default: the profile's or gateway's `approval`]
+    #[arg(long, value_name = "POLICY", value_parser = crate::approvals::parse_policy)]
+    approval: Option<skiff_protocol::approval::ApprovalPolicy>,
     /// Start the turn and return without streaming it
     #[arg(long)]
     detach: bool,
@@ -207,6 +211,10 @@ pub struct SendArgs {
     /// How hard the model reasons, from this turn on: off, low, medium or high
     #[arg(long, value_name = "EFFORT", value_parser = reasoning_effort)]
     reasoning: Option<ReasoningEffort>,
+    /// Which tool calls wait for your approval: never, on-request, or rules like
+    /// '{ exec = ["rm *"], write_outside = ["src/**"], all = true }' [default: the profile's or gateway's `approval`]
+    #[arg(long, value_name = "POLICY", value_parser = crate::approvals::parse_policy)]
+    approval: Option<skiff_protocol::approval::ApprovalPolicy>,
     /// Start the turn and return without streaming it
     #[arg(long)]
     detach: bool,
@@ -237,6 +245,7 @@ pub async fn run(cmd: SessionCommand, state_dir: &Path, json: bool) -> Result<Ex
                     model: args.model,
                     profile: args.profile,
                     reasoning: args.reasoning,
+                    approval: args.approval,
                 })
                 .await?;
             let live = Live::with_detail(json, Detail::with_full_flag(args.detail.full));
@@ -249,6 +258,7 @@ pub async fn run(cmd: SessionCommand, state_dir: &Path, json: bool) -> Result<Ex
                     &args.prompt,
                     args.profile.as_deref(),
                     args.reasoning,
+                    args.approval,
                 )
                 .await?;
             let live = Live::with_detail(json, Detail::with_full_flag(args.detail.full));
@@ -312,6 +322,9 @@ pub async fn run(cmd: SessionCommand, state_dir: &Path, json: bool) -> Result<Ex
             outln!("model      {}", s.model.label)?;
             if let Some(effort) = s.reasoning {
                 outln!("reasoning  {}", effort.as_str())?;
+            }
+            if let Some(policy) = &s.approval {
+                outln!("approval   {}", policy.describe())?;
             }
             match &s.workspace {
                 skiff_protocol::api::WorkspaceView::Git {

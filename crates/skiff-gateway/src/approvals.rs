@@ -11,8 +11,8 @@
 //!
 //! Deliberately absent: which calls wait (`skiff_agent::approval` decides, next to the tools).
 
-use crate::error::{Error, Result};
 use crate::Core;
+use crate::error::{Error, Result};
 use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -87,7 +87,11 @@ impl Core {
     }
 
     /// The session's policy, compiled for its tools.
-    pub(crate) fn compiled_approvals(&self, scope: &Scope, session: &SessionRow) -> Result<Compiled> {
+    pub(crate) fn compiled_approvals(
+        &self,
+        scope: &Scope,
+        session: &SessionRow,
+    ) -> Result<Compiled> {
         compile(&self.approval_policy(scope, session), "approval").map_err(Error::BadRequest)
     }
 
@@ -181,13 +185,7 @@ impl Core {
             (RunStatus::WaitingApproval, RunStatus::Running)
         };
         // Another call of the same run may still wait (none do today: calls run one by one).
-        if !waiting
-            && self
-                .approvals
-                .lock()
-                .values()
-                .any(|(s, _)| s == session)
-        {
+        if !waiting && self.approvals.lock().values().any(|(s, _)| s == session) {
             return;
         }
         match self.store.run(scope, run) {
@@ -197,7 +195,9 @@ impl Core {
                 }
             }
             Ok(_) => {}
-            Err(e) => tracing::warn!(%run, error = %e, "could not read the run waiting for approval"),
+            Err(e) => {
+                tracing::warn!(%run, error = %e, "could not read the run waiting for approval")
+            }
         }
     }
 
@@ -294,7 +294,9 @@ impl Core {
             }
         };
         for row in pending {
-            if let Err(e) = self.settle(scope, &row.id, ApprovalState::Revoked, "gateway", Some(why)) {
+            if let Err(e) =
+                self.settle(scope, &row.id, ApprovalState::Revoked, "gateway", Some(why))
+            {
                 tracing::warn!(approval = %row.id, error = %e, "could not revoke an approval");
             }
         }

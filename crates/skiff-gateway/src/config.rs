@@ -127,10 +127,7 @@ impl GatewayConfig {
         })
     }
 
-    pub fn approval_timeout(
-        &self,
-        config_path: &Path,
-    ) -> Result<std::time::Duration, ConfigError> {
+    pub fn approval_timeout(&self, config_path: &Path) -> Result<std::time::Duration, ConfigError> {
         duration(
             config_path,
             "approval_timeout",

@@ -259,7 +259,10 @@ pub(crate) async fn open_core(options: &Options) -> Result<(Arc<Core>, std::time
         .store
         .expire_orphaned_approvals("the gateway restarted while the call waited")?;
     if orphaned > 0 {
-        tracing::info!(orphaned, "revoked approvals left pending by a previous gateway");
+        tracing::info!(
+            orphaned,
+            "revoked approvals left pending by a previous gateway"
+        );
     }
     core.reconcile_on_start()?;
     core.envs.reconcile_on_start().await?;

@@ -353,7 +353,10 @@ pub struct TurnAssignment {
     pub gateway_tools: Vec<crate::model::ToolSpec>,
     /// The session's approval policy for this turn: calls it holds are asked of the gateway
     /// with `approval.request`.
-    #[serde(default, skip_serializing_if = "crate::approval::ApprovalPolicy::is_never")]
+    #[serde(
+        default,
+        skip_serializing_if = "crate::approval::ApprovalPolicy::is_never"
+    )]
     pub approval: crate::approval::ApprovalPolicy,
 }
 

@@ -245,7 +245,10 @@ impl Core {
                     kind,
                     subject,
                     reason,
-                } => core.worker_approval(&scope, &claims, &op, tool, kind, subject, reason).await,
+                } => {
+                    core.worker_approval(&scope, &claims, &op, tool, kind, subject, reason)
+                        .await
+                }
                 Call::EventPublish { .. }
                 | Call::ModelStream { .. }
                 | Call::CredentialRotate {} => {

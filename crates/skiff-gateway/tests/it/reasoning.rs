@@ -78,6 +78,7 @@ async fn reasoning_chosen_for_a_session_reaches_the_model_and_its_thinking_goes_
             model: Some("claude/claude-sonnet-4-5".into()),
             profile: None,
             reasoning: Some(ReasoningEffort::High),
+            approval: None,
         })
         .await
         .unwrap();
@@ -136,6 +137,7 @@ async fn reasoning_chosen_for_a_session_reaches_the_model_and_its_thinking_goes_
         prompt: "again".into(),
         profile: None,
         reasoning: Some(ReasoningEffort::Low),
+        approval: None,
     };
     let started = gw.client.send(&id, &body).await.unwrap();
     assert_eq!(started.session.reasoning, Some(ReasoningEffort::Low));
