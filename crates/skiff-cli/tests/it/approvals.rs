@@ -138,3 +138,88 @@ fn a_call_waits_in_the_cli_until_skiff_approve_or_deny_decides_it() {
     );
     assert!(table.contains("keep the build cache"), "{table}");
 }
+
+/// A worker session under its profile's policy: the box's call asks the gateway, an approval
+/// lets it run on the box, and a pull-back revokes the one that waits (the call is not run).
+#[test]
+fn a_worker_sessions_call_waits_for_the_gateway_and_a_pull_back_revokes_it() {
+    use crate::worker::{Rig, new_worker_session_args, text_reply, tool_reply};
+    use crate::worker_faults::Following;
+    use skiff_test_support::TempGitRepo;
+
+    let rig = Rig::start(
+        vec![
+            tool_reply("c1", "exec", r#"{"command":"echo ran on the box"}"#),
+            text_reply(&["first turn done"]),
+            tool_reply(
+                "c2",
+                "exec",
+                r#"{"command":"echo must not run > marker.txt"}"#,
+            ),
+            text_reply(&["second turn done"]),
+            text_reply(&["spare"]),
+        ],
+        "approval = { exec = [\"echo *\"] }\n",
+    );
+    let repo = TempGitRepo::new(&[("README.md", "a repo\n")]);
+    let pending = |e: &serde_json::Value, _: &[serde_json::Value]| {
+        e["type"] == "approval" && e["approval"]["state"] == "pending"
+    };
+
+    let mut turn = Following::start(&rig, &new_worker_session_args(repo.path(), "run it"));
+    let asked = turn.until("a pending approval", pending);
+    let apr = asked["approval"]["id"].as_str().unwrap().to_owned();
+    let session = asked["session_id"].as_str().unwrap().to_owned();
+    assert!(
+        asked["approval"]["requested_by"]
+            .as_str()
+            .unwrap()
+            .starts_with("worker env_"),
+        "{asked}"
+    );
+    assert_eq!(asked["approval"]["subject"], "echo ran on the box");
+    let out = rig.gw.run(&["approve", &apr]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let (status, seen) = turn.finish();
+    assert!(status.success(), "{seen:#?}");
+    let detail = rig.gw.json(&["session", "show", "--json", &session]);
+    assert_eq!(detail["session"]["placement"], "active");
+    let results: Vec<&serde_json::Value> = detail["transcript"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["body"]["kind"] == "tool_result")
+        .collect();
+    assert!(
+        results[0]["body"]["content"]
+            .as_str()
+            .unwrap()
+            .contains("ran on the box"),
+        "{results:#?}"
+    );
+
+    let mut turn = Following::start(&rig, &["send", "--json", &session, "again"]);
+    let asked = turn.until("a second pending approval", pending);
+    let second = asked["approval"]["id"].as_str().unwrap().to_owned();
+    let out = rig.gw.run(&["session", "pull-back", "--cancel", &session]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let (status, _) = turn.finish();
+    assert!(!status.success(), "the cancelled turn's follower succeeded");
+    let list = rig.gw.json(&["approvals", "--session", &session, "--json"]);
+    let row = list["approvals"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["id"] == second.as_str())
+        .unwrap()
+        .clone();
+    assert_eq!(row["state"], "revoked", "{row}");
+    assert_eq!(row["reason"], "the session is pulled back to the gateway");
+    let detail = rig.gw.json(&["session", "show", "--json", &session]);
+    assert_eq!(detail["session"]["placement"], "local");
+    let home = detail["session"]["workspace"]["path"].as_str().unwrap();
+    assert!(
+        !std::path::Path::new(home).join("marker.txt").exists(),
+        "the revoked call ran"
+    );
+}

@@ -61,6 +61,8 @@ impl Core {
                 }
                 .into());
             }
+            // The barrier's step 3, before the cancel: what waits is told why.
+            self.revoke_approvals(scope, id, "the session is pulled back to the gateway");
             self.cancel_and_wait(scope, id, &run.id).await?;
         }
         // Taken after the turn ended: a turn being placed holds it until it stops.
