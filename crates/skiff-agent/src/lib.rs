@@ -5,6 +5,7 @@
 //! SQL, HTTP or SSH: the gateway runs it with a store-backed backend, and a worker runs the
 //! very same code with a backend made of gateway RPCs.
 
+pub mod approval;
 pub mod compact;
 mod context;
 mod instructions;
@@ -61,4 +62,16 @@ pub trait SessionBackend: Send + Sync {
         arguments: &serde_json::Value,
         cancel: &CancellationToken,
     ) -> impl Future<Output = tools::ToolOutput> + Send;
+
+    /// Waits for a person's decision on a call the session's approval policy holds: `Ok`
+    /// when approved, else the message the model reads as the call's error (denied and why,
+    /// expired, revoked). A backend with nobody to ask refuses.
+    fn request_approval(
+        &self,
+        ask: &approval::Ask,
+        cancel: &CancellationToken,
+    ) -> impl Future<Output = Result<(), String>> + Send {
+        let _ = (ask, cancel);
+        async { Err("this call needs approval, and nobody can approve it here".to_owned()) }
+    }
 }

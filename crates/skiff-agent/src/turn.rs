@@ -327,8 +327,17 @@ async fn run_tool<B: SessionBackend>(
         })
         .await;
     let started = Instant::now();
+    let ask = tools.approvals().ask(call, tools.workspace());
+    let denied = match &ask {
+        Some(ask) if !cancel.is_cancelled() => backend.request_approval(ask, cancel).await.err(),
+        _ => None,
+    };
     let output = if cancel.is_cancelled() {
         crate::tools::ToolOutput::error("not run: the run was cancelled")
+    } else if let Some(message) = denied {
+        crate::tools::ToolOutput::error(message)
+    } else if call.name == crate::approval::REQUEST_APPROVAL && ask.is_some() {
+        crate::tools::ToolOutput::ok("approved: go ahead")
     } else if crate::tools::runs_on_gateway(&call.name) {
         backend
             .gateway_tool(&call.name, &call.arguments, cancel)

@@ -206,11 +206,13 @@ impl Client {
         prompt: &str,
         profile: Option<&str>,
         reasoning: Option<skiff_protocol::model::ReasoningEffort>,
+        approval: Option<skiff_protocol::approval::ApprovalPolicy>,
     ) -> Result<RunStarted> {
         let body = SendMessageRequest {
             prompt: prompt.to_owned(),
             profile: profile.map(str::to_owned),
             reasoning,
+            approval,
         };
         self.send(self.post(&format!("/v1/sessions/{id}/messages"), &body))
             .await

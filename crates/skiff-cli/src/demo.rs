@@ -116,6 +116,7 @@ pub async fn run(args: DemoArgs, user_state_dir: &Path, json: bool) -> Result<Ex
                 profile: (!args.on_gateway).then(|| "local".to_owned()),
                 reasoning: None,
                 attempts: None,
+                approval: None,
             })
             .await?;
         let session = started_run.session.clone();

@@ -3,6 +3,7 @@
 #[macro_use]
 mod out;
 
+mod approvals;
 mod boxes;
 mod client;
 mod demo;
@@ -76,6 +77,12 @@ enum Command {
     /// Keep provider keys and tokens sealed in the gateway's vault (`api_key = "vault:NAME"`)
     #[command(subcommand)]
     Secret(secret::SecretCommand),
+    /// Let a tool call that waits for approval run (`skiff approve apr_…`)
+    Approve(approvals::DecideArgs),
+    /// Refuse a tool call that waits for approval; the agent reads the reason
+    Deny(approvals::DenyArgs),
+    /// Tool calls that waited or wait for approval, newest first
+    Approvals(approvals::ListArgs),
     /// Print a one-use login link for the Control UI in a browser
     Ui(ui::UiArgs),
     /// Check this machine for what worker boxes need (root, sshd, rsync, namespaces…)
@@ -103,6 +110,9 @@ fn without_json_form(command: &Command) -> Option<&'static str> {
         | Command::Demo(_)
         | Command::Ui(_)
         | Command::Secret(_)
+        | Command::Approve(_)
+        | Command::Deny(_)
+        | Command::Approvals(_)
         | Command::Doctor => None,
     }
 }
@@ -188,6 +198,9 @@ fn main() -> ExitCode {
             Command::Box(args) => boxes::run(args, &state_dir, json).await,
             Command::Ui(args) => ui::run(args, &state_dir, json).await,
             Command::Secret(cmd) => secret::run(cmd, &state_dir, json).await,
+            Command::Approve(args) => approvals::approve(args, &state_dir, json).await,
+            Command::Deny(args) => approvals::deny(args, &state_dir, json).await,
+            Command::Approvals(args) => approvals::list(args, &state_dir, json).await,
             Command::Worker(args) => worker::run(args).await,
             Command::Doctor => doctor::run(json).await,
             // Answered above, before a runtime exists.

@@ -318,6 +318,12 @@ impl Live {
                 eprintln!("◦ {:<13}{detail}", state.as_str());
             }
             EventKind::SetupOutput { text } => self.setup_output(text),
+            EventKind::Approval { approval } => {
+                self.flush_finished()?;
+                self.stop_spinner();
+                self.line_break()?;
+                show_approval(approval, self.detail);
+            }
         }
         Ok(())
     }
@@ -960,6 +966,54 @@ pub fn transcript(entries: &[TranscriptEntry], detail: Detail) -> String {
 
 fn indent(text: &str) -> String {
     text.trim_end().replace('\n', "\n       ")
+}
+
+/// An approval event, on stderr like the other progress lines: a pending one says how to
+/// decide it (a write shows its diff), a settled one how it ended.
+fn show_approval(a: &skiff_protocol::approval::ApprovalView, detail: Detail) {
+    use skiff_protocol::approval::{ApprovalKind, ApprovalState};
+    let headline = crate::approvals::headline(a);
+    match a.state {
+        ApprovalState::Pending => {
+            eprintln!(
+                "approval needed: {} {headline} — skiff approve {} / skiff deny {} [--reason]",
+                a.id, a.id, a.id
+            );
+            if let Some(reason) = &a.request_reason {
+                eprintln!("  why: {reason}");
+            }
+            if matches!(a.kind, ApprovalKind::Write | ApprovalKind::Request) {
+                let lines: Vec<&str> = a.subject.lines().collect();
+                let shown = if detail.full {
+                    lines.len()
+                } else {
+                    lines.len().min(40)
+                };
+                for line in &lines[..shown] {
+                    eprintln!("  {}", printable(line));
+                }
+                if shown < lines.len() {
+                    eprintln!(
+                        "  … {} more lines (`skiff approvals --json` has all)",
+                        lines.len() - shown
+                    );
+                }
+            }
+        }
+        state => {
+            let by = a
+                .decided_by
+                .as_deref()
+                .map(|by| format!(" by {by}"))
+                .unwrap_or_default();
+            let why = a
+                .reason
+                .as_deref()
+                .map(|r| format!(": {r}"))
+                .unwrap_or_default();
+            eprintln!("◦ approval {} {state}{by}{why}", a.id);
+        }
+    }
 }
 
 #[cfg(test)]

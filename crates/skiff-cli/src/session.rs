@@ -206,6 +206,10 @@ pub struct NewArgs {
     #[arg(long, value_name = "N", requires = "profile",
           value_parser = clap::value_parser!(u32).range(2..=i64::from(skiff_protocol::api::MAX_ATTEMPTS)))]
     attempts: Option<u32>,
+    /// Which tool calls wait for your approval: never, on-request, or rules like
+    /// '{ exec = ["rm *"], write_outside = ["src/**"], all = true }' [default: the profile's or gateway's `approval`]
+    #[arg(long, value_name = "POLICY", value_parser = crate::approvals::parse_policy)]
+    approval: Option<skiff_protocol::approval::ApprovalPolicy>,
     /// Start the turn and return without streaming it
     #[arg(long)]
     detach: bool,
@@ -225,6 +229,10 @@ pub struct SendArgs {
     /// How hard the model reasons, from this turn on: off, low, medium or high
     #[arg(long, value_name = "EFFORT", value_parser = reasoning_effort)]
     reasoning: Option<ReasoningEffort>,
+    /// Which tool calls wait for your approval: never, on-request, or rules like
+    /// '{ exec = ["rm *"], write_outside = ["src/**"], all = true }' [default: the profile's or gateway's `approval`]
+    #[arg(long, value_name = "POLICY", value_parser = crate::approvals::parse_policy)]
+    approval: Option<skiff_protocol::approval::ApprovalPolicy>,
     /// Start the turn and return without streaming it
     #[arg(long)]
     detach: bool,
@@ -255,6 +263,7 @@ pub async fn run(cmd: SessionCommand, state_dir: &Path, json: bool) -> Result<Ex
                 profile: args.profile,
                 reasoning: args.reasoning,
                 attempts: args.attempts,
+                approval: args.approval,
             };
             if args.attempts.is_some() {
                 let started = client.send(client.post("/v1/sessions", &request)).await?;
@@ -272,6 +281,7 @@ pub async fn run(cmd: SessionCommand, state_dir: &Path, json: bool) -> Result<Ex
                     &args.prompt,
                     args.profile.as_deref(),
                     args.reasoning,
+                    args.approval,
                 )
                 .await?;
             let live = Live::with_detail(json, Detail::with_full_flag(args.detail.full));
@@ -338,6 +348,9 @@ pub async fn run(cmd: SessionCommand, state_dir: &Path, json: bool) -> Result<Ex
             outln!("model      {}", s.model.label)?;
             if let Some(effort) = s.reasoning {
                 outln!("reasoning  {}", effort.as_str())?;
+            }
+            if let Some(policy) = &s.approval {
+                outln!("approval   {}", policy.describe())?;
             }
             match &s.workspace {
                 skiff_protocol::api::WorkspaceView::Git {

@@ -46,6 +46,7 @@ pub(crate) fn router(core: Arc<Core>) -> Router {
         .merge(crate::groups::routes())
         .merge(crate::compaction::routes())
         .merge(crate::vault::routes())
+        .merge(crate::approvals::routes())
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(core.clone(), authenticate));
     crate::ui::public_routes()
@@ -216,6 +217,7 @@ async fn send_message(
             &req.prompt,
             req.profile.as_deref(),
             req.reasoning,
+            req.approval,
         )
         .await?;
     Ok((StatusCode::CREATED, Json(started)).into_response())

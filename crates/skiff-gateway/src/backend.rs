@@ -114,4 +114,14 @@ impl SessionBackend for StoreBackend {
             .gateway_tool(&self.scope, &self.session, None, name, arguments, cancel)
             .await
     }
+
+    async fn request_approval(
+        &self,
+        ask: &skiff_agent::approval::Ask,
+        cancel: &CancellationToken,
+    ) -> Result<(), String> {
+        self.core
+            .ask_approval(&self.scope, &self.session, &self.run, ask, "agent", cancel)
+            .await
+    }
 }

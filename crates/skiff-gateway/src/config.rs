@@ -77,6 +77,13 @@ pub struct GatewayConfig {
     /// (summarised) before the next model request, from 0.1 to 0.95 [default: 0.8].
     #[serde(default)]
     pub compact_at: Option<f64>,
+    /// Which tool calls of gateway-placed sessions wait for a person (`never`, `on-request` or
+    /// rules; a session's own `--approval` wins) [default: never].
+    #[serde(default)]
+    pub approval: Option<skiff_protocol::approval::ApprovalPolicy>,
+    /// How long a call waits for a decision before it is denied [default: 10m].
+    #[serde(default)]
+    pub approval_timeout: Option<String>,
 }
 
 impl GatewayConfig {
@@ -118,6 +125,15 @@ impl GatewayConfig {
                 range.end()
             ),
         })
+    }
+
+    pub fn approval_timeout(&self, config_path: &Path) -> Result<std::time::Duration, ConfigError> {
+        duration(
+            config_path,
+            "approval_timeout",
+            self.approval_timeout.as_deref(),
+            "10m",
+        )
     }
 
     pub fn turn_timeout(&self, config_path: &Path) -> Result<std::time::Duration, ConfigError> {

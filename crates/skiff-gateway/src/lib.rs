@@ -7,6 +7,7 @@
 //! (`skiff-llm`), and the loop itself (`skiff-agent`).
 
 mod api;
+mod approvals;
 mod auth;
 mod backend;
 pub mod bundle;
@@ -102,6 +103,8 @@ pub(crate) struct Core {
     mcp: mcp::Mcp,
     /// What `GET /metrics` reports beyond the store's gauges; the hub holds it too.
     telemetry: Arc<telemetry::Telemetry>,
+    /// `[gateway] approval` and `approval_timeout`, and the tool calls waiting for a person.
+    approvals: approvals::Approvals,
 }
 
 /// A started gateway.
@@ -193,6 +196,8 @@ pub(crate) async fn open_core(options: &Options) -> Result<(Arc<Core>, std::time
     let turn_timeout = config.gateway.turn_timeout(&config_path)?;
     let mcp_servers = mcp::validate(&config_path, &config.mcp)?;
     let compact_at = config.gateway.compact_at(&config_path)?;
+    let approval_timeout = config.gateway.approval_timeout(&config_path)?;
+    check_approval_policies(&config_path, &config)?;
     let config_dir = config_path.parent().map(PathBuf::from).unwrap_or_default();
     let store = Arc::new(Store::open(&state.database())?);
     // Read once: the variable is this process's, and no child inherits it (`skiff-process`).
@@ -247,10 +252,24 @@ pub(crate) async fn open_core(options: &Options) -> Result<(Arc<Core>, std::time
         session_processes: Mutex::default(),
         mcp,
         telemetry,
+        approvals: approvals::Approvals::new(
+            config.gateway.approval.clone().unwrap_or_default(),
+            approval_timeout,
+        ),
     });
     core.envs
         .set_readiness(Arc::new(worker::probe::Probe(Arc::downgrade(&core))));
     core.sweep_leftovers_on_start();
+    // Nothing waits for an approval a previous process recorded.
+    let orphaned = core
+        .store
+        .expire_orphaned_approvals("the gateway restarted while the call waited")?;
+    if orphaned > 0 {
+        tracing::info!(
+            orphaned,
+            "revoked approvals left pending by a previous gateway"
+        );
+    }
     core.reconcile_on_start()?;
     core.envs.reconcile_on_start().await?;
     // Workers that re-attach are admitted against the bundle hash; without any, it is
@@ -260,6 +279,26 @@ pub(crate) async fn open_core(options: &Options) -> Result<(Arc<Core>, std::time
     }
     core.reconcile_placements_on_start().await?;
     Ok((core, lifetime_tick))
+}
+
+/// Compiles `[gateway] approval` and every `[profiles.P] approval`: a pattern that is no glob
+/// or regular expression fails the start, naming its key.
+fn check_approval_policies(config_path: &std::path::Path, config: &Config) -> Result<()> {
+    let invalid = |message: String| {
+        Error::Config(config::ConfigError::Invalid {
+            path: config_path.display().to_string(),
+            message,
+        })
+    };
+    if let Some(policy) = &config.gateway.approval {
+        approvals::compile(policy, "gateway.approval").map_err(invalid)?;
+    }
+    for (name, profile) in &config.profiles {
+        if let Some(policy) = &profile.approval {
+            approvals::compile(policy, &format!("profiles.{name}.approval")).map_err(invalid)?;
+        }
+    }
+    Ok(())
 }
 
 /// Kills the `exec` commands a previous gateway on this state dir left running (it crashed in

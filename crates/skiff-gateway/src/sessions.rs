@@ -154,6 +154,7 @@ impl Core {
             parent_id: row.parent_id,
             group_id: row.group_id,
             reasoning: row.reasoning.as_deref().and_then(ReasoningEffort::parse),
+            approval: row.approval,
             created_at_ms: row.created_at_ms,
             updated_at_ms: row.updated_at_ms,
             last_run: last_run.map(|r| run_view(r, &self.catalog)),
@@ -246,6 +247,9 @@ impl Core {
         req: CreateSessionRequest,
     ) -> Result<RunStarted> {
         check_prompt(&req.prompt)?;
+        if let Some(policy) = &req.approval {
+            crate::approvals::compile(policy, "approval").map_err(Error::BadRequest)?;
+        }
         if req.attempts.is_some() {
             return Err(Error::Internal(
                 "a fan-out request reached the one-session path".into(),
@@ -286,6 +290,13 @@ impl Core {
             }
             None => self.store.create_session(scope, &new).map_err(Into::into),
         };
+        let created = match (created, &req.approval) {
+            (Ok(_), Some(policy)) => self
+                .store
+                .set_session_approval(scope, &id, policy)
+                .map_err(Into::into),
+            (created, _) => created,
+        };
         let created = match (created, req.reasoning) {
             (Ok(_), Some(effort)) => self
                 .store
@@ -302,6 +313,11 @@ impl Core {
             "model": model.as_str(),
             "profile": req.profile,
             "reasoning": req.reasoning,
+            "approval": req.approval.as_ref().map(|p| match p {
+                skiff_protocol::approval::ApprovalPolicy::Rules(_) => "rules",
+                skiff_protocol::approval::ApprovalPolicy::OnRequest => "on-request",
+                skiff_protocol::approval::ApprovalPolicy::Never => "never",
+            }),
         }));
         // Before the first turn can change anything: what `diff` and `apply` compare with.
         self.record_base(scope, &id, &workspace).await;
@@ -316,10 +332,17 @@ impl Core {
         prompt: &str,
         profile: Option<&str>,
         reasoning: Option<ReasoningEffort>,
+        approval: Option<skiff_protocol::approval::ApprovalPolicy>,
     ) -> Result<RunStarted> {
         check_prompt(prompt)?;
+        if let Some(policy) = &approval {
+            crate::approvals::compile(policy, "approval").map_err(Error::BadRequest)?;
+        }
         // Not found is said about the session, before anything is claimed for it.
         self.store.session(scope, id)?;
+        if let Some(policy) = &approval {
+            self.store.set_session_approval(scope, id, policy)?;
+        }
         // Held until the turn is admitted: a pull-back or dispatch under way finishes first,
         // and the placement read here is the one the turn runs under.
         let admission = self.workers.live(id).admission.clone().lock_owned().await;
@@ -518,6 +541,7 @@ impl Core {
             json!({ "session": id.as_str() }),
         );
         self.cancel_children(scope, id);
+        self.revoke_approvals(scope, id, "the turn was cancelled");
         // No task owns it (it never started): finish it here. Otherwise the task ends it.
         if token.is_none() {
             self.finish(scope, id, &run.id, RunStatus::Cancelled, None);
@@ -626,7 +650,8 @@ impl Core {
             })?
             .with_ledger(self.procs.clone())
             .with_processes(self.session_processes(&session.id))
-            .with_gateway_tools(self.mcp.specs());
+            .with_gateway_tools(self.mcp.specs())
+            .with_approvals(self.compiled_approvals(scope, session)?);
         // A child never dispatches children of its own.
         if session.parent_id.is_none() {
             tools = tools.with_dispatch();
@@ -716,6 +741,11 @@ impl Core {
                 tracing::warn!(%run, error = %e, "could not record or announce the end of the run");
             }
         }
+    }
+
+    /// The cancel token of a run this process is executing.
+    pub(crate) fn run_cancel_token(&self, run: &RunId) -> Option<CancellationToken> {
+        self.running_lock().get(run).cloned()
     }
 
     fn running_lock(

@@ -10,7 +10,7 @@
 
 import { h, replace, fmtDuration, fmtInt, fmtBytes, frameBatcher, announce } from './dom.js';
 import { renderMarkdown } from './markdown.js';
-import { api, follow } from './api.js';
+import { api, follow, request } from './api.js';
 import { placementOf, sessionState, STATE_SYMBOL } from './sidebar.js';
 import { TurnChanges } from './changes.js';
 
@@ -400,6 +400,20 @@ export class ChatView {
         // A box given up under a running turn: the turn may go on as a new attempt.
         if (ev.state === 'reclaimed' && ev.run_id) run.moved = true;
         break;
+      case 'approval': {
+        // A call waiting for a person: one card per approval, updated as it is decided.
+        const a = ev.approval;
+        const key = `apr:${a.id}`;
+        const existing = this.blocks.find((b) => b.key === key);
+        if (existing) {
+          existing.approval = a;
+          existing.dirty = true;
+        } else {
+          this.add({ key, kind: 'approval', approval: a });
+        }
+        if (a.state === 'pending' && ev.at_ms >= this.openedAt - 1000) announce(`Approval needed: ${a.tool}`);
+        break;
+      }
       case 'setup_output': {
         // The box's setup output, under its `setup` step (bounded by the gateway; the whole
         // log is `skiff session setup-log`).
@@ -627,6 +641,8 @@ export class ChatView {
             h('summary', {}, ...line, h('span', { class: 'muted' }, ` · ${lines} line${lines === 1 ? '' : 's'} of output`)),
             h('pre', { class: 'setup-log' }, block.output)));
       }
+      case 'approval':
+        return this.approvalEl(block);
       case 'runend': {
         const r = block.run;
         const parts = [
@@ -649,6 +665,53 @@ export class ChatView {
       default:
         return h('li', {});
     }
+  }
+
+  /**
+   * An approval card: what the agent wants to run or change, who asked, the time left, and
+   * Approve / Deny (with an optional reason the agent reads) while it waits.
+   */
+  approvalEl(block) {
+    const a = block.approval;
+    const pending = a.state === 'pending';
+    const left = Math.max(0, a.expires_at_ms - Date.now());
+    const what = { exec: 'run', write: 'change files', call: 'call a tool', request: 'ask' }[a.kind] || 'act';
+    const reason = h('input', { type: 'text', class: 'approval-reason', placeholder: 'Reason (optional, the agent reads it)', 'aria-label': 'Reason for the decision', maxlength: '2000' });
+    const decide = async (approve) => {
+      for (const b of block.el?.querySelectorAll('button') || []) b.disabled = true;
+      try {
+        const body = reason.value.trim() ? { reason: reason.value.trim() } : {};
+        const row = await request('POST', `/v1/approvals/${encodeURIComponent(a.id)}/${approve ? 'approve' : 'deny'}`, body);
+        block.approval = row;
+      } catch (e) {
+        block.error = e.message;
+      }
+      block.dirty = true;
+      this.schedule();
+    };
+    const outcome = pending
+      ? null
+      : h('div', { class: 'approval-outcome' },
+        h('span', { class: 'sym', 'aria-hidden': 'true' }, a.state === 'approved' ? '✓' : '✕'),
+        ` ${a.state}`,
+        a.decided_by ? ` by ${a.decided_by}` : '',
+        a.reason ? `: ${a.reason}` : '');
+    return h('li', { class: `approval ap-${a.state}`, role: 'group', 'aria-label': `Approval ${a.id}: ${a.state}` },
+      h('div', { class: 'approval-head' },
+        h('strong', {}, pending ? `The agent waits for you to let it ${what}` : `Approval ${a.state}`),
+        h('span', { class: 'mono muted', title: a.id }, ` ${a.id}`)),
+      h('div', { class: 'muted' },
+        `${a.tool} · asked by ${a.requested_by}`,
+        pending ? ` · denied in ${fmtDuration(left)} unless decided` : ''),
+      a.request_reason ? h('div', { class: 'approval-why' }, `Why: ${a.request_reason}`) : null,
+      h('pre', { class: `approval-subject mono${a.kind === 'write' ? ' diff' : ''}` }, a.subject),
+      pending
+        ? h('div', { class: 'approval-actions' },
+          h('button', { type: 'button', class: 'primary', onclick: () => decide(true) }, 'Approve'),
+          h('button', { type: 'button', class: 'danger', onclick: () => decide(false) }, 'Deny'),
+          reason)
+        : outcome,
+      block.error ? h('div', { class: 'run-error', role: 'alert' }, block.error) : null);
   }
 
   /**

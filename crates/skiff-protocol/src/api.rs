@@ -91,6 +91,9 @@ pub struct CreateSessionRequest {
     /// How hard the model reasons in this session; the model's setting when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reasoning: Option<ReasoningEffort>,
+    /// Which tool calls wait for a person; the profile's (or the gateway's) policy when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<crate::approval::ApprovalPolicy>,
     /// Fan-out: start this many sibling sessions (2 to [`MAX_ATTEMPTS`]) on as many boxes of
     /// `profile`, with the same prompt and base, as one group. The answer is then a
     /// [`FanOutStarted`].
@@ -180,6 +183,9 @@ pub struct SendMessageRequest {
     /// How hard the model reasons from this turn on (the session keeps the choice).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reasoning: Option<ReasoningEffort>,
+    /// The session's approval policy from this turn on (the session keeps it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<crate::approval::ApprovalPolicy>,
 }
 
 /// `POST /v1/sessions/{id}/pull-back`: bring a worker session home at a turn boundary.
@@ -325,6 +331,9 @@ pub struct SessionView {
     /// The session's `--reasoning` choice; absent: the model's setting in skiff.toml.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reasoning: Option<ReasoningEffort>,
+    /// The session's own `--approval` policy; absent: its profile's or the gateway's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<crate::approval::ApprovalPolicy>,
     pub created_at_ms: i64,
     pub updated_at_ms: i64,
     /// The newest run, if any.

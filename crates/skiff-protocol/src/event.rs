@@ -59,6 +59,11 @@ pub enum EventKind {
         /// What is happening, for people ("laying 12 files onto the box").
         detail: String,
     },
+    /// A tool call waits for a person's decision (`state: pending`), or that approval was
+    /// decided, expired or revoked.
+    Approval {
+        approval: crate::approval::ApprovalView,
+    },
     /// Output of the box's setup as it runs (chunks of lines; the whole log is an artifact).
     SetupOutput { text: String },
 }

@@ -70,6 +70,9 @@ id_type!(
     /// one of which may be picked as the group's result.
     GroupId,
     "grp_"
+    /// An approval: a tool call waiting for a person's decision.
+    ApprovalId,
+    "apr_"
 );
 id_type!(
     /// An artifact: a content-addressed blob with metadata (checkpoint, manifest, result, log).

@@ -1,5 +1,5 @@
 //! Types that cross a process boundary: ids, API payloads (sessions, environments, sync),
-//! the vault's secrets (names and dates; a value only as a request body), live events,
+//! approvals (policies and the rows of waiting calls), the vault's secrets (names and dates; a value only as a request body), live events,
 //! transcript entries, the normalized model conversation, the lease-CLI contract
 //! and the worker protocol.
 //!
@@ -8,6 +8,7 @@
 //! pulling in each other's machinery.
 
 pub mod api;
+pub mod approval;
 pub mod environment;
 pub mod event;
 pub mod ids;
@@ -18,4 +19,6 @@ pub mod sync;
 pub mod transcript;
 pub mod worker;
 
-pub use ids::{AttemptId, EntryId, EnvironmentId, GroupId, RunId, SessionId, SnapshotId};
+pub use ids::{
+    ApprovalId, AttemptId, EntryId, EnvironmentId, GroupId, RunId, SessionId, SnapshotId,
+};

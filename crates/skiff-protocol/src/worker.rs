@@ -46,16 +46,19 @@ pub enum Method {
     TurnFinish,
     #[serde(rename = "credential.rotate")]
     CredentialRotate,
+    #[serde(rename = "approval.request")]
+    ApprovalRequest,
 }
 
 impl Method {
-    pub const ALL: [Method; 6] = [
+    pub const ALL: [Method; 7] = [
         Method::TranscriptCommit,
         Method::EventPublish,
         Method::ModelStream,
         Method::ToolGateway,
         Method::TurnFinish,
         Method::CredentialRotate,
+        Method::ApprovalRequest,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -66,6 +69,7 @@ impl Method {
             Method::ToolGateway => "tool.gateway",
             Method::TurnFinish => "turn.finish",
             Method::CredentialRotate => "credential.rotate",
+            Method::ApprovalRequest => "approval.request",
         }
     }
 }
@@ -187,6 +191,17 @@ pub enum Call {
     /// Asks for the next credential before this one expires.
     #[serde(rename = "credential.rotate")]
     CredentialRotate {},
+    /// A tool call the session's approval policy holds: the gateway records an approval and
+    /// answers [`Reply::Approval`] once a person decided, it expired, or it was revoked.
+    #[serde(rename = "approval.request")]
+    ApprovalRequest {
+        tool: String,
+        kind: crate::approval::ApprovalKind,
+        /// The command, a diff of the write, or what the model asked to do.
+        subject: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+    },
 }
 
 impl Call {
@@ -198,6 +213,7 @@ impl Call {
             Call::ToolGateway { .. } => Method::ToolGateway,
             Call::TurnFinish { .. } => Method::TurnFinish,
             Call::CredentialRotate { .. } => Method::CredentialRotate,
+            Call::ApprovalRequest { .. } => Method::ApprovalRequest,
         }
     }
 }
@@ -251,6 +267,13 @@ pub enum Reply {
     Credential {
         credential: String,
         expires_at_ms: i64,
+    },
+    /// The decision on an [`Call::ApprovalRequest`]: `approved`, or the error the model reads
+    /// (denied with its reason, expired, revoked).
+    Approval {
+        approved: bool,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        message: Option<String>,
     },
     /// The operation was refused; nothing changed. `code` is stable, `message` for people.
     Refused {
@@ -328,6 +351,13 @@ pub struct TurnAssignment {
     /// never sees a server, its command, URL or credentials.
     #[serde(default)]
     pub gateway_tools: Vec<crate::model::ToolSpec>,
+    /// The session's approval policy for this turn: calls it holds are asked of the gateway
+    /// with `approval.request`.
+    #[serde(
+        default,
+        skip_serializing_if = "crate::approval::ApprovalPolicy::is_never"
+    )]
+    pub approval: crate::approval::ApprovalPolicy,
 }
 
 /// Frames the gateway sends.

@@ -108,6 +108,10 @@ pub struct ProfileConfig {
     /// (default: the gateway's `turn_timeout`).
     #[serde(default)]
     pub turn_timeout: Option<String>,
+    /// Which tool calls of this profile's sessions wait for a person (`never`, `on-request`
+    /// or rules; a session's own `--approval` wins) [default: never].
+    #[serde(default)]
+    pub approval: Option<skiff_protocol::approval::ApprovalPolicy>,
     /// How long a worker of this profile may go without progress during a turn (no event, no
     /// model call or output, no transcript write) before it is treated as dead and replaced
     /// (default `15m`).
@@ -289,6 +293,7 @@ impl ProfileConfig {
             setup: None,
             setup_timeout: None,
             turn_timeout: None,
+            approval: None,
             stall_timeout: None,
             failover: Failover::Auto,
             failover_attempts: None,

@@ -15,6 +15,7 @@
 //! The connection is synchronous (rusqlite, WAL). Calls are short and serialized by one mutex;
 //! callers in async code call them directly.
 
+mod approvals;
 mod artifacts;
 mod environments;
 mod error;
@@ -34,6 +35,7 @@ mod tokens;
 mod transcript;
 pub mod transition;
 
+pub use approvals::NewApproval;
 pub use artifacts::{ArtifactRole, ArtifactRow, NewArtifact, Retention};
 pub use environments::EnvironmentRow;
 pub use error::{Error, Result};

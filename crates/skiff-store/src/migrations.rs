@@ -296,6 +296,32 @@ CREATE TABLE session_groups (
 );
 ALTER TABLE sessions ADD COLUMN group_id TEXT REFERENCES session_groups(id);
 CREATE INDEX sessions_by_group ON sessions(group_id) WHERE group_id IS NOT NULL;
+-- The session's own approval policy (JSON: "never", "on-request" or a rules table); NULL leaves
+-- it to its worker profile's or the gateway's `approval`.
+ALTER TABLE sessions ADD COLUMN approval TEXT;
+
+-- Tool calls that waited for a person. The subject (a command, a diff) is kept here for the
+-- person deciding; the audit rows of the decisions carry only ids and states.
+CREATE TABLE approvals (
+    id             TEXT PRIMARY KEY,
+    owner_id       TEXT NOT NULL,
+    tenant_id      TEXT NOT NULL,
+    session_id     TEXT NOT NULL REFERENCES sessions(id),
+    run_id         TEXT NOT NULL,
+    tool           TEXT NOT NULL,
+    kind           TEXT NOT NULL,
+    subject        TEXT NOT NULL,
+    requested_by   TEXT NOT NULL,
+    request_reason TEXT,
+    created_at_ms  INTEGER NOT NULL,
+    expires_at_ms  INTEGER NOT NULL,
+    state          TEXT NOT NULL CHECK (state IN ('pending','approved','denied','expired','revoked')),
+    decided_by     TEXT,
+    decided_at_ms  INTEGER,
+    reason         TEXT
+);
+CREATE INDEX approvals_by_session ON approvals(session_id, created_at_ms);
+CREATE INDEX approvals_pending ON approvals(state) WHERE state = 'pending';
 "#,
 ];
 

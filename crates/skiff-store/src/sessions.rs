@@ -32,10 +32,13 @@ pub struct SessionRow {
     pub reasoning: Option<String>,
     /// The fan-out group this session is one attempt of.
     pub group_id: Option<GroupId>,
+    /// The session's own approval policy (`--approval`); `None` leaves it to its profile's
+    /// or the gateway's.
+    pub approval: Option<skiff_protocol::approval::ApprovalPolicy>,
 }
 
 pub(crate) const COLUMNS: &str = "id, title, workspace, model_ref, placement, lifecycle_revision, \
-                       leaf_entry_id, created_at_ms, updated_at_ms, parent_id, reasoning, group_id";
+                       leaf_entry_id, created_at_ms, updated_at_ms, parent_id, reasoning, group_id, approval";
 
 fn from_row(row: &Row<'_>) -> rusqlite::Result<SessionRow> {
     from_row_at(row, 0)
@@ -73,6 +76,18 @@ pub(crate) fn from_row_at(row: &Row<'_>, o: usize) -> rusqlite::Result<SessionRo
                         o + 11,
                         rusqlite::types::Type::Text,
                         format!("{id} is not a group id").into(),
+                    )
+                })
+            })
+            .transpose()?,
+        approval: row
+            .get::<_, Option<String>>(o + 12)?
+            .map(|text| {
+                serde_json::from_str(&text).map_err(|e| {
+                    rusqlite::Error::FromSqlConversionFailure(
+                        o + 12,
+                        rusqlite::types::Type::Text,
+                        Box::new(e),
                     )
                 })
             })
@@ -191,6 +206,27 @@ impl Store {
         let changed = self.conn().execute(
             "UPDATE sessions SET reasoning = ?1 WHERE id = ?2 AND owner_id = ?3 AND tenant_id = ?4",
             params![reasoning, id.as_str(), scope.owner_id, scope.tenant_id],
+        )?;
+        if changed == 0 {
+            return Err(Error::NotFound {
+                what: "session",
+                id: id.to_string(),
+            });
+        }
+        self.session(scope, id)
+    }
+
+    /// Sets the session's own approval policy from its next tool call on.
+    pub fn set_session_approval(
+        &self,
+        scope: &Scope,
+        id: &SessionId,
+        approval: &skiff_protocol::approval::ApprovalPolicy,
+    ) -> Result<SessionRow> {
+        let text = to_json("approval policy", approval)?;
+        let changed = self.conn().execute(
+            "UPDATE sessions SET approval = ?1 WHERE id = ?2 AND owner_id = ?3 AND tenant_id = ?4",
+            params![text, id.as_str(), scope.owner_id, scope.tenant_id],
         )?;
         if changed == 0 {
             return Err(Error::NotFound {

@@ -112,4 +112,36 @@ impl SessionBackend for RpcBackend {
             other => ToolOutput::error(refused(other, "the tool call").0),
         }
     }
+
+    async fn request_approval(
+        &self,
+        ask: &skiff_agent::approval::Ask,
+        _cancel: &CancellationToken,
+    ) -> Result<(), String> {
+        // A cancel reaches the gateway as the run's cancel, which ends the wait there.
+        let reply = self
+            .link
+            .call(
+                StreamKind::Tool,
+                Some(self.run.clone()),
+                Call::ApprovalRequest {
+                    tool: ask.tool.clone(),
+                    kind: ask.kind,
+                    subject: ask.subject.clone(),
+                    reason: ask.reason.clone(),
+                },
+            )
+            .await;
+        match reply {
+            Reply::Approval { approved: true, .. } => Ok(()),
+            Reply::Approval {
+                approved: false,
+                message,
+            } => Err(message.unwrap_or_else(|| "not run: the call was denied".to_owned())),
+            other => Err(format!(
+                "not run: {}",
+                refused(other, "the approval request").0
+            )),
+        }
+    }
 }

@@ -97,10 +97,19 @@ impl Turns {
         workspace: PathBuf,
         cancel: &CancellationToken,
     ) -> TurnEnd {
+        let approvals = match skiff_agent::approval::Approvals::compile(&turn.approval) {
+            Ok(approvals) => approvals,
+            Err(e) => {
+                return TurnEnd::Failed {
+                    error: format!("the session's approval policy is unusable: {e}"),
+                };
+            }
+        };
         let tools = match Tools::new(workspace.clone(), egress_env()) {
             Ok(tools) => tools
                 .with_processes(self.processes.clone())
-                .with_gateway_tools(turn.gateway_tools),
+                .with_gateway_tools(turn.gateway_tools)
+                .with_approvals(approvals),
             Err(e) => {
                 return TurnEnd::Failed {
                     error: format!("the workspace {} is unusable: {e}", workspace.display()),

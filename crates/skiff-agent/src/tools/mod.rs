@@ -79,6 +79,8 @@ pub struct Tools {
     gateway_specs: Vec<ToolSpec>,
     /// The repository root above the workspace root, when the workspace is a subfolder of one.
     repository_root: Option<PathBuf>,
+    /// Which calls wait for a person (the session's approval policy).
+    approvals: crate::approval::Approvals,
 }
 
 impl Tools {
@@ -92,6 +94,7 @@ impl Tools {
             dispatch: false,
             gateway_specs: Vec::new(),
             repository_root: None,
+            approvals: crate::approval::Approvals::default(),
         })
     }
 
@@ -151,6 +154,18 @@ impl Tools {
         self
     }
 
+    /// Holds the calls `approvals` names for a person's decision, and offers the model
+    /// `request_approval` under `on-request`.
+    pub fn with_approvals(mut self, approvals: crate::approval::Approvals) -> Self {
+        self.approvals = approvals;
+        self
+    }
+
+    /// The compiled approval policy of these tools.
+    pub fn approvals(&self) -> &crate::approval::Approvals {
+        &self.approvals
+    }
+
     /// Ends the turn for background processes: every one not started with `keep` is stopped.
     pub async fn end_turn(&self) {
         self.processes.end_turn().await;
@@ -164,6 +179,9 @@ impl Tools {
     pub fn specs(&self) -> Vec<ToolSpec> {
         let mut specs = specs();
         specs.extend(self.gateway_specs.iter().cloned());
+        if self.approvals.offers_request_tool() {
+            specs.push(crate::approval::request_spec());
+        }
         if self.dispatch {
             specs.extend(dispatch_specs());
         }
@@ -339,6 +357,7 @@ pub fn summary(call: &ToolCall) -> String {
         "exec" => "command",
         WEB_FETCH => "url",
         DISPATCH => "prompt",
+        crate::approval::REQUEST_APPROVAL => "action",
         DISPATCH_STATUS | DISPATCH_WAIT => "id",
         _ => "path",
     };

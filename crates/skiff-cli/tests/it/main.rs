@@ -9,6 +9,7 @@
 )]
 
 mod api;
+mod approvals;
 mod bad_input;
 mod box_isolation;
 mod deadlines;

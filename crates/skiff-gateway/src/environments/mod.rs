@@ -115,6 +115,16 @@ impl Environments {
             .and_then(|p| p.config.turn_timeout().ok().flatten())
     }
 
+    /// `[profiles.P] approval`, when the profile sets one.
+    pub(crate) fn approval(
+        &self,
+        profile: &str,
+    ) -> Option<skiff_protocol::approval::ApprovalPolicy> {
+        self.profiles
+            .get(profile)
+            .and_then(|p| p.config.approval.clone())
+    }
+
     /// How many times a turn on `profile` may move to a fresh box after its box died.
     pub(crate) fn failovers_allowed(&self, profile: &str) -> u32 {
         self.profiles

@@ -240,6 +240,15 @@ impl Core {
                     core.worker_turn_finished(&scope, &claims, &op, end, theirs)
                         .await
                 }
+                Call::ApprovalRequest {
+                    tool,
+                    kind,
+                    subject,
+                    reason,
+                } => {
+                    core.worker_approval(&scope, &claims, &op, tool, kind, subject, reason)
+                        .await
+                }
                 Call::EventPublish { .. }
                 | Call::ModelStream { .. }
                 | Call::CredentialRotate {} => {
@@ -294,6 +303,58 @@ impl Core {
             work.await;
         } else {
             tokio::spawn(work);
+        }
+    }
+
+    /// `approval.request`: a call the worker's policy holds waits for a person here, as a
+    /// gateway-placed loop's does; the run's cancel (and the barrier's revocation) end it.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the call's fields, unpacked where it is matched"
+    )]
+    async fn worker_approval(
+        &self,
+        scope: &skiff_store::Scope,
+        claims: &skiff_protocol::worker::CredentialClaims,
+        op: &OpId,
+        tool: String,
+        kind: skiff_protocol::approval::ApprovalKind,
+        subject: String,
+        reason: Option<String>,
+    ) -> Reply {
+        let Some(run) = op.run_id.clone() else {
+            return Reply::Refused {
+                code: RefusalCode::WrongScope,
+                message: "an approval belongs to a run".into(),
+            };
+        };
+        let limit = skiff_agent::approval::MAX_SUBJECT_BYTES + 256;
+        if subject.len() > limit || reason.as_ref().is_some_and(|r| r.len() > limit) {
+            return Reply::Refused {
+                code: RefusalCode::TooLarge,
+                message: format!("an approval's subject and reason are at most {limit} bytes"),
+            };
+        }
+        let cancel = self.run_cancel_token(&run).unwrap_or_default();
+        let ask = skiff_agent::approval::Ask {
+            tool,
+            kind,
+            subject,
+            reason,
+        };
+        let requested_by = format!("worker {}", claims.environment_id);
+        match self
+            .ask_approval(scope, &op.session_id, &run, &ask, &requested_by, &cancel)
+            .await
+        {
+            Ok(()) => Reply::Approval {
+                approved: true,
+                message: None,
+            },
+            Err(message) => Reply::Approval {
+                approved: false,
+                message: Some(message),
+            },
         }
     }
 
@@ -389,7 +450,7 @@ impl Core {
             Call::TranscriptCommit { .. } => StreamKind::Transcript,
             Call::EventPublish { .. } => StreamKind::Events,
             Call::ModelStream { .. } => StreamKind::Model,
-            Call::ToolGateway { .. } => StreamKind::Tool,
+            Call::ToolGateway { .. } | Call::ApprovalRequest { .. } => StreamKind::Tool,
             Call::TurnFinish { .. } | Call::CredentialRotate {} => StreamKind::Control,
         };
         if op.stream != expected_stream || op.seq == 0 {
@@ -505,13 +566,17 @@ impl Core {
         let Call::EventPublish { event } = call else {
             return Ok(());
         };
-        // Entries and run status are the gateway's to announce, never a worker's.
+        // Entries, run status and approvals are the gateway's to announce, never a worker's
+        // (a forged approval card could trick a person).
         if matches!(
             event,
-            EventKind::Entry { .. } | EventKind::RunStatus { .. } | EventKind::Placement { .. }
+            EventKind::Entry { .. }
+                | EventKind::RunStatus { .. }
+                | EventKind::Placement { .. }
+                | EventKind::Approval { .. }
         ) {
             self.audit_worker(&a.scope, "worker.call", a.claims.session_id.as_str(), "refused", json!({
-                "method": "event.publish", "code": "forbidden", "reason": "workers may not publish entries, run status or placement",
+                "method": "event.publish", "code": "forbidden", "reason": "workers may not publish entries, run status, placement or approvals",
             }));
             if let Err(e) = self.store.advance_worker_cursor(
                 &op.session_id,

@@ -61,6 +61,8 @@ impl Core {
                 }
                 .into());
             }
+            // The barrier's step 3, before the cancel: what waits is told why.
+            self.revoke_approvals(scope, id, "the session is pulled back to the gateway");
             self.cancel_and_wait(scope, id, &run.id).await?;
         }
         // Taken after the turn ended: a turn being placed holds it until it stops.
@@ -126,6 +128,7 @@ impl Core {
         let live = self.workers.live(id);
         live.stop_epoch(epoch, "the session is pulled back to the gateway");
         self.cancel_model_calls(id);
+        self.revoke_approvals(scope, id, "the session is pulled back to the gateway");
         let env_row = self.placement_env(scope, &before).ok();
         let stopped = match &env_row {
             Some(env) => self.stop_worker_on_box(env, before.worker_pid).await,
@@ -367,6 +370,11 @@ impl Core {
         }
         self.claim_worker_slot(|max| self.store.request_placement(scope, id, profile, max))
             .await?;
+        self.revoke_approvals(
+            scope,
+            id,
+            &format!("the session is dispatched to profile {profile}"),
+        );
         self.audit(
             scope,
             "session.dispatch",

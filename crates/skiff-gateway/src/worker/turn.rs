@@ -39,8 +39,11 @@ impl Core {
             ))
         })?;
         let transcript = self.store.transcript(scope, session)?;
-        let reasoning = self.store.session(scope, session)?.reasoning;
+        let row = self.store.session(scope, session)?;
+        let reasoning = row.reasoning.clone();
+        let approval = self.approval_policy(scope, &row);
         let turn = TurnAssignment {
+            approval,
             reasoning: reasoning.as_deref().and_then(ReasoningEffort::parse),
             run_id: run.id.clone(),
             model_label: self.catalog.describe(&model).label,
@@ -234,6 +237,11 @@ impl Core {
                 "epoch": p.owner_epoch,
                 "failover": n,
             }),
+        );
+        self.revoke_approvals(
+            scope,
+            &session.id,
+            "the session's box was lost and its turn moves to a fresh one",
         );
         self.notify(scope, &session.id, Some(&run.id), &text);
         last.map(|(id, _)| id)

@@ -24,6 +24,7 @@ pub fn session_request(
         profile: None,
         reasoning: None,
         attempts: None,
+        approval: None,
     }
 }
 
@@ -159,6 +160,7 @@ impl Client {
             prompt: prompt.to_owned(),
             profile: None,
             reasoning: None,
+            approval: None,
         };
         self.send(id, &body).await
     }
@@ -196,6 +198,38 @@ impl Client {
         .await
     }
 
+    /// `GET /v1/approvals`, optionally one session's.
+    pub async fn approvals(
+        &self,
+        session: Option<&SessionId>,
+    ) -> Result<skiff_protocol::approval::ApprovalList, Refused> {
+        let path = match session {
+            Some(id) => format!("/v1/approvals?session={id}"),
+            None => "/v1/approvals".to_owned(),
+        };
+        self.send_json::<(), _>(reqwest::Method::GET, &path, None)
+            .await
+    }
+
+    /// `POST /v1/approvals/{id}/approve` or `/deny`.
+    pub async fn decide(
+        &self,
+        id: &skiff_protocol::ApprovalId,
+        approve: bool,
+        reason: Option<&str>,
+    ) -> Result<skiff_protocol::approval::ApprovalView, Refused> {
+        let verb = if approve { "approve" } else { "deny" };
+        let body = skiff_protocol::approval::DecideApprovalRequest {
+            reason: reason.map(str::to_owned),
+        };
+        self.send_json(
+            reqwest::Method::POST,
+            &format!("/v1/approvals/{id}/{verb}"),
+            Some(&body),
+        )
+        .await
+    }
+
     /// A request with a raw body (for malformed input): the status and the body as JSON.
     pub async fn raw(
         &self,
@@ -223,6 +257,17 @@ impl Client {
     /// Follows the session's events from `after` until the run that is going on ends;
     /// returns every event seen, the run's end last.
     pub async fn follow_until_run_end(&self, id: &SessionId, after: u64) -> Vec<SessionEvent> {
+        self.follow_until(id, after, |e| e.kind.is_run_end()).await
+    }
+
+    /// Follows the session's events from `after` until one satisfies `done`; returns every
+    /// event seen, that one last.
+    pub async fn follow_until(
+        &self,
+        id: &SessionId,
+        after: u64,
+        done: impl Fn(&SessionEvent) -> bool,
+    ) -> Vec<SessionEvent> {
         let resp = self
             .http
             .get(format!(
@@ -243,7 +288,7 @@ impl Client {
                 let line: String = buffer.drain(..=end).collect();
                 if let Some(data) = line.trim_end().strip_prefix("data: ") {
                     let event: SessionEvent = serde_json::from_str(data).unwrap();
-                    let done = event.kind.is_run_end();
+                    let done = done(&event);
                     events.push(event);
                     if done {
                         return events;

@@ -8,6 +8,7 @@
 )]
 
 mod admission;
+mod approvals;
 mod compaction;
 mod deadlines;
 mod harness;
