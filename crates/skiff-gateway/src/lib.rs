@@ -7,8 +7,10 @@
 //! (`skiff-llm`), and the loop itself (`skiff-agent`).
 
 mod api;
+pub mod audit_trail;
 mod auth;
 mod backend;
+mod budgets;
 pub mod bundle;
 mod checkpoints;
 mod compaction;
@@ -98,6 +100,12 @@ pub(crate) struct Core {
     session_processes: Mutex<HashMap<skiff_protocol::SessionId, skiff_agent::tools::Processes>>,
     /// `[mcp.NAME]`: the MCP servers started at startup and the tools they offer.
     mcp: mcp::Mcp,
+    /// `[budgets]` and each profile's overrides, checked before every model call.
+    budgets: budgets::Budgets,
+    /// The id of the newest audit row, for `audit tail --follow`.
+    audit_feed: tokio::sync::watch::Sender<i64>,
+    /// `[audit] retention`.
+    audit_retention: std::time::Duration,
 }
 
 /// A started gateway.
@@ -138,6 +146,7 @@ impl Running {
 pub async fn start(options: Options) -> Result<Running> {
     let (core, lifetime_tick) = open_core(&options).await?;
     spawn_lifetime_enforcer(&core, lifetime_tick);
+    audit_trail::spawn_archiver(&core);
 
     let listener = tokio::net::TcpListener::bind(&options.listen)
         .await
@@ -189,8 +198,15 @@ pub(crate) async fn open_core(options: &Options) -> Result<(Arc<Core>, std::time
     let turn_timeout = config.gateway.turn_timeout(&config_path)?;
     let mcp_servers = mcp::validate(&config_path, &config.mcp)?;
     let compact_at = config.gateway.compact_at(&config_path)?;
+    let budgets = budgets::Budgets::from_config(&config_path, &config.budgets, &config.profiles)?;
+    let audit_retention = config.audit.retention(&config_path)?;
     let config_dir = config_path.parent().map(PathBuf::from).unwrap_or_default();
     let store = Arc::new(Store::open(&state.database())?);
+    let (audit_feed, _) = tokio::sync::watch::channel(0i64);
+    let feed = audit_feed.clone();
+    store.on_audit(Box::new(move |id| {
+        feed.send_replace(id);
+    }));
     // Read once: the variable is this process's, and no child inherits it (`skiff-process`).
     let vault = Arc::new(vault::Vault::new(
         store.clone(),
@@ -241,6 +257,9 @@ pub(crate) async fn open_core(options: &Options) -> Result<(Arc<Core>, std::time
         vault,
         session_processes: Mutex::default(),
         mcp,
+        budgets,
+        audit_feed,
+        audit_retention,
     });
     core.envs
         .set_readiness(Arc::new(worker::probe::Probe(Arc::downgrade(&core))));

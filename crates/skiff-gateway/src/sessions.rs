@@ -192,12 +192,14 @@ impl Core {
         let totals = totals(&runs);
         let transcript = self.store.transcript(scope, id)?;
         let attempts = self.attempt_views(scope, id)?;
+        let usage = self.usage_lines(scope, id)?;
         Ok(SessionDetail {
             session: self.session_view(scope, row)?,
             runs,
             totals,
             transcript,
             attempts,
+            usage,
         })
     }
 
@@ -625,7 +627,7 @@ impl Core {
         };
         let attempt = self.store.start_attempt(scope, run, RUNTIME_NODE, 1)?;
         let outcome = run_turn(
-            &CatalogClient::for_session(self.catalog.clone(), &session.id),
+            &CatalogClient::for_session(self.clone(), scope, &session.id),
             &backend,
             &tools,
             &config,

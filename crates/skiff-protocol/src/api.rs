@@ -294,6 +294,10 @@ pub struct SessionDetail {
     /// and how it ended. A run that failed over has more than one.
     #[serde(default)]
     pub attempts: Vec<AttemptView>,
+    /// The session's, its user's and its tenant's usage against the budgets in force for it
+    /// (`[budgets]`; a line without limits when none is configured).
+    #[serde(default)]
+    pub usage: Vec<crate::budget::UsageLine>,
 }
 
 /// `POST /v1/sessions/{id}/compact`: the compaction entry written at the session's leaf.

@@ -8,6 +8,8 @@
 //! pulling in each other's machinery.
 
 pub mod api;
+pub mod audit;
+pub mod budget;
 pub mod environment;
 pub mod event;
 pub mod ids;

@@ -16,6 +16,7 @@
 //! callers in async code call them directly.
 
 mod artifacts;
+mod audit;
 mod environments;
 mod error;
 mod events;
@@ -32,8 +33,10 @@ mod snapshots;
 mod tokens;
 mod transcript;
 pub mod transition;
+mod usage;
 
 pub use artifacts::{ArtifactRole, ArtifactRow, NewArtifact, Retention};
+pub use audit::DAY_MS;
 pub use environments::EnvironmentRow;
 pub use error::{Error, Result};
 pub use ids::mint;
@@ -45,6 +48,7 @@ pub use secrets::{Resealed, SecretRow};
 pub use sessions::{NewSession, SessionRow};
 pub use snapshots::{NewSnapshot, SnapshotRow};
 pub use tokens::AuditRow;
+pub use usage::{Used, UsedBy};
 
 use rusqlite::Connection;
 use std::path::Path;
@@ -71,6 +75,8 @@ pub struct Store {
     conn: Mutex<Connection>,
     /// Dropping it stops the background checkpointer.
     _checkpointer: Option<std::sync::mpsc::Sender<()>>,
+    /// Told the id of each audit row written (`on_audit`).
+    audit_listener: std::sync::OnceLock<Box<dyn Fn(i64) + Send + Sync>>,
 }
 
 impl Store {
@@ -106,6 +112,7 @@ impl Store {
         Ok(Self {
             conn: Mutex::new(conn),
             _checkpointer: None,
+            audit_listener: std::sync::OnceLock::new(),
         })
     }
 
