@@ -3,6 +3,8 @@
 #[macro_use]
 mod out;
 
+mod admin;
+mod audit;
 mod boxes;
 mod client;
 mod demo;
@@ -77,6 +79,12 @@ enum Command {
     Secret(secret::SecretCommand),
     /// Print a one-use login link for the Control UI in a browser
     Ui(ui::UiArgs),
+    /// The gateway's administration: usage against budgets
+    #[command(subcommand)]
+    Admin(admin::AdminCommand),
+    /// Read and take away the audit trail (metadata only)
+    #[command(subcommand)]
+    Audit(audit::AuditCommand),
     /// Check this machine for what worker boxes need (root, sshd, rsync, namespaces…)
     Doctor,
     /// Print a shell completion script: `skiff completions bash > /etc/bash_completion.d/skiff`
@@ -102,6 +110,8 @@ fn without_json_form(command: &Command) -> Option<&'static str> {
         | Command::Demo(_)
         | Command::Ui(_)
         | Command::Secret(_)
+        | Command::Admin(_)
+        | Command::Audit(_)
         | Command::Doctor => None,
     }
 }
@@ -187,6 +197,8 @@ fn main() -> ExitCode {
             Command::Box(args) => boxes::run(args, &state_dir, json).await,
             Command::Ui(args) => ui::run(args, &state_dir, json).await,
             Command::Secret(cmd) => secret::run(cmd, &state_dir, json).await,
+            Command::Admin(cmd) => admin::run(cmd, &state_dir, json).await,
+            Command::Audit(cmd) => audit::run(cmd, &state_dir, json).await,
             Command::Worker(args) => worker::run(args).await,
             Command::Doctor => doctor::run(json).await,
             // Answered above, before a runtime exists.

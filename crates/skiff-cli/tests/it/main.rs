@@ -11,6 +11,7 @@
 mod api;
 mod bad_input;
 mod box_isolation;
+mod budgets;
 mod deadlines;
 mod dispatch;
 mod egress;
