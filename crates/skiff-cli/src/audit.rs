@@ -97,12 +97,14 @@ pub async fn run(cmd: AuditCommand, state_dir: &Path, json: bool) -> Result<Exit
     let client = Client::discover(state_dir)?;
     match cmd {
         AuditCommand::Tail(args) => {
+            // One row more than shown when none is asked for: where following starts.
             let page: AuditPage = client
-                .send(client.get(&format!("/v1/audit/tail?last={}", args.lines)))
+                .send(client.get(&format!("/v1/audit/tail?last={}", args.lines.max(1))))
                 .await?;
             // With no row yet, everything from the first one on is new.
             let mut after = page.rows.last().map_or(0, |r| r.id);
-            for row in &page.rows {
+            let skip = page.rows.len().saturating_sub(args.lines);
+            for row in &page.rows[skip..] {
                 print(row, json)?;
             }
             if !args.follow {

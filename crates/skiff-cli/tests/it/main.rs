@@ -9,6 +9,7 @@
 )]
 
 mod api;
+mod audit;
 mod bad_input;
 mod box_isolation;
 mod budgets;
