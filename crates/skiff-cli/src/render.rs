@@ -959,6 +959,31 @@ fn indent(text: &str) -> String {
     text.trim_end().replace('\n', "\n       ")
 }
 
+/// One budget line for people: `session ses_… 3100 of 3000 tokens · $0.0100 (exhausted)`;
+/// the cost only when it is limited or not zero.
+pub fn usage_line(line: &skiff_protocol::budget::UsageLine) -> String {
+    let window = if line.window == "session" {
+        String::new()
+    } else {
+        format!(" on {}", line.window)
+    };
+    let tokens = match line.tokens_limit {
+        Some(limit) => format!("{} of {limit} tokens", line.tokens),
+        None => format!("{} tokens", line.tokens),
+    };
+    let cost = match line.cost_usd_limit {
+        Some(limit) => format!(" · ${:.4} of ${limit:.4}", line.cost_usd),
+        None if line.cost_usd > 0.0 => format!(" · ${:.4}", line.cost_usd),
+        None => String::new(),
+    };
+    let exhausted = if line.exhausted { " (exhausted)" } else { "" };
+    format!(
+        "{} {}{window}: {tokens}{cost}{exhausted}",
+        line.subject.as_str(),
+        line.id
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1243,29 +1268,4 @@ mod tests {
         );
         assert!(!shown.contains("iVBOR"));
     }
-}
-
-/// One budget line for people: `session ses_… 3100 of 3000 tokens · $0.0100 (exhausted)`;
-/// the cost only when it is limited or not zero.
-pub fn usage_line(line: &skiff_protocol::budget::UsageLine) -> String {
-    let window = if line.window == "session" {
-        String::new()
-    } else {
-        format!(" on {}", line.window)
-    };
-    let tokens = match line.tokens_limit {
-        Some(limit) => format!("{} of {limit} tokens", line.tokens),
-        None => format!("{} tokens", line.tokens),
-    };
-    let cost = match line.cost_usd_limit {
-        Some(limit) => format!(" · ${:.4} of ${limit:.4}", line.cost_usd),
-        None if line.cost_usd > 0.0 => format!(" · ${:.4}", line.cost_usd),
-        None => String::new(),
-    };
-    let exhausted = if line.exhausted { " (exhausted)" } else { "" };
-    format!(
-        "{} {}{window}: {tokens}{cost}{exhausted}",
-        line.subject.as_str(),
-        line.id
-    )
 }
