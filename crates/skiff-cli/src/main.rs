@@ -4,6 +4,8 @@
 mod out;
 
 mod approvals;
+mod admin;
+mod audit;
 mod boxes;
 mod client;
 mod demo;
@@ -85,6 +87,12 @@ enum Command {
     Approvals(approvals::ListArgs),
     /// Print a one-use login link for the Control UI in a browser
     Ui(ui::UiArgs),
+    /// The gateway's administration: usage against budgets
+    #[command(subcommand)]
+    Admin(admin::AdminCommand),
+    /// Read and take away the audit trail (metadata only)
+    #[command(subcommand)]
+    Audit(audit::AuditCommand),
     /// Check this machine for what worker boxes need (root, sshd, rsync, namespaces…)
     Doctor,
     /// Print a shell completion script: `skiff completions bash > /etc/bash_completion.d/skiff`
@@ -113,6 +121,8 @@ fn without_json_form(command: &Command) -> Option<&'static str> {
         | Command::Approve(_)
         | Command::Deny(_)
         | Command::Approvals(_)
+        | Command::Admin(_)
+        | Command::Audit(_)
         | Command::Doctor => None,
     }
 }
@@ -201,6 +211,8 @@ fn main() -> ExitCode {
             Command::Approve(args) => approvals::approve(args, &state_dir, json).await,
             Command::Deny(args) => approvals::deny(args, &state_dir, json).await,
             Command::Approvals(args) => approvals::list(args, &state_dir, json).await,
+            Command::Admin(cmd) => admin::run(cmd, &state_dir, json).await,
+            Command::Audit(cmd) => audit::run(cmd, &state_dir, json).await,
             Command::Worker(args) => worker::run(args).await,
             Command::Doctor => doctor::run(json).await,
             // Answered above, before a runtime exists.

@@ -1016,6 +1016,31 @@ fn show_approval(a: &skiff_protocol::approval::ApprovalView, detail: Detail) {
     }
 }
 
+/// One budget line for people: `session ses_… 3100 of 3000 tokens · $0.0100 (exhausted)`;
+/// the cost only when it is limited or not zero.
+pub fn usage_line(line: &skiff_protocol::budget::UsageLine) -> String {
+    let window = if line.window == "session" {
+        String::new()
+    } else {
+        format!(" on {}", line.window)
+    };
+    let tokens = match line.tokens_limit {
+        Some(limit) => format!("{} of {limit} tokens", line.tokens),
+        None => format!("{} tokens", line.tokens),
+    };
+    let cost = match line.cost_usd_limit {
+        Some(limit) => format!(" · ${:.4} of ${limit:.4}", line.cost_usd),
+        None if line.cost_usd > 0.0 => format!(" · ${:.4}", line.cost_usd),
+        None => String::new(),
+    };
+    let exhausted = if line.exhausted { " (exhausted)" } else { "" };
+    format!(
+        "{} {}{window}: {tokens}{cost}{exhausted}",
+        line.subject.as_str(),
+        line.id
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -424,6 +424,16 @@ pub async fn run(cmd: SessionCommand, state_dir: &Path, json: bool) -> Result<Ex
                 );
                 outln!("total      {tokens}")?;
             }
+            // The budgets in force, one line for all of them (none when none is configured).
+            let limited: Vec<String> = detail
+                .usage
+                .iter()
+                .filter(|l| l.tokens_limit.is_some() || l.cost_usd_limit.is_some())
+                .map(render::usage_line)
+                .collect();
+            if !limited.is_empty() {
+                outln!("budgets    {}", limited.join(" · "))?;
+            }
             outln!()?;
             let shown = Detail::with_full_flag(args.detail.full);
             out!("{}", render::transcript(&detail.transcript, shown))?;

@@ -47,6 +47,8 @@ pub(crate) fn router(core: Arc<Core>) -> Router {
         .merge(crate::compaction::routes())
         .merge(crate::vault::routes())
         .merge(crate::approvals::routes())
+        .merge(crate::budgets::routes())
+        .merge(crate::audit_trail::routes())
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(core.clone(), authenticate));
     crate::ui::public_routes()

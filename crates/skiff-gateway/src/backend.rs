@@ -2,11 +2,10 @@
 //! catalog, transcript commits into the store, live events into the hub.
 
 use crate::Core;
-use crate::telemetry::Telemetry;
 use futures_util::stream::BoxStream;
 use skiff_agent::tools::ToolOutput;
 use skiff_agent::{BackendError, ModelClient, SessionBackend};
-use skiff_llm::{CacheKey, Catalog};
+use skiff_llm::CacheKey;
 use skiff_protocol::event::EventKind;
 use skiff_protocol::model::{ModelEvent, ModelRequest};
 use skiff_protocol::transcript::{EntryBody, TranscriptEntry};
@@ -15,20 +14,24 @@ use skiff_store::Scope;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
-/// Model calls of one session, with the session's prompt-cache key: the same key the
-/// inference proxy gives the session's calls when its loop runs on a worker.
+/// Model calls of one session, through [`Core::model_stream`] (its budgets checked first),
+/// with the session's prompt-cache key: the same key the inference proxy gives the session's
+/// calls when its loop runs on a worker.
 pub(crate) struct CatalogClient {
-    pub catalog: Catalog,
+    pub core: Arc<Core>,
+    pub scope: Scope,
+    pub session: SessionId,
     pub cache_key: CacheKey,
-    telemetry: Arc<Telemetry>,
 }
 
 impl CatalogClient {
-    pub fn for_session(core: &Core, session: &SessionId) -> Self {
+    pub fn for_session(core: Arc<Core>, scope: &Scope, session: &SessionId) -> Self {
+        let cache_key = prompt_cache_key(session);
         Self {
-            catalog: core.catalog.clone(),
-            cache_key: prompt_cache_key(session),
-            telemetry: core.telemetry.clone(),
+            core,
+            scope: scope.clone(),
+            session: session.clone(),
+            cache_key,
         }
     }
 }
@@ -44,10 +47,14 @@ impl ModelClient for CatalogClient {
         request: ModelRequest,
         cancel: CancellationToken,
     ) -> BoxStream<'static, ModelEvent> {
-        let stream = self
-            .catalog
-            .stream(request, Some(self.cache_key.clone()), cancel);
-        self.telemetry.model_stream("gateway", stream)
+        let stream = self.core.model_stream(
+            &self.scope,
+            &self.session,
+            request,
+            self.cache_key.clone(),
+            cancel,
+        );
+        self.core.telemetry.model_stream("gateway", stream)
     }
 }
 
@@ -86,8 +93,8 @@ impl SessionBackend for StoreBackend {
             if let EntryBody::AssistantMessage { usage, .. } | EntryBody::Compaction { usage, .. } =
                 body
             {
-                store
-                    .add_run_usage(&self.scope, &self.run, *usage)
+                self.core
+                    .record_usage(&self.scope, &self.session, &self.run, *usage)
                     .map_err(|e| BackendError(e.to_string()))?;
             }
         }

@@ -39,7 +39,7 @@ async fn compact_route(
 impl Core {
     /// Summarises `id`'s context into a compaction entry at its leaf.
     pub(crate) async fn compact_session(
-        &self,
+        self: &Arc<Self>,
         scope: &Scope,
         id: &SessionId,
     ) -> Result<CompactResult> {
@@ -71,7 +71,7 @@ impl Core {
             compact_at: self.compact_at,
         };
         let compacted = compact::summarize(
-            &CatalogClient::for_session(self, id),
+            &CatalogClient::for_session(self.clone(), scope, id),
             &model,
             &system,
             &entries,

@@ -20,6 +20,38 @@ pub struct Config {
     /// MCP servers whose allowlisted tools the gateway offers every session (`[mcp.NAME]`).
     #[serde(default)]
     pub mcp: BTreeMap<String, McpConfig>,
+    /// Token and cost budgets per session, user and tenant (`[budgets]`; a profile's
+    /// `[profiles.NAME.budgets]` overrides each key for its sessions).
+    #[serde(default)]
+    pub budgets: skiff_providers::BudgetsConfig,
+    /// The audit trail's archive and retention (`[audit]`).
+    #[serde(default)]
+    pub audit: AuditConfig,
+}
+
+/// `[audit]`.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuditConfig {
+    /// How long audit rows stay in the database and archive files stay in `<state>/audit/`
+    /// (`"90d"`, the default). A day's rows are archived once the day is over.
+    #[serde(default)]
+    pub retention: Option<String>,
+}
+
+impl AuditConfig {
+    pub fn retention(&self, config_path: &Path) -> Result<std::time::Duration, ConfigError> {
+        let text = self.retention.as_deref().unwrap_or("90d");
+        humantime::parse_duration(text)
+            .ok()
+            .filter(|d| d.as_secs() >= 86_400)
+            .ok_or_else(|| ConfigError::Invalid {
+                path: config_path.display().to_string(),
+                message: format!(
+                    "at `audit.retention`: \"{text}\" is not a duration of at least a day like \"90d\""
+                ),
+            })
+    }
 }
 
 /// `[mcp.NAME]`: one MCP server, run by the gateway (never on a box). Exactly one of

@@ -8,8 +8,10 @@
 
 mod api;
 mod approvals;
+pub mod audit_trail;
 mod auth;
 mod backend;
+mod budgets;
 pub mod bundle;
 mod checkpoints;
 mod compaction;
@@ -105,6 +107,12 @@ pub(crate) struct Core {
     telemetry: Arc<telemetry::Telemetry>,
     /// `[gateway] approval` and `approval_timeout`, and the tool calls waiting for a person.
     approvals: approvals::Approvals,
+    /// `[budgets]` and each profile's overrides, checked before every model call.
+    budgets: budgets::Budgets,
+    /// The id of the newest audit row, for `audit tail --follow`.
+    audit_feed: tokio::sync::watch::Sender<i64>,
+    /// `[audit] retention`.
+    audit_retention: std::time::Duration,
 }
 
 /// A started gateway.
@@ -145,6 +153,7 @@ impl Running {
 pub async fn start(options: Options) -> Result<Running> {
     let (core, lifetime_tick) = open_core(&options).await?;
     spawn_lifetime_enforcer(&core, lifetime_tick);
+    audit_trail::spawn_archiver(&core);
 
     let listener = tokio::net::TcpListener::bind(&options.listen)
         .await
@@ -198,8 +207,15 @@ pub(crate) async fn open_core(options: &Options) -> Result<(Arc<Core>, std::time
     let compact_at = config.gateway.compact_at(&config_path)?;
     let approval_timeout = config.gateway.approval_timeout(&config_path)?;
     check_approval_policies(&config_path, &config)?;
+    let budgets = budgets::Budgets::from_config(&config_path, &config.budgets, &config.profiles)?;
+    let audit_retention = config.audit.retention(&config_path)?;
     let config_dir = config_path.parent().map(PathBuf::from).unwrap_or_default();
     let store = Arc::new(Store::open(&state.database())?);
+    let (audit_feed, _) = tokio::sync::watch::channel(0i64);
+    let feed = audit_feed.clone();
+    store.on_audit(Box::new(move |id| {
+        feed.send_replace(id);
+    }));
     // Read once: the variable is this process's, and no child inherits it (`skiff-process`).
     let vault = Arc::new(vault::Vault::new(
         store.clone(),
@@ -256,6 +272,9 @@ pub(crate) async fn open_core(options: &Options) -> Result<(Arc<Core>, std::time
             config.gateway.approval.clone().unwrap_or_default(),
             approval_timeout,
         ),
+        budgets,
+        audit_feed,
+        audit_retention,
     });
     core.envs
         .set_readiness(Arc::new(worker::probe::Probe(Arc::downgrade(&core))));

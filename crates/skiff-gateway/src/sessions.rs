@@ -201,6 +201,7 @@ impl Core {
             }),
             None => None,
         };
+        let usage = self.usage_lines(scope, id)?;
         Ok(SessionDetail {
             session: self.session_view(scope, row)?,
             runs,
@@ -208,6 +209,7 @@ impl Core {
             transcript,
             attempts,
             group,
+            usage,
         })
     }
 
@@ -664,7 +666,7 @@ impl Core {
         };
         let attempt = self.store.start_attempt(scope, run, RUNTIME_NODE, 1)?;
         let outcome = run_turn(
-            &CatalogClient::for_session(self, &session.id),
+            &CatalogClient::for_session(self.clone(), scope, &session.id),
             &backend,
             &tools,
             &config,

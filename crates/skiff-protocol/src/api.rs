@@ -381,6 +381,10 @@ pub struct SessionDetail {
     /// and how it ended. A run that failed over has more than one.
     #[serde(default)]
     pub attempts: Vec<AttemptView>,
+    /// The session's, its user's and its tenant's usage against the budgets in force for it
+    /// (`[budgets]`; a line without limits when none is configured).
+    #[serde(default)]
+    pub usage: Vec<crate::budget::UsageLine>,
     /// The fan-out group the session belongs to, and which attempt was picked.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub group: Option<GroupPick>,

@@ -9,6 +9,8 @@
 
 pub mod api;
 pub mod approval;
+pub mod audit;
+pub mod budget;
 pub mod environment;
 pub mod event;
 pub mod ids;

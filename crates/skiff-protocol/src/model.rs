@@ -234,6 +234,8 @@ pub enum ModelErrorKind {
     Configuration,
     /// The provider sent nothing for too long.
     Timeout,
+    /// A token or cost budget is used up; the provider was not asked (`[budgets]`).
+    BudgetExhausted,
 }
 
 /// The normalized stream every adapter produces. A stream ends with exactly one `Done` or one

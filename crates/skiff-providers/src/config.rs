@@ -147,6 +147,31 @@ pub struct ProfileConfig {
     /// it the least recently used ones are deleted.
     #[serde(default)]
     pub snapshot_budget: Option<String>,
+    /// Token and cost limits for sessions on this profile, each key over `[budgets]`'s own
+    /// (`[profiles.NAME.budgets]`). Enforced by the gateway; nothing here reads them.
+    #[serde(default)]
+    pub budgets: BudgetsConfig,
+}
+
+/// `[budgets]` and `[profiles.NAME.budgets]`: token and cost limits, each optional (no limit
+/// when absent). Sessions count over their life; users (a scope's owner) and tenants per UTC
+/// day. Tokens are input (cache reads included) plus output; costs are US dollars at the
+/// catalog's prices.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BudgetsConfig {
+    #[serde(default)]
+    pub session_tokens: Option<u64>,
+    #[serde(default)]
+    pub session_cost_usd: Option<f64>,
+    #[serde(default)]
+    pub user_tokens_per_day: Option<u64>,
+    #[serde(default)]
+    pub user_cost_usd_per_day: Option<f64>,
+    #[serde(default)]
+    pub tenant_tokens_per_day: Option<u64>,
+    #[serde(default)]
+    pub tenant_cost_usd_per_day: Option<f64>,
 }
 
 /// `[profiles.NAME.egress]`: allowlists of the gateway's egress proxy, per phase.
@@ -303,6 +328,7 @@ impl ProfileConfig {
             share: Vec::new(),
             snapshots: None,
             snapshot_budget: None,
+            budgets: BudgetsConfig::default(),
         }
     }
 

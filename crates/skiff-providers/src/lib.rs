@@ -19,7 +19,8 @@ pub mod local;
 mod static_ssh;
 
 pub use config::{
-    EgressConfig, Failover, History, Isolation, Limits, LimitsConfig, ProfileConfig, ProviderKind,
+    BudgetsConfig, EgressConfig, Failover, History, Isolation, Limits, LimitsConfig, ProfileConfig,
+    ProviderKind,
 };
 
 use futures_util::future::BoxFuture;

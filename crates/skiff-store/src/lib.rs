@@ -17,6 +17,7 @@
 
 mod approvals;
 mod artifacts;
+mod audit;
 mod environments;
 mod error;
 mod events;
@@ -34,9 +35,11 @@ mod snapshots;
 mod tokens;
 mod transcript;
 pub mod transition;
+mod usage;
 
 pub use approvals::NewApproval;
 pub use artifacts::{ArtifactRole, ArtifactRow, NewArtifact, Retention};
+pub use audit::DAY_MS;
 pub use environments::EnvironmentRow;
 pub use error::{Error, Result};
 pub use groups::GroupRow;
@@ -49,6 +52,7 @@ pub use secrets::{Resealed, SecretRow};
 pub use sessions::{NewSession, SessionRow};
 pub use snapshots::{NewSnapshot, SnapshotRow};
 pub use tokens::AuditRow;
+pub use usage::{Used, UsedBy};
 
 use rusqlite::Connection;
 use std::path::Path;
@@ -75,6 +79,8 @@ pub struct Store {
     conn: Mutex<Connection>,
     /// Dropping it stops the background checkpointer.
     _checkpointer: Option<std::sync::mpsc::Sender<()>>,
+    /// Told the id of each audit row written (`on_audit`).
+    audit_listener: std::sync::OnceLock<Box<dyn Fn(i64) + Send + Sync>>,
 }
 
 impl Store {
@@ -110,6 +116,7 @@ impl Store {
         Ok(Self {
             conn: Mutex::new(conn),
             _checkpointer: None,
+            audit_listener: std::sync::OnceLock::new(),
         })
     }
 

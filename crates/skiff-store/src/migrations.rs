@@ -322,6 +322,29 @@ CREATE TABLE approvals (
 );
 CREATE INDEX approvals_by_session ON approvals(session_id, created_at_ms);
 CREATE INDEX approvals_pending ON approvals(state) WHERE state = 'pending';
+-- Every model call's usage, one row per recorded model response, for token and cost budgets
+-- per session, per user (owner) and per tenant over a window. `tokens` is input (cache reads
+-- included) plus output; `cost_usd` is at the prices the catalog had when it was recorded
+-- (0 for a model without prices). Runs from before this table count their tokens at no cost.
+CREATE TABLE usage (
+    id         INTEGER PRIMARY KEY,
+    at_ms      INTEGER NOT NULL,
+    owner_id   TEXT NOT NULL,
+    tenant_id  TEXT NOT NULL,
+    session_id TEXT NOT NULL,
+    run_id     TEXT NOT NULL,
+    tokens     INTEGER NOT NULL,
+    cost_usd   REAL NOT NULL
+);
+CREATE INDEX usage_by_owner ON usage(tenant_id, owner_id, at_ms);
+CREATE INDEX usage_by_session ON usage(session_id);
+INSERT INTO usage (at_ms, owner_id, tenant_id, session_id, run_id, tokens, cost_usd)
+    SELECT COALESCE(finished_at_ms, created_at_ms), owner_id, tenant_id, session_id, id,
+           input_tokens + output_tokens, 0
+    FROM runs WHERE input_tokens + output_tokens > 0;
+
+-- The audit trail is read by time (export, the daily archive, retention).
+CREATE INDEX audit_by_time ON audit(at_ms);
 "#,
 ];
 

@@ -224,9 +224,18 @@ impl Store {
         self.run(scope, id)
     }
 
-    /// Adds a model response's token usage (cache reads and writes too) to the run's totals.
-    pub fn add_run_usage(&self, scope: &Scope, id: &RunId, usage: Usage) -> Result<()> {
-        self.conn().execute(
+    /// Adds a model response's token usage (cache reads and writes too) to the run's totals,
+    /// and records it with its cost in the usage ledger that budgets count, in one transaction.
+    pub fn add_run_usage(
+        &self,
+        scope: &Scope,
+        id: &RunId,
+        usage: Usage,
+        cost_usd: f64,
+    ) -> Result<()> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        tx.execute(
             "UPDATE runs SET input_tokens = input_tokens + ?1, output_tokens = output_tokens + ?2, \
              cache_read_tokens = cache_read_tokens + ?6, cache_write_tokens = cache_write_tokens + ?7 \
              WHERE id = ?3 AND owner_id = ?4 AND tenant_id = ?5",
@@ -240,6 +249,23 @@ impl Store {
                 usage.cache_write_tokens,
             ],
         )?;
+        let tokens = usage.input_tokens.saturating_add(usage.output_tokens);
+        if tokens > 0 || cost_usd > 0.0 {
+            tx.execute(
+                "INSERT INTO usage (at_ms, owner_id, tenant_id, session_id, run_id, tokens, cost_usd) \
+                 SELECT ?1, owner_id, tenant_id, session_id, id, ?2, ?3 FROM runs \
+                 WHERE id = ?4 AND owner_id = ?5 AND tenant_id = ?6",
+                params![
+                    now_ms(),
+                    i64::try_from(tokens).unwrap_or(i64::MAX),
+                    cost_usd,
+                    id.as_str(),
+                    scope.owner_id,
+                    scope.tenant_id,
+                ],
+            )?;
+        }
+        tx.commit()?;
         Ok(())
     }
 

@@ -41,20 +41,26 @@ impl Store {
         decision: &str,
         detail: &serde_json::Value,
     ) -> Result<()> {
-        self.conn().execute(
-            "INSERT INTO audit (at_ms, owner_id, tenant_id, actor, action, target, decision, detail)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-            params![
-                now_ms(),
-                scope.owner_id,
-                scope.tenant_id,
-                actor,
-                action,
-                target,
-                decision,
-                detail.to_string()
-            ],
-        )?;
+        let id = {
+            let conn = self.conn();
+            conn.execute(
+                "INSERT INTO audit (at_ms, owner_id, tenant_id, actor, action, target, decision, detail)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                params![
+                    now_ms(),
+                    scope.owner_id,
+                    scope.tenant_id,
+                    actor,
+                    action,
+                    target,
+                    decision,
+                    detail.to_string()
+                ],
+            )?;
+            conn.last_insert_rowid()
+        };
+        // After the lock is released: a listener may read the store.
+        self.audit_written(id);
         Ok(())
     }
 

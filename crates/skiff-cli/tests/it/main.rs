@@ -10,8 +10,10 @@
 
 mod api;
 mod approvals;
+mod audit;
 mod bad_input;
 mod box_isolation;
+mod budgets;
 mod deadlines;
 mod dispatch;
 mod egress;

@@ -644,7 +644,7 @@ impl Core {
                 for body in &entries {
                     if let EntryBody::AssistantMessage { usage, .. }
                     | EntryBody::Compaction { usage, .. } = body
-                        && let Err(e) = self.store.add_run_usage(scope, run, *usage)
+                        && let Err(e) = self.record_usage(scope, &op.session_id, run, *usage)
                     {
                         tracing::warn!(%run, error = %e, "could not account a worker's model usage");
                     }

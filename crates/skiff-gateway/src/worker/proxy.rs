@@ -258,6 +258,7 @@ impl Core {
                     request,
                     call.clone(),
                     stream_to,
+                    a.scope.clone(),
                 );
                 call
             }
@@ -307,6 +308,7 @@ impl Core {
         request: ModelRequest,
         call: Arc<ModelCall>,
         stream_to: Option<(skiff_store::Scope, skiff_protocol::RunId)>,
+        budget_scope: skiff_store::Scope,
     ) {
         let core = self.clone();
         tokio::spawn(async move {
@@ -331,9 +333,13 @@ impl Core {
             } else {
                 // Decided here, not by the worker: the session's key, as in a local loop.
                 let cache_key = crate::backend::prompt_cache_key(&key.0);
-                let stream = core
-                    .catalog
-                    .stream(request, Some(cache_key), call.cancel.clone());
+                let stream = core.model_stream(
+                    &budget_scope,
+                    &key.0,
+                    request,
+                    cache_key,
+                    call.cancel.clone(),
+                );
                 core.telemetry.model_stream("worker", stream)
             };
             let mut usage = (0u64, 0u64);

@@ -34,12 +34,19 @@ struct Harness {
 impl Harness {
     /// A worker session placed on a box (`active`), a turn open, and its worker admitted.
     async fn new() -> anyhow::Result<Self> {
+        Self::with_config("").await
+    }
+
+    /// Like [`Harness::new`], with `config` as the gateway's `skiff.toml`.
+    async fn with_config(config: &str) -> anyhow::Result<Self> {
         let dir = tempfile::tempdir()?;
         let state_dir = dir.path().join("state");
+        let config_path = dir.path().join("skiff.toml");
+        std::fs::write(&config_path, config)?;
         let (core, _) = crate::open_core(&Options {
             state_dir: state_dir.clone(),
             listen: "127.0.0.1:0".into(),
-            config: None,
+            config: Some(config_path),
         })
         .await?;
         let scope = Scope::new("usr_test", "ten_test");
@@ -762,4 +769,65 @@ async fn a_worker_cannot_choose_how_hard_the_model_thinks() {
         !events.iter().any(|e| matches!(e, ModelEvent::Error { .. })),
         "{events:?}"
     );
+}
+
+#[tokio::test]
+async fn a_worker_sessions_model_call_past_its_profiles_budget_is_refused_before_the_provider() {
+    let mut h = Harness::with_config(
+        "[budgets]\nsession_tokens = 100000\n\
+         [profiles.local]\nprovider = \"local\"\n[profiles.local.budgets]\nsession_tokens = 100\n",
+    )
+    .await
+    .unwrap();
+    // The first call has the whole budget.
+    h.core
+        .on_call(&h.a, h.op(StreamKind::Model, 1), model_call().unwrap())
+        .await;
+    let events = model_frame(&mut h, 1).await.unwrap();
+    assert!(
+        !matches!(events.first(), Some(ModelEvent::Error { .. })),
+        "{events:?}"
+    );
+    // Its reply, committed with its usage: 120 tokens of the profile's 100.
+    let mut reply = assistant("first");
+    if let EntryBody::AssistantMessage { usage, .. } = &mut reply {
+        usage.input_tokens = 100;
+        usage.output_tokens = 20;
+    }
+    let committed = h
+        .call(
+            StreamKind::Transcript,
+            1,
+            Call::TranscriptCommit {
+                base_leaf: None,
+                entries: vec![reply],
+            },
+        )
+        .await
+        .unwrap();
+    assert!(refused(&committed).is_none(), "{committed:?}");
+
+    h.core
+        .on_call(&h.a, h.op(StreamKind::Model, 2), model_call().unwrap())
+        .await;
+    let events = model_frame(&mut h, 2).await.unwrap();
+    let [
+        ModelEvent::Error {
+            kind: ModelErrorKind::BudgetExhausted,
+            message,
+        },
+    ] = events.as_slice()
+    else {
+        panic!("{events:?}");
+    };
+    // The profile's key, not the gateway's (which has room), with the figures.
+    assert!(
+        message.contains("`profiles.local.budgets.session_tokens`")
+            && message.contains("used 120 tokens")
+            && message.contains("the limit is 100 tokens"),
+        "{message}"
+    );
+    let session = h.a.claims.session_id.clone();
+    let lines = h.core.usage_lines(&h.a.scope, &session).unwrap();
+    assert!(lines[0].exhausted && lines[0].tokens == 120, "{lines:?}");
 }
