@@ -77,9 +77,31 @@ pub struct GatewayConfig {
     /// (summarised) before the next model request, from 0.1 to 0.95 [default: 0.8].
     #[serde(default)]
     pub compact_at: Option<f64>,
+    /// Debug only: injects a fault at one step of a pull-back's barrier, `"STEP:ACTION"`
+    /// with STEP one of `drained`, `fenced`, `reconciled` and ACTION `kill-worker` or
+    /// `cut-tunnel` [default: none]. It exists because no outside observer can time a fault
+    /// to land between two steps of the barrier; the fault-injection tests set it.
+    #[serde(default)]
+    pub barrier_fault: Option<String>,
 }
 
 impl GatewayConfig {
+    /// `barrier_fault`, checked.
+    pub(crate) fn barrier_fault(
+        &self,
+        config_path: &Path,
+    ) -> Result<Option<crate::worker::BarrierFault>, ConfigError> {
+        self.barrier_fault
+            .as_deref()
+            .map(|text| {
+                crate::worker::BarrierFault::parse(text).map_err(|message| ConfigError::Invalid {
+                    path: config_path.display().to_string(),
+                    message: format!("[gateway] barrier_fault: {message}"),
+                })
+            })
+            .transpose()
+    }
+
     pub fn lifetime_tick(&self, config_path: &Path) -> Result<std::time::Duration, ConfigError> {
         duration(
             config_path,

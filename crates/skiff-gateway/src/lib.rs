@@ -88,6 +88,8 @@ pub(crate) struct Core {
     compact_at: f64,
     /// `[gateway] max_children`: how many child sessions one session's agent may dispatch.
     max_children: u64,
+    /// `[gateway] barrier_fault`: a fault the tests inject at one barrier step.
+    barrier_fault: Option<worker::BarrierFault>,
     /// Sessions whose workspace is being restored to a checkpoint: no turn is admitted.
     restoring: Mutex<std::collections::HashSet<skiff_protocol::SessionId>>,
     /// Sealed secrets (`vault:NAME` in configuration); the catalog holds it too.
@@ -189,6 +191,7 @@ pub(crate) async fn open_core(options: &Options) -> Result<(Arc<Core>, std::time
     let turn_timeout = config.gateway.turn_timeout(&config_path)?;
     let mcp_servers = mcp::validate(&config_path, &config.mcp)?;
     let compact_at = config.gateway.compact_at(&config_path)?;
+    let barrier_fault = config.gateway.barrier_fault(&config_path)?;
     let config_dir = config_path.parent().map(PathBuf::from).unwrap_or_default();
     let store = Arc::new(Store::open(&state.database())?);
     // Read once: the variable is this process's, and no child inherits it (`skiff-process`).
@@ -237,6 +240,7 @@ pub(crate) async fn open_core(options: &Options) -> Result<(Arc<Core>, std::time
         turn_timeout,
         compact_at,
         max_children: config.gateway.max_children.unwrap_or(4),
+        barrier_fault,
         restoring: Mutex::default(),
         vault,
         session_processes: Mutex::default(),
