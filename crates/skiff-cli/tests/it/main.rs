@@ -15,6 +15,7 @@ mod deadlines;
 mod dispatch;
 mod egress;
 mod env;
+mod handoff;
 mod harness;
 mod homecoming;
 mod leftovers;
