@@ -55,6 +55,15 @@ pub trait SessionBackend: Send + Sync {
     /// Publishes a live event. Delivery problems are the backend's to handle.
     fn publish(&self, event: EventKind) -> impl Future<Output = ()> + Send;
 
+    /// Whether the session is being moved with its turn running (a live handoff): the loop
+    /// stops before its next model request, with every entry of the step before committed,
+    /// and the same run goes on at the new owner from the transcript. Backends that never
+    /// hand a turn off (a worker's: the gateway holds its next model call instead) keep the
+    /// default.
+    fn handing_off(&self) -> bool {
+        false
+    }
+
     /// Runs a gateway-resident tool ([`tools::runs_on_gateway`]) on the gateway.
     fn gateway_tool(
         &self,

@@ -35,6 +35,9 @@ pub enum TurnOutcome {
     Completed,
     Cancelled,
     Failed(String),
+    /// Stopped between two model steps for a live handoff ([`SessionBackend::handing_off`]):
+    /// the run is not over, it goes on elsewhere.
+    HandedOff,
 }
 
 // INVARIANT: the system prompt names no absolute path, host or placement, so the provider
@@ -86,6 +89,11 @@ async fn drive<M: ModelClient, B: SessionBackend>(
     }
     let system = instructions.system(SYSTEM_PROMPT);
     for _ in 0..config.max_steps {
+        // The barrier of a live handoff: the step before is committed, the next model
+        // request is not made here.
+        if backend.handing_off() {
+            return Ok(TurnOutcome::HandedOff);
+        }
         let mut request = ModelRequest {
             model: config.model.clone(),
             system: system.clone(),

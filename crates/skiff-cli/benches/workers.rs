@@ -48,8 +48,16 @@
 //! Then a 64 MiB download from the box through the proxy against
 //! the same download on the host.
 //!
+//! Part E, live handoff: one session moves with its turn running, [`ROUNDS`] times each way —
+//! `dispatch --live` (gateway → a warm box from the pool) and `pull-back --live` (box →
+//! gateway) — each asked while the turn's first model step streams. The pause is the last
+//! event of the old owner (the last one before the barrier's first step after the claim) →
+//! the first event of the new owner (the first one after the placement settled), by the
+//! gateway's event timestamps; median of the rounds.
+//!
 //! `cargo bench -p skiff-cli --bench workers` (as root: boxes get users and namespaces);
-//! `cargo bench -p skiff-cli --bench workers -- parking` runs part C alone, `-- setup` part D.
+//! `cargo bench -p skiff-cli --bench workers -- parking` runs part C alone, `-- setup` part D,
+//! `-- handoff` part E.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -1361,5 +1369,151 @@ fn main() {
     if wants("setup") {
         part_d();
     }
+    if wants("handoff") {
+        part_e();
+    }
     println!("\n(bench ran {:.0} s)", started.elapsed().as_secs_f64());
+}
+
+/// A model step that streams for about 2 s, then calls `exec` (part E).
+fn slow_exec_step() -> FakeResponse {
+    let words: Vec<String> = (0..20).map(|i| format!("s{i} ")).collect();
+    let refs: Vec<&str> = words.iter().map(String::as_str).collect();
+    let mut events = openai_sse::text_chunks(&refs);
+    events.extend(openai_sse::tool_call(
+        0,
+        "call_e",
+        "exec",
+        r#"{"command":"echo step >> steps.log"}"#,
+        3,
+    ));
+    events.extend(openai_sse::finish("tool_calls"));
+    events.extend(openai_sse::usage(100, 20));
+    events.extend(openai_sse::done());
+    FakeResponse::sse(events).with_delay(Duration::from_millis(100))
+}
+
+/// Sends a turn to `session`, asks `mover` (a `skiff session …` command line) once the
+/// turn's first model step streams, and returns the turn's `--json` events.
+fn moved_turn(rig: &Rig, session: &str, prompt: &str, mover: &[&str]) -> Vec<Value> {
+    let mut child = Command::new(SKIFF)
+        .arg("--state-dir")
+        .arg(&rig.state)
+        .args(["session", "send", "--json", session, prompt])
+        .env("HOME", &rig.home)
+        .env_remove("SKIFF_URL")
+        .env_remove("SKIFF_TOKEN")
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut seen = Vec::new();
+    let mut asked = false;
+    for line in BufReader::new(child.stdout.take().unwrap()).lines() {
+        let event: Value = serde_json::from_str(&line.unwrap()).unwrap();
+        if !asked && event["type"] == "text_delta" {
+            asked = true;
+            let mut args = vec!["session"];
+            args.extend(mover);
+            let out = rig.cli(&args);
+            assert!(
+                out.status.success(),
+                "skiff {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        seen.push(event);
+    }
+    assert!(child.wait().unwrap().success(), "the moved turn failed");
+    seen
+}
+
+/// The handoff pause of a moved turn's events (see part E), in ms.
+fn handoff_pause(seen: &[Value], settled: &str) -> f64 {
+    let claim = seen
+        .iter()
+        .position(|e| e["type"] == "placement" && e["state"] == "handing_off")
+        .unwrap_or_else(|| panic!("no handing_off step in {seen:#?}"));
+    let barrier = claim
+        + 1
+        + seen[claim + 1..]
+            .iter()
+            .position(|e| e["type"] == "placement")
+            .unwrap();
+    let last_old = seen[..barrier]
+        .iter()
+        .rev()
+        .find(|e| e["type"] != "placement")
+        .unwrap();
+    let settled_at = barrier
+        + seen[barrier..]
+            .iter()
+            .position(|e| e["type"] == "placement" && e["state"] == settled)
+            .unwrap();
+    let first_new = seen[settled_at..]
+        .iter()
+        .find(|e| e["type"] != "placement")
+        .unwrap();
+    (first_new["at_ms"].as_i64().unwrap() - last_old["at_ms"].as_i64().unwrap()) as f64
+}
+
+fn part_e() {
+    println!(
+        "\nE. live handoff pause: last event at the old owner → first at the new, median of {ROUNDS}"
+    );
+    let mut responses = vec![reply(&["prime"])];
+    for _ in 0..ROUNDS {
+        responses.extend([slow_exec_step(), reply(&["on the box"])]);
+        responses.extend([slow_exec_step(), reply(&["at home"])]);
+    }
+    let rig = Rig::start(responses, "");
+    let started = rig.new_session(None, "prime");
+    let session = started["session"]["id"].as_str().unwrap().to_owned();
+    let run = started["run"]["id"].as_str().unwrap().to_owned();
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let detail = rig.json(&["session", "show", "--json", &session]);
+        let last = detail["runs"].as_array().unwrap().last().unwrap().clone();
+        if last["id"] == run.as_str() && terminal(&last["status"]) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the first turn never ended");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // A box in the idle pool, so every live dispatch takes a warm one.
+    for args in [
+        &["session", "dispatch", &session, "--profile", "local"][..],
+        &["session", "pull-back", &session],
+    ] {
+        let out = rig.cli(args);
+        assert!(
+            out.status.success(),
+            "skiff {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let (mut out, mut home) = (Vec::new(), Vec::new());
+    for i in 0..ROUNDS {
+        let seen = moved_turn(
+            &rig,
+            &session,
+            &format!("out {i}"),
+            &["dispatch", &session, "--profile", "local", "--live"],
+        );
+        out.push(handoff_pause(&seen, "active"));
+        let seen = moved_turn(
+            &rig,
+            &session,
+            &format!("home {i}"),
+            &["pull-back", "--live", &session],
+        );
+        home.push(handoff_pause(&seen, "local"));
+    }
+    println!(
+        "  gateway → warm box (dispatch --live)  {:>8.1} ms",
+        median(out)
+    );
+    println!(
+        "  box → gateway (pull-back --live)      {:>8.1} ms",
+        median(home)
+    );
 }

@@ -139,8 +139,12 @@ pub struct PullBackArgs {
     /// Session id (ses_…)
     id: String,
     /// Cancel a running turn first (without it, a session with a turn running is refused)
-    #[arg(long)]
+    #[arg(long, conflicts_with = "live")]
     cancel: bool,
+    /// Move a running turn with the session: its current model step and tool calls finish on
+    /// the box, then the same turn goes on on the gateway
+    #[arg(long)]
+    live: bool,
 }
 
 #[derive(Args)]
@@ -150,6 +154,10 @@ pub struct DispatchArgs {
     /// The worker profile to place it on (see `skiff env`)
     #[arg(long, value_name = "PROFILE")]
     profile: String,
+    /// Move a running turn with the session: its current model step and tool calls finish on
+    /// the gateway, then the same turn goes on on the box
+    #[arg(long)]
+    live: bool,
 }
 
 #[derive(Args)]
@@ -576,15 +584,16 @@ pub async fn run(cmd: SessionCommand, state_dir: &Path, json: bool) -> Result<Ex
             let path = format!("/v1/sessions/{}/pull-back", args.id);
             let body = skiff_protocol::api::PullBackRequest {
                 cancel: args.cancel,
+                live: args.live,
             };
             let answer = client.send(client.post(&path, &body)).await;
             let answer = match answer {
-                Err(e) if !args.cancel && busy(&e) => {
+                Err(e) if !args.cancel && !args.live && busy(&e) => {
                     anyhow::bail!(crate::client::Failure::Refused(
                         skiff_protocol::api::ApiError {
                             code: ErrorCode::SessionBusy.as_str().into(),
                             message: format!(
-                                "session {} has a turn running; wait for it, or pass --cancel to stop it and pull back",
+                                "session {} has a turn running; wait for it, pass --live to move it with the session, or --cancel to stop it and pull back",
                                 args.id
                             ),
                         }
@@ -598,6 +607,7 @@ pub async fn run(cmd: SessionCommand, state_dir: &Path, json: bool) -> Result<Ex
             let path = format!("/v1/sessions/{}/dispatch", args.id);
             let body = skiff_protocol::api::DispatchRequest {
                 profile: args.profile,
+                live: args.live,
             };
             let answer = client.send(client.post(&path, &body)).await?;
             follow_move(&client, answer, PlacementState::Active, json).await

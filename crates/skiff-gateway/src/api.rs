@@ -242,7 +242,7 @@ async fn pull_back(
 ) -> Result<Response, Error> {
     let Json(req) = body.map_err(|e| Error::BadRequest(e.body_text()))?;
     let done = core
-        .pull_back(&scope, &session_id(&id)?, req.cancel)
+        .pull_back(&scope, &session_id(&id)?, req.cancel, req.live)
         .await?;
     Ok((StatusCode::ACCEPTED, Json(done)).into_response())
 }
@@ -256,7 +256,7 @@ async fn dispatch(
 ) -> Result<Response, Error> {
     let Json(req) = body.map_err(|e| Error::BadRequest(e.body_text()))?;
     let done = core
-        .dispatch(&scope, &session_id(&id)?, &req.profile)
+        .dispatch(&scope, &session_id(&id)?, &req.profile, req.live)
         .await?;
     Ok((StatusCode::ACCEPTED, Json(done)).into_response())
 }

@@ -67,6 +67,13 @@ pub(crate) struct StoreBackend {
 }
 
 impl SessionBackend for StoreBackend {
+    fn handing_off(&self) -> bool {
+        matches!(
+            self.core.workers.live(&self.session).asked(),
+            Some(crate::worker::Handoff::Profile(_))
+        )
+    }
+
     async fn transcript(&self) -> Result<Vec<TranscriptEntry>, BackendError> {
         self.core
             .store

@@ -116,9 +116,31 @@ pub struct GatewayConfig {
     /// How long a call waits for a decision before it is denied [default: 10m].
     #[serde(default)]
     pub approval_timeout: Option<String>,
+    /// Debug only: injects a fault at one step of a pull-back's barrier, `"STEP:ACTION"`
+    /// with STEP one of `drained`, `fenced`, `reconciled` and ACTION `kill-worker` or
+    /// `cut-tunnel` [default: none]. It exists because no outside observer can time a fault
+    /// to land between two steps of the barrier; the fault-injection tests set it.
+    #[serde(default)]
+    pub barrier_fault: Option<String>,
 }
 
 impl GatewayConfig {
+    /// `barrier_fault`, checked.
+    pub(crate) fn barrier_fault(
+        &self,
+        config_path: &Path,
+    ) -> Result<Option<crate::worker::BarrierFault>, ConfigError> {
+        self.barrier_fault
+            .as_deref()
+            .map(|text| {
+                crate::worker::BarrierFault::parse(text).map_err(|message| ConfigError::Invalid {
+                    path: config_path.display().to_string(),
+                    message: format!("[gateway] barrier_fault: {message}"),
+                })
+            })
+            .transpose()
+    }
+
     pub fn lifetime_tick(&self, config_path: &Path) -> Result<std::time::Duration, ConfigError> {
         duration(
             config_path,

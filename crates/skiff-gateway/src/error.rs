@@ -146,6 +146,7 @@ fn raw_store_failure(e: &skiff_store::Error) -> bool {
         S::NotFound { .. }
         | S::LeafConflict { .. }
         | S::SessionBusy { .. }
+        | S::RunEnded { .. }
         | S::AttemptActive { .. }
         | S::IllegalRunTransition { .. }
         | S::IllegalEnvironmentTransition { .. }
@@ -167,6 +168,7 @@ fn store_code(e: &skiff_store::Error) -> ErrorCode {
         S::LeafConflict { .. } => ErrorCode::TranscriptConflict,
         S::SessionBusy { .. } => ErrorCode::SessionBusy,
         S::AttemptActive { .. }
+        | S::RunEnded { .. }
         | S::IllegalRunTransition { .. }
         | S::IllegalEnvironmentTransition { .. }
         | S::IllegalSnapshotTransition { .. }

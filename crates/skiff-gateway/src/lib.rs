@@ -93,6 +93,8 @@ pub(crate) struct Core {
     compact_at: f64,
     /// `[gateway] max_children`: how many child sessions one session's agent may dispatch.
     max_children: u64,
+    /// `[gateway] barrier_fault`: a fault the tests inject at one barrier step.
+    barrier_fault: Option<worker::BarrierFault>,
     /// Sessions whose workspace is being restored to a checkpoint: no turn is admitted.
     restoring: Mutex<std::collections::HashSet<skiff_protocol::SessionId>>,
     /// Sealed secrets (`vault:NAME` in configuration); the catalog holds it too.
@@ -209,6 +211,7 @@ pub(crate) async fn open_core(options: &Options) -> Result<(Arc<Core>, std::time
     check_approval_policies(&config_path, &config)?;
     let budgets = budgets::Budgets::from_config(&config_path, &config.budgets, &config.profiles)?;
     let audit_retention = config.audit.retention(&config_path)?;
+    let barrier_fault = config.gateway.barrier_fault(&config_path)?;
     let config_dir = config_path.parent().map(PathBuf::from).unwrap_or_default();
     let store = Arc::new(Store::open(&state.database())?);
     let (audit_feed, _) = tokio::sync::watch::channel(0i64);
@@ -263,6 +266,7 @@ pub(crate) async fn open_core(options: &Options) -> Result<(Arc<Core>, std::time
         turn_timeout,
         compact_at,
         max_children: config.gateway.max_children.unwrap_or(4),
+        barrier_fault,
         restoring: Mutex::default(),
         vault,
         session_processes: Mutex::default(),

@@ -572,8 +572,17 @@ impl Core {
                 work.await
             }
         };
+        // Where the turn's last attempt ran (a live move may have taken it elsewhere).
+        let (outcome, ended_here) = match outcome {
+            Ok((outcome, here)) => (Ok(outcome), here),
+            Err(e) => (Err(e), session.placement == PlacementState::Local.as_str()),
+        };
         let status = match outcome {
             _ if timed_out.is_some() => (RunStatus::TimedOut, timed_out),
+            Ok(TurnOutcome::HandedOff) => (
+                RunStatus::Failed,
+                Some("the turn stopped for a live move that was not made".to_owned()),
+            ),
             // A cancel wins over whatever the turn ended with, errors from racing it included.
             _ if cancel.is_cancelled() => (RunStatus::Cancelled, None),
             Ok(TurnOutcome::Completed) => (RunStatus::Succeeded, None),
@@ -587,7 +596,7 @@ impl Core {
             self.cancel_children(&scope, &session.id);
         }
         // Worker sessions checkpoint after reconciling each turn (in `turn.finish`).
-        if session.placement == PlacementState::Local.as_str() {
+        if ended_here {
             self.checkpoint_turn(&scope, &session, &run.id, None).await;
         }
         self.finish(&scope, &session.id, &run.id, status.0, status.1.as_deref());
@@ -611,20 +620,86 @@ impl Core {
         }
     }
 
+    /// Runs the turn where the session is placed, and goes on running it wherever a live
+    /// move (`--live`) takes it. Returns how it ended and whether its last attempt ran on
+    /// the gateway.
     async fn prepare_and_run(
         self: &Arc<Self>,
         scope: &Scope,
         session: &SessionRow,
         run: &RunRow,
         cancel: &CancellationToken,
+    ) -> Result<(TurnOutcome, bool)> {
+        let live = self.workers.live(&session.id);
+        live.attend();
+        let mut here = session.placement == PlacementState::Local.as_str();
+        let outcome = self
+            .run_and_follow(scope, session, run, cancel, &mut here)
+            .await;
+        // A move asked for as the turn ended, before its next step, is made at the boundary.
+        if let Some(to) = live.leave() {
+            self.move_at_boundary(scope, session, to).await;
+        }
+        outcome.map(|o| (o, here))
+    }
+
+    async fn run_and_follow(
+        self: &Arc<Self>,
+        scope: &Scope,
+        session: &SessionRow,
+        run: &RunRow,
+        cancel: &CancellationToken,
+        here: &mut bool,
     ) -> Result<TurnOutcome> {
-        if session.placement != PlacementState::Local.as_str() {
+        if *here {
+            for status in [RunStatus::Starting, RunStatus::Running] {
+                self.set_run_status(scope, &session.id, &run.id, status, None)?;
+            }
+        } else {
             self.set_run_status(scope, &session.id, &run.id, RunStatus::Starting, None)?;
-            return self.run_turn_on_worker(scope, session, run, cancel).await;
         }
-        for status in [RunStatus::Starting, RunStatus::Running] {
-            self.set_run_status(scope, &session.id, &run.id, status, None)?;
+        loop {
+            let outcome = if *here {
+                self.run_turn_here(scope, session, run, cancel).await?
+            } else {
+                self.run_turn_on_worker(scope, session, run, cancel).await?
+            };
+            if outcome != TurnOutcome::HandedOff {
+                return Ok(outcome);
+            }
+            if !*here {
+                // The worker was drained, stopped and fenced, and its work brought home.
+                *here = true;
+                continue;
+            }
+            // The gateway's loop stopped before its next model call for a live dispatch.
+            let Some(crate::worker::Handoff::Profile(profile)) =
+                self.workers.live(&session.id).asked()
+            else {
+                return Err(Error::Internal(
+                    "the gateway's loop stopped for a live move nobody asked for".into(),
+                ));
+            };
+            match self
+                .hand_off_to_box(scope, session, &run.id, &profile, cancel)
+                .await
+            {
+                Ok(()) => *here = false,
+                Err(e) => {
+                    tracing::warn!(session = %session.id, error = %e, "a live dispatch failed; the turn goes on on the gateway");
+                }
+            }
         }
+    }
+
+    /// One attempt of the run on the gateway's own loop.
+    async fn run_turn_here(
+        self: &Arc<Self>,
+        scope: &Scope,
+        session: &SessionRow,
+        run: &RunRow,
+        cancel: &CancellationToken,
+    ) -> Result<TurnOutcome> {
         let model = ModelRef::parse(&session.model_ref).ok_or_else(|| {
             Error::Internal(format!(
                 "session model {} is not a model ref",
@@ -675,6 +750,7 @@ impl Core {
         .await;
         let (attempt_status, error) = match (&outcome, cancel.is_cancelled()) {
             (_, true) | (TurnOutcome::Cancelled, _) => (AttemptStatus::Cancelled, None),
+            (TurnOutcome::HandedOff, _) => (AttemptStatus::HandedOff, None),
             (TurnOutcome::Completed, _) => (AttemptStatus::Succeeded, None),
             (TurnOutcome::Failed(e), _) => (AttemptStatus::Failed, Some(e.as_str())),
         };

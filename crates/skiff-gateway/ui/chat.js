@@ -240,17 +240,33 @@ export class ChatView {
     const form = dialog.querySelector('form');
     const profileRow = dialog.querySelector('.move-profile');
     const cancelRow = dialog.querySelector('.move-cancel');
+    const liveRow = dialog.querySelector('.move-live');
     const select = form.elements.profile;
     const s = this.session;
     const running = Boolean(this.activeRun());
+    const text = dialog.querySelector('.move-text');
+    const texts = kind === 'pull-back'
+      ? {
+        plain: `The worker on ${s.worker?.environment_id || 'its box'} stops, the box's work comes back into the session's workspace, and the box goes back to the pool. The next message runs on the gateway.`,
+        live: `The running turn moves with it: its current step finishes on ${s.worker?.environment_id || 'its box'}, the worker stops, the box's work comes back, and the same turn goes on on the gateway.`,
+      }
+      : {
+        plain: 'The session is placed on a worker box of this profile now; the next message runs there.',
+        live: 'The running turn moves with it: its current step finishes on the gateway, and the same turn goes on on a worker box of this profile.',
+      };
+    // Live and stop-first exclude each other; the text says what the confirmation does.
+    const showText = () => { text.textContent = form.elements.live.checked ? texts.live : texts.plain; };
+    form.elements.live.checked = false;
+    form.elements.cancel.checked = false;
+    form.elements.live.onchange = () => { if (form.elements.live.checked) form.elements.cancel.checked = false; showText(); };
+    form.elements.cancel.onchange = () => { if (form.elements.cancel.checked) form.elements.live.checked = false; showText(); };
+    liveRow.hidden = !running;
+    showText();
     dialog.querySelector('#move-title').textContent = kind === 'pull-back' ? 'Pull this session back?' : 'Dispatch this session?';
     if (kind === 'pull-back') {
-      dialog.querySelector('.move-text').textContent = `The worker on ${s.worker?.environment_id || 'its box'} stops, the box's work comes back into the session's workspace, and the box goes back to the pool. The next message runs on the gateway.`;
       profileRow.hidden = true;
       cancelRow.hidden = !running;
-      form.elements.cancel.checked = false;
     } else {
-      dialog.querySelector('.move-text').textContent = 'The session is placed on a worker box of this profile now; the next message runs there.';
       cancelRow.hidden = true;
       profileRow.hidden = false;
       let profiles = [];
@@ -272,9 +288,10 @@ export class ChatView {
       if (dialog.returnValue !== 'move') return;
       this.showError(null);
       try {
+        const live = !liveRow.hidden && form.elements.live.checked;
         const moved = kind === 'pull-back'
-          ? await api.pullBack(this.id, !cancelRow.hidden && form.elements.cancel.checked)
-          : await api.dispatch(this.id, select.value);
+          ? await api.pullBack(this.id, !cancelRow.hidden && form.elements.cancel.checked, live)
+          : await api.dispatch(this.id, select.value, live);
         // The steps arrive as placement rows in the transcript; a no-op says why here.
         if (!moved.moved) this.showError(moved.message);
       } catch (e) {

@@ -10,7 +10,7 @@ const FAILED_RUN = ['failed', 'timed_out', 'orphaned'];
  * Placement states shown instead of the run state: being set up or torn down, or without a box
  * (parked: it gave its box back between turns; the next message places it again).
  */
-const PLACEMENT_STATES = ['requested', 'provisioning', 'syncing', 'setup', 'starting', 'draining', 'reconciling', 'parked', 'reclaimed', 'failed'];
+const PLACEMENT_STATES = ['requested', 'provisioning', 'syncing', 'setup', 'starting', 'draining', 'handing_off', 'reconciling', 'parked', 'reclaimed', 'failed'];
 
 export const STATE_SYMBOL = {
   running: '●',
@@ -22,6 +22,7 @@ export const STATE_SYMBOL = {
   syncing: '◌',
   starting: '◌',
   draining: '◌',
+  handing_off: '◌',
   reconciling: '◌',
   parked: '◇',
   reclaimed: '⊘',
@@ -64,7 +65,7 @@ export function activityAt(s) {
 }
 
 function group(state) {
-  if (state === 'running' || ['requested', 'provisioning', 'syncing', 'setup', 'starting', 'draining', 'reconciling'].includes(state)) return 'running';
+  if (state === 'running' || ['requested', 'provisioning', 'syncing', 'setup', 'starting', 'draining', 'handing_off', 'reconciling'].includes(state)) return 'running';
   if (state === 'waiting') return 'waiting';
   return 'recent';
 }

@@ -195,6 +195,10 @@ pub struct PullBackRequest {
     /// Cancel the running turn first; without it a session with a turn running is refused.
     #[serde(default)]
     pub cancel: bool,
+    /// Move a running turn with the session: its current model step and tool calls finish
+    /// on the box, and the same run goes on at home (ignored when no turn runs).
+    #[serde(default)]
+    pub live: bool,
 }
 
 /// `POST /v1/sessions/{id}/dispatch`: place a session on a worker profile now, without a
@@ -203,6 +207,10 @@ pub struct PullBackRequest {
 #[serde(deny_unknown_fields)]
 pub struct DispatchRequest {
     pub profile: String,
+    /// Move a running turn with the session: its current model step and tool calls finish
+    /// on the gateway, and the same run goes on on the box (ignored when no turn runs).
+    #[serde(default)]
+    pub live: bool,
 }
 
 /// The answer to a pull-back or a dispatch. The move itself goes on after the answer: each
@@ -424,6 +432,8 @@ pub enum AttemptStatus {
     Failed,
     Cancelled,
     Orphaned,
+    /// A live move ended it between two model steps; the run goes on as the next attempt.
+    HandedOff,
 }
 
 impl AttemptStatus {
@@ -435,6 +445,7 @@ impl AttemptStatus {
             AttemptStatus::Failed => "failed",
             AttemptStatus::Cancelled => "cancelled",
             AttemptStatus::Orphaned => "orphaned",
+            AttemptStatus::HandedOff => "handed_off",
         }
     }
 
@@ -446,6 +457,7 @@ impl AttemptStatus {
             AttemptStatus::Failed,
             AttemptStatus::Cancelled,
             AttemptStatus::Orphaned,
+            AttemptStatus::HandedOff,
         ]
         .into_iter()
         .find(|a| a.as_str() == s)

@@ -256,7 +256,9 @@ pub struct ProfileList {
 /// [setup →] starting → active → draining → reconciling → local | reclaimed | failed`. A worker session
 /// comes back to `active` after each turn's reconciliation; `parked` means it gave its box back
 /// between turns (DESIGN §11), `reclaimed` that its box is gone; either way the next message
-/// places it again.
+/// places it again. `handing_off` is a live move of a running turn (`--live`): the turn's
+/// current step finishes at its old owner, which is then stopped and fenced, and the same run
+/// goes on at the new one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum PlacementState {
@@ -269,6 +271,8 @@ pub enum PlacementState {
     Starting,
     Active,
     Draining,
+    /// A live move: the running turn is drained at its old owner and continues at the new.
+    HandingOff,
     Reconciling,
     Parked,
     Reclaimed,
@@ -276,7 +280,7 @@ pub enum PlacementState {
 }
 
 impl PlacementState {
-    pub const ALL: [PlacementState; 12] = [
+    pub const ALL: [PlacementState; 13] = [
         PlacementState::Local,
         PlacementState::Requested,
         PlacementState::Provisioning,
@@ -285,6 +289,7 @@ impl PlacementState {
         PlacementState::Starting,
         PlacementState::Active,
         PlacementState::Draining,
+        PlacementState::HandingOff,
         PlacementState::Reconciling,
         PlacementState::Parked,
         PlacementState::Reclaimed,
@@ -301,6 +306,7 @@ impl PlacementState {
             PlacementState::Starting => "starting",
             PlacementState::Active => "active",
             PlacementState::Draining => "draining",
+            PlacementState::HandingOff => "handing_off",
             PlacementState::Reconciling => "reconciling",
             PlacementState::Parked => "parked",
             PlacementState::Reclaimed => "reclaimed",

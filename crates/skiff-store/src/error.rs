@@ -22,6 +22,8 @@ pub enum Error {
     },
     #[error("session {session} is busy with run {run}; wait for it to finish or cancel it")]
     SessionBusy { session: String, run: String },
+    #[error("run {run} has already ended; there is no turn to move with --live")]
+    RunEnded { run: String },
     #[error("run {run} already has an active attempt")]
     AttemptActive { run: String },
     #[error("run {run} cannot move from {from} to {to}")]

@@ -140,7 +140,26 @@ pub(crate) fn request_in(
     profile: &str,
     max_live: u64,
 ) -> Result<()> {
-    let to = PlacementState::Requested;
+    claim_in(
+        tx,
+        scope,
+        session,
+        profile,
+        max_live,
+        PlacementState::Requested,
+    )
+}
+
+/// Claims a worker slot for `session` on `profile`, moving it to `to` (`requested`, or
+/// `handing_off` for a live dispatch).
+fn claim_in(
+    tx: &rusqlite::Transaction<'_>,
+    scope: &Scope,
+    session: &SessionId,
+    profile: &str,
+    max_live: u64,
+    to: PlacementState,
+) -> Result<()> {
     checked_move(
         tx,
         "SELECT placement FROM sessions WHERE id = ?1 AND owner_id = ?2 AND tenant_id = ?3",
@@ -246,6 +265,52 @@ impl Store {
             let mut conn = self.conn();
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
             request_in(&tx, scope, session, profile, max_live)?;
+            tx.commit()?;
+        }
+        self.placement(scope, session)?
+            .ok_or_else(|| Error::NotFound {
+                what: "placement",
+                id: session.to_string(),
+            })
+    }
+
+    /// Claims a live dispatch of a session whose turn runs on the gateway: `local →
+    /// handing_off` on `profile`, holding one of `max_live` worker slots, in one immediate
+    /// transaction that finds the run `run` still open (a turn that ended first is moved
+    /// at the boundary instead). The turn's loop then stops before its next model call.
+    pub fn claim_live_dispatch(
+        &self,
+        scope: &Scope,
+        session: &SessionId,
+        run: &skiff_protocol::RunId,
+        profile: &str,
+        max_live: u64,
+    ) -> Result<PlacementRow> {
+        {
+            let mut conn = self.conn();
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let open: Option<String> = tx
+                .query_row(
+                    &format!(
+                        "SELECT id FROM runs WHERE id = ?1 AND session_id = ?2 AND status IN {OPEN_RUN}"
+                    ),
+                    [run.as_str(), session.as_str()],
+                    |r| r.get(0),
+                )
+                .optional()?;
+            if open.is_none() {
+                return Err(Error::RunEnded {
+                    run: run.to_string(),
+                });
+            }
+            claim_in(
+                &tx,
+                scope,
+                session,
+                profile,
+                max_live,
+                PlacementState::HandingOff,
+            )?;
             tx.commit()?;
         }
         self.placement(scope, session)?

@@ -72,10 +72,21 @@ pub fn snapshot_allowed(from: SnapshotState, to: SnapshotState) -> bool {
 /// the owner epoch advanced past it), `reconciling` only when the box holds work the gateway
 /// lacks, then `local`. A pull-back that cannot finish leaves the session on its box
 /// (`draining|reconciling → active`).
+///
+/// A live move (`--live`) goes through `handing_off` while its turn runs on. Home to box:
+/// `local → handing_off` (the gateway's loop finishes its step), `→ requested` and the usual
+/// placement to `active`, where the same run goes on; a gateway restart in between brings it
+/// back (`handing_off → local`). Box to home: `active → handing_off` (the worker's step
+/// finishes; its next model call is held), `handing_off → handing_off` records the epoch
+/// advanced past the stopped worker, `→ reconciling` when the box holds work the gateway
+/// lacks, then `local`, where the run goes on. A turn that ends before its next model call
+/// reconciles as usual and goes back to waiting (`handing_off → reconciling → handing_off`),
+/// then comes home at the boundary.
+/// One that cannot finish stays on its box (`handing_off → active`) or fails.
 pub fn placement_allowed(from: PlacementState, to: PlacementState) -> bool {
     use PlacementState::*;
     match from {
-        Local => matches!(to, Requested),
+        Local => matches!(to, Requested | HandingOff),
         Parked | Reclaimed | Failed => matches!(to, Requested | Local),
         Requested => matches!(to, Provisioning | Failed),
         Provisioning => matches!(to, Syncing | Failed | Reclaimed),
@@ -85,9 +96,13 @@ pub fn placement_allowed(from: PlacementState, to: PlacementState) -> bool {
         Starting => matches!(to, Starting | Active | Failed | Reclaimed),
         Active => matches!(
             to,
-            Starting | Reconciling | Draining | Parked | Failed | Reclaimed
+            Starting | Reconciling | Draining | HandingOff | Parked | Failed | Reclaimed
         ),
-        Reconciling => matches!(to, Active | Local | Failed | Reclaimed),
+        HandingOff => matches!(
+            to,
+            HandingOff | Requested | Reconciling | Active | Local | Failed | Reclaimed
+        ),
+        Reconciling => matches!(to, Active | HandingOff | Local | Failed | Reclaimed),
         Draining => matches!(
             to,
             Draining | Reconciling | Active | Local | Failed | Reclaimed
@@ -225,6 +240,79 @@ mod tests {
             P::Starting,
         ] {
             assert!(!placement_allowed(from, P::Local), "{from} -> local");
+        }
+    }
+
+    #[test]
+    fn a_live_move_hands_off_in_either_direction_and_nothing_else_does() {
+        use PlacementState as P;
+        for path in [
+            // Home to box: the gateway's step finishes, then the usual placement.
+            &[
+                P::Local,
+                P::HandingOff,
+                P::Requested,
+                P::Provisioning,
+                P::Syncing,
+                P::Starting,
+                P::Active,
+            ][..],
+            // Box to home: drained, fenced, the box's work brought back, home.
+            &[
+                P::Active,
+                P::HandingOff,
+                P::HandingOff,
+                P::Reconciling,
+                P::Local,
+            ],
+            &[P::Active, P::HandingOff, P::HandingOff, P::Local],
+            // The turn ended before its next model call: reconciled as usual, then home.
+            &[
+                P::Active,
+                P::HandingOff,
+                P::Reconciling,
+                P::HandingOff,
+                P::HandingOff,
+                P::Local,
+            ],
+        ] {
+            for pair in path.windows(2) {
+                assert!(
+                    placement_allowed(pair[0], pair[1]),
+                    "{} -> {}",
+                    pair[0],
+                    pair[1]
+                );
+            }
+        }
+        // Only a session that runs somewhere hands off: mid-placement, parked or without a
+        // box there is no owner to drain.
+        for from in [
+            P::Requested,
+            P::Provisioning,
+            P::Syncing,
+            P::Setup,
+            P::Starting,
+            P::Draining,
+            P::Reconciling,
+            P::Parked,
+            P::Reclaimed,
+            P::Failed,
+        ] {
+            assert!(
+                !placement_allowed(from, P::HandingOff),
+                "{from} -> handing_off"
+            );
+        }
+        // A handoff never skips the placement of the new owner.
+        for to in [
+            P::Provisioning,
+            P::Syncing,
+            P::Starting,
+            P::Parked,
+            P::Draining,
+        ] {
+            assert!(!placement_allowed(P::HandingOff, to), "handing_off -> {to}");
         }
     }
 

@@ -138,6 +138,10 @@ impl Turns {
             TurnOutcome::Completed => TurnEnd::Completed,
             TurnOutcome::Cancelled => TurnEnd::Cancelled,
             TurnOutcome::Failed(error) => TurnEnd::Failed { error },
+            // A worker's backend never asks for it: the gateway holds its next model call.
+            TurnOutcome::HandedOff => TurnEnd::Failed {
+                error: "the turn stopped for a handoff the worker was never told about".into(),
+            },
         }
     }
 

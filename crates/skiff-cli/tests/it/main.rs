@@ -19,6 +19,7 @@ mod dispatch;
 mod egress;
 mod env;
 mod fanout;
+mod handoff;
 mod harness;
 mod homecoming;
 mod leftovers;

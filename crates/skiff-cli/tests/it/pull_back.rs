@@ -153,7 +153,7 @@ fn a_dispatched_session_pulled_back_mid_turn_brings_the_boxs_work_home_and_runs_
     let refused = rig.gw.run(&["session", "pull-back", &id]);
     assert_eq!(refused.status.code(), Some(5), "busy: {}", stderr(&refused));
     assert!(
-        stderr(&refused).contains("has a turn running; wait for it, or pass --cancel"),
+        stderr(&refused).contains("has a turn running; wait for it, pass --live"),
         "{}",
         stderr(&refused)
     );

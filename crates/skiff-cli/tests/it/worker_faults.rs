@@ -94,7 +94,7 @@ impl Following {
         });
     }
 
-    fn session_id(&self) -> String {
+    pub fn session_id(&self) -> String {
         self.seen[0]["session_id"].as_str().unwrap().to_owned()
     }
 

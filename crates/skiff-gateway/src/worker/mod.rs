@@ -14,6 +14,9 @@
 //!   longest when a slot is needed, gives the box back to the idle pool (placement `parked`).
 //! - [`pull_back`]: the migration barrier — a worker session brought home (placement
 //!   `local`), and a session dispatched to a profile without a message.
+//! - [`handoff`]: the same moves with the turn running (`--live`): the old owner's current
+//!   step finishes and is committed, the old owner is stopped and fenced, the workspace
+//!   reconciled, and the same run goes on at the new owner as a new attempt.
 //! - [`web_fetch`]: the gateway-resident tool (controlled egress, allowlisted hosts).
 //!
 //! Deliberately absent: any way for a worker to reach the HTTP API, to name another session,
@@ -22,6 +25,7 @@
 pub(crate) mod credential;
 mod egress_gate;
 mod endpoint;
+mod handoff;
 mod ops;
 mod park;
 pub(crate) mod place;
@@ -45,6 +49,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 
 pub(crate) use credential::Signer;
+pub(crate) use handoff::{BarrierFault, Handoff};
 pub(crate) use place::box_workspace;
 pub(crate) use pull_back::moving_profiles;
 
@@ -97,6 +102,11 @@ pub(crate) struct Live {
     /// Held by whoever drives the placement (a turn's `ensure_worker`, a dispatch without a
     /// message, a pull-back), so two of them never drive one placement at once.
     pub(crate) placing: Arc<tokio::sync::Mutex<()>>,
+    /// Whether a turn is attended here, and the live move of it asked for (`--live`).
+    handoff: watch::Sender<handoff::HandoffState>,
+    /// The inference proxy held the worker's next model call for a live move home: the step
+    /// before it is committed, and nothing after it will be.
+    held_call: watch::Sender<bool>,
 }
 
 impl Live {

@@ -181,6 +181,12 @@ impl Core {
                 });
                 return;
             }
+            None if op.run_id.is_some() && a.live.hold_for_handoff() => {
+                // A live move home: the step before this call is committed; the call is
+                // never answered, and its worker is stopped and fenced (`handoff`).
+                tracing::info!(session = %op.session_id, seq = op.seq, "model call held for a live handoff");
+                return;
+            }
             None => {
                 let in_flight = lock(&self.workers.models)
                     .iter()

@@ -12,8 +12,8 @@
 //! and then runs at home.
 //!
 //! Both answer once the move is claimed and go on in the background: a client follows the
-//! placement events until a settled state. Deliberately absent: a live migration of a turn
-//! in flight (a running turn is cancelled first, or the pull-back refused), and moving a
+//! placement events until a settled state. A turn in flight is cancelled first, or the
+//! pull-back refused, unless the move is live (`handoff`). Deliberately absent: moving a
 //! session on a box straight to another profile (it comes home first).
 
 use super::park::stop_worker_script;
@@ -49,11 +49,22 @@ impl Core {
         scope: &Scope,
         id: &SessionId,
         cancel: bool,
+        live_move: bool,
     ) -> Result<PlacementMove> {
+        if cancel && live_move {
+            return Err(crate::Error::BadRequest(
+                "cancel and live exclude each other: --cancel ends the running turn, --live moves it".into(),
+            ));
+        }
         self.store.session(scope, id)?;
         let live = self.workers.live(id);
         let admission = live.admission.clone().lock_owned().await;
         if let Some(run) = self.store.open_run(scope, id)? {
+            if live_move {
+                let moved = self.claim_live_pull_back(scope, id, &run);
+                drop(admission);
+                return moved;
+            }
             if !cancel {
                 return Err(skiff_store::Error::SessionBusy {
                     session: id.to_string(),
@@ -235,7 +246,7 @@ impl Core {
     }
 
     /// Stops the worker's process on its box (the endpoint already told it to go).
-    async fn stop_worker_on_box(
+    pub(super) async fn stop_worker_on_box(
         &self,
         env: &skiff_store::EnvironmentRow,
         worker_pid: Option<i64>,
@@ -285,10 +296,22 @@ impl Core {
         scope: &Scope,
         id: &SessionId,
         profile: &str,
+        live_move: bool,
     ) -> Result<PlacementMove> {
         let session = self.store.session(scope, id)?;
         let live = self.workers.live(id);
         let admission = live.admission.clone().lock_owned().await;
+        let placement = self.store.placement(scope, id)?;
+        if live_move
+            && placement
+                .as_ref()
+                .is_none_or(|p| p.state == PlacementState::Local)
+            && let Some(run) = self.store.open_run(scope, id)?
+        {
+            let moved = self.claim_live_dispatch(scope, id, &run, profile).await;
+            drop(admission);
+            return moved;
+        }
         if let Some(p) = self.store.placement(scope, id)?
             && !matches!(
                 p.state,

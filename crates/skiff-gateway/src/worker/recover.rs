@@ -444,13 +444,21 @@ impl Core {
     /// endpoint back and wait for their worker to re-attach (repairing the tunnel if needed).
     pub(crate) async fn reconcile_placements_on_start(self: &Arc<Self>) -> Result<()> {
         for p in self.store.live_placements()? {
+            if p.state == PlacementState::HandingOff && p.environment_id.is_none() {
+                // A live dispatch cut short: its turn was on the gateway, which restarted.
+                self.store.come_home(&p.scope, &p.session_id)?;
+                continue;
+            }
             match p.state {
-                PlacementState::Active | PlacementState::Reconciling | PlacementState::Draining => {
+                PlacementState::Active
+                | PlacementState::Reconciling
+                | PlacementState::Draining
+                | PlacementState::HandingOff => {
                     if p.state != PlacementState::Active {
                         // A pull-back cut short leaves the session on its box: pulling it
                         // back again finishes it, and a message runs there meanwhile.
                         let why = match p.state {
-                            PlacementState::Draining => {
+                            PlacementState::Draining | PlacementState::HandingOff => {
                                 "the gateway restarted during a pull-back; the session stays on its box"
                             }
                             _ => "the gateway restarted during reconciliation",

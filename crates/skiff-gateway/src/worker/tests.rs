@@ -606,7 +606,11 @@ async fn after_a_pull_back_the_old_workers_writes_are_refused_as_stale() {
     let old_epoch = h.a.claims.owner_epoch;
     let before = h.transcript_len().unwrap();
 
-    let answer = h.core.pull_back(&scope, &session, false).await.unwrap();
+    let answer = h
+        .core
+        .pull_back(&scope, &session, false, false)
+        .await
+        .unwrap();
     assert!(answer.moved, "{}", answer.message);
     let events = h
         .core
@@ -654,7 +658,11 @@ async fn after_a_pull_back_the_old_workers_writes_are_refused_as_stale() {
     assert_eq!(h.transcript_len().unwrap(), before, "the late write landed");
 
     // Pulling back a session already home changes nothing and says so.
-    let again = h.core.pull_back(&scope, &session, false).await.unwrap();
+    let again = h
+        .core
+        .pull_back(&scope, &session, false, false)
+        .await
+        .unwrap();
     assert!(!again.moved);
     assert!(
         again.message.contains("already runs on the gateway"),

@@ -73,7 +73,10 @@ impl Core {
         cancel: &CancellationToken,
     ) -> Result<skiff_agent::TurnOutcome> {
         let mut p = self.ensure_worker(scope, session, cancel).await?;
-        self.set_run_status(scope, &session.id, &run.id, RunStatus::Running, None)?;
+        // Running already when a live move brought the turn here.
+        if self.store.run(scope, &run.id)?.status != RunStatus::Running {
+            self.set_run_status(scope, &session.id, &run.id, RunStatus::Running, None)?;
+        }
         let allowed = self.envs.failovers_allowed(&p.profile);
         let mut failovers = 0;
         let mut resume: Option<(AttemptId, Option<String>)> = None;
@@ -97,7 +100,27 @@ impl Core {
                     },
                 )?,
             };
-            let end = self.attend_turn(scope, session, run, &p, cancel).await?;
+            let Some(end) = self.attend_turn(scope, session, run, &p, cancel).await? else {
+                // Drained for a live move home: this attempt ends here, the run goes on.
+                if let Err(e) = self.store.finish_attempt(
+                    scope,
+                    &attempt,
+                    skiff_store::AttemptStatus::HandedOff,
+                    None,
+                ) {
+                    tracing::warn!(run = %run.id, error = %e, "could not finish the attempt");
+                }
+                match self.hand_off_home(scope, &session.id, Some(&run.id)).await {
+                    Ok(()) => return Ok(skiff_agent::TurnOutcome::HandedOff),
+                    Err(e) => {
+                        // Still on its box, its worker stopped: a new one takes the turn up.
+                        tracing::warn!(session = %session.id, error = %e, "a live pull-back stopped; the turn goes on on its box");
+                        p = self.ensure_worker(scope, session, cancel).await?;
+                        resume = Some((attempt, None));
+                        continue;
+                    }
+                }
+            };
             if let TurnEnd::Failed { error } = &end
                 && !cancel.is_cancelled()
                 && self.box_died(scope, &session.id)
@@ -155,7 +178,8 @@ impl Core {
     }
 
     /// Hands the open run to the placement's worker and waits for the turn's end: a stalled
-    /// worker is replaced meanwhile, a cancel is passed on.
+    /// worker is replaced meanwhile, a cancel is passed on. `None`: the worker was drained
+    /// for a live move home (its next model call held; the turn is not over).
     async fn attend_turn(
         self: &Arc<Self>,
         scope: &Scope,
@@ -163,7 +187,7 @@ impl Core {
         run: &RunRow,
         p: &PlacementRow,
         cancel: &CancellationToken,
-    ) -> Result<TurnEnd> {
+    ) -> Result<Option<TurnEnd>> {
         let live = self.workers.live(&session.id);
         let done = live.expect_turn(&run.id);
         // From here the box may hold work the gateway lacks, until this turn's reconciliation
@@ -177,6 +201,7 @@ impl Core {
             live.touch();
             tokio::select! {
                 end = &mut done => break end.ok(),
+                () = live.drained() => return Ok(None),
                 _ = cancel.cancelled() => {
                     live.send(GatewayFrame::CancelTurn { run_id: run.id.clone() });
                     self.cancel_model_calls(&session.id);
@@ -189,9 +214,9 @@ impl Core {
                 }
             }
         };
-        Ok(end.unwrap_or(TurnEnd::Failed {
+        Ok(Some(end.unwrap_or(TurnEnd::Failed {
             error: "the worker did not finish the turn".into(),
-        }))
+        })))
     }
 
     /// Whether the session's box was given up (reclaimed) under its turn.
@@ -390,6 +415,12 @@ impl Core {
         run: &RunId,
         over_control: bool,
     ) -> Result<()> {
+        // A turn that ends while a live move home waits for its next step goes back to
+        // `handing_off`, and the move is made at the boundary.
+        let back_to = match self.store.placement(scope, session_id)? {
+            Some(p) if p.state == PlacementState::HandingOff => PlacementState::HandingOff,
+            _ => PlacementState::Active,
+        };
         let p = self.place(
             scope,
             session_id,
@@ -416,7 +447,7 @@ impl Core {
         self.place(
             scope,
             session_id,
-            PlacementState::Active,
+            back_to,
             &PlacementChange {
                 base_manifest: base.as_deref(),
                 // Failed, the box keeps what did not come back: it stays ahead.
