@@ -3,8 +3,8 @@
 #[macro_use]
 mod out;
 
-mod approvals;
 mod admin;
+mod approvals;
 mod audit;
 mod boxes;
 mod client;

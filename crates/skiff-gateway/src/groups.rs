@@ -107,6 +107,9 @@ impl Core {
     ) -> Result<FanOutStarted> {
         check_prompt(&req.prompt)?;
         let (n, profile) = check_attempts(&req)?;
+        if let Some(policy) = &req.approval {
+            crate::approvals::compile(policy, "approval").map_err(Error::BadRequest)?;
+        }
         self.check_profile(profile)?;
         // The quick answer before N workspaces are made: enough slots are free, or were
         // freed by parking sessions idle on their boxes.
@@ -151,6 +154,11 @@ impl Core {
             for s in &created {
                 self.store
                     .set_session_reasoning(scope, &s.id, Some(effort.as_str()))?;
+            }
+        }
+        if let Some(policy) = &req.approval {
+            for s in &created {
+                self.store.set_session_approval(scope, &s.id, policy)?;
             }
         }
         self.audit(
@@ -341,6 +349,7 @@ mod tests {
             model: None,
             profile: profile.map(str::to_owned),
             reasoning: None,
+            approval: None,
             attempts,
         }
     }

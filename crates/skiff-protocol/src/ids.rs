@@ -70,6 +70,8 @@ id_type!(
     /// one of which may be picked as the group's result.
     GroupId,
     "grp_"
+);
+id_type!(
     /// An approval: a tool call waiting for a person's decision.
     ApprovalId,
     "apr_"
