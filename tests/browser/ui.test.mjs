@@ -206,6 +206,34 @@ test('the stop button (Esc) cancels the running turn', async (t) => {
   assert.match(await transcriptText(page), /cancel/i);
 });
 
+test('with a turn running, Dispatch… offers to move the turn with it and says so before confirming', async (t) => {
+  const page = await pageFor(t, gw);
+  const sessionId = await openSession(page, gw, 'slow/x');
+  // This gateway has no worker profile: the page is shown one, and the dispatch is answered here.
+  await page.route('**/v1/profiles', (route) => route.fulfill({ json: { profiles: [{ name: 'local', provider: 'local', development_only: true, ttl: '1h' }] } }));
+  let body = null;
+  await page.route('**/v1/sessions/*/dispatch', (route) => {
+    body = route.request().postDataJSON();
+    return route.fulfill({ status: 202, json: { moved: false, message: 'not moved in this test', after_cursor: 0 } });
+  });
+  await page.fill('#composer-input', 'Now run the slow thing.');
+  await page.press('#composer-input', 'Control+Enter');
+  await page.waitForSelector('.tool[data-status="running"] .tname:text("exec")');
+  await page.click('button:text("Dispatch…")');
+  await page.waitForSelector('dialog#move[open]');
+  assert.equal(await page.isVisible('dialog#move .move-live'), true, 'the live option is offered while a turn runs');
+  assert.doesNotMatch(await page.locator('dialog#move .move-text').innerText(), /turn moves/);
+  await page.check('dialog#move input[name="live"]');
+  assert.match(await page.locator('dialog#move .move-text').innerText(), /running turn moves with it/);
+  await shot(page, 'move-live-1280');
+  await page.click('dialog#move button[value="move"]');
+  await until(() => body !== null, 'the dispatch request');
+  assert.deepEqual(body, { profile: 'local', live: true });
+  await page.press('#composer-input', 'Escape');
+  await page.waitForSelector('.runend.rs-cancelled');
+  assert.ok(sessionId);
+});
+
 test('reloading mid-stream loses nothing and doubles nothing', async (t) => {
   const page = await pageFor(t, gw);
   const sessionId = await openSession(page, gw, 'story/x');

@@ -285,8 +285,8 @@ mod tests {
                 );
             }
         }
-        // Only a session that runs somewhere hands off: mid-placement, parked or without a
-        // box there is no owner to drain.
+        // Only a session that runs somewhere hands off (or goes back to waiting for its move
+        // after reconciling): mid-placement, parked or without a box there is no owner to drain.
         for from in [
             P::Requested,
             P::Provisioning,
@@ -294,7 +294,6 @@ mod tests {
             P::Setup,
             P::Starting,
             P::Draining,
-            P::Reconciling,
             P::Parked,
             P::Reclaimed,
             P::Failed,

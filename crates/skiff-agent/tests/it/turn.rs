@@ -34,9 +34,16 @@ impl ModelClient for Scripted {
 pub(crate) struct Memory {
     pub(crate) entries: Mutex<Vec<TranscriptEntry>>,
     events: Mutex<Vec<EventKind>>,
+    /// Asks for a live handoff once the transcript holds this many entries (0: never).
+    pub(crate) hand_off_at: std::sync::atomic::AtomicUsize,
 }
 
 impl SessionBackend for Memory {
+    fn handing_off(&self) -> bool {
+        let at = self.hand_off_at.load(std::sync::atomic::Ordering::SeqCst);
+        at > 0 && self.entries.lock().unwrap().len() >= at
+    }
+
     async fn transcript(&self) -> Result<Vec<TranscriptEntry>, BackendError> {
         Ok(self.entries.lock().unwrap().clone())
     }
@@ -139,6 +146,69 @@ pub(crate) fn kinds(memory: &Memory) -> Vec<&'static str> {
         .iter()
         .map(|e| e.body.kind())
         .collect()
+}
+
+#[tokio::test]
+async fn a_live_handoff_stops_the_loop_after_a_committed_step_and_a_new_loop_goes_on_from_the_transcript()
+ {
+    let dir = tempfile::tempdir().unwrap();
+    let tools = Tools::new(
+        dir.path().to_path_buf(),
+        crate::tools::hermetic_home(dir.path()),
+    )
+    .unwrap();
+    let model = Scripted(vec![tool_turn(&[("ls", json!({}))]), final_turn("done")]);
+    let memory = backend_with_prompt();
+    // Asked once the first step's result is committed: the loop stops before its next request.
+    memory
+        .hand_off_at
+        .store(3, std::sync::atomic::Ordering::SeqCst);
+    let outcome = run_turn(
+        &model,
+        &memory,
+        &tools,
+        &config(),
+        &CancellationToken::new(),
+    )
+    .await;
+    assert_eq!(outcome, TurnOutcome::HandedOff);
+    assert_eq!(
+        kinds(&memory),
+        ["user_message", "assistant_message", "tool_result"]
+    );
+    let asked = |memory: &Memory| {
+        memory
+            .events
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|e| matches!(e, EventKind::ModelRequest { .. }))
+            .count()
+    };
+    assert_eq!(asked(&memory), 1, "the next model request was not made");
+    // The new owner's loop takes the turn up from the transcript: nothing lost or doubled.
+    memory
+        .hand_off_at
+        .store(0, std::sync::atomic::Ordering::SeqCst);
+    let outcome = run_turn(
+        &model,
+        &memory,
+        &tools,
+        &config(),
+        &CancellationToken::new(),
+    )
+    .await;
+    assert_eq!(outcome, TurnOutcome::Completed);
+    assert_eq!(
+        kinds(&memory),
+        [
+            "user_message",
+            "assistant_message",
+            "tool_result",
+            "assistant_message"
+        ]
+    );
+    assert_eq!(asked(&memory), 2);
 }
 
 #[tokio::test]
