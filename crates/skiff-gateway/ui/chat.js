@@ -73,6 +73,13 @@ function attemptsView(attempts) {
     h('ol', {}, ...rows));
 }
 
+/** 12345 → "12.3k", 2000000 → "2M". */
+function fmtCount(n) {
+  if (n >= 1e6) return `${+(n / 1e6).toFixed(1)}M`;
+  if (n >= 1e4) return `${+(n / 1e3).toFixed(1)}k`;
+  return String(n);
+}
+
 function fmtDollars(x) {
   return x >= 1 ? `$${x.toFixed(2)}` : `$${x.toFixed(4)}`;
 }
@@ -151,6 +158,7 @@ export class ChatView {
         r.model = r.model || run.model;
       }
       this.takeAttempts(detail.attempts);
+      this.usage = detail.usage || [];
       this.renderHeader();
     } catch (e) {
       if (e.status === 404) {
@@ -212,7 +220,38 @@ export class ChatView {
       h('span', { class: 'mono muted' }, s.id),
       s.group_id ? [h('span', { class: 'sep', 'aria-hidden': 'true' }, '·'),
         h('a', { class: 'group-link', href: `#/g/${s.group_id}`, title: `Compare the attempts of ${s.group_id}` }, 'attempt of a fan-out · compare')] : null,
-      this.totalEl());
+      this.totalEl(),
+      this.usageEl());
+  }
+
+  /** Usage against each budget in force (none configured: nothing shown). */
+  usageEl() {
+    const limited = (this.usage || []).filter((l) => l.tokens_limit != null || l.cost_usd_limit != null);
+    if (!limited.length) return null;
+    const part = (l) => {
+      const bits = [];
+      if (l.tokens_limit != null) bits.push(`${fmtCount(l.tokens)}/${fmtCount(l.tokens_limit)} tokens`);
+      if (l.cost_usd_limit != null) bits.push(`${fmtDollars(l.cost_usd)}/${fmtDollars(l.cost_usd_limit)}`);
+      const when = l.window === 'session' ? '' : ' today';
+      return h('span', {
+        class: l.exhausted ? 'budget out' : 'budget',
+        title: `${l.subject} ${l.id}${l.window === 'session' ? '' : ` on ${l.window} (UTC)`}${l.exhausted ? ': used up, the next model call is refused' : ''}`,
+      }, `${l.subject}${when} ${bits.join(' · ')}${l.exhausted ? ' ⚠ used up' : ''}`);
+    };
+    return [h('span', { class: 'sep', 'aria-hidden': 'true' }, '·'),
+      h('span', { class: 'usage', 'aria-label': 'Usage against budgets' }, ...limited.map(part))];
+  }
+
+  /** After a turn ends, the budgets' usage is read again. */
+  async refreshUsage() {
+    try {
+      const detail = await api.session(this.id);
+      if (this.stopped) return;
+      this.usage = detail.usage || [];
+      this.renderHeader();
+    } catch {
+      // The header keeps what it had; the next load shows the rest.
+    }
   }
 
   /** The session's cost so far, when its model has prices. */
@@ -365,6 +404,7 @@ export class ChatView {
           }
           this.add({ key: `end:${ev.run_id}`, kind: 'runend', run });
           if (run.moved) this.refreshAttempts();
+          if (ev.at_ms >= this.openedAt - 1000) this.refreshUsage();
           if (ev.at_ms >= this.openedAt - 1000) announce(`Turn ${ev.status.replace('_', ' ')}`);
         }
         break;
