@@ -416,3 +416,97 @@ async fn seed_repository(
     remote.run(&script, Vec::new(), cancel).await?;
     Ok(())
 }
+
+/// Where a kept workspace is, and where it goes back to.
+#[derive(Clone, Copy, Debug)]
+pub struct Kept<'a> {
+    /// The box directory (relative to the box user's home) the workspace was moved to when
+    /// its session was parked.
+    pub dir: &'a str,
+    /// What the box held when it was kept: the base manifest of its last turn.
+    pub manifest: &'a Manifest,
+}
+
+/// Puts a kept workspace back in place on the box (`kept.dir` → `remote`'s directory) and
+/// brings it up to date with `out.local`: only the files that differ from `kept.manifest`
+/// travel, and files gone here are deleted there. When nothing changed, that is one round
+/// trip. Returns `None`, with the box untouched, when the kept workspace cannot serve: it is
+/// not on the box (any more), the box's directory is taken, or (git mode) the session branch
+/// moved to another commit since; the caller clears what is kept and lays the workspace down
+/// afresh with [`push`].
+pub async fn resume(
+    out: &Outbound<'_>,
+    remote: &Remote,
+    kept: &Kept<'_>,
+    cancel: &CancellationToken,
+) -> Result<Option<Dispatched>> {
+    let started = std::time::Instant::now();
+    let kept_dir = Remote::new(remote.ssh().clone(), kept.dir)?;
+    let list = filelist::list(out.local, out.mode, out.rules, out.limits, cancel).await?;
+    if out.mode == Mode::Plain {
+        filelist::check_shareable(out.local, &list)?;
+    }
+    let base_commit = match out.mode {
+        Mode::Git => Some(session_head(out.local, out.session, cancel).await?),
+        Mode::Plain => None,
+    };
+    if base_commit != kept.manifest.base_commit {
+        return Ok(None);
+    }
+    let base = {
+        let (root, list, commit) = (out.local.to_path_buf(), list.clone(), base_commit.clone());
+        tokio::task::spawn_blocking(move || manifest::build(&root, &list, commit))
+            .await
+            .map_err(|e| crate::Error::Invalid {
+                what: format!("hashing {}", out.local.display()),
+                detail: e.to_string(),
+            })??
+    };
+    let diff = manifest::diff(kept.manifest, &base);
+    let mut deleted = Vec::new();
+    for path in &diff.deleted {
+        contain::check_path(path)?;
+        deleted.extend_from_slice(path.as_bytes());
+        deleted.push(0);
+    }
+    // One round trip: the kept directory moves back (only into a free place), and what the
+    // workspace here no longer has goes.
+    let (from, to) = (kept_dir.quoted_dir(), remote.quoted_dir());
+    let parent = match remote.dir().rsplit_once('/') {
+        Some((parent, _)) => format!("mkdir -p {}; ", shell_quote(parent)),
+        None => String::new(),
+    };
+    let restored = remote
+        .run(
+            &format!(
+                "set -e; if [ -d {from} ] && [ ! -L {from} ] && [ ! -e {to} ]; then \
+                 {parent}mv {from} {to}; cd {to}; xargs -0 -r rm -f --; echo restored; \
+                 else echo absent; fi"
+            ),
+            deleted,
+            cancel,
+        )
+        .await?;
+    if restored.trim() != "restored" {
+        return Ok(None);
+    }
+    let sent: Vec<String> = diff.changed.into_keys().collect();
+    let method = if sent.is_empty() {
+        Method::Rsync
+    } else {
+        remote.push_files(out.local, &sent, cancel).await?
+    };
+    tracing::debug!(
+        ms = started.elapsed().as_millis() as u64,
+        files = sent.len(),
+        deleted = diff.deleted.len(),
+        "outbound: a kept workspace resumed"
+    );
+    Ok(Some(Dispatched {
+        manifest: base,
+        method,
+        files: list.files.len(),
+        bytes: list.total_bytes,
+        left_out: list.left_out,
+    }))
+}
