@@ -88,6 +88,9 @@ pub(crate) struct Core {
     compact_at: f64,
     /// `[gateway] max_children`: how many child sessions one session's agent may dispatch.
     max_children: u64,
+    /// Sessions whose worktree is still being filled: everything that touches the workspace
+    /// waits for it (`workspace.rs`).
+    fills: workspace::Fills,
     /// Sessions whose workspace is being restored to a checkpoint: no turn is admitted.
     restoring: Mutex<std::collections::HashSet<skiff_protocol::SessionId>>,
     /// Sealed secrets (`vault:NAME` in configuration); the catalog holds it too.
@@ -237,6 +240,7 @@ pub(crate) async fn open_core(options: &Options) -> Result<(Arc<Core>, std::time
         turn_timeout,
         compact_at,
         max_children: config.gateway.max_children.unwrap_or(4),
+        fills: workspace::Fills::default(),
         restoring: Mutex::default(),
         vault,
         session_processes: Mutex::default(),
@@ -246,6 +250,9 @@ pub(crate) async fn open_core(options: &Options) -> Result<(Arc<Core>, std::time
         .set_readiness(Arc::new(worker::probe::Probe(Arc::downgrade(&core))));
     core.sweep_leftovers_on_start();
     core.reconcile_on_start()?;
+    // Before anything can read a workspace: a worktree a killed gateway was filling is
+    // written whole again.
+    core.recover_fills().await;
     core.envs.reconcile_on_start().await?;
     // Workers that re-attach are admitted against the bundle hash; without any, it is
     // computed at the first bring-up instead of delaying every start.

@@ -450,6 +450,7 @@ impl Core {
         let env = self.placement_env(scope, p)?;
         let ssh = self.envs.ssh(&env)?;
         let remote = Remote::new(ssh, &box_workspace(&session.id))?;
+        self.workspace_ready(&session.id).await?;
         let local = Path::new(session.workspace.path());
         let rules = Rules::load(local)?;
         let scratch = self.state.tmp();
