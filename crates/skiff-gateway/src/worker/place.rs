@@ -450,7 +450,6 @@ impl Core {
         let env = self.placement_env(scope, p)?;
         let ssh = self.envs.ssh(&env)?;
         let remote = Remote::new(ssh, &box_workspace(&session.id))?;
-        self.workspace_ready(&session.id).await?;
         let local = Path::new(session.workspace.path());
         let rules = Rules::load(local)?;
         let scratch = self.state.tmp();
@@ -475,6 +474,7 @@ impl Core {
             .filter(|k| k.env == env.id);
         let mut resumed = None;
         if let Some(kept) = &kept {
+            self.workspace_ready(&session.id).await?;
             let old = manifest::from_json(&kept.manifest)?;
             let dir = super::park::kept_dir(&session.id);
             let from = outbound::Kept {
@@ -489,7 +489,11 @@ impl Core {
                 remote
                     .run(&super::park::clear_kept_script(), Vec::new(), cancel)
                     .await?;
-                (outbound::push(&out, &remote, cancel).await?, "laid down")
+                // A new session's worktree may still be filling: the pack of its base
+                // commit is made meanwhile.
+                let ready = self.fills.ready(&session.id);
+                let sent = outbound::push_when_ready(&out, &remote, ready, cancel).await?;
+                (sent, "laid down")
             }
         };
         let base = manifest::to_json(&sent.manifest)?;
