@@ -48,6 +48,9 @@ pub(crate) struct KeptWorkspace {
     pub(crate) env: skiff_protocol::EnvironmentId,
     /// The base manifest (JSON) of the session's last turn: what the kept workspace holds.
     pub(crate) manifest: String,
+    /// Whether the box is back in the pool, once the park has given it back (a message sent
+    /// the moment the session is parked waits for that, not for another box).
+    pub(crate) pooled: tokio::sync::watch::Receiver<Option<bool>>,
 }
 
 /// Where `session`'s workspace is kept on its box while it is parked.
@@ -76,9 +79,23 @@ impl super::Workers {
         super::lock(&self.kept).remove(session)
     }
 
-    /// The box that keeps `session`'s workspace, if any, without forgetting it.
-    pub(crate) fn kept_box(&self, session: &SessionId) -> Option<skiff_protocol::EnvironmentId> {
-        super::lock(&self.kept).get(session).map(|k| k.env.clone())
+    /// The box that keeps `session`'s workspace, if any, without forgetting it; waits until
+    /// the park that is giving it back has done so.
+    pub(crate) async fn kept_box(
+        &self,
+        session: &SessionId,
+    ) -> Option<skiff_protocol::EnvironmentId> {
+        let (env, mut pooled) = {
+            let all = super::lock(&self.kept);
+            let kept = all.get(session)?;
+            (kept.env.clone(), kept.pooled.clone())
+        };
+        let back = pooled
+            .wait_for(Option::is_some)
+            .await
+            .ok()?
+            .unwrap_or(false);
+        back.then_some(env)
     }
 
     /// Forgets that `env` keeps anything (another session took it, or it is gone).
@@ -101,6 +118,21 @@ impl Core {
         let Some(was) = self.store.park_placement(scope, session)? else {
             return Ok(false);
         };
+        // Known before anyone hears of the park: the next message prefers this box, once it
+        // is back in the pool.
+        let keeping = match (&was.environment_id, &was.base_manifest) {
+            (Some(env), Some(manifest)) => {
+                let (tx, pooled) = tokio::sync::watch::channel(None);
+                let kept = KeptWorkspace {
+                    env: env.clone(),
+                    manifest: manifest.clone(),
+                    pooled,
+                };
+                self.workers.keep(session, kept);
+                Some(tx)
+            }
+            _ => None,
+        };
         // From here the session is parked: its slot is free, and a message for it places it
         // again (on another box, or this one once it is back in the pool).
         let env = was.environment_id.clone();
@@ -121,16 +153,14 @@ impl Core {
             .stop_epoch(was.owner_epoch, "the session is parked");
         let pooled = match &env {
             Some(env) => {
-                let keep = was.base_manifest.clone();
                 let pooled = self
-                    .give_box_back(scope, session, env, was.worker_pid, keep.is_some())
+                    .give_box_back(scope, session, env, was.worker_pid, keeping.is_some())
                     .await;
-                if pooled && let Some(manifest) = keep {
-                    let kept = KeptWorkspace {
-                        env: env.clone(),
-                        manifest,
-                    };
-                    self.workers.keep(session, kept);
+                if let Some(tx) = keeping {
+                    if !pooled {
+                        self.workers.take_kept(session);
+                    }
+                    let _ = tx.send(Some(pooled));
                 }
                 pooled
             }
@@ -165,7 +195,9 @@ impl Core {
         keep: bool,
     ) -> bool {
         self.close_worker_endpoint(env);
-        self.workers.forget_kept_on(env);
+        if !keep {
+            self.workers.forget_kept_on(env);
+        }
         let row = match self.store.environment(scope, env) {
             Ok(row) => row,
             Err(e) => {

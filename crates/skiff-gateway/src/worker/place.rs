@@ -407,7 +407,7 @@ impl Core {
         profile: &str,
         setup: Option<&super::setup::SetupPlan>,
     ) -> Result<(skiff_protocol::EnvironmentId, Option<Prepared>)> {
-        if let Some(own) = self.workers.kept_box(session)
+        if let Some(own) = self.workers.kept_box(session).await
             && let Some(row) = self.envs.acquire_this(scope, profile, &own).await?
         {
             return Ok((row.id, Some(Prepared::Own)));
