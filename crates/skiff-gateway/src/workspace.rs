@@ -394,13 +394,11 @@ fn kill_working_in(dir: &Path) {
 /// stays here with its error, so everything that waits for it is told).
 #[derive(Default)]
 pub struct Fills {
-    pending: std::sync::Mutex<
-        std::collections::HashMap<
-            SessionId,
-            tokio::sync::watch::Receiver<Option<Result<(), String>>>,
-        >,
-    >,
+    pending: std::sync::Mutex<std::collections::HashMap<SessionId, FillDone>>,
 }
+
+/// How a fill ended (`None` while it runs).
+pub type FillDone = tokio::sync::watch::Receiver<Option<Result<(), String>>>;
 
 impl Fills {
     /// Registers `session`'s fill as under way; the returned sender says how it ended.
