@@ -15,8 +15,9 @@
 //! - syncing: the placement's `syncing` event → its `starting` event;
 //! - turn tail with no changes: a second turn's last `text_delta` → its terminal
 //!   `run_status`, for the worker session and for the gateway-placed one;
-//! - re-sync: after `env destroy --force`, the next turn's placement `syncing` → `starting`
-//!   onto a fresh (pre-leased) box, workspace unchanged;
+//! - re-sync: a session of profile `parks` (`keep_attached = "1s"`) parks after its first
+//!   turn (its box keeps its workspace); the next message's placement `syncing` → `starting`,
+//!   back onto that box, workspace unchanged;
 //! - raw rsync: `rsync -a` of the same working tree (without `.git`) into a fresh directory
 //!   of the session's box, over the gateway's own multiplexed transfer connection, then the
 //!   same command again (no change).
@@ -231,10 +232,12 @@ impl Rig {
         std::fs::write(
             &config,
             format!(
-                "[gateway]\nmax_workers = 16\n\
+                "[gateway]\nmax_workers = 16\nlifetime_tick = \"100ms\"\n\
                  [providers.openai]\napi = \"openai-completions\"\nbase_url = \"{}/v1\"\napi_key_env = \"SKIFF_BENCH_PROVIDER_KEY\"\n\
-                 [profiles.local]\nprovider = \"local\"\nroot = \"{}\"\n",
+                 [profiles.local]\nprovider = \"local\"\nroot = \"{}\"\n\
+                 [profiles.parks]\nprovider = \"local\"\nroot = \"{}\"\nkeep_attached = \"1s\"\n",
                 fake.base_url(),
+                boxes.display(),
                 boxes.display()
             ),
         )
@@ -408,6 +411,19 @@ impl Drop for Rig {
     }
 }
 
+/// Reads `events` until the session is parked.
+fn wait_parked(events: &mpsc::Receiver<(Instant, Value)>) {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let (_, e) = events
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            .unwrap_or_else(|_| panic!("the session was not parked"));
+        if e["type"] == "placement" && e["state"] == "parked" {
+            return;
+        }
+    }
+}
+
 fn terminal(status: &Value) -> bool {
     matches!(
         status.as_str(),
@@ -522,12 +538,15 @@ fn main() {
         let run = rig.send(&local);
         f.tail_local.push(ms(watch(&local_events, &run).tail()));
 
-        // The next placement, onto a fresh box, of the unchanged workspace.
+        // A session that parks after its turn, and the next placement of its unchanged
+        // workspace (back onto the box that kept it).
+        let (parks, run) = rig.new_session(Some("parks"));
+        let parks_events = rig.follow(&parks);
+        watch(&parks_events, &run);
+        wait_parked(&parks_events);
+        let run = rig.send(&parks);
+        f.resync.push(ms(watch(&parks_events, &run).syncing()));
         rig.json(&["env", "destroy", &env, "--force", "--json"]);
-        let next = rig.idle_box();
-        let run = rig.send(&session);
-        f.resync.push(ms(watch(&events, &run).syncing()));
-        rig.json(&["env", "destroy", &next, "--force", "--json"]);
         eprintln!("round {} of {rounds} done", round + 1);
     }
 
@@ -563,7 +582,7 @@ fn main() {
     row("turn tail, no change, worker", &f.tail_worker, None);
     row("turn tail, no change, gateway", &f.tail_local, None);
     row(
-        "re-sync, next placement (fresh box)",
+        "re-sync, next placement (parked)",
         &f.resync,
         Some((raw_nc, "raw no-change", "<= 0.5×")),
     );

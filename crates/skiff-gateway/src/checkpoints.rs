@@ -69,6 +69,7 @@ impl Core {
         run: &RunId,
         known: Option<&checkpoint::Known>,
     ) -> Result<ArtifactRow> {
+        self.workspace_ready(&session.id).await?;
         let cancel = CancellationToken::new();
         let cas = Cas::open(&self.artifacts_dir())?;
         let last = self

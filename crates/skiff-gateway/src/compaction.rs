@@ -57,6 +57,7 @@ impl Core {
                 session.model_ref
             ))
         })?;
+        self.workspace_ready(&session.id).await?;
         let workspace = skiff_agent::tools::Workspace::new(session.workspace.path().into())
             .map_err(|e| {
                 Error::Internal(format!(

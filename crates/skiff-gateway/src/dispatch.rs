@@ -180,6 +180,7 @@ impl Core {
         let id = SessionId::from_suffix(&skiff_store::mint()?);
         // The parent's own workspace is the source: the child starts from its current state,
         // uncommitted changes included, on a branch of the same repository.
+        self.workspace_ready(&parent.id).await?;
         let source = Path::new(parent.workspace.path());
         let workspace = workspace::prepare(source, &id, &self.state).await?;
         let new = NewSession {

@@ -95,6 +95,9 @@ pub(crate) struct Core {
     max_children: u64,
     /// `[gateway] barrier_fault`: a fault the tests inject at one barrier step.
     barrier_fault: Option<worker::BarrierFault>,
+    /// Sessions whose worktree is still being filled: everything that touches the workspace
+    /// waits for it (`workspace.rs`).
+    fills: workspace::Fills,
     /// Sessions whose workspace is being restored to a checkpoint: no turn is admitted.
     restoring: Mutex<std::collections::HashSet<skiff_protocol::SessionId>>,
     /// Sealed secrets (`vault:NAME` in configuration); the catalog holds it too.
@@ -267,6 +270,7 @@ pub(crate) async fn open_core(options: &Options) -> Result<(Arc<Core>, std::time
         compact_at,
         max_children: config.gateway.max_children.unwrap_or(4),
         barrier_fault,
+        fills: workspace::Fills::default(),
         restoring: Mutex::default(),
         vault,
         session_processes: Mutex::default(),
@@ -294,6 +298,9 @@ pub(crate) async fn open_core(options: &Options) -> Result<(Arc<Core>, std::time
         );
     }
     core.reconcile_on_start()?;
+    // Before anything can read a workspace: a worktree a killed gateway was filling is
+    // written whole again.
+    core.recover_fills().await;
     core.envs.reconcile_on_start().await?;
     // Workers that re-attach are admitted against the bundle hash; without any, it is
     // computed at the first bring-up instead of delaying every start.

@@ -271,6 +271,7 @@ impl Core {
         }
         let rows = self.quarantine_rows(scope, session_id)?;
         let cas = Cas::open(&self.artifacts_dir())?;
+        self.workspace_ready(&session.id).await?;
         let root = Path::new(session.workspace.path());
         // Newest quarantine first: a path refused twice is accepted as the box last had it.
         let mut plan: Vec<(ArtifactRow, QuarantinedPath, Option<String>)> = Vec::new();

@@ -254,6 +254,7 @@ impl Core {
         n: u64,
     ) -> Result<RestoreResult> {
         let session = self.store.session(scope, id)?;
+        self.workspace_ready(id).await?;
         let _held = self.hold_for_restore(scope, id)?;
         self.check_workspace_home(scope, id)?;
         let (rows, pos) = self.find_checkpoint(scope, id, n)?;
@@ -328,6 +329,7 @@ impl Core {
         title: Option<String>,
     ) -> Result<SessionView> {
         let session = self.store.session(scope, id)?;
+        self.workspace_ready(id).await?;
         let (rows, pos) = self.find_checkpoint(scope, id, at)?;
         let content = content(&rows[pos])?;
         let transcript = self.store.transcript(scope, id)?;

@@ -178,7 +178,7 @@ impl Core {
         )?)
     }
 
-    fn base_row(&self, scope: &Scope, id: &SessionId) -> Result<Option<ArtifactRow>> {
+    pub(crate) fn base_row(&self, scope: &Scope, id: &SessionId) -> Result<Option<ArtifactRow>> {
         Ok(self
             .store
             .artifacts(scope, id, ArtifactRole::Manifest)?
@@ -208,6 +208,7 @@ impl Core {
         stat: bool,
     ) -> Result<SessionDiff> {
         let session = self.store.session(scope, id)?;
+        self.workspace_ready(id).await?;
         let cancel = CancellationToken::new();
         let limits = PatchLimits::default();
         match &session.workspace {
@@ -263,6 +264,7 @@ impl Core {
         stat: bool,
     ) -> Result<SessionDiff> {
         let session = self.store.session(scope, id)?;
+        self.workspace_ready(id).await?;
         let run_row = self.store.run(scope, run)?;
         if run_row.session_id != *id {
             return Err(skiff_store::Error::NotFound {
@@ -390,6 +392,7 @@ impl Core {
         to: Option<String>,
     ) -> Result<ApplyResult> {
         let session = self.store.session(scope, id)?;
+        self.workspace_ready(id).await?;
         let (source, path) = match &session.workspace {
             WorkspaceView::Git { source, branch, .. } => {
                 return Err(Error::Conflict(format!(
@@ -467,6 +470,7 @@ impl Core {
         to: &str,
     ) -> Result<ExportResult> {
         let session = self.store.session(scope, id)?;
+        self.workspace_ready(id).await?;
         let target = self.outside_state(to)?;
         let mode = match session.workspace {
             WorkspaceView::Git { .. } => Mode::Git,

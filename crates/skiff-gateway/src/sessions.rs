@@ -273,7 +273,20 @@ impl Core {
             )));
         }
         let id = SessionId::from_suffix(&skiff_store::mint()?);
-        let workspace = workspace::prepare(source, &id, &self.state).await?;
+        let (workspace, fill) = workspace::prepare_deferred(source, &id, &self.state).await?;
+        // The worktree's files are written in the background: recorded first (a restart
+        // writes them again), and waited for by everything that touches the workspace from
+        // before anyone can see the session.
+        let filling = match &fill {
+            Some(fill) => {
+                if let Err(e) = fill.record(&self.state, &scope.owner_id, &scope.tenant_id) {
+                    workspace::discard(&workspace).await;
+                    return Err(e.into());
+                }
+                Some(self.fills.begin(&id))
+            }
+            None => None,
+        };
         // The worker slot is claimed with the session row, after the slow workspace step:
         // the check above is only the quick answer when the gateway is plainly full.
         let new = NewSession {
@@ -307,6 +320,10 @@ impl Core {
             (created, _) => created,
         };
         if let Err(e) = created {
+            if filling.is_some() {
+                self.fills.finished(&id);
+                workspace::Fill::forget(&self.state, id.as_str());
+            }
             workspace::discard(&workspace).await;
             return Err(e);
         }
@@ -322,8 +339,86 @@ impl Core {
             }),
         }));
         // Before the first turn can change anything: what `diff` and `apply` compare with.
-        self.record_base(scope, &id, &workspace).await;
+        match (fill, filling) {
+            (Some(fill), Some(done)) => {
+                let (core, scope) = (self.clone(), scope.clone());
+                let (id, workspace) = (id.clone(), workspace.clone());
+                tokio::spawn(async move {
+                    core.complete_fill(&scope, &id, &workspace, &fill, done)
+                        .await;
+                });
+            }
+            _ => self.record_base(scope, &id, &workspace).await,
+        }
         self.start_run(scope, &id, &req.prompt).await
+    }
+
+    /// Writes a new session's worktree, then records what it starts from, and only then lets
+    /// whatever waits for the workspace go on.
+    async fn complete_fill(
+        &self,
+        scope: &Scope,
+        id: &SessionId,
+        view: &skiff_protocol::api::WorkspaceView,
+        fill: &workspace::Fill,
+        done: tokio::sync::watch::Sender<Option<std::result::Result<(), String>>>,
+    ) {
+        let result = fill.run().await.map_err(|e| e.to_string());
+        match &result {
+            Ok(()) => {
+                self.record_base(scope, id, view).await;
+                workspace::Fill::forget(&self.state, id.as_str());
+                self.fills.finished(id);
+            }
+            // Recorded still: the next start writes it again.
+            Err(e) => {
+                tracing::warn!(session = %id, error = %e, "could not write a session's worktree")
+            }
+        }
+        let _ = done.send(Some(result));
+    }
+
+    /// Writes again every worktree a previous gateway was filling when it stopped, whole,
+    /// and records what its session starts from; a worktree whose session was never created
+    /// is removed.
+    pub(crate) async fn recover_fills(&self) {
+        for record in workspace::Fill::unfinished(&self.state) {
+            let scope = Scope::new(record.owner_id.clone(), record.tenant_id.clone());
+            let fill = &record.fill;
+            let session =
+                SessionId::parse(&fill.session).and_then(|id| self.store.session(&scope, &id).ok());
+            let Some(session) = session else {
+                tracing::warn!(session = %fill.session, "removing the worktree of a session that was never created");
+                workspace::discard(&fill.view()).await;
+                workspace::Fill::forget(&self.state, &fill.session);
+                continue;
+            };
+            match fill.rerun().await {
+                Ok(()) => {
+                    tracing::warn!(session = %session.id, "wrote again the worktree a stopped gateway was filling");
+                    if self.base_row(&scope, &session.id).ok().flatten().is_none() {
+                        self.record_base(&scope, &session.id, &session.workspace)
+                            .await;
+                    }
+                    workspace::Fill::forget(&self.state, &fill.session);
+                }
+                Err(e) => {
+                    tracing::warn!(session = %session.id, error = %e, "could not write again a worktree a stopped gateway was filling");
+                    let done = self.fills.begin(&session.id);
+                    let _ = done.send(Some(Err(e.to_string())));
+                }
+            }
+        }
+    }
+
+    /// Waits until the session's worktree is filled (at once when it is). Everything that
+    /// reads or writes a session's workspace calls it first.
+    pub(crate) async fn workspace_ready(&self, id: &SessionId) -> Result<()> {
+        self.fills.ready(id).await.map_err(|e| {
+            Error::Unavailable(format!(
+                "the workspace of session {id} could not be written: {e}; restarting the gateway writes it again"
+            ))
+        })
     }
 
     /// Admits a new turn on an existing session.
@@ -718,6 +813,7 @@ impl Core {
                 .and_then(ReasoningEffort::parse),
             compact_at: self.compact_at,
         };
+        self.workspace_ready(&session.id).await?;
         let mut tools = Tools::new(session.workspace.path().into(), Vec::new())
             .map_err(|e| {
                 Error::Internal(format!(

@@ -2,6 +2,13 @@
 //! `skiff/<session-id>`, created from the repository's HEAD with the user's uncommitted and
 //! untracked-but-not-ignored changes carried over. For a plain directory: a gateway-owned copy.
 //!
+//! A worktree is usable at once and filled in the background ([`prepare_deferred`], then
+//! [`Fill::run`]): the session's rows exist while its files are still being written, and
+//! everything that reads or writes the workspace waits for the fill first ([`Fills`]). A fill
+//! is recorded in `<state>/filling/` before the session is returned, and removed once it is
+//! complete, so a gateway killed mid-fill writes the recorded snapshot out again at its next
+//! start: nobody ever sees a half-filled tree.
+//!
 //! The user's live checkout is never written: its working tree, index and HEAD stay as they
 //! were. (The repository's object store and ref namespace do gain the session branch and the
 //! worktree's metadata; that is what `git worktree add` is. Untracked files over
@@ -79,43 +86,27 @@ impl Drop for TempFile {
     }
 }
 
-/// Creates the session's own workspace from `source`.
+/// Creates the session's own workspace from `source`, its files written before it returns.
 pub async fn prepare(
     source: &Path,
     session: &SessionId,
     state: &StateDir,
 ) -> Result<WorkspaceView, WorkspaceError> {
-    let source = source
-        .canonicalize()
-        .ok()
-        .filter(|p| p.is_dir())
-        .ok_or_else(|| WorkspaceError::Missing(source.display().to_string()))?;
-    if state.root().starts_with(&source) {
-        return Err(WorkspaceError::ContainsStateDir {
-            path: source.display().to_string(),
-            state: state.root().display().to_string(),
-        });
+    let (view, fill) = prepare_deferred(source, session, state).await?;
+    if let Some(fill) = fill {
+        fill.run().await?;
     }
-    let cancel = CancellationToken::new();
-    let toplevel = git(&source)
-        .args(["rev-parse", "--show-toplevel"])
-        .run(&cancel)
-        .await
-        .ok()
-        .filter(|f| f.status.success())
-        .map(|f| PathBuf::from(f.stdout.into_string().trim()));
-    match toplevel {
-        Some(repo) => worktree(&repo, session, state, &cancel).await,
-        None => copy(&source, session, state, &cancel).await,
-    }
+    Ok(view)
 }
 
-async fn worktree(
+/// The session's worktree with its branch, HEAD and the user's large untracked files in
+/// place, and what is left to write: the snapshot of the user's working state.
+async fn worktree_deferred(
     repo: &Path,
     session: &SessionId,
     state: &StateDir,
     cancel: &CancellationToken,
-) -> Result<WorkspaceView, WorkspaceError> {
+) -> Result<(WorkspaceView, Fill), WorkspaceError> {
     let failed = |source| WorkspaceError::Prepare {
         path: repo.display().to_string(),
         source,
@@ -180,43 +171,310 @@ async fn worktree(
     let branch = format!("skiff/{session}");
     // git's own worktree bookkeeping is not safe against itself: concurrent `worktree add`
     // on one repository can fail ("failed to read …/commondir"). One at a time per repository.
+    // Nothing is checked out here: the fill writes the snapshot's files.
     let lock = repo_lock(repo);
     let added = {
         let _one_at_a_time = lock.lock().await;
-        // The checkout writes every file of the tree, and waits on the file system more than
-        // on the CPU: more parallel workers than cores (8 writes 10,000 files in a quarter of
-        // the time of one worker per core, on two cores).
         git(repo)
-            .args(["-c", "checkout.workers=8"])
-            .args(["worktree", "add", "--quiet", "-b", &branch])
+            .args(["worktree", "add", "--quiet", "--no-checkout", "-b", &branch])
             .arg(&path)
             .arg(&head)
             .run_checked(cancel)
             .await
     };
     added.map_err(failed)?;
-    // Lay the snapshot over the fresh checkout, then unstage: the worktree shows exactly the
-    // user's uncommitted changes, as changes.
-    git(&path)
-        .args(["read-tree", "-m", "-u", &head, &tree])
-        .run_checked(cancel)
-        .await
-        .map_err(failed)?;
-    git(&path)
-        .args(["reset", "--quiet"])
-        .run_checked(cancel)
-        .await
-        .map_err(failed)?;
     for rel in &large {
         copy_file(&repo.join(rel), &path.join(rel))?;
     }
-    tracing::debug!(%session, ms = started.elapsed().as_millis() as u64, "worktree: checked out");
-    Ok(WorkspaceView::Git {
+    tracing::debug!(%session, ms = started.elapsed().as_millis() as u64, "worktree: added, to be filled");
+    let view = WorkspaceView::Git {
         source: repo.display().to_string(),
         path: path.display().to_string(),
         branch,
+        base_commit: head.clone(),
+    };
+    let fill = Fill {
+        session: session.to_string(),
+        repo: repo.to_path_buf(),
+        branch: format!("skiff/{session}"),
+        path,
         base_commit: head,
-    })
+        tree,
+    };
+    Ok((view, fill))
+}
+
+/// What is left to write of a worktree [`prepare_deferred`] made: the snapshot `tree` of the
+/// user's working state, laid over the session branch's commit (checked out by HEAD), so the
+/// worktree shows exactly the user's uncommitted changes, as changes.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct Fill {
+    pub session: String,
+    /// The user's repository, and the session branch in it.
+    pub repo: PathBuf,
+    pub branch: String,
+    /// The worktree.
+    pub path: PathBuf,
+    pub base_commit: String,
+    pub tree: String,
+}
+
+/// A fill as recorded in `<state>/filling/`: with the session's scope, so a restart finds the
+/// session again.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub struct FillRecord {
+    pub owner_id: String,
+    pub tenant_id: String,
+    pub fill: Fill,
+}
+
+impl Fill {
+    /// Writes the snapshot's files and leaves the index at HEAD. Safe to repeat over a fill
+    /// that was cut short: every file of the snapshot is written again (whatever a killed
+    /// fill left in its place is overwritten), and files the snapshot lacks are not touched.
+    pub async fn run(&self) -> Result<(), WorkspaceError> {
+        let cancel = CancellationToken::new();
+        let started = std::time::Instant::now();
+        let failed = |source| WorkspaceError::Prepare {
+            path: self.path.display().to_string(),
+            source,
+        };
+        // The checkout writes every file of the tree, and waits on the file system more than
+        // on the CPU: more parallel workers than cores (8 writes 10,000 files in a quarter of
+        // the time of one worker per core, on two cores).
+        git(&self.path)
+            .args(["-c", "checkout.workers=8", "read-tree", "--reset", "-u"])
+            .arg(&self.tree)
+            .run_checked(&cancel)
+            .await
+            .map_err(failed)?;
+        git(&self.path)
+            .args(["reset", "--quiet"])
+            .run_checked(&cancel)
+            .await
+            .map_err(failed)?;
+        tracing::debug!(session = %self.session, ms = started.elapsed().as_millis() as u64, "worktree: filled");
+        Ok(())
+    }
+
+    /// The workspace the fill writes.
+    pub fn view(&self) -> WorkspaceView {
+        WorkspaceView::Git {
+            source: self.repo.display().to_string(),
+            path: self.path.display().to_string(),
+            branch: self.branch.clone(),
+            base_commit: self.base_commit.clone(),
+        }
+    }
+
+    /// [`Fill::run`] after a gateway was killed in the middle of it: the git it ran was
+    /// killed too, and may have left the worktree's index lock behind (nothing else works in
+    /// a session's worktree while the gateway starts).
+    pub async fn rerun(&self) -> Result<(), WorkspaceError> {
+        // A killed gateway's git goes on without it (it is no contained command): whatever
+        // still works in this worktree is stopped before the fill is written again.
+        kill_working_in(&self.path);
+        let cancel = CancellationToken::new();
+        let dir = git(&self.path)
+            .args(["rev-parse", "--absolute-git-dir"])
+            .run_checked(&cancel)
+            .await
+            .map_err(|source| WorkspaceError::Prepare {
+                path: self.path.display().to_string(),
+                source,
+            })?;
+        let lock = Path::new(dir.trim()).join("index.lock");
+        if let Err(source) = std::fs::remove_file(&lock)
+            && source.kind() != std::io::ErrorKind::NotFound
+        {
+            return Err(WorkspaceError::Io {
+                path: lock.display().to_string(),
+                source,
+            });
+        }
+        self.run().await
+    }
+
+    fn record_path(state: &StateDir, session: &str) -> PathBuf {
+        state.root().join("filling").join(format!("{session}.json"))
+    }
+
+    /// Records the fill (durably) before anyone can see its session.
+    pub fn record(
+        &self,
+        state: &StateDir,
+        owner_id: &str,
+        tenant_id: &str,
+    ) -> Result<(), WorkspaceError> {
+        let path = Fill::record_path(state, &self.session);
+        let io = |source| WorkspaceError::Io {
+            path: path.display().to_string(),
+            source,
+        };
+        let record = FillRecord {
+            owner_id: owner_id.to_owned(),
+            tenant_id: tenant_id.to_owned(),
+            fill: self.clone(),
+        };
+        let json = serde_json::to_vec(&record).map_err(|e| io(std::io::Error::other(e)))?;
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(io)?;
+        }
+        let part = path.with_extension("json.part");
+        {
+            use std::io::Write;
+            let mut file = std::fs::File::create(&part).map_err(io)?;
+            file.write_all(&json).map_err(io)?;
+            file.sync_all().map_err(io)?;
+        }
+        std::fs::rename(&part, &path).map_err(io)?;
+        Ok(())
+    }
+
+    /// The fill of `session` is complete (or its session is gone): forget the record.
+    pub fn forget(state: &StateDir, session: &str) {
+        let path = Fill::record_path(state, session);
+        if let Err(e) = std::fs::remove_file(&path)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(path = %path.display(), error = %e, "could not remove a fill record");
+        }
+    }
+
+    /// The fills a previous gateway recorded and did not complete.
+    pub fn unfinished(state: &StateDir) -> Vec<FillRecord> {
+        let Ok(dir) = std::fs::read_dir(state.root().join("filling")) else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        for entry in dir.flatten() {
+            let path = entry.path();
+            if path.extension().is_none_or(|e| e != "json") {
+                // A record cut short before its rename: its session was never returned.
+                let _ = std::fs::remove_file(&path);
+                continue;
+            }
+            match std::fs::read(&path)
+                .ok()
+                .and_then(|b| serde_json::from_slice::<FillRecord>(&b).ok())
+            {
+                Some(record) => out.push(record),
+                None => {
+                    tracing::warn!(path = %path.display(), "an unreadable fill record is left alone")
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Kills the processes whose working directory is `dir` (a killed gateway's git, and its
+/// checkout workers, in a worktree under the private state dir).
+fn kill_working_in(dir: &Path) {
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return;
+    };
+    for entry in procs.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+            .and_then(rustix::process::Pid::from_raw)
+        else {
+            continue;
+        };
+        if std::fs::read_link(entry.path().join("cwd")).is_ok_and(|cwd| cwd == dir) {
+            tracing::warn!(pid = pid.as_raw_nonzero().get(), dir = %dir.display(), "stopping a process a killed gateway left in a worktree");
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+        }
+    }
+}
+
+/// The sessions whose worktree is being filled, and how each fill ended (a fill that failed
+/// stays here with its error, so everything that waits for it is told).
+#[derive(Default)]
+pub struct Fills {
+    pending: std::sync::Mutex<std::collections::HashMap<SessionId, FillDone>>,
+}
+
+/// How a fill ended (`None` while it runs).
+pub type FillDone = tokio::sync::watch::Receiver<Option<Result<(), String>>>;
+
+impl Fills {
+    /// Registers `session`'s fill as under way; the returned sender says how it ended.
+    pub fn begin(
+        &self,
+        session: &SessionId,
+    ) -> tokio::sync::watch::Sender<Option<Result<(), String>>> {
+        let (tx, rx) = tokio::sync::watch::channel(None);
+        self.pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(session.clone(), rx);
+        tx
+    }
+
+    /// `session`'s fill succeeded: nothing waits for it from now on.
+    pub fn finished(&self, session: &SessionId) {
+        self.pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(session);
+    }
+
+    /// Waits until `session`'s worktree is filled; at once when no fill is under way. The
+    /// error is the failed fill's.
+    pub async fn ready(&self, session: &SessionId) -> Result<(), String> {
+        let rx = self
+            .pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(session)
+            .cloned();
+        let Some(mut rx) = rx else {
+            return Ok(());
+        };
+        match rx.wait_for(Option::is_some).await {
+            Ok(done) => done.clone().unwrap_or(Ok(())),
+            Err(_) => Err("the fill stopped before it finished".into()),
+        }
+    }
+}
+
+/// Creates the session's own workspace from `source`; for a git repository, the files are
+/// left to the returned [`Fill`] (the caller records it, runs it, and makes everything that
+/// touches the workspace wait for it). A plain copy is made before it returns.
+pub async fn prepare_deferred(
+    source: &Path,
+    session: &SessionId,
+    state: &StateDir,
+) -> Result<(WorkspaceView, Option<Fill>), WorkspaceError> {
+    let source = source
+        .canonicalize()
+        .ok()
+        .filter(|p| p.is_dir())
+        .ok_or_else(|| WorkspaceError::Missing(source.display().to_string()))?;
+    if state.root().starts_with(&source) {
+        return Err(WorkspaceError::ContainsStateDir {
+            path: source.display().to_string(),
+            state: state.root().display().to_string(),
+        });
+    }
+    let cancel = CancellationToken::new();
+    let toplevel = git(&source)
+        .args(["rev-parse", "--show-toplevel"])
+        .run(&cancel)
+        .await
+        .ok()
+        .filter(|f| f.status.success())
+        .map(|f| PathBuf::from(f.stdout.into_string().trim()));
+    match toplevel {
+        Some(repo) => {
+            let (view, fill) = worktree_deferred(&repo, session, state, &cancel).await?;
+            Ok((view, Some(fill)))
+        }
+        None => Ok((copy(&source, session, state, &cancel).await?, None)),
+    }
 }
 
 /// A fork's worktree: a new branch `skiff/<session>` of `repo` at `start` (the commit a

@@ -71,37 +71,73 @@ pub async fn push(
     remote: &Remote,
     cancel: &CancellationToken,
 ) -> Result<Dispatched> {
+    push_when_ready(out, remote, std::future::ready(Ok(())), cancel).await
+}
+
+/// [`push`] of a workspace whose files are still being written: `ready` resolves once they
+/// are (or says why they cannot be). Git mode makes the pack of the base commit meanwhile (it
+/// needs only the repository's objects); nothing is listed, hashed or sent before `ready`.
+pub async fn push_when_ready(
+    out: &Outbound<'_>,
+    remote: &Remote,
+    ready: impl std::future::Future<Output = std::result::Result<(), String>>,
+    cancel: &CancellationToken,
+) -> Result<Dispatched> {
     let started = std::time::Instant::now();
     let ms = |at: std::time::Instant| at.elapsed().as_millis() as u64;
-    let list = filelist::list(out.local, out.mode, out.rules, out.limits, cancel).await?;
-    if out.mode == Mode::Plain {
-        filelist::check_shareable(out.local, &list)?;
-    }
     let base_commit = match out.mode {
         Mode::Git => Some(session_head(out.local, out.session, cancel).await?),
         Mode::Plain => None,
     };
-    // Hashing (the base manifest) and git's preparations (the pack, what differs from the
-    // base commit) run side by side; both are local, and nothing reaches the box before both
-    // are done and every check passed.
-    let hashing = {
-        let (root, list, commit) = (out.local.to_path_buf(), list.clone(), base_commit.clone());
-        tokio::task::spawn_blocking(move || manifest::build(&root, &list, commit))
-    };
-    let preparing = async {
+    let packing = async {
         match &base_commit {
-            Some(commit) => {
-                Ok::<_, crate::Error>(Some(prepare_git(out, commit, &list, cancel).await?))
-            }
+            Some(commit) => Ok::<_, crate::Error>(Some(make_pack(out, commit, cancel).await?)),
             None => Ok(None),
         }
     };
-    let (base, prepared) = tokio::join!(hashing, preparing);
-    let base = base.map_err(|e| crate::Error::Invalid {
-        what: format!("hashing {}", out.local.display()),
-        detail: e.to_string(),
-    })??;
-    let prepared = prepared?;
+    let listing = async {
+        ready.await.map_err(|detail| crate::Error::Invalid {
+            what: format!("the workspace {}", out.local.display()),
+            detail,
+        })?;
+        let list = filelist::list(out.local, out.mode, out.rules, out.limits, cancel).await?;
+        if out.mode == Mode::Plain {
+            filelist::check_shareable(out.local, &list)?;
+        }
+        // Hashing (the base manifest) and git's preparations (what differs from the base
+        // commit) run side by side; both are local, and nothing reaches the box before both
+        // are done and every check passed.
+        let hashing = {
+            let (root, list, commit) = (out.local.to_path_buf(), list.clone(), base_commit.clone());
+            tokio::task::spawn_blocking(move || manifest::build(&root, &list, commit))
+        };
+        let preparing = async {
+            match &base_commit {
+                Some(commit) => {
+                    Ok::<_, crate::Error>(Some(prepare_git(out, commit, &list, cancel).await?))
+                }
+                None => Ok(None),
+            }
+        };
+        let (base, prepared) = tokio::join!(hashing, preparing);
+        let base = base.map_err(|e| crate::Error::Invalid {
+            what: format!("hashing {}", out.local.display()),
+            detail: e.to_string(),
+        })??;
+        Ok::<_, crate::Error>((list, base, prepared?))
+    };
+    let (pack, listed) = tokio::join!(packing, listing);
+    let (list, base, prepared) = listed?;
+    let prepared = match (pack?, prepared) {
+        (Some((pack, hash)), Some((commit, differing, deleted))) => Some(GitPart {
+            pack,
+            hash,
+            commit,
+            differing,
+            deleted,
+        }),
+        _ => None,
+    };
     tracing::debug!(
         ms = ms(started),
         files = list.files.len(),
@@ -207,12 +243,15 @@ struct GitPart {
     deleted: Vec<u8>,
 }
 
+/// What git mode learns from the workspace before anything reaches the box: the base
+/// commit, the listed paths that differ from it, and the tracked files deleted (checked,
+/// NUL-separated).
 async fn prepare_git(
     out: &Outbound<'_>,
     commit: &str,
     list: &filelist::FileList,
     cancel: &CancellationToken,
-) -> Result<GitPart> {
+) -> Result<(String, std::collections::BTreeSet<String>, Vec<u8>)> {
     let deleted = async {
         git(out.local)
             .args(["ls-files", "-z", "--deleted"])
@@ -220,24 +259,15 @@ async fn prepare_git(
             .await
             .map_err(crate::Error::from)
     };
-    let ((pack, hash), differing, listed) = tokio::try_join!(
-        make_pack(out, commit, cancel),
-        differing(out.local, commit, list, cancel),
-        deleted
-    )?;
+    let (differing, listed) =
+        tokio::try_join!(differing(out.local, commit, list, cancel), deleted)?;
     let mut deleted = Vec::new();
     for path in split_z(&listed) {
         contain::check_path(path)?;
         deleted.extend_from_slice(path.as_bytes());
         deleted.push(0);
     }
-    Ok(GitPart {
-        pack,
-        hash,
-        commit: commit.to_owned(),
-        differing,
-        deleted,
-    })
+    Ok((commit.to_owned(), differing, deleted))
 }
 
 /// The listed paths that differ from `commit` (edits, mode changes, untracked files); all of
@@ -415,4 +445,98 @@ async fn seed_repository(
     }
     remote.run(&script, Vec::new(), cancel).await?;
     Ok(())
+}
+
+/// Where a kept workspace is, and where it goes back to.
+#[derive(Clone, Copy, Debug)]
+pub struct Kept<'a> {
+    /// The box directory (relative to the box user's home) the workspace was moved to when
+    /// its session was parked.
+    pub dir: &'a str,
+    /// What the box held when it was kept: the base manifest of its last turn.
+    pub manifest: &'a Manifest,
+}
+
+/// Puts a kept workspace back in place on the box (`kept.dir` → `remote`'s directory) and
+/// brings it up to date with `out.local`: only the files that differ from `kept.manifest`
+/// travel, and files gone here are deleted there. When nothing changed, that is one round
+/// trip. Returns `None`, with the box untouched, when the kept workspace cannot serve: it is
+/// not on the box (any more), the box's directory is taken, or (git mode) the session branch
+/// moved to another commit since; the caller clears what is kept and lays the workspace down
+/// afresh with [`push`].
+pub async fn resume(
+    out: &Outbound<'_>,
+    remote: &Remote,
+    kept: &Kept<'_>,
+    cancel: &CancellationToken,
+) -> Result<Option<Dispatched>> {
+    let started = std::time::Instant::now();
+    let kept_dir = Remote::new(remote.ssh().clone(), kept.dir)?;
+    let list = filelist::list(out.local, out.mode, out.rules, out.limits, cancel).await?;
+    if out.mode == Mode::Plain {
+        filelist::check_shareable(out.local, &list)?;
+    }
+    let base_commit = match out.mode {
+        Mode::Git => Some(session_head(out.local, out.session, cancel).await?),
+        Mode::Plain => None,
+    };
+    if base_commit != kept.manifest.base_commit {
+        return Ok(None);
+    }
+    let base = {
+        let (root, list, commit) = (out.local.to_path_buf(), list.clone(), base_commit.clone());
+        tokio::task::spawn_blocking(move || manifest::build(&root, &list, commit))
+            .await
+            .map_err(|e| crate::Error::Invalid {
+                what: format!("hashing {}", out.local.display()),
+                detail: e.to_string(),
+            })??
+    };
+    let diff = manifest::diff(kept.manifest, &base);
+    let mut deleted = Vec::new();
+    for path in &diff.deleted {
+        contain::check_path(path)?;
+        deleted.extend_from_slice(path.as_bytes());
+        deleted.push(0);
+    }
+    // One round trip: the kept directory moves back (only into a free place), and what the
+    // workspace here no longer has goes.
+    let (from, to) = (kept_dir.quoted_dir(), remote.quoted_dir());
+    let parent = match remote.dir().rsplit_once('/') {
+        Some((parent, _)) => format!("mkdir -p {}; ", shell_quote(parent)),
+        None => String::new(),
+    };
+    let restored = remote
+        .run(
+            &format!(
+                "set -e; if [ -d {from} ] && [ ! -L {from} ] && [ ! -e {to} ]; then \
+                 {parent}mv {from} {to}; cd {to}; xargs -0 -r rm -f --; echo restored; \
+                 else echo absent; fi"
+            ),
+            deleted,
+            cancel,
+        )
+        .await?;
+    if restored.trim() != "restored" {
+        return Ok(None);
+    }
+    let sent: Vec<String> = diff.changed.into_keys().collect();
+    let method = if sent.is_empty() {
+        Method::Rsync
+    } else {
+        remote.push_files(out.local, &sent, cancel).await?
+    };
+    tracing::debug!(
+        ms = started.elapsed().as_millis() as u64,
+        files = sent.len(),
+        deleted = diff.deleted.len(),
+        "outbound: a kept workspace resumed"
+    );
+    Ok(Some(Dispatched {
+        manifest: base,
+        method,
+        files: list.files.len(),
+        bytes: list.total_bytes,
+        left_out: list.left_out,
+    }))
 }

@@ -1,7 +1,9 @@
 //! Boxes come back: a worker session whose turn ended keeps its box for `keep_attached`, then
-//! is `parked` and its box goes back to the idle pool (cleared of the session), where the next
-//! session takes it warm; a full gateway parks the session idle the longest instead of
-//! refusing, and refuses only when every worker runs a turn. Real gateway, real local boxes,
+//! is `parked` and its box goes back to the idle pool (its workspace moved out of sight into
+//! the box's keep area), where the next session takes it warm (and finds nothing of the parked
+//! one) or the parked session comes back to it and finds its workspace, brought up to date; a
+//! full gateway parks the session idle the longest instead of refusing, and refuses only when
+//! every worker runs a turn. Real gateway, real local boxes,
 //! the real worker, a fake OpenAI-compatible provider.
 
 use crate::harness::{processes_containing, stderr, stdout};
@@ -57,6 +59,18 @@ fn box_dir(rig: &Rig, env: &str) -> PathBuf {
 /// The workspaces on a box, by session id.
 fn workspaces_on(box_dir: &std::path::Path) -> Vec<String> {
     let Ok(dir) = std::fs::read_dir(box_dir.join("home/workspaces")) else {
+        return Vec::new();
+    };
+    let mut names: Vec<String> = dir
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    names
+}
+
+/// What the box under `box_dir` keeps of parked sessions, by session id.
+fn kept_on(box_dir: &std::path::Path) -> Vec<String> {
+    let Ok(dir) = std::fs::read_dir(box_dir.join("home/.skiff/kept")) else {
         return Vec::new();
     };
     let mut names: Vec<String> = dir
@@ -235,8 +249,9 @@ fn an_idle_session_parks_itself_after_keep_attached_and_its_box_serves_the_next_
     assert_eq!(
         workspaces_on(&dir),
         Vec::<String>::new(),
-        "A's files are gone"
+        "A's files are out of sight"
     );
+    assert_eq!(kept_on(&dir), std::slice::from_ref(&a), "kept for A alone");
     let store = skiff_store::Store::open(&rig.gw.state_dir.join("skiff.db")).unwrap();
     let park = store
         .audit_rows()
@@ -262,6 +277,118 @@ fn an_idle_session_parks_itself_after_keep_attached_and_its_box_serves_the_next_
     // box holds B's workspace only.
     assert!(result.contains("No such file"), "{result}");
     assert!(!result.contains(&a), "{result}");
+    assert_eq!(
+        kept_on(&dir),
+        Vec::<String>::new(),
+        "what the box kept for A went before B's workspace came"
+    );
+}
+
+#[test]
+fn a_parked_session_comes_back_to_its_own_box_and_sees_what_changed_on_the_gateway_meanwhile() {
+    let mut responses = vec![
+        tool_reply(
+            "w1",
+            "exec",
+            r#"{"command":"echo from A > notes.txt && echo built > build.log && echo old > gone.txt"}"#,
+        ),
+        text_reply(&["wrote it"]),
+    ];
+    responses.extend([
+        tool_reply(
+            "r1",
+            "exec",
+            r#"{"command":"cat notes.txt README.md build.log; ls; ls -a ../ | grep -v '^\\.'"}"#,
+        ),
+        text_reply(&["read it"]),
+    ]);
+    let rig = Rig::start(responses, PARK_FAST);
+    let repo = TempGitRepo::new(&[("README.md", "a repo\n"), (".gitignore", "*.log\n")]);
+    let (out, a) = new_worker_session(&rig, repo.path(), "write notes");
+    assert!(out.status.success(), "{}", stderr(&out));
+    let env = env_in(&out);
+    let dir = box_dir(&rig, &env);
+    let worktree = PathBuf::from(
+        show(&rig, &a)["session"]["workspace"]["path"]
+            .as_str()
+            .unwrap(),
+    );
+    wait_placement(&rig, &a, "parked");
+    wait_env_state(&rig, &env, "idle");
+    assert_eq!(workspaces_on(&dir), Vec::<String>::new());
+    assert_eq!(kept_on(&dir), std::slice::from_ref(&a));
+
+    // Meanwhile the session's workspace changes on the gateway, and another idle box waits in
+    // the pool: A still prefers its own.
+    std::fs::write(worktree.join("README.md"), "changed on the gateway\n").unwrap();
+    std::fs::remove_file(worktree.join("gone.txt")).unwrap();
+    let other = rig
+        .gw
+        .json(&["env", "create", "--profile", "local", "--json"]);
+    assert_eq!(other["state"], "idle", "{other}");
+
+    let out = rig.session(&["send", "--json", &a, "read the notes"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(env_in(&out), env, "A came back to its own box");
+    let stream = stdout(&out);
+    assert!(
+        stream.contains("its own previous box, which kept its workspace"),
+        "{stream}"
+    );
+    let result = last_tool_result(&show(&rig, &a));
+    assert!(result.contains("from A"), "{result}");
+    assert!(result.contains("changed on the gateway"), "{result}");
+    assert!(!result.contains("a repo"), "stale README: {result}");
+    assert!(
+        !result.contains("gone.txt"),
+        "a file deleted meanwhile: {result}"
+    );
+    // What only the box had (an ignored build output) is still there: the workspace was
+    // kept, not laid down again.
+    assert!(result.contains("built"), "{result}");
+    let listed: Vec<&str> = result.lines().filter(|l| l.starts_with("ses_")).collect();
+    assert_eq!(listed, [a.as_str()], "{result}");
+    assert_eq!(kept_on(&dir), Vec::<String>::new());
+    let store = skiff_store::Store::open(&rig.gw.state_dir.join("skiff.db")).unwrap();
+    let outbound: Vec<_> = store
+        .audit_rows()
+        .unwrap()
+        .into_iter()
+        .filter(|r| r.action == "sync.outbound")
+        .map(|r| r.detail["workspace"].as_str().unwrap_or("").to_owned())
+        .collect();
+    assert_eq!(outbound, ["laid down", "resumed"]);
+}
+
+#[test]
+fn another_session_on_a_box_that_kept_a_parked_workspace_sees_none_of_it() {
+    let mut responses = write_notes("A's secret plan");
+    responses.extend([
+        tool_reply(
+            "r1",
+            "exec",
+            r#"{"command":"find \"$HOME\" -name notes.txt 2>/dev/null; ls -A \"$HOME/.skiff/kept\" 2>&1; echo searched"}"#,
+        ),
+        text_reply(&["looked"]),
+    ]);
+    let rig = Rig::start(responses, PARK_FAST);
+    let repo = TempGitRepo::new(&[("README.md", "a repo\n")]);
+    let (out, a) = new_worker_session(&rig, repo.path(), "write notes");
+    assert!(out.status.success(), "{}", stderr(&out));
+    let env = env_in(&out);
+    let dir = box_dir(&rig, &env);
+    wait_placement(&rig, &a, "parked");
+    wait_env_state(&rig, &env, "idle");
+    assert_eq!(kept_on(&dir), std::slice::from_ref(&a));
+
+    let (out, b) = new_worker_session(&rig, repo.path(), "look around");
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(env_in(&out), env, "B took the box A kept its workspace on");
+    let result = last_tool_result(&show(&rig, &b));
+    assert!(result.contains("searched"), "{result}");
+    assert!(!result.contains("notes.txt"), "{result}");
+    assert!(!result.contains(&a), "{result}");
+    assert_eq!(kept_on(&dir), Vec::<String>::new());
 }
 
 #[test]

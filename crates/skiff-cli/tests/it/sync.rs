@@ -233,3 +233,86 @@ fn a_large_untracked_file_never_enters_the_users_object_store() {
     assert_eq!(*size, 20 << 20);
     assert_eq!(std::fs::read(artifacts.join(blake3)).unwrap(), big);
 }
+
+#[test]
+fn a_gateway_killed_while_a_worktree_is_filled_writes_it_whole_at_restart() {
+    // Enough files that writing the worktree takes a moment after `session new` returns.
+    let contents: Vec<(String, String)> = (0..3000)
+        .map(|i| {
+            (
+                format!("src/d{}/f{i}.txt", i % 40),
+                format!("file {i}\n").repeat(50),
+            )
+        })
+        .collect();
+    let files: Vec<(&str, &str)> = contents
+        .iter()
+        .map(|(p, c)| (p.as_str(), c.as_str()))
+        .collect();
+    let repo = TempGitRepo::new(&files);
+    // The user's uncommitted state: an edit, a deletion, a new file.
+    std::fs::write(repo.path().join("src/d1/f1.txt"), "edited\n").unwrap();
+    std::fs::remove_file(repo.path().join("src/d2/f2.txt")).unwrap();
+    std::fs::write(repo.path().join("new.txt"), "new\n").unwrap();
+    let mut gw = Gateway::start("[[turns]]\ntext = \"Done.\"\n");
+    let out = gw.run(&[
+        "session",
+        "new",
+        "--detach",
+        "--json",
+        "--workspace",
+        repo.path().to_str().unwrap(),
+        "--model",
+        "fake/x",
+        "work",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let created: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let id = created["session"]["id"].as_str().unwrap().to_owned();
+    // Killed at once, most likely while the worktree's files are being written.
+    gw.crash_and_restart();
+
+    let detail = gw.json(&["session", "show", &id, "--json"]);
+    let worktree =
+        std::path::PathBuf::from(detail["session"]["workspace"]["path"].as_str().unwrap());
+    assert_eq!(
+        git(&worktree, &["status", "--porcelain"]),
+        " M src/d1/f1.txt\n D src/d2/f2.txt\n?? new.txt\n"
+    );
+    for (path, content) in &contents {
+        if path == "src/d1/f1.txt" || path == "src/d2/f2.txt" {
+            continue;
+        }
+        assert_eq!(
+            &std::fs::read_to_string(worktree.join(path)).unwrap(),
+            content,
+            "{path}"
+        );
+    }
+    assert_eq!(
+        std::fs::read_to_string(worktree.join("src/d1/f1.txt")).unwrap(),
+        "edited\n"
+    );
+    // The session's changes against its base commit are the user's uncommitted ones.
+    let diff = gw.json(&["session", "diff", &id, "--stat", "--json"]);
+    let changed: Vec<(&str, &str)> = diff["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| (f["status"].as_str().unwrap(), f["path"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        changed,
+        [
+            ("added", "new.txt"),
+            ("modified", "src/d1/f1.txt"),
+            ("deleted", "src/d2/f2.txt")
+        ],
+        "{diff:#}"
+    );
+    let filling = gw.state_dir.join("filling");
+    let left: Vec<_> = std::fs::read_dir(&filling)
+        .map(|d| d.map(|e| e.unwrap().file_name()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "fill records left: {left:?}");
+}

@@ -112,6 +112,28 @@ impl Environments {
         }
     }
 
+    /// The idle box `env` of `profile`, attached, when it is still in the pool with the
+    /// gateway's bundle and checks out (a parked session's own previous box); `None`
+    /// otherwise.
+    pub(crate) async fn acquire_this(
+        &self,
+        scope: &Scope,
+        profile: &str,
+        env: &EnvironmentId,
+    ) -> Result<Option<EnvironmentRow>> {
+        let Some(row) = self
+            .idle_candidates(scope, profile, None)
+            .await?
+            .into_iter()
+            .find(|r| &r.id == env)
+        else {
+            return Ok(None);
+        };
+        let lock = self.lock(&row.id);
+        let _guard = lock.lock().await;
+        self.claim_idle_locked(&row, true).await
+    }
+
     /// A warm idle box whose home already holds the result of the setup keyed `key`,
     /// attached; `None` when the pool has none.
     pub(crate) async fn acquire_prepared(

@@ -340,6 +340,9 @@ pub(crate) struct Workers {
     next_conn: AtomicU64,
     /// Egress proxies of environments in a phase that may reach the network.
     egress: egress_gate::Gates,
+    /// Parked sessions whose workspace their box keeps (see `park.rs`). In memory only: after
+    /// a restart the next taker of such a box clears what it keeps.
+    kept: Mutex<HashMap<SessionId, park::KeptWorkspace>>,
 }
 
 impl Workers {
@@ -361,6 +364,7 @@ impl Workers {
             credential_ttl_ms: i64::try_from(credential_ttl.as_millis()).unwrap_or(i64::MAX),
             next_conn: AtomicU64::new(1),
             egress: egress_gate::Gates::default(),
+            kept: Mutex::new(HashMap::new()),
         }
     }
 

@@ -4,13 +4,22 @@
 //! early, the one idle longest first, when another session needs its worker slot.
 //!
 //! Parking needs nothing from the box: the turn was reconciled and checkpointed at
-//! `turn.finish`, so the session's workspace on the gateway is complete. What stays on the box
-//! is removed before the box is idle (its worker stopped, its workspace deleted), so the next
-//! session sees none of it. The next message places a parked session again like any other.
+//! `turn.finish`, so the session's workspace on the gateway is complete. The session's worker
+//! is stopped and its workspace moved out of sight into the box's keep area
+//! (`.skiff/kept/<session>`, one session's at a time), with the base manifest of its last turn
+//! remembered here ([`KeptWorkspace`]). The box stays in the pool of the same scope, profile
+//! and bundle, so only the same owner's sessions can ever take it.
 //!
-//! Deliberately absent: giving a parked session back the very box it left. A box in the pool
-//! is anyone's, so it is cleared on the way in, and a box reserved for one session would be
-//! one the pool does not have.
+//! The next message places a parked session again, preferring its own previous box when that
+//! is idle: the kept workspace moves back and only what differs from the remembered manifest
+//! travels (`skiff_sync::outbound::resume`; nothing when nothing changed, in one round trip).
+//! Any other placement onto a box deletes whatever the box keeps before laying its own
+//! workspace down, so no session ever sees another's files. A session whose own box is taken,
+//! gone, or whose branch moved meanwhile is laid down afresh like a new one.
+//!
+//! Deliberately absent: reserving a box for a parked session (a kept box is anyone's in the
+//! pool; keeping only makes coming back cheap) and remembering kept workspaces across a
+//! gateway restart (the next taker of such a box clears it).
 
 use super::place::box_workspace;
 use crate::Core;
@@ -30,6 +39,71 @@ const CLAIM_ATTEMPTS: usize = 3;
 /// How long a stopped worker has to exit before it is killed.
 const WORKER_EXIT_GRACE_TENTHS: u32 = 50;
 
+/// Where a box keeps parked sessions' workspaces, relative to the box user's home.
+pub(crate) const KEEP_AREA: &str = ".skiff/kept";
+
+/// A parked session's workspace kept on its previous box.
+#[derive(Clone, Debug)]
+pub(crate) struct KeptWorkspace {
+    pub(crate) env: skiff_protocol::EnvironmentId,
+    /// The base manifest (JSON) of the session's last turn: what the kept workspace holds.
+    pub(crate) manifest: String,
+    /// Whether the box is back in the pool, once the park has given it back (a message sent
+    /// the moment the session is parked waits for that, not for another box).
+    pub(crate) pooled: tokio::sync::watch::Receiver<Option<bool>>,
+}
+
+/// Where `session`'s workspace is kept on its box while it is parked.
+pub(crate) fn kept_dir(session: &SessionId) -> String {
+    format!("{KEEP_AREA}/{session}")
+}
+
+/// What a box runs before a workspace other than the kept one is laid onto it: everything
+/// the box keeps goes.
+pub(crate) fn clear_kept_script() -> String {
+    format!("cd \"$HOME\" && rm -rf -- {KEEP_AREA} && [ ! -e {KEEP_AREA} ]")
+}
+
+impl super::Workers {
+    /// Remembers that `env` keeps `session`'s workspace (replacing whatever that box kept
+    /// for another session: a box keeps one).
+    fn keep(&self, session: &SessionId, kept: KeptWorkspace) {
+        let mut all = super::lock(&self.kept);
+        all.retain(|_, k| k.env != kept.env);
+        all.insert(session.clone(), kept);
+    }
+
+    /// The box that keeps `session`'s workspace, if any (forgotten: a placement uses it
+    /// once, or lays the workspace afresh).
+    pub(crate) fn take_kept(&self, session: &SessionId) -> Option<KeptWorkspace> {
+        super::lock(&self.kept).remove(session)
+    }
+
+    /// The box that keeps `session`'s workspace, if any, without forgetting it; waits until
+    /// the park that is giving it back has done so.
+    pub(crate) async fn kept_box(
+        &self,
+        session: &SessionId,
+    ) -> Option<skiff_protocol::EnvironmentId> {
+        let (env, mut pooled) = {
+            let all = super::lock(&self.kept);
+            let kept = all.get(session)?;
+            (kept.env.clone(), kept.pooled.clone())
+        };
+        let back = pooled
+            .wait_for(Option::is_some)
+            .await
+            .ok()?
+            .unwrap_or(false);
+        back.then_some(env)
+    }
+
+    /// Forgets that `env` keeps anything (another session took it, or it is gone).
+    pub(crate) fn forget_kept_on(&self, env: &skiff_protocol::EnvironmentId) {
+        super::lock(&self.kept).retain(|_, k| &k.env != env);
+    }
+}
+
 impl Core {
     /// Parks `session` if it holds a box between turns: moves the placement (checked against
     /// an open run in the same transaction), stops its worker and gives the box back to the
@@ -43,6 +117,21 @@ impl Core {
     ) -> Result<bool> {
         let Some(was) = self.store.park_placement(scope, session)? else {
             return Ok(false);
+        };
+        // Known before anyone hears of the park: the next message prefers this box, once it
+        // is back in the pool.
+        let keeping = match (&was.environment_id, &was.base_manifest) {
+            (Some(env), Some(manifest)) => {
+                let (tx, pooled) = tokio::sync::watch::channel(None);
+                let kept = KeptWorkspace {
+                    env: env.clone(),
+                    manifest: manifest.clone(),
+                    pooled,
+                };
+                self.workers.keep(session, kept);
+                Some(tx)
+            }
+            _ => None,
         };
         // From here the session is parked: its slot is free, and a message for it places it
         // again (on another box, or this one once it is back in the pool).
@@ -64,8 +153,16 @@ impl Core {
             .stop_epoch(was.owner_epoch, "the session is parked");
         let pooled = match &env {
             Some(env) => {
-                self.give_box_back(scope, session, env, was.worker_pid)
-                    .await
+                let pooled = self
+                    .give_box_back(scope, session, env, was.worker_pid, keeping.is_some())
+                    .await;
+                if let Some(tx) = keeping {
+                    if !pooled {
+                        self.workers.take_kept(session);
+                    }
+                    let _ = tx.send(Some(pooled));
+                }
+                pooled
             }
             None => false,
         };
@@ -79,22 +176,28 @@ impl Core {
                 "epoch": was.owner_epoch,
                 "reason": why,
                 "box": env.as_ref().map(|_| if pooled { "idle" } else { "destroyed" }),
+                "workspace": if pooled { "kept" } else { "gone" },
             }),
         );
         Ok(true)
     }
 
-    /// Stops the session's worker, removes its workspace and the tunnel to it, and puts the
-    /// box in the idle pool (or destroys it when that cannot be done). Returns whether the box
-    /// is in the pool. The session no longer names the box (parked, or home).
+    /// Stops the session's worker, removes its workspace (or, with `keep`, moves it into the
+    /// box's keep area) and the tunnel to it, and puts the box in the idle pool (or destroys it
+    /// when that cannot be done). Returns whether the box is in the pool. The session no
+    /// longer names the box (parked, or home).
     pub(super) async fn give_box_back(
         &self,
         scope: &Scope,
         session: &SessionId,
         env: &skiff_protocol::EnvironmentId,
         worker_pid: Option<i64>,
+        keep: bool,
     ) -> bool {
         self.close_worker_endpoint(env);
+        if !keep {
+            self.workers.forget_kept_on(env);
+        }
         let row = match self.store.environment(scope, env) {
             Ok(row) => row,
             Err(e) => {
@@ -105,7 +208,12 @@ impl Core {
         let clear = async {
             let ssh = self.envs.ssh(&row)?;
             let cancel = CancellationToken::new();
-            let home = ssh.run(&clear_script(session, worker_pid), &cancel).await?;
+            let script = if keep {
+                keep_script(session, worker_pid)
+            } else {
+                clear_script(session, worker_pid)
+            };
+            let home = ssh.run(&script, &cancel).await?;
             let remote_socket = format!("{}/.skiff/worker.sock", home.trim());
             if let Err(e) = ssh
                 .cancel_forward(&remote_socket, &self.workers.socket_path(env), &cancel)
@@ -239,6 +347,22 @@ fn clear_script(session: &SessionId, worker_pid: Option<i64>) -> String {
     )
 }
 
+/// What moves a parked session's workspace into the box's keep area, run there: its worker
+/// stopped ([`stop_worker_script`]), whatever the box kept before removed (a box keeps one
+/// session's), the workspace moved, the worker's log removed. Prints the home directory and
+/// fails unless the workspace is out of its place.
+fn keep_script(session: &SessionId, worker_pid: Option<i64>) -> String {
+    let workspace = skiff_ssh::shell_quote(&box_workspace(session));
+    let kept = skiff_ssh::shell_quote(&kept_dir(session));
+    format!(
+        "{stop}; cd \"$HOME\" || exit 1; \
+         rm -rf -- {KEEP_AREA} && mkdir -p -m 700 {KEEP_AREA} && \
+         {{ [ ! -d {workspace} ] || [ -L {workspace} ] || mv -- {workspace} {kept}; }} && \
+         rm -rf -- {workspace} && rm -f -- .skiff/worker.log && [ ! -e {workspace} ] && printf %s \"$HOME\"",
+        stop = stop_worker_script(worker_pid)
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -252,5 +376,18 @@ mod tests {
         assert!(script.contains("[ ! -e workspaces/ses_abc ]"), "{script}");
         let none = clear_script(&session, None);
         assert!(none.contains("p=''"), "{none}");
+    }
+
+    #[test]
+    fn the_keep_script_moves_the_workspace_out_of_sight() {
+        let session = SessionId::from_suffix("abc");
+        let script = keep_script(&session, Some(42));
+        assert!(script.contains("p='42'"), "{script}");
+        assert!(
+            script.contains("mv -- workspaces/ses_abc .skiff/kept/ses_abc"),
+            "{script}"
+        );
+        assert!(script.contains("rm -rf -- .skiff/kept &&"), "{script}");
+        assert!(script.contains("[ ! -e workspaces/ses_abc ]"), "{script}");
     }
 }

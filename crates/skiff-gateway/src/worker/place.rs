@@ -36,6 +36,9 @@ pub(crate) fn box_workspace(session: &SessionId) -> String {
 
 /// Where a box whose home already holds a setup's result came from.
 enum Prepared {
+    /// The session's own previous box, which kept its workspace while it was parked (and,
+    /// with a setup, holds that setup's result).
+    Own,
     /// A warm box from the idle pool on which the same setup ran.
     Pool,
     /// A warm box from the idle pool whose home was restored from the setup's snapshot.
@@ -171,7 +174,7 @@ impl Core {
         }
         if p.state == PlacementState::Provisioning {
             let (env, from) = match self
-                .acquire_for_setup(scope, &p.profile, setup.as_ref())
+                .acquire_for_setup(scope, id, &p.profile, setup.as_ref())
                 .await
             {
                 Ok(got) => got,
@@ -179,6 +182,9 @@ impl Core {
             };
             prepared = from;
             let from = match &prepared {
+                Some(Prepared::Own) => {
+                    " (its own previous box, which kept its workspace)".to_owned()
+                }
                 Some(Prepared::Pool) => " (a box this setup already prepared)".to_owned(),
                 Some(Prepared::Restored(s)) => format!(" (a warm box, its home restored from {s})"),
                 Some(Prepared::Snapshot(s)) => format!(" (a box prepared by setup, from {s})"),
@@ -203,7 +209,16 @@ impl Core {
                     let left_out = left_out
                         .summary()
                         .unwrap_or_else(|| "nothing left out".into());
-                    // A prepared box runs `.skiff/maintain.sh` (if any) instead of setup.
+                    // A prepared box runs `.skiff/maintain.sh` (if any) instead of setup. The
+                    // session's own box counts as prepared only when that setup's result is
+                    // in its home.
+                    if matches!(prepared, Some(Prepared::Own)) {
+                        let env = self.placement_env(scope, &p)?;
+                        let key = setup.as_ref().map(|plan| plan.key.as_str());
+                        if key.is_some() && env.prepared_key.as_deref() != key {
+                            prepared = None;
+                        }
+                    }
                     let skipped = prepared.is_some() && setup.is_some();
                     let setup = match prepared {
                         Some(_) => setup.and_then(super::setup::SetupPlan::maintenance),
@@ -383,12 +398,20 @@ impl Core {
     /// A box for a session with `setup`, the cheapest first: a warm one that setup already
     /// prepared, else a warm one with that setup's snapshot restored onto it, else a new one
     /// made from the snapshot, else any box (warm or cold) on which setup will run.
+    /// A parked session's own previous box comes first, when it is idle (it kept the
+    /// session's workspace).
     async fn acquire_for_setup(
         self: &Arc<Self>,
         scope: &Scope,
+        session: &SessionId,
         profile: &str,
         setup: Option<&super::setup::SetupPlan>,
     ) -> Result<(skiff_protocol::EnvironmentId, Option<Prepared>)> {
+        if let Some(own) = self.workers.kept_box(session).await
+            && let Some(row) = self.envs.acquire_this(scope, profile, &own).await?
+        {
+            return Ok((row.id, Some(Prepared::Own)));
+        }
         if let Some(plan) = setup {
             if let Some(env) = self
                 .envs
@@ -443,14 +466,43 @@ impl Core {
                 skiff_providers::History::Full => outbound::History::Full,
             },
         };
-        let sent = outbound::push(&out, &remote, cancel).await?;
+        // The session's workspace kept on this box when it was parked serves when it can;
+        // anything else the box keeps goes before another workspace is laid down.
+        let kept = self
+            .workers
+            .take_kept(&session.id)
+            .filter(|k| k.env == env.id);
+        let mut resumed = None;
+        if let Some(kept) = &kept {
+            self.workspace_ready(&session.id).await?;
+            let old = manifest::from_json(&kept.manifest)?;
+            let dir = super::park::kept_dir(&session.id);
+            let from = outbound::Kept {
+                dir: &dir,
+                manifest: &old,
+            };
+            resumed = outbound::resume(&out, &remote, &from, cancel).await?;
+        }
+        let (sent, how) = match resumed {
+            Some(sent) => (sent, "resumed"),
+            None => {
+                remote
+                    .run(&super::park::clear_kept_script(), Vec::new(), cancel)
+                    .await?;
+                // A new session's worktree may still be filling: the pack of its base
+                // commit is made meanwhile.
+                let ready = self.fills.ready(&session.id);
+                let sent = outbound::push_when_ready(&out, &remote, ready, cancel).await?;
+                (sent, "laid down")
+            }
+        };
         let base = manifest::to_json(&sent.manifest)?;
         self.audit(
             scope,
             "sync.outbound",
             session.id.as_str(),
             "applied",
-            json!({ "env": env.id.as_str(), "files": sent.files, "bytes": sent.bytes }),
+            json!({ "env": env.id.as_str(), "files": sent.files, "bytes": sent.bytes, "workspace": how }),
         );
         Ok((base, sent.files, sent.bytes, sent.left_out))
     }
