@@ -77,6 +77,11 @@ pub struct GatewayConfig {
     /// (summarised) before the next model request, from 0.1 to 0.95 [default: 0.8].
     #[serde(default)]
     pub compact_at: Option<f64>,
+    /// Whether the `exec` and `process` commands of gateway-placed sessions run in a sandbox
+    /// that hides the gateway's state dir, other workspaces and processes: `"on"` or `"off"`
+    /// (they then run as the gateway's own user, with a warning at start) [default: "on"].
+    #[serde(default)]
+    pub local_sandbox: Option<String>,
 }
 
 impl GatewayConfig {
@@ -118,6 +123,20 @@ impl GatewayConfig {
                 range.end()
             ),
         })
+    }
+
+    /// `local_sandbox`: whether gateway-placed sessions' commands are sandboxed.
+    pub fn local_sandbox(&self, config_path: &Path) -> Result<bool, ConfigError> {
+        match self.local_sandbox.as_deref() {
+            None | Some("on") => Ok(true),
+            Some("off") => Ok(false),
+            Some(other) => Err(ConfigError::Invalid {
+                path: config_path.display().to_string(),
+                message: format!(
+                    "at `gateway.local_sandbox`: \"{other}\" is neither \"on\" (the default) nor \"off\""
+                ),
+            }),
+        }
     }
 
     pub fn turn_timeout(&self, config_path: &Path) -> Result<std::time::Duration, ConfigError> {

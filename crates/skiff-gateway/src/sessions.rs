@@ -613,6 +613,11 @@ impl Core {
             .with_ledger(self.procs.clone())
             .with_processes(self.session_processes(&session.id))
             .with_gateway_tools(self.mcp.specs());
+        if self.local_sandbox {
+            let sandbox = skiff_agent::tools::sandbox::for_workspace(tools.workspace().root())
+                .hint(crate::SANDBOX_HINT);
+            tools = tools.with_sandbox(sandbox);
+        }
         // A child never dispatches children of its own.
         if session.parent_id.is_none() {
             tools = tools.with_dispatch();

@@ -99,7 +99,8 @@ impl Sandbox {
         self
     }
 
-    pub(crate) fn hint_text(&self) -> &str {
+    /// The hint [`Sandbox::hint`] set.
+    pub fn hint_text(&self) -> &str {
         &self.hint
     }
 
@@ -159,10 +160,14 @@ impl Sandbox {
                 Mount::ReadOnly(path) => {
                     push(&["--ro-bind-try".as_ref(), path.as_os_str(), path.as_os_str()]);
                 }
-                Mount::Hidden(dir) => {
-                    push(&["--tmpfs".as_ref(), dir.as_os_str()]);
-                    push(&["--remount-ro".as_ref(), dir.as_os_str()]);
-                }
+                Mount::Hidden(dir) => push(&["--tmpfs".as_ref(), dir.as_os_str()]),
+            }
+        }
+        // Last: a hidden directory may have a writable mount below it (a worktree's own git dir
+        // among the hidden others), which must exist before the directory turns read-only.
+        for mount in &self.mounts {
+            if let Mount::Hidden(dir) = mount {
+                push(&["--remount-ro".as_ref(), dir.as_os_str()]);
             }
         }
         if let Some(cwd) = cwd {

@@ -16,3 +16,4 @@ mod mcp;
 mod operations;
 mod processes;
 mod reasoning;
+mod sandbox;
