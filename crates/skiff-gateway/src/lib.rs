@@ -100,6 +100,8 @@ pub(crate) struct Core {
     mcp: mcp::Mcp,
     /// `[gateway] local_sandbox`: whether gateway-placed sessions' commands run sandboxed.
     local_sandbox: bool,
+    /// `[gateway] local_sandbox_paths`: host directories their sandbox shows read-write.
+    local_sandbox_paths: Vec<PathBuf>,
     /// What the operator is told at start about the sandbox, when it is off or cannot be made.
     sandbox_warning: Option<String>,
 }
@@ -201,6 +203,9 @@ pub(crate) async fn open_core(options: &Options) -> Result<(Arc<Core>, std::time
     let mcp_servers = mcp::validate(&config_path, &config.mcp)?;
     let compact_at = config.gateway.compact_at(&config_path)?;
     let local_sandbox = config.gateway.local_sandbox(&config_path)?;
+    let local_sandbox_paths = config
+        .gateway
+        .local_sandbox_paths(&config_path, state.root())?;
     let sandbox_warning = sandbox_warning(local_sandbox).await;
     let config_dir = config_path.parent().map(PathBuf::from).unwrap_or_default();
     let store = Arc::new(Store::open(&state.database())?);
@@ -255,6 +260,7 @@ pub(crate) async fn open_core(options: &Options) -> Result<(Arc<Core>, std::time
         session_processes: Mutex::default(),
         mcp,
         local_sandbox,
+        local_sandbox_paths,
         sandbox_warning,
     });
     core.envs

@@ -16,7 +16,13 @@ use std::path::{Path, PathBuf};
 
 /// The sandbox for commands working in the workspace `root` (canonical).
 pub fn for_workspace(root: &Path) -> Sandbox {
-    let mut sandbox = Sandbox::new().writable(root);
+    with_workspace(Sandbox::new(), root)
+}
+
+/// `sandbox` (what it shows already: directories the operator shares) with the workspace
+/// `root` on top, so nothing shared can uncover what the workspace's mounts make read-only.
+pub fn with_workspace(sandbox: Sandbox, root: &Path) -> Sandbox {
+    let mut sandbox = sandbox.writable(root);
     let Some(git_dir) = worktree_git_dir(root) else {
         return sandbox;
     };

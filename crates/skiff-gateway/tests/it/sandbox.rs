@@ -1,7 +1,7 @@
 //! The tools of a gateway-placed session are sandboxed: `exec` sees the workspace and the
 //! system, never the gateway's state dir, another session's workspace or the gateway's `/proc`
 //! entries; the file tools, which run in the gateway itself, cannot be walked out of the
-//! workspace through a planted symlink or `..`. Git, a Python test suite and a shell script
+//! workspace through a planted symlink or `..`, nor rewrite the worktree's `.git`. Git, a Python test suite and a shell script
 //! still work in the workspace.
 
 use crate::harness::{TestGateway, session_request};
@@ -74,6 +74,9 @@ arguments = { path = "token-link", edits = [{ old_text = "url", new_text = "lru"
 [[turns.tool_calls]]
 name = "apply_patch"
 arguments = { patch = "*** Begin Patch\n*** Add File: state-link/patched.txt\n+x\n*** End Patch" }
+[[turns.tool_calls]]
+name = "write"
+arguments = { path = ".git", content = "gitdir: ./my-own-git-dir" }
 [[turns.tool_calls]]
 name = "ls"
 arguments = { path = "state-link" }
@@ -229,11 +232,11 @@ async fn a_gateway_session_reaches_nothing_of_the_gateway_and_still_works_in_its
     // Every file tool aimed through a planted link or `..` was refused; the walks at the
     // root did not follow the links.
     let file_tools = &results[3..];
-    assert_eq!(file_tools.len(), 14, "{file_tools:#?}");
-    for (tool, content, is_error) in &file_tools[..12] {
+    assert_eq!(file_tools.len(), 15, "{file_tools:#?}");
+    for (tool, content, is_error) in &file_tools[..13] {
         assert!(is_error, "{tool} reached outside the workspace: {content}");
     }
-    for (tool, content, _) in &file_tools[12..] {
+    for (tool, content, _) in &file_tools[13..] {
         assert!(
             !content.contains("-link/") && !content.contains("token-link:"),
             "{tool} followed a planted link: {content}"
