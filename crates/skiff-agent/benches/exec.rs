@@ -1,7 +1,8 @@
 //! What the sandbox of gateway-placed sessions costs an `exec` call (printed, never asserted):
 //! the median of 20 calls of `exec {command: "true"}` through the agent's tools, contained as
 //! before (a PID namespace of its own, `unshare`) and sandboxed (`bwrap`, the workspace's
-//! sandbox as the gateway builds it), interleaved so the machine's noise falls on both alike.
+//! sandbox as the gateway builds it), interleaved so the machine's noise falls on both alike,
+//! both with an empty `$HOME` (a login profile would otherwise dominate the unsandboxed figure).
 //!
 //! `cargo bench -p skiff-agent --bench exec` (`SKIFF_BENCH_ROUNDS` overrides the 20 calls).
 
@@ -23,7 +24,11 @@ fn main() {
         .build()
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let plain = Tools::new(dir.path().to_path_buf(), Vec::new()).unwrap();
+    // An empty home for both, so a login profile's cost (the sandbox hides the real home) is
+    // not counted as the sandbox's.
+    let home = tempfile::tempdir().unwrap();
+    let env = vec![("HOME".to_owned(), home.path().display().to_string())];
+    let plain = Tools::new(dir.path().to_path_buf(), env).unwrap();
     let sandboxed = plain
         .clone()
         .with_sandbox(sandbox::for_workspace(plain.workspace().root()));
