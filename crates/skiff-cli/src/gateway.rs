@@ -48,6 +48,9 @@ pub async fn run(args: GatewayArgs, state_dir: PathBuf) -> Result<ExitCode> {
         config: args.config,
     })
     .await?;
+    if let Some(warning) = running.sandbox_warning() {
+        eprintln!("{warning}");
+    }
     if let Some(warning) = exposure_warning(running.addr) {
         tracing::warn!(addr = %running.addr, "listening on a non-loopback address over plain HTTP");
         eprintln!("{warning}");

@@ -3,7 +3,7 @@
 use serde::Deserialize;
 use skiff_llm::ProviderConfig;
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 #[derive(Debug, Default, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -122,6 +122,16 @@ pub struct GatewayConfig {
     /// to land between two steps of the barrier; the fault-injection tests set it.
     #[serde(default)]
     pub barrier_fault: Option<String>,
+    /// Whether the `exec` and `process` commands of gateway-placed sessions run in a sandbox
+    /// that hides the gateway's state dir, other workspaces and processes: `"on"` or `"off"`
+    /// (they then run as the gateway's own user, with a warning at start) [default: "on"].
+    #[serde(default)]
+    pub local_sandbox: Option<String>,
+    /// Directories of the host the sandbox of gateway-placed sessions shows read-write at
+    /// their own paths besides the workspace (a shared build cache, a toolchain) [default:
+    /// none]. Absolute, and neither inside the state dir nor holding it.
+    #[serde(default)]
+    pub local_sandbox_paths: Vec<PathBuf>,
 }
 
 impl GatewayConfig {
@@ -188,6 +198,58 @@ impl GatewayConfig {
             self.approval_timeout.as_deref(),
             "10m",
         )
+    }
+
+    /// `local_sandbox`: whether gateway-placed sessions' commands are sandboxed.
+    pub fn local_sandbox(&self, config_path: &Path) -> Result<bool, ConfigError> {
+        match self.local_sandbox.as_deref() {
+            None | Some("on") => Ok(true),
+            Some("off") => Ok(false),
+            Some(other) => Err(ConfigError::Invalid {
+                path: config_path.display().to_string(),
+                message: format!(
+                    "at `gateway.local_sandbox`: \"{other}\" is neither \"on\" (the default) nor \"off\""
+                ),
+            }),
+        }
+    }
+
+    /// `local_sandbox_paths`, checked: each an absolute path, canonicalized, that neither
+    /// lies in the state dir nor holds it.
+    pub fn local_sandbox_paths(
+        &self,
+        config_path: &Path,
+        state_dir: &Path,
+    ) -> Result<Vec<PathBuf>, ConfigError> {
+        let invalid = |message: String| ConfigError::Invalid {
+            path: config_path.display().to_string(),
+            message: format!("at `gateway.local_sandbox_paths`: {message}"),
+        };
+        self.local_sandbox_paths
+            .iter()
+            .map(|path| {
+                if !path.is_absolute() {
+                    return Err(invalid(format!(
+                        "{} is not an absolute path",
+                        path.display()
+                    )));
+                }
+                let real = path.canonicalize().map_err(|e| {
+                    invalid(format!(
+                        "{}: {e}; give a directory that exists",
+                        path.display()
+                    ))
+                })?;
+                if real.starts_with(state_dir) || state_dir.starts_with(&real) {
+                    return Err(invalid(format!(
+                        "{} overlaps the state dir {}, which the sandbox exists to hide",
+                        path.display(),
+                        state_dir.display()
+                    )));
+                }
+                Ok(real)
+            })
+            .collect()
     }
 
     pub fn turn_timeout(&self, config_path: &Path) -> Result<std::time::Duration, ConfigError> {

@@ -290,6 +290,7 @@ fn process_code(e: &skiff_process::Error) -> ErrorCode {
         X::Spawn { .. }
         | X::Failed { .. }
         | X::Contain { .. }
+        | X::Sandbox { .. }
         | X::Ledger { .. }
         | X::Io { .. } => ErrorCode::Internal,
     }

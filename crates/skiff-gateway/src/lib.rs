@@ -118,6 +118,12 @@ pub(crate) struct Core {
     audit_feed: tokio::sync::watch::Sender<i64>,
     /// `[audit] retention`.
     audit_retention: std::time::Duration,
+    /// `[gateway] local_sandbox`: whether gateway-placed sessions' commands run sandboxed.
+    local_sandbox: bool,
+    /// `[gateway] local_sandbox_paths`: host directories their sandbox shows read-write.
+    local_sandbox_paths: Vec<PathBuf>,
+    /// What the operator is told at start about the sandbox, when it is off or cannot be made.
+    sandbox_warning: Option<String>,
 }
 
 /// A started gateway.
@@ -145,6 +151,13 @@ impl Running {
         }
         let _ = self.server.await;
         self.core.mcp.shutdown().await;
+    }
+
+    /// A warning for the operator about the tools of gateway-placed sessions: that
+    /// `[gateway] local_sandbox` is off, or that this host cannot sandbox them (their commands
+    /// are then refused).
+    pub fn sandbox_warning(&self) -> Option<&str> {
+        self.core.sandbox_warning.as_deref()
     }
 
     /// Waits until the server stops (it stops on its own only on an I/O error).
@@ -215,6 +228,11 @@ pub(crate) async fn open_core(options: &Options) -> Result<(Arc<Core>, std::time
     let budgets = budgets::Budgets::from_config(&config_path, &config.budgets, &config.profiles)?;
     let audit_retention = config.audit.retention(&config_path)?;
     let barrier_fault = config.gateway.barrier_fault(&config_path)?;
+    let local_sandbox = config.gateway.local_sandbox(&config_path)?;
+    let local_sandbox_paths = config
+        .gateway
+        .local_sandbox_paths(&config_path, state.root())?;
+    let sandbox_warning = sandbox_warning(local_sandbox).await;
     let config_dir = config_path.parent().map(PathBuf::from).unwrap_or_default();
     let store = Arc::new(Store::open(&state.database())?);
     let (audit_feed, _) = tokio::sync::watch::channel(0i64);
@@ -283,6 +301,9 @@ pub(crate) async fn open_core(options: &Options) -> Result<(Arc<Core>, std::time
         budgets,
         audit_feed,
         audit_retention,
+        local_sandbox,
+        local_sandbox_paths,
+        sandbox_warning,
     });
     core.envs
         .set_readiness(Arc::new(worker::probe::Probe(Arc::downgrade(&core))));
@@ -329,6 +350,31 @@ fn check_approval_policies(config_path: &std::path::Path, config: &Config) -> Re
         }
     }
     Ok(())
+}
+
+/// The hint a refused command of a gateway-placed session ends with.
+pub(crate) const SANDBOX_HINT: &str = "; or, to run them unsandboxed as the gateway's own user \
+    (who can read its state dir, database, token file and vault key), set `local_sandbox = \"off\"` \
+    under `[gateway]` in skiff.toml";
+
+/// What to tell the operator at start about the sandbox of gateway-placed sessions' commands:
+/// nothing when it works, a warning when it is off or this host cannot make it.
+async fn sandbox_warning(on: bool) -> Option<String> {
+    let warning = if on {
+        let reason = skiff_process::sandbox::probe().await.err()?;
+        format!(
+            "warning: this host cannot sandbox the tools of gateway-placed sessions ({reason}), so \
+             their exec and process calls will be refused. Install bubblewrap (Debian/Ubuntu: \
+             apt-get install bubblewrap) and allow user namespaces{SANDBOX_HINT}."
+        )
+    } else {
+        "warning: `[gateway] local_sandbox = \"off\"`: the exec and process commands of \
+         gateway-placed sessions run unsandboxed as the gateway's own user, and can read its state \
+         dir (token file, database, vault key), other sessions' workspaces and its environment."
+            .to_owned()
+    };
+    tracing::warn!("{warning}");
+    Some(warning)
 }
 
 /// Kills the `exec` commands a previous gateway on this state dir left running (it crashed in

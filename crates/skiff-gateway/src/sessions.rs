@@ -825,6 +825,18 @@ impl Core {
             .with_processes(self.session_processes(&session.id))
             .with_gateway_tools(self.mcp.specs())
             .with_approvals(self.compiled_approvals(scope, session)?);
+        if self.local_sandbox {
+            let shared = self
+                .local_sandbox_paths
+                .iter()
+                .fold(skiff_process::Sandbox::new(), |sandbox, dir| {
+                    sandbox.writable(dir)
+                });
+            let sandbox =
+                skiff_agent::tools::sandbox::with_workspace(shared, tools.workspace().root())
+                    .hint(crate::SANDBOX_HINT);
+            tools = tools.with_sandbox(sandbox);
+        }
         // A child never dispatches children of its own.
         if session.parent_id.is_none() {
             tools = tools.with_dispatch();

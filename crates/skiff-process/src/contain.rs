@@ -22,13 +22,16 @@
 //! thread that may retire while the command runs. For what the signal cannot cover (a crash
 //! in the instant between fork and `prctl`), a [`crate::Ledger`] records each leader.
 //!
-//! Deliberately absent: a mount namespace (the command sees the host's `/proc`) and resource
-//! limits; a process the command has started through a daemon (cron, systemd, ssh) is not its
+//! A command given a [`Sandbox`] is contained by `bwrap` instead, which adds a mount namespace
+//! (`sandbox.rs`). Deliberately absent otherwise: a mount namespace (the command sees the
+//! host's `/proc`) and resource limits; a process the command has started through a daemon (cron, systemd, ssh) is not its
 //! descendant and is out of reach.
 
+use crate::sandbox::{BWRAP, Sandbox};
 use crate::{Cmd, Error, Finished, Result, procfs};
 use rustix::process::{Pid, Signal};
 use std::ffi::OsString;
+use std::path::Path;
 use std::process::ExitStatus;
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -48,6 +51,9 @@ pub(crate) enum Variant {
     /// Without root (or without the right to make a PID namespace): a user namespace that
     /// maps only the current user, owning the PID namespace.
     UserPid,
+    /// In a filesystem sandbox (`sandbox.rs`): `bwrap` makes the user, PID and mount
+    /// namespaces, root or not.
+    Sandboxed,
     /// Tests only: [`Variant::UserPid`] after dropping to this uid and gid, as on a worker box.
     #[cfg(test)]
     UserPidAs(u32),
@@ -65,6 +71,7 @@ impl Variant {
         match self {
             Variant::Pid => &["--pid", "--fork", "--kill-child"],
             Variant::UserPid => USER_PID,
+            Variant::Sandboxed => USER_PID,
             #[cfg(test)]
             Variant::UserPidAs(_) => USER_PID,
         }
@@ -72,8 +79,15 @@ impl Variant {
 }
 
 /// The argv that runs `program args…` contained: `setpriv --pdeathsig KILL -- unshare … --
-/// program args…`.
-pub(crate) fn wrap(variant: Variant, program: &str, args: &[OsString]) -> Vec<OsString> {
+/// program args…`, or `… -- bwrap … -- program args…` in `sandbox` (`cwd` is where it
+/// starts).
+pub(crate) fn wrap(
+    variant: Variant,
+    sandbox: Option<&Sandbox>,
+    cwd: Option<&Path>,
+    program: &str,
+    args: &[OsString],
+) -> Vec<OsString> {
     let mut argv: Vec<OsString> = Vec::new();
     #[cfg(test)]
     if let Variant::UserPidAs(id) = variant {
@@ -86,13 +100,21 @@ pub(crate) fn wrap(variant: Variant, program: &str, args: &[OsString]) -> Vec<Os
             .map(OsString::from),
         );
     }
-    argv.extend(
-        ["--pdeathsig", "KILL", "--", "unshare"]
-            .iter()
-            .chain(variant.unshare_args())
-            .chain(&["--"])
-            .map(OsString::from),
-    );
+    // The sandbox, not the variant, decides: a command given one never runs without it.
+    match sandbox {
+        Some(sandbox) => {
+            argv.extend(["--pdeathsig", "KILL", "--", BWRAP].map(OsString::from));
+            argv.extend(sandbox.bwrap_args(cwd));
+            argv.push("--".into());
+        }
+        _ => argv.extend(
+            ["--pdeathsig", "KILL", "--", "unshare"]
+                .iter()
+                .chain(variant.unshare_args())
+                .chain(&["--"])
+                .map(OsString::from),
+        ),
+    }
     argv.push(program.into());
     argv.extend(args.iter().cloned());
     argv
@@ -104,7 +126,7 @@ pub(crate) const WRAPPER: &str = "setpriv";
 pub(crate) async fn run(cmd: Cmd, cancel: &CancellationToken) -> Result<Finished> {
     let command = cmd.display();
     let variant = tokio::select! {
-        variant = variant() => variant?,
+        variant = variant(cmd.sandbox.as_ref()) => variant?,
         () = cancel.cancelled() => return Err(Error::Cancelled { command }),
     };
     let spawner = spawner()?;
@@ -121,7 +143,16 @@ pub(crate) async fn run(cmd: Cmd, cancel: &CancellationToken) -> Result<Finished
     })?
 }
 
-async fn variant() -> Result<Variant> {
+async fn variant(sandbox: Option<&Sandbox>) -> Result<Variant> {
+    if let Some(sandbox) = sandbox {
+        return match crate::sandbox::probe().await {
+            Ok(()) => Ok(Variant::Sandboxed),
+            Err(reason) => Err(Error::Sandbox {
+                reason,
+                hint: sandbox.hint_text().to_owned(),
+            }),
+        };
+    }
     static CHOSEN: tokio::sync::OnceCell<Variant> = tokio::sync::OnceCell::const_new();
     CHOSEN.get_or_try_init(probe).await.copied()
 }
@@ -137,7 +168,7 @@ async fn probe() -> Result<Variant> {
     let mut failures = Vec::new();
     for &variant in candidates {
         let probe = Cmd::new(WRAPPER)
-            .args(wrap(variant, "true", &[]))
+            .args(wrap(variant, None, None, "true", &[]))
             .timeout(Duration::from_secs(10));
         // Not `run`: that would come back here.
         match probe.run_with(&CancellationToken::new(), None).await {

@@ -17,6 +17,7 @@ mod capture;
 mod contain;
 mod ledger;
 mod procfs;
+pub mod sandbox;
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -27,6 +28,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use capture::CappedOutput;
 pub use ledger::{Ledger, Leftover};
+pub use sandbox::Sandbox;
 
 pub type Result<T> = std::result::Result<T, Error>;
 
@@ -63,6 +65,14 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    #[error(
+        "refusing to run the command unsandboxed: this host cannot make its sandbox ({reason}). \
+         It needs bubblewrap (`bwrap`: Debian's and Ubuntu's package `bubblewrap`, Fedora's \
+         `bubblewrap`) and user namespaces (as an unprivileged user: \
+         `sysctl kernel.unprivileged_userns_clone=1` where that setting exists, and \
+         `user.max_user_namespaces` above 0){hint}"
+    )]
+    Sandbox { reason: String, hint: String },
     #[error("i/o error while running `{command}`: {source}")]
     Io {
         command: String,
@@ -131,6 +141,7 @@ pub struct Cmd {
     merge_stderr: bool,
     discard_output: bool,
     contained: bool,
+    sandbox: Option<Sandbox>,
     ledger: Option<Ledger>,
     tee: Option<Tee>,
 }
@@ -152,6 +163,7 @@ impl Cmd {
             merge_stderr: false,
             discard_output: false,
             contained: false,
+            sandbox: None,
             ledger: None,
             tee: None,
         }
@@ -233,6 +245,16 @@ impl Cmd {
         self
     }
 
+    /// Runs the command [`Cmd::contained`] and in `sandbox`: a mount namespace that shows it
+    /// only the system's read-only paths and what `sandbox` names (see `sandbox.rs`). A host
+    /// that cannot make the sandbox fails the command with [`Error::Sandbox`]; it is never run
+    /// without it. Needs bubblewrap (`bwrap`).
+    pub fn sandbox(mut self, sandbox: Sandbox) -> Self {
+        self.contained = true;
+        self.sandbox = Some(sandbox);
+        self
+    }
+
     /// Records the running command in `ledger` (see [`Ledger`]) until everything it started is
     /// gone. Only for [`Cmd::contained`] commands: a record names a tree to kill after a crash.
     pub fn ledger(mut self, ledger: Ledger) -> Self {
@@ -272,7 +294,13 @@ impl Cmd {
         let mut cmd = match contain {
             Some(variant) => {
                 let mut cmd = tokio::process::Command::new(contain::WRAPPER);
-                cmd.args(contain::wrap(variant, &self.program, &self.args));
+                cmd.args(contain::wrap(
+                    variant,
+                    self.sandbox.as_ref(),
+                    self.cwd.as_deref(),
+                    &self.program,
+                    &self.args,
+                ));
                 cmd
             }
             None => {
@@ -671,6 +699,66 @@ mod tests {
             assert_eq!(uid, nobody, "the command did not run unprivileged");
         }
         assert_gone(31341);
+    }
+
+    #[tokio::test]
+    async fn a_sandboxed_timeout_kills_what_left_the_group() {
+        let ledger_dir = tempfile::tempdir().unwrap();
+        let ledger = Ledger::open(ledger_dir.path()).unwrap();
+        let never = CancellationToken::new();
+        let run = Cmd::new("bash")
+            .args(["-c", &escaping(31361)])
+            .sandbox(Sandbox::new())
+            .ledger(ledger)
+            .timeout(Duration::from_secs(2))
+            .run(&never);
+        let (result, _) = tokio::join!(run, escaped(31361));
+        assert!(matches!(result, Err(Error::TimedOut { .. })), "{result:?}");
+        assert_gone(31361);
+        assert!(
+            std::fs::read_dir(ledger_dir.path())
+                .unwrap()
+                .next()
+                .is_none(),
+            "the record outlived the command"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_sandboxed_command_sees_its_directory_and_nothing_of_ours() {
+        let secret = tempfile::tempdir().unwrap();
+        std::fs::write(secret.path().join("token"), "s3cret").unwrap();
+        let ws = tempfile::tempdir().unwrap();
+        let me = std::process::id();
+        let script = format!(
+            "cat {secret}/token; echo \"secret=$?\"; echo made > out; \
+             cat /proc/{me}/environ; echo \"environ=$?\"; \
+             ls /proc | grep -c '^[0-9]'; touch /usr/skiff-probe; echo \"usr=$?\"",
+            secret = secret.path().display()
+        );
+        let done = Cmd::new("bash")
+            .args(["-c", &script])
+            .cwd(ws.path())
+            .merge_stderr()
+            .sandbox(Sandbox::new().writable(ws.path()))
+            .run(&CancellationToken::new())
+            .await
+            .unwrap();
+        let out = done.stdout.into_string();
+        assert!(!out.contains("s3cret"), "{out}");
+        assert!(out.contains("secret=1"), "{out}");
+        assert!(out.contains("environ=1"), "{out}");
+        assert!(out.contains("usr=1"), "{out}");
+        // Only the sandbox's own processes: its init, bash, ls and grep.
+        let procs: u32 = out
+            .lines()
+            .find_map(|l| l.parse().ok())
+            .unwrap_or_else(|| panic!("{out}"));
+        assert!(procs <= 4, "{out}");
+        assert_eq!(
+            std::fs::read_to_string(ws.path().join("out")).unwrap(),
+            "made\n"
+        );
     }
 
     #[tokio::test]

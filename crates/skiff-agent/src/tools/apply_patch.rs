@@ -66,6 +66,7 @@ pub(super) fn apply_patch(
 fn plan(ws: &Workspace, ops: &[FileOp]) -> Result<Plan, String> {
     let mut claimed = HashSet::new();
     let mut claim = |path: &Path, user_path: &str| {
+        ws.check_writable(path, user_path)?;
         if claimed.insert(path.to_path_buf()) {
             Ok(())
         } else {

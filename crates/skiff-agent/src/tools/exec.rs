@@ -3,11 +3,12 @@
 //! with a parent-death signal, so every process it starts, `setsid`'d or double-forked
 //! included, is killed at its timeout, on cancel, when it ends and when this process dies
 //! (`skiff_process::Cmd::contained`). With a [`Ledger`], each running command is recorded so
-//! the next gateway kills whatever a crash left behind.
+//! the next gateway kills whatever a crash left behind. With a [`Sandbox`] (a workspace on the
+//! gateway's host), the command sees only the system's read-only paths and its workspace.
 
 use super::{MAX_RESULT_BYTES, Workspace};
 use serde::Deserialize;
-use skiff_process::{Cmd, Error, Ledger};
+use skiff_process::{Cmd, Error, Ledger, Sandbox};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -31,6 +32,7 @@ pub(super) async fn exec(
     ws: &Workspace,
     extra_env: &[(String, String)],
     ledger: Option<&Ledger>,
+    sandbox: Option<&Sandbox>,
     args: ExecArgs,
     cancel: &CancellationToken,
 ) -> Result<String, String> {
@@ -45,7 +47,7 @@ pub(super) async fn exec(
         Some(dir) => workdir(ws, dir)?,
         None => ws.root().to_path_buf(),
     };
-    let cmd = shell(extra_env, ledger, &args.command, &cwd)
+    let cmd = shell(extra_env, ledger, sandbox, &args.command, &cwd)
         .timeout(Duration::from_secs(timeout_s))
         .output_cap(MAX_RESULT_BYTES);
     match cmd.run(cancel).await {
@@ -65,11 +67,13 @@ pub(super) async fn exec(
     }
 }
 
-/// `bash -lc command` in `cwd`, contained, with a clean environment plus `extra_env`, and
-/// recorded in `ledger` while it runs: how every command the agent starts is run.
+/// `bash -lc command` in `cwd`, contained (in `sandbox` when given), with a clean environment
+/// plus `extra_env`, and recorded in `ledger` while it runs: how every command the agent starts
+/// is run.
 pub(super) fn shell(
     extra_env: &[(String, String)],
     ledger: Option<&Ledger>,
+    sandbox: Option<&Sandbox>,
     command: &str,
     cwd: &Path,
 ) -> Cmd {
@@ -87,6 +91,9 @@ pub(super) fn shell(
     }
     if let Some(ledger) = ledger {
         cmd = cmd.ledger(ledger.clone());
+    }
+    if let Some(sandbox) = sandbox {
+        cmd = cmd.sandbox(sandbox.clone());
     }
     cmd
 }

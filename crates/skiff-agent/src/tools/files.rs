@@ -236,6 +236,7 @@ pub(super) fn write(ws: &Workspace, args: WriteArgs) -> Result<String, String> {
         }
         _ => lexical,
     };
+    ws.check_writable(&target, &args.path)?;
     if let Ok(meta) = std::fs::symlink_metadata(&target)
         && !meta.is_file()
     {
@@ -257,6 +258,7 @@ pub(super) fn write(ws: &Workspace, args: WriteArgs) -> Result<String, String> {
 pub(super) fn edit(ws: &Workspace, args: EditArgs) -> Result<String, String> {
     let opened = fsio::open_regular(ws, &args.path, "edit")?;
     let (path, text) = read_text(ws, opened, &args.path, "edit")?;
+    ws.check_writable(&path, &args.path)?;
     if args.edits.is_empty() {
         return Err("edits is empty; give at least one {old_text, new_text}".to_owned());
     }

@@ -16,6 +16,7 @@ pub use image::MAX_CONTEXT_IMAGE_BYTES;
 mod patch;
 mod paths;
 mod process;
+pub mod sandbox;
 mod search;
 
 pub use image::label as image_label;
@@ -71,6 +72,9 @@ pub struct Tools {
     workspace: Workspace,
     exec_env: Vec<(String, String)>,
     ledger: Option<Ledger>,
+    /// The sandbox `exec` and `process` commands run in, when the workspace is on the
+    /// gateway's host.
+    sandbox: Option<skiff_process::Sandbox>,
     processes: Processes,
     /// Whether the model is offered the dispatch tools ([`DISPATCH_TOOLS`]).
     dispatch: bool,
@@ -90,6 +94,7 @@ impl Tools {
             workspace: Workspace::new(root)?,
             exec_env,
             ledger: None,
+            sandbox: None,
             processes: Processes::for_turn(),
             dispatch: false,
             gateway_specs: Vec::new(),
@@ -128,6 +133,13 @@ impl Tools {
     /// crash of this one can kill what was left running ([`Ledger::kill_leftovers`]).
     pub fn with_ledger(mut self, ledger: Ledger) -> Self {
         self.ledger = Some(ledger);
+        self
+    }
+
+    /// Runs every `exec` and `process` command in `sandbox` (see [`sandbox::for_workspace`]):
+    /// a command that cannot be sandboxed on this host is refused, never run without it.
+    pub fn with_sandbox(mut self, sandbox: skiff_process::Sandbox) -> Self {
+        self.sandbox = Some(sandbox);
         self
     }
 
@@ -243,6 +255,7 @@ impl Tools {
                         &self.workspace,
                         &self.exec_env,
                         self.ledger.as_ref(),
+                        self.sandbox.as_ref(),
                         a,
                         cancel,
                     )
@@ -257,6 +270,7 @@ impl Tools {
                         &self.workspace,
                         &self.exec_env,
                         self.ledger.as_ref(),
+                        self.sandbox.as_ref(),
                         a,
                     )
                     .await

@@ -63,6 +63,23 @@ impl Workspace {
         }
     }
 
+    /// Refuses a write to the workspace's `.git` (the file of a worktree, or anything in a
+    /// git dir there): git reads from it which repository, config and filters apply, and the
+    /// gateway's own git runs those outside any sandbox.
+    pub(crate) fn check_writable(&self, path: &Path, user_path: &str) -> Result<(), String> {
+        let first = path
+            .strip_prefix(&self.root)
+            .ok()
+            .and_then(|rel| rel.components().next());
+        if first == Some(Component::Normal(".git".as_ref())) {
+            return Err(format!(
+                "{user_path} is in the workspace's .git, which the file tools do not write; use git \
+                 commands through exec"
+            ));
+        }
+        Ok(())
+    }
+
     /// The path relative to the root, for display.
     pub fn display(&self, path: &Path) -> String {
         let rel = path.strip_prefix(&self.root).unwrap_or(path);
@@ -137,6 +154,25 @@ mod tests {
             ws.resolve("/etc/passwd")
                 .unwrap_err()
                 .contains("outside the workspace")
+        );
+    }
+
+    #[test]
+    fn the_git_link_is_not_writable() {
+        let (_d, ws) = ws();
+        let git = ws.resolve(".git").unwrap();
+        assert!(
+            ws.check_writable(&git, ".git")
+                .unwrap_err()
+                .contains(".git")
+        );
+        let inner = ws.resolve("./.git/config").unwrap();
+        assert!(ws.check_writable(&inner, ".git/config").is_err());
+        let ok = ws.resolve("src/.git").unwrap();
+        assert!(ws.check_writable(&ok, "src/.git").is_ok());
+        assert!(
+            ws.check_writable(&ws.root().join(".gitignore"), ".gitignore")
+                .is_ok()
         );
     }
 

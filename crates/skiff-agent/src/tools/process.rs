@@ -10,7 +10,7 @@
 
 use super::{MAX_RESULT_BYTES, Workspace, exec};
 use serde::Deserialize;
-use skiff_process::{Error, Ledger};
+use skiff_process::{Error, Ledger, Sandbox};
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt::Write as _;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -158,6 +158,7 @@ impl Processes {
         ws: &Workspace,
         extra_env: &[(String, String)],
         ledger: Option<&Ledger>,
+        sandbox: Option<&Sandbox>,
         args: &ProcessArgs,
     ) -> Result<String, String> {
         let Some(command) = args.command.as_deref().filter(|c| !c.trim().is_empty()) else {
@@ -182,7 +183,7 @@ impl Processes {
         let id = state.next;
         let (tee, mut chunks) = tokio::sync::mpsc::unbounded_channel::<Vec<u8>>();
         // The capture of `run` is not read (the ring is), so it is kept small.
-        let cmd = exec::shell(extra_env, ledger, command, &cwd)
+        let cmd = exec::shell(extra_env, ledger, sandbox, command, &cwd)
             .timeout(MAX_LIFETIME)
             .output_cap(1024)
             .tee(tee);
@@ -286,6 +287,7 @@ pub(super) async fn process(
     ws: &Workspace,
     extra_env: &[(String, String)],
     ledger: Option<&Ledger>,
+    sandbox: Option<&Sandbox>,
     args: ProcessArgs,
 ) -> Result<String, String> {
     let id = match &args.id {
@@ -295,7 +297,19 @@ pub(super) async fn process(
     };
     let id = id.as_deref();
     match args.action {
-        Action::Start => processes.start(ws, extra_env, ledger, &args),
+        Action::Start => {
+            // Refused now, in words the model reads, rather than as a process that ended.
+            if let Some(sandbox) = sandbox
+                && let Err(reason) = skiff_process::sandbox::probe().await
+            {
+                return Err(Error::Sandbox {
+                    reason,
+                    hint: sandbox.hint_text().to_owned(),
+                }
+                .to_string());
+            }
+            processes.start(ws, extra_env, ledger, sandbox, &args)
+        }
         Action::Status => processes.status(id),
         Action::Output => processes.output(id),
         Action::Stop => processes.stop(id).await,

@@ -1,4 +1,4 @@
-use crate::harness::{Gateway, stderr};
+use crate::harness::{Gateway, sandbox_shares, stderr};
 use skiff_test_support::TempGitRepo;
 use std::io::{BufRead, BufReader, Read};
 use std::os::unix::fs::PermissionsExt;
@@ -175,7 +175,7 @@ fn a_run_active_when_the_gateway_dies_is_orphaned_on_restart() {
         "[[turns]]\ntext = \"Waiting.\"\n[[turns.tool_calls]]\nname = \"exec\"\narguments = {{ command = \"echo started > {}; sleep 300\" }}\n\n[[turns]]\ntext = \"Back.\"\n",
         fifo.display()
     );
-    let mut gw = Gateway::start(&script);
+    let mut gw = Gateway::start_with(&script, &sandbox_shares(fifo_dir.path()));
     let repo = TempGitRepo::new(&[("a.txt", "a\n")]);
     let started = gw.json(&[
         "session",

@@ -231,3 +231,9 @@ pub fn git(repo: &Path, args: &[&str]) -> String {
     assert!(out.status.success(), "git {args:?}: {}", stderr(&out));
     stdout(&out)
 }
+
+/// Configuration that shows `dir` (outside any workspace: a test's FIFOs) to the sandbox of
+/// gateway-placed sessions, read-write.
+pub fn sandbox_shares(dir: &Path) -> String {
+    format!("[gateway]\nlocal_sandbox_paths = [\"{}\"]\n", dir.display())
+}

@@ -1,4 +1,4 @@
-use crate::harness::{Gateway, git, processes_containing, stderr, stdout};
+use crate::harness::{Gateway, git, processes_containing, sandbox_shares, stderr, stdout};
 use skiff_test_support::TempGitRepo;
 use std::io::{BufRead, BufReader, Read};
 use std::process::Stdio;
@@ -140,7 +140,8 @@ fn cancel_stops_a_running_command_and_ends_the_run_cancelled() {
         "[[turns]]\ntext = \"Running a long command.\"\n[[turns.tool_calls]]\nname = \"exec\"\narguments = {{ command = \"sleep 31451 & echo started > {}; wait\" }}\n",
         fifo.display()
     );
-    let gw = Gateway::start(&script);
+    // The FIFO is outside the workspace: the sandbox is told to show it.
+    let gw = Gateway::start_with(&script, &sandbox_shares(fifo_dir.path()));
     let repo = TempGitRepo::new(&[("a.txt", "a\n")]);
 
     let started = gw.json(&[
@@ -322,7 +323,7 @@ fn tool_processes_of_a_local_session_die_with_a_crashed_gateway() {
         "[[turns]]\ntext = \"Starting a writer.\"\n[[turns.tool_calls]]\nname = \"exec\"\narguments = {{ command = \"setsid bash -c 'while :; do date >> bg.log; sleep 0.1; done' {writer} & echo started > {}; sleep 31462\" }}\n",
         fifo.display()
     );
-    let mut gw = Gateway::start(&script);
+    let mut gw = Gateway::start_with(&script, &sandbox_shares(fifo_dir.path()));
     let repo = TempGitRepo::new(&[("a.txt", "a\n")]);
     gw.json(&[
         "session",
@@ -379,7 +380,7 @@ fn a_second_gateway_on_a_state_dir_in_use_exits_and_leaves_the_first_ones_turns_
         started.display(),
         release.display()
     );
-    let gw = Gateway::start(&script);
+    let gw = Gateway::start_with(&script, &sandbox_shares(dir.path()));
     let repo = TempGitRepo::new(&[("a.txt", "a\n")]);
     let run = gw.json(&[
         "session",

@@ -17,3 +17,4 @@ mod mcp;
 mod operations;
 mod processes;
 mod reasoning;
+mod sandbox;
