@@ -562,7 +562,8 @@ impl Core {
         let pooled = match &was.environment_id {
             Some(env) => Some((
                 env.clone(),
-                self.give_box_back(scope, id, env, was.worker_pid, false).await,
+                self.give_box_back(scope, id, env, was.worker_pid, false)
+                    .await,
             )),
             None => None,
         };
