@@ -171,7 +171,12 @@ fn top_level_help() {
           box          This machine's local boxes behind the lease-CLI contract (what `command` providers run)
           demo         Run the whole flow offline: a gateway, a sample repository, a session that edits, tests and commits
           secret       Keep provider keys and tokens sealed in the gateway's vault (`api_key = "vault:NAME"`)
+          approve      Let a tool call that waits for approval run (`skiff approve apr_…`)
+          deny         Refuse a tool call that waits for approval; the agent reads the reason
+          approvals    Tool calls that waited or wait for approval, newest first
           ui           Print a one-use login link for the Control UI in a browser
+          admin        The gateway's administration: usage against budgets
+          audit        Read and take away the audit trail (metadata only)
           doctor       Check this machine for what worker boxes need (root, sshd, rsync, namespaces…)
           completions  Print a shell completion script: `skiff completions bash > /etc/bash_completion.d/skiff`
           worker       Worker mode: run a session's agent loop on a box (the gateway starts this over SSH)

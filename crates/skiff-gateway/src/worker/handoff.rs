@@ -559,24 +559,7 @@ impl Core {
         }
         self.strike(scope, &p, BarrierStep::Reconciled).await;
         let was = self.store.come_home(scope, id)?;
-        let pooled = match &was.environment_id {
-            Some(env) => Some((
-                env.clone(),
-                self.give_box_back(scope, id, env, was.worker_pid, false)
-                    .await,
-            )),
-            None => None,
-        };
-        let the_box = match &pooled {
-            Some((env, true)) => format!("its box {env} is back in the idle pool"),
-            Some((env, false)) => format!("its box {env} could not be cleared and was destroyed"),
-            None => "it held no box".to_owned(),
-        };
-        let work = if reconciled {
-            "the box's work is in the session's workspace"
-        } else {
-            "its workspace here already had the box's work"
-        };
+        let (pooled, the_box, work) = self.box_home(scope, id, &was, reconciled).await;
         let goes_on = if run.is_some() {
             "the turn goes on on the gateway"
         } else {
@@ -597,7 +580,7 @@ impl Core {
                 "env": was.environment_id.as_ref().map(|e| e.as_str()),
                 "epoch": epoch,
                 "run": run.map(RunId::as_str),
-                "box": pooled.map(|(_, pooled)| if pooled { "idle" } else { "destroyed" }),
+                "box": pooled.map(|pooled| if pooled { "idle" } else { "destroyed" }),
             }),
         );
         Ok(())

@@ -164,6 +164,12 @@ impl Core {
         ) {
             // The bundle is part of a prepared box's key.
             self.envs.warm_bundle().await;
+            // The plan reads `.skiff/setup.sh` and the key files from the workspace: a worktree
+            // still filling in the background would say there is none.
+            if let Err(e) = self.workspace_ready(&session.id).await {
+                let why = "the session's workspace could not be written";
+                return Err(self.fail_placement(scope, &p, e, why).await);
+            }
             setup = match self.setup_plan(session, &p.profile) {
                 Ok(plan) => plan,
                 Err(e) => {

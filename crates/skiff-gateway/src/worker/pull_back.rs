@@ -42,6 +42,36 @@ struct Held {
 }
 
 impl Core {
+    /// Gives back the box a session came home from (`was`, as `come_home` left it), and says
+    /// for people where the box went and where the box's work is. `None`: it held no box;
+    /// `Some(false)`: the box could not be cleared and was destroyed.
+    pub(super) async fn box_home(
+        &self,
+        scope: &Scope,
+        id: &SessionId,
+        was: &PlacementRow,
+        reconciled: bool,
+    ) -> (Option<bool>, String, &'static str) {
+        let pooled = match &was.environment_id {
+            Some(env) => Some(
+                self.give_box_back(scope, id, env, was.worker_pid, false)
+                    .await,
+            ),
+            None => None,
+        };
+        let the_box = match (&was.environment_id, pooled) {
+            (Some(env), Some(true)) => format!("its box {env} is back in the idle pool"),
+            (Some(env), _) => format!("its box {env} could not be cleared and was destroyed"),
+            (None, _) => "it held no box".to_owned(),
+        };
+        let work = if reconciled {
+            "the box's work is in the session's workspace"
+        } else {
+            "its workspace here already had the box's work"
+        };
+        (pooled, the_box, work)
+    }
+
     /// `POST /v1/sessions/{id}/pull-back`: brings a worker session home. A session with a
     /// turn open is refused unless `cancel`, which cancels the turn and waits for its end.
     pub(crate) async fn pull_back(
@@ -198,30 +228,13 @@ impl Core {
                 return;
             }
         };
-        let pooled = match &was.environment_id {
-            Some(env) => Some((
-                env.clone(),
-                self.give_box_back(scope, id, env, was.worker_pid, false)
-                    .await,
-            )),
-            None => None,
-        };
-        let the_box = match &pooled {
-            Some((env, true)) => format!("its box {env} is back in the idle pool"),
-            Some((env, false)) => format!("its box {env} could not be cleared and was destroyed"),
-            None => "it held no box".to_owned(),
-        };
-        let work = if reconciled {
-            "the box's work is in the session's workspace"
-        } else {
-            "its workspace here already had the box's work"
-        };
+        let (pooled, the_box, work) = self.box_home(scope, id, &was, reconciled).await;
         let detail = format!(
             "home in {:.1} s: the session runs on the gateway from now on; {work}; {the_box}",
             started.elapsed().as_secs_f64()
         );
         self.announce(scope, id, PlacementState::Local, None, &detail);
-        let box_state = pooled.map(|(_, pooled)| if pooled { "idle" } else { "destroyed" });
+        let box_state = pooled.map(|pooled| if pooled { "idle" } else { "destroyed" });
         self.audit_pull_back(scope, &before, "home", box_state);
     }
 
