@@ -1,6 +1,6 @@
 //! Turning a transcript into model context.
 
-use crate::tools::image::MAX_CONTEXT_IMAGE_BYTES;
+use crate::tools::image::keep_within_budget;
 use skiff_protocol::model::Message;
 use skiff_protocol::transcript::{EntryBody, TranscriptEntry};
 
@@ -79,29 +79,18 @@ pub(crate) fn messages(entries: &[TranscriptEntry]) -> Vec<Message> {
 pub(crate) const IMAGE_LEFT_OUT: &str =
     "(the image is no longer shown, to leave room for newer ones; read the file again to see it)";
 
-/// Keeps the newest images up to [`MAX_CONTEXT_IMAGE_BYTES`] of base64 in all, newest first;
+/// Keeps the newest images up to
+/// [`MAX_CONTEXT_IMAGE_BYTES`](crate::tools::image::MAX_CONTEXT_IMAGE_BYTES) of base64 in all, newest first;
 /// an older one is replaced by a line saying so. However many images a session reads, its
 /// requests stay within what providers and a worker's frame take.
 fn keep_recent_images(messages: &mut [Message]) {
     let mut kept = 0usize;
     for message in messages.iter_mut().rev() {
-        let Message::ToolResult {
+        if let Message::ToolResult {
             content, images, ..
         } = message
-        else {
-            continue;
-        };
-        let before = images.len();
-        images.retain(|image| {
-            let fits = kept + image.data_base64.len() <= MAX_CONTEXT_IMAGE_BYTES;
-            if fits {
-                kept += image.data_base64.len();
-            }
-            fits
-        });
-        for _ in images.len()..before {
-            content.push('\n');
-            content.push_str(IMAGE_LEFT_OUT);
+        {
+            keep_within_budget(content, images, &mut kept, IMAGE_LEFT_OUT);
         }
     }
 }
@@ -121,6 +110,7 @@ fn answer_lost(messages: &mut Vec<Message>, unanswered: &mut Vec<(String, String
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tools::image::MAX_CONTEXT_IMAGE_BYTES;
     use skiff_protocol::EntryId;
     use skiff_protocol::model::{Image, StopReason, ToolCall, Usage};
 

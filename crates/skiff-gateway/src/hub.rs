@@ -217,13 +217,11 @@ mod tests {
     use skiff_protocol::api::WorkspaceView;
     use skiff_store::NewSession;
 
-    fn hub_with_session() -> (Arc<Hub>, Scope, SessionId) {
-        let store = Arc::new(Store::open_in_memory().unwrap());
-        let scope = Scope::new("usr_a", "ten_a");
-        let id = SessionId::from_suffix("test");
+    fn new_session(store: &Store, scope: &Scope, suffix: &str) -> SessionId {
+        let id = SessionId::from_suffix(suffix);
         store
             .create_session(
-                &scope,
+                scope,
                 &NewSession {
                     id: id.clone(),
                     title: "t".into(),
@@ -235,6 +233,13 @@ mod tests {
                 },
             )
             .unwrap();
+        id
+    }
+
+    fn hub_with_session() -> (Arc<Hub>, Scope, SessionId) {
+        let store = Arc::new(Store::open_in_memory().unwrap());
+        let scope = Scope::new("usr_a", "ten_a");
+        let id = new_session(&store, &scope, "test");
         (Arc::new(Hub::new(store)), scope, id)
     }
 
@@ -290,24 +295,7 @@ mod tests {
         let scope = Scope::new("usr_a", "ten_a");
         let hub = Arc::new(Hub::new(store.clone()));
         let sessions: Vec<SessionId> = (0..8)
-            .map(|i| {
-                let id = SessionId::from_suffix(&format!("s{i}"));
-                store
-                    .create_session(
-                        &scope,
-                        &NewSession {
-                            id: id.clone(),
-                            title: "t".into(),
-                            workspace: WorkspaceView::Plain {
-                                source: "/s".into(),
-                                path: "/p".into(),
-                            },
-                            model_ref: "scripted/demo".into(),
-                        },
-                    )
-                    .unwrap();
-                id
-            })
+            .map(|i| new_session(&store, &scope, &format!("s{i}")))
             .collect();
         const EACH: u64 = 300;
         let mut followers = Vec::new();

@@ -143,24 +143,35 @@ pub(crate) const STEP_IMAGE_LEFT_OUT: &str = "(the image is not shown: the image
 pub(crate) fn bound_step(results: &mut [EntryBody]) {
     let mut kept = 0usize;
     for result in results {
-        let EntryBody::ToolResult {
+        if let EntryBody::ToolResult {
             content, images, ..
         } = result
-        else {
-            continue;
-        };
-        let before = images.len();
-        images.retain(|image| {
-            let fits = kept + image.data_base64.len() <= MAX_CONTEXT_IMAGE_BYTES;
-            if fits {
-                kept += image.data_base64.len();
-            }
-            fits
-        });
-        for _ in images.len()..before {
-            content.push('\n');
-            content.push_str(STEP_IMAGE_LEFT_OUT);
+        {
+            keep_within_budget(content, images, &mut kept, STEP_IMAGE_LEFT_OUT);
         }
+    }
+}
+
+/// Keeps the images of one tool result while the running total `kept` of their base64 bytes
+/// stays within [`MAX_CONTEXT_IMAGE_BYTES`]; each one left out adds `note` to the result's
+/// text, so the model knows an image was there.
+pub(crate) fn keep_within_budget(
+    content: &mut String,
+    images: &mut Vec<Image>,
+    kept: &mut usize,
+    note: &str,
+) {
+    let before = images.len();
+    images.retain(|image| {
+        let fits = *kept + image.data_base64.len() <= MAX_CONTEXT_IMAGE_BYTES;
+        if fits {
+            *kept += image.data_base64.len();
+        }
+        fits
+    });
+    for _ in images.len()..before {
+        content.push('\n');
+        content.push_str(note);
     }
 }
 

@@ -264,7 +264,7 @@ impl Core {
             "allowed",
             json!({ "to": "gateway", "run": run.id.as_str(), "epoch": p.owner_epoch }),
         );
-        self.moved_after(scope, id, detail, cursor)
+        self.moved(scope, id, detail, cursor)
     }
 
     /// `dispatch --live` of a session whose turn runs on the gateway (its caller holds the
@@ -320,23 +320,7 @@ impl Core {
             "allowed",
             json!({ "profile": profile, "live": true, "run": run.id.as_str() }),
         );
-        self.moved_after(scope, id, detail, cursor)
-    }
-
-    fn moved_after(
-        &self,
-        scope: &Scope,
-        id: &SessionId,
-        message: String,
-        cursor: u64,
-    ) -> Result<PlacementMove> {
-        let row = self.store.session(scope, id)?;
-        Ok(PlacementMove {
-            session: self.session_view(scope, row)?,
-            moved: true,
-            message,
-            after_cursor: cursor,
-        })
+        self.moved(scope, id, detail, cursor)
     }
 
     /// Publishes a step of a move, carried by `run` so a client following the run sees it.

@@ -130,7 +130,8 @@ impl Core {
                 );
                 let cursor = self.announce(scope, id, PlacementState::Local, None, &detail);
                 self.audit_pull_back(scope, &p, "home", None);
-                self.moved(scope, id, detail, cursor)
+                // From the announced step on.
+                self.moved(scope, id, detail, cursor.saturating_sub(1))
             }
             PlacementState::Active => {
                 let before = self.store.claim_pull_back(scope, id)?;
@@ -152,7 +153,8 @@ impl Core {
                     core.barrier(&scope2, &id2, before).await;
                     drop(held);
                 });
-                self.moved(scope, id, detail, cursor)
+                // From the announced step on.
+                self.moved(scope, id, detail, cursor.saturating_sub(1))
             }
             other => Err(crate::Error::Conflict(format!(
                 "session {id} is {other} (its worker is being placed or repaired); pull it back once it is active"
@@ -384,7 +386,7 @@ impl Core {
             scope,
             id,
             format!("placing session {id} on profile {profile}"),
-            cursor,
+            cursor.saturating_sub(1),
         )
     }
 
@@ -469,19 +471,21 @@ impl Core {
         );
     }
 
-    fn moved(
+    /// The answer to a move that started: the session as it is now, and the cursor after which
+    /// the client follows the move's placement events.
+    pub(super) fn moved(
         &self,
         scope: &Scope,
         id: &SessionId,
         message: String,
-        cursor: u64,
+        after_cursor: u64,
     ) -> Result<PlacementMove> {
         let row = self.store.session(scope, id)?;
         Ok(PlacementMove {
             session: self.session_view(scope, row)?,
             moved: true,
             message,
-            after_cursor: cursor.saturating_sub(1),
+            after_cursor,
         })
     }
 
