@@ -17,8 +17,8 @@
 //! repeat bubblewrap's careful ordering without its years of review.
 //!
 //! Every capability is dropped (`--cap-drop ALL`) and no new privileges can be gained, so a
-//! command cannot undo its mounts. As root, files of `/etc` that not every user may read
-//! (`shadow`, `sudoers`, ssh host keys) are hidden, since the command runs as uid 0 and would
+//! command cannot undo its mounts. As root, only what every user may read of `/etc` is shown
+//! (not `shadow`, `sudoers` or ssh host keys), since the command runs as uid 0 and would
 //! otherwise read them as their owner.
 //!
 //! A host that cannot make the sandbox (no `bwrap`, user namespaces disabled) is told so on
@@ -122,15 +122,15 @@ impl Sandbox {
         for (link, target) in &system().links {
             push(&["--symlink".as_ref(), target.as_os_str(), link.as_os_str()]);
         }
+        let as_root = rustix::process::geteuid().is_root();
         for dir in &system().dirs {
-            push(&["--ro-bind".as_ref(), dir.as_os_str(), dir.as_os_str()]);
-        }
-        for file in &system().masked_files {
-            push(&["--ro-bind".as_ref(), "/dev/null".as_ref(), file.as_os_str()]);
-        }
-        for dir in &system().masked_dirs {
-            push(&["--tmpfs".as_ref(), dir.as_os_str()]);
-            push(&["--remount-ro".as_ref(), dir.as_os_str()]);
+            if as_root && dir == Path::new(ETC) {
+                // Read now, not once per process: `/etc` changes under a running gateway.
+                let etc = public_etc();
+                push(&etc.iter().map(OsString::as_os_str).collect::<Vec<_>>());
+            } else {
+                push(&["--ro-bind".as_ref(), dir.as_os_str(), dir.as_os_str()]);
+            }
         }
         push(&[
             "--proc".as_ref(),
@@ -191,10 +191,6 @@ fn private_home() -> Option<PathBuf> {
 struct System {
     links: Vec<(PathBuf, PathBuf)>,
     dirs: Vec<PathBuf>,
-    /// As root: files of `/etc` (two levels deep) that not every user may read.
-    masked_files: Vec<PathBuf>,
-    /// As root: directories of `/etc` (two levels deep) that not every user may enter.
-    masked_dirs: Vec<PathBuf>,
 }
 
 fn system() -> &'static System {
@@ -203,8 +199,6 @@ fn system() -> &'static System {
         let mut system = System {
             links: Vec::new(),
             dirs: Vec::new(),
-            masked_files: Vec::new(),
-            masked_dirs: Vec::new(),
         };
         for path in SYSTEM.iter().map(PathBuf::from) {
             let Ok(meta) = path.symlink_metadata() else {
@@ -218,34 +212,68 @@ fn system() -> &'static System {
                 system.dirs.push(path);
             }
         }
-        if rustix::process::geteuid().is_root() {
-            mask_private(Path::new("/etc"), 2, &mut system);
-        }
         system
     })
 }
 
-/// Collects what under `dir` (down `depth` levels) not every user may read.
-fn mask_private(dir: &Path, depth: u32, system: &mut System) {
+/// The one system directory that holds secrets only their owner may read.
+const ETC: &str = "/etc";
+
+/// How many levels of `/etc` are looked at entry by entry; deeper directories are bound whole.
+const ETC_DEPTH: u32 = 2;
+
+/// `bwrap`'s arguments that show a command run as root only what every user may read of `/etc`
+/// (two levels deep): an empty read-only `/etc` with each such entry bound into it. A list of
+/// what to hide instead would race the host: `useradd` makes and removes `/etc/shadow.PID` and
+/// `/etc/shadow+` in passing, and a name that vanished before the mount fails the whole command.
+/// Binding what may be seen fails closed: an entry that vanished is skipped (`--ro-bind-try`),
+/// one that appeared since is not there.
+fn public_etc() -> Vec<OsString> {
+    let mut args: Vec<OsString> = vec!["--tmpfs".into(), ETC.into()];
+    public_entries(Path::new(ETC), ETC_DEPTH, &mut args);
+    args.extend(["--remount-ro".into(), ETC.into()]);
+    args
+}
+
+/// Adds the binds for what every user may read in `dir` (down `depth` levels); returns whether
+/// anything there was left out.
+fn public_entries(dir: &Path, depth: u32, args: &mut Vec<OsString>) -> bool {
     let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
+        return true;
     };
+    let mut left_out = false;
     for entry in entries.flatten() {
         let path = entry.path();
         let Ok(meta) = path.symlink_metadata() else {
             continue;
         };
         let mode = meta.permissions().mode();
-        if meta.is_file() && mode & 0o004 == 0 {
-            system.masked_files.push(path);
+        if meta.file_type().is_symlink() {
+            if let Ok(target) = std::fs::read_link(&path) {
+                args.extend(["--symlink".into(), target.into(), path.into()]);
+            }
         } else if meta.is_dir() {
             if mode & 0o005 != 0o005 {
-                system.masked_dirs.push(path);
-            } else if depth > 1 {
-                mask_private(&path, depth - 1, system);
+                // Kept as an empty directory: its shape stays, nothing inside shows.
+                args.extend(["--dir".into(), path.into()]);
+                left_out = true;
+                continue;
             }
+            let mut inside = Vec::new();
+            if depth > 1 && public_entries(&path, depth - 1, &mut inside) {
+                args.extend(["--dir".into(), path.into()]);
+                args.extend(inside);
+                left_out = true;
+            } else {
+                args.extend(["--ro-bind-try".into(), path.clone().into(), path.into()]);
+            }
+        } else if mode & 0o004 != 0 {
+            args.extend(["--ro-bind-try".into(), path.clone().into(), path.into()]);
+        } else {
+            left_out = true;
         }
     }
+    left_out
 }
 
 /// Whether this host can make the sandbox: tried once with `true` and remembered when it
@@ -306,5 +334,46 @@ mod tests {
         assert!(at("--tmpfs", "/w/.git/worktrees") < at("--bind", "/w/.git/worktrees/mine"));
         assert_eq!(args[args.len() - 2..], ["--chdir", "/w/src"]);
         assert!(args.windows(2).any(|w| w == ["--cap-drop", "ALL"]));
+    }
+
+    #[test]
+    fn only_what_every_user_may_read_is_bound_and_a_private_directory_stays_empty() {
+        let etc = tempfile::tempdir().unwrap();
+        let at = |p: &str| etc.path().join(p);
+        let mode = |p: &str, m: u32| {
+            std::fs::set_permissions(at(p), std::fs::Permissions::from_mode(m)).unwrap()
+        };
+        std::fs::write(at("passwd"), "root:x:0:0::/root:/bin/sh\n").unwrap();
+        std::fs::write(at("shadow"), "root:$6$secret\n").unwrap();
+        mode("shadow", 0o640);
+        std::fs::create_dir_all(at("ssh")).unwrap();
+        std::fs::write(at("ssh/ssh_config"), "Host *\n").unwrap();
+        std::fs::write(at("ssh/ssh_host_ed25519_key"), "key").unwrap();
+        mode("ssh/ssh_host_ed25519_key", 0o600);
+        std::fs::create_dir_all(at("apt/sources.list.d")).unwrap();
+        std::fs::create_dir_all(at("sudoers.d")).unwrap();
+        mode("sudoers.d", 0o750);
+        std::os::unix::fs::symlink("/proc/self/mounts", at("mtab")).unwrap();
+
+        let mut args = Vec::new();
+        assert!(public_entries(etc.path(), ETC_DEPTH, &mut args));
+        let args: Vec<String> = args
+            .into_iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        let has = |word: &str, path: &str| {
+            let path = at(path).to_string_lossy().into_owned();
+            args.windows(2).any(|w| w[0] == word && w[1] == path)
+                || args.windows(3).any(|w| w[0] == word && w[2] == path)
+        };
+        assert!(has("--ro-bind-try", "passwd"), "{args:?}");
+        assert!(has("--dir", "ssh") && has("--ro-bind-try", "ssh/ssh_config"));
+        // A directory with nothing private is bound whole.
+        assert!(has("--ro-bind-try", "apt") && !has("--dir", "apt"));
+        assert!(has("--dir", "sudoers.d") && has("--symlink", "mtab"));
+        for secret in ["shadow", "ssh/ssh_host_ed25519_key"] {
+            let secret = at(secret).to_string_lossy().into_owned();
+            assert!(!args.contains(&secret), "{secret} is shown: {args:?}");
+        }
     }
 }

@@ -18,9 +18,10 @@ text = "Looking around."
 name = "exec"
 arguments = { command = '''
 . ./targets.sh
-for f in "$STATE/gateway.json" "$STATE/skiff.db" "$STATE/vault.key" "$OTHER/secret.txt" "/proc/$GATEWAY_PID/environ"; do
+for f in "$STATE/gateway.json" "$STATE/skiff.db" "$STATE/vault.key" "$OTHER/secret.txt" "/proc/$GATEWAY_PID/environ" /etc/shadow; do
   if cat "$f" 2>/dev/null; then echo "READ $f"; else echo "DENIED $f"; fi
 done
+echo "users: $(grep -c '^root:' /etc/passwd)"
 ls "$STATE/worktrees" 2>/dev/null; echo "processes: $(ls /proc | grep -c '^[0-9]')"
 ''' }
 [[turns.tool_calls]]
@@ -193,6 +194,7 @@ async fn a_gateway_session_reaches_nothing_of_the_gateway_and_still_works_in_its
         "vault.key",
         "secret.txt",
         "environ",
+        "/etc/shadow",
     ] {
         assert!(
             probe
@@ -202,6 +204,8 @@ async fn a_gateway_session_reaches_nothing_of_the_gateway_and_still_works_in_its
         );
     }
     assert!(!probe.contains("READ "), "{probe}");
+    // What every user may read of `/etc` is there.
+    assert!(probe.contains("users: 1"), "{probe}");
     // Of the state dir's worktrees, only its own is there.
     assert!(
         probe
