@@ -387,6 +387,7 @@ impl Core {
             PlacementState::Local
             | PlacementState::Parked
             | PlacementState::Reclaimed
+            | PlacementState::FailedOver
             | PlacementState::Failed => Ok(None),
             PlacementState::Active => Ok(Some(p)),
             other => Err(Error::Conflict(format!(

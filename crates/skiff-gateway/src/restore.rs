@@ -177,6 +177,7 @@ impl Core {
             PlacementState::Local
             | PlacementState::Parked
             | PlacementState::Reclaimed
+            | PlacementState::FailedOver
             | PlacementState::Failed => Ok(()),
             other => Err(Error::Conflict(format!(
                 "session {id} is placed on a worker box (placement {other}), and the box holds its live workspace: restoring the gateway's copy now would be overwritten by the box's next turn. Bring it home first (`skiff session pull-back {id}`), or restore once it is parked (its box goes back to the pool after the profile's keep_attached)"

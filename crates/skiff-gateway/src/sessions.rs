@@ -464,7 +464,10 @@ impl Core {
         if let Some(p) = placement.filter(|p| {
             matches!(
                 p.state,
-                PlacementState::Parked | PlacementState::Reclaimed | PlacementState::Failed
+                PlacementState::Parked
+                    | PlacementState::Reclaimed
+                    | PlacementState::FailedOver
+                    | PlacementState::Failed
             )
         }) {
             // The next message places it again: the slot is claimed now (parking a session

@@ -206,7 +206,7 @@ export class ChatView {
       ` ${p.label} · ${state}`);
     this.chipEl.className = `chip pl-${p.kind}`;
     // Reclaimed or failed: the reason on hover.
-    const why = ['reclaimed', 'failed'].includes(state) ? s.worker?.error : null;
+    const why = ['reclaimed', 'failed_over', 'failed'].includes(state) ? s.worker?.error : null;
     this.chipEl.title = why || s.last_run?.error || `${p.label}: ${state}`;
     this.renderActions(s);
     const ws = s.workspace || {};

@@ -10,7 +10,7 @@ const FAILED_RUN = ['failed', 'timed_out', 'orphaned'];
  * Placement states shown instead of the run state: being set up or torn down, or without a box
  * (parked: it gave its box back between turns; the next message places it again).
  */
-const PLACEMENT_STATES = ['requested', 'provisioning', 'syncing', 'setup', 'starting', 'draining', 'handing_off', 'reconciling', 'parked', 'reclaimed', 'failed'];
+const PLACEMENT_STATES = ['requested', 'provisioning', 'syncing', 'setup', 'starting', 'draining', 'handing_off', 'reconciling', 'parked', 'reclaimed', 'failed_over', 'failed'];
 
 export const STATE_SYMBOL = {
   running: '●',
@@ -26,6 +26,7 @@ export const STATE_SYMBOL = {
   reconciling: '◌',
   parked: '◇',
   reclaimed: '⊘',
+  failed_over: '◌',
 };
 
 /** Where a session runs: `gateway`, or `worker · <environment>` with a placement state. */
@@ -65,7 +66,7 @@ export function activityAt(s) {
 }
 
 function group(state) {
-  if (state === 'running' || ['requested', 'provisioning', 'syncing', 'setup', 'starting', 'draining', 'handing_off', 'reconciling'].includes(state)) return 'running';
+  if (state === 'running' || ['requested', 'provisioning', 'syncing', 'setup', 'starting', 'draining', 'handing_off', 'reconciling', 'failed_over'].includes(state)) return 'running';
   if (state === 'waiting') return 'waiting';
   return 'recent';
 }

@@ -276,11 +276,14 @@ pub enum PlacementState {
     Reconciling,
     Parked,
     Reclaimed,
+    /// The box died mid-run: the run's attempt there failed, and a new attempt of the same run
+    /// is being placed on a fresh box from the last checkpoint (automatic failover).
+    FailedOver,
     Failed,
 }
 
 impl PlacementState {
-    pub const ALL: [PlacementState; 13] = [
+    pub const ALL: [PlacementState; 14] = [
         PlacementState::Local,
         PlacementState::Requested,
         PlacementState::Provisioning,
@@ -293,6 +296,7 @@ impl PlacementState {
         PlacementState::Reconciling,
         PlacementState::Parked,
         PlacementState::Reclaimed,
+        PlacementState::FailedOver,
         PlacementState::Failed,
     ];
 
@@ -310,6 +314,7 @@ impl PlacementState {
             PlacementState::Reconciling => "reconciling",
             PlacementState::Parked => "parked",
             PlacementState::Reclaimed => "reclaimed",
+            PlacementState::FailedOver => "failed_over",
             PlacementState::Failed => "failed",
         }
     }

@@ -168,9 +168,20 @@ fn claim_in(
         session,
         to,
     )?;
-    let slots = slots_in(tx)?;
-    if let Some(refusal) = slots.refusal(max_live) {
-        return Err(refusal);
+    // A failover holds its slot while its new attempt is placed: no other session takes it
+    // between the dead box and the fresh one.
+    let from: Option<String> = tx
+        .query_row(
+            "SELECT state FROM placements WHERE session_id = ?1",
+            [session.as_str()],
+            |r| r.get(0),
+        )
+        .optional()?;
+    if from.as_deref() != Some(PlacementState::FailedOver.as_str()) {
+        let slots = slots_in(tx)?;
+        if let Some(refusal) = slots.refusal(max_live) {
+            return Err(refusal);
+        }
     }
     let now = now_ms();
     tx.execute(
@@ -575,6 +586,48 @@ impl Store {
         }
         tx.commit()?;
         Ok(before)
+    }
+
+    /// Starts a failover of a session whose box died under its running turn: `reclaimed →
+    /// failed_over`, forgetting the dead box (the caller abandoned it) and recording `why`.
+    /// The placement holds a worker slot again until the run's new attempt is placed
+    /// (`failed_over → requested`) or the failover fails.
+    pub fn begin_failover(
+        &self,
+        scope: &Scope,
+        session: &SessionId,
+        why: &str,
+    ) -> Result<PlacementRow> {
+        {
+            let mut conn = self.conn();
+            let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let to = PlacementState::FailedOver;
+            checked_move(
+                &tx,
+                "SELECT state FROM placements WHERE session_id = ?1 AND owner_id = ?2 AND tenant_id = ?3",
+                "placement",
+                scope,
+                session,
+                to,
+            )?;
+            let now = now_ms();
+            tx.execute(
+                "UPDATE placements SET state = ?1, generation = generation + 1, \
+                 environment_id = NULL, worker_pid = NULL, box_in_step = 0, error = ?2, \
+                 updated_at_ms = ?3 WHERE session_id = ?4",
+                params![to.as_str(), why, now, session.as_str()],
+            )?;
+            tx.execute(
+                "UPDATE sessions SET placement = ?1, updated_at_ms = ?2 WHERE id = ?3",
+                params![to.as_str(), now, session.as_str()],
+            )?;
+            tx.commit()?;
+        }
+        self.placement(scope, session)?
+            .ok_or_else(|| Error::NotFound {
+                what: "placement",
+                id: session.to_string(),
+            })
     }
 
     /// Moves a placement to `to` if the state machine allows it.

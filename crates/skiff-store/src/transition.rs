@@ -83,11 +83,18 @@ pub fn snapshot_allowed(from: SnapshotState, to: SnapshotState) -> bool {
 /// reconciles as usual and goes back to waiting (`handing_off → reconciling → handing_off`),
 /// then comes home at the boundary.
 /// One that cannot finish stays on its box (`handing_off → active`) or fails.
+///
+/// Automatic failover: a box that died under a running turn is `reclaimed` (with its
+/// evidence), then `failed_over` while the run's new attempt is placed on a fresh box
+/// (`failed_over → requested` keeps the slot it holds); a failover that cannot be placed
+/// fails, and one whose turn ended meanwhile may come home.
 pub fn placement_allowed(from: PlacementState, to: PlacementState) -> bool {
     use PlacementState::*;
     match from {
         Local => matches!(to, Requested | HandingOff),
-        Parked | Reclaimed | Failed => matches!(to, Requested | Local),
+        Reclaimed => matches!(to, Requested | Local | FailedOver),
+        Parked | Failed => matches!(to, Requested | Local),
+        FailedOver => matches!(to, Requested | Local | Failed),
         Requested => matches!(to, Provisioning | Failed),
         Provisioning => matches!(to, Syncing | Failed | Reclaimed),
         Syncing => matches!(to, Setup | Starting | Failed | Reclaimed),
@@ -312,6 +319,63 @@ mod tests {
             P::Draining,
         ] {
             assert!(!placement_allowed(P::HandingOff, to), "handing_off -> {to}");
+        }
+    }
+
+    #[test]
+    fn a_box_that_died_mid_run_fails_over_to_a_fresh_one_and_nothing_else_does() {
+        use PlacementState as P;
+        for path in [
+            // Died mid-run, failed over, placed again on a fresh box.
+            &[
+                P::Active,
+                P::Reclaimed,
+                P::FailedOver,
+                P::Requested,
+                P::Provisioning,
+                P::Syncing,
+                P::Starting,
+                P::Active,
+                P::Reclaimed,
+                P::FailedOver,
+                P::Requested,
+            ][..],
+            // The fresh box could not be had; a gateway restart mid-failover.
+            &[P::Reclaimed, P::FailedOver, P::Failed],
+            // The turn ended while failing over: brought home, nothing to drain.
+            &[P::Reclaimed, P::FailedOver, P::Local],
+        ] {
+            for pair in path.windows(2) {
+                assert!(
+                    placement_allowed(pair[0], pair[1]),
+                    "{} -> {}",
+                    pair[0],
+                    pair[1]
+                );
+            }
+        }
+        // Only a box lost with its evidence fails over: a live owner is never replaced by a
+        // second one, and a settled session without a run has nothing to fail over.
+        for from in P::ALL.into_iter().filter(|s| *s != P::Reclaimed) {
+            assert!(
+                !placement_allowed(from, P::FailedOver),
+                "{from} -> failed_over"
+            );
+        }
+        // A failover holds no box: it neither runs, reconciles, drains nor parks.
+        for to in [
+            P::Provisioning,
+            P::Syncing,
+            P::Starting,
+            P::Active,
+            P::Reconciling,
+            P::Draining,
+            P::HandingOff,
+            P::Parked,
+            P::Reclaimed,
+            P::FailedOver,
+        ] {
+            assert!(!placement_allowed(P::FailedOver, to), "failed_over -> {to}");
         }
     }
 

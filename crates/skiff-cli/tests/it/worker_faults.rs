@@ -822,8 +822,35 @@ fn a_box_that_dies_mid_turn_fails_over_to_a_fresh_box_and_the_turn_goes_on() {
         "failover: box killed → first model request of the new attempt: {} ms",
         killed.elapsed().as_millis()
     );
-    let (status, _) = f.finish();
+    let (status, seen) = f.finish();
     assert!(status.success(), "the turn went on and finished");
+    // The placement went through `failed_over` while the new attempt was placed, and said
+    // which box died and where the new attempt starts from.
+    let steps: Vec<&str> = seen
+        .iter()
+        .filter(|e| e["type"] == "placement")
+        .map(|e| e["state"].as_str().unwrap())
+        .collect();
+    let over = steps
+        .iter()
+        .position(|s| *s == "failed_over")
+        .unwrap_or_else(|| panic!("no failed_over step: {steps:?}"));
+    assert_eq!(steps[over - 1], "reclaimed", "{steps:?}");
+    // The slot it holds is claimed without an event of its own; the fresh box is leased.
+    assert_eq!(steps[over + 1], "provisioning", "{steps:?}");
+    assert_eq!(steps.last(), Some(&"active"), "{steps:?}");
+    let detail_of_over = seen
+        .iter()
+        .find(|e| e["type"] == "placement" && e["state"] == "failed_over")
+        .unwrap()["detail"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        detail_of_over.contains(&format!("box {first_env}"))
+            && detail_of_over.contains("from checkpoint 1 (failover 1 of 2)"),
+        "{detail_of_over}"
+    );
 
     let detail = show(&rig, &id);
     assert_eq!(detail["session"]["placement"], "active");
@@ -966,8 +993,22 @@ fn a_run_fails_over_twice_then_the_third_box_death_fails_it_naming_the_cap() {
         }
         kill_the_box(&rig);
     }
-    let (status, _) = f.finish();
+    let (status, seen) = f.finish();
     assert_eq!(status.code(), Some(1), "the third death failed the run");
+    // Two failovers, each through `failed_over` onto a fresh box; none after the cap.
+    let over: Vec<&str> = seen
+        .iter()
+        .filter(|e| e["type"] == "placement" && e["state"] == "failed_over")
+        .map(|e| e["detail"].as_str().unwrap())
+        .collect();
+    assert_eq!(over.len(), 2, "{over:#?}");
+    for (n, (detail, env)) in over.iter().zip(&envs).enumerate() {
+        assert!(
+            detail.contains(&format!("box {env}"))
+                && detail.contains(&format!("(failover {} of 2)", n + 1)),
+            "{detail}"
+        );
+    }
 
     let detail = show(&rig, &id);
     let run = &detail["runs"][1];

@@ -136,7 +136,10 @@ impl Core {
         }
         if matches!(
             p.state,
-            PlacementState::Parked | PlacementState::Reclaimed | PlacementState::Failed
+            PlacementState::Parked
+                | PlacementState::Reclaimed
+                | PlacementState::FailedOver
+                | PlacementState::Failed
         ) {
             // Usually claimed when the message was sent; here when a turn was admitted while
             // the session was being parked, or for a retried turn.

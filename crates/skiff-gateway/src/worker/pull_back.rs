@@ -121,7 +121,10 @@ impl Core {
                 id,
                 format!("session {id} already runs on the gateway"),
             ),
-            PlacementState::Parked | PlacementState::Reclaimed | PlacementState::Failed => {
+            PlacementState::Parked
+            | PlacementState::Reclaimed
+            | PlacementState::FailedOver
+            | PlacementState::Failed => {
                 // No box holds anything of it: its last reconciled turn is here already.
                 self.store.come_home(scope, id)?;
                 let detail = format!(
@@ -334,6 +337,7 @@ impl Core {
                 PlacementState::Local
                     | PlacementState::Parked
                     | PlacementState::Reclaimed
+                    | PlacementState::FailedOver
                     | PlacementState::Failed
             )
         {

@@ -336,6 +336,7 @@ impl Core {
             matches!(
                 p.state,
                 PlacementState::Reclaimed
+                    | PlacementState::FailedOver
                     | PlacementState::Failed
                     | PlacementState::Local
                     | PlacementState::Parked
@@ -382,6 +383,59 @@ impl Core {
         if let Some(env) = env {
             self.envs.abandon(scope, &env, reason).await;
         }
+    }
+
+    /// The failover of a run whose box died under it: `reclaimed → failed_over` (the dead
+    /// box forgotten, a worker slot held again), a placement event that names the box, why it
+    /// was given up and where the new attempt starts from. The new attempt's placement then
+    /// goes `failed_over → requested → …`; a failover that cannot be recorded is placed from
+    /// `reclaimed` as before.
+    pub(super) fn enter_failover(
+        &self,
+        scope: &Scope,
+        session: &SessionId,
+        dead: &skiff_store::PlacementRow,
+        from: &str,
+        n: u32,
+        allowed: u32,
+    ) {
+        let why = self
+            .store
+            .placement(scope, session)
+            .ok()
+            .flatten()
+            .and_then(|p| p.error)
+            .unwrap_or_else(|| "its box stopped".to_owned());
+        let the_box = dead
+            .environment_id
+            .as_ref()
+            .map_or_else(|| "its box".to_owned(), |e| format!("box {e}"));
+        let detail = format!(
+            "failing over: {the_box} of epoch {} died mid-run ({why}); its attempt failed; a new attempt of the same run is placed on a fresh box from {from} (failover {n} of {allowed})",
+            dead.owner_epoch
+        );
+        let row = match self.store.begin_failover(scope, session, &why) {
+            Ok(row) => row,
+            Err(e) => {
+                tracing::warn!(%session, error = %e, "could not record the failover");
+                return;
+            }
+        };
+        let run = self
+            .store
+            .open_run(scope, session)
+            .ok()
+            .flatten()
+            .map(|r| r.id);
+        let event = skiff_protocol::event::EventKind::Placement {
+            state: row.state,
+            environment_id: None,
+            detail: detail.clone(),
+        };
+        if let Err(e) = self.hub.publish(scope, session, run.as_ref(), event) {
+            tracing::warn!(%session, error = %e, "could not publish the failover");
+        }
+        tracing::info!(%session, placement = %row.state, detail, "placement");
     }
 
     /// What the user lost with a dead box: the changes the running turn made since the last

@@ -269,6 +269,7 @@ impl Core {
             "the session's box was lost and its turn moves to a fresh one",
         );
         self.notify(scope, &session.id, Some(&run.id), &text);
+        self.enter_failover(scope, &session.id, p, &from, n, allowed);
         last.map(|(id, _)| id)
     }
 
