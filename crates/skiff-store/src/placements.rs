@@ -699,6 +699,36 @@ impl Store {
         Ok(())
     }
 
+    /// Records that the session's box is in step with the gateway again at `base_manifest`
+    /// (the box's work was brought back outside a turn's end: a pull-back's barrier, or a box
+    /// whose worker cannot start), without moving the placement. A session that then stays on
+    /// its box (a barrier cut short) reconciles its next turn against what both sides have.
+    pub fn mark_box_in_step(
+        &self,
+        scope: &Scope,
+        session: &SessionId,
+        base_manifest: &str,
+    ) -> Result<()> {
+        let changed = self.conn().execute(
+            "UPDATE placements SET base_manifest = ?1, box_in_step = 1, updated_at_ms = ?2 \
+             WHERE session_id = ?3 AND owner_id = ?4 AND tenant_id = ?5",
+            params![
+                base_manifest,
+                now_ms(),
+                session.as_str(),
+                scope.owner_id,
+                scope.tenant_id
+            ],
+        )?;
+        if changed == 0 {
+            return Err(Error::NotFound {
+                what: "placement",
+                id: session.to_string(),
+            });
+        }
+        Ok(())
+    }
+
     /// Replaces the base manifest of a live placement without moving it: the session's
     /// workspace changed on the gateway by an operator's decision (an accepted quarantined
     /// path), and the box was given the same change.

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 /// A model step that streams for a few seconds (so a move can be asked mid-step), then calls
 /// `exec` to append `line` to `runs.log`.
-fn slow_exec(id: &str, line: &str) -> FakeResponse {
+pub fn slow_exec(id: &str, line: &str) -> FakeResponse {
     let words: Vec<String> = (0..30).map(|i| format!("s{i} ")).collect();
     let refs: Vec<&str> = words.iter().map(String::as_str).collect();
     let mut events = openai_sse::text_chunks(&refs);
@@ -43,7 +43,7 @@ fn exec(id: &str, line: &str) -> FakeResponse {
     )
 }
 
-fn show(rig: &Rig, id: &str) -> Value {
+pub fn show(rig: &Rig, id: &str) -> Value {
     rig.gw.json(&["session", "show", "--json", id])
 }
 
@@ -83,7 +83,7 @@ fn nothing_doubled(detail: &Value) {
     assert_eq!(calls, results, "every call answered once, in order");
 }
 
-fn runs_log(detail: &Value) -> String {
+pub fn runs_log(detail: &Value) -> String {
     let home = detail["session"]["workspace"]["path"].as_str().unwrap();
     std::fs::read_to_string(Path::new(home).join("runs.log")).unwrap_or_default()
 }
@@ -116,7 +116,7 @@ fn last_run_status(detail: &Value) -> String {
 }
 
 /// Waits until the `n`-th model request of the followed turn streams text.
-fn mid_step(f: &mut Following, n: usize) {
+pub fn mid_step(f: &mut Following, n: usize) {
     f.until(&format!("text of model request {n}"), |e, seen| {
         e["type"] == "text_delta"
             && seen.iter().filter(|s| s["type"] == "model_request").count() == n

@@ -74,6 +74,27 @@ impl Gateway {
         );
     }
 
+    /// Waits (up to a minute) for the gateway to die by itself — a fault it was configured to
+    /// inject killed it — then removes `drop_line` from its config and starts a new one on the
+    /// same state dir. Panics when it does not die.
+    pub fn await_death_and_restart(&mut self, drop_line: &str) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        // A child's exit has no event to await here but its reaping.
+        while self.child.try_wait().unwrap().is_none() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the gateway did not die at its injected fault"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let config = std::fs::read_to_string(&self.config).unwrap();
+        assert!(config.contains(drop_line), "{drop_line:?} not in {config}");
+        std::fs::write(&self.config, config.replace(drop_line, "")).unwrap();
+        let (child, url) = spawn(&self.state_dir, &self.config, &self.env);
+        self.child = child;
+        self.url = url;
+    }
+
     /// The config file this gateway was started with.
     pub fn config_path(&self) -> &Path {
         &self.config

@@ -12,6 +12,7 @@ mod api;
 mod approvals;
 mod audit;
 mod bad_input;
+mod barrier_faults;
 mod box_isolation;
 mod budgets;
 mod deadlines;

@@ -180,6 +180,19 @@ impl Environments {
         )
     }
 
+    /// `[gateway] barrier_fault = "…:kill-box"` (tests only): the box dies as a machine does —
+    /// its processes and sshd killed by its provider — with nothing recorded here, so the
+    /// gateway learns of it only as it would of a real death.
+    pub(crate) async fn kill_box_for_fault(&self, row: &EnvironmentRow) -> Result<()> {
+        let profile = self.profile(&row.profile)?;
+        let lease_id = super::lease_id(profile.provider.as_ref(), row);
+        profile
+            .provider
+            .destroy(&lease_id)
+            .await
+            .map_err(|e| crate::Error::BoxFailed(e.to_string()))
+    }
+
     /// The box died under a session: the environment failed; tear down what is left.
     pub(crate) async fn abandon(&self, scope: &Scope, id: &EnvironmentId, reason: &str) {
         let lock = self.lock(id);

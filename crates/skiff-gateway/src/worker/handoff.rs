@@ -52,14 +52,20 @@ pub(crate) struct HandoffState {
     asked: Option<Handoff>,
 }
 
-/// A step of a pull-back's barrier at which [`BarrierFault`] strikes.
+/// A step of a move's barrier at which [`BarrierFault`] strikes, in either direction, live
+/// or not.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum BarrierStep {
-    /// The old owner is drained (its next model call held), not yet stopped.
+    /// The old owner is drained: home from a box, its next model call held (live) or
+    /// admission stopped (at a boundary), the worker not yet stopped; to a box, the gateway's
+    /// loop stopped (live) or the slot claimed (at a boundary), nothing placed yet.
     Drained,
-    /// The worker is stopped and fenced by a new epoch.
+    /// Home from a box: the worker is stopped and fenced by a new epoch. To a box: the new
+    /// owner holds the session (its worker admitted under the new epoch, `active`), and the
+    /// turn is not handed to it yet.
     Fenced,
-    /// The box's work is back; the session is not home yet.
+    /// Home from a box: the box's work is back (or was already here); the session is not
+    /// home yet. A move to a box reconciles nothing inbound and has no such step.
     Reconciled,
 }
 
@@ -70,9 +76,13 @@ pub(crate) enum FaultAction {
     KillWorker,
     /// Closes the SSH connections to the box, the reverse tunnel with them.
     CutTunnel,
+    /// The gateway process dies at once (SIGKILL to itself: nothing is cleaned up).
+    KillGateway,
+    /// The box dies: its provider kills its processes and sshd, unknown to the gateway.
+    KillBox,
 }
 
-/// `[gateway] barrier_fault`: a fault injected at one step of a live pull-back's barrier.
+/// `[gateway] barrier_fault`: a fault injected at one step of a move's barrier.
 ///
 /// It exists for the fault-injection tests only: a fault that must land between two steps of
 /// the barrier cannot be timed from outside the gateway (the steps follow each other within
@@ -103,9 +113,11 @@ impl BarrierFault {
         let action = match action {
             "kill-worker" => FaultAction::KillWorker,
             "cut-tunnel" => FaultAction::CutTunnel,
+            "kill-gateway" => FaultAction::KillGateway,
+            "kill-box" => FaultAction::KillBox,
             other => {
                 return Err(format!(
-                    "no fault {other:?}; faults are kill-worker, cut-tunnel"
+                    "no fault {other:?}; faults are kill-worker, cut-tunnel, kill-gateway, kill-box"
                 ));
             }
         };
@@ -361,6 +373,8 @@ impl Core {
         cancel: &CancellationToken,
     ) -> Result<()> {
         let live = self.workers.live(&session.id);
+        self.strike_now(scope, &session.id, BarrierStep::Drained)
+            .await;
         let placed = async {
             self.place(
                 scope,
@@ -371,7 +385,9 @@ impl Core {
                     "the gateway's loop stopped before its next model call, its step committed; placing the session on profile {profile}"
                 ),
             )?;
-            self.ensure_worker(scope, session, cancel).await
+            let p = self.ensure_worker(scope, session, cancel).await?;
+            self.strike(scope, &p, BarrierStep::Fenced).await;
+            Ok(p)
         }
         .await;
         live.moved();
@@ -571,14 +587,48 @@ impl Core {
     }
 
     /// `[gateway] barrier_fault`: strikes when the barrier reaches its step (tests only).
+    /// Reads the placement as it is now (the box, the worker).
+    pub(super) async fn strike_now(&self, scope: &Scope, id: &SessionId, step: BarrierStep) {
+        if self.barrier_fault.is_none_or(|f| f.step != step) {
+            return;
+        }
+        match self.store.placement(scope, id) {
+            Ok(Some(p)) => self.strike(scope, &p, step).await,
+            Ok(None) => self.strike_without_box(id, step),
+            Err(e) => {
+                tracing::warn!(session = %id, error = %e, "barrier_fault cannot read the placement")
+            }
+        }
+    }
+
+    /// A fault at a step where the session holds no box: only the gateway can die there.
+    fn strike_without_box(&self, id: &SessionId, step: BarrierStep) {
+        if let Some(fault) = self.barrier_fault.filter(|f| f.step == step)
+            && fault.action == FaultAction::KillGateway
+        {
+            tracing::warn!(session = %id, ?step, "barrier_fault kills the gateway");
+            kill_this_gateway();
+        }
+    }
+
+    /// `[gateway] barrier_fault`: strikes when the barrier reaches its step (tests only).
     async fn strike(&self, scope: &Scope, p: &PlacementRow, step: BarrierStep) {
         let Some(fault) = self.barrier_fault.filter(|f| f.step == step) else {
             return;
         };
         tracing::warn!(session = %p.session_id, ?step, action = ?fault.action, "barrier_fault strikes");
+        if fault.action == FaultAction::KillGateway {
+            kill_this_gateway();
+        }
         let Ok(env) = self.placement_env(scope, p) else {
             return;
         };
+        if fault.action == FaultAction::KillBox {
+            if let Err(e) = self.envs.kill_box_for_fault(&env).await {
+                tracing::warn!(session = %p.session_id, error = %e, "barrier_fault could not kill the box");
+            }
+            return;
+        }
         let Ok(ssh) = self.envs.ssh(&env) else {
             return;
         };
@@ -598,6 +648,18 @@ impl Core {
                 }
             }
             FaultAction::CutTunnel => ssh.close().await,
+            FaultAction::KillGateway | FaultAction::KillBox => {}
         }
     }
+}
+
+/// The gateway dies where it stands, as a crash or `kill -9` would end it: no shutdown path,
+/// no destructor, nothing flushed but what is already in the store.
+fn kill_this_gateway() {
+    let _ = rustix::process::kill_process(
+        rustix::process::getpid(),
+        rustix::process::Signal::KILL,
+    );
+    // SIGKILL is not delivered synchronously everywhere; nothing after this point may run.
+    std::process::abort();
 }

@@ -16,6 +16,7 @@
 //! pull-back refused, unless the move is live (`handoff`). Deliberately absent: moving a
 //! session on a box straight to another profile (it comes home first).
 
+use super::handoff::BarrierStep;
 use super::park::stop_worker_script;
 use crate::Core;
 use crate::error::Result;
@@ -172,6 +173,7 @@ impl Core {
         let started = std::time::Instant::now();
         let epoch = before.owner_epoch;
         let live = self.workers.live(id);
+        self.strike_now(scope, id, BarrierStep::Drained).await;
         live.stop_epoch(epoch, "the session is pulled back to the gateway");
         self.cancel_model_calls(id);
         self.revoke_approvals(scope, id, "the session is pulled back to the gateway");
@@ -206,6 +208,7 @@ impl Core {
             );
             return;
         }
+        self.strike_now(scope, id, BarrierStep::Fenced).await;
         let mut reconciled = false;
         if !before.box_in_step {
             let step = self.place(
@@ -226,6 +229,7 @@ impl Core {
             }
             reconciled = true;
         }
+        self.strike_now(scope, id, BarrierStep::Reconciled).await;
         let was = match self.store.come_home(scope, id) {
             Ok(was) => was,
             Err(e) => {
@@ -365,7 +369,14 @@ impl Core {
         let scope2 = scope.clone();
         tokio::spawn(async move {
             let cancel = CancellationToken::new();
-            if let Err(e) = core.ensure_worker_locked(&scope2, &session, &cancel).await {
+            core.strike_now(&scope2, &session.id, BarrierStep::Drained)
+                .await;
+            let placed = core.ensure_worker_locked(&scope2, &session, &cancel).await;
+            if placed.is_ok() {
+                core.strike_now(&scope2, &session.id, BarrierStep::Fenced)
+                    .await;
+            }
+            if let Err(e) = placed {
                 // Most failures recorded the placement `failed` already; one before the first
                 // step did not, and a follower waits for a settled state.
                 match core.store.placement(&scope2, &session.id) {

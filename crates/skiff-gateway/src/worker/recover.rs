@@ -287,9 +287,12 @@ impl Core {
                 .last()
                 .map(|r| r.id.clone()),
         };
-        let (_, known) = self
+        let (base, known) = self
             .reconcile_inner(scope, session, &p, Ok(theirs), false, run.as_ref())
             .await?;
+        // Both sides hold the same work now: a barrier cut short after this (a gateway
+        // restart) leaves the session on its box, whose next turn is reconciled against it.
+        self.store.mark_box_in_step(scope, session, &base)?;
         if let Some(run) = run {
             let row = self.store.session(scope, session)?;
             self.checkpoint_turn(scope, &row, &run, known.as_ref())
