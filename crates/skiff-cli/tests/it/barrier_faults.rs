@@ -137,6 +137,15 @@ fn case(direction: Direction, step: &str, action: &str) {
         // However the moved turn ended (a fault may fail it), its follower ends.
         let _ = turn.finish();
     }
+    // The fault struck at its step (audited before it strikes, so a killed gateway's too).
+    let out = rig.gw.run(&["audit", "tail", "--json", "-n", "1000"]);
+    let struck: Vec<Value> = crate::harness::stdout(&out)
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|r| r["action"] == "barrier.fault" && r["target"] == id.as_str())
+        .collect();
+    assert_eq!(struck.len(), 1, "{what}: {struck:#?}");
+    assert_eq!(struck[0]["detail"]["step"], step, "{what}");
     // A message afterwards runs to its end wherever the session is: one owner took it.
     let after = send_when_idle(&rig, &id, &what);
     check_consistent(&rig, &id, &what, &after);

@@ -594,7 +594,7 @@ impl Core {
         }
         match self.store.placement(scope, id) {
             Ok(Some(p)) => self.strike(scope, &p, step).await,
-            Ok(None) => self.strike_without_box(id, step),
+            Ok(None) => self.strike_without_box(scope, id, step),
             Err(e) => {
                 tracing::warn!(session = %id, error = %e, "barrier_fault cannot read the placement")
             }
@@ -602,13 +602,28 @@ impl Core {
     }
 
     /// A fault at a step where the session holds no box: only the gateway can die there.
-    fn strike_without_box(&self, id: &SessionId, step: BarrierStep) {
+    fn strike_without_box(&self, scope: &Scope, id: &SessionId, step: BarrierStep) {
         if let Some(fault) = self.barrier_fault.filter(|f| f.step == step)
             && fault.action == FaultAction::KillGateway
         {
             tracing::warn!(session = %id, ?step, "barrier_fault kills the gateway");
+            self.audit_fault(scope, id, fault);
             kill_this_gateway();
         }
+    }
+
+    /// Every injected fault is audited before it strikes (the row outlives a killed gateway).
+    fn audit_fault(&self, scope: &Scope, id: &SessionId, fault: BarrierFault) {
+        self.audit(
+            scope,
+            "barrier.fault",
+            id.as_str(),
+            "applied",
+            json!({
+                "step": format!("{:?}", fault.step).to_lowercase(),
+                "action": format!("{:?}", fault.action),
+            }),
+        );
     }
 
     /// `[gateway] barrier_fault`: strikes when the barrier reaches its step (tests only).
@@ -617,6 +632,7 @@ impl Core {
             return;
         };
         tracing::warn!(session = %p.session_id, ?step, action = ?fault.action, "barrier_fault strikes");
+        self.audit_fault(scope, &p.session_id, fault);
         if fault.action == FaultAction::KillGateway {
             kill_this_gateway();
         }
