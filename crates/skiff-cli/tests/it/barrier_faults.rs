@@ -79,10 +79,7 @@ fn first_session_id(out: &std::process::Output) -> String {
 /// restarted if the fault killed it, and the outcome is checked.
 fn case(direction: Direction, step: &str, action: &str) {
     let fault_line = format!("barrier_fault = \"{step}:{action}\"\n");
-    let live = matches!(
-        direction,
-        Direction::DispatchLive | Direction::PullBackLive
-    );
+    let live = matches!(direction, Direction::DispatchLive | Direction::PullBackLive);
     let mut rig = Rig::start_with_responder(responder(live), &format!("[gateway]\n{fault_line}"));
     let repo = TempGitRepo::new(&[("README.md", "a repo\n")]);
     let ws = repo.path().to_str().unwrap();
@@ -177,14 +174,8 @@ fn wait_no_open_run(rig: &Rig, id: &str) {
             .unwrap()
             .iter()
             .find(|r| {
-                ![
-                    "succeeded",
-                    "failed",
-                    "cancelled",
-                    "orphaned",
-                    "timed_out",
-                ]
-                .contains(&r["status"].as_str().unwrap())
+                !["succeeded", "failed", "cancelled", "orphaned", "timed_out"]
+                    .contains(&r["status"].as_str().unwrap())
             })
             .map(|r| r["id"].as_str().unwrap().to_owned())
     };
@@ -207,14 +198,8 @@ fn wait_no_open_run(rig: &Rig, id: &str) {
         let event: Value = serde_json::from_str(data).unwrap();
         if event["type"] == "run_status"
             && event["run_id"] == run.as_str()
-            && [
-                "succeeded",
-                "failed",
-                "cancelled",
-                "orphaned",
-                "timed_out",
-            ]
-            .contains(&event["status"].as_str().unwrap())
+            && ["succeeded", "failed", "cancelled", "orphaned", "timed_out"]
+                .contains(&event["status"].as_str().unwrap())
         {
             return;
         }

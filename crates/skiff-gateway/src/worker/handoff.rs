@@ -672,10 +672,7 @@ impl Core {
 /// The gateway dies where it stands, as a crash or `kill -9` would end it: no shutdown path,
 /// no destructor, nothing flushed but what is already in the store.
 fn kill_this_gateway() {
-    let _ = rustix::process::kill_process(
-        rustix::process::getpid(),
-        rustix::process::Signal::KILL,
-    );
+    let _ = rustix::process::kill_process(rustix::process::getpid(), rustix::process::Signal::KILL);
     // SIGKILL is not delivered synchronously everywhere; nothing after this point may run.
     std::process::abort();
 }
