@@ -83,6 +83,20 @@ pub async fn push_when_ready(
     ready: impl std::future::Future<Output = std::result::Result<(), String>>,
     cancel: &CancellationToken,
 ) -> Result<Dispatched> {
+    push_after(out, remote, "true", ready, cancel).await
+}
+
+/// [`push_when_ready`] that first runs `before` (a shell command line that must succeed,
+/// run in a subshell from the box user's home) on the box, in the same round trip as the
+/// box's directory is made.
+pub async fn push_after(
+    out: &Outbound<'_>,
+    remote: &Remote,
+    before: &str,
+    ready: impl std::future::Future<Output = std::result::Result<(), String>>,
+    cancel: &CancellationToken,
+) -> Result<Dispatched> {
+    let before = format!("( {before} ) || {{ echo 'the preparation of the box failed' >&2; exit 1; }}; ");
     let started = std::time::Instant::now();
     let ms = |at: std::time::Instant| at.elapsed().as_millis() as u64;
     let base_commit = match out.mode {
@@ -154,8 +168,8 @@ pub async fn push_when_ready(
     };
     let seeding = async {
         match &git_part {
-            Some(git) => seed_repository(out, remote, git, cancel).await,
-            None => make_dir(remote, cancel).await,
+            Some(git) => seed_repository(out, remote, &before, git, cancel).await,
+            None => make_dir(remote, &before, cancel).await,
         }
     };
     let (base, differ, method) = tokio::join!(hashing, finding, seeding);
@@ -243,12 +257,12 @@ async fn deleted_files(local: &Path, cancel: &CancellationToken) -> Result<Vec<u
 
 /// Plain mode's box directory: made, unless it exists and is not empty (refused). Returns how
 /// files reach the box.
-async fn make_dir(remote: &Remote, cancel: &CancellationToken) -> Result<Method> {
+async fn make_dir(remote: &Remote, before: &str, cancel: &CancellationToken) -> Result<Method> {
     let dir = remote.quoted_dir();
     let probe = remote
         .run(
             &format!(
-                "set -e; if [ -e {dir} ] && [ -n \"$(ls -A {dir})\" ]; then echo taken; exit 0; fi; \
+                "set -e; {before}if [ -e {dir} ] && [ -n \"$(ls -A {dir})\" ]; then echo taken; exit 0; fi; \
                  mkdir -p {dir}; {}",
                 remote.method_probe()
             ),
@@ -303,8 +317,8 @@ async fn differing(
 }
 
 /// Whether checking `commit` out on a box (git without config) could write bytes other than
-/// the files of `local`: any attributes file, or settings that convert line endings or
-/// symlinks.
+/// the files of `local`: an attributes file that sets a converting attribute (or defines a
+/// macro), or settings that convert line endings or symlinks.
 async fn checkout_may_convert(
     local: &Path,
     commit: &str,
@@ -312,27 +326,40 @@ async fn checkout_may_convert(
     cancel: &CancellationToken,
 ) -> Result<bool> {
     let is_attributes = |p: &str| p == ".gitattributes" || p.ends_with("/.gitattributes");
-    if list.files.iter().any(|f| is_attributes(&f.path)) {
-        return Ok(true);
+    for file in list.files.iter().filter(|f| is_attributes(&f.path)) {
+        // A symlink is not read (a checkout writes it as a link, whatever it points to).
+        if file.symlink || converts_at(&crate::join(local, &file.path)) {
+            return Ok(true);
+        }
     }
     let tree = git(local)
         .args(["ls-tree", "-r", "-z", "--name-only", commit])
         .run_checked(cancel)
         .await?;
-    if split_z(&tree).any(is_attributes) {
-        return Ok(true);
+    // The checkout reads the commit's copies (a workspace that changed one has both).
+    for path in split_z(&tree).filter(|p| is_attributes(p)) {
+        let committed = git(local)
+            .args(["cat-file", "blob"])
+            .arg(format!("{commit}:{path}"))
+            .run(cancel)
+            .await?;
+        if !committed.status.success()
+            || attributes_convert(&committed.stdout.into_string())
+        {
+            return Ok(true);
+        }
     }
     let info = git(local)
         .args(["rev-parse", "--git-path", "info/attributes"])
         .run_checked(cancel)
         .await?;
     // Relative to `local` unless absolute.
-    if local.join(info.trim()).exists() {
+    if converts_at(&local.join(info.trim())) {
         return Ok(true);
     }
     // The user's own attributes file, read when `core.attributesFile` is not set.
     if let Some(home) = std::env::var_os("HOME")
-        && Path::new(&home).join(".config/git/attributes").exists()
+        && converts_at(&Path::new(&home).join(".config/git/attributes"))
     {
         return Ok(true);
     }
@@ -351,6 +378,44 @@ async fn checkout_may_convert(
         .into_string()
         .lines()
         .any(|line| !matches!(line.trim(), "core.autocrlf false" | "core.symlinks true")))
+}
+
+/// Whether the attributes file at `path` could make a checkout convert bytes: it sets (or
+/// leaves to configuration) `text`, `eol`, `crlf`, `ident`, `filter` or
+/// `working-tree-encoding`, or defines a macro. A file that cannot be read counts as
+/// converting; a missing one does not.
+fn converts_at(path: &Path) -> bool {
+    match std::fs::read(path) {
+        Ok(bytes) => attributes_convert(&String::from_utf8_lossy(&bytes)),
+        Err(e) => e.kind() != std::io::ErrorKind::NotFound,
+    }
+}
+
+/// [`converts_at`] of an attributes file's text.
+pub(crate) fn attributes_convert(text: &str) -> bool {
+    const CONVERTING: [&str; 6] = [
+        "text",
+        "eol",
+        "crlf",
+        "ident",
+        "filter",
+        "working-tree-encoding",
+    ];
+    text.lines().map(str::trim).any(|line| {
+        if line.is_empty() || line.starts_with('#') {
+            return false;
+        }
+        if line.starts_with("[attr]") {
+            return true;
+        }
+        line.split_whitespace().skip(1).any(|attr| {
+            // `-text`: unset, nothing converts. `!text` leaves it to configuration and
+            // `text`, `text=…` set it: either may convert.
+            let name = attr.trim_start_matches('!');
+            let name = name.split('=').next().unwrap_or(name);
+            !attr.starts_with('-') && CONVERTING.contains(&name)
+        })
+    })
 }
 
 /// A pack (and its index) of what the box's repository gets: the base commit's objects, or
@@ -398,6 +463,7 @@ async fn make_pack(
 async fn seed_repository(
     out: &Outbound<'_>,
     remote: &Remote,
+    before: &str,
     git_part: &GitPart,
     cancel: &CancellationToken,
 ) -> Result<Method> {
@@ -424,7 +490,7 @@ async fn seed_repository(
     // some): it must write the commit's bytes as they are. Its writes wait on the file system
     // more than on the CPU: more parallel workers than cores.
     let script = format!(
-        "set -e; export GIT_TERMINAL_PROMPT=0; \
+        "set -e; export GIT_TERMINAL_PROMPT=0; {before}\
          if [ -e {dir} ] && [ -n \"$(ls -A {dir})\" ]; then echo taken; exit 0; fi; \
          mkdir -p {dir}; cd {dir}; git init -q; in=.git/skiff-incoming; \
          mkdir -p \"$in\" .git/objects/pack; tar -C \"$in\" -xf -; \
@@ -556,4 +622,23 @@ pub async fn resume(
         bytes: list.total_bytes,
         left_out: list.left_out,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::attributes_convert;
+
+    #[test]
+    fn only_converting_attributes_make_a_checkout_convert() {
+        assert!(!attributes_convert("# nothing\n\n*.png binary\n*.rs diff=rust linguist-vendored\n"));
+        assert!(!attributes_convert("*.bin -text -diff\n"));
+        assert!(attributes_convert("*.txt text\n"));
+        assert!(attributes_convert("* text=auto\n"));
+        assert!(attributes_convert("*.sh eol=lf\n"));
+        assert!(attributes_convert("*.c ident\n"));
+        assert!(attributes_convert("*.txt filter=up\n"));
+        assert!(attributes_convert("*.txt !text\n"));
+        assert!(attributes_convert("*.x working-tree-encoding=UTF-16\n"));
+        assert!(attributes_convert("[attr]mine text\n"));
+    }
 }
