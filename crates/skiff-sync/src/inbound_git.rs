@@ -87,6 +87,7 @@ pub async fn fetch_bundle(
     scratch: &Path,
     cancel: &CancellationToken,
 ) -> Result<Option<Bundle>> {
+    let started = std::time::Instant::now();
     let dir = remote.quoted_dir();
     let b = shell_quote(&branch(session));
     let tip = remote
@@ -96,6 +97,7 @@ pub async fn fetch_bundle(
             cancel,
         )
         .await?;
+    tracing::debug!(ms = started.elapsed().as_millis() as u64, "inbound: the box's branch tip read");
     if tip.trim() == base {
         return Ok(None);
     }

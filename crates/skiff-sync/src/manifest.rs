@@ -91,8 +91,18 @@ pub async fn scan(
     limits: &Limits,
     cancel: &CancellationToken,
 ) -> Result<Manifest> {
+    let started = std::time::Instant::now();
     let list = crate::filelist::list(root, mode, rules, limits, cancel).await?;
-    build(root, &list, None)
+    let listed = started.elapsed().as_millis() as u64;
+    let manifest = build(root, &list, None);
+    tracing::debug!(
+        root = %root.display(),
+        files = list.files.len(),
+        listed_ms = listed,
+        ms = started.elapsed().as_millis() as u64,
+        "manifest: scanned"
+    );
+    manifest
 }
 
 /// What turns `old` into `new`.

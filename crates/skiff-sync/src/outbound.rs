@@ -83,6 +83,20 @@ pub async fn push_when_ready(
     ready: impl std::future::Future<Output = std::result::Result<(), String>>,
     cancel: &CancellationToken,
 ) -> Result<Dispatched> {
+    push_after(out, remote, "true", ready, cancel).await
+}
+
+/// [`push_when_ready`] that first runs `before` (a shell command line that must succeed,
+/// run in a subshell from the box user's home) on the box, in the same round trip as the
+/// box's directory is made.
+pub async fn push_after(
+    out: &Outbound<'_>,
+    remote: &Remote,
+    before: &str,
+    ready: impl std::future::Future<Output = std::result::Result<(), String>>,
+    cancel: &CancellationToken,
+) -> Result<Dispatched> {
+    let before = format!("( {before} ) || {{ echo 'the preparation of the box failed' >&2; exit 1; }}; ");
     let started = std::time::Instant::now();
     let ms = |at: std::time::Instant| at.elapsed().as_millis() as u64;
     let base_commit = match out.mode {
@@ -95,45 +109,35 @@ pub async fn push_when_ready(
             None => Ok(None),
         }
     };
+    // What is checked before anything reaches the box: the listing (limits, and that a plain
+    // copy holds no private file) and the paths of the tracked files the user deleted.
     let listing = async {
         ready.await.map_err(|detail| crate::Error::Invalid {
             what: format!("the workspace {}", out.local.display()),
             detail,
         })?;
-        let list = filelist::list(out.local, out.mode, out.rules, out.limits, cancel).await?;
+        let deleted = async {
+            match out.mode {
+                Mode::Git => deleted_files(out.local, cancel).await,
+                Mode::Plain => Ok(Vec::new()),
+            }
+        };
+        let (list, deleted) = tokio::try_join!(
+            filelist::list(out.local, out.mode, out.rules, out.limits, cancel),
+            deleted
+        )?;
         if out.mode == Mode::Plain {
             filelist::check_shareable(out.local, &list)?;
         }
-        // Hashing (the base manifest) and git's preparations (what differs from the base
-        // commit) run side by side; both are local, and nothing reaches the box before both
-        // are done and every check passed.
-        let hashing = {
-            let (root, list, commit) = (out.local.to_path_buf(), list.clone(), base_commit.clone());
-            tokio::task::spawn_blocking(move || manifest::build(&root, &list, commit))
-        };
-        let preparing = async {
-            match &base_commit {
-                Some(commit) => {
-                    Ok::<_, crate::Error>(Some(prepare_git(out, commit, &list, cancel).await?))
-                }
-                None => Ok(None),
-            }
-        };
-        let (base, prepared) = tokio::join!(hashing, preparing);
-        let base = base.map_err(|e| crate::Error::Invalid {
-            what: format!("hashing {}", out.local.display()),
-            detail: e.to_string(),
-        })??;
-        Ok::<_, crate::Error>((list, base, prepared?))
+        Ok::<_, crate::Error>((list, deleted))
     };
     let (pack, listed) = tokio::join!(packing, listing);
-    let (list, base, prepared) = listed?;
-    let prepared = match (pack?, prepared) {
-        (Some((pack, hash)), Some((commit, differing, deleted))) => Some(GitPart {
+    let (list, deleted) = listed?;
+    let git_part = match (pack?, &base_commit) {
+        (Some((pack, hash)), Some(commit)) => Some(GitPart {
             pack,
             hash,
-            commit,
-            differing,
+            commit: commit.clone(),
             deleted,
         }),
         _ => None,
@@ -141,56 +145,52 @@ pub async fn push_when_ready(
     tracing::debug!(
         ms = ms(started),
         files = list.files.len(),
-        "outbound: listed, hashed, packed"
+        "outbound: listed and packed"
     );
 
-    let dir = remote.quoted_dir();
-    let empty = remote
-        .run(
-            &format!("if [ ! -e {dir} ] || [ -z \"$(ls -A {dir})\" ]; then echo empty; fi"),
-            Vec::new(),
-            cancel,
-        )
-        .await?;
-    if empty.trim() != "empty" {
-        return Err(crate::Error::RemoteNotEmpty {
-            dir: remote.dir().to_owned(),
-        });
-    }
-
-    let sent = match &prepared {
-        Some(git) => {
-            seed_repository(out, remote, git, cancel).await?;
-            tracing::debug!(
-                ms = ms(started),
-                "outbound: the box checked the base commit out"
-            );
-            let mut sent = git.differing.clone();
-            // A checkout (umask 022 on the box) makes 0644 and 0755 files; others travel.
-            for (path, entry) in &base.entries {
-                if let crate::ManifestEntry::File { mode, .. } = entry
-                    && !matches!(mode, 0o644 | 0o755)
-                {
-                    sent.insert(path.clone());
-                }
-            }
-            sent.into_iter().collect()
-        }
-        None => list.paths(),
+    // Every check passed: the box makes its directory (git: its repository, with the base
+    // commit checked out, in one round trip) while this side hashes (the base manifest) and
+    // finds the files that differ from the base commit.
+    let hashing = async {
+        let (root, list, commit) = (out.local.to_path_buf(), list.clone(), base_commit.clone());
+        tokio::task::spawn_blocking(move || manifest::build(&root, &list, commit))
+            .await
+            .map_err(|e| crate::Error::Invalid {
+                what: format!("hashing {}", out.local.display()),
+                detail: e.to_string(),
+            })?
     };
-    let method = remote.push_files(out.local, &sent, cancel).await?;
-    tracing::debug!(ms = ms(started), files = sent.len(), "outbound: files sent");
-    if let Some(git) = &prepared
-        && !git.deleted.is_empty()
-    {
-        remote
-            .run(
-                &format!("cd {dir} && xargs -0 rm -f --"),
-                git.deleted.clone(),
-                cancel,
-            )
-            .await?;
+    let finding = async {
+        match &base_commit {
+            Some(commit) => differing(out.local, commit, &list, cancel).await,
+            None => Ok(list.paths().into_iter().collect()),
+        }
+    };
+    let seeding = async {
+        match &git_part {
+            Some(git) => seed_repository(out, remote, &before, git, cancel).await,
+            None => make_dir(remote, &before, cancel).await,
+        }
+    };
+    let (base, differ, method) = tokio::join!(hashing, finding, seeding);
+    let (base, mut sent, method) = (base?, differ?, method?);
+    tracing::debug!(
+        ms = ms(started),
+        "outbound: hashed; the box's directory is made (git: the base commit checked out)"
+    );
+    if git_part.is_some() {
+        // A checkout (umask 022 on the box) makes 0644 and 0755 files; others travel.
+        for (path, entry) in &base.entries {
+            if let crate::ManifestEntry::File { mode, .. } = entry
+                && !matches!(mode, 0o644 | 0o755)
+            {
+                sent.insert(path.clone());
+            }
+        }
     }
+    let sent: Vec<String> = sent.into_iter().collect();
+    remote.push_files_by(out.local, &sent, method, cancel).await?;
+    tracing::debug!(ms = ms(started), files = sent.len(), "outbound: files sent");
     Ok(Dispatched {
         manifest: base,
         method,
@@ -236,38 +236,46 @@ struct GitPart {
     /// The pack's name (`pack-<hash>.pack`, `.idx`).
     hash: String,
     commit: String,
-    /// The listed paths the box's checkout of `commit` does not already hold byte for byte
-    /// (modes aside: the caller adds files whose mode a checkout does not make).
-    differing: std::collections::BTreeSet<String>,
     /// Tracked files the workspace deleted, NUL-separated and checked.
     deleted: Vec<u8>,
 }
 
-/// What git mode learns from the workspace before anything reaches the box: the base
-/// commit, the listed paths that differ from it, and the tracked files deleted (checked,
-/// NUL-separated).
-async fn prepare_git(
-    out: &Outbound<'_>,
-    commit: &str,
-    list: &filelist::FileList,
-    cancel: &CancellationToken,
-) -> Result<(String, std::collections::BTreeSet<String>, Vec<u8>)> {
-    let deleted = async {
-        git(out.local)
-            .args(["ls-files", "-z", "--deleted"])
-            .run_checked(cancel)
-            .await
-            .map_err(crate::Error::from)
-    };
-    let (differing, listed) =
-        tokio::try_join!(differing(out.local, commit, list, cancel), deleted)?;
+/// The tracked files the worktree deleted, checked and NUL-separated.
+async fn deleted_files(local: &Path, cancel: &CancellationToken) -> Result<Vec<u8>> {
+    let listed = git(local)
+        .args(["ls-files", "-z", "--deleted"])
+        .run_checked(cancel)
+        .await?;
     let mut deleted = Vec::new();
     for path in split_z(&listed) {
         contain::check_path(path)?;
         deleted.extend_from_slice(path.as_bytes());
         deleted.push(0);
     }
-    Ok((commit.to_owned(), differing, deleted))
+    Ok(deleted)
+}
+
+/// Plain mode's box directory: made, unless it exists and is not empty (refused). Returns how
+/// files reach the box.
+async fn make_dir(remote: &Remote, before: &str, cancel: &CancellationToken) -> Result<Method> {
+    let dir = remote.quoted_dir();
+    let probe = remote
+        .run(
+            &format!(
+                "set -e; {before}if [ -e {dir} ] && [ -n \"$(ls -A {dir})\" ]; then echo taken; exit 0; fi; \
+                 mkdir -p {dir}; {}",
+                remote.method_probe()
+            ),
+            Vec::new(),
+            cancel,
+        )
+        .await?;
+    if probe.lines().any(|l| l.trim() == "taken") {
+        return Err(crate::Error::RemoteNotEmpty {
+            dir: remote.dir().to_owned(),
+        });
+    }
+    Ok(Method::from_probe(&probe))
 }
 
 /// The listed paths that differ from `commit` (edits, mode changes, untracked files); all of
@@ -309,8 +317,8 @@ async fn differing(
 }
 
 /// Whether checking `commit` out on a box (git without config) could write bytes other than
-/// the files of `local`: any attributes file, or settings that convert line endings or
-/// symlinks.
+/// the files of `local`: an attributes file that sets a converting attribute (or defines a
+/// macro), or settings that convert line endings or symlinks.
 async fn checkout_may_convert(
     local: &Path,
     commit: &str,
@@ -318,27 +326,40 @@ async fn checkout_may_convert(
     cancel: &CancellationToken,
 ) -> Result<bool> {
     let is_attributes = |p: &str| p == ".gitattributes" || p.ends_with("/.gitattributes");
-    if list.files.iter().any(|f| is_attributes(&f.path)) {
-        return Ok(true);
+    for file in list.files.iter().filter(|f| is_attributes(&f.path)) {
+        // A symlink is not read (a checkout writes it as a link, whatever it points to).
+        if file.symlink || converts_at(&crate::join(local, &file.path)) {
+            return Ok(true);
+        }
     }
     let tree = git(local)
         .args(["ls-tree", "-r", "-z", "--name-only", commit])
         .run_checked(cancel)
         .await?;
-    if split_z(&tree).any(is_attributes) {
-        return Ok(true);
+    // The checkout reads the commit's copies (a workspace that changed one has both).
+    for path in split_z(&tree).filter(|p| is_attributes(p)) {
+        let committed = git(local)
+            .args(["cat-file", "blob"])
+            .arg(format!("{commit}:{path}"))
+            .run(cancel)
+            .await?;
+        if !committed.status.success()
+            || attributes_convert(&committed.stdout.into_string())
+        {
+            return Ok(true);
+        }
     }
     let info = git(local)
         .args(["rev-parse", "--git-path", "info/attributes"])
         .run_checked(cancel)
         .await?;
     // Relative to `local` unless absolute.
-    if local.join(info.trim()).exists() {
+    if converts_at(&local.join(info.trim())) {
         return Ok(true);
     }
     // The user's own attributes file, read when `core.attributesFile` is not set.
     if let Some(home) = std::env::var_os("HOME")
-        && Path::new(&home).join(".config/git/attributes").exists()
+        && converts_at(&Path::new(&home).join(".config/git/attributes"))
     {
         return Ok(true);
     }
@@ -357,6 +378,44 @@ async fn checkout_may_convert(
         .into_string()
         .lines()
         .any(|line| !matches!(line.trim(), "core.autocrlf false" | "core.symlinks true")))
+}
+
+/// Whether the attributes file at `path` could make a checkout convert bytes: it sets (or
+/// leaves to configuration) `text`, `eol`, `crlf`, `ident`, `filter` or
+/// `working-tree-encoding`, or defines a macro. A file that cannot be read counts as
+/// converting; a missing one does not.
+fn converts_at(path: &Path) -> bool {
+    match std::fs::read(path) {
+        Ok(bytes) => attributes_convert(&String::from_utf8_lossy(&bytes)),
+        Err(e) => e.kind() != std::io::ErrorKind::NotFound,
+    }
+}
+
+/// [`converts_at`] of an attributes file's text.
+pub(crate) fn attributes_convert(text: &str) -> bool {
+    const CONVERTING: [&str; 6] = [
+        "text",
+        "eol",
+        "crlf",
+        "ident",
+        "filter",
+        "working-tree-encoding",
+    ];
+    text.lines().map(str::trim).any(|line| {
+        if line.is_empty() || line.starts_with('#') {
+            return false;
+        }
+        if line.starts_with("[attr]") {
+            return true;
+        }
+        line.split_whitespace().skip(1).any(|attr| {
+            // `-text`: unset, nothing converts. `!text` leaves it to configuration and
+            // `text`, `text=…` set it: either may convert.
+            let name = attr.trim_start_matches('!');
+            let name = name.split('=').next().unwrap_or(name);
+            !attr.starts_with('-') && CONVERTING.contains(&name)
+        })
+    })
 }
 
 /// A pack (and its index) of what the box's repository gets: the base commit's objects, or
@@ -397,54 +456,70 @@ async fn make_pack(
     Ok((scratch, hash))
 }
 
-/// Makes the box's repository: a fresh `git init` with the pack placed into it, the session
-/// branch at the base commit, and that commit checked out.
+/// Makes the box's repository in one round trip: refuses a box directory that exists and is
+/// not empty, then a fresh `git init` gets the pack (streamed in a tar with the list of the
+/// tracked files the user deleted), the session branch at the base commit, and that commit
+/// checked out, minus those deleted files. Returns how files reach the box.
 async fn seed_repository(
     out: &Outbound<'_>,
     remote: &Remote,
+    before: &str,
     git_part: &GitPart,
     cancel: &CancellationToken,
-) -> Result<()> {
+) -> Result<Method> {
     let (hash, commit) = (&git_part.hash, git_part.commit.as_str());
+    let deleted = git_part.pack.path().join("deleted");
+    std::fs::write(&deleted, &git_part.deleted).map_err(crate::io_err(&deleted))?;
     let branch = format!("refs/heads/skiff/{}", out.session);
     let dir = remote.quoted_dir();
-    remote
-        .run(
-            &format!("set -e; mkdir -p {dir}; cd {dir}; git init -q; mkdir -p .git/objects/pack"),
-            Vec::new(),
-            cancel,
-        )
-        .await?;
-    // The pack before its index: git ignores a pack until its index is there.
-    for ext in ["pack", "idx"] {
-        let local = git_part.pack.path().join(format!("pack-{hash}.{ext}"));
-        let there = format!("{}/.git/objects/pack/pack-{hash}.{ext}", remote.dir());
-        remote.send_file(&local, &there, cancel).await?;
-    }
-    tracing::debug!(pack = %hash, "outbound: the pack is on the box");
     let (q, c) = (shell_quote(&branch), shell_quote(commit));
     let shallow = match out.history {
         History::Shallow => format!("printf '%s\\n' {c} > .git/shallow; "),
         History::Full => String::new(),
     };
-    // The checkout reads no configuration or attributes of the box user's (a reused box may
-    // have some): it must write the commit's bytes as they are. Its writes wait on the file
-    // system more than on the CPU: more parallel workers than cores.
-    let mut script = format!(
-        "set -e; export GIT_TERMINAL_PROMPT=0; cd {dir}; {shallow}\
-         git update-ref {q} {c}; git symbolic-ref HEAD {q}; umask 022; \
-         GIT_CONFIG_GLOBAL=/dev/null GIT_CONFIG_NOSYSTEM=1 git -c core.hooksPath=/dev/null \
-         -c core.attributesFile=/dev/null -c checkout.workers=8 reset -q --hard {c}"
-    );
-    if let Some((name, email)) = out.identity {
-        script.push_str(&format!(
-            "; git config user.name {}; git config user.email {}",
+    let identity = match out.identity {
+        Some((name, email)) => format!(
+            "git config user.name {}; git config user.email {}; ",
             shell_quote(name),
             shell_quote(email)
-        ));
+        ),
+        None => String::new(),
+    };
+    // The pack goes in before its index: git ignores a pack until its index is there. The
+    // checkout reads no configuration or attributes of the box user's (a reused box may have
+    // some): it must write the commit's bytes as they are. Its writes wait on the file system
+    // more than on the CPU: more parallel workers than cores.
+    let script = format!(
+        "set -e; export GIT_TERMINAL_PROMPT=0; {before}\
+         if [ -e {dir} ] && [ -n \"$(ls -A {dir})\" ]; then echo taken; exit 0; fi; \
+         mkdir -p {dir}; cd {dir}; git init -q; in=.git/skiff-incoming; \
+         mkdir -p \"$in\" .git/objects/pack; tar -C \"$in\" -xf -; \
+         mv \"$in\"/pack-{hash}.pack .git/objects/pack/; mv \"$in\"/pack-{hash}.idx .git/objects/pack/; \
+         {shallow}git update-ref {q} {c}; git symbolic-ref HEAD {q}; umask 022; \
+         GIT_CONFIG_GLOBAL=/dev/null GIT_CONFIG_NOSYSTEM=1 git -c core.hooksPath=/dev/null \
+         -c core.attributesFile=/dev/null -c checkout.workers=8 reset -q --hard {c}; \
+         xargs -0 -r rm -f -- < \"$in\"/deleted; rm -rf \"$in\"; {identity}{}",
+        remote.method_probe()
+    );
+    let done = remote
+        .run_with_tar(&script, git_part.pack.path(), cancel)
+        .await?;
+    let stdout = done.stdout.into_string();
+    if stdout.lines().any(|l| l.trim() == "taken") {
+        return Err(crate::Error::RemoteNotEmpty {
+            dir: remote.dir().to_owned(),
+        });
     }
-    remote.run(&script, Vec::new(), cancel).await?;
-    Ok(())
+    if !done.status.success() {
+        return Err(skiff_process::Error::Failed {
+            command: format!("laying the base commit {commit} into {} on the box", remote.dir()),
+            status: done.status.to_string(),
+            stderr: done.stderr.into_string().trim().to_owned(),
+        }
+        .into());
+    }
+    tracing::debug!(pack = %hash, "outbound: the box checked the base commit out");
+    Ok(Method::from_probe(&stdout))
 }
 
 /// Where a kept workspace is, and where it goes back to.
@@ -460,10 +535,12 @@ pub struct Kept<'a> {
 /// Puts a kept workspace back in place on the box (`kept.dir` → `remote`'s directory) and
 /// brings it up to date with `out.local`: only the files that differ from `kept.manifest`
 /// travel, and files gone here are deleted there. When nothing changed, that is one round
-/// trip. Returns `None`, with the box untouched, when the kept workspace cannot serve: it is
-/// not on the box (any more), the box's directory is taken, or (git mode) the session branch
-/// moved to another commit since; the caller clears what is kept and lays the workspace down
-/// afresh with [`push`].
+/// trip, made while the workspace here is listed and hashed. Returns `None`, with the box
+/// untouched, when the kept workspace cannot serve: it is not on the box (any more), the box's
+/// directory is taken, or (git mode) the session branch moved to another commit since; the
+/// caller clears what is kept and lays the workspace down afresh with [`push`]. An error
+/// after the move (the workspace here cannot be listed) leaves the box holding the session's
+/// workspace where it belongs, for the failed placement to give up.
 pub async fn resume(
     out: &Outbound<'_>,
     remote: &Remote,
@@ -472,10 +549,6 @@ pub async fn resume(
 ) -> Result<Option<Dispatched>> {
     let started = std::time::Instant::now();
     let kept_dir = Remote::new(remote.ssh().clone(), kept.dir)?;
-    let list = filelist::list(out.local, out.mode, out.rules, out.limits, cancel).await?;
-    if out.mode == Mode::Plain {
-        filelist::check_shareable(out.local, &list)?;
-    }
     let base_commit = match out.mode {
         Mode::Git => Some(session_head(out.local, out.session, cancel).await?),
         Mode::Plain => None,
@@ -483,49 +556,59 @@ pub async fn resume(
     if base_commit != kept.manifest.base_commit {
         return Ok(None);
     }
-    let base = {
-        let (root, list, commit) = (out.local.to_path_buf(), list.clone(), base_commit.clone());
-        tokio::task::spawn_blocking(move || manifest::build(&root, &list, commit))
-            .await
-            .map_err(|e| crate::Error::Invalid {
-                what: format!("hashing {}", out.local.display()),
-                detail: e.to_string(),
-            })??
-    };
-    let diff = manifest::diff(kept.manifest, &base);
-    let mut deleted = Vec::new();
-    for path in &diff.deleted {
-        contain::check_path(path)?;
-        deleted.extend_from_slice(path.as_bytes());
-        deleted.push(0);
-    }
-    // One round trip: the kept directory moves back (only into a free place), and what the
-    // workspace here no longer has goes.
+    // The kept directory moves back (only into a free place) while this side lists and
+    // hashes: when nothing changed, the move is the only round trip and costs no time of its
+    // own. The box's directory is only the session's again: a failure below fails the
+    // placement, which gives the box up.
     let (from, to) = (kept_dir.quoted_dir(), remote.quoted_dir());
     let parent = match remote.dir().rsplit_once('/') {
         Some((parent, _)) => format!("mkdir -p {}; ", shell_quote(parent)),
         None => String::new(),
     };
-    let restored = remote
-        .run(
-            &format!(
-                "set -e; if [ -d {from} ] && [ ! -L {from} ] && [ ! -e {to} ]; then \
-                 {parent}mv {from} {to}; cd {to}; xargs -0 -r rm -f --; echo restored; \
-                 else echo absent; fi"
-            ),
-            deleted,
-            cancel,
-        )
-        .await?;
-    if restored.trim() != "restored" {
+    let restore = format!(
+        "set -e; if [ -d {from} ] && [ ! -L {from} ] && [ ! -e {to} ]; then \
+         {parent}mv {from} {to}; echo restored; else echo absent; fi; {}",
+        remote.method_probe()
+    );
+    let restoring = remote.run(&restore, Vec::new(), cancel);
+    let scanning = async {
+        let list = filelist::list(out.local, out.mode, out.rules, out.limits, cancel).await?;
+        if out.mode == Mode::Plain {
+            filelist::check_shareable(out.local, &list)?;
+        }
+        let base = {
+            let (root, list, commit) = (out.local.to_path_buf(), list.clone(), base_commit.clone());
+            tokio::task::spawn_blocking(move || manifest::build(&root, &list, commit))
+                .await
+                .map_err(|e| crate::Error::Invalid {
+                    what: format!("hashing {}", out.local.display()),
+                    detail: e.to_string(),
+                })??
+        };
+        let diff = manifest::diff(kept.manifest, &base);
+        let mut deleted = Vec::new();
+        for path in &diff.deleted {
+            contain::check_path(path)?;
+            deleted.extend_from_slice(path.as_bytes());
+            deleted.push(0);
+        }
+        Ok::<_, crate::Error>((list, base, diff, deleted))
+    };
+    let (restored, scanned) = tokio::join!(restoring, scanning);
+    let restored = restored?;
+    if restored.lines().next().map(str::trim) != Some("restored") {
+        // Nothing moved: the box is as it was.
         return Ok(None);
     }
+    let (list, base, diff, deleted) = scanned?;
+    let method = Method::from_probe(&restored);
+    if !deleted.is_empty() {
+        remote
+            .run(&format!("cd {to} && xargs -0 -r rm -f --"), deleted, cancel)
+            .await?;
+    }
     let sent: Vec<String> = diff.changed.into_keys().collect();
-    let method = if sent.is_empty() {
-        Method::Rsync
-    } else {
-        remote.push_files(out.local, &sent, cancel).await?
-    };
+    remote.push_files_by(out.local, &sent, method, cancel).await?;
     tracing::debug!(
         ms = started.elapsed().as_millis() as u64,
         files = sent.len(),
@@ -539,4 +622,23 @@ pub async fn resume(
         bytes: list.total_bytes,
         left_out: list.left_out,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::attributes_convert;
+
+    #[test]
+    fn only_converting_attributes_make_a_checkout_convert() {
+        assert!(!attributes_convert("# nothing\n\n*.png binary\n*.rs diff=rust linguist-vendored\n"));
+        assert!(!attributes_convert("*.bin -text -diff\n"));
+        assert!(attributes_convert("*.txt text\n"));
+        assert!(attributes_convert("* text=auto\n"));
+        assert!(attributes_convert("*.sh eol=lf\n"));
+        assert!(attributes_convert("*.c ident\n"));
+        assert!(attributes_convert("*.txt filter=up\n"));
+        assert!(attributes_convert("*.txt !text\n"));
+        assert!(attributes_convert("*.x working-tree-encoding=UTF-16\n"));
+        assert!(attributes_convert("[attr]mine text\n"));
+    }
 }

@@ -12,7 +12,7 @@
 //! cannot be re-included" — here it can, which is what people expect of `!`.
 
 use crate::{Error, Result, io_err};
-use globset::{GlobBuilder, GlobMatcher};
+use globset::{Glob, GlobBuilder, GlobMatcher, GlobSet, GlobSetBuilder};
 use std::path::Path;
 
 /// Excluded unless a `.skiffignore` rule re-includes them: build outputs and caches that are
@@ -46,6 +46,8 @@ struct Rule {
     anchored: bool,
     dir_only: bool,
     glob: GlobMatcher,
+    /// The same pattern, for the rule set's [`Index`].
+    pattern: Glob,
     /// A built-in build-output rule matches a directory only when one of these files sits
     /// beside it (checked under the workspace root; without a root, always).
     beside: &'static [&'static str],
@@ -72,17 +74,17 @@ impl Rule {
         if pattern.is_empty() {
             return Err("the pattern is empty".into());
         }
-        let glob = GlobBuilder::new(pattern)
+        let pattern = GlobBuilder::new(pattern)
             .literal_separator(true)
             .backslash_escape(true)
             .build()
-            .map_err(|e| e.to_string())?
-            .compile_matcher();
+            .map_err(|e| e.to_string())?;
         Ok(Some(Rule {
             negated,
             anchored,
             dir_only,
-            glob,
+            glob: pattern.compile_matcher(),
+            pattern,
             beside: &[],
             text: line.to_owned(),
         }))
@@ -130,6 +132,42 @@ pub struct Rules {
     /// The workspace the rules are for (set by [`Rules::load`]): built-ins with markers look
     /// there.
     root: Option<std::path::PathBuf>,
+    /// Every rule's pattern in one matcher, so a path is matched once per segment rather than
+    /// once per rule and segment (`None`: each rule is asked, in order).
+    index: Option<Index>,
+}
+
+/// The rules' patterns as two sets: those matched against each path segment, and the
+/// anchored ones matched against each leading part of a path.
+#[derive(Clone, Debug)]
+struct Index {
+    segments: GlobSet,
+    /// Rule number of each pattern of `segments`.
+    segment_rules: Vec<usize>,
+    anchored: GlobSet,
+    anchored_rules: Vec<usize>,
+}
+
+impl Index {
+    fn of(rules: &[Rule]) -> Option<Index> {
+        let (mut segments, mut anchored) = (GlobSetBuilder::new(), GlobSetBuilder::new());
+        let (mut segment_rules, mut anchored_rules) = (Vec::new(), Vec::new());
+        for (i, rule) in rules.iter().enumerate() {
+            if rule.anchored {
+                anchored.add(rule.pattern.clone());
+                anchored_rules.push(i);
+            } else {
+                segments.add(rule.pattern.clone());
+                segment_rules.push(i);
+            }
+        }
+        Some(Index {
+            segments: segments.build().ok()?,
+            segment_rules,
+            anchored: anchored.build().ok()?,
+            anchored_rules,
+        })
+    }
 }
 
 impl Default for Rules {
@@ -141,7 +179,7 @@ impl Default for Rules {
 impl Rules {
     /// The built-in excludes alone.
     pub fn builtin() -> Rules {
-        let rules = BUILTIN
+        let rules: Vec<Rule> = BUILTIN
             .iter()
             .filter_map(|(p, beside)| {
                 let mut rule = Rule::parse(p).ok().flatten()?;
@@ -149,7 +187,11 @@ impl Rules {
                 Some(rule)
             })
             .collect();
-        Rules { rules, root: None }
+        Rules {
+            index: Index::of(&rules),
+            rules,
+            root: None,
+        }
     }
 
     /// The built-ins followed by the rules in `text` (the contents of a `.skiffignore`).
@@ -168,6 +210,7 @@ impl Rules {
                 }
             }
         }
+        rules.index = Index::of(&rules.rules);
         Ok(rules)
     }
 
@@ -190,9 +233,40 @@ impl Rules {
 
     /// `last_match` with rules' markers looked for under `root` (`None`: always beside).
     fn last_match_in(&self, path: &str, is_dir: bool, root: Option<&Path>) -> Option<usize> {
-        self.rules
-            .iter()
-            .rposition(|r| r.matches(path, is_dir, root))
+        let Some(index) = &self.index else {
+            return self
+                .rules
+                .iter()
+                .rposition(|r| r.matches(path, is_dir, root));
+        };
+        // What `Rule::matches` asks of every rule, asked of all rules at once.
+        let parts: Vec<&str> = path.split('/').collect();
+        let last = parts.len().saturating_sub(1);
+        let mut best: Option<usize> = None;
+        let mut hits = Vec::new();
+        let mut end = 0;
+        for (i, part) in parts.iter().enumerate() {
+            end += part.len() + usize::from(i > 0);
+            index.segments.matches_into(part, &mut hits);
+            for &n in &hits {
+                let r = index.segment_rules[n];
+                let rule = &self.rules[r];
+                if best.is_none_or(|b| r > b)
+                    && (i < last || is_dir || !rule.dir_only)
+                    && rule.is_beside_marker(root, &parts[..i])
+                {
+                    best = Some(r);
+                }
+            }
+            index.anchored.matches_into(&path[..end], &mut hits);
+            for &n in &hits {
+                let r = index.anchored_rules[n];
+                if best.is_none_or(|b| r > b) && (i < last || is_dir || !self.rules[r].dir_only) {
+                    best = Some(r);
+                }
+            }
+        }
+        best
     }
 
     /// Whether `path` (relative, `/`-separated) stays out of sync.
@@ -386,6 +460,23 @@ mod tests {
             let once = Rules::parse(&base.join("\n")).unwrap();
             let twice = Rules::parse(&format!("{0}\n{0}", base.join("\n"))).unwrap();
             prop_assert_eq!(once.excluded(&path, is_dir), twice.excluded(&path, is_dir));
+        }
+
+        /// The rules matched all at once decide as each rule asked in turn does.
+        #[test]
+        fn the_index_decides_as_the_rules_in_turn(
+            base in prop::collection::vec(pattern(), 0..6),
+            path in path(),
+            is_dir in any::<bool>(),
+        ) {
+            let indexed = Rules::parse(&base.join("\n")).unwrap();
+            let mut in_turn = indexed.clone();
+            in_turn.index = None;
+            prop_assert!(indexed.index.is_some());
+            prop_assert_eq!(
+                indexed.last_match_in(&path, is_dir, None),
+                in_turn.last_match_in(&path, is_dir, None)
+            );
         }
     }
 }

@@ -24,6 +24,17 @@ pub enum Method {
     Tar,
 }
 
+impl Method {
+    /// The method a [`Remote::method_probe`]'s last line of output names.
+    pub fn from_probe(output: &str) -> Method {
+        if output.lines().last().map(str::trim) == Some("rsync") {
+            Method::Rsync
+        } else {
+            Method::Tar
+        }
+    }
+}
+
 /// A directory on a box, reached over a pinned SSH client.
 #[derive(Clone, Debug)]
 pub struct Remote {
@@ -135,16 +146,8 @@ impl Remote {
 
     /// Whether the box can run rsync.
     pub async fn method(&self, cancel: &CancellationToken) -> Result<Method> {
-        let probe = format!(
-            "if command -v {} >/dev/null 2>&1; then echo rsync; else echo tar; fi",
-            shell_quote(&self.rsync_path)
-        );
-        let out = self.run(&probe, Vec::new(), cancel).await?;
-        Ok(if out.trim() == "rsync" {
-            Method::Rsync
-        } else {
-            Method::Tar
-        })
+        let out = self.run(&self.method_probe(), Vec::new(), cancel).await?;
+        Ok(Method::from_probe(&out))
     }
 
     async fn bash(
@@ -180,8 +183,30 @@ impl Remote {
         )
         .await?;
         let method = self.method(cancel).await?;
+        self.push_files_by(root, paths, method, cancel).await?;
+        Ok(method)
+    }
+
+    /// The shell test that prints `rsync` when the box can run rsync, else `tar` (what
+    /// [`Remote::method`] asks), for a caller folding it into a script of its own.
+    pub fn method_probe(&self) -> String {
+        format!(
+            "if command -v {} >/dev/null 2>&1; then echo rsync; else echo tar; fi",
+            shell_quote(&self.rsync_path)
+        )
+    }
+
+    /// [`Remote::push_files`] into a box directory that exists, by a `method` already known:
+    /// no round trip before the copy itself, and none at all for no paths.
+    pub async fn push_files_by(
+        &self,
+        root: &Path,
+        paths: &[String],
+        method: Method,
+        cancel: &CancellationToken,
+    ) -> Result<()> {
         if paths.is_empty() {
-            return Ok(method);
+            return Ok(());
         }
         match method {
             Method::Rsync => {
@@ -224,7 +249,7 @@ impl Remote {
                 .await?;
             }
         }
-        Ok(method)
+        Ok(())
     }
 
     /// Copies `paths` (relative to the box directory) into `staging`, a private directory of
@@ -316,6 +341,31 @@ impl Remote {
             cancel,
         )
         .await
+    }
+
+    /// Runs `script` on the box (on the transfer connection) with a tar stream of the local
+    /// directory `dir`'s contents on its stdin, made as it is sent; returns the script's exit
+    /// and stdout (the script may refuse without reading its stdin).
+    pub async fn run_with_tar(
+        &self,
+        script: &str,
+        dir: &Path,
+        cancel: &CancellationToken,
+    ) -> Result<skiff_process::Finished> {
+        let mut args: Vec<OsString> = vec![dir.as_os_str().to_owned()];
+        args.extend(self.ssh_argv());
+        args.push(script.into());
+        self.ssh.ensure_master(Channel::Transfer, cancel).await?;
+        Ok(Cmd::new("bash")
+            .args([
+                "-c",
+                r#"set -o pipefail; d="$1"; shift; tar -C "$d" -cf - . | "$@""#,
+                "bash",
+            ])
+            .args(args)
+            .timeout(self.timeout)
+            .run(cancel)
+            .await?)
     }
 
     /// Runs `script` on the box and writes its stdout to the local file `local`; more than

@@ -495,13 +495,11 @@ impl Core {
         let (sent, how) = match resumed {
             Some(sent) => (sent, "resumed"),
             None => {
-                remote
-                    .run(&super::park::clear_kept_script(), Vec::new(), cancel)
-                    .await?;
-                // A new session's worktree may still be filling: the pack of its base
-                // commit is made meanwhile.
+                // What the box keeps goes in the lay-down's own round trip. A new session's
+                // worktree may still be filling: the pack of its base commit is made meanwhile.
                 let ready = self.fills.ready(&session.id);
-                let sent = outbound::push_when_ready(&out, &remote, ready, cancel).await?;
+                let clear = super::park::clear_kept_script();
+                let sent = outbound::push_after(&out, &remote, &clear, ready, cancel).await?;
                 (sent, "laid down")
             }
         };
