@@ -307,6 +307,7 @@ pub(crate) async fn open_core(options: &Options) -> Result<(Arc<Core>, std::time
             key: grant_key,
             forge,
             clock: skiff_store::now_ms,
+            skew_ms: std::sync::atomic::AtomicI64::new(0),
         },
         telemetry,
         approvals: approvals::Approvals::new(

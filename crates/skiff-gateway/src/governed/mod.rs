@@ -119,11 +119,17 @@ pub(crate) fn validate(
 pub(crate) struct Governed {
     pub(crate) key: GrantKey,
     pub(crate) forge: Option<ForgeDef>,
-    /// The clock grants are minted and checked against (tests move it).
+    /// The clock grants are minted and checked against.
     pub(crate) clock: fn() -> i64,
+    /// Added to the clock: the tests move time forward to expire a grant.
+    pub(crate) skew_ms: std::sync::atomic::AtomicI64,
 }
 
 impl Governed {
+    pub(crate) fn now(&self) -> i64 {
+        (self.clock)().saturating_add(self.skew_ms.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
     /// The tools sessions are offered: none when `[forge]` is absent.
     pub(crate) fn specs(&self) -> Vec<ToolSpec> {
         if self.forge.is_none() {
@@ -265,7 +271,7 @@ impl Core {
             &self.governed.key,
             scope,
             proposal,
-            (self.governed.clock)(),
+            self.governed.now(),
         ) {
             Ok(minted) => minted,
             Err(e) => return ToolOutput::error(format!("not run: no grant could be minted ({e})")),
@@ -326,7 +332,7 @@ impl Core {
             capability,
             token,
             &plan.digest(),
-            (self.governed.clock)(),
+            self.governed.now(),
         );
         let claims = match redeemed {
             Ok(claims) => claims,

@@ -236,3 +236,101 @@ fn the_mac_is_hmac_sha256() {
         "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
     );
 }
+
+/// The wrapper as the gateway runs it: each refusal is the tool's error and an audit row
+/// naming why, with the grant's id and never its token.
+#[tokio::test]
+async fn the_gateways_wrapper_refuses_and_audits_bad_grants() {
+    let dir = tempfile::tempdir().unwrap();
+    let config_path = dir.path().join("skiff.toml");
+    std::fs::write(
+        &config_path,
+        "[forge]\napi = \"http://127.0.0.1:9\"\ntoken = \"env:SKIFF_TEST_UNSET_FORGE_TOKEN\"\nrepository = \"acme/widgets\"\n",
+    )
+    .unwrap();
+    let (core, _) = crate::open_core(&crate::Options {
+        state_dir: dir.path().join("state"),
+        listen: "127.0.0.1:0".into(),
+        config: Some(config_path),
+    })
+    .await
+    .unwrap();
+    let scope = Scope::new("usr_test", "ten_test");
+    let session = SessionId::from_suffix("wrapped");
+    let plan = push_plan("skiff/ses_wrapped");
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let mint = |plan: &Plan| {
+        let proposal = Proposal {
+            session: &session,
+            capability: plan.capability(),
+            target: "origin refs/heads/skiff/ses_wrapped".into(),
+            digest: plan.digest(),
+            policy_revision: "rev1".into(),
+            confirm: false,
+        };
+        grant::mint(&core.store, &core.governed.key, &scope, proposal, core.governed.now())
+            .unwrap()
+            .0
+    };
+    let run = |token: String, plan: Plan| {
+        let core = core.clone();
+        let scope = scope.clone();
+        let session = session.clone();
+        let cancel = cancel.clone();
+        async move {
+            core.governed_execute(&scope, &session, &token, &plan, &cancel)
+                .await
+        }
+    };
+
+    // Forged: signed by another key.
+    let forged = GrantKey::from_bytes([9; 32]).sign(&skiff_protocol::grant::GrantClaims {
+        id: skiff_protocol::GrantId::from_suffix("forged"),
+        requester: "usr_test".into(),
+        tenant: "ten_test".into(),
+        session: session.clone(),
+        capability: Capability::GitPush,
+        target: "x".into(),
+        digest: plan.digest(),
+        policy_revision: "rev1".into(),
+        confirm: false,
+        issued_at_ms: core.governed.now(),
+        expires_at_ms: core.governed.now() + GRANT_TTL_MS,
+    });
+    let out = run(forged.clone(), plan.clone()).await;
+    assert!(out.is_error && out.content.contains("forged"), "{}", out.content);
+
+    // Digest mismatch: minted for one branch, asked to run another.
+    let token = mint(&plan);
+    let out = run(token, push_plan("main")).await;
+    assert!(out.is_error && out.content.contains("not the ones grant"), "{}", out.content);
+
+    // Replayed: the first redemption runs (and fails on the missing token), the second is
+    // refused before anything runs.
+    let token = mint(&plan);
+    let first = run(token.clone(), plan.clone()).await;
+    assert!(first.content.contains("SKIFF_TEST_UNSET_FORGE_TOKEN"), "{}", first.content);
+    let out = run(token.clone(), plan.clone()).await;
+    assert!(out.is_error && out.content.contains("already used"), "{}", out.content);
+
+    // Expired: the clock moved past five minutes.
+    let token = mint(&plan);
+    core.governed
+        .skew_ms
+        .store(GRANT_TTL_MS + 1_000, std::sync::atomic::Ordering::Relaxed);
+    let out = run(token.clone(), plan.clone()).await;
+    assert!(out.is_error && out.content.contains("expired"), "{}", out.content);
+
+    let rows = core.store.audit_rows().unwrap();
+    let reasons: Vec<&str> = rows
+        .iter()
+        .filter(|r| r.action == "governed.refused")
+        .map(|r| r.detail["reason"].as_str().unwrap())
+        .collect();
+    assert_eq!(reasons, ["forged", "digest_mismatch", "replayed", "expired"]);
+    assert!(
+        rows.iter()
+            .all(|r| !r.detail.to_string().contains(&token) && !r.target.contains(&forged)),
+        "an audit row carries a grant token"
+    );
+}
