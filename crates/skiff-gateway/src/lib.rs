@@ -257,12 +257,17 @@ pub(crate) async fn open_core(options: &Options) -> Result<(Arc<Core>, std::time
         Some(vault.clone() as Arc<dyn skiff_llm::Secrets>),
     )?;
     let tokens = auth::Tokens::load(&store)?;
-    // Read once, like the vault key: no child inherits it.
-    let grant_key = governed::grant::GrantKey::load_or_create(
-        state.root(),
-        std::env::var(governed::grant::KEY_ENV).ok(),
-    )
-    .map_err(|e| Error::Internal(e.to_string()))?;
+    // Read once, like the vault key: no child inherits it. Without `[forge]` nothing is ever
+    // minted, and no key file is made.
+    let grant_key = if forge.is_some() {
+        governed::grant::GrantKey::load_or_create(
+            state.root(),
+            std::env::var(governed::grant::KEY_ENV).ok(),
+        )
+        .map_err(|e| Error::Internal(e.to_string()))?
+    } else {
+        governed::grant::GrantKey::ephemeral().map_err(|e| Error::Internal(e.to_string()))?
+    };
     // Before any session can be offered tools: the list every session sees is fixed here.
     let mcp = mcp::Mcp::start(mcp_servers, vault.clone()).await;
     let telemetry = Arc::new(telemetry::Telemetry::default());

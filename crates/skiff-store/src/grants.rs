@@ -50,7 +50,12 @@ impl Store {
     }
 
     /// Consumes grant `id` of `session` in `scope`, once.
-    pub fn consume_grant(&self, scope: &Scope, session: &SessionId, id: &GrantId) -> Result<Consumed> {
+    pub fn consume_grant(
+        &self,
+        scope: &Scope,
+        session: &SessionId,
+        id: &GrantId,
+    ) -> Result<Consumed> {
         let conn = self.conn();
         let changed = conn.execute(
             "UPDATE grants SET consumed_at_ms = ?1 WHERE id = ?2 AND owner_id = ?3 \
@@ -70,7 +75,12 @@ impl Store {
             .query_row(
                 "SELECT 1 FROM grants WHERE id = ?1 AND owner_id = ?2 AND tenant_id = ?3 \
                  AND session_id = ?4",
-                params![id.as_str(), scope.owner_id, scope.tenant_id, session.as_str()],
+                params![
+                    id.as_str(),
+                    scope.owner_id,
+                    scope.tenant_id,
+                    session.as_str()
+                ],
                 |r| r.get(0),
             )
             .optional()?;

@@ -18,7 +18,8 @@ impl FakeForge {
     pub async fn start(owner: &str, repo: &str, token: &str) -> FakeForge {
         let full = format!("{owner}/{repo}");
         let bearer = format!("Bearer {token}");
-        let server = FakeProvider::start_with(move |requests| answer(&full, &bearer, requests)).await;
+        let server =
+            FakeProvider::start_with(move |requests| answer(&full, &bearer, requests)).await;
         FakeForge {
             server,
             owner: owner.to_owned(),

@@ -76,7 +76,11 @@ async fn failure(response: reqwest::Response) -> String {
     format!("the forge answered HTTP {code}: {message}")
 }
 
-pub(super) async fn default_branch(api: &str, token: &str, repository: &str) -> Result<String, String> {
+pub(super) async fn default_branch(
+    api: &str,
+    token: &str,
+    repository: &str,
+) -> Result<String, String> {
     #[derive(Deserialize)]
     struct Repo {
         default_branch: String,
@@ -145,7 +149,11 @@ mod tests {
             "git@github.com:acme/widgets.git",
             "ssh://git@github.com/acme/widgets/",
         ] {
-            assert_eq!(repository_of_url(url).as_deref(), Some("acme/widgets"), "{url}");
+            assert_eq!(
+                repository_of_url(url).as_deref(),
+                Some("acme/widgets"),
+                "{url}"
+            );
         }
         assert_eq!(repository_of_url("/srv/git/bare"), None);
     }

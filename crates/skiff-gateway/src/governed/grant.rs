@@ -119,6 +119,16 @@ impl GrantKey {
         GrantKey(bytes)
     }
 
+    /// A random key that lives as long as this process (governed actions are off).
+    pub(crate) fn ephemeral() -> Result<GrantKey, GrantKeyError> {
+        let mut key = [0u8; KEY_LEN];
+        getrandom::fill(&mut key).map_err(|e| GrantKeyError::Bad {
+            source_name: "the random source".into(),
+            problem: e.to_string(),
+        })?;
+        Ok(GrantKey(key))
+    }
+
     /// `SKIFF_GRANT_KEY` or `<dir>/grant.key`, created (0600) when neither exists.
     pub(crate) fn load_or_create(
         dir: &Path,

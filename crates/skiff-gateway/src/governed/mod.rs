@@ -219,7 +219,9 @@ impl Plan {
                 body,
                 head,
                 base,
-            } => format!("open a pull request on {repository}: {head} → {base}\n\n{title}\n\n{body}"),
+            } => {
+                format!("open a pull request on {repository}: {head} → {base}\n\n{title}\n\n{body}")
+            }
         }
     }
 }
@@ -245,7 +247,10 @@ impl Core {
                 "{name} is not a tool this gateway offers (governed actions need [forge] in skiff.toml)"
             ));
         };
-        let plan = match self.plan(scope, session, forge, name, arguments, cancel).await {
+        let plan = match self
+            .plan(scope, session, forge, name, arguments, cancel)
+            .await
+        {
             Ok(plan) => plan,
             Err(message) => {
                 self.audit(
@@ -450,7 +455,10 @@ impl Core {
         arguments: &serde_json::Value,
         cancel: &CancellationToken,
     ) -> Result<Plan, String> {
-        let row = self.store.session(scope, session).map_err(|e| e.to_string())?;
+        let row = self
+            .store
+            .session(scope, session)
+            .map_err(|e| e.to_string())?;
         let WorkspaceView::Git { source, branch, .. } = &row.workspace else {
             return Err(format!(
                 "{name} needs a session on a git repository; session {session} works on a plain directory"

@@ -68,7 +68,10 @@ pub(super) async fn push(
         cmd = cmd
             .env("GIT_CONFIG_COUNT", "1")
             .env("GIT_CONFIG_KEY_0", "http.extraHeader")
-            .env("GIT_CONFIG_VALUE_0", format!("Authorization: Basic {basic}"));
+            .env(
+                "GIT_CONFIG_VALUE_0",
+                format!("Authorization: Basic {basic}"),
+            );
     }
     cmd.args(["push", "--quiet", "--no-verify", remote])
         .arg(format!("refs/heads/{branch}:refs/heads/{branch}"))

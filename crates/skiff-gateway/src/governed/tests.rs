@@ -114,7 +114,9 @@ fn a_forged_or_altered_grant_is_refused() {
         policy_revision: "rev1".into(),
         confirm: false,
     };
-    let forged = grant::mint(&f.store, &other, &f.scope, proposal, T0).unwrap().0;
+    let forged = grant::mint(&f.store, &other, &f.scope, proposal, T0)
+        .unwrap()
+        .0;
     assert_eq!(f.redeem(&forged, &plan, T0), Err(Refusal::Forged));
     // Claims edited after signing (no confirmation), the old signature kept.
     let mut parts: Vec<&str> = token.split('.').collect();
@@ -136,7 +138,10 @@ fn a_grant_with_other_arguments_is_refused() {
     let token = f.mint(&push_plan("skiff/ses_one"), T0);
     let other = push_plan("main");
     let refused = f.redeem(&token, &other, T0).unwrap_err();
-    assert!(matches!(refused, Refusal::DigestMismatch { .. }), "{refused:?}");
+    assert!(
+        matches!(refused, Refusal::DigestMismatch { .. }),
+        "{refused:?}"
+    );
     // A pull request's plan under a push grant: refused before anything is consumed.
     let token = f.mint(&push_plan("skiff/ses_one"), T0);
     let pr = Plan::OpenPullRequest {
@@ -147,7 +152,10 @@ fn a_grant_with_other_arguments_is_refused() {
         base: "main".into(),
     };
     let refused = f.redeem(&token, &pr, T0).unwrap_err();
-    assert!(matches!(refused, Refusal::WrongCapability { .. }), "{refused:?}");
+    assert!(
+        matches!(refused, Refusal::WrongCapability { .. }),
+        "{refused:?}"
+    );
 }
 
 #[test]
@@ -268,9 +276,15 @@ async fn the_gateways_wrapper_refuses_and_audits_bad_grants() {
             policy_revision: "rev1".into(),
             confirm: false,
         };
-        grant::mint(&core.store, &core.governed.key, &scope, proposal, core.governed.now())
-            .unwrap()
-            .0
+        grant::mint(
+            &core.store,
+            &core.governed.key,
+            &scope,
+            proposal,
+            core.governed.now(),
+        )
+        .unwrap()
+        .0
     };
     let run = |token: String, plan: Plan| {
         let core = core.clone();
@@ -298,20 +312,36 @@ async fn the_gateways_wrapper_refuses_and_audits_bad_grants() {
         expires_at_ms: core.governed.now() + GRANT_TTL_MS,
     });
     let out = run(forged.clone(), plan.clone()).await;
-    assert!(out.is_error && out.content.contains("forged"), "{}", out.content);
+    assert!(
+        out.is_error && out.content.contains("forged"),
+        "{}",
+        out.content
+    );
 
     // Digest mismatch: minted for one branch, asked to run another.
     let token = mint(&plan);
     let out = run(token, push_plan("main")).await;
-    assert!(out.is_error && out.content.contains("not the ones grant"), "{}", out.content);
+    assert!(
+        out.is_error && out.content.contains("not the ones grant"),
+        "{}",
+        out.content
+    );
 
     // Replayed: the first redemption runs (and fails on the missing token), the second is
     // refused before anything runs.
     let token = mint(&plan);
     let first = run(token.clone(), plan.clone()).await;
-    assert!(first.content.contains("SKIFF_TEST_UNSET_FORGE_TOKEN"), "{}", first.content);
+    assert!(
+        first.content.contains("SKIFF_TEST_UNSET_FORGE_TOKEN"),
+        "{}",
+        first.content
+    );
     let out = run(token.clone(), plan.clone()).await;
-    assert!(out.is_error && out.content.contains("already used"), "{}", out.content);
+    assert!(
+        out.is_error && out.content.contains("already used"),
+        "{}",
+        out.content
+    );
 
     // Expired: the clock moved past five minutes.
     let token = mint(&plan);
@@ -319,7 +349,11 @@ async fn the_gateways_wrapper_refuses_and_audits_bad_grants() {
         .skew_ms
         .store(GRANT_TTL_MS + 1_000, std::sync::atomic::Ordering::Relaxed);
     let out = run(token.clone(), plan.clone()).await;
-    assert!(out.is_error && out.content.contains("expired"), "{}", out.content);
+    assert!(
+        out.is_error && out.content.contains("expired"),
+        "{}",
+        out.content
+    );
 
     let rows = core.store.audit_rows().unwrap();
     let reasons: Vec<&str> = rows
@@ -327,7 +361,10 @@ async fn the_gateways_wrapper_refuses_and_audits_bad_grants() {
         .filter(|r| r.action == "governed.refused")
         .map(|r| r.detail["reason"].as_str().unwrap())
         .collect();
-    assert_eq!(reasons, ["forged", "digest_mismatch", "replayed", "expired"]);
+    assert_eq!(
+        reasons,
+        ["forged", "digest_mismatch", "replayed", "expired"]
+    );
     assert!(
         rows.iter()
             .all(|r| !r.detail.to_string().contains(&token) && !r.target.contains(&forged)),

@@ -99,7 +99,9 @@ async fn set_token(gw: &TestGateway) {
     assert!(status < 300, "setting the forge token: {status}");
 }
 
-fn results(transcript: &[skiff_protocol::transcript::TranscriptEntry]) -> Vec<(String, String, bool)> {
+fn results(
+    transcript: &[skiff_protocol::transcript::TranscriptEntry],
+) -> Vec<(String, String, bool)> {
     transcript
         .iter()
         .filter_map(|e| match &e.body {
@@ -125,12 +127,19 @@ fn audit(gw: &TestGateway) -> Vec<skiff_store::AuditRow> {
 async fn approve_until_run_end(gw: &TestGateway, id: &SessionId, approvals: usize) {
     let mut cursor = 0;
     for _ in 0..approvals {
-        let events = gw.client.follow_until(id, cursor, |e| pending(e).is_some()).await;
+        let events = gw
+            .client
+            .follow_until(id, cursor, |e| pending(e).is_some())
+            .await;
         let last = events.last().unwrap();
         cursor = last.cursor;
         let asked = pending(last).unwrap();
         assert!(
-            asked.request_reason.as_deref().unwrap_or("").starts_with("grant grt_"),
+            asked
+                .request_reason
+                .as_deref()
+                .unwrap_or("")
+                .starts_with("grant grt_"),
             "{asked:?}"
         );
         gw.client.decide(&asked.id, true, None).await.unwrap();
@@ -174,7 +183,10 @@ async fn git_push_pushes_exactly_the_session_branch_to_a_bare_repository() {
     assert_eq!(results.len(), 3, "{results:?}");
     let (_, refused, is_error) = &results[0];
     assert!(
-        *is_error && refused.contains(&format!("pushes only the session branch {branch}, never main")),
+        *is_error
+            && refused.contains(&format!(
+                "pushes only the session branch {branch}, never main"
+            )),
         "{refused}"
     );
     let (_, pushed, is_error) = &results[1];
@@ -254,7 +266,10 @@ async fn a_pull_request_reaches_the_forge_with_the_bearer_token_which_stays_on_t
     ];
     let gw = TestGateway::configured(
         "",
-        &forge_config(&forge.api(), "repository = \"acme/widgets\"\nconfirm = false\n"),
+        &forge_config(
+            &forge.api(),
+            "repository = \"acme/widgets\"\nconfirm = false\n",
+        ),
         Some(responses),
     )
     .await;
@@ -276,7 +291,10 @@ async fn a_pull_request_reaches_the_forge_with_the_bearer_token_which_stays_on_t
         serde_json::from_str(&results[0].1).unwrap();
     assert_eq!(opened.number, 1);
     assert_eq!(opened.url, "https://github.example/acme/widgets/pull/1");
-    assert_eq!((opened.head.as_str(), opened.base.as_str()), (branch.as_str(), "main"));
+    assert_eq!(
+        (opened.head.as_str(), opened.base.as_str()),
+        (branch.as_str(), "main")
+    );
     assert!(!results[1].2, "{}", results[1].1);
 
     // The forge saw GitHub's requests: the default branch read, then each pull request,
@@ -295,7 +313,10 @@ async fn a_pull_request_reaches_the_forge_with_the_bearer_token_which_stays_on_t
         ]
     );
     for r in &requests {
-        assert_eq!(r.header("authorization"), Some(format!("Bearer {TOKEN}").as_str()));
+        assert_eq!(
+            r.header("authorization"),
+            Some(format!("Bearer {TOKEN}").as_str())
+        );
         assert_eq!(r.header("accept"), Some("application/vnd.github+json"));
     }
     let pulls = forge.pulls();
@@ -316,7 +337,10 @@ async fn a_pull_request_reaches_the_forge_with_the_bearer_token_which_stays_on_t
     let events = gw.client.follow_until_run_end(&id, 0).await;
     assert!(!serde_json::to_string(&events).unwrap().contains(TOKEN));
     let rows = audit(&gw);
-    assert!(rows.iter().any(|r| r.action == "governed.execute" && r.decision == "applied"));
+    assert!(
+        rows.iter()
+            .any(|r| r.action == "governed.execute" && r.decision == "applied")
+    );
     assert!(rows.iter().all(|r| !r.detail.to_string().contains(TOKEN)));
     assert_eq!(files_containing(&gw.state_dir, TOKEN), Vec::<String>::new());
     assert_eq!(files_containing(repo.path(), TOKEN), Vec::<String>::new());
@@ -345,12 +369,17 @@ async fn a_denied_governed_action_says_denied_and_pushes_nothing() {
         .await
         .unwrap();
     let id = started.session.id.clone();
-    let events = gw.client.follow_until(&id, 0, |e| pending(e).is_some()).await;
+    let events = gw
+        .client
+        .follow_until(&id, 0, |e| pending(e).is_some())
+        .await;
     let last = events.last().unwrap();
     let asked = pending(last).unwrap();
     assert_eq!(asked.tool, "git_push");
     assert!(
-        asked.subject.contains(&format!("git push origin refs/heads/skiff/{id}")),
+        asked
+            .subject
+            .contains(&format!("git push origin refs/heads/skiff/{id}")),
         "{}",
         asked.subject
     );
@@ -361,11 +390,17 @@ async fn a_denied_governed_action_says_denied_and_pushes_nothing() {
     gw.client.follow_until_run_end(&id, last.cursor).await;
     let results = results(&gw.client.session(&id).await.unwrap().transcript);
     let (_, content, is_error) = &results[0];
-    assert!(*is_error && content.contains("denied this call"), "{content}");
+    assert!(
+        *is_error && content.contains("denied this call"),
+        "{content}"
+    );
     assert!(content.contains("not today"), "{content}");
     assert_eq!(refs(bare.path()), before);
     let rows = audit(&gw);
-    assert!(rows.iter().any(|r| r.action == "governed.refused" && r.decision == "denied"));
+    assert!(
+        rows.iter()
+            .any(|r| r.action == "governed.refused" && r.decision == "denied")
+    );
     assert!(!rows.iter().any(|r| r.action == "governed.execute"));
     gw.shutdown().await;
 }
@@ -380,13 +415,13 @@ async fn without_forge_the_governed_tools_are_not_offered() {
         .create_session(&session_request(&ws, "http/m", "hi"))
         .await
         .unwrap();
-    gw.client
-        .follow_until_run_end(&started.session.id, 0)
-        .await;
+    gw.client.follow_until_run_end(&started.session.id, 0).await;
     let requests = gw.provider.as_ref().unwrap().requests();
     let names = offered(&requests[0].body);
     assert!(
-        !names.iter().any(|n| n == "git_push" || n == "open_pull_request"),
+        !names
+            .iter()
+            .any(|n| n == "git_push" || n == "open_pull_request"),
         "{names:?}"
     );
     gw.shutdown().await;
