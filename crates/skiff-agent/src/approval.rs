@@ -135,6 +135,10 @@ impl Approvals {
 
     /// What a person must decide before `call` runs, or `None` when it runs at once.
     pub fn ask(&self, call: &ToolCall, workspace: &crate::tools::Workspace) -> Option<Ask> {
+        if crate::tools::GOVERNED_TOOLS.contains(&call.name.as_str()) {
+            // The gateway asks for these itself, bound to the grant it mints.
+            return None;
+        }
         let arg = |key: &str| call.arguments.get(key).and_then(Value::as_str);
         if call.name == REQUEST_APPROVAL && self.on_request {
             return Some(Ask {

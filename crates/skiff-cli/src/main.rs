@@ -36,7 +36,8 @@ const EXIT_CODES: &str = "Exit codes:
 
 Environment:
   SKIFF_URL, SKIFF_TOKEN   the gateway to talk to (win over <state-dir>/gateway.json)
-  SKIFF_VAULT_KEY          the gateway's vault key (base64 of 32 bytes) instead of <state-dir>/vault.key";
+  SKIFF_VAULT_KEY          the gateway's vault key (base64 of 32 bytes) instead of <state-dir>/vault.key
+  SKIFF_GRANT_KEY          the gateway's governed-action grant key (base64 of 32 bytes) instead of <state-dir>/grant.key";
 
 #[derive(Parser)]
 #[command(

@@ -125,7 +125,15 @@ impl SessionBackend for StoreBackend {
         cancel: &CancellationToken,
     ) -> ToolOutput {
         self.core
-            .gateway_tool(&self.scope, &self.session, None, name, arguments, cancel)
+            .gateway_tool(
+                &self.scope,
+                &self.session,
+                None,
+                Some(&self.run),
+                name,
+                arguments,
+                cancel,
+            )
             .await
     }
 

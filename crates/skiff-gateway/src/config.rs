@@ -27,6 +27,27 @@ pub struct Config {
     /// The audit trail's archive and retention (`[audit]`).
     #[serde(default)]
     pub audit: AuditConfig,
+    /// Governed actions (`git_push`, `open_pull_request`): off unless `[forge]` is present.
+    #[serde(default)]
+    pub forge: Option<ForgeConfig>,
+}
+
+/// `[forge]`: where governed actions push and open pull requests, with the gateway's own
+/// credential (never on a box).
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ForgeConfig {
+    /// The GitHub-compatible REST API's base URL [default: "https://api.github.com"].
+    pub api: Option<String>,
+    /// The forge token: `"vault:NAME"` or `"env:VAR"`, never the token itself. Sent as
+    /// `Authorization: Bearer` to the API and, for an `https` remote, to the push.
+    pub token: Option<String>,
+    /// `OWNER/REPO` pull requests are opened on [default: read from the remote's URL].
+    pub repository: Option<String>,
+    /// The remote of the session's repository `git_push` pushes to [default: "origin"].
+    pub remote: Option<String>,
+    /// Whether each governed action waits for a person's approval [default: true].
+    pub confirm: Option<bool>,
 }
 
 /// `[audit]`.

@@ -21,6 +21,7 @@ mod egress;
 mod env_api;
 mod environments;
 mod error;
+mod governed;
 mod groups;
 mod housekeeping;
 mod hub;
@@ -108,6 +109,8 @@ pub(crate) struct Core {
     session_processes: Mutex<HashMap<skiff_protocol::SessionId, skiff_agent::tools::Processes>>,
     /// `[mcp.NAME]`: the MCP servers started at startup and the tools they offer.
     mcp: mcp::Mcp,
+    /// `[forge]`: governed actions (`git_push`, `open_pull_request`) and their grant key.
+    governed: governed::Governed,
     /// What `GET /metrics` reports beyond the store's gauges; the hub holds it too.
     telemetry: Arc<telemetry::Telemetry>,
     /// `[gateway] approval` and `approval_timeout`, and the tool calls waiting for a person.
@@ -222,6 +225,7 @@ pub(crate) async fn open_core(options: &Options) -> Result<(Arc<Core>, std::time
     let credential_ttl = config.gateway.worker_credential_ttl(&config_path)?;
     let turn_timeout = config.gateway.turn_timeout(&config_path)?;
     let mcp_servers = mcp::validate(&config_path, &config.mcp)?;
+    let forge = governed::validate(&config_path, config.forge.as_ref())?;
     let compact_at = config.gateway.compact_at(&config_path)?;
     let approval_timeout = config.gateway.approval_timeout(&config_path)?;
     check_approval_policies(&config_path, &config)?;
@@ -253,6 +257,17 @@ pub(crate) async fn open_core(options: &Options) -> Result<(Arc<Core>, std::time
         Some(vault.clone() as Arc<dyn skiff_llm::Secrets>),
     )?;
     let tokens = auth::Tokens::load(&store)?;
+    // Read once, like the vault key: no child inherits it. Without `[forge]` nothing is ever
+    // minted, and no key file is made.
+    let grant_key = if forge.is_some() {
+        governed::grant::GrantKey::load_or_create(
+            state.root(),
+            std::env::var(governed::grant::KEY_ENV).ok(),
+        )
+        .map_err(|e| Error::Internal(e.to_string()))?
+    } else {
+        governed::grant::GrantKey::ephemeral().map_err(|e| Error::Internal(e.to_string()))?
+    };
     // Before any session can be offered tools: the list every session sees is fixed here.
     let mcp = mcp::Mcp::start(mcp_servers, vault.clone()).await;
     let telemetry = Arc::new(telemetry::Telemetry::default());
@@ -293,6 +308,12 @@ pub(crate) async fn open_core(options: &Options) -> Result<(Arc<Core>, std::time
         vault,
         session_processes: Mutex::default(),
         mcp,
+        governed: governed::Governed {
+            key: grant_key,
+            forge,
+            clock: skiff_store::now_ms,
+            skew_ms: std::sync::atomic::AtomicI64::new(0),
+        },
         telemetry,
         approvals: approvals::Approvals::new(
             config.gateway.approval.clone().unwrap_or_default(),

@@ -826,7 +826,7 @@ impl Core {
             })?
             .with_ledger(self.procs.clone())
             .with_processes(self.session_processes(&session.id))
-            .with_gateway_tools(self.mcp.specs())
+            .with_gateway_tools(self.gateway_specs())
             .with_approvals(self.compiled_approvals(scope, session)?);
         if self.local_sandbox {
             let shared = self

@@ -170,7 +170,7 @@ async fn publish(
 /// included), but never prompting, never running the repository's hooks, and never running a
 /// command that repository configuration names (an agent's `exec` can write the shared
 /// `.git/config`; `-c` on the command line wins over it).
-fn git(dir: &str) -> Cmd {
+pub(crate) fn git(dir: &str) -> Cmd {
     let mut cmd = Cmd::new("git")
         .args(["-C", dir, "-c", "core.hooksPath=/dev/null"])
         .args([
@@ -193,7 +193,7 @@ fn git(dir: &str) -> Cmd {
     cmd
 }
 
-fn plain_name(name: &str) -> bool {
+pub(crate) fn plain_name(name: &str) -> bool {
     !name.is_empty()
         && !name.starts_with(['-', '.'])
         && name

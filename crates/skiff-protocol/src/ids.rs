@@ -77,6 +77,11 @@ id_type!(
     "apr_"
 );
 id_type!(
+    /// A one-time invocation grant for a governed action (`git_push`, `open_pull_request`).
+    GrantId,
+    "grt_"
+);
+id_type!(
     /// An artifact: a content-addressed blob with metadata (checkpoint, manifest, result, log).
     ArtifactId,
     "art_"

@@ -1,5 +1,5 @@
 //! Types that cross a process boundary: ids, API payloads (sessions, environments, sync),
-//! approvals (policies and the rows of waiting calls), the vault's secrets (names and dates; a value only as a request body), live events,
+//! approvals (policies and the rows of waiting calls), governed actions' one-time grants and results, the vault's secrets (names and dates; a value only as a request body), live events,
 //! transcript entries, the normalized model conversation, the lease-CLI contract
 //! and the worker protocol.
 //!
@@ -13,6 +13,7 @@ pub mod audit;
 pub mod budget;
 pub mod environment;
 pub mod event;
+pub mod grant;
 pub mod ids;
 pub mod lease;
 pub mod model;
@@ -22,5 +23,5 @@ pub mod transcript;
 pub mod worker;
 
 pub use ids::{
-    ApprovalId, AttemptId, EntryId, EnvironmentId, GroupId, RunId, SessionId, SnapshotId,
+    ApprovalId, AttemptId, EntryId, EnvironmentId, GrantId, GroupId, RunId, SessionId, SnapshotId,
 };

@@ -346,6 +346,24 @@ INSERT INTO usage (at_ms, owner_id, tenant_id, session_id, run_id, tokens, cost_
 -- The audit trail is read by time (export, the daily archive, retention).
 CREATE INDEX audit_by_time ON audit(at_ms);
 "#,
+    // Governed actions (issue 16): one-time invocation grants. A grant is registered when it
+    // is minted and consumed once, by a conditional update; what it covers is in its signed
+    // claims, of which this row keeps the metadata (never an argument, never a credential).
+    r#"
+CREATE TABLE grants (
+    id              TEXT PRIMARY KEY,
+    owner_id        TEXT NOT NULL,
+    tenant_id       TEXT NOT NULL,
+    session_id      TEXT NOT NULL,
+    capability      TEXT NOT NULL,
+    target          TEXT NOT NULL,
+    policy_revision TEXT NOT NULL,
+    issued_at_ms    INTEGER NOT NULL,
+    expires_at_ms   INTEGER NOT NULL,
+    consumed_at_ms  INTEGER
+);
+CREATE INDEX grants_by_session ON grants(session_id, issued_at_ms);
+"#,
 ];
 
 pub(crate) fn migrate(conn: &mut Connection) -> Result<()> {

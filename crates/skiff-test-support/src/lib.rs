@@ -15,11 +15,13 @@
 
 pub mod anthropic_cache;
 pub mod anthropic_sse;
+mod fake_forge;
 mod fake_provider;
 mod git;
 pub mod openai_responses_sse;
 pub mod openai_sse;
 
+pub use fake_forge::FakeForge;
 pub use fake_provider::{FakeProvider, FakeResponse, RecordedRequest};
 pub use git::TempGitRepo;
 

@@ -78,8 +78,9 @@ pub struct Tools {
     processes: Processes,
     /// Whether the model is offered the dispatch tools ([`DISPATCH_TOOLS`]).
     dispatch: bool,
-    /// Specs of tools the gateway runs for this session beyond the built-in ones (MCP
-    /// servers' tools, [`MCP_PREFIX`]), in the gateway's order.
+    /// Specs of tools the gateway runs for this session beyond the built-in ones (governed
+    /// actions, [`GOVERNED_TOOLS`], and MCP servers' tools, [`MCP_PREFIX`]), in the gateway's
+    /// order.
     gateway_specs: Vec<ToolSpec>,
     /// The repository root above the workspace root, when the workspace is a subfolder of one.
     repository_root: Option<PathBuf>,
@@ -337,9 +338,19 @@ pub const DISPATCH_TOOLS: [&str; 3] = [DISPATCH, DISPATCH_STATUS, DISPATCH_WAIT]
 /// The prefix of an MCP server's tool as the model sees it: `mcp__<server>__<tool>`.
 pub const MCP_PREFIX: &str = "mcp__";
 
+/// Governed actions: the gateway runs them with its own credential after minting a one-time
+/// grant and, when its policy says so, asking a person (so the session's own approval policy
+/// does not hold them a second time). Offered only when the gateway configures them.
+pub const GIT_PUSH: &str = "git_push";
+pub const OPEN_PULL_REQUEST: &str = "open_pull_request";
+pub const GOVERNED_TOOLS: [&str; 2] = [GIT_PUSH, OPEN_PULL_REQUEST];
+
 /// Whether the gateway, not the workspace's machine, runs this tool.
 pub fn runs_on_gateway(name: &str) -> bool {
-    name == WEB_FETCH || DISPATCH_TOOLS.contains(&name) || name.starts_with(MCP_PREFIX)
+    name == WEB_FETCH
+        || DISPATCH_TOOLS.contains(&name)
+        || GOVERNED_TOOLS.contains(&name)
+        || name.starts_with(MCP_PREFIX)
 }
 
 /// The main argument of a call, for one-line display (`read src/lib.rs`).
@@ -373,6 +384,8 @@ pub fn summary(call: &ToolCall) -> String {
         DISPATCH => "prompt",
         crate::approval::REQUEST_APPROVAL => "action",
         DISPATCH_STATUS | DISPATCH_WAIT => "id",
+        GIT_PUSH => "branch",
+        OPEN_PULL_REQUEST => "title",
         _ => "path",
     };
     let text = call

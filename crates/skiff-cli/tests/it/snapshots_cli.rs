@@ -202,6 +202,7 @@ fn top_level_help() {
         Environment:
           SKIFF_URL, SKIFF_TOKEN   the gateway to talk to (win over <state-dir>/gateway.json)
           SKIFF_VAULT_KEY          the gateway's vault key (base64 of 32 bytes) instead of <state-dir>/vault.key
+          SKIFF_GRANT_KEY          the gateway's governed-action grant key (base64 of 32 bytes) instead of <state-dir>/grant.key
 
         ----- stderr -----
     "#);

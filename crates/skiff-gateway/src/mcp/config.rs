@@ -53,7 +53,7 @@ fn named(text: &str) -> bool {
 
 /// `"env:VAR"` / `"vault:NAME"` are references; anything else is the value itself, unless
 /// `secret` (then a literal is refused: the value must not sit in skiff.toml).
-fn source(key: &str, text: &str, secret: bool) -> Result<Source, String> {
+pub(crate) fn source(key: &str, text: &str, secret: bool) -> Result<Source, String> {
     let reference = |rest: &str| {
         !rest.is_empty()
             && rest

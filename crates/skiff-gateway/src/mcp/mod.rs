@@ -21,7 +21,7 @@ mod client;
 mod config;
 mod http;
 
-pub(crate) use config::{ServerDef, validate};
+pub(crate) use config::{ServerDef, Source, source, validate};
 
 use crate::Core;
 use serde_json::{Value, json};

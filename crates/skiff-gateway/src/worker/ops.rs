@@ -214,14 +214,20 @@ impl Core {
                     core.worker_commit(&scope, &op, base_leaf, entries)
                 }
                 Call::ToolGateway { name, arguments } => {
+                    let cancel = op
+                        .run_id
+                        .as_ref()
+                        .and_then(|run| core.run_cancel_token(run))
+                        .unwrap_or_default();
                     let out = core
                         .gateway_tool(
                             &scope,
                             &op.session_id,
                             Some(&claims.environment_id),
+                            op.run_id.as_ref(),
                             &name,
                             &arguments,
-                            &tokio_util::sync::CancellationToken::new(),
+                            &cancel,
                         )
                         .await;
                     Reply::ToolOutput {

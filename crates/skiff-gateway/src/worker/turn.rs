@@ -53,7 +53,7 @@ impl Core {
             max_steps: crate::sessions::MAX_STEPS,
             max_output_tokens: crate::sessions::MAX_OUTPUT_TOKENS,
             transcript: skiff_agent::compact::since_last_compaction(&transcript).to_vec(),
-            gateway_tools: self.mcp.specs(),
+            gateway_tools: self.gateway_specs(),
         };
         let live = self.workers.live(session);
         live.set_open_run(Some(run.id.clone()));

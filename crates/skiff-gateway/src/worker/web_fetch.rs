@@ -23,16 +23,35 @@ struct Args {
 }
 
 impl Core {
-    /// Runs a gateway-resident tool for `session` (on `env`, for a worker session).
+    /// The tools beyond the built-in ones every session is offered, local or on a worker:
+    /// governed actions (when `[forge]` is set), then MCP servers' tools.
+    pub(crate) fn gateway_specs(&self) -> Vec<skiff_protocol::model::ToolSpec> {
+        let mut specs = self.governed.specs();
+        specs.extend(self.mcp.specs());
+        specs
+    }
+
+    /// Runs a gateway-resident tool for `session` (on `env`, for a worker session) in its
+    /// run `run`.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "a gateway tool's call context: who, where, which run, what"
+    )]
     pub(crate) async fn gateway_tool(
         self: &std::sync::Arc<Self>,
         scope: &Scope,
         session: &SessionId,
         env: Option<&skiff_protocol::EnvironmentId>,
+        run: Option<&skiff_protocol::RunId>,
         name: &str,
         arguments: &serde_json::Value,
         cancel: &CancellationToken,
     ) -> ToolOutput {
+        if skiff_agent::tools::GOVERNED_TOOLS.contains(&name) {
+            return self
+                .governed_tool(scope, session, env, run, name, arguments, cancel)
+                .await;
+        }
         if skiff_agent::tools::DISPATCH_TOOLS.contains(&name) {
             return self
                 .dispatch_tool(scope, session, env, name, arguments, cancel)

@@ -11,6 +11,7 @@ mod admission;
 mod approvals;
 mod compaction;
 mod deadlines;
+mod governed;
 mod harness;
 mod listing;
 mod mcp;
