@@ -17,4 +17,5 @@ mod mcp;
 mod operations;
 mod processes;
 mod reasoning;
+mod remote_repos;
 mod sandbox;
