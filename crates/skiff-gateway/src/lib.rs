@@ -34,6 +34,7 @@ mod sessions;
 pub mod state_dir;
 mod sync_api;
 mod telemetry;
+mod traces;
 mod transcript;
 mod ui;
 mod vault;
@@ -262,7 +263,22 @@ pub(crate) async fn open_core(options: &Options) -> Result<(Arc<Core>, std::time
     let tokens = auth::Tokens::load(&store)?;
     // Before any session can be offered tools: the list every session sees is fixed here.
     let mcp = mcp::Mcp::start(mcp_servers, vault.clone()).await;
-    let telemetry = Arc::new(telemetry::Telemetry::default());
+    let telemetry = Arc::new(match &config.telemetry.otlp_endpoint {
+        Some(endpoint) => telemetry::Telemetry::with_traces(traces::Traces::exporting(
+            traces::endpoint_url(endpoint).map_err(|message| {
+                Error::Config(config::ConfigError::Invalid {
+                    path: config_path.display().to_string(),
+                    message,
+                })
+            })?,
+            config
+                .telemetry
+                .service_name
+                .clone()
+                .unwrap_or_else(|| "skiff-gateway".to_owned()),
+        )),
+        None => telemetry::Telemetry::default(),
+    });
     let hub = Arc::new(Hub::with_telemetry(store.clone(), telemetry.clone()));
     let envs = Arc::new(environments::Environments::new(
         store.clone(),

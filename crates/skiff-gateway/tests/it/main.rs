@@ -19,3 +19,4 @@ mod processes;
 mod reasoning;
 mod remote_repos;
 mod sandbox;
+mod traces;
