@@ -276,8 +276,9 @@ pub async fn run(cmd: SessionCommand, state_dir: &Path, json: bool) -> Result<Ex
                 None => {
                     let workspace = match args.workspace {
                         Some(dir) => dir,
-                        None => std::env::current_dir()
-                            .context("cannot read the current directory")?,
+                        None => {
+                            std::env::current_dir().context("cannot read the current directory")?
+                        }
                     };
                     let workspace = std::path::absolute(&workspace)
                         .with_context(|| format!("cannot resolve {}", workspace.display()))?;

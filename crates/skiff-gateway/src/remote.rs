@@ -23,11 +23,15 @@ const HELPER: &str = "credential.helper=!f() { test \"$1\" = get || return 0; \
 
 #[derive(Debug, thiserror::Error)]
 pub enum RemoteError {
-    #[error("{url:?} is not a repository URL ({why}); give an https://, http://, ssh://, git:// or file:// URL, or a directory on the gateway host as the workspace instead")]
+    #[error(
+        "{url:?} is not a repository URL ({why}); give an https://, http://, ssh://, git:// or file:// URL, or a directory on the gateway host as the workspace instead"
+    )]
     BadUrl { url: String, why: String },
     #[error("{git_ref:?} is not a ref name; give a branch, tag or commit of {url}")]
     BadRef { url: String, git_ref: String },
-    #[error("cannot reach the repository {url}: {detail}; check the URL and that the gateway's host can reach it")]
+    #[error(
+        "cannot reach the repository {url}: {detail}; check the URL and that the gateway's host can reach it"
+    )]
     Unreachable { url: String, detail: String },
     #[error("the repository {url} refused the gateway's credentials ({detail}); {hint}")]
     AuthFailed {
@@ -41,7 +45,9 @@ pub enum RemoteError {
         git_ref: String,
         known: String,
     },
-    #[error("the repository {url} has no commits yet (no default branch); push a first commit, or name a ref with --ref")]
+    #[error(
+        "the repository {url} has no commits yet (no default branch); push a first commit, or name a ref with --ref"
+    )]
     Empty { url: String },
     #[error("cannot read the git credentials for {url} from `{key}`: {reason}")]
     Credential {
@@ -175,8 +181,18 @@ pub(crate) fn git(dir: &Path, credential: Option<&Resolved>) -> Cmd {
         .arg("-C")
         .arg(dir)
         .args(["-c", "core.hooksPath=/dev/null"])
-        .args(["-c", "core.sshCommand=ssh", "-c", "protocol.ext.allow=never"])
-        .args(["-c", "core.fsmonitor=false", "-c", "uploadpack.packObjectsHook="])
+        .args([
+            "-c",
+            "core.sshCommand=ssh",
+            "-c",
+            "protocol.ext.allow=never",
+        ])
+        .args([
+            "-c",
+            "core.fsmonitor=false",
+            "-c",
+            "uploadpack.packObjectsHook=",
+        ])
         .env("GIT_TERMINAL_PROMPT", "0")
         .env("GIT_ASKPASS", "/bin/false")
         .env("SSH_ASKPASS", "/bin/false")
@@ -222,9 +238,7 @@ pub(crate) fn check_url(url: &str) -> Result<(), RemoteError> {
         }
         // scp-like `[user@]host:path`.
         None => match url.split_once(':') {
-            Some((host, path))
-                if !host.is_empty() && !host.contains('/') && !path.is_empty() =>
-            {
+            Some((host, path)) if !host.is_empty() && !host.contains('/') && !path.is_empty() => {
                 Ok(())
             }
             _ => Err(bad("it names no transport")),
@@ -341,7 +355,8 @@ pub(crate) async fn fetch(
         && (r.is_empty()
             || r.starts_with('-')
             || r.contains("..")
-            || r.chars().any(|c| c.is_control() || c.is_whitespace() || "~^:?*[\\".contains(c)))
+            || r.chars()
+                .any(|c| c.is_control() || c.is_whitespace() || "~^:?*[\\".contains(c)))
     {
         return Err(RemoteError::BadRef {
             url: url.to_owned(),
@@ -496,7 +511,11 @@ pub(crate) async fn remote_url(repo: &str, remote: &str) -> Option<String> {
 }
 
 /// A push's failure, sorted like a fetch's.
-pub(crate) fn push_error(url: &str, credentials: &Credentials, e: skiff_process::Error) -> RemoteError {
+pub(crate) fn push_error(
+    url: &str,
+    credentials: &Credentials,
+    e: skiff_process::Error,
+) -> RemoteError {
     classify(url, credentials, e)
 }
 

@@ -155,7 +155,8 @@ fn open_workspaces(path: &Path) -> Result<PathBuf, StateDirError> {
     let _ = fs::remove_file(&probe);
     for sub in ["worktrees", "workspaces", "mirrors"] {
         let dir = real.join(sub);
-        fs::create_dir_all(&dir).map_err(|e| refuse(format!("cannot create {sub}/ in it ({e})")))?;
+        fs::create_dir_all(&dir)
+            .map_err(|e| refuse(format!("cannot create {sub}/ in it ({e})")))?;
     }
     Ok(real)
 }

@@ -262,9 +262,7 @@ impl Core {
             None => None,
         };
         let push = match &credential {
-            Some(credential) => {
-                crate::remote::git(std::path::Path::new(source), Some(credential))
-            }
+            Some(credential) => crate::remote::git(std::path::Path::new(source), Some(credential)),
             None => git(source),
         };
         push.args(["push", "--quiet", &remote])

@@ -103,7 +103,10 @@ async fn sessions_from_one_url_share_one_clone_fetched_again_and_start_from_the_
 
     let first = started(&gw, &url, None).await;
     let ws = Path::new(first.session.workspace.path());
-    assert_eq!(std::fs::read_to_string(ws.join("README.md")).unwrap(), "v1\n");
+    assert_eq!(
+        std::fs::read_to_string(ws.join("README.md")).unwrap(),
+        "v1\n"
+    );
     assert!(!ws.join("dev.txt").exists(), "the default branch is main");
     assert_eq!(
         git(ws, &["symbolic-ref", "--short", "HEAD"]),
@@ -121,7 +124,10 @@ async fn sessions_from_one_url_share_one_clone_fetched_again_and_start_from_the_
     let newer = push_commit(&bare, "main", "README.md", "v2\n");
     let second = started(&gw, &url, None).await;
     let ws2 = Path::new(second.session.workspace.path());
-    assert_eq!(std::fs::read_to_string(ws2.join("README.md")).unwrap(), "v2\n");
+    assert_eq!(
+        std::fs::read_to_string(ws2.join("README.md")).unwrap(),
+        "v2\n"
+    );
     assert_eq!(git(ws2, &["rev-parse", "HEAD"]), newer);
     assert_eq!(entries(&mirrors).len(), 1, "the clone is reused");
 
@@ -142,14 +148,25 @@ async fn sessions_from_one_url_share_one_clone_fetched_again_and_start_from_the_
     // Refusals name what to do and make nothing.
     let sessions = gw.client.sessions().await.unwrap().sessions.len();
     let worktrees = entries(&gw.state_dir.join("worktrees"));
-    let e = refused(gw.client.create_session(&repo_request(&url, Some("nope"))).await);
+    let e = refused(
+        gw.client
+            .create_session(&repo_request(&url, Some("nope")))
+            .await,
+    );
     assert_eq!(e.error.code, "bad_workspace", "{e:?}");
     assert!(e.error.message.contains("has no ref \"nope\""), "{e:?}");
     assert!(e.error.message.contains("branches: dev, main"), "{e:?}");
     let missing = format!("file://{}/absent.git", remotes.path().display());
-    let e = refused(gw.client.create_session(&repo_request(&missing, None)).await);
+    let e = refused(
+        gw.client
+            .create_session(&repo_request(&missing, None))
+            .await,
+    );
     assert_eq!(e.error.code, "bad_workspace", "{e:?}");
-    assert!(e.error.message.contains("cannot reach the repository"), "{e:?}");
+    assert!(
+        e.error.message.contains("cannot reach the repository"),
+        "{e:?}"
+    );
     let e = refused(
         gw.client
             .create_session(&repo_request("https://me:pw@example.invalid/a.git", None))
@@ -174,7 +191,10 @@ async fn sessions_from_one_url_share_one_clone_fetched_again_and_start_from_the_
     assert_eq!(
         git(
             &bare,
-            &["rev-parse", &format!("refs/heads/skiff/{}", first.session.id)]
+            &[
+                "rev-parse",
+                &format!("refs/heads/skiff/{}", first.session.id)
+            ]
         ),
         body["commit"].as_str().unwrap()
     );
@@ -243,7 +263,9 @@ async fn an_http_remote_is_cloned_and_published_with_the_gateways_vault_token_on
     let e = refused(gw.client.create_session(&repo_request(&other, None)).await);
     assert_eq!(e.error.code, "bad_workspace", "{e:?}");
     assert!(
-        e.error.message.contains("refused the gateway's credentials"),
+        e.error
+            .message
+            .contains("refused the gateway's credentials"),
         "{e:?}"
     );
     assert!(e.error.message.contains("git.credentials"), "{e:?}");
@@ -259,7 +281,11 @@ async fn an_http_remote_is_cloned_and_published_with_the_gateways_vault_token_on
         )
         .await;
     assert_eq!(status, 502, "{body}");
-    assert!(body.to_string().contains("refused the gateway's credentials"), "{body}");
+    assert!(
+        body.to_string()
+            .contains("refused the gateway's credentials"),
+        "{body}"
+    );
 
     // The token is in no file of the gateway's storage (clone config, worktree, logs).
     let mut stack = vec![gw.state_dir.clone()];
@@ -312,7 +338,10 @@ async fn a_workspaces_directory_that_cannot_be_used_stops_the_start_with_the_rea
     for (workspaces, why) in [
         (file.display().to_string(), "cannot create it"),
         ("relative/dir".to_owned(), "not an absolute path"),
-        ("/usr/share/skiff".to_owned(), "every sandboxed session command can read"),
+        (
+            "/usr/share/skiff".to_owned(),
+            "every sandboxed session command can read",
+        ),
     ] {
         let config = dir.path().join("skiff.toml");
         std::fs::write(&config, format!("[store]\nworkspaces = \"{workspaces}\"\n")).unwrap();

@@ -67,9 +67,8 @@ fn attr<'a>(span: &'a Value, key: &str) -> Option<&'a Value> {
 #[tokio::test]
 async fn a_turn_is_one_trace_of_its_model_requests_and_tool_calls() {
     let (endpoint, mut spans) = collector().await;
-    let config = format!(
-        "[telemetry]\notlp_endpoint = \"{endpoint}\"\nservice_name = \"skiff-test\"\n"
-    );
+    let config =
+        format!("[telemetry]\notlp_endpoint = \"{endpoint}\"\nservice_name = \"skiff-test\"\n");
     let gw = TestGateway::configured(READ_THEN_DONE, &config, None).await;
     let ws = gw.plain_dir("ws", &[("secret-plan.txt", "the plan\n")]);
     let started = gw
@@ -98,17 +97,38 @@ async fn a_turn_is_one_trace_of_its_model_requests_and_tool_calls() {
         attr(&root, "skiff.run_id").unwrap()["stringValue"],
         started.run.id.as_str()
     );
-    assert_eq!(attr(&root, "skiff.run.status").unwrap()["stringValue"], "succeeded");
+    assert_eq!(
+        attr(&root, "skiff.run.status").unwrap()["stringValue"],
+        "succeeded"
+    );
     assert_eq!(root["status"]["code"], 1);
-    let start = |s: &Value| s["startTimeUnixNano"].as_str().unwrap().parse::<u64>().unwrap();
-    let end = |s: &Value| s["endTimeUnixNano"].as_str().unwrap().parse::<u64>().unwrap();
+    let start = |s: &Value| {
+        s["startTimeUnixNano"]
+            .as_str()
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+    };
+    let end = |s: &Value| {
+        s["endTimeUnixNano"]
+            .as_str()
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+    };
 
     let mut by_name: HashMap<String, Vec<&Value>> = HashMap::new();
     for span in &got {
         assert_eq!(span["traceId"], trace, "one trace: {span}");
         if span["name"] != "skiff.turn" {
-            assert_eq!(span["parentSpanId"], root["spanId"], "a child of the turn: {span}");
-            assert!(start(span) >= start(&root) && end(span) <= end(&root), "{span}");
+            assert_eq!(
+                span["parentSpanId"], root["spanId"],
+                "a child of the turn: {span}"
+            );
+            assert!(
+                start(span) >= start(&root) && end(span) <= end(&root),
+                "{span}"
+            );
         }
         by_name
             .entry(span["name"].as_str().unwrap().to_owned())
@@ -120,7 +140,10 @@ async fn a_turn_is_one_trace_of_its_model_requests_and_tool_calls() {
     for m in models {
         assert_eq!(attr(m, "gen_ai.system").unwrap()["stringValue"], "fake");
         assert_eq!(attr(m, "gen_ai.request.model").unwrap()["stringValue"], "x");
-        assert_eq!(attr(m, "skiff.placement").unwrap()["stringValue"], "gateway");
+        assert_eq!(
+            attr(m, "skiff.placement").unwrap()["stringValue"],
+            "gateway"
+        );
         assert!(attr(m, "gen_ai.usage.input_tokens").is_some());
     }
     let tools = &by_name["skiff.tool_call"];
@@ -128,7 +151,10 @@ async fn a_turn_is_one_trace_of_its_model_requests_and_tool_calls() {
     assert_eq!(attr(tools[0], "tool.name").unwrap()["stringValue"], "read");
     // The tool's name only: neither its arguments nor its output.
     let all = serde_json::to_string(&got).unwrap();
-    assert!(!all.contains("secret-plan") && !all.contains("the plan"), "{all}");
+    assert!(
+        !all.contains("secret-plan") && !all.contains("the plan"),
+        "{all}"
+    );
 
     let (status, text) = {
         let resp = reqwest::Client::new()
@@ -140,8 +166,15 @@ async fn a_turn_is_one_trace_of_its_model_requests_and_tool_calls() {
         (resp.status().as_u16(), resp.text().await.unwrap())
     };
     assert_eq!(status, 200);
-    assert!(text.lines().any(|l| l == "skiff_trace_spans_dropped_total 0"), "{text}");
-    assert!(text.contains("# TYPE skiff_trace_spans_exported_total counter"), "{text}");
+    assert!(
+        text.lines()
+            .any(|l| l == "skiff_trace_spans_dropped_total 0"),
+        "{text}"
+    );
+    assert!(
+        text.contains("# TYPE skiff_trace_spans_exported_total counter"),
+        "{text}"
+    );
     gw.shutdown().await;
 }
 
