@@ -112,6 +112,7 @@ pub async fn run(args: DemoArgs, user_state_dir: &Path, json: bool) -> Result<Ex
             .create_session(&CreateSessionRequest {
                 prompt: PROMPT.into(),
                 workspace: repo.display().to_string(),
+                repo: None,
                 model: None,
                 profile: (!args.on_gateway).then(|| "local".to_owned()),
                 reasoning: None,

@@ -199,6 +199,13 @@ pub struct NewArgs {
     /// Git repository or directory to work on [default: the current directory]
     #[arg(long, value_name = "DIR")]
     workspace: Option<PathBuf>,
+    /// A remote git repository the gateway clones (with its own credentials) instead of a
+    /// directory; `session publish` pushes back to it
+    #[arg(long, value_name = "URL", conflicts_with = "workspace")]
+    repo: Option<String>,
+    /// The branch, tag or commit of --repo to start from [default: the remote's default branch]
+    #[arg(long = "ref", value_name = "REF", requires = "repo")]
+    git_ref: Option<String>,
     /// Model as provider/model-id [default: models.default, else scripted/demo]
     #[arg(long, value_name = "REF")]
     model: Option<String>,
@@ -258,15 +265,30 @@ pub async fn run(cmd: SessionCommand, state_dir: &Path, json: bool) -> Result<Ex
     let client = Client::discover(state_dir)?;
     match cmd {
         SessionCommand::New(args) => {
-            let workspace = match args.workspace {
-                Some(dir) => dir,
-                None => std::env::current_dir().context("cannot read the current directory")?,
+            let (workspace, repo) = match args.repo {
+                Some(url) => (
+                    String::new(),
+                    Some(skiff_protocol::api::RepoSource {
+                        url,
+                        git_ref: args.git_ref,
+                    }),
+                ),
+                None => {
+                    let workspace = match args.workspace {
+                        Some(dir) => dir,
+                        None => {
+                            std::env::current_dir().context("cannot read the current directory")?
+                        }
+                    };
+                    let workspace = std::path::absolute(&workspace)
+                        .with_context(|| format!("cannot resolve {}", workspace.display()))?;
+                    (workspace.display().to_string(), None)
+                }
             };
-            let workspace = std::path::absolute(&workspace)
-                .with_context(|| format!("cannot resolve {}", workspace.display()))?;
             let request = CreateSessionRequest {
                 prompt: args.prompt,
-                workspace: workspace.display().to_string(),
+                workspace,
+                repo,
                 model: args.model,
                 profile: args.profile,
                 reasoning: args.reasoning,

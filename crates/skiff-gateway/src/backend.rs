@@ -47,6 +47,7 @@ impl ModelClient for CatalogClient {
         request: ModelRequest,
         cancel: CancellationToken,
     ) -> BoxStream<'static, ModelEvent> {
+        let traced = Some((self.session.clone(), request.model.to_string()));
         let stream = self.core.model_stream(
             &self.scope,
             &self.session,
@@ -54,7 +55,7 @@ impl ModelClient for CatalogClient {
             self.cache_key.clone(),
             cancel,
         );
-        self.core.telemetry.model_stream("gateway", stream)
+        self.core.telemetry.model_stream("gateway", traced, stream)
     }
 }
 

@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 
 impl Core {
     pub(crate) fn artifacts_dir(&self) -> PathBuf {
-        self.state.root().join("artifacts")
+        self.state.artifacts()
     }
 
     /// Checkpoints the session's workspace at the end of a turn. Never fails the turn.

@@ -30,6 +30,15 @@ pub struct Config {
     /// Governed actions (`git_push`, `open_pull_request`): off unless `[forge]` is present.
     #[serde(default)]
     pub forge: Option<ForgeConfig>,
+    /// Where sessions' workspaces live (`[store]`).
+    #[serde(default)]
+    pub store: StoreConfig,
+    /// The gateway's own git credentials for remote repositories (`[git]`).
+    #[serde(default)]
+    pub git: GitConfig,
+    /// Optional OpenTelemetry traces (`[telemetry]`).
+    #[serde(default)]
+    pub telemetry: TelemetryConfig,
 }
 
 /// `[forge]`: where governed actions push and open pull requests, with the gateway's own
@@ -48,6 +57,53 @@ pub struct ForgeConfig {
     pub remote: Option<String>,
     /// Whether each governed action waits for a person's approval [default: true].
     pub confirm: Option<bool>,
+}
+
+/// `[store]`.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StoreConfig {
+    /// The directory that holds sessions' worktrees, workspace copies, remote repositories'
+    /// clones and checkpoint blobs, so that several gateways can share it [default: the state
+    /// dir]. Created (mode 0700) when missing; it must be writable and not writable by every
+    /// user.
+    #[serde(default)]
+    pub workspaces: Option<PathBuf>,
+}
+
+/// `[git]`.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GitConfig {
+    /// Credentials for remote repositories, keyed by a URL prefix (`"https://git.example.com/"`;
+    /// the longest matching prefix wins). Used for `session new --repo` and `session publish`,
+    /// only by the gateway, never handed to a box.
+    #[serde(default)]
+    pub credentials: BTreeMap<String, GitCredentialConfig>,
+}
+
+/// `[git.credentials."PREFIX"]`.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GitCredentialConfig {
+    /// The user name sent with the token [default: "x-access-token"].
+    #[serde(default)]
+    pub username: Option<String>,
+    /// The token or password: `"vault:NAME"` or `"env:VAR"`, never the value itself.
+    pub token: String,
+}
+
+/// `[telemetry]`.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TelemetryConfig {
+    /// An OTLP/HTTP collector (`"http://127.0.0.1:4318"`); spans of every turn are exported to
+    /// its `/v1/traces` as JSON [default: no traces].
+    #[serde(default)]
+    pub otlp_endpoint: Option<String>,
+    /// The `service.name` the spans carry [default: "skiff-gateway"].
+    #[serde(default)]
+    pub service_name: Option<String>,
 }
 
 /// `[audit]`.

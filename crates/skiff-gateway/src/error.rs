@@ -34,6 +34,9 @@ pub enum Error {
     Process(#[from] skiff_process::Error),
     #[error(transparent)]
     Vault(#[from] crate::vault::VaultError),
+    /// A remote repository could not be cloned, fetched or resolved.
+    #[error(transparent)]
+    Remote(#[from] crate::remote::RemoteError),
     /// The request is malformed, or asks for what can never be done: the client's to fix.
     #[error("{0}")]
     BadRequest(String),
@@ -90,6 +93,7 @@ impl Error {
             Error::Sync(e) => sync_code(e),
             Error::Process(e) => process_code(e),
             Error::Vault(e) => vault_code(e),
+            Error::Remote(e) => remote_code(e),
             Error::BadRequest(_) => ErrorCode::BadRequest,
             Error::Forbidden(_) => ErrorCode::Forbidden,
             Error::NotFound(_) => ErrorCode::NotFound,
@@ -194,6 +198,22 @@ fn workspace_code(e: &crate::workspace::WorkspaceError) -> ErrorCode {
         }
         // Creating the session's own directories under the state dir.
         W::Io { .. } => ErrorCode::Internal,
+    }
+}
+
+fn remote_code(e: &crate::remote::RemoteError) -> ErrorCode {
+    use crate::remote::RemoteError as R;
+    match e {
+        R::BadUrl { .. }
+        | R::BadRef { .. }
+        | R::Unreachable { .. }
+        | R::AuthFailed { .. }
+        | R::UnknownRef { .. }
+        | R::Empty { .. }
+        | R::Credential { .. }
+        | R::Git { .. } => ErrorCode::BadWorkspace,
+        // Writing the clone under the workspaces directory.
+        R::Io { .. } => ErrorCode::Internal,
     }
 }
 

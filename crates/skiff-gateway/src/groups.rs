@@ -115,6 +115,11 @@ impl Core {
         // freed by parking sessions idle on their boxes.
         self.make_room_for(u64::from(n)).await?;
         let model = self.catalog.resolve(req.model.as_deref())?;
+        if req.repo.is_some() {
+            return Err(Error::BadRequest(
+                "a fan-out starts from a workspace on the gateway host, not from a repo URL; start one session with --repo, then fork it".into(),
+            ));
+        }
         let source = Path::new(&req.workspace);
         if !source.is_absolute() {
             return Err(Error::BadRequest(format!(
@@ -346,6 +351,7 @@ mod tests {
         CreateSessionRequest {
             prompt: "p".into(),
             workspace: "/w".into(),
+            repo: None,
             model: None,
             profile: profile.map(str::to_owned),
             reasoning: None,

@@ -34,7 +34,7 @@ impl Core {
                 swept.staging += 1;
             }
         }
-        for entry in entries(&self.state.root().join("artifacts")) {
+        for entry in entries(&self.state.artifacts()) {
             let partial = entry
                 .file_name()
                 .and_then(|n| n.to_str())

@@ -111,6 +111,7 @@ impl Hub {
         if let EventKind::Placement { state, .. } = &event.kind {
             self.telemetry.placement(session, *state);
         }
+        self.telemetry.traces.event(&event);
         // Streamed text and tool progress do not change what a session list shows; run
         // statuses and committed entries (which move `updated_at_ms`) do.
         if matches!(

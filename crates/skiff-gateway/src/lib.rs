@@ -28,12 +28,14 @@ mod hub;
 mod mcp;
 mod metrics;
 mod quarantine;
+mod remote;
 mod restore;
 mod results;
 mod sessions;
 pub mod state_dir;
 mod sync_api;
 mod telemetry;
+mod traces;
 mod transcript;
 mod ui;
 mod vault;
@@ -101,6 +103,8 @@ pub(crate) struct Core {
     fills: workspace::Fills,
     /// Sessions whose workspace is being restored to a checkpoint: no turn is admitted.
     restoring: Mutex<std::collections::HashSet<skiff_protocol::SessionId>>,
+    /// `[git.credentials]`: the gateway's own credentials for remote repositories.
+    git_credentials: remote::Credentials,
     /// Sealed secrets (`vault:NAME` in configuration); the catalog holds it too.
     vault: Arc<vault::Vault>,
     /// The background processes of gateway-placed sessions, one registry per session across
@@ -213,7 +217,7 @@ pub async fn start(options: Options) -> Result<Running> {
 /// left, up to the point where the API could listen. Tests drive the returned core directly
 /// (an in-process gateway: no listener, no spawned binary).
 pub(crate) async fn open_core(options: &Options) -> Result<(Arc<Core>, std::time::Duration)> {
-    let state = StateDir::open(&options.state_dir)?;
+    let mut state = StateDir::open(&options.state_dir)?;
     let lock = state.lock()?;
     let procs = kill_leftover_processes(&state)?;
     let config_path = options
@@ -221,6 +225,10 @@ pub(crate) async fn open_core(options: &Options) -> Result<(Arc<Core>, std::time
         .clone()
         .unwrap_or_else(|| state.root().join("skiff.toml"));
     let config = Config::load(&config_path)?;
+    if let Some(workspaces) = &config.store.workspaces {
+        state.set_workspaces(workspaces)?;
+    }
+    let git_credentials = remote::Credentials::from_config(&config_path, &config.git)?;
     let lifetime_tick = config.gateway.lifetime_tick(&config_path)?;
     let credential_ttl = config.gateway.worker_credential_ttl(&config_path)?;
     let turn_timeout = config.gateway.turn_timeout(&config_path)?;
@@ -270,7 +278,22 @@ pub(crate) async fn open_core(options: &Options) -> Result<(Arc<Core>, std::time
     };
     // Before any session can be offered tools: the list every session sees is fixed here.
     let mcp = mcp::Mcp::start(mcp_servers, vault.clone()).await;
-    let telemetry = Arc::new(telemetry::Telemetry::default());
+    let telemetry = Arc::new(match &config.telemetry.otlp_endpoint {
+        Some(endpoint) => telemetry::Telemetry::with_traces(traces::Traces::exporting(
+            traces::endpoint_url(endpoint).map_err(|message| {
+                Error::Config(config::ConfigError::Invalid {
+                    path: config_path.display().to_string(),
+                    message,
+                })
+            })?,
+            config
+                .telemetry
+                .service_name
+                .clone()
+                .unwrap_or_else(|| "skiff-gateway".to_owned()),
+        )),
+        None => telemetry::Telemetry::default(),
+    });
     let hub = Arc::new(Hub::with_telemetry(store.clone(), telemetry.clone()));
     let envs = Arc::new(environments::Environments::new(
         store.clone(),
@@ -305,6 +328,7 @@ pub(crate) async fn open_core(options: &Options) -> Result<(Arc<Core>, std::time
         barrier_fault,
         fills: workspace::Fills::default(),
         restoring: Mutex::default(),
+        git_credentials,
         vault,
         session_processes: Mutex::default(),
         mcp,

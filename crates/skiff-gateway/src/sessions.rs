@@ -265,15 +265,43 @@ impl Core {
         }
         // Resolve the model before touching the disk: a typo must not leave a worktree behind.
         let model = self.catalog.resolve(req.model.as_deref())?;
-        let source = Path::new(&req.workspace);
-        if !source.is_absolute() {
-            return Err(Error::BadRequest(format!(
-                "workspace {} must be an absolute path on the gateway host",
-                req.workspace
-            )));
-        }
         let id = SessionId::from_suffix(&skiff_store::mint()?);
-        let (workspace, fill) = workspace::prepare_deferred(source, &id, &self.state).await?;
+        let (workspace, fill) = match &req.repo {
+            Some(_) if !req.workspace.is_empty() => {
+                return Err(Error::BadRequest(
+                    "give either a workspace on the gateway host or a repo URL, not both".into(),
+                ));
+            }
+            Some(repo) => {
+                let fetched = crate::remote::fetch(
+                    &repo.url,
+                    repo.git_ref.as_deref(),
+                    &self.git_credentials,
+                    &self.vault,
+                    &self.state,
+                    id.as_str(),
+                )
+                .await?;
+                let (view, fill) = workspace::remote_worktree_deferred(
+                    &fetched.mirror,
+                    &fetched.commit,
+                    &id,
+                    &self.state,
+                )
+                .await?;
+                (view, Some(fill))
+            }
+            None => {
+                let source = Path::new(&req.workspace);
+                if !source.is_absolute() {
+                    return Err(Error::BadRequest(format!(
+                        "workspace {} must be an absolute path on the gateway host",
+                        req.workspace
+                    )));
+                }
+                workspace::prepare_deferred(source, &id, &self.state).await?
+            }
+        };
         // The worktree's files are written in the background: recorded first (a restart
         // writes them again), and waited for by everything that touches the workspace from
         // before anyone can see the session.
@@ -328,7 +356,7 @@ impl Core {
             return Err(e);
         }
         self.audit(scope, "session.create", id.as_str(), "allowed", json!({
-            "workspace_kind": match workspace { skiff_protocol::api::WorkspaceView::Git { .. } => "git", _ => "plain" },
+            "workspace_kind": match workspace { skiff_protocol::api::WorkspaceView::Git { .. } if req.repo.is_some() => "remote", skiff_protocol::api::WorkspaceView::Git { .. } => "git", _ => "plain" },
             "model": model.as_str(),
             "profile": req.profile,
             "reasoning": req.reasoning,

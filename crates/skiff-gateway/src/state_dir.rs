@@ -24,7 +24,18 @@ pub enum StateDirError {
         "refusing the state dir {path}: {why}. It holds the database, the admin token and keys, so it must be private to this user; choose another directory with --state-dir (one that does not exist yet is created with mode 0700)"
     )]
     NotPrivate { path: String, why: String },
+    #[error(
+        "[store] workspaces = \"{path}\": {why}; give a directory the gateway's user can create or write (one that does not exist yet is created with mode 0700), or remove the key to keep workspaces in the state dir"
+    )]
+    Workspaces { path: String, why: String },
 }
+
+/// The host's paths the sandbox of gateway-placed sessions shows every command (read-only):
+/// workspaces there would be readable by every session.
+const SANDBOX_VISIBLE: &[&str] = &[
+    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt", "/proc",
+    "/dev", "/sys",
+];
 
 fn err(path: &Path) -> impl FnOnce(std::io::Error) -> StateDirError + '_ {
     move |source| StateDirError::Io {
@@ -88,6 +99,66 @@ fn check_private(root: &Path) -> Result<(), StateDirError> {
 #[derive(Clone, Debug)]
 pub struct StateDir {
     root: PathBuf,
+    /// `[store] workspaces`: worktrees, workspace copies, clones and checkpoint blobs (the
+    /// state dir itself unless configured).
+    workspaces: PathBuf,
+}
+
+/// Checks `[store] workspaces` and makes its subdirectories: an absolute path outside the
+/// system paths a sandbox shows, created (0700) when missing, a directory, not writable by
+/// every user, and writable by this one (a file is made and removed to prove it).
+fn open_workspaces(path: &Path) -> Result<PathBuf, StateDirError> {
+    let refuse = |why: String| StateDirError::Workspaces {
+        path: path.display().to_string(),
+        why,
+    };
+    if !path.is_absolute() {
+        return Err(refuse("it is not an absolute path".into()));
+    }
+    if path
+        .components()
+        .any(|c| matches!(c, std::path::Component::ParentDir))
+    {
+        return Err(refuse("it has a `..` segment".into()));
+    }
+    if let Some(sys) = SANDBOX_VISIBLE.iter().find(|s| path.starts_with(s)) {
+        return Err(refuse(format!(
+            "it lies under {sys}, which every sandboxed session command can read"
+        )));
+    }
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(path)
+        .map_err(|e| refuse(format!("cannot create it ({e})")))?;
+    let real = path
+        .canonicalize()
+        .map_err(|e| refuse(format!("cannot resolve it ({e})")))?;
+    let meta = fs::metadata(&real).map_err(|e| refuse(format!("cannot read it ({e})")))?;
+    if !meta.is_dir() {
+        return Err(refuse("it is not a directory".into()));
+    }
+    if meta.mode() & 0o002 != 0 {
+        return Err(refuse(format!(
+            "its mode {:04o} lets every user write in it",
+            meta.mode() & 0o7777
+        )));
+    }
+    let probe = real.join(format!(".skiff-write-probe-{}", std::process::id()));
+    fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&probe)
+        .map_err(|e| refuse(format!("this user cannot write in it ({e})")))?;
+    let _ = fs::remove_file(&probe);
+    for sub in ["worktrees", "workspaces", "mirrors"] {
+        let dir = real.join(sub);
+        fs::create_dir_all(&dir)
+            .map_err(|e| refuse(format!("cannot create {sub}/ in it ({e})")))?;
+    }
+    Ok(real)
 }
 
 impl StateDir {
@@ -105,15 +176,40 @@ impl StateDir {
         // A private directory that others may read or enter (0755) is tightened, as before.
         fs::set_permissions(root, fs::Permissions::from_mode(0o700)).map_err(err(root))?;
         let root = root.canonicalize().map_err(err(root))?;
-        for sub in ["worktrees", "workspaces", "tmp"] {
+        for sub in ["worktrees", "workspaces", "mirrors", "tmp"] {
             let dir = root.join(sub);
             fs::create_dir_all(&dir).map_err(err(&dir))?;
         }
-        Ok(Self { root })
+        Ok(Self {
+            workspaces: root.clone(),
+            root,
+        })
+    }
+
+    /// Keeps sessions' workspaces, clones and checkpoint blobs in `path` (`[store]
+    /// workspaces`) instead of the state dir, once it is checked.
+    pub fn set_workspaces(&mut self, path: &Path) -> Result<(), StateDirError> {
+        self.workspaces = open_workspaces(path)?;
+        Ok(())
     }
 
     pub fn root(&self) -> &Path {
         &self.root
+    }
+
+    /// Where sessions' workspaces live: `[store] workspaces`, else the state dir.
+    pub fn workspaces_root(&self) -> &Path {
+        &self.workspaces
+    }
+
+    /// One bare clone per remote repository URL, shared by the sessions made from it.
+    pub fn mirror(&self, key: &str) -> PathBuf {
+        self.workspaces.join("mirrors").join(key)
+    }
+
+    /// The content-addressed store of checkpoints, manifests and logs.
+    pub fn artifacts(&self) -> PathBuf {
+        self.workspaces.join("artifacts")
     }
 
     /// Takes the state dir for this process: an exclusive lock on `gateway.lock`, held until
@@ -170,11 +266,11 @@ impl StateDir {
     }
 
     pub fn worktree(&self, session: &str) -> PathBuf {
-        self.root.join("worktrees").join(session)
+        self.workspaces.join("worktrees").join(session)
     }
 
     pub fn workspace_copy(&self, session: &str) -> PathBuf {
-        self.root.join("workspaces").join(session)
+        self.workspaces.join("workspaces").join(session)
     }
 
     pub fn tmp(&self) -> PathBuf {

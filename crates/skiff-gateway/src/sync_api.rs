@@ -254,15 +254,29 @@ impl Core {
             })?
             .trim()
             .to_owned();
-        git(source)
-            .args(["push", "--quiet", &remote])
+        // A remote the gateway has credentials for (a session made with `--repo`, or any
+        // repository whose remote matches `[git.credentials]`) is pushed to with them alone.
+        let url = crate::remote::remote_url(source, &remote).await;
+        let credential = match &url {
+            Some(url) => self.git_credentials.resolve(url, &self.vault)?,
+            None => None,
+        };
+        let push = match &credential {
+            Some(credential) => crate::remote::git(std::path::Path::new(source), Some(credential)),
+            None => git(source),
+        };
+        push.args(["push", "--quiet", &remote])
             .arg(format!("refs/heads/{branch}:refs/heads/{target}"))
             .run_checked(&cancel)
             .await
-            .map_err(|e| {
-                Error::Publish(format!(
+            .map_err(|e| match (&url, &credential) {
+                (Some(url), Some(_)) => Error::Publish(format!(
+                    "pushing {branch} to {remote} as {target} failed: {}",
+                    crate::remote::push_error(url, &self.git_credentials, e)
+                )),
+                _ => Error::Publish(format!(
                     "pushing {branch} to {remote} as {target} failed: {e}"
-                ))
+                )),
             })?;
         Ok(PublishResult {
             session_id: id.clone(),

@@ -117,9 +117,19 @@ pub(crate) struct Telemetry {
     series: Mutex<Series>,
     /// Each placement's current step and since when, to time it when the next one comes.
     steps: Mutex<HashMap<SessionId, (PlacementState, Instant)>>,
+    /// `[telemetry] otlp_endpoint`: spans of turns (disabled without one).
+    pub(crate) traces: crate::traces::Traces,
 }
 
 impl Telemetry {
+    /// Measurements that also export spans of turns.
+    pub(crate) fn with_traces(traces: crate::traces::Traces) -> Telemetry {
+        Telemetry {
+            traces,
+            ..Telemetry::default()
+        }
+    }
+
     fn series(&self) -> std::sync::MutexGuard<'_, Series> {
         self.series.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -161,14 +171,18 @@ impl Telemetry {
 
     /// Wraps a model call's stream so its duration, time to first event, outcome and tokens
     /// are counted under `placement` ("gateway" or "worker") when it ends.
+    /// With `traced` (the session and model ref), the call is a span of the session's
+    /// running turn too.
     pub(crate) fn model_stream(
         self: &std::sync::Arc<Self>,
         placement: &'static str,
+        traced: Option<(SessionId, String)>,
         stream: BoxStream<'static, ModelEvent>,
     ) -> BoxStream<'static, ModelEvent> {
         let call = ModelCall {
             telemetry: self.clone(),
             placement,
+            traced,
             started: Instant::now(),
             first: None,
             outcome: None,
@@ -220,10 +234,12 @@ impl Telemetry {
                 }
             }
         }
+        drop(series);
+        self.traces.render(out);
     }
 }
 
-fn is_resting(state: PlacementState) -> bool {
+pub(crate) fn is_resting(state: PlacementState) -> bool {
     matches!(
         state,
         PlacementState::Local
@@ -265,6 +281,7 @@ fn label_text(labels: &Labels, le: Option<&str>) -> String {
 struct ModelCall {
     telemetry: std::sync::Arc<Telemetry>,
     placement: &'static str,
+    traced: Option<(SessionId, String)>,
     started: Instant,
     first: Option<Instant>,
     outcome: Option<&'static str>,
@@ -298,6 +315,16 @@ impl Drop for ModelCall {
         let outcome = self.outcome.unwrap_or("cancelled");
         let placement = || ("placement", self.placement.to_owned());
         let t = &self.telemetry;
+        if let Some((session, model)) = &self.traced {
+            t.traces.model_call(
+                session,
+                model,
+                self.placement,
+                self.started.elapsed(),
+                self.tokens,
+                outcome,
+            );
+        }
         t.observe(
             MODEL_REQUEST,
             vec![placement(), ("outcome", outcome.to_owned())],
@@ -419,7 +446,7 @@ mod tests {
                 stop_reason: StopReason::EndTurn,
             },
         ];
-        let stream = t.model_stream("worker", futures_util::stream::iter(events).boxed());
+        let stream = t.model_stream("worker", None, futures_util::stream::iter(events).boxed());
         assert_eq!(stream.collect::<Vec<_>>().await.len(), 3);
         let mut out = String::new();
         t.render(&mut out);
@@ -444,6 +471,7 @@ mod tests {
         let t = std::sync::Arc::new(Telemetry::default());
         let mut stream = t.model_stream(
             "gateway",
+            None,
             futures_util::stream::iter(vec![ModelEvent::TextDelta { text: "a".into() }])
                 .chain(futures_util::stream::pending())
                 .boxed(),

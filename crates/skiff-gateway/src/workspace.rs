@@ -61,7 +61,7 @@ fn git(dir: &Path) -> Cmd {
 }
 
 /// The lock serializing `git worktree add` on one repository (per process).
-fn repo_lock(repo: &Path) -> std::sync::Arc<tokio::sync::Mutex<()>> {
+pub(crate) fn repo_lock(repo: &Path) -> std::sync::Arc<tokio::sync::Mutex<()>> {
     static LOCKS: std::sync::OnceLock<
         std::sync::Mutex<
             std::collections::HashMap<PathBuf, std::sync::Arc<tokio::sync::Mutex<()>>>,
@@ -454,11 +454,13 @@ pub async fn prepare_deferred(
         .ok()
         .filter(|p| p.is_dir())
         .ok_or_else(|| WorkspaceError::Missing(source.display().to_string()))?;
-    if state.root().starts_with(&source) {
-        return Err(WorkspaceError::ContainsStateDir {
-            path: source.display().to_string(),
-            state: state.root().display().to_string(),
-        });
+    for held in [state.root(), state.workspaces_root()] {
+        if held.starts_with(&source) {
+            return Err(WorkspaceError::ContainsStateDir {
+                path: source.display().to_string(),
+                state: held.display().to_string(),
+            });
+        }
     }
     let cancel = CancellationToken::new();
     let toplevel = git(&source)
@@ -475,6 +477,52 @@ pub async fn prepare_deferred(
         }
         None => Ok((copy(&source, session, state, &cancel).await?, None)),
     }
+}
+
+/// A session's worktree of a remote repository's clone (`remote.rs`): a new branch
+/// `skiff/<session>` at `commit`, its files left to the returned [`Fill`] as for a local
+/// repository. The view's `source` is the clone, whose `origin` is the remote.
+pub async fn remote_worktree_deferred(
+    mirror: &Path,
+    commit: &str,
+    session: &SessionId,
+    state: &StateDir,
+) -> Result<(WorkspaceView, Fill), WorkspaceError> {
+    let cancel = CancellationToken::new();
+    let failed = |source| WorkspaceError::Prepare {
+        path: mirror.display().to_string(),
+        source,
+    };
+    let tree = git(mirror)
+        .args(["rev-parse", "--verify", "--quiet"])
+        .arg(format!("{commit}^{{tree}}"))
+        .run_checked(&cancel)
+        .await
+        .map_err(failed)?
+        .trim()
+        .to_owned();
+    let path = state.worktree(session.as_str());
+    let branch = format!("skiff/{session}");
+    let lock = repo_lock(mirror);
+    let added = {
+        let _one_at_a_time = lock.lock().await;
+        git(mirror)
+            .args(["worktree", "add", "--quiet", "--no-checkout", "-b", &branch])
+            .arg(&path)
+            .arg(commit)
+            .run_checked(&cancel)
+            .await
+    };
+    added.map_err(failed)?;
+    let fill = Fill {
+        session: session.to_string(),
+        repo: mirror.to_path_buf(),
+        branch: branch.clone(),
+        path: path.clone(),
+        base_commit: commit.to_owned(),
+        tree,
+    };
+    Ok((fill.view(), fill))
 }
 
 /// A fork's worktree: a new branch `skiff/<session>` of `repo` at `start` (the commit a

@@ -23,7 +23,7 @@ export class NewSessionView {
     this.policyEl = h('p', { class: 'policy muted', id: 'target-policy', 'aria-live': 'polite' }, 'Runs on the gateway host, in its own worktree.');
     this.workspace = h('input', {
       id: 'workspace', type: 'text', required: true, spellcheck: 'false', autocomplete: 'off',
-      placeholder: '/path/to/repository', value: last.workspace || '', class: 'mono',
+      placeholder: '/path/to/repository or https://git.example.com/app.git', value: last.workspace || '', class: 'mono',
     });
     const models = [...new Set([...ctx.sidebar.sessions.values()].map((s) => s.model?.ref).filter(Boolean))];
     this.model = h('input', {
@@ -66,7 +66,7 @@ export class NewSessionView {
         h('div', { class: 'title-row' }, h('h1', { id: 'new-title', class: 'chat-title' }, 'New session'))),
       h('div', { class: 'transcript intro' },
         h('div', { class: 'empty' },
-          h('p', {}, 'Choose where the session runs, the workspace it works on (a git repository or directory on the gateway host), and the model. The agent works in its own worktree on branch ', h('code', {}, 'skiff/<session>'), '; your checkout is never touched.'))),
+          h('p', {}, 'Choose where the session runs, the workspace it works on (a git repository or directory on the gateway host, or a remote repository\'s URL — add #REF for a branch, tag or commit — which the gateway clones with its own credentials), and the model. The agent works in its own worktree on branch ', h('code', {}, 'skiff/<session>'), '; your checkout is never touched.'))),
       this.form);
     this.loadProfiles();
   }
@@ -111,8 +111,10 @@ export class NewSessionView {
   async create() {
     const workspace = this.workspace.value.trim();
     const prompt = this.prompt.value;
-    if (!workspace.startsWith('/')) {
-      this.showError('The workspace must be an absolute path on the gateway host, e.g. /home/you/src/app.');
+    // A remote repository: a URL (`https://…`, `ssh://…`, `git@host:path`), `#REF` after it.
+    const remote = /^[a-z][a-z0-9+.-]*:\/\//i.test(workspace) || /^[\w.-]+@[\w.-]+:[^/]/.test(workspace);
+    if (!remote && !workspace.startsWith('/')) {
+      this.showError('The workspace must be an absolute path on the gateway host, e.g. /home/you/src/app, or a repository URL, e.g. https://git.example.com/app.git.');
       this.workspace.focus();
       return;
     }
@@ -121,7 +123,13 @@ export class NewSessionView {
       this.prompt.focus();
       return;
     }
-    const body = { prompt, workspace };
+    let body = { prompt, workspace };
+    if (remote) {
+      const at = workspace.lastIndexOf('#');
+      const url = at > 0 ? workspace.slice(0, at) : workspace;
+      const ref = at > 0 ? workspace.slice(at + 1) : '';
+      body = { prompt, repo: ref ? { url, ref } : { url } };
+    }
     const model = this.model.value.trim();
     if (model) body.model = model;
     const profile = this.selectedProfile();

@@ -80,8 +80,14 @@ impl std::fmt::Display for RunStatus {
 #[serde(deny_unknown_fields)]
 pub struct CreateSessionRequest {
     pub prompt: String,
-    /// Absolute path of a git repository or plain directory on the gateway host.
+    /// Absolute path of a git repository or plain directory on the gateway host; empty when
+    /// the session starts from `repo`.
+    #[serde(default)]
     pub workspace: String,
+    /// A remote repository the gateway clones (with its own git credentials) instead of a
+    /// directory on its host; exactly one of `workspace` and `repo`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repo: Option<RepoSource>,
     /// `provider/model-id`; the configured default when absent.
     #[serde(default)]
     pub model: Option<String>,
@@ -99,6 +105,17 @@ pub struct CreateSessionRequest {
     /// [`FanOutStarted`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attempts: Option<u32>,
+}
+
+/// A session's remote repository: what `skiff session new --repo URL [--ref REF]` sends.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RepoSource {
+    /// `https://`, `http://`, `ssh://`, `git://` or `file://` (never with a password in it).
+    pub url: String,
+    /// A branch, tag or commit of the remote; its default branch when absent.
+    #[serde(default, rename = "ref", skip_serializing_if = "Option::is_none")]
+    pub git_ref: Option<String>,
 }
 
 /// The most sibling sessions one fan-out starts.

@@ -18,6 +18,7 @@ pub mod anthropic_sse;
 mod fake_forge;
 mod fake_provider;
 mod git;
+pub mod git_http;
 pub mod openai_responses_sse;
 pub mod openai_sse;
 

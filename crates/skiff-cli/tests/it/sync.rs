@@ -316,3 +316,56 @@ fn a_gateway_killed_while_a_worktree_is_filled_writes_it_whole_at_restart() {
         .unwrap_or_default();
     assert!(left.is_empty(), "fill records left: {left:?}");
 }
+
+/// `session new --repo URL --ref REF`: the gateway clones the remote, the session works on
+/// `skiff/<id>` from REF, and `session publish` pushes the branch back to that URL.
+#[test]
+fn a_session_from_a_repo_url_starts_at_its_ref_and_publishes_back_to_it() {
+    let gw = Gateway::start(EDIT);
+    let remotes = tempfile::tempdir().unwrap();
+    let bare = skiff_test_support::git_http::bare_repo(
+        remotes.path(),
+        "upstream",
+        &[("notes.txt", "draft\n")],
+    );
+    let main = git(&bare, &["rev-parse", "main"]).trim().to_owned();
+    git(&bare, &["branch", "release", "main"]);
+    let url = format!("file://{}", bare.display());
+    let out = gw.run(&[
+        "session", "new", "--repo", &url, "--ref", "release", "--model", "fake/x", "--json", "work",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let list = gw.json(&["session", "list", "--json"]);
+    let id = list["sessions"][0]["id"].as_str().unwrap().to_owned();
+    let detail = gw.json(&["session", "show", &id, "--json"]);
+    let workspace = &detail["session"]["workspace"];
+    assert_eq!(workspace["branch"], format!("skiff/{id}"));
+    assert_eq!(workspace["base_commit"], main.as_str());
+    let worktree = std::path::PathBuf::from(workspace["path"].as_str().unwrap());
+    assert_eq!(
+        std::fs::read_to_string(worktree.join("notes.txt")).unwrap(),
+        "final\n",
+        "the turn worked in the clone's worktree"
+    );
+
+    let published = gw.json(&["session", "publish", &id, "--json"]);
+    assert_eq!(published["remote"], "origin");
+    assert_eq!(
+        git(&bare, &["rev-parse", &format!("refs/heads/skiff/{id}")]).trim(),
+        published["commit"].as_str().unwrap()
+    );
+
+    // A ref the remote lacks: refused, naming what exists, nothing made.
+    let out = gw.run(&[
+        "session", "new", "--repo", &url, "--ref", "nope", "--model", "fake/x", "work",
+    ]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(err.contains("has no ref \"nope\""), "{err}");
+    assert!(err.contains("branches: main, release"), "{err}");
+    let list = gw.json(&["session", "list", "--json"]);
+    assert_eq!(list["sessions"].as_array().unwrap().len(), 1);
+    // --ref means nothing without --repo.
+    let out = gw.run(&["session", "new", "--ref", "main", "work"]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+}

@@ -339,6 +339,7 @@ impl Core {
             } else {
                 // Decided here, not by the worker: the session's key, as in a local loop.
                 let cache_key = crate::backend::prompt_cache_key(&key.0);
+                let traced = Some((key.0.clone(), request.model.to_string()));
                 let stream = core.model_stream(
                     &budget_scope,
                     &key.0,
@@ -346,7 +347,7 @@ impl Core {
                     cache_key,
                     call.cancel.clone(),
                 );
-                core.telemetry.model_stream("worker", stream)
+                core.telemetry.model_stream("worker", traced, stream)
             };
             let mut usage = (0u64, 0u64);
             let mut bytes_in = 0u64;

@@ -20,6 +20,7 @@ pub fn session_request(
     CreateSessionRequest {
         prompt: prompt.into(),
         workspace: workspace.display().to_string(),
+        repo: None,
         model: Some(model.to_owned()),
         profile: None,
         reasoning: None,

@@ -18,4 +18,6 @@ mod mcp;
 mod operations;
 mod processes;
 mod reasoning;
+mod remote_repos;
 mod sandbox;
+mod traces;

@@ -75,6 +75,7 @@ async fn reasoning_chosen_for_a_session_reaches_the_model_and_its_thinking_goes_
         .create_session(&CreateSessionRequest {
             prompt: "what is in a.txt?".into(),
             workspace: ws.display().to_string(),
+            repo: None,
             model: Some("claude/claude-sonnet-4-5".into()),
             profile: None,
             reasoning: Some(ReasoningEffort::High),
