@@ -26,6 +26,7 @@ mod housekeeping;
 mod hub;
 mod mcp;
 mod metrics;
+mod people;
 mod quarantine;
 mod restore;
 mod results;
@@ -40,7 +41,9 @@ mod worker;
 mod workspace;
 
 pub use error::{Error, Result};
+pub use api::route_paths;
 pub use hub::Hub;
+pub use people::{ACCESS, Kind, Need, Rule, access};
 
 use config::Config;
 use serde::{Deserialize, Serialize};
@@ -469,7 +472,7 @@ impl Core {
             .ok()
             .and_then(|text| serde_json::from_str::<GatewayFile>(&text).ok())
             .map(|f| f.token)
-            .filter(|t| self.tokens.verify(t).is_some());
+            .filter(|t| matches!(self.tokens.verify(t), auth::Verified::Valid(_)));
         let token = match existing {
             Some(token) => token,
             None => {

@@ -950,7 +950,7 @@ impl Core {
     ) {
         if let Err(e) = self
             .store
-            .audit(scope, "api", action, target, decision, &detail)
+            .audit(scope, &crate::people::actor(), action, target, decision, &detail)
         {
             tracing::warn!(action, error = %e, "could not write an audit row");
         }

@@ -16,6 +16,7 @@ pub mod event;
 pub mod ids;
 pub mod lease;
 pub mod model;
+pub mod people;
 pub mod secrets;
 pub mod sync;
 pub mod transcript;
