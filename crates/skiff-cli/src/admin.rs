@@ -71,11 +71,13 @@ pub struct CreateTokenArgs {
 }
 
 fn parse_role(s: &str) -> Result<Role, String> {
-    Role::parse(s).ok_or_else(|| format!("{s:?} is not a role: use admin, operator, member or viewer"))
+    Role::parse(s)
+        .ok_or_else(|| format!("{s:?} is not a role: use admin, operator, member or viewer"))
 }
 
 fn parse_scope(s: &str) -> Result<TokenScope, String> {
-    TokenScope::parse(s).ok_or_else(|| format!("{s:?} is not a token scope: use read, write or admin"))
+    TokenScope::parse(s)
+        .ok_or_else(|| format!("{s:?} is not a token scope: use read, write or admin"))
 }
 
 fn parse_expiry(s: &str) -> Result<std::time::Duration, String> {
@@ -114,7 +116,10 @@ async fn user(client: &Client, cmd: UserCommand, json: bool) -> Result<ExitCode>
                 role: args.role,
                 tenant: args.tenant,
             };
-            (client.send(client.post("/v1/admin/users", &body)).await?, "added")
+            (
+                client.send(client.post("/v1/admin/users", &body)).await?,
+                "added",
+            )
         }
         UserCommand::Remove { email } => (
             client
@@ -140,7 +145,10 @@ async fn user(client: &Client, cmd: UserCommand, json: bool) -> Result<ExitCode>
                         ]
                     })
                     .collect();
-                out!("{}", render::table(&["EMAIL", "ROLE", "TENANT", "ADDED"], &rows))?;
+                out!(
+                    "{}",
+                    render::table(&["EMAIL", "ROLE", "TENANT", "ADDED"], &rows)
+                )?;
             }
             return Ok(ExitCode::SUCCESS);
         }
@@ -148,7 +156,12 @@ async fn user(client: &Client, cmd: UserCommand, json: bool) -> Result<ExitCode>
     if json {
         outln!("{}", serde_json::to_string_pretty(&view)?)?;
     } else {
-        outln!("{} {verb}: {} in tenant {}", view.email, view.role, view.tenant)?;
+        outln!(
+            "{} {verb}: {} in tenant {}",
+            view.email,
+            view.role,
+            view.tenant
+        )?;
     }
     Ok(ExitCode::SUCCESS)
 }

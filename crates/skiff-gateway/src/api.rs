@@ -125,9 +125,7 @@ async fn authenticate(State(core): Shared, mut req: Request, next: Next) -> Resp
             crate::auth::Verified::Unknown => Ok(None),
         },
         None => match crate::ui::cookie_auth(&core, &req) {
-            crate::ui::CookieAuth::Scope(scope) => {
-                crate::people::principal_of_scope(&core, &scope)
-            }
+            crate::ui::CookieAuth::Scope(scope) => crate::people::principal_of_scope(&core, &scope),
             crate::ui::CookieAuth::Missing => Ok(None),
             crate::ui::CookieAuth::CrossSite(reason) => {
                 core.audit(

@@ -93,7 +93,11 @@ impl Tokens {
             }
         }
         match found {
-            Some(row) if row.expires_at_ms.is_some_and(|at| at <= skiff_store::now_ms()) => {
+            Some(row)
+                if row
+                    .expires_at_ms
+                    .is_some_and(|at| at <= skiff_store::now_ms()) =>
+            {
                 Verified::Expired(row)
             }
             Some(row) => Verified::Valid(row),

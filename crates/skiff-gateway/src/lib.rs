@@ -40,8 +40,8 @@ mod vault;
 mod worker;
 mod workspace;
 
-pub use error::{Error, Result};
 pub use api::route_paths;
+pub use error::{Error, Result};
 pub use hub::Hub;
 pub use people::{ACCESS, Kind, Need, Rule, access};
 

@@ -153,9 +153,7 @@ pub const ACCESS: &[Rule] = &[
 
 /// The rule for a routed request, if the table has one.
 pub fn access(method: &str, path: &str) -> Option<&'static Rule> {
-    ACCESS
-        .iter()
-        .find(|r| r.method == method && r.path == path)
+    ACCESS.iter().find(|r| r.method == method && r.path == path)
 }
 
 /// The authenticated router as it is built, with the path of every route it was given, so the
@@ -253,7 +251,11 @@ impl Principal {
             format!(
                 "your role ({role}) cannot {}: this needs {} role; ask an admin of your tenant",
                 need.as_str(),
-                if wanted.starts_with('a') { format!("an {wanted}") } else { format!("a {wanted}") },
+                if wanted.starts_with('a') {
+                    format!("an {wanted}")
+                } else {
+                    format!("a {wanted}")
+                },
             )
         } else {
             format!(
@@ -325,7 +327,8 @@ pub(crate) fn actor() -> String {
 /// refused to everyone.
 pub(crate) async fn gate(State(core): State<Arc<Core>>, req: Request, next: Next) -> Response {
     let Some(principal) = req.extensions().get::<Principal>().cloned() else {
-        return Error::Internal("a request reached the gate unauthenticated".into()).into_response();
+        return Error::Internal("a request reached the gate unauthenticated".into())
+            .into_response();
     };
     let path = req
         .extensions()
@@ -334,7 +337,11 @@ pub(crate) async fn gate(State(core): State<Arc<Core>>, req: Request, next: Next
         .unwrap_or_default();
     let method = req.method().as_str().to_owned();
     // HEAD is answered as GET.
-    let lookup = if req.method() == Method::HEAD { "GET" } else { method.as_str() };
+    let lookup = if req.method() == Method::HEAD {
+        "GET"
+    } else {
+        method.as_str()
+    };
     let scope = principal.scope();
     let refused = match access(lookup, &path) {
         None => return without_rule(req, next, &method, &path).await,
@@ -471,7 +478,13 @@ async fn add_user(
     let tenant = body.tenant.unwrap_or_else(|| p.user.tenant_id.clone());
     check_tenant(&tenant)?;
     if tenant != p.user.tenant_id && !p.may(Gateway) {
-        core.audit(&p.scope(), "user.add", &body.email, "denied", json!({ "tenant": tenant }));
+        core.audit(
+            &p.scope(),
+            "user.add",
+            &body.email,
+            "denied",
+            json!({ "tenant": tenant }),
+        );
         return Err(Error::Forbidden(format!(
             "you may add users to your own tenant ({}) only; an admin of the gateway's first tenant adds users to others",
             p.user.tenant_id
@@ -626,7 +639,10 @@ mod tests {
     fn a_token_scope_caps_the_role_and_only_first_tenant_admins_reach_the_gateway() {
         let admin_read = principal(Role::Admin, "t", TokenScope::Read);
         assert!(admin_read.may(Read));
-        assert!(!admin_read.may(Write), "a read token of an admin cannot write");
+        assert!(
+            !admin_read.may(Write),
+            "a read token of an admin cannot write"
+        );
         let viewer = principal(Role::Viewer, "t", TokenScope::Admin);
         assert!(!viewer.may(Write));
         assert!(viewer.refusal(Write).contains("your role (viewer)"));
@@ -647,9 +663,19 @@ mod tests {
     fn the_access_table_has_one_rule_per_route() {
         let mut seen = std::collections::HashSet::new();
         for r in ACCESS {
-            assert!(seen.insert((r.method, r.path)), "{} {} twice", r.method, r.path);
+            assert!(
+                seen.insert((r.method, r.path)),
+                "{} {} twice",
+                r.method,
+                r.path
+            );
             if r.method != "GET" && r.kind != Kind::Own {
-                assert!(r.need > Read, "{} {} writes but needs only read", r.method, r.path);
+                assert!(
+                    r.need > Read,
+                    "{} {} writes but needs only read",
+                    r.method,
+                    r.path
+                );
             }
         }
         let (_, paths) = crate::api::routes_table().into_parts();

@@ -950,10 +950,14 @@ impl Core {
         decision: &str,
         detail: serde_json::Value,
     ) {
-        if let Err(e) = self
-            .store
-            .audit(scope, &crate::people::actor(), action, target, decision, &detail)
-        {
+        if let Err(e) = self.store.audit(
+            scope,
+            &crate::people::actor(),
+            action,
+            target,
+            decision,
+            &detail,
+        ) {
             tracing::warn!(action, error = %e, "could not write an audit row");
         }
     }

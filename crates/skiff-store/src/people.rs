@@ -58,7 +58,8 @@ fn user_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<UserRow> {
     })
 }
 
-const TOKEN_COLUMNS: &str = "id, hash, owner_id, tenant_id, label, scope, created_at_ms, expires_at_ms";
+const TOKEN_COLUMNS: &str =
+    "id, hash, owner_id, tenant_id, label, scope, created_at_ms, expires_at_ms";
 
 fn token_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<TokenRow> {
     let cap: String = r.get(5)?;

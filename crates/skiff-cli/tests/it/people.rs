@@ -16,18 +16,35 @@ text = "Done."
 
 /// Adds a user with the first admin's token and returns a token of theirs.
 fn person(gw: &Gateway, email: &str, role: &str, tenant: &str, scope: &str) -> String {
-    let out = gw.run(&["admin", "user", "add", email, "--role", role, "--tenant", tenant]);
+    let out = gw.run(&[
+        "admin", "user", "add", email, "--role", role, "--tenant", tenant,
+    ]);
     assert!(out.status.success(), "user add {email}: {}", stderr(&out));
     token(gw, email, scope)
 }
 
 fn token(gw: &Gateway, email: &str, scope: &str) -> String {
     let out = gw.run(&[
-        "admin", "token", "create", "--user", email, "--scope", scope, "--expires", "1d",
+        "admin",
+        "token",
+        "create",
+        "--user",
+        email,
+        "--scope",
+        scope,
+        "--expires",
+        "1d",
     ]);
-    assert!(out.status.success(), "token create {email}: {}", stderr(&out));
+    assert!(
+        out.status.success(),
+        "token create {email}: {}",
+        stderr(&out)
+    );
     let secret = stdout(&out).trim().to_owned();
-    assert!(secret.starts_with("skf_"), "the secret is printed: {secret}");
+    assert!(
+        secret.starts_with("skf_"),
+        "the secret is printed: {secret}"
+    );
     assert!(!stderr(&out).contains(&secret), "printed once, on stdout");
     secret
 }
@@ -91,7 +108,16 @@ fn every_route_refuses_another_tenant_another_user_and_a_viewers_writes_and_chan
     let out = as_user(
         &gw,
         &victim,
-        &["session", "new", "--json", "--workspace", repo.path().to_str().unwrap(), "--model", "fake/x", "hello"],
+        &[
+            "session",
+            "new",
+            "--json",
+            "--workspace",
+            repo.path().to_str().unwrap(),
+            "--model",
+            "fake/x",
+            "hello",
+        ],
     );
     assert!(out.status.success(), "session new: {}", stderr(&out));
     let first: Value = serde_json::from_str(stdout(&out).lines().next().unwrap()).unwrap();
@@ -146,16 +172,23 @@ fn every_route_refuses_another_tenant_another_user_and_a_viewers_writes_and_chan
             .bearer_auth(&viewer)
             .send()
             .unwrap();
-        assert_eq!(resp.status(), 405, "PATCH {path} is routed; add it to this test");
+        assert_eq!(
+            resp.status(),
+            405,
+            "PATCH {path} is routed; add it to this test"
+        );
         let allow = resp.headers()["allow"].to_str().unwrap().to_owned();
         for method in allow.split(',').map(str::trim).filter(|m| *m != "HEAD") {
-            let rule = skiff_gateway::access(method, path).unwrap_or_else(|| {
-                panic!("{method} {path} has no rule in skiff_gateway::ACCESS")
-            });
+            let rule = skiff_gateway::access(method, path)
+                .unwrap_or_else(|| panic!("{method} {path} has no rule in skiff_gateway::ACCESS"));
             routes.push((method.to_owned(), path, *rule));
         }
     }
-    assert!(routes.len() >= 50, "the router has every route: {}", routes.len());
+    assert!(
+        routes.len() >= 50,
+        "the router has every route: {}",
+        routes.len()
+    );
 
     let send = |token: &str, method: &str, path: &str| {
         let url = format!("{}{}", gw.url, fill(path));
@@ -184,7 +217,10 @@ fn every_route_refuses_another_tenant_another_user_and_a_viewers_writes_and_chan
             let resp = send(&viewer, method, path);
             assert_eq!(resp.status(), 403, "viewer {method} {path}");
             let text = resp.text().unwrap();
-            assert!(text.contains("your role (viewer)"), "viewer {method} {path}: {text}");
+            assert!(
+                text.contains("your role (viewer)"),
+                "viewer {method} {path}: {text}"
+            );
         }
         for (who, token, level) in [
             ("another tenant's admin", &stranger, Need::Admin),
@@ -200,12 +236,21 @@ fn every_route_refuses_another_tenant_another_user_and_a_viewers_writes_and_chan
                     let resp = send(token, method, path);
                     let status = resp.status().as_u16();
                     let want = if expect_refused { 403 } else { 404 };
-                    assert_eq!(status, want, "{who} {method} {path}: {}", resp.text().unwrap());
+                    assert_eq!(
+                        status,
+                        want,
+                        "{who} {method} {path}: {}",
+                        resp.text().unwrap()
+                    );
                 }
                 Kind::Create => {
                     // Making one's own rows is allowed; making the victim's is not.
                     if expect_refused {
-                        assert_eq!(send(token, method, path).status(), 403, "{who} {method} {path}");
+                        assert_eq!(
+                            send(token, method, path).status(),
+                            403,
+                            "{who} {method} {path}"
+                        );
                     } else if *path == "/v1/admin/users" {
                         let resp = http
                             .post(format!("{}{path}", gw.url))
@@ -225,11 +270,19 @@ fn every_route_refuses_another_tenant_another_user_and_a_viewers_writes_and_chan
                     }
                 }
                 Kind::Collection | Kind::Own if expect_refused => {
-                    assert_eq!(send(token, method, path).status(), 403, "{who} {method} {path}");
+                    assert_eq!(
+                        send(token, method, path).status(),
+                        403,
+                        "{who} {method} {path}"
+                    );
                 }
                 Kind::Collection | Kind::Own => {
                     let resp = send(token, method, path);
-                    assert!(resp.status().is_success(), "{who} {method} {path}: {}", resp.status());
+                    assert!(
+                        resp.status().is_success(),
+                        "{who} {method} {path}: {}",
+                        resp.status()
+                    );
                     let text = if *path == "/v1/events" {
                         // A stream: what it shows before it is ready is the caller's list.
                         let mut seen = String::new();
@@ -245,19 +298,27 @@ fn every_route_refuses_another_tenant_another_user_and_a_viewers_writes_and_chan
                         resp.text().unwrap()
                     };
                     for secret in secrets {
-                        assert!(!text.contains(secret), "{who} {method} {path} shows {secret}");
+                        assert!(
+                            !text.contains(secret),
+                            "{who} {method} {path} shows {secret}"
+                        );
                     }
                 }
             }
         }
     }
-    assert_eq!(world(&gw, &victim, &session), before, "nothing of ana's changed");
+    assert_eq!(
+        world(&gw, &victim, &session),
+        before,
+        "nothing of ana's changed"
+    );
 
     // The refusals are audited under the acting user.
     let audit = gw.run(&["audit", "export", "--since", "1d"]);
     let text = stdout(&audit);
     assert!(
-        text.lines().any(|l| l.contains("\"bert@beta.test\"") && l.contains("denied")),
+        text.lines()
+            .any(|l| l.contains("\"bert@beta.test\"") && l.contains("denied")),
         "a refusal names bert: {}",
         stderr(&audit)
     );
@@ -269,7 +330,10 @@ fn tokens_are_capped_by_their_scope_and_stop_at_revocation_and_removal() {
     let reader = person(&gw, "ada@example.test", "admin", "acme", "read");
     // A read token of an admin reads but cannot write.
     let users = as_user(&gw, &reader, &["admin", "user", "list", "--json"]);
-    assert!(!users.status.success(), "listing users needs the admin scope");
+    assert!(
+        !users.status.success(),
+        "listing users needs the admin scope"
+    );
     let me = get_json(&gw, &reader, "/v1/me");
     assert_eq!(me["email"], "ada@example.test");
     assert_eq!(me["role"], "admin");
@@ -278,7 +342,15 @@ fn tokens_are_capped_by_their_scope_and_stop_at_revocation_and_removal() {
     let out = as_user(
         &gw,
         &reader,
-        &["session", "new", "--workspace", repo.path().to_str().unwrap(), "--model", "fake/x", "hi"],
+        &[
+            "session",
+            "new",
+            "--workspace",
+            repo.path().to_str().unwrap(),
+            "--model",
+            "fake/x",
+            "hi",
+        ],
     );
     assert!(!out.status.success());
     assert!(
@@ -289,7 +361,18 @@ fn tokens_are_capped_by_their_scope_and_stop_at_revocation_and_removal() {
 
     // The tenant's admin with an admin token manages their tenant only.
     let admin = token(&gw, "ada@example.test", "admin");
-    let out = as_user(&gw, &admin, &["admin", "user", "add", "bo@example.test", "--role", "member"]);
+    let out = as_user(
+        &gw,
+        &admin,
+        &[
+            "admin",
+            "user",
+            "add",
+            "bo@example.test",
+            "--role",
+            "member",
+        ],
+    );
     assert!(out.status.success(), "{}", stderr(&out));
     let list = as_user(&gw, &admin, &["--json", "admin", "user", "list"]);
     let list: Value = serde_json::from_str(&stdout(&list)).unwrap();
@@ -299,8 +382,25 @@ fn tokens_are_capped_by_their_scope_and_stop_at_revocation_and_removal() {
         .iter()
         .map(|u| u["email"].as_str().unwrap())
         .collect();
-    assert_eq!(emails, ["ada@example.test", "bo@example.test"], "not the first admin's tenant");
-    let out = as_user(&gw, &admin, &["admin", "user", "add", "eve@x.test", "--role", "admin", "--tenant", "ten_default"]);
+    assert_eq!(
+        emails,
+        ["ada@example.test", "bo@example.test"],
+        "not the first admin's tenant"
+    );
+    let out = as_user(
+        &gw,
+        &admin,
+        &[
+            "admin",
+            "user",
+            "add",
+            "eve@x.test",
+            "--role",
+            "admin",
+            "--tenant",
+            "ten_default",
+        ],
+    );
     assert!(!out.status.success(), "no user in another tenant");
 
     let bo = token(&gw, "bo@example.test", "write");
@@ -338,17 +438,36 @@ fn tokens_are_capped_by_their_scope_and_stop_at_revocation_and_removal() {
     // The first admin keeps working, and cannot be removed.
     let out = gw.run(&["admin", "user", "remove", "admin"]);
     assert!(!out.status.success());
-    assert!(stderr(&out).contains("cannot be removed"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("cannot be removed"),
+        "{}",
+        stderr(&out)
+    );
     assert_eq!(get_json(&gw, &gw.token, "/v1/me")["role"], "admin");
 }
 
 #[test]
 fn an_expired_token_says_when_it_expired_and_what_to_do() {
     let gw = Gateway::start(ONE_TURN);
-    let out = gw.run(&["admin", "user", "add", "old@example.test", "--role", "member"]);
+    let out = gw.run(&[
+        "admin",
+        "user",
+        "add",
+        "old@example.test",
+        "--role",
+        "member",
+    ]);
     assert!(out.status.success(), "{}", stderr(&out));
     let out = gw.run(&[
-        "admin", "token", "create", "--user", "old@example.test", "--scope", "read", "--expires", "1s",
+        "admin",
+        "token",
+        "create",
+        "--user",
+        "old@example.test",
+        "--scope",
+        "read",
+        "--expires",
+        "1s",
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
     let secret = stdout(&out).trim().to_owned();
@@ -359,7 +478,10 @@ fn an_expired_token_says_when_it_expired_and_what_to_do() {
         if !out.status.success() {
             break stderr(&out);
         }
-        assert!(std::time::Instant::now() < deadline, "the token never expired");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the token never expired"
+        );
         std::thread::sleep(std::time::Duration::from_millis(200));
     };
     assert!(message.contains("expired on 20"), "{message}");
