@@ -88,7 +88,7 @@ enum Command {
     Approvals(approvals::ListArgs),
     /// Print a one-use login link for the Control UI in a browser
     Ui(ui::UiArgs),
-    /// The gateway's administration: usage against budgets
+    /// The gateway's administration: users, tokens, usage against budgets
     #[command(subcommand)]
     Admin(admin::AdminCommand),
     /// Read and take away the audit trail (metadata only)

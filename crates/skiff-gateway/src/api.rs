@@ -26,8 +26,9 @@ use std::time::Duration;
 
 type Shared = State<Arc<Core>>;
 
-pub(crate) fn router(core: Arc<Core>) -> Router {
-    let authenticated = Router::new()
+/// Every authenticated route, each checked against `people::ACCESS`.
+pub(crate) fn routes_table() -> crate::people::Routes {
+    crate::people::Routes::new()
         .route("/v1/health", get(health))
         .route("/metrics", get(crate::metrics::metrics))
         .route("/v1/sessions", get(list_sessions).post(create_session))
@@ -39,6 +40,7 @@ pub(crate) fn router(core: Arc<Core>) -> Router {
         .route("/v1/sessions/{id}/events", get(events_sse))
         .route("/v1/sessions/{id}/events/ws", get(events_ws))
         .route("/v1/events", get(session_changes))
+        .merge(crate::people::routes())
         .merge(crate::ui::api_routes())
         .merge(crate::env_api::routes())
         .merge(crate::sync_api::routes())
@@ -49,6 +51,21 @@ pub(crate) fn router(core: Arc<Core>) -> Router {
         .merge(crate::approvals::routes())
         .merge(crate::budgets::routes())
         .merge(crate::audit_trail::routes())
+}
+
+/// The path of every authenticated route, as the router is built (the whole-router test walks
+/// them).
+pub fn route_paths() -> Vec<&'static str> {
+    routes_table().into_parts().1
+}
+
+pub(crate) fn router(core: Arc<Core>) -> Router {
+    let (routes, _) = routes_table().into_parts();
+    let authenticated = routes
+        .route_layer(middleware::from_fn_with_state(
+            core.clone(),
+            crate::people::gate,
+        ))
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(core.clone(), authenticate));
     crate::ui::public_routes()
@@ -87,15 +104,32 @@ async fn authenticate(State(core): Shared, mut req: Request, next: Next) -> Resp
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::trim);
+    let anonymous = Scope::new("-", "-");
     // A bearer token, when present, decides alone; otherwise the UI's session cookie may.
-    let scope = match presented {
-        Some(token) => core.tokens.verify(token),
+    let principal = match presented {
+        Some(token) => match core.tokens.verify(token) {
+            crate::auth::Verified::Valid(row) => crate::people::principal_of_token(&core, &row),
+            crate::auth::Verified::Expired(row) => {
+                core.audit(
+                    &row.scope,
+                    "auth",
+                    req.uri().path(),
+                    "denied",
+                    json!({ "reason": "expired token", "token": row.id }),
+                );
+                return error(
+                    ErrorCode::Unauthorized,
+                    crate::people::expired_message(&row),
+                );
+            }
+            crate::auth::Verified::Unknown => Ok(None),
+        },
         None => match crate::ui::cookie_auth(&core, &req) {
-            crate::ui::CookieAuth::Scope(scope) => Some(scope),
-            crate::ui::CookieAuth::Missing => None,
+            crate::ui::CookieAuth::Scope(scope) => crate::people::principal_of_scope(&core, &scope),
+            crate::ui::CookieAuth::Missing => Ok(None),
             crate::ui::CookieAuth::CrossSite(reason) => {
                 core.audit(
-                    &Scope::new("-", "-"),
+                    &anonymous,
                     "auth",
                     req.uri().path(),
                     "denied",
@@ -108,13 +142,17 @@ async fn authenticate(State(core): Shared, mut req: Request, next: Next) -> Resp
             }
         },
     };
-    match scope {
-        Some(scope) => {
-            req.extensions_mut().insert(scope);
+    let principal = match principal {
+        Ok(p) => p,
+        Err(e) => return e.into_response(),
+    };
+    match principal {
+        Some(principal) => {
+            req.extensions_mut().insert(principal.scope());
+            req.extensions_mut().insert(principal);
             next.run(req).await
         }
         None => {
-            let anonymous = Scope::new("-", "-");
             let reason = if presented.is_some() {
                 "invalid token"
             } else {
@@ -129,7 +167,7 @@ async fn authenticate(State(core): Shared, mut req: Request, next: Next) -> Resp
             );
             error(
                 ErrorCode::Unauthorized,
-                "missing or invalid token: send `Authorization: Bearer <token>` (the token is in the gateway's gateway.json)",
+                "missing or invalid token: send `Authorization: Bearer <token>` (the first admin's is in the gateway's gateway.json; others get one from `skiff admin token create`)",
             )
         }
     }

@@ -16,7 +16,7 @@ use crate::error::{Error, Result};
 use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Extension, Json, Router};
+use axum::{Extension, Json};
 use serde::Deserialize;
 use serde_json::json;
 use skiff_agent::approval::{Approvals as Compiled, Ask};
@@ -339,8 +339,8 @@ fn outcome(row: &ApprovalView) -> std::result::Result<(), String> {
 
 type Shared = State<Arc<Core>>;
 
-pub(crate) fn routes() -> Router<Arc<Core>> {
-    Router::new()
+pub(crate) fn routes() -> crate::people::Routes {
+    crate::people::Routes::new()
         .route("/v1/approvals", get(list))
         .route("/v1/approvals/{id}", get(show))
         .route("/v1/approvals/{id}/approve", post(approve))

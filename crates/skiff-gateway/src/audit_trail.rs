@@ -15,7 +15,7 @@ use crate::error::Error;
 use axum::extract::{Query, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use axum::{Extension, Json, Router};
+use axum::{Extension, Json};
 use serde::Deserialize;
 use skiff_protocol::audit::{AUDIT_PAGE_MAX, AuditPage, AuditRecord};
 use skiff_store::{DAY_MS, Scope, Store};
@@ -34,7 +34,7 @@ const ARCHIVE_EVERY: Duration = Duration::from_secs(3600);
 
 /// The admin's alone, like the vault: another scope is refused, and the refusal audited.
 pub(crate) fn admin_only(core: &Core, scope: &Scope, action: &str) -> crate::Result<()> {
-    if *scope == crate::auth::admin_scope() {
+    if crate::people::gateway_admin(core, scope) {
         return Ok(());
     }
     core.audit(scope, action, "-", "denied", serde_json::json!({}));
@@ -43,8 +43,8 @@ pub(crate) fn admin_only(core: &Core, scope: &Scope, action: &str) -> crate::Res
     )))
 }
 
-pub(crate) fn routes() -> Router<Arc<Core>> {
-    Router::new()
+pub(crate) fn routes() -> crate::people::Routes {
+    crate::people::Routes::new()
         .route("/v1/audit/tail", get(tail))
         .route("/v1/audit/export", get(export))
 }

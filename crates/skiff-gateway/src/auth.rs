@@ -1,9 +1,9 @@
-//! API tokens. Tokens are random, shown once (in `gateway.json`), and stored only as blake3
-//! hashes. Verification hashes the presented token and compares it with every known hash using
-//! blake3's constant-time equality, without an early exit, so timing reveals nothing about
-//! which bytes matched.
+//! API tokens. Tokens are random, shown once (the first admin's in `gateway.json`, a user's by
+//! `skiff admin token create`), and stored only as blake3 hashes. Verification hashes the
+//! presented token and compares it with every known hash using blake3's constant-time equality,
+//! without an early exit, so timing reveals nothing about which bytes matched.
 
-use skiff_store::{Scope, Store};
+use skiff_store::{Scope, Store, TokenRow};
 use std::sync::RwLock;
 
 /// The label of the admin token minted at first start.
@@ -11,7 +11,7 @@ pub const ADMIN_LABEL: &str = "admin";
 
 /// The owner and tenant of the first-start admin token.
 pub fn admin_scope() -> Scope {
-    Scope::new("usr_admin", "ten_default")
+    Scope::new(skiff_store::FIRST_ADMIN, skiff_store::DEFAULT_TENANT)
 }
 
 /// A fresh token: `skf_` and 32 random base32 characters.
@@ -23,23 +23,33 @@ pub fn mint() -> Result<String, skiff_store::Error> {
     ))
 }
 
-/// The known token hashes, loaded from the store at start.
+/// What a presented token turned out to be.
+pub enum Verified {
+    Valid(TokenRow),
+    /// Known, but past its expiry (the row says when).
+    Expired(TokenRow),
+    Unknown,
+}
+
+/// The known token hashes, loaded from the store at start and kept in step with it.
 pub struct Tokens {
-    known: RwLock<Vec<(blake3::Hash, Scope, String)>>,
+    known: RwLock<Vec<(blake3::Hash, TokenRow)>>,
 }
 
 impl Tokens {
     pub fn load(store: &Store) -> Result<Self, skiff_store::Error> {
         let known = store
-            .tokens()?
+            .token_rows()?
             .into_iter()
-            .filter_map(|(hex, scope, label)| {
-                Some((blake3::Hash::from_hex(hex).ok()?, scope, label))
-            })
+            .filter_map(|row| Some((blake3::Hash::from_hex(&row.hash).ok()?, row)))
             .collect();
         Ok(Self {
             known: RwLock::new(known),
         })
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Vec<(blake3::Hash, TokenRow)>> {
+        self.known.write().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Replaces every token labelled `label` with `token`: its hash is stored (the plaintext
@@ -53,22 +63,45 @@ impl Tokens {
     ) -> Result<(), skiff_store::Error> {
         let hash = blake3::hash(token.as_bytes());
         store.replace_token(label, &hash.to_hex(), &scope)?;
-        let mut known = self.known.write().unwrap_or_else(|p| p.into_inner());
-        known.retain(|(_, _, l)| l != label);
-        known.push((hash, scope, label.to_owned()));
+        // Reload rather than rebuild the row by hand: the store assigns its id.
+        let fresh = Tokens::load(store)?;
+        let rows = std::mem::take(&mut *fresh.write());
+        *self.write() = rows;
         Ok(())
     }
 
-    /// The scope a presented token grants, if any.
-    pub fn verify(&self, presented: &str) -> Option<Scope> {
+    /// Starts accepting a token just stored.
+    pub fn add(&self, row: TokenRow) {
+        if let Ok(hash) = blake3::Hash::from_hex(&row.hash) {
+            self.write().push((hash, row));
+        }
+    }
+
+    /// Stops accepting these tokens (revoked, or their user removed).
+    pub fn remove(&self, ids: &[String]) {
+        self.write().retain(|(_, row)| !ids.contains(&row.id));
+    }
+
+    /// What a presented token is.
+    pub fn verify(&self, presented: &str) -> Verified {
         let presented = blake3::hash(presented.as_bytes());
         let known = self.known.read().unwrap_or_else(|p| p.into_inner());
         let mut found = None;
-        for (hash, scope, _) in known.iter() {
+        for (hash, row) in known.iter() {
             if *hash == presented {
-                found = Some(scope.clone());
+                found = Some(row.clone());
             }
         }
-        found
+        match found {
+            Some(row)
+                if row
+                    .expires_at_ms
+                    .is_some_and(|at| at <= skiff_store::now_ms()) =>
+            {
+                Verified::Expired(row)
+            }
+            Some(row) => Verified::Valid(row),
+            None => Verified::Unknown,
+        }
     }
 }

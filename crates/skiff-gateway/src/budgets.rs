@@ -14,7 +14,7 @@ use crate::config::ConfigError;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use axum::{Extension, Json, Router};
+use axum::{Extension, Json};
 use futures_util::StreamExt;
 use futures_util::stream::BoxStream;
 use skiff_llm::CacheKey;
@@ -446,8 +446,8 @@ impl Core {
     }
 }
 
-pub(crate) fn routes() -> Router<Arc<Core>> {
-    Router::new().route("/v1/admin/usage", get(usage))
+pub(crate) fn routes() -> crate::people::Routes {
+    crate::people::Routes::new().route("/v1/admin/usage", get(usage))
 }
 
 async fn usage(

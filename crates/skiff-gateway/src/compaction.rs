@@ -13,7 +13,7 @@ use crate::backend::CatalogClient;
 use crate::error::{Error, Result};
 use axum::extract::{Path as AxumPath, State};
 use axum::routing::post;
-use axum::{Extension, Json, Router};
+use axum::{Extension, Json};
 use skiff_agent::compact::{self, CompactError, Limits};
 use skiff_protocol::SessionId;
 use skiff_protocol::api::CompactResult;
@@ -22,8 +22,8 @@ use skiff_store::Scope;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
-pub(crate) fn routes() -> Router<Arc<Core>> {
-    Router::new().route("/v1/sessions/{id}/compact", post(compact_route))
+pub(crate) fn routes() -> crate::people::Routes {
+    crate::people::Routes::new().route("/v1/sessions/{id}/compact", post(compact_route))
 }
 
 async fn compact_route(

@@ -7,7 +7,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
-use axum::{Extension, Json, Router};
+use axum::{Extension, Json};
 use serde::Deserialize;
 use skiff_protocol::environment::{
     CreateEnvironmentRequest, EnvironmentList, ProfileList, SnapshotList, TakeSnapshotRequest,
@@ -18,8 +18,8 @@ use std::sync::Arc;
 
 type Shared = State<Arc<Core>>;
 
-pub(crate) fn routes() -> Router<Arc<Core>> {
-    Router::new()
+pub(crate) fn routes() -> crate::people::Routes {
+    crate::people::Routes::new()
         .route("/v1/profiles", get(profiles))
         .route("/v1/environments", get(list).post(create))
         .route("/v1/environments/sweep", post(sweep))
@@ -236,7 +236,7 @@ async fn exec(
 
 /// The sweep looks at every tenant's leases, so only the admin may start it.
 async fn sweep(State(core): Shared, Extension(scope): Extension<Scope>) -> Result<Response, Error> {
-    if scope != crate::auth::admin_scope() {
+    if !crate::people::gateway_admin(&core, &scope) {
         core.audit(
             &scope,
             "environment.sweep",

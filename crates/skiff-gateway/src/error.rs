@@ -161,6 +161,7 @@ fn raw_store_failure(e: &skiff_store::Error) -> bool {
         | S::GroupAtCapacity { .. }
         | S::AlreadyPicked { .. }
         | S::Retained { .. }
+        | S::UserExists { .. }
         | S::Corrupt { .. } => false,
     }
 }
@@ -179,7 +180,8 @@ fn store_code(e: &skiff_store::Error) -> ErrorCode {
         | S::IllegalPlacementTransition { .. }
         | S::TooManyChildren { .. }
         | S::AlreadyPicked { .. }
-        | S::Retained { .. } => ErrorCode::Conflict,
+        | S::Retained { .. }
+        | S::UserExists { .. } => ErrorCode::Conflict,
         S::WorkersAtCapacity { .. } | S::GroupAtCapacity { .. } => ErrorCode::AtCapacity,
         S::Open { .. } | S::Checkpointer(_) | S::Sqlite(_) if e.is_retryable() => {
             ErrorCode::Unavailable

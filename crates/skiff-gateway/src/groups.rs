@@ -15,7 +15,7 @@ use crate::{Core, workspace};
 use axum::extract::{Path as AxumPath, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Extension, Json, Router};
+use axum::{Extension, Json};
 use serde_json::json;
 use skiff_protocol::api::{
     CreateSessionRequest, DiffStat, FanOutStarted, GroupAttemptView, GroupView, MAX_ATTEMPTS,
@@ -27,8 +27,8 @@ use skiff_store::{NewSession, Scope, SessionRow};
 use std::path::Path;
 use std::sync::Arc;
 
-pub(crate) fn routes() -> Router<Arc<Core>> {
-    Router::new()
+pub(crate) fn routes() -> crate::people::Routes {
+    crate::people::Routes::new()
         .route("/v1/groups/{id}", get(show_group))
         .route("/v1/sessions/{id}/pick", post(pick))
 }

@@ -27,6 +27,7 @@ mod housekeeping;
 mod hub;
 mod mcp;
 mod metrics;
+mod people;
 mod quarantine;
 mod remote;
 mod restore;
@@ -42,8 +43,10 @@ mod vault;
 mod worker;
 mod workspace;
 
+pub use api::route_paths;
 pub use error::{Error, Result};
 pub use hub::Hub;
+pub use people::{ACCESS, Kind, Need, Rule, access};
 
 use config::Config;
 use serde::{Deserialize, Serialize};
@@ -514,7 +517,7 @@ impl Core {
             .ok()
             .and_then(|text| serde_json::from_str::<GatewayFile>(&text).ok())
             .map(|f| f.token)
-            .filter(|t| self.tokens.verify(t).is_some());
+            .filter(|t| matches!(self.tokens.verify(t), auth::Verified::Valid(_)));
         let token = match existing {
             Some(token) => token,
             None => {

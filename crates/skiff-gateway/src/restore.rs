@@ -23,7 +23,7 @@ use axum::extract::{Path as AxumPath, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
-use axum::{Extension, Json, Router};
+use axum::{Extension, Json};
 use serde_json::json;
 use skiff_protocol::SessionId;
 use skiff_protocol::api::{SessionView, WorkspaceView};
@@ -37,8 +37,8 @@ use std::path::Path;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
-pub(crate) fn routes() -> Router<Arc<Core>> {
-    Router::new()
+pub(crate) fn routes() -> crate::people::Routes {
+    crate::people::Routes::new()
         .route("/v1/sessions/{id}/restore", post(restore))
         .route("/v1/sessions/{id}/fork", post(fork))
 }

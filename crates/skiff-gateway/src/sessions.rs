@@ -646,6 +646,8 @@ impl Core {
     /// Asks the session's unfinished run to stop. The model call and any running tool stop
     /// within moments; the run then ends `cancelled`.
     pub(crate) fn cancel(&self, scope: &Scope, id: &SessionId) -> Result<RunView> {
+        // Another scope's session is "not found", never "has no running turn".
+        self.store.session(scope, id)?;
         let Some(run) = self.store.open_run(scope, id)? else {
             return Err(Error::Conflict(format!(
                 "session {id} has no running turn to cancel"
@@ -979,10 +981,14 @@ impl Core {
         decision: &str,
         detail: serde_json::Value,
     ) {
-        if let Err(e) = self
-            .store
-            .audit(scope, "api", action, target, decision, &detail)
-        {
+        if let Err(e) = self.store.audit(
+            scope,
+            &crate::people::actor(),
+            action,
+            target,
+            decision,
+            &detail,
+        ) {
             tracing::warn!(action, error = %e, "could not write an audit row");
         }
     }

@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Extension, Json, Router};
+use axum::{Extension, Json};
 use serde_json::json;
 use skiff_process::Cmd;
 use skiff_protocol::SessionId;
@@ -28,8 +28,8 @@ use tokio_util::sync::CancellationToken;
 
 type Shared = State<Arc<Core>>;
 
-pub(crate) fn routes() -> Router<Arc<Core>> {
-    Router::new()
+pub(crate) fn routes() -> crate::people::Routes {
+    crate::people::Routes::new()
         .route("/v1/sessions/{id}/checkpoints", get(checkpoints))
         .route("/v1/sessions/{id}/publish", post(publish))
         .route("/v1/sessions/{id}/quarantine", get(quarantine))

@@ -31,7 +31,7 @@ use aes_gcm::{Aes256Gcm, Nonce};
 use axum::extract::{Path as UrlPath, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
-use axum::{Extension, Json, Router};
+use axum::{Extension, Json};
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use skiff_protocol::secrets::{RotatedKey, SecretList, SecretView, SetSecretRequest};
@@ -589,8 +589,8 @@ fn sync_dir(dir: &Path) -> std::io::Result<()> {
 
 type Shared = State<Arc<Core>>;
 
-pub(crate) fn routes() -> Router<Arc<Core>> {
-    Router::new()
+pub(crate) fn routes() -> crate::people::Routes {
+    crate::people::Routes::new()
         .route("/v1/secrets", get(list))
         .route("/v1/secrets/rotate-key", post(rotate))
         .route("/v1/secrets/{name}", put(set).delete(remove))
@@ -598,7 +598,7 @@ pub(crate) fn routes() -> Router<Arc<Core>> {
 
 /// The vault is the gateway's, like its configuration: only the admin may touch it.
 fn admin_only(core: &Core, scope: &Scope, action: &str, target: &str) -> crate::Result<()> {
-    if *scope == crate::auth::admin_scope() {
+    if crate::people::gateway_admin(core, scope) {
         return Ok(());
     }
     core.audit(scope, action, target, "denied", serde_json::json!({}));

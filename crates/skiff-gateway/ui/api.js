@@ -48,6 +48,7 @@ export async function request(method, path, body) {
 
 export const api = {
   health: () => request('GET', '/v1/health'),
+  me: () => request('GET', '/v1/me'),
   session: (id) => request('GET', `/v1/sessions/${encodeURIComponent(id)}`),
   sessions: (limit, before) => request('GET', `/v1/sessions?limit=${limit}${before ? `&before=${encodeURIComponent(before)}` : ''}`),
   create: (body) => request('POST', '/v1/sessions', body),

@@ -60,11 +60,26 @@ async function submitLogin(e) {
 
 // ---- the app ----
 
+/** Who is signed in (small, in the header); the body's `data-can` hides what they cannot do. */
+async function showWhoami() {
+  try {
+    const me = await api.me();
+    const el = $('whoami');
+    el.textContent = `${me.email} · ${me.role}`;
+    el.title = `tenant ${me.tenant}, token scope ${me.scope}`;
+    el.hidden = false;
+    document.body.dataset.can = me.can.join(' ');
+  } catch {
+    // The health and event streams report a gateway that cannot be reached.
+  }
+}
+
 function startApp() {
   if (app.running) return;
   app.running = true;
   $('login').hidden = true;
   $('app').hidden = false;
+  showWhoami();
   app.sidebar = new Sidebar($('session-groups'), $('search'));
   app.stopList = follow(() => '/v1/events', {
     session: (s) => {

@@ -132,7 +132,7 @@ export class ChatView {
     this.sendBtn = h('button', { type: 'submit', class: 'primary' }, 'Send');
     this.stopBtn = h('button', { type: 'button', class: 'danger', onclick: () => this.stop(), hidden: true }, '■ Stop');
     this.errorEl = h('p', { class: 'form-error', role: 'alert', hidden: true });
-    this.form = h('form', { class: 'composer', onsubmit: (e) => { e.preventDefault(); this.sendMessage(); } },
+    this.form = h('form', { class: 'composer needs-write', onsubmit: (e) => { e.preventDefault(); this.sendMessage(); } },
       this.statusEl,
       this.input,
       h('div', { class: 'composer-bar' },
@@ -270,8 +270,8 @@ export class ChatView {
     const settled = ['local', 'parked', 'reclaimed', 'failed'];
     const onWorker = raw !== 'local' && ['active', ...settled].includes(raw);
     replace(this.actionsEl,
-      onWorker ? h('button', { type: 'button', class: 'small', onclick: () => this.confirmMove('pull-back') }, '⟲ Pull back') : null,
-      settled.includes(raw) ? h('button', { type: 'button', class: 'small', onclick: () => this.confirmMove('dispatch') }, 'Dispatch…') : null);
+      onWorker ? h('button', { type: 'button', class: 'small needs-write', onclick: () => this.confirmMove('pull-back') }, '⟲ Pull back') : null,
+      settled.includes(raw) ? h('button', { type: 'button', class: 'small needs-write', onclick: () => this.confirmMove('dispatch') }, 'Dispatch…') : null);
   }
 
   async confirmMove(kind) {

@@ -129,7 +129,7 @@ export class EnvironmentsView {
         ['Tokens', stacked(fmtInt(a.input_tokens), 'in', fmtInt(a.output_tokens), 'out')],
         ['Bytes', stacked(fmtBytes(a.bytes_in), 'in', fmtBytes(a.bytes_out), 'out')],
         ['Network', egressCell(env.egress_hosts || [])],
-        ['', destroyable ? h('button', { type: 'button', class: 'danger small', 'aria-label': `Destroy ${env.id}…`, onclick: () => this.confirmDestroy(env) }, 'Destroy') : null],
+        ['', destroyable ? h('button', { type: 'button', class: 'danger small needs-operate', 'aria-label': `Destroy ${env.id}…`, onclick: () => this.confirmDestroy(env) }, 'Destroy') : null],
       ];
       // A cell of several lines is one block, so the phone layout keeps them together.
       return h('tr', {}, cells.map(([label, v]) => h('td', { 'data-label': label, class: numeric.has(label) ? 'num' : null },

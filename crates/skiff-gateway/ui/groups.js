@@ -82,7 +82,7 @@ export class GroupView {
           ? null
           : h('button', {
             type: 'button',
-            class: 'primary small',
+            class: 'primary small needs-write',
             disabled: busy || null,
             title: busy ? 'Wait for every attempt to finish' : null,
             'aria-label': `Pick ${s.id}…`,

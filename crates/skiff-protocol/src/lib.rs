@@ -17,6 +17,7 @@ pub mod grant;
 pub mod ids;
 pub mod lease;
 pub mod model;
+pub mod people;
 pub mod secrets;
 pub mod sync;
 pub mod transcript;

@@ -77,6 +77,9 @@ pub enum Error {
     AlreadyPicked { group: String, picked: String },
     #[error("artifact {id} is retained: {reason}")]
     Retained { id: String, reason: String },
+    /// `user add` with an email some user already has (in any tenant).
+    #[error("user {email} already exists; remove them first or pick another email")]
+    UserExists { email: String },
     #[error("stored {what} is unreadable: {detail}")]
     Corrupt { what: &'static str, detail: String },
     #[error("could not start the database checkpoint thread: {0}")]

@@ -364,6 +364,30 @@ CREATE TABLE grants (
 );
 CREATE INDEX grants_by_session ON grants(session_id, issued_at_ms);
 "#,
+    // wt/people: users with a role in a tenant, and tokens that name a user, cap its role and
+    // expire.
+    r#"
+-- The people who may use the gateway. A user's rows are owned by `owner_id` (= `id`) in
+-- `tenant_id`; `usr_admin` is the gateway's own first admin (the token in gateway.json).
+CREATE TABLE users (
+    id            TEXT PRIMARY KEY,
+    owner_id      TEXT NOT NULL,
+    tenant_id     TEXT NOT NULL,
+    email         TEXT NOT NULL UNIQUE,
+    role          TEXT NOT NULL CHECK (role IN ('admin','operator','member','viewer')),
+    created_at_ms INTEGER NOT NULL
+);
+INSERT INTO users (id, owner_id, tenant_id, email, role, created_at_ms)
+    VALUES ('usr_admin', 'usr_admin', 'ten_default', 'admin', 'admin', 0);
+-- A token's id (shown in `token list`, used by `token revoke`), the most it may do, and when it
+-- stops working. The first admin's token has no expiry and the `admin` scope.
+ALTER TABLE tokens ADD COLUMN id TEXT;
+ALTER TABLE tokens ADD COLUMN scope TEXT NOT NULL DEFAULT 'admin'
+    CHECK (scope IN ('read','write','admin'));
+ALTER TABLE tokens ADD COLUMN expires_at_ms INTEGER;
+UPDATE tokens SET id = 'tok_' || label WHERE id IS NULL;
+CREATE UNIQUE INDEX tokens_by_id ON tokens(id);
+"#,
 ];
 
 pub(crate) fn migrate(conn: &mut Connection) -> Result<()> {

@@ -25,7 +25,8 @@ impl Store {
         let tx = conn.transaction()?;
         tx.execute("DELETE FROM tokens WHERE label = ?1", params![label])?;
         tx.execute(
-            "INSERT INTO tokens (hash, owner_id, tenant_id, label, created_at_ms) VALUES (?1, ?2, ?3, ?4, ?5)",
+            "INSERT INTO tokens (id, hash, owner_id, tenant_id, label, scope, created_at_ms)
+             VALUES ('tok_' || ?4, ?1, ?2, ?3, ?4, 'admin', ?5)",
             params![hash, scope.owner_id, scope.tenant_id, label, now_ms()],
         )?;
         tx.commit()?;
@@ -82,24 +83,6 @@ impl Store {
                     decision: r.get(6)?,
                     detail: crate::json_col(r, 7)?,
                 })
-            })?
-            .collect::<rusqlite::Result<Vec<_>>>()?;
-        Ok(rows)
-    }
-}
-
-impl Store {
-    /// Every stored token hash with the scope it grants and its label.
-    pub fn tokens(&self) -> Result<Vec<(String, Scope, String)>> {
-        let conn = self.conn();
-        let mut stmt = conn.prepare("SELECT hash, owner_id, tenant_id, label FROM tokens")?;
-        let rows = stmt
-            .query_map([], |r| {
-                Ok((
-                    r.get::<_, String>(0)?,
-                    Scope::new(r.get::<_, String>(1)?, r.get::<_, String>(2)?),
-                    r.get::<_, String>(3)?,
-                ))
             })?
             .collect::<rusqlite::Result<Vec<_>>>()?;
         Ok(rows)

@@ -27,6 +27,7 @@ mod leftovers;
 mod mcp;
 mod newcomer;
 mod parking;
+mod people;
 mod pull_back;
 mod reasoning;
 mod restore;

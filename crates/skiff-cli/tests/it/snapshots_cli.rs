@@ -175,7 +175,7 @@ fn top_level_help() {
           deny         Refuse a tool call that waits for approval; the agent reads the reason
           approvals    Tool calls that waited or wait for approval, newest first
           ui           Print a one-use login link for the Control UI in a browser
-          admin        The gateway's administration: usage against budgets
+          admin        The gateway's administration: users, tokens, usage against budgets
           audit        Read and take away the audit trail (metadata only)
           doctor       Check this machine for what worker boxes need (root, sshd, rsync, namespaces…)
           completions  Print a shell completion script: `skiff completions bash > /etc/bash_completion.d/skiff`

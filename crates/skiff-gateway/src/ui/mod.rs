@@ -68,8 +68,8 @@ pub(crate) fn public_routes() -> Router<Arc<Core>> {
 }
 
 /// Routes behind the API's authentication.
-pub(crate) fn api_routes() -> Router<Arc<Core>> {
-    Router::new().route("/v1/ui/tickets", post(mint_ticket))
+pub(crate) fn api_routes() -> crate::people::Routes {
+    crate::people::Routes::new().route("/v1/ui/tickets", post(mint_ticket))
 }
 
 /// How a request without a bearer token fared with its cookie.
@@ -275,7 +275,10 @@ async fn login_with_token(
     }
     let scope = serde_json::from_slice::<UiLoginRequest>(&body)
         .ok()
-        .and_then(|p| core.tokens.verify(p.token.trim()));
+        .and_then(|p| match core.tokens.verify(p.token.trim()) {
+            crate::auth::Verified::Valid(row) => Some(row.scope),
+            crate::auth::Verified::Expired(_) | crate::auth::Verified::Unknown => None,
+        });
     let Some(scope) = scope else {
         core.audit(
             &anonymous(),
