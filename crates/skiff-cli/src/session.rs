@@ -272,6 +272,7 @@ pub async fn run(cmd: SessionCommand, state_dir: &Path, json: bool) -> Result<Ex
                 reasoning: args.reasoning,
                 attempts: args.attempts,
                 approval: args.approval,
+                agent: args.agent.clone(),
             };
             if args.attempts.is_some() {
                 let started = client.send(client.post("/v1/sessions", &request)).await?;

@@ -49,11 +49,14 @@ pub(crate) fn router(core: Arc<Core>) -> Router {
         .merge(crate::approvals::routes())
         .merge(crate::budgets::routes())
         .merge(crate::audit_trail::routes())
+        .merge(crate::agents::routes())
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(core.clone(), authenticate));
     crate::ui::public_routes()
         .route("/healthz", get(crate::metrics::healthz))
         .route("/readyz", get(crate::metrics::readyz))
+        // Slack signs its requests instead of presenting a token; absent unless configured.
+        .merge(crate::ingress::routes(core.slack.is_some()))
         .merge(authenticated)
         .layer(middleware::from_fn(crate::ui::security_headers))
         .with_state(core)

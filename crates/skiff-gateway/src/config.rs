@@ -27,6 +27,12 @@ pub struct Config {
     /// The audit trail's archive and retention (`[audit]`).
     #[serde(default)]
     pub audit: AuditConfig,
+    /// Agent specs (`[agents.NAME]`; `agents/NAME.toml` beside skiff.toml too).
+    #[serde(default)]
+    pub agents: BTreeMap<String, skiff_protocol::agent::AgentSpec>,
+    /// Chat ingress (`[ingress.slack]`); off unless configured.
+    #[serde(default)]
+    pub ingress: crate::ingress::IngressConfig,
 }
 
 /// `[audit]`.

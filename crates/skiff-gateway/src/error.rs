@@ -34,6 +34,8 @@ pub enum Error {
     Process(#[from] skiff_process::Error),
     #[error(transparent)]
     Vault(#[from] crate::vault::VaultError),
+    #[error(transparent)]
+    Agent(#[from] crate::agents::AgentError),
     /// The request is malformed, or asks for what can never be done: the client's to fix.
     #[error("{0}")]
     BadRequest(String),
@@ -90,6 +92,7 @@ impl Error {
             Error::Sync(e) => sync_code(e),
             Error::Process(e) => process_code(e),
             Error::Vault(e) => vault_code(e),
+            Error::Agent(e) => agent_code(e),
             Error::BadRequest(_) => ErrorCode::BadRequest,
             Error::Forbidden(_) => ErrorCode::Forbidden,
             Error::NotFound(_) => ErrorCode::NotFound,
@@ -262,6 +265,16 @@ fn sync_code(e: &skiff_sync::Error) -> ErrorCode {
         Y::Io { .. } | Y::Invalid { .. } => ErrorCode::Internal,
         Y::Process(p) => process_code(p),
         Y::Ssh(e) => ssh_code(e),
+    }
+}
+
+fn agent_code(e: &crate::agents::AgentError) -> ErrorCode {
+    use crate::agents::AgentError as A;
+    match e {
+        A::Invalid { .. } | A::Read { .. } | A::Ambiguous { .. } => ErrorCode::BadRequest,
+        A::Unknown { .. } | A::NoSuchVersion { .. } => ErrorCode::NotFound,
+        // A stored version changed under its digest: refused until another version is named.
+        A::Corrupt { .. } => ErrorCode::Conflict,
     }
 }
 

@@ -350,6 +350,7 @@ mod tests {
             profile: profile.map(str::to_owned),
             reasoning: None,
             approval: None,
+            agent: None,
             attempts,
         }
     }

@@ -16,6 +16,7 @@
 pub mod anthropic_cache;
 pub mod anthropic_sse;
 mod fake_provider;
+pub mod fake_slack;
 mod git;
 pub mod openai_responses_sse;
 pub mod openai_sse;

@@ -25,6 +25,7 @@ pub fn session_request(
         reasoning: None,
         attempts: None,
         approval: None,
+        agent: None,
     }
 }
 
