@@ -77,13 +77,15 @@ pub struct SlackBinding {
     pub tenant: Option<String>,
 }
 
-/// The configured Slack ingress, checked at start.
+/// The configured Slack ingress, checked at start. Its secrets are opened from the vault
+/// when used, so one set (or rotated) after start is used at once.
 pub(crate) struct Slack {
     signing_secret: String,
     bot_token: String,
     api_base: String,
     bindings: Vec<SlackBinding>,
     http: reqwest::Client,
+    vault: Arc<crate::vault::Vault>,
 }
 
 /// Checks `[ingress.slack]` at start: both secrets must be `vault:NAME` references.
@@ -118,12 +120,12 @@ pub(crate) fn validate(
 }
 
 impl Slack {
-    /// Opens the secrets the configuration names (they must be in the vault at start).
-    pub(crate) fn open(
+    /// The ingress of `[ingress.slack]`, with the vault names of its two secrets.
+    pub(crate) fn new(
         config: SlackConfig,
-        secret_name: &str,
-        token_name: &str,
-        vault: &crate::vault::Vault,
+        secret_name: String,
+        token_name: String,
+        vault: Arc<crate::vault::Vault>,
     ) -> crate::Result<Slack> {
         let http = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
@@ -131,8 +133,8 @@ impl Slack {
             .build()
             .map_err(|e| Error::Internal(format!("cannot build the Slack client: {e}")))?;
         Ok(Slack {
-            signing_secret: vault.open(secret_name)?,
-            bot_token: vault.open(token_name)?,
+            signing_secret: secret_name,
+            bot_token: token_name,
             api_base: config
                 .api_base
                 .unwrap_or_else(|| DEFAULT_API_BASE.to_owned())
@@ -140,16 +142,24 @@ impl Slack {
                 .to_owned(),
             bindings: config.bindings,
             http,
+            vault,
         })
     }
 
     /// Posts `text` in a thread. A failure is logged, never retried into a loop.
     async fn post(&self, channel: &str, thread_ts: &str, text: &str) {
+        let token = match self.vault.open(&self.bot_token) {
+            Ok(token) => token,
+            Err(e) => {
+                tracing::warn!(%channel, error = %e, "could not post a reply to Slack: no bot token");
+                return;
+            }
+        };
         let url = format!("{}/chat.postMessage", self.api_base);
         let sent = self
             .http
             .post(&url)
-            .bearer_auth(&self.bot_token)
+            .bearer_auth(&token)
             .json(&json!({ "channel": channel, "thread_ts": thread_ts, "text": text }))
             .send()
             .await;
@@ -273,8 +283,18 @@ async fn events(State(core): State<Arc<Core>>, headers: HeaderMap, body: Bytes) 
         return refuse(StatusCode::NOT_FOUND, "chat ingress is not configured");
     };
     let now_s = skiff_store::now_ms() / 1000;
+    let secret = match slack.vault.open(&slack.signing_secret) {
+        Ok(secret) => secret,
+        Err(e) => {
+            tracing::warn!(error = %e, "refused a Slack request: the signing secret cannot be read");
+            return refuse(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the gateway cannot read its Slack signing secret (`ingress.slack.signing_secret`)",
+            );
+        }
+    };
     // Before anything reads the body.
-    if let Err(reason) = verify(&slack.signing_secret, &headers, &body, now_s) {
+    if let Err(reason) = verify(&secret, &headers, &body, now_s) {
         core.audit(
             &crate::auth::admin_scope(),
             "ingress.slack",

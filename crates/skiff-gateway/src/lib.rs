@@ -269,8 +269,11 @@ pub(crate) async fn open_core(options: &Options) -> Result<(Arc<Core>, std::time
     let agents = agents::Agents::new(&config_path);
     agents.sync(&store)?;
     let slack = match slack_config {
-        Some((slack, secret, token)) => Some(Arc::new(ingress::Slack::open(
-            slack, &secret, &token, &vault,
+        Some((slack, secret, token)) => Some(Arc::new(ingress::Slack::new(
+            slack,
+            secret,
+            token,
+            vault.clone(),
         )?)),
         None => None,
     };

@@ -8,6 +8,7 @@
 )]
 
 mod admission;
+mod agents;
 mod approvals;
 mod compaction;
 mod deadlines;
