@@ -13,6 +13,7 @@ mod approvals;
 mod compaction;
 mod deadlines;
 mod harness;
+mod ingress;
 mod listing;
 mod mcp;
 mod operations;
