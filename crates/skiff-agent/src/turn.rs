@@ -27,6 +27,8 @@ pub struct AgentConfig {
     pub context_window: u64,
     /// The fraction of the window past which the loop compacts before a request.
     pub compact_at: f64,
+    /// The session's agent spec's extra instructions, added to the system prompt.
+    pub agent_instructions: Option<String>,
 }
 
 /// How a turn ended.
@@ -87,7 +89,10 @@ async fn drive<M: ModelClient, B: SessionBackend>(
         )
         .await?;
     }
-    let system = instructions.system(SYSTEM_PROMPT);
+    let system = with_agent_instructions(
+        instructions.system(SYSTEM_PROMPT),
+        config.agent_instructions.as_deref(),
+    );
     for _ in 0..config.max_steps {
         // The barrier of a live handoff: the step before is committed, the next model
         // request is not made here.
@@ -321,6 +326,16 @@ async fn stream_reply<M: ModelClient, B: SessionBackend>(
     reply
 }
 
+/// The system prompt with the agent spec's instructions under their own heading.
+fn with_agent_instructions(system: String, extra: Option<&str>) -> String {
+    match extra {
+        Some(text) if !text.trim().is_empty() => {
+            format!("{system}\n\n# Agent instructions\n\n{text}")
+        }
+        _ => system,
+    }
+}
+
 async fn run_tool<B: SessionBackend>(
     backend: &B,
     tools: &Tools,
@@ -342,6 +357,11 @@ async fn run_tool<B: SessionBackend>(
     };
     let output = if cancel.is_cancelled() {
         crate::tools::ToolOutput::error("not run: the run was cancelled")
+    } else if !tools.allows(&call.name) {
+        crate::tools::ToolOutput::error(format!(
+            "not run: `{}` is not one of this agent's tools",
+            call.name
+        ))
     } else if let Some(message) = denied {
         crate::tools::ToolOutput::error(message)
     } else if call.name == crate::approval::REQUEST_APPROVAL && ask.is_some() {

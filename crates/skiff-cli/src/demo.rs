@@ -118,6 +118,7 @@ pub async fn run(args: DemoArgs, user_state_dir: &Path, json: bool) -> Result<Ex
                 reasoning: None,
                 attempts: None,
                 approval: None,
+                agent: None,
             })
             .await?;
         let session = started_run.session.clone();

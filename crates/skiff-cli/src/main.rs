@@ -4,6 +4,7 @@
 mod out;
 
 mod admin;
+mod agent;
 mod approvals;
 mod audit;
 mod boxes;
@@ -80,6 +81,9 @@ enum Command {
     /// Keep provider keys and tokens sealed in the gateway's vault (`api_key = "vault:NAME"`)
     #[command(subcommand)]
     Secret(secret::SecretCommand),
+    /// Agent specs and their versions (`[agents.NAME]` or `agents/NAME.toml`)
+    #[command(subcommand)]
+    Agent(agent::AgentCommand),
     /// Let a tool call that waits for approval run (`skiff approve apr_…`)
     Approve(approvals::DecideArgs),
     /// Refuse a tool call that waits for approval; the agent reads the reason
@@ -119,6 +123,7 @@ fn without_json_form(command: &Command) -> Option<&'static str> {
         | Command::Demo(_)
         | Command::Ui(_)
         | Command::Secret(_)
+        | Command::Agent(_)
         | Command::Approve(_)
         | Command::Deny(_)
         | Command::Approvals(_)
@@ -209,6 +214,7 @@ fn main() -> ExitCode {
             Command::Box(args) => boxes::run(args, &state_dir, json).await,
             Command::Ui(args) => ui::run(args, &state_dir, json).await,
             Command::Secret(cmd) => secret::run(cmd, &state_dir, json).await,
+            Command::Agent(cmd) => agent::run(cmd, &state_dir, json).await,
             Command::Approve(args) => approvals::approve(args, &state_dir, json).await,
             Command::Deny(args) => approvals::deny(args, &state_dir, json).await,
             Command::Approvals(args) => approvals::list(args, &state_dir, json).await,

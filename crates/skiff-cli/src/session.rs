@@ -216,6 +216,10 @@ pub struct NewArgs {
     /// in skiff.toml]
     #[arg(long, value_name = "EFFORT", value_parser = reasoning_effort)]
     reasoning: Option<ReasoningEffort>,
+    /// Run with an agent spec: NAME (its current version) or NAME@DIGEST (pinned; a prefix
+    /// of 7 or more characters will do) [default: the profile's `agent`]
+    #[arg(long, value_name = "NAME[@DIGEST]")]
+    agent: Option<String>,
     /// Fan-out: start N sibling sessions (2 to 8) with this prompt on N boxes of --profile,
     /// as one group to compare (`session compare`) and pick from (`session pick`)
     #[arg(long, value_name = "N", requires = "profile",
@@ -294,6 +298,7 @@ pub async fn run(cmd: SessionCommand, state_dir: &Path, json: bool) -> Result<Ex
                 reasoning: args.reasoning,
                 attempts: args.attempts,
                 approval: args.approval,
+                agent: args.agent.clone(),
             };
             if args.attempts.is_some() {
                 let started = client.send(client.post("/v1/sessions", &request)).await?;
@@ -381,6 +386,9 @@ pub async fn run(cmd: SessionCommand, state_dir: &Path, json: bool) -> Result<Ex
             }
             if let Some(policy) = &s.approval {
                 outln!("approval   {}", policy.describe())?;
+            }
+            if let Some(agent) = &s.agent {
+                outln!("agent      {}", agent.short())?;
             }
             match &s.workspace {
                 skiff_protocol::api::WorkspaceView::Git {

@@ -51,6 +51,7 @@ pub(crate) fn routes_table() -> crate::people::Routes {
         .merge(crate::approvals::routes())
         .merge(crate::budgets::routes())
         .merge(crate::audit_trail::routes())
+        .merge(crate::agents::routes())
 }
 
 /// The path of every authenticated route, as the router is built (the whole-router test walks
@@ -71,6 +72,8 @@ pub(crate) fn router(core: Arc<Core>) -> Router {
     crate::ui::public_routes()
         .route("/healthz", get(crate::metrics::healthz))
         .route("/readyz", get(crate::metrics::readyz))
+        // Slack signs its requests instead of presenting a token; absent unless configured.
+        .merge(crate::ingress::routes(core.slack.is_some()))
         .merge(authenticated)
         .layer(middleware::from_fn(crate::ui::security_headers))
         .with_state(core)

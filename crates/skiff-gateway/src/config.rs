@@ -39,6 +39,12 @@ pub struct Config {
     /// Optional OpenTelemetry traces (`[telemetry]`).
     #[serde(default)]
     pub telemetry: TelemetryConfig,
+    /// Agent specs (`[agents.NAME]`; `agents/NAME.toml` beside skiff.toml too).
+    #[serde(default)]
+    pub agents: BTreeMap<String, skiff_protocol::agent::AgentSpec>,
+    /// Chat ingress (`[ingress.slack]`); off unless configured.
+    #[serde(default)]
+    pub ingress: crate::ingress::IngressConfig,
 }
 
 /// `[forge]`: where governed actions push and open pull requests, with the gateway's own

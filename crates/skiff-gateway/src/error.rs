@@ -37,6 +37,7 @@ pub enum Error {
     /// A remote repository could not be cloned, fetched or resolved.
     #[error(transparent)]
     Remote(#[from] crate::remote::RemoteError),
+    Agent(#[from] crate::agents::AgentError),
     /// The request is malformed, or asks for what can never be done: the client's to fix.
     #[error("{0}")]
     BadRequest(String),
@@ -94,6 +95,7 @@ impl Error {
             Error::Process(e) => process_code(e),
             Error::Vault(e) => vault_code(e),
             Error::Remote(e) => remote_code(e),
+            Error::Agent(e) => agent_code(e),
             Error::BadRequest(_) => ErrorCode::BadRequest,
             Error::Forbidden(_) => ErrorCode::Forbidden,
             Error::NotFound(_) => ErrorCode::NotFound,
@@ -284,6 +286,16 @@ fn sync_code(e: &skiff_sync::Error) -> ErrorCode {
         Y::Io { .. } | Y::Invalid { .. } => ErrorCode::Internal,
         Y::Process(p) => process_code(p),
         Y::Ssh(e) => ssh_code(e),
+    }
+}
+
+fn agent_code(e: &crate::agents::AgentError) -> ErrorCode {
+    use crate::agents::AgentError as A;
+    match e {
+        A::Invalid { .. } | A::Read { .. } | A::Ambiguous { .. } => ErrorCode::BadRequest,
+        A::Unknown { .. } | A::NoSuchVersion { .. } => ErrorCode::NotFound,
+        // A stored version changed under its digest: refused until another version is named.
+        A::Corrupt { .. } => ErrorCode::Conflict,
     }
 }
 

@@ -356,6 +356,7 @@ mod tests {
             profile: profile.map(str::to_owned),
             reasoning: None,
             approval: None,
+            agent: None,
             attempts,
         }
     }

@@ -6,6 +6,7 @@
 //! Deliberately absent: SQL (that is `skiff-store`), provider wire formats and keys
 //! (`skiff-llm`), and the loop itself (`skiff-agent`).
 
+mod agents;
 mod api;
 mod approvals;
 pub mod audit_trail;
@@ -25,6 +26,7 @@ mod governed;
 mod groups;
 mod housekeeping;
 mod hub;
+mod ingress;
 mod mcp;
 mod metrics;
 mod people;
@@ -134,6 +136,10 @@ pub(crate) struct Core {
     local_sandbox_paths: Vec<PathBuf>,
     /// What the operator is told at start about the sandbox, when it is off or cannot be made.
     sandbox_warning: Option<String>,
+    /// Where agent specs are configured; their versions are in the store.
+    agents: agents::Agents,
+    /// `[ingress.slack]`, when configured (otherwise its route does not exist).
+    slack: Option<Arc<ingress::Slack>>,
 }
 
 /// A started gateway.
@@ -248,6 +254,12 @@ pub(crate) async fn open_core(options: &Options) -> Result<(Arc<Core>, std::time
         .gateway
         .local_sandbox_paths(&config_path, state.root())?;
     let sandbox_warning = sandbox_warning(local_sandbox).await;
+    let slack_config = ingress::validate(&config.ingress).map_err(|message| {
+        Error::Config(config::ConfigError::Invalid {
+            path: config_path.display().to_string(),
+            message,
+        })
+    })?;
     let config_dir = config_path.parent().map(PathBuf::from).unwrap_or_default();
     let store = Arc::new(Store::open(&state.database())?);
     let (audit_feed, _) = tokio::sync::watch::channel(0i64);
@@ -278,6 +290,18 @@ pub(crate) async fn open_core(options: &Options) -> Result<(Arc<Core>, std::time
         .map_err(|e| Error::Internal(e.to_string()))?
     } else {
         governed::grant::GrantKey::ephemeral().map_err(|e| Error::Internal(e.to_string()))?
+    };
+    // Every configured spec version stored (and checked) before any session can name one.
+    let agents = agents::Agents::new(&config_path);
+    agents.sync(&store)?;
+    let slack = match slack_config {
+        Some((slack, secret, token)) => Some(Arc::new(ingress::Slack::new(
+            slack,
+            secret,
+            token,
+            vault.clone(),
+        )?)),
+        None => None,
     };
     // Before any session can be offered tools: the list every session sees is fixed here.
     let mcp = mcp::Mcp::start(mcp_servers, vault.clone()).await;
@@ -352,6 +376,8 @@ pub(crate) async fn open_core(options: &Options) -> Result<(Arc<Core>, std::time
         local_sandbox,
         local_sandbox_paths,
         sandbox_warning,
+        agents,
+        slack,
     });
     core.envs
         .set_readiness(Arc::new(worker::probe::Probe(Arc::downgrade(&core))));

@@ -120,7 +120,32 @@ impl Core {
     pub(crate) fn session_view(&self, scope: &Scope, row: SessionRow) -> Result<SessionView> {
         let last_run = self.store.runs(scope, &row.id)?.pop();
         let placement = self.store.placement(scope, &row.id)?;
-        Ok(self.session_view_of(row, placement, last_run.as_ref()))
+        let agent = self.session_pin(scope, &row.id)?;
+        Ok(self.session_view_of(row, placement, last_run.as_ref(), agent))
+    }
+
+    /// The agent spec version a session is pinned to, if any.
+    pub(crate) fn session_pin(
+        &self,
+        scope: &Scope,
+        id: &SessionId,
+    ) -> Result<Option<skiff_protocol::agent::AgentPin>> {
+        Ok(self
+            .store
+            .session_agent(scope, id)?
+            .map(|(name, digest)| skiff_protocol::agent::AgentPin { name, digest }))
+    }
+
+    /// The pinned spec a session's turn runs with, checked against its digest.
+    pub(crate) fn session_spec(
+        &self,
+        scope: &Scope,
+        id: &SessionId,
+    ) -> Result<Option<skiff_protocol::agent::AgentSpec>> {
+        match self.session_pin(scope, id)? {
+            Some(pin) => Ok(Some(crate::agents::pinned(&self.store, &pin)?)),
+            None => Ok(None),
+        }
     }
 
     fn session_view_of(
@@ -128,6 +153,7 @@ impl Core {
         row: SessionRow,
         placement: Option<skiff_store::PlacementRow>,
         last_run: Option<&RunRow>,
+        agent: Option<skiff_protocol::agent::AgentPin>,
     ) -> SessionView {
         let model = ModelRef::parse(&row.model_ref)
             .map(|m| self.catalog.describe(&m))
@@ -155,6 +181,7 @@ impl Core {
             group_id: row.group_id,
             reasoning: row.reasoning.as_deref().and_then(ReasoningEffort::parse),
             approval: row.approval,
+            agent,
             created_at_ms: row.created_at_ms,
             updated_at_ms: row.updated_at_ms,
             last_run: last_run.map(|r| run_view(r, &self.catalog)),
@@ -175,8 +202,11 @@ impl Core {
         rows.truncate(limit);
         let sessions: Vec<SessionView> = rows
             .into_iter()
-            .map(|r| self.session_view_of(r.session, r.placement, r.last_run.as_ref()))
-            .collect();
+            .map(|r| {
+                let agent = self.session_pin(scope, &r.session.id)?;
+                Ok(self.session_view_of(r.session, r.placement, r.last_run.as_ref(), agent))
+            })
+            .collect::<Result<_>>()?;
         let next = more
             .then(|| sessions.last().map(|s| s.id.clone()))
             .flatten();
@@ -263,8 +293,31 @@ impl Core {
             // its box is parked to make room).
             self.make_worker_room().await?;
         }
+        // The agent spec next (the request's, else the profile's): it may choose the model.
+        let agent_ref = match (&req.agent, &req.profile) {
+            (Some(agent), _) => Some(agent.clone()),
+            (None, Some(profile)) => self.envs.profile_config(profile)?.agent.clone(),
+            (None, None) => None,
+        };
+        let agent = match &agent_ref {
+            Some(reference) => {
+                self.agents.sync(&self.store)?;
+                Some(crate::agents::resolve(&self.store, reference)?)
+            }
+            None => None,
+        };
+        let spec = agent.as_ref().map(|(_, spec)| spec);
+        let approval = req
+            .approval
+            .clone()
+            .or_else(|| spec.and_then(|s| s.approval.clone()));
+        let reasoning = req.reasoning.or_else(|| spec.and_then(|s| s.reasoning));
         // Resolve the model before touching the disk: a typo must not leave a worktree behind.
-        let model = self.catalog.resolve(req.model.as_deref())?;
+        let model = self.catalog.resolve(
+            req.model
+                .as_deref()
+                .or_else(|| spec.and_then(|s| s.model.as_deref())),
+        )?;
         let id = SessionId::from_suffix(&skiff_store::mint()?);
         let (workspace, fill) = match &req.repo {
             Some(_) if !req.workspace.is_empty() => {
@@ -333,14 +386,22 @@ impl Core {
             }
             None => self.store.create_session(scope, &new).map_err(Into::into),
         };
-        let created = match (created, &req.approval) {
+        let created = match (created, &approval) {
             (Ok(_), Some(policy)) => self
                 .store
                 .set_session_approval(scope, &id, policy)
                 .map_err(Into::into),
             (created, _) => created,
         };
-        let created = match (created, req.reasoning) {
+        let created = match (created, &agent) {
+            (Ok(row), Some((pin, _))) => self
+                .store
+                .pin_session_agent(scope, &id, &pin.name, &pin.digest)
+                .map(|()| row)
+                .map_err(Into::into),
+            (created, _) => created,
+        };
+        let created = match (created, reasoning) {
             (Ok(_), Some(effort)) => self
                 .store
                 .set_session_reasoning(scope, &id, Some(effort.as_str()))
@@ -359,8 +420,10 @@ impl Core {
             "workspace_kind": match workspace { skiff_protocol::api::WorkspaceView::Git { .. } if req.repo.is_some() => "remote", skiff_protocol::api::WorkspaceView::Git { .. } => "git", _ => "plain" },
             "model": model.as_str(),
             "profile": req.profile,
-            "reasoning": req.reasoning,
-            "approval": req.approval.as_ref().map(|p| match p {
+            "reasoning": reasoning,
+            "agent": agent.as_ref().map(|(pin, _)| pin.short()),
+            "agent_digest": agent.as_ref().map(|(pin, _)| pin.digest.clone()),
+            "approval": approval.as_ref().map(|p| match p {
                 skiff_protocol::approval::ApprovalPolicy::Rules(_) => "rules",
                 skiff_protocol::approval::ApprovalPolicy::OnRequest => "on-request",
                 skiff_protocol::approval::ApprovalPolicy::Never => "never",
@@ -616,7 +679,11 @@ impl Core {
             "run.start",
             run.id.as_str(),
             "allowed",
-            json!({ "session": id.as_str() }),
+            json!({
+                "session": id.as_str(),
+                "agent": self.session_pin(scope, id)?.map(|p| p.short()),
+                "agent_digest": self.session_pin(scope, id)?.map(|p| p.digest),
+            }),
         );
 
         let cancel = CancellationToken::new();
@@ -845,6 +912,13 @@ impl Core {
                 .as_deref()
                 .and_then(ReasoningEffort::parse),
             compact_at: self.compact_at,
+            agent_instructions: None,
+        };
+        // The pinned spec, checked against its digest before every turn.
+        let spec = self.session_spec(scope, &session.id)?;
+        let config = AgentConfig {
+            agent_instructions: spec.as_ref().and_then(|s| s.instructions.clone()),
+            ..config
         };
         self.workspace_ready(&session.id).await?;
         let mut tools = Tools::new(session.workspace.path().into(), Vec::new())
@@ -873,6 +947,9 @@ impl Core {
         // A child never dispatches children of its own.
         if session.parent_id.is_none() {
             tools = tools.with_dispatch();
+        }
+        if let Some(allowed) = spec.and_then(|s| s.tools) {
+            tools = tools.with_allowlist(allowed);
         }
         let backend = StoreBackend {
             core: self.clone(),

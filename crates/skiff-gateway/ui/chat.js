@@ -213,6 +213,10 @@ export class ChatView {
     replace(this.metaEl,
       h('span', { class: 'model', title: s.model?.ref }, s.model?.ref || ''),
       s.model?.scripted ? h('span', { class: 'tag', title: 'A scripted stand-in model, not a real one' }, 'scripted') : null,
+      // The agent spec version the session is pinned to: name and short digest.
+      s.agent ? [h('span', { class: 'sep', 'aria-hidden': 'true' }, '·'),
+        h('span', { class: 'mono agent', title: `agent spec ${s.agent.name}@${s.agent.digest}` },
+          `${s.agent.name}@${s.agent.digest.slice(0, 12)}`)] : null,
       ws.branch ? [h('span', { class: 'sep', 'aria-hidden': 'true' }, '·'), h('span', { class: 'mono', title: `branch ${ws.branch}` }, ws.branch)] : null,
       h('span', { class: 'sep', 'aria-hidden': 'true' }, '·'),
       h('span', { class: 'mono path', title: ws.path }, ws.path || ''),

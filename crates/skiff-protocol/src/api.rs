@@ -100,6 +100,10 @@ pub struct CreateSessionRequest {
     /// Which tool calls wait for a person; the profile's (or the gateway's) policy when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval: Option<crate::approval::ApprovalPolicy>,
+    /// An agent spec, `NAME` (its current version) or `NAME@DIGEST` (a digest or a prefix of
+    /// one); the profile's `agent` when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<String>,
     /// Fan-out: start this many sibling sessions (2 to [`MAX_ATTEMPTS`]) on as many boxes of
     /// `profile`, with the same prompt and base, as one group. The answer is then a
     /// [`FanOutStarted`].
@@ -359,6 +363,9 @@ pub struct SessionView {
     /// The session's own `--approval` policy; absent: its profile's or the gateway's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval: Option<crate::approval::ApprovalPolicy>,
+    /// The agent spec version the session runs with, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<crate::agent::AgentPin>,
     pub created_at_ms: i64,
     pub updated_at_ms: i64,
     /// The newest run, if any.

@@ -7,6 +7,7 @@
 //! small pure helpers, so that every process (gateway, CLI, worker) can share it without
 //! pulling in each other's machinery.
 
+pub mod agent;
 pub mod api;
 pub mod approval;
 pub mod audit;

@@ -358,6 +358,12 @@ pub struct TurnAssignment {
         skip_serializing_if = "crate::approval::ApprovalPolicy::is_never"
     )]
     pub approval: crate::approval::ApprovalPolicy,
+    /// The session's agent spec: its extra instructions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_instructions: Option<String>,
+    /// The session's agent spec: the only tools the model is offered (absent: all).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools_allowed: Option<Vec<String>>,
 }
 
 /// Frames the gateway sends.

@@ -112,6 +112,10 @@ pub struct ProfileConfig {
     /// or rules; a session's own `--approval` wins) [default: never].
     #[serde(default)]
     pub approval: Option<skiff_protocol::approval::ApprovalPolicy>,
+    /// The agent spec (`NAME` or `NAME@DIGEST`) this profile's sessions run with when they
+    /// name none.
+    #[serde(default)]
+    pub agent: Option<String>,
     /// How long a worker of this profile may go without progress during a turn (no event, no
     /// model call or output, no transcript write) before it is treated as dead and replaced
     /// (default `15m`).
@@ -319,6 +323,7 @@ impl ProfileConfig {
             setup_timeout: None,
             turn_timeout: None,
             approval: None,
+            agent: None,
             stall_timeout: None,
             failover: Failover::Auto,
             failover_attempts: None,

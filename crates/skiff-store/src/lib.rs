@@ -15,6 +15,7 @@
 //! The connection is synchronous (rusqlite, WAL). Calls are short and serialized by one mutex;
 //! callers in async code call them directly.
 
+mod agents;
 mod approvals;
 mod artifacts;
 mod audit;
@@ -39,6 +40,7 @@ mod transcript;
 pub mod transition;
 mod usage;
 
+pub use agents::AgentSpecRow;
 pub use approvals::NewApproval;
 pub use artifacts::{ArtifactRole, ArtifactRow, NewArtifact, Retention};
 pub use audit::DAY_MS;

@@ -388,6 +388,42 @@ ALTER TABLE tokens ADD COLUMN expires_at_ms INTEGER;
 UPDATE tokens SET id = 'tok_' || label WHERE id IS NULL;
 CREATE UNIQUE INDEX tokens_by_id ON tokens(id);
 "#,
+    // wt/specs: pinned agent specs and Slack-compatible chat ingress.
+    r#"
+-- Agent specs, content-addressed: one row per version (name, sha256 of its canonical JSON).
+-- Gateway-wide configuration (like `secrets`), so without owner or tenant. `seen_at_ms` is
+-- when configuration last named this version: the newest is the name's current version.
+CREATE TABLE agent_specs (
+    name          TEXT NOT NULL,
+    digest        TEXT NOT NULL,
+    content       TEXT NOT NULL,
+    created_at_ms INTEGER NOT NULL,
+    seen_at_ms    INTEGER NOT NULL,
+    PRIMARY KEY (name, digest)
+);
+-- The spec version a session runs with, fixed when it is created.
+CREATE TABLE session_agents (
+    session_id TEXT PRIMARY KEY REFERENCES sessions(id),
+    owner_id   TEXT NOT NULL,
+    tenant_id  TEXT NOT NULL,
+    name       TEXT NOT NULL,
+    digest     TEXT NOT NULL
+);
+-- Slack event ids already accepted (replay refusal), gateway-wide like the signing secret.
+CREATE TABLE ingress_events (
+    event_id   TEXT PRIMARY KEY,
+    seen_at_ms INTEGER NOT NULL
+);
+-- One session per chat thread.
+CREATE TABLE ingress_threads (
+    channel    TEXT NOT NULL,
+    thread_ts  TEXT NOT NULL,
+    owner_id   TEXT NOT NULL,
+    tenant_id  TEXT NOT NULL,
+    session_id TEXT NOT NULL REFERENCES sessions(id),
+    PRIMARY KEY (channel, thread_ts)
+);
+"#,
 ];
 
 pub(crate) fn migrate(conn: &mut Connection) -> Result<()> {

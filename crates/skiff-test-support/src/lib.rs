@@ -17,6 +17,7 @@ pub mod anthropic_cache;
 pub mod anthropic_sse;
 mod fake_forge;
 mod fake_provider;
+pub mod fake_slack;
 mod git;
 pub mod git_http;
 pub mod openai_responses_sse;

@@ -116,6 +116,11 @@ impl Turns {
                 };
             }
         };
+        // The session's agent spec: tools outside its list are not offered at all.
+        let tools = match turn.tools_allowed {
+            Some(allowed) => tools.with_allowlist(allowed),
+            None => tools,
+        };
         let config = AgentConfig {
             model: turn.model,
             model_label: turn.model_label,
@@ -124,6 +129,7 @@ impl Turns {
             reasoning: turn.reasoning,
             context_window: turn.context_window,
             compact_at: turn.compact_at,
+            agent_instructions: turn.agent_instructions,
         };
         let model = RpcModel {
             link: self.link.clone(),

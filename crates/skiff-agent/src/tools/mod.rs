@@ -86,6 +86,8 @@ pub struct Tools {
     repository_root: Option<PathBuf>,
     /// Which calls wait for a person (the session's approval policy).
     approvals: crate::approval::Approvals,
+    /// The agent spec's tool allowlist: the only tools offered and run (`None`: all).
+    allowlist: Option<std::collections::BTreeSet<String>>,
 }
 
 impl Tools {
@@ -101,6 +103,7 @@ impl Tools {
             gateway_specs: Vec::new(),
             repository_root: None,
             approvals: crate::approval::Approvals::default(),
+            allowlist: None,
         })
     }
 
@@ -188,6 +191,20 @@ impl Tools {
         &self.workspace
     }
 
+    /// Limits the tools to an agent spec's allowlist: any other tool is left out of the
+    /// model's list and refused if called anyway. `request_approval` belongs to the
+    /// approval policy, not the allowlist.
+    pub fn with_allowlist(mut self, tools: impl IntoIterator<Item = String>) -> Self {
+        self.allowlist = Some(tools.into_iter().collect());
+        self
+    }
+
+    /// Whether a tool may run under the allowlist.
+    pub fn allows(&self, name: &str) -> bool {
+        name == crate::approval::REQUEST_APPROVAL
+            || self.allowlist.as_ref().is_none_or(|allowed| allowed.contains(name))
+    }
+
     /// The JSON schemas the model sees, in a fixed order (request bodies must be stable).
     pub fn specs(&self) -> Vec<ToolSpec> {
         let mut specs = specs();
@@ -198,6 +215,7 @@ impl Tools {
         if self.dispatch {
             specs.extend(dispatch_specs());
         }
+        specs.retain(|spec| self.allows(&spec.name));
         specs
     }
 

@@ -123,6 +123,7 @@ pub(crate) fn config() -> AgentConfig {
         max_output_tokens: 1024,
         context_window: 0,
         compact_at: skiff_agent::compact::DEFAULT_COMPACT_AT,
+        agent_instructions: None,
     }
 }
 

@@ -171,6 +171,7 @@ fn top_level_help() {
           box          This machine's local boxes behind the lease-CLI contract (what `command` providers run)
           demo         Run the whole flow offline: a gateway, a sample repository, a session that edits, tests and commits
           secret       Keep provider keys and tokens sealed in the gateway's vault (`api_key = "vault:NAME"`)
+          agent        Agent specs and their versions (`[agents.NAME]` or `agents/NAME.toml`)
           approve      Let a tool call that waits for approval run (`skiff approve apr_…`)
           deny         Refuse a tool call that waits for approval; the agent reads the reason
           approvals    Tool calls that waited or wait for approval, newest first

@@ -249,6 +249,26 @@ impl Core {
                     );
                     return;
                 }
+                // The session's agent spec: a tool outside its list never reaches the model,
+                // whatever the worker put in the request.
+                let mut request = request;
+                if !canary {
+                    match self.session_spec(&a.scope, &op.session_id) {
+                        Ok(Some(spec)) => {
+                            if let Some(allowed) = spec.tools {
+                                request.tools.retain(|t| {
+                                    allowed.contains(&t.name)
+                                        || t.name == skiff_agent::approval::REQUEST_APPROVAL
+                                });
+                            }
+                        }
+                        Ok(None) => {}
+                        Err(e) => {
+                            fail(a, format!("the session's agent spec is refused: {e}"));
+                            return;
+                        }
+                    }
+                }
                 let call = Arc::new(ModelCall {
                     request_hash: hash.clone(),
                     events: Mutex::new(Vec::new()),

@@ -839,3 +839,55 @@ async fn a_worker_sessions_model_call_past_its_profiles_budget_is_refused_before
     let lines = h.core.usage_lines(&h.a.scope, &session).unwrap();
     assert!(lines[0].exhausted && lines[0].tokens == 120, "{lines:?}");
 }
+
+/// A worker session's agent spec travels with its turn (the worker offers only its tools),
+/// and the gateway does not take the worker's word for it: a gateway tool outside the list
+/// is refused, and a model request's tools are cut to the list before the provider.
+#[tokio::test]
+async fn a_worker_sessions_agent_spec_limits_its_tools_on_both_sides() {
+    let mut h = Harness::with_config(
+        "[agents.reader]\ninstructions = \"Only read.\"\ntools = [\"read\", \"grep\"]\n",
+    )
+    .await
+    .unwrap();
+    let (scope, session) = (h.a.scope.clone(), h.a.claims.session_id.clone());
+    let version = h.core.store.agent_spec_versions("reader").unwrap().remove(0);
+    h.core
+        .store
+        .pin_session_agent(&scope, &session, "reader", &version.digest)
+        .unwrap();
+
+    h.core.hand_over_turn(&scope, &session).unwrap();
+    let turn = loop {
+        if let GatewayFrame::Turn { turn } = next_frame(&mut h.frames).await.unwrap() {
+            break turn;
+        }
+    };
+    assert_eq!(
+        turn.tools_allowed,
+        Some(vec!["grep".to_owned(), "read".to_owned()]),
+        "the stored (canonical) list"
+    );
+    assert_eq!(turn.agent_instructions.as_deref(), Some("Only read."));
+
+    let reply = h
+        .call(
+            StreamKind::Tool,
+            1,
+            Call::ToolGateway {
+                name: skiff_agent::tools::WEB_FETCH.into(),
+                arguments: serde_json::json!({"url": "http://example.com/"}),
+            },
+        )
+        .await
+        .unwrap();
+    assert!(
+        matches!(&reply, Reply::ToolOutput { is_error: true, content } if content.contains("not one of this agent's tools")),
+        "{reply:?}"
+    );
+    let audit = h.audit("allowed").unwrap();
+    assert!(
+        !audit.iter().any(|a| a.contains("web_fetch")),
+        "the refused fetch ran: {audit:?}"
+    );
+}

@@ -42,7 +42,10 @@ impl Core {
         let row = self.store.session(scope, session)?;
         let reasoning = row.reasoning.clone();
         let approval = self.approval_policy(scope, &row);
+        let spec = self.session_spec(scope, session)?;
         let turn = TurnAssignment {
+            agent_instructions: spec.as_ref().and_then(|s| s.instructions.clone()),
+            tools_allowed: spec.and_then(|s| s.tools),
             approval,
             reasoning: reasoning.as_deref().and_then(ReasoningEffort::parse),
             run_id: run.id.clone(),

@@ -47,6 +47,21 @@ impl Core {
         arguments: &serde_json::Value,
         cancel: &CancellationToken,
     ) -> ToolOutput {
+        // The session's agent spec: a tool outside its list is refused here too, whoever
+        // asks (a worker's loop offers only the list, but the gateway does not take its word).
+        match self.session_spec(scope, session) {
+            Ok(Some(spec)) => {
+                if let Some(allowed) = &spec.tools
+                    && !allowed.iter().any(|t| t == name)
+                {
+                    return ToolOutput::error(format!(
+                        "not run: `{name}` is not one of this agent's tools"
+                    ));
+                }
+            }
+            Ok(None) => {}
+            Err(e) => return ToolOutput::error(format!("not run: {e}")),
+        }
         if skiff_agent::tools::GOVERNED_TOOLS.contains(&name) {
             return self
                 .governed_tool(scope, session, env, run, name, arguments, cancel)

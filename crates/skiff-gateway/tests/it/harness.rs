@@ -26,6 +26,7 @@ pub fn session_request(
         reasoning: None,
         attempts: None,
         approval: None,
+        agent: None,
     }
 }
 

@@ -8,11 +8,13 @@
 )]
 
 mod admission;
+mod agents;
 mod approvals;
 mod compaction;
 mod deadlines;
 mod governed;
 mod harness;
+mod ingress;
 mod listing;
 mod mcp;
 mod operations;

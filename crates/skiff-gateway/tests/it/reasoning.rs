@@ -81,6 +81,7 @@ async fn reasoning_chosen_for_a_session_reaches_the_model_and_its_thinking_goes_
             reasoning: Some(ReasoningEffort::High),
             attempts: None,
             approval: None,
+            agent: None,
         })
         .await
         .unwrap();

@@ -1,0 +1,56 @@
+//! `skiff agent list|show` and `session new --agent`: what a person reads about agent specs
+//! and the version a session runs with.
+
+use crate::harness::{Gateway, stderr, stdout};
+use skiff_test_support::TempGitRepo;
+
+const DONE: &str = "[[turns]]\ntext = \"Looked.\"\n";
+
+#[test]
+fn agent_list_show_and_a_pinned_session_read_well() {
+    let gw = Gateway::start_with(
+        DONE,
+        "[agents.reviewer]\ninstructions = \"Review only.\"\ntools = [\"read\", \"grep\"]\nreasoning = \"low\"\n",
+    );
+    let list = gw.run(&["agent", "list"]);
+    assert!(list.status.success(), "{}", stderr(&list));
+    let line = stdout(&list);
+    assert!(line.starts_with("reviewer@") && line.contains("(current)"), "{line}");
+
+    let show = gw.json(&["--json", "agent", "show", "reviewer"]);
+    let digest = show["versions"][0]["digest"].as_str().unwrap().to_owned();
+    assert_eq!(digest.len(), 64);
+    assert_eq!(show["versions"][0]["spec"]["tools"], serde_json::json!(["grep", "read"]));
+    let text = stdout(&gw.run(&["agent", "show", "reviewer"]));
+    assert!(text.contains(&format!("digest     {digest}")), "{text}");
+    assert!(text.contains("tools      grep, read"), "{text}");
+    assert!(text.contains("  Review only."), "{text}");
+
+    let repo = TempGitRepo::new(&[("a.txt", "a\n")]);
+    let out = gw.run(&[
+        "session",
+        "new",
+        "--json",
+        "--workspace",
+        repo.path().to_str().unwrap(),
+        "--model",
+        "fake/x",
+        "--agent",
+        &format!("reviewer@{}", &digest[..8]),
+        "look",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let first: serde_json::Value =
+        serde_json::from_str(stdout(&out).lines().next().unwrap()).unwrap();
+    let id = first["session_id"].as_str().unwrap();
+    let show = stdout(&gw.run(&["session", "show", id]));
+    assert!(
+        show.contains(&format!("agent      reviewer@{}", &digest[..12])),
+        "{show}"
+    );
+    assert!(show.contains("reasoning  low"), "the spec's reasoning applies: {show}");
+
+    let unknown = gw.run(&["agent", "show", "nobody"]);
+    assert_eq!(unknown.status.code(), Some(4), "{}", stderr(&unknown));
+    assert!(stderr(&unknown).contains("nobody"), "{}", stderr(&unknown));
+}
