@@ -270,8 +270,8 @@ pub(crate) fn pinned(store: &Store, pin: &AgentPin) -> crate::Result<AgentSpec> 
 
 // ---- routes ----
 
-pub(crate) fn routes() -> axum::Router<std::sync::Arc<crate::Core>> {
-    axum::Router::new()
+pub(crate) fn routes() -> crate::people::Routes {
+    crate::people::Routes::new()
         .route("/v1/agents", axum::routing::get(list))
         .route("/v1/agents/{name}", axum::routing::get(show))
 }

@@ -37,6 +37,7 @@ pub enum Error {
     /// A remote repository could not be cloned, fetched or resolved.
     #[error(transparent)]
     Remote(#[from] crate::remote::RemoteError),
+    #[error(transparent)]
     Agent(#[from] crate::agents::AgentError),
     /// The request is malformed, or asks for what can never be done: the client's to fix.
     #[error("{0}")]

@@ -461,6 +461,7 @@ async fn start_or_continue(
         approval: None,
         agent: binding.agent.clone(),
         attempts: None,
+        repo: None,
     };
     let started = core.create_session(scope, request).await?;
     core.store

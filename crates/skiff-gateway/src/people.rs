@@ -143,6 +143,9 @@ pub const ACCESS: &[Rule] = &[
     rule("GET", "/v1/admin/usage", Gateway, Wide),
     rule("GET", "/v1/audit/tail", Gateway, Wide),
     rule("GET", "/v1/audit/export", Gateway, Wide),
+    // Agent specs are gateway-wide configuration every caller may read.
+    rule("GET", "/v1/agents", Read, Collection),
+    rule("GET", "/v1/agents/{name}", Read, Row),
     rule("GET", "/v1/admin/users", Admin, Collection),
     rule("POST", "/v1/admin/users", Admin, Create),
     rule("DELETE", "/v1/admin/users/{email}", Admin, Row),
