@@ -25,6 +25,7 @@ fn repo_request(url: &str, git_ref: Option<&str>) -> CreateSessionRequest {
         reasoning: None,
         attempts: None,
         approval: None,
+        agent: None,
     }
 }
 
