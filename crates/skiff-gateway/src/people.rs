@@ -220,6 +220,16 @@ impl Principal {
         role.min(cap)
     }
 
+    /// Whether the token lets the user do all their role may: the Control UI's cookie carries
+    /// only the user, so only such a token may sign in to it.
+    pub fn full_reach(&self) -> bool {
+        let whole = Principal {
+            user: self.user.clone(),
+            cap: TokenScope::Admin,
+        };
+        whole.level() <= self.level()
+    }
+
     pub fn may(&self, need: Need) -> bool {
         need <= self.level()
     }

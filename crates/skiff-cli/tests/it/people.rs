@@ -338,6 +338,18 @@ fn tokens_are_capped_by_their_scope_and_stop_at_revocation_and_removal() {
     assert_eq!(me["email"], "ada@example.test");
     assert_eq!(me["role"], "admin");
     assert_eq!(me["can"], json!(["read"]));
+    // Nor can it become a Control UI cookie, which would carry the whole role.
+    let ticket = Client::new()
+        .post(format!("{}/v1/ui/tickets", gw.url))
+        .bearer_auth(&reader)
+        .json(&json!({}))
+        .send()
+        .unwrap();
+    assert_eq!(
+        ticket.status(),
+        403,
+        "a read token of an admin mints no UI login"
+    );
     let repo = TempGitRepo::new(&[("a.txt", "a\n")]);
     let out = as_user(
         &gw,

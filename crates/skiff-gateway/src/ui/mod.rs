@@ -72,6 +72,9 @@ pub(crate) fn api_routes() -> crate::people::Routes {
     crate::people::Routes::new().route("/v1/ui/tickets", post(mint_ticket))
 }
 
+/// Why a token narrower than its user's role cannot sign in to the Control UI.
+const NARROW_TOKEN: &str = "this token's scope is narrower than your role, and the Control UI signs you in with your role's full reach: use a token whose --scope covers your role (`skiff admin token create --scope admin`)";
+
 /// How a request without a bearer token fared with its cookie.
 pub(crate) enum CookieAuth {
     /// No `skiff_session` cookie, or one that is not (or no longer) valid.
@@ -198,7 +201,21 @@ fn session_cookie(
 }
 
 /// `POST /v1/ui/tickets` (bearer): a one-use login link for `skiff ui`.
-async fn mint_ticket(State(core): Shared, Extension(scope): Extension<Scope>) -> Response {
+async fn mint_ticket(
+    State(core): Shared,
+    Extension(scope): Extension<Scope>,
+    Extension(principal): Extension<crate::people::Principal>,
+) -> Response {
+    if !principal.full_reach() {
+        core.audit(
+            &scope,
+            "ui.ticket",
+            "-",
+            "denied",
+            json!({ "reason": "narrow token" }),
+        );
+        return refuse(ErrorCode::Forbidden, NARROW_TOKEN);
+    }
     match core.ui.tickets.mint(&scope, now_ms()) {
         Ok((ticket, expires_at_ms)) => {
             core.audit(&scope, "ui.ticket", "-", "applied", json!({}));
@@ -276,9 +293,27 @@ async fn login_with_token(
     let scope = serde_json::from_slice::<UiLoginRequest>(&body)
         .ok()
         .and_then(|p| match core.tokens.verify(p.token.trim()) {
-            crate::auth::Verified::Valid(row) => Some(row.scope),
+            crate::auth::Verified::Valid(row) => Some(row),
             crate::auth::Verified::Expired(_) | crate::auth::Verified::Unknown => None,
         });
+    let narrow = match &scope {
+        Some(row) => matches!(
+            crate::people::principal_of_token(&core, row),
+            Ok(Some(p)) if !p.full_reach()
+        ),
+        None => false,
+    };
+    if narrow {
+        core.audit(
+            &anonymous(),
+            "ui.login",
+            "token",
+            "denied",
+            json!({ "reason": "narrow token" }),
+        );
+        return refuse(ErrorCode::Forbidden, NARROW_TOKEN);
+    }
+    let scope = scope.map(|row| row.scope);
     let Some(scope) = scope else {
         core.audit(
             &anonymous(),
