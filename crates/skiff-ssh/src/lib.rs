@@ -515,6 +515,29 @@ pub fn shell_quote(word: &str) -> String {
     format!("'{}'", word.replace('\'', "'\\''"))
 }
 
+/// Whether an OpenSSH multiplexing master listens on `socket` and answers its hello (the
+/// first exchange of every client, `PROTOCOL.mux`), within a second. What `ssh -O check`
+/// learns, without a process.
+async fn mux_answers(socket: &Path) -> bool {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const MUX_MSG_HELLO: u32 = 1;
+    let exchange = async {
+        let mut stream = tokio::net::UnixStream::connect(socket).await?;
+        let mut hello = Vec::with_capacity(12);
+        hello.extend_from_slice(&8u32.to_be_bytes());
+        hello.extend_from_slice(&MUX_MSG_HELLO.to_be_bytes());
+        hello.extend_from_slice(&4u32.to_be_bytes());
+        stream.write_all(&hello).await?;
+        let mut head = [0u8; 8];
+        stream.read_exact(&mut head).await?;
+        Ok::<bool, std::io::Error>(head[4..8] == MUX_MSG_HELLO.to_be_bytes())
+    };
+    matches!(
+        tokio::time::timeout(Duration::from_secs(1), exchange).await,
+        Ok(Ok(true))
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -556,27 +579,4 @@ mod tests {
         let pinned = std::fs::read_to_string(dir.path().join("known_hosts")).unwrap();
         assert_eq!(pinned, "env_x ssh-ed25519 AAAA\n");
     }
-}
-
-/// Whether an OpenSSH multiplexing master listens on `socket` and answers its hello (the
-/// first exchange of every client, `PROTOCOL.mux`), within a second. What `ssh -O check`
-/// learns, without a process.
-async fn mux_answers(socket: &Path) -> bool {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    const MUX_MSG_HELLO: u32 = 1;
-    let exchange = async {
-        let mut stream = tokio::net::UnixStream::connect(socket).await?;
-        let mut hello = Vec::with_capacity(12);
-        hello.extend_from_slice(&8u32.to_be_bytes());
-        hello.extend_from_slice(&MUX_MSG_HELLO.to_be_bytes());
-        hello.extend_from_slice(&4u32.to_be_bytes());
-        stream.write_all(&hello).await?;
-        let mut head = [0u8; 8];
-        stream.read_exact(&mut head).await?;
-        Ok::<bool, std::io::Error>(head[4..8] == MUX_MSG_HELLO.to_be_bytes())
-    };
-    matches!(
-        tokio::time::timeout(Duration::from_secs(1), exchange).await,
-        Ok(Ok(true))
-    )
 }

@@ -97,7 +97,10 @@ pub async fn fetch_bundle(
             cancel,
         )
         .await?;
-    tracing::debug!(ms = started.elapsed().as_millis() as u64, "inbound: the box's branch tip read");
+    tracing::debug!(
+        ms = started.elapsed().as_millis() as u64,
+        "inbound: the box's branch tip read"
+    );
     if tip.trim() == base {
         return Ok(None);
     }

@@ -96,7 +96,8 @@ pub async fn push_after(
     ready: impl std::future::Future<Output = std::result::Result<(), String>>,
     cancel: &CancellationToken,
 ) -> Result<Dispatched> {
-    let before = format!("( {before} ) || {{ echo 'the preparation of the box failed' >&2; exit 1; }}; ");
+    let before =
+        format!("( {before} ) || {{ echo 'the preparation of the box failed' >&2; exit 1; }}; ");
     let started = std::time::Instant::now();
     let ms = |at: std::time::Instant| at.elapsed().as_millis() as u64;
     let base_commit = match out.mode {
@@ -189,7 +190,9 @@ pub async fn push_after(
         }
     }
     let sent: Vec<String> = sent.into_iter().collect();
-    remote.push_files_by(out.local, &sent, method, cancel).await?;
+    remote
+        .push_files_by(out.local, &sent, method, cancel)
+        .await?;
     tracing::debug!(ms = ms(started), files = sent.len(), "outbound: files sent");
     Ok(Dispatched {
         manifest: base,
@@ -343,9 +346,7 @@ async fn checkout_may_convert(
             .arg(format!("{commit}:{path}"))
             .run(cancel)
             .await?;
-        if !committed.status.success()
-            || attributes_convert(&committed.stdout.into_string())
-        {
+        if !committed.status.success() || attributes_convert(&committed.stdout.into_string()) {
             return Ok(true);
         }
     }
@@ -512,7 +513,10 @@ async fn seed_repository(
     }
     if !done.status.success() {
         return Err(skiff_process::Error::Failed {
-            command: format!("laying the base commit {commit} into {} on the box", remote.dir()),
+            command: format!(
+                "laying the base commit {commit} into {} on the box",
+                remote.dir()
+            ),
             status: done.status.to_string(),
             stderr: done.stderr.into_string().trim().to_owned(),
         }
@@ -608,7 +612,9 @@ pub async fn resume(
             .await?;
     }
     let sent: Vec<String> = diff.changed.into_keys().collect();
-    remote.push_files_by(out.local, &sent, method, cancel).await?;
+    remote
+        .push_files_by(out.local, &sent, method, cancel)
+        .await?;
     tracing::debug!(
         ms = started.elapsed().as_millis() as u64,
         files = sent.len(),
@@ -630,7 +636,9 @@ mod tests {
 
     #[test]
     fn only_converting_attributes_make_a_checkout_convert() {
-        assert!(!attributes_convert("# nothing\n\n*.png binary\n*.rs diff=rust linguist-vendored\n"));
+        assert!(!attributes_convert(
+            "# nothing\n\n*.png binary\n*.rs diff=rust linguist-vendored\n"
+        ));
         assert!(!attributes_convert("*.bin -text -diff\n"));
         assert!(attributes_convert("*.txt text\n"));
         assert!(attributes_convert("* text=auto\n"));
