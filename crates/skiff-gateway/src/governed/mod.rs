@@ -5,7 +5,8 @@
 //! The chain, for each call: the agent proposes; the gateway resolves the exact plan (remote
 //! and branch, or repository, head and base), mints a five-minute signed invocation grant over
 //! its digest and registers the grant's id (`grant.rs`); when `[forge] confirm` (the default)
-//! it asks a person through the session's approvals; then the governed wrapper
+//! or the session's approval rules hold every call (`all`), it asks a person through the
+//! session's approvals (the agent's own policy check leaves governed tools to this one); then the governed wrapper
 //! ([`Core::governed_execute`]) verifies the grant, consumes it once, recomputes the digest of
 //! what it is about to run, and runs it (`push.rs`, `forge.rs`), returning a bounded result.
 //! Every mint, refusal and execution is audited (`governed.grant`, `governed.refused`,
@@ -263,13 +264,20 @@ impl Core {
                 return ToolOutput::error(message);
             }
         };
+        // `[forge] confirm`, or a session whose approval rules hold every call.
+        let every_call = self.store.session(scope, session).is_ok_and(|row| {
+            matches!(
+                self.approval_policy(scope, &row),
+                skiff_protocol::approval::ApprovalPolicy::Rules(rules) if rules.all
+            )
+        });
         let proposal = Proposal {
             session,
             capability: plan.capability(),
             target: plan.target(),
             digest: plan.digest(),
             policy_revision: forge.revision.clone(),
-            confirm: forge.confirm,
+            confirm: forge.confirm || every_call,
         };
         let (token, claims) = match grant::mint(
             &self.store,

@@ -39,6 +39,18 @@ impl Harness {
 
     /// Like [`Harness::new`], with `config` as the gateway's `skiff.toml`.
     async fn with_config(config: &str) -> anyhow::Result<Self> {
+        Self::with_workspace(config, |_| WorkspaceView::Plain {
+            source: "/src".into(),
+            path: "/state/ws".into(),
+        })
+        .await
+    }
+
+    /// Like [`Harness::with_config`], with the session's workspace made from its id.
+    async fn with_workspace(
+        config: &str,
+        workspace: impl FnOnce(&SessionId) -> WorkspaceView,
+    ) -> anyhow::Result<Self> {
         let dir = tempfile::tempdir()?;
         let state_dir = dir.path().join("state");
         let config_path = dir.path().join("skiff.toml");
@@ -57,10 +69,7 @@ impl Harness {
             &NewSession {
                 id: session.clone(),
                 title: "on a box".into(),
-                workspace: WorkspaceView::Plain {
-                    source: "/src".into(),
-                    path: "/state/ws".into(),
-                },
+                workspace: workspace(&session),
                 model_ref: "scripted/demo".into(),
             },
             Some(("local", 16)),
@@ -889,5 +898,76 @@ async fn a_worker_sessions_agent_spec_limits_its_tools_on_both_sides() {
     assert!(
         !audit.iter().any(|a| a.contains("web_fetch")),
         "the refused fetch ran: {audit:?}"
+    );
+}
+
+/// A worker session's `git_push` runs on the gateway (`tool.gateway`), from the gateway's
+/// repository with its credential: the box sends only the call and gets the bounded result.
+#[tokio::test]
+async fn a_worker_sessions_git_push_runs_on_the_gateway_under_a_grant() {
+    let repo = skiff_test_support::TempGitRepo::new(&[("a.txt", "a\n")]);
+    let bare = tempfile::tempdir().unwrap();
+    let init = std::process::Command::new("git")
+        .args(["init", "-q", "--bare"])
+        .arg(bare.path())
+        .status()
+        .unwrap();
+    assert!(init.success());
+    repo.git(&["remote", "add", "origin", bare.path().to_str().unwrap()]);
+    let source = repo.path().display().to_string();
+    let mut h = Harness::with_workspace(
+        "[forge]\ntoken = \"vault:forge\"\nrepository = \"acme/w\"\nconfirm = false\n",
+        |session| {
+            repo.git(&["branch", &format!("skiff/{session}")]);
+            WorkspaceView::Git {
+                source: source.clone(),
+                path: "/state/ws".into(),
+                branch: format!("skiff/{session}"),
+                base_commit: "0".repeat(40),
+            }
+        },
+    )
+    .await
+    .unwrap();
+    h.core.vault.set("forge", "ghp_worker_test_token").unwrap();
+    let session = h.a.claims.session_id.clone();
+    let reply = h
+        .call(
+            StreamKind::Tool,
+            1,
+            Call::ToolGateway {
+                name: "git_push".into(),
+                arguments: serde_json::json!({}),
+            },
+        )
+        .await
+        .unwrap();
+    let Reply::ToolOutput { content, is_error } = reply else {
+        panic!("{reply:?}");
+    };
+    assert!(!is_error, "{content}");
+    assert!(!content.contains("ghp_worker_test_token"), "{content}");
+    let pushed: skiff_protocol::grant::GitPushResult = serde_json::from_str(&content).unwrap();
+    assert_eq!(pushed.branch, format!("skiff/{session}"));
+    let refs = std::process::Command::new("git")
+        .arg("-C")
+        .arg(bare.path())
+        .args(["for-each-ref", "--format=%(refname)"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8(refs.stdout).unwrap().trim(),
+        format!("refs/heads/skiff/{session}")
+    );
+    // The grant was minted for this worker's environment and consumed.
+    let rows = h.core.store.audit_rows().unwrap();
+    let minted = rows
+        .iter()
+        .find(|r| r.action == "governed.grant")
+        .expect("a grant was minted");
+    assert_eq!(minted.detail["env"], h.a.claims.environment_id.as_str());
+    assert!(
+        rows.iter()
+            .any(|r| r.action == "governed.execute" && r.decision == "applied")
     );
 }

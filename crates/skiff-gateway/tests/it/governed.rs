@@ -426,3 +426,35 @@ async fn without_forge_the_governed_tools_are_not_offered() {
     );
     gw.shutdown().await;
 }
+
+#[tokio::test]
+async fn rules_that_hold_every_call_confirm_a_governed_action_once_even_when_forge_does_not() {
+    let (repo, bare) = repo_with_bare_remote();
+    let responses = vec![tool_reply("call_1", "git_push", "{}"), answer("ok")];
+    let gw = TestGateway::configured(
+        "",
+        &forge_config(
+            "http://127.0.0.1:9",
+            "repository = \"acme/widgets\"\nconfirm = false\n",
+        ),
+        Some(responses),
+    )
+    .await;
+    set_token(&gw).await;
+    let mut request = session_request(repo.path(), "http/m", "push it");
+    request.approval = Some(serde_json::from_str(r#"{"all":true}"#).unwrap());
+    let started = gw.client.create_session(&request).await.unwrap();
+    let id = started.session.id.clone();
+    approve_until_run_end(&gw, &id, 1).await;
+    // Asked once (by the gateway, bound to the grant), not a second time by the agent's policy.
+    let asked = gw.client.approvals(Some(&id)).await.unwrap().approvals;
+    assert_eq!(asked.len(), 1, "{asked:?}");
+    assert_eq!(asked[0].tool, "git_push");
+    assert!(
+        refs(bare.path())
+            .iter()
+            .any(|r| r.starts_with(&format!("refs/heads/skiff/{id} "))),
+        "nothing was pushed"
+    );
+    gw.shutdown().await;
+}
