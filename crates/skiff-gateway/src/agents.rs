@@ -41,7 +41,9 @@ pub enum AgentError {
         "agent spec {name} has no version with digest {digest}; `skiff agent show {name}` lists its versions"
     )]
     NoSuchVersion { name: String, digest: String },
-    #[error("agent spec {name}: digest prefix {digest} matches more than one version; give more of it")]
+    #[error(
+        "agent spec {name}: digest prefix {digest} matches more than one version; give more of it"
+    )]
     Ambiguous { name: String, digest: String },
     #[error(
         "agent spec {spec} is refused: its stored content does not match its digest (the database row was changed); run the session with another version"
@@ -107,13 +109,16 @@ impl Agents {
                 message,
             };
             let text = std::fs::read_to_string(&path).map_err(|e| read(e.to_string()))?;
-            let spec: AgentSpec = toml::from_str(&text).map_err(|e| read(e.message().to_owned()))?;
+            let spec: AgentSpec =
+                toml::from_str(&text).map_err(|e| read(e.message().to_owned()))?;
             if specs.contains_key(&name) {
                 return Err(AgentError::Invalid {
                     name,
                     message: format!(
                         "defined both as [agents.{}] in skiff.toml and in {}",
-                        path.file_stem().and_then(|s| s.to_str()).unwrap_or_default(),
+                        path.file_stem()
+                            .and_then(|s| s.to_str())
+                            .unwrap_or_default(),
                         path.display()
                     ),
                 });
@@ -306,7 +311,10 @@ async fn show(
         .enumerate()
         .map(|(i, row)| version(row, i == 0))
         .collect::<Result<_, _>>()?;
-    Ok(axum::Json(skiff_protocol::agent::AgentDetail { name, versions }))
+    Ok(axum::Json(skiff_protocol::agent::AgentDetail {
+        name,
+        versions,
+    }))
 }
 
 #[cfg(test)]

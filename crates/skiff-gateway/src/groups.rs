@@ -66,6 +66,12 @@ fn check_attempts(req: &CreateSessionRequest) -> Result<(u32, &str)> {
             "a fan-out of {n} attempts runs each on a box of its own: name a worker profile (--profile)"
         )));
     };
+    if req.agent.is_some() {
+        return Err(Error::BadRequest(
+            "a fan-out cannot run with an agent spec yet: leave --agent out, or start one session"
+                .into(),
+        ));
+    }
     Ok((n, profile))
 }
 

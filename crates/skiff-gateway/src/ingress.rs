@@ -232,7 +232,8 @@ fn verify(
     now_s: i64,
 ) -> std::result::Result<(), &'static str> {
     let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
-    let timestamp = header("x-slack-request-timestamp").ok_or("missing X-Slack-Request-Timestamp")?;
+    let timestamp =
+        header("x-slack-request-timestamp").ok_or("missing X-Slack-Request-Timestamp")?;
     let given = header("x-slack-signature").ok_or("missing X-Slack-Signature")?;
     let at: i64 = timestamp
         .parse()
@@ -240,7 +241,10 @@ fn verify(
     if (now_s - at).abs() > MAX_SKEW_S {
         return Err("stale request: the timestamp is more than five minutes off");
     }
-    if !same(signature(secret, timestamp, body).as_bytes(), given.as_bytes()) {
+    if !same(
+        signature(secret, timestamp, body).as_bytes(),
+        given.as_bytes(),
+    ) {
         return Err("bad signature");
     }
     Ok(())
@@ -305,7 +309,10 @@ async fn events(State(core): State<Arc<Core>>, headers: HeaderMap, body: Bytes) 
         return refuse(StatusCode::UNAUTHORIZED, reason);
     }
     let Ok(envelope) = serde_json::from_slice::<Envelope>(&body) else {
-        return refuse(StatusCode::BAD_REQUEST, "the body is not a Slack event envelope");
+        return refuse(
+            StatusCode::BAD_REQUEST,
+            "the body is not a Slack event envelope",
+        );
     };
     match envelope.kind.as_str() {
         "url_verification" => {
@@ -313,10 +320,16 @@ async fn events(State(core): State<Arc<Core>>, headers: HeaderMap, body: Bytes) 
         }
         "event_callback" => {
             let Some(event_id) = envelope.event_id else {
-                return refuse(StatusCode::BAD_REQUEST, "an event_callback without event_id");
+                return refuse(
+                    StatusCode::BAD_REQUEST,
+                    "an event_callback without event_id",
+                );
             };
             let forget_before = (now_s - 2 * MAX_SKEW_S) * 1000;
-            match core.store.ingress_event_first_seen(&event_id, forget_before) {
+            match core
+                .store
+                .ingress_event_first_seen(&event_id, forget_before)
+            {
                 Ok(true) => {}
                 Ok(false) => {
                     core.audit(
@@ -326,7 +339,10 @@ async fn events(State(core): State<Arc<Core>>, headers: HeaderMap, body: Bytes) 
                         "refused",
                         json!({ "reason": "replay" }),
                     );
-                    return refuse(StatusCode::CONFLICT, "replayed event: this event id was seen before");
+                    return refuse(
+                        StatusCode::CONFLICT,
+                        "replayed event: this event id was seen before",
+                    );
                 }
                 Err(e) => return Error::from(e).into_response(),
             }
@@ -357,7 +373,12 @@ fn prompt_of(text: &str) -> String {
     out.trim().to_owned()
 }
 
-async fn on_event(core: &Arc<Core>, slack: &Arc<Slack>, event_id: &str, event: SlackEvent) -> Response {
+async fn on_event(
+    core: &Arc<Core>,
+    slack: &Arc<Slack>,
+    event_id: &str,
+    event: SlackEvent,
+) -> Response {
     let audit_refused = |reason: &str| {
         core.audit(
             &crate::auth::admin_scope(),
@@ -375,7 +396,10 @@ async fn on_event(core: &Arc<Core>, slack: &Arc<Slack>, event_id: &str, event: S
         return Json(json!({ "ok": true })).into_response();
     }
     let (Some(channel), Some(ts)) = (event.channel.clone(), event.ts.clone()) else {
-        return refuse(StatusCode::BAD_REQUEST, "a message event without channel or ts");
+        return refuse(
+            StatusCode::BAD_REQUEST,
+            "a message event without channel or ts",
+        );
     };
     let Some(binding) = slack.bindings.iter().find(|b| b.channel == channel) else {
         audit_refused("unbound channel");
@@ -394,11 +418,17 @@ async fn on_event(core: &Arc<Core>, slack: &Arc<Slack>, event_id: &str, event: S
                 .post(&channel, &thread, "You are not mapped to a Skiff user in this channel's binding; ask an operator.")
                 .await;
         });
-        return refuse(StatusCode::FORBIDDEN, "the requester is not mapped to a user");
+        return refuse(
+            StatusCode::FORBIDDEN,
+            "the requester is not mapped to a user",
+        );
     };
     let scope = Scope::new(
         owner.clone(),
-        binding.tenant.clone().unwrap_or_else(|| DEFAULT_TENANT.to_owned()),
+        binding
+            .tenant
+            .clone()
+            .unwrap_or_else(|| DEFAULT_TENANT.to_owned()),
     );
     let prompt = prompt_of(event.text.as_deref().unwrap_or_default());
     if prompt.is_empty() {
@@ -414,11 +444,16 @@ async fn on_event(core: &Arc<Core>, slack: &Arc<Slack>, event_id: &str, event: S
     // Slack wants an answer within three seconds: the turn runs on, the reply comes later.
     let (core, slack, binding) = (core.clone(), slack.clone(), binding.clone());
     tokio::spawn(async move {
-        let started = start_or_continue(&core, &scope, &binding, &channel, &thread_ts, &prompt).await;
+        let started =
+            start_or_continue(&core, &scope, &binding, &channel, &thread_ts, &prompt).await;
         match started {
             Ok((session, run)) => {
                 slack
-                    .post(&channel, &thread_ts, &format!("Working on it in session {session}."))
+                    .post(
+                        &channel,
+                        &thread_ts,
+                        &format!("Working on it in session {session}."),
+                    )
                     .await;
                 let text = final_message(&core, &scope, &session, &run).await;
                 slack.post(&channel, &thread_ts, &text).await;
@@ -426,7 +461,11 @@ async fn on_event(core: &Arc<Core>, slack: &Arc<Slack>, event_id: &str, event: S
             Err(e) => {
                 let (_, api) = e.to_api();
                 slack
-                    .post(&channel, &thread_ts, &format!("Could not start: {}", api.message))
+                    .post(
+                        &channel,
+                        &thread_ts,
+                        &format!("Could not start: {}", api.message),
+                    )
                     .await;
             }
         }
@@ -480,16 +519,20 @@ async fn final_message(
     loop {
         match core.store.run(scope, run) {
             Ok(row) if row.status.is_terminal() => {
-                let said = core.store.transcript(scope, session).ok().and_then(|entries| {
-                    entries.into_iter().rev().find_map(|e| match e.body {
-                        EntryBody::AssistantMessage { text, .. }
-                            if e.run_id.as_ref() == Some(run) && !text.trim().is_empty() =>
-                        {
-                            Some(text)
-                        }
-                        _ => None,
-                    })
-                });
+                let said = core
+                    .store
+                    .transcript(scope, session)
+                    .ok()
+                    .and_then(|entries| {
+                        entries.into_iter().rev().find_map(|e| match e.body {
+                            EntryBody::AssistantMessage { text, .. }
+                                if e.run_id.as_ref() == Some(run) && !text.trim().is_empty() =>
+                            {
+                                Some(text)
+                            }
+                            _ => None,
+                        })
+                    });
                 return match (said, row.error) {
                     (Some(text), None) => text,
                     (said, error) => format!(

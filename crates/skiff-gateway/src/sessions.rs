@@ -674,17 +674,16 @@ impl Core {
             );
             return Err(e.into());
         }
-        self.audit(
-            scope,
-            "run.start",
-            run.id.as_str(),
-            "allowed",
+        self.audit(scope, "run.start", run.id.as_str(), "allowed", {
+            // The turn is admitted: a pin that cannot be read fails its turn later, not
+            // this audit row.
+            let pin = self.session_pin(scope, id).ok().flatten();
             json!({
                 "session": id.as_str(),
-                "agent": self.session_pin(scope, id)?.map(|p| p.short()),
-                "agent_digest": self.session_pin(scope, id)?.map(|p| p.digest),
-            }),
-        );
+                "agent": pin.as_ref().map(|p| p.short()),
+                "agent_digest": pin.map(|p| p.digest),
+            })
+        });
 
         let cancel = CancellationToken::new();
         self.running_lock().insert(run.id.clone(), cancel.clone());

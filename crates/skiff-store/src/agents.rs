@@ -105,7 +105,13 @@ impl Store {
         self.conn().execute(
             "INSERT INTO session_agents (session_id, owner_id, tenant_id, name, digest)
              VALUES (?1, ?2, ?3, ?4, ?5)",
-            params![session.as_str(), scope.owner_id, scope.tenant_id, name, digest],
+            params![
+                session.as_str(),
+                scope.owner_id,
+                scope.tenant_id,
+                name,
+                digest
+            ],
         )?;
         Ok(())
     }
@@ -144,7 +150,11 @@ impl Store {
     }
 
     /// The session a chat thread started, with the scope it belongs to.
-    pub fn ingress_thread(&self, channel: &str, thread_ts: &str) -> Result<Option<(Scope, SessionId)>> {
+    pub fn ingress_thread(
+        &self,
+        channel: &str,
+        thread_ts: &str,
+    ) -> Result<Option<(Scope, SessionId)>> {
         let found: Option<(String, String, String)> = self
             .conn()
             .query_row(
@@ -177,7 +187,13 @@ impl Store {
         self.conn().execute(
             "INSERT INTO ingress_threads (channel, thread_ts, owner_id, tenant_id, session_id)
              VALUES (?1, ?2, ?3, ?4, ?5)",
-            params![channel, thread_ts, scope.owner_id, scope.tenant_id, session.as_str()],
+            params![
+                channel,
+                thread_ts,
+                scope.owner_id,
+                scope.tenant_id,
+                session.as_str()
+            ],
         )?;
         Ok(())
     }

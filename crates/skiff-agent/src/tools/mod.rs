@@ -202,7 +202,10 @@ impl Tools {
     /// Whether a tool may run under the allowlist.
     pub fn allows(&self, name: &str) -> bool {
         name == crate::approval::REQUEST_APPROVAL
-            || self.allowlist.as_ref().is_none_or(|allowed| allowed.contains(name))
+            || self
+                .allowlist
+                .as_ref()
+                .is_none_or(|allowed| allowed.contains(name))
     }
 
     /// The JSON schemas the model sees, in a fixed order (request bodies must be stable).

@@ -15,12 +15,18 @@ fn agent_list_show_and_a_pinned_session_read_well() {
     let list = gw.run(&["agent", "list"]);
     assert!(list.status.success(), "{}", stderr(&list));
     let line = stdout(&list);
-    assert!(line.starts_with("reviewer@") && line.contains("(current)"), "{line}");
+    assert!(
+        line.starts_with("reviewer@") && line.contains("(current)"),
+        "{line}"
+    );
 
     let show = gw.json(&["--json", "agent", "show", "reviewer"]);
     let digest = show["versions"][0]["digest"].as_str().unwrap().to_owned();
     assert_eq!(digest.len(), 64);
-    assert_eq!(show["versions"][0]["spec"]["tools"], serde_json::json!(["grep", "read"]));
+    assert_eq!(
+        show["versions"][0]["spec"]["tools"],
+        serde_json::json!(["grep", "read"])
+    );
     let text = stdout(&gw.run(&["agent", "show", "reviewer"]));
     assert!(text.contains(&format!("digest     {digest}")), "{text}");
     assert!(text.contains("tools      grep, read"), "{text}");
@@ -48,7 +54,10 @@ fn agent_list_show_and_a_pinned_session_read_well() {
         show.contains(&format!("agent      reviewer@{}", &digest[..12])),
         "{show}"
     );
-    assert!(show.contains("reasoning  low"), "the spec's reasoning applies: {show}");
+    assert!(
+        show.contains("reasoning  low"),
+        "the spec's reasoning applies: {show}"
+    );
 
     let unknown = gw.run(&["agent", "show", "nobody"]);
     assert_eq!(unknown.status.code(), Some(4), "{}", stderr(&unknown));

@@ -860,7 +860,12 @@ async fn a_worker_sessions_agent_spec_limits_its_tools_on_both_sides() {
     .await
     .unwrap();
     let (scope, session) = (h.a.scope.clone(), h.a.claims.session_id.clone());
-    let version = h.core.store.agent_spec_versions("reader").unwrap().remove(0);
+    let version = h
+        .core
+        .store
+        .agent_spec_versions("reader")
+        .unwrap()
+        .remove(0);
     h.core
         .store
         .pin_session_agent(&scope, &session, "reader", &version.digest)

@@ -60,8 +60,8 @@ async fn until_turns_end(gw: &TestGateway, id: &skiff_protocol::SessionId, n: us
 
 async fn get<T: serde::de::DeserializeOwned>(gw: &TestGateway, path: &str) -> (u16, T) {
     let (status, body) = gw.client.raw(reqwest::Method::GET, path, "").await;
-    let parsed = serde_json::from_value(body.clone())
-        .unwrap_or_else(|e| panic!("{path}: {e}: {body}"));
+    let parsed =
+        serde_json::from_value(body.clone()).unwrap_or_else(|e| panic!("{path}: {e}: {body}"));
     (status, parsed)
 }
 
@@ -69,7 +69,12 @@ async fn get<T: serde::de::DeserializeOwned>(gw: &TestGateway, path: &str) -> (u
 async fn a_session_keeps_its_spec_version_while_an_edit_makes_a_new_one() {
     let gw = TestGateway::with_provider(
         DONE,
-        vec![answer("one"), answer("two"), answer("three"), answer("four")],
+        vec![
+            answer("one"),
+            answer("two"),
+            answer("three"),
+            answer("four"),
+        ],
     )
     .await;
     write_spec(
@@ -82,7 +87,11 @@ async fn a_session_keeps_its_spec_version_while_an_edit_makes_a_new_one() {
     request.agent = Some("reviewer".into());
     let first = gw.client.create_session(&request).await.unwrap();
     let id = first.session.id.clone();
-    let pin = first.session.agent.clone().expect("the session names its spec");
+    let pin = first
+        .session
+        .agent
+        .clone()
+        .expect("the session names its spec");
     assert_eq!(pin.name, "reviewer");
     assert_eq!(pin.digest.len(), 64);
     gw.client.follow_until_run_end(&id, 0).await;
@@ -137,7 +146,12 @@ async fn a_session_keeps_its_spec_version_while_an_edit_makes_a_new_one() {
         .unwrap()
         .into_iter()
         .filter(|r| r.action == "run.start")
-        .map(|r| r.detail["agent_digest"].as_str().unwrap_or_default().to_owned())
+        .map(|r| {
+            r.detail["agent_digest"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned()
+        })
         .collect();
     assert_eq!(
         starts,
@@ -238,7 +252,10 @@ text = "Done."
         })
         .unwrap();
     assert!(is_error, "{content}");
-    assert!(content.contains("not one of this agent's tools"), "{content}");
+    assert!(
+        content.contains("not one of this agent's tools"),
+        "{content}"
+    );
     let workspace = std::path::PathBuf::from(detail.session.workspace.path());
     assert!(!workspace.join("made-by-exec").exists(), "the command ran");
     gw.shutdown().await;
@@ -261,5 +278,8 @@ async fn a_spec_naming_an_unknown_tool_is_refused_at_start_naming_it() {
     .err()
     .expect("the gateway refuses to start");
     let message = err.to_string();
-    assert!(message.contains("bad") && message.contains("rm_rf"), "{message}");
+    assert!(
+        message.contains("bad") && message.contains("rm_rf"),
+        "{message}"
+    );
 }

@@ -72,7 +72,14 @@ fn now_s() -> i64 {
         .as_secs() as i64
 }
 
-fn message(event_id: &str, channel: &str, user: &str, ts: &str, thread_ts: Option<&str>, text: &str) -> String {
+fn message(
+    event_id: &str,
+    channel: &str,
+    user: &str,
+    ts: &str,
+    thread_ts: Option<&str>,
+    text: &str,
+) -> String {
     let mut event = serde_json::json!({
         "type": "app_mention",
         "user": user,
@@ -141,14 +148,24 @@ async fn a_thread_starts_a_session_continues_it_and_gets_the_answers() {
         "3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P"
     );
 
-    let first = message("Ev0001", "C0BOUND", "U0ALICE", "1700000001.000100", None, "<@U0BOT> what is here?");
+    let first = message(
+        "Ev0001",
+        "C0BOUND",
+        "U0ALICE",
+        "1700000001.000100",
+        None,
+        "<@U0BOT> what is here?",
+    );
     let (status, body) = s.post(&first, SECRET, now_s()).await;
     assert_eq!(status, 200, "{body}");
     s.slack.wait_for_requests(2).await;
     let posted = s.slack.posted();
     assert_eq!(posted.len(), 2, "{posted:?}");
-    assert!(posted.iter().all(|p| p.channel == "C0BOUND"
-        && p.thread_ts.as_deref() == Some("1700000001.000100")));
+    assert!(
+        posted
+            .iter()
+            .all(|p| p.channel == "C0BOUND" && p.thread_ts.as_deref() == Some("1700000001.000100"))
+    );
     assert!(posted[0].text.contains("ses_"), "{:?}", posted[0]);
     assert_eq!(posted[1].text, "First answer.");
 
@@ -165,7 +182,14 @@ async fn a_thread_starts_a_session_continues_it_and_gets_the_answers() {
         skiff_protocol::transcript::EntryBody::UserMessage { text } if text == "what is here?")));
 
     // A reply in the thread continues the same session.
-    let reply = message("Ev0002", "C0BOUND", "U0ALICE", "1700000002.000200", Some("1700000001.000100"), "and then?");
+    let reply = message(
+        "Ev0002",
+        "C0BOUND",
+        "U0ALICE",
+        "1700000002.000200",
+        Some("1700000001.000100"),
+        "and then?",
+    );
     let (status, _) = s.post(&reply, SECRET, now_s()).await;
     assert_eq!(status, 200);
     s.slack.wait_for_requests(4).await;
@@ -175,15 +199,26 @@ async fn a_thread_starts_a_session_continues_it_and_gets_the_answers() {
     assert_eq!(store.runs(&scope, &id).unwrap().len(), 2);
     assert_eq!(s.session_count(), 1, "a reply started a second session");
     // The bot token went only to Slack, as a bearer.
-    assert!(s.slack.requests().iter().all(|r| r.header("authorization")
-        == Some(&format!("Bearer {BOT_TOKEN}"))));
+    assert!(
+        s.slack
+            .requests()
+            .iter()
+            .all(|r| r.header("authorization") == Some(&format!("Bearer {BOT_TOKEN}")))
+    );
     s.gw.shutdown().await;
 }
 
 #[tokio::test]
 async fn bad_stale_replayed_unbound_and_unmapped_requests_are_refused() {
     let s = setup().await;
-    let body = message("Ev1000", "C0BOUND", "U0ALICE", "1700000010.000100", None, "hello");
+    let body = message(
+        "Ev1000",
+        "C0BOUND",
+        "U0ALICE",
+        "1700000010.000100",
+        None,
+        "hello",
+    );
 
     let (status, refused) = s.post(&body, "not-the-secret", now_s()).await;
     assert_eq!(status, 401, "{refused}");
@@ -214,12 +249,26 @@ async fn bad_stale_replayed_unbound_and_unmapped_requests_are_refused() {
     assert!(refused["error"].as_str().unwrap().contains("replay"));
     s.slack.wait_for_requests(2).await;
 
-    let unbound = message("Ev1001", "C0OTHER", "U0ALICE", "1700000011.000100", None, "hello");
+    let unbound = message(
+        "Ev1001",
+        "C0OTHER",
+        "U0ALICE",
+        "1700000011.000100",
+        None,
+        "hello",
+    );
     let (status, refused) = s.post(&unbound, SECRET, now_s()).await;
     assert_eq!(status, 403, "{refused}");
     assert!(refused["error"].as_str().unwrap().contains("not bound"));
 
-    let stranger = message("Ev1002", "C0BOUND", "U0MALLORY", "1700000012.000100", None, "hello");
+    let stranger = message(
+        "Ev1002",
+        "C0BOUND",
+        "U0MALLORY",
+        "1700000012.000100",
+        None,
+        "hello",
+    );
     let (status, refused) = s.post(&stranger, SECRET, now_s()).await;
     assert_eq!(status, 403, "{refused}");
     // The stranger is told in the thread; nothing else is posted and nothing else started.
@@ -238,8 +287,9 @@ async fn bad_stale_replayed_unbound_and_unmapped_requests_are_refused() {
         .map(|r| r.detail["reason"].as_str().unwrap_or_default().to_owned())
         .collect();
     assert_eq!(refused.len(), 6, "{refused:?}");
-    assert!(audit.iter().all(|r| !r.detail.to_string().contains(SECRET)
-        && !r.detail.to_string().contains(BOT_TOKEN)));
+    assert!(audit.iter().all(
+        |r| !r.detail.to_string().contains(SECRET) && !r.detail.to_string().contains(BOT_TOKEN)
+    ));
     s.gw.shutdown().await;
 }
 
@@ -257,6 +307,10 @@ async fn without_ingress_configured_the_route_does_not_exist() {
         .send()
         .await
         .unwrap();
-    assert_eq!(resp.status().as_u16(), 401, "an unconfigured ingress is just an unknown route");
+    assert_eq!(
+        resp.status().as_u16(),
+        401,
+        "an unconfigured ingress is just an unknown route"
+    );
     gw.shutdown().await;
 }
