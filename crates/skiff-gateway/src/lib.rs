@@ -240,6 +240,12 @@ pub(crate) async fn open_core(options: &Options) -> Result<(Arc<Core>, std::time
     let local_sandbox_paths = config
         .gateway
         .local_sandbox_paths(&config_path, state.root())?;
+    // Other sessions' workspaces are as much the sandbox's to hide as the state dir.
+    if state.workspaces_root() != state.root() {
+        config
+            .gateway
+            .local_sandbox_paths(&config_path, state.workspaces_root())?;
+    }
     let sandbox_warning = sandbox_warning(local_sandbox).await;
     let config_dir = config_path.parent().map(PathBuf::from).unwrap_or_default();
     let store = Arc::new(Store::open(&state.database())?);
