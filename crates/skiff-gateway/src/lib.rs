@@ -253,6 +253,12 @@ pub(crate) async fn open_core(options: &Options) -> Result<(Arc<Core>, std::time
     let local_sandbox_paths = config
         .gateway
         .local_sandbox_paths(&config_path, state.root())?;
+    // Other sessions' workspaces are as much the sandbox's to hide as the state dir.
+    if state.workspaces_root() != state.root() {
+        config
+            .gateway
+            .local_sandbox_paths(&config_path, state.workspaces_root())?;
+    }
     let sandbox_warning = sandbox_warning(local_sandbox).await;
     let slack_config = ingress::validate(&config.ingress).map_err(|message| {
         Error::Config(config::ConfigError::Invalid {

@@ -261,10 +261,12 @@ fn redact_password(url: &str) -> String {
     }
 }
 
-/// The clone's directory name for a URL (a trailing `/` does not make another clone).
-fn mirror_key(url: &str) -> String {
+/// The clone's directory name for a URL in a tenant (a trailing `/` does not make another
+/// clone). Tenants never share a clone: a gateway-placed session can write its repository's
+/// refs and objects, and another tenant's session branches are none of its business.
+fn mirror_key(tenant: &str, url: &str) -> String {
     let normal = url.trim_end_matches('/');
-    let hash = blake3::hash(normal.as_bytes()).to_hex();
+    let hash = blake3::hash(format!("{tenant}\0{normal}").as_bytes()).to_hex();
     format!("{}.git", &hash[..16])
 }
 
@@ -273,8 +275,7 @@ fn classify(url: &str, credentials: &Credentials, e: skiff_process::Error) -> Re
     let detail = match &e {
         skiff_process::Error::Failed { stderr, .. } => stderr
             .lines()
-            .filter(|l| !l.trim().is_empty())
-            .last()
+            .rfind(|l| !l.trim().is_empty())
             .unwrap_or_default()
             .trim()
             .to_owned(),
@@ -331,6 +332,19 @@ fn classify(url: &str, credentials: &Credentials, e: skiff_process::Error) -> Re
     }
 }
 
+/// How a clone is brought up to date: every branch as `refs/remotes/origin/*` and every tag,
+/// forced, so a ref a session wrote into the clone never survives a fetch (the session
+/// branches, `refs/heads/skiff/*`, are not touched).
+const FETCH: [&str; 7] = [
+    "fetch",
+    "--quiet",
+    "--prune",
+    "--prune-tags",
+    "--force",
+    "--tags",
+    "origin",
+];
+
 /// A remote's commit, fetched into its clone.
 pub(crate) struct Fetched {
     /// The bare clone.
@@ -339,7 +353,7 @@ pub(crate) struct Fetched {
     pub commit: String,
 }
 
-/// Fetches `url` into its clone (made, fully, the first time: a clone that fails is removed)
+/// Fetches `url` into `tenant`'s clone of it (made, fully, the first time: a clone that fails is removed)
 /// and resolves `git_ref` (the remote's default branch when `None`) to a commit in it. Holds
 /// the clone's lock; the caller makes the worktree under it (`lock` of the returned mirror).
 pub(crate) async fn fetch(
@@ -348,6 +362,7 @@ pub(crate) async fn fetch(
     credentials: &Credentials,
     vault: &crate::vault::Vault,
     state: &StateDir,
+    tenant: &str,
     scratch_name: &str,
 ) -> Result<Fetched, RemoteError> {
     check_url(url)?;
@@ -365,7 +380,7 @@ pub(crate) async fn fetch(
     }
     let credential = credentials.resolve(url, vault)?;
     let cancel = CancellationToken::new();
-    let mirror = state.mirror(&mirror_key(url));
+    let mirror = state.mirror(&mirror_key(tenant, url));
     let io = |path: &Path| {
         let (url, path) = (url.to_owned(), path.display().to_string());
         move |source| RemoteError::Io { url, path, source }
@@ -397,7 +412,7 @@ pub(crate) async fn fetch(
                     detail: e.to_string(),
                 })?;
             git(&aside, credential.as_ref())
-                .args(["fetch", "--quiet", "--prune", "--tags", "origin"])
+                .args(FETCH)
                 .run_checked(&cancel)
                 .await
                 .map_err(failed)?;
@@ -411,7 +426,7 @@ pub(crate) async fn fetch(
         std::fs::rename(&aside, &mirror).map_err(io(&mirror))?;
     } else {
         git(&mirror, credential.as_ref())
-            .args(["fetch", "--quiet", "--prune", "--tags", "origin"])
+            .args(FETCH)
             .run_checked(&cancel)
             .await
             .map_err(failed)?;

@@ -332,6 +332,7 @@ impl Core {
                     &self.git_credentials,
                     &self.vault,
                     &self.state,
+                    &scope.tenant_id,
                     id.as_str(),
                 )
                 .await?;

@@ -488,6 +488,122 @@ async fn export_loop(
 mod tests {
     use super::*;
 
+    fn event(session: &SessionId, run: &RunId, kind: EventKind) -> SessionEvent {
+        SessionEvent {
+            session_id: session.clone(),
+            cursor: 1,
+            at_ms: 0,
+            run_id: Some(run.clone()),
+            kind,
+        }
+    }
+
+    fn queued(capacity: usize) -> (Traces, tokio::sync::mpsc::Receiver<Span>) {
+        let (tx, rx) = tokio::sync::mpsc::channel(capacity);
+        let traces = Traces {
+            queue: Some(tx),
+            ..Traces::default()
+        };
+        (traces, rx)
+    }
+
+    /// A worker turn as the gateway sees it: placement moves, the inference proxy's model
+    /// call and the worker's tool events all land under the run's root.
+    #[test]
+    fn a_worker_turn_has_its_placement_steps_model_call_and_tool_call_under_the_run() {
+        let (traces, mut rx) = queued(64);
+        let session = SessionId::from_suffix("tracetest0001");
+        let run = RunId::from_suffix("tracetest0001");
+        let status = |status| EventKind::RunStatus {
+            status,
+            error: None,
+        };
+        let placement = |state| EventKind::Placement {
+            state,
+            environment_id: None,
+            detail: String::new(),
+        };
+        for kind in [
+            status(RunStatus::Queued),
+            status(RunStatus::Running),
+            placement(PlacementState::Requested),
+            placement(PlacementState::Provisioning),
+            placement(PlacementState::Syncing),
+            placement(PlacementState::Starting),
+            placement(PlacementState::Active),
+            EventKind::ToolStarted {
+                call_id: "c1".into(),
+                name: "exec".into(),
+                summary: "cargo test --secret-flag".into(),
+            },
+            EventKind::ToolFinished {
+                call_id: "c1".into(),
+                name: "exec".into(),
+                is_error: false,
+                duration_ms: 5,
+            },
+        ] {
+            traces.event(&event(&session, &run, kind));
+        }
+        traces.model_call(
+            &session,
+            "openai/gpt-x",
+            "worker",
+            Duration::from_millis(3),
+            (10, 2),
+            "ok",
+        );
+        traces.event(&event(&session, &run, status(RunStatus::Succeeded)));
+        let mut spans = Vec::new();
+        while let Ok(span) = rx.try_recv() {
+            spans.push(span);
+        }
+        let names: Vec<&str> = spans.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "skiff.placement.requested",
+                "skiff.placement.provisioning",
+                "skiff.placement.syncing",
+                "skiff.placement.starting",
+                "skiff.tool_call",
+                "skiff.model_request",
+                "skiff.turn",
+            ]
+        );
+        let root = spans.last().unwrap();
+        assert!(root.parent.is_none());
+        for span in &spans[..spans.len() - 1] {
+            assert_eq!(span.trace_id, root.trace_id);
+            assert_eq!(span.parent, Some(root.span_id));
+        }
+        let json = serde_json::to_string(&export_body("s", &spans)).unwrap();
+        assert!(!json.contains("secret-flag"), "a tool's arguments stay out");
+        assert!(json.contains(r#""stringValue":"worker""#), "{json}");
+    }
+
+    #[test]
+    fn a_full_queue_drops_and_counts_instead_of_waiting() {
+        let (traces, _rx) = queued(1);
+        let session = SessionId::from_suffix("tracetest0002");
+        let run = RunId::from_suffix("tracetest0002");
+        traces.event(&event(
+            &session,
+            &run,
+            EventKind::RunStatus {
+                status: RunStatus::Running,
+                error: None,
+            },
+        ));
+        for _ in 0..3 {
+            traces.model_call(&session, "p/m", "gateway", Duration::ZERO, (0, 0), "ok");
+        }
+        assert_eq!(traces.counts.dropped.load(Ordering::Relaxed), 2);
+        let mut text = String::new();
+        traces.render(&mut text);
+        assert!(text.contains("skiff_trace_spans_dropped_total 2"), "{text}");
+    }
+
     #[test]
     fn an_endpoint_gets_the_traces_path_once() {
         assert_eq!(

@@ -121,6 +121,12 @@ async fn sessions_from_one_url_share_one_clone_fetched_again_and_start_from_the_
     let mirrors = gw.state_dir.join("mirrors");
     assert_eq!(entries(&mirrors).len(), 1, "one clone per URL");
 
+    // A session's agent can write refs into the clone; a fetch puts back the remote's.
+    let clone = mirrors.join(&entries(&mirrors)[0]);
+    git(&clone, &["update-ref", "refs/remotes/origin/main", &dev]);
+    git(&clone, &["tag", "-f", "v1", &dev]);
+    git(&clone, &["tag", "planted", &dev]);
+
     // Upstream moves on: the next session's clone is the same, fetched again.
     let newer = push_commit(&bare, "main", "README.md", "v2\n");
     let second = started(&gw, &url, None).await;
@@ -145,6 +151,13 @@ async fn sessions_from_one_url_share_one_clone_fetched_again_and_start_from_the_
             .unwrap(),
         "v1\n"
     );
+
+    let e = refused(
+        gw.client
+            .create_session(&repo_request(&url, Some("planted")))
+            .await,
+    );
+    assert!(e.error.message.contains("has no ref \"planted\""), "{e:?}");
 
     // Refusals name what to do and make nothing.
     let sessions = gw.client.sessions().await.unwrap().sessions.len();
