@@ -42,6 +42,17 @@ pub enum Need {
 }
 
 impl Need {
+    /// What a refused caller could not do, in words.
+    fn action(self) -> &'static str {
+        match self {
+            Need::Read => "read this",
+            Need::Write => "change this",
+            Need::Operate => "manage environments and profiles",
+            Need::Admin => "manage users and tokens",
+            Need::Gateway => "manage the gateway (vault, audit, usage, metrics)",
+        }
+    }
+
     fn as_str(self) -> &'static str {
         match self {
             Need::Read => "read",
@@ -256,25 +267,20 @@ impl Principal {
         };
         if need > by_role {
             let wanted = match need {
-                Read | Write => "member",
-                Operate => "operator",
-                Admin => "admin",
-                Gateway => "admin of the gateway's first tenant",
+                Read | Write => "the member role",
+                Operate => "the operator role",
+                Admin => "the admin role",
+                Gateway => "an admin of the gateway's first tenant",
             };
             format!(
-                "your role ({role}) cannot {}: this needs {} role; ask an admin of your tenant",
-                need.as_str(),
-                if wanted.starts_with('a') {
-                    format!("an {wanted}")
-                } else {
-                    format!("a {wanted}")
-                },
+                "your role ({role}) cannot {}: that needs {wanted}; ask an admin of your tenant",
+                need.action()
             )
         } else {
             format!(
                 "this token's scope is {}: it cannot {}; ask an admin for a token with a wider --scope",
                 self.cap,
-                need.as_str()
+                need.action()
             )
         }
     }

@@ -227,6 +227,16 @@ pub(crate) async fn end(
     }
 }
 
+/// Sends `signal` to every process below `leader`, the leader itself spared.
+pub(crate) fn signal_below(leader: i32, signal: Signal) {
+    for pid in procfs::descendants(leader) {
+        if let Some(pid) = Pid::from_raw(pid) {
+            // ESRCH: it is already gone.
+            let _ = rustix::process::kill_process(pid, signal);
+        }
+    }
+}
+
 /// SIGKILLs the children of `leader` (the namespace's init, once `unshare` has forked it).
 pub(crate) fn kill_init(leader: i32) {
     for pid in procfs::children(leader) {

@@ -396,8 +396,13 @@ impl Cmd {
         if outcome.is_err() {
             // Given up on: ask the group to stop first, so shells run their exit traps (a login
             // profile killed outright can leave lock files behind that stall every later shell),
-            // then kill whatever is left.
-            group.signal(rustix::process::Signal::TERM);
+            // then kill whatever is left. A contained command's leader is not asked: it must
+            // outlive its namespace's init, which, were it still being set up, would miss its
+            // parent-death signal and run on with the command.
+            match (contain, leader) {
+                (Some(_), Some(pid)) => contain::signal_below(pid, rustix::process::Signal::TERM),
+                _ => group.signal(rustix::process::Signal::TERM),
+            }
             let ended = tokio::time::timeout(TERM_GRACE, child.wait()).await;
             if let (Err(_), Some(pid), Some(_)) = (ended, leader, contain)
                 // The namespace goes down with its init; `unshare` returns once it is empty.
@@ -699,6 +704,36 @@ mod tests {
             assert_eq!(uid, nobody, "the command did not run unprivileged");
         }
         assert_gone(31341);
+    }
+
+    /// A cancel can land at any moment of a sandboxed command's start (`setpriv`, `bwrap`
+    /// building the namespace, the shell's profile): wherever it lands, the command ends then,
+    /// not when it would have finished by itself. A leader that died of the stop request first
+    /// once left a namespace still being set up to run the whole command.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn a_cancel_at_any_moment_of_a_sandboxed_start_ends_the_command() {
+        let ws = tempfile::tempdir().unwrap();
+        for delay_ms in (0..120).step_by(4) {
+            let cancel = CancellationToken::new();
+            let stop = cancel.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+                stop.cancel();
+            });
+            let run = Cmd::new("bash")
+                .args(["-lc", "sleep 600"])
+                .cwd(ws.path())
+                .sandbox(Sandbox::new().writable(ws.path()))
+                .run(&cancel);
+            // A bound for a hang, far from any real figure: the command itself runs 600 s.
+            let result = tokio::time::timeout(Duration::from_secs(120), run)
+                .await
+                .unwrap_or_else(|_| panic!("cancelled after {delay_ms} ms, it ran on"));
+            assert!(
+                matches!(result, Err(Error::Cancelled { .. })),
+                "cancelled after {delay_ms} ms: {result:?}"
+            );
+        }
     }
 
     #[tokio::test]

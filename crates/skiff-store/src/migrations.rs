@@ -378,7 +378,8 @@ CREATE TABLE users (
     created_at_ms INTEGER NOT NULL
 );
 INSERT INTO users (id, owner_id, tenant_id, email, role, created_at_ms)
-    VALUES ('usr_admin', 'usr_admin', 'ten_default', 'admin', 'admin', 0);
+    VALUES ('usr_admin', 'usr_admin', 'ten_default', 'admin', 'admin',
+            CAST(strftime('%s', 'now') AS INTEGER) * 1000);
 -- A token's id (shown in `token list`, used by `token revoke`), the most it may do, and when it
 -- stops working. The first admin's token has no expiry and the `admin` scope.
 ALTER TABLE tokens ADD COLUMN id TEXT;
