@@ -6,7 +6,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { createServer } from 'node:http';
 import { appendFileSync } from 'node:fs';
-import { Gateway, gitRepo, pageFor, settled, shot } from './harness.mjs';
+import { Gateway, shutDownAfter, gitRepo, pageFor, settled, shot } from './harness.mjs';
 
 const sse = (type, data) => `event: ${type}\ndata: ${JSON.stringify({ type, ...data })}\n\n`;
 
@@ -34,7 +34,7 @@ test('the session header shows usage against each budget and a used-up one in wo
   const gw = new Gateway('[[turns]]\ntext = "ok"\n');
   appendFileSync(gw.config, `[providers.claude]\napi = "anthropic-messages"\nbase_url = "http://127.0.0.1:${server.address().port}"\n[budgets]\nsession_tokens = 20\nuser_tokens_per_day = 100000\n`);
   await gw.start();
-  t.after(() => gw.shutdown());
+  shutDownAfter(t, gw);
 
   const started = gw.cli('session', 'new', '--detach', '--json', '--workspace', gitRepo(), '--model', 'claude/claude-sonnet-4-5', 'Finish up.');
   const id = JSON.parse(started).session.id;

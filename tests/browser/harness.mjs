@@ -158,7 +158,14 @@ function defer(t, fn) {
 
 /** A gateway of the test `t` alone, shut down when it ends. */
 export async function gatewayFor(t, scripts) {
-  const gw = await new Gateway(scripts).start();
+  return shutDownAfter(t, await new Gateway(scripts).start());
+}
+
+/**
+ * Shuts `gw` down when the test `t` ends, after the pages the test opens later have closed (a
+ * gateway stopped under an open page cuts its event streams, which the page reports as errors).
+ */
+export function shutDownAfter(t, gw) {
   defer(t, () => gw.shutdown());
   return gw;
 }

@@ -6,7 +6,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { createServer } from 'node:http';
 import { appendFileSync } from 'node:fs';
-import { Gateway, gitRepo, pageFor, shot } from './harness.mjs';
+import { Gateway, shutDownAfter, gitRepo, pageFor, shot } from './harness.mjs';
 
 const sse = (type, data) => `event: ${type}\ndata: ${JSON.stringify({ type, ...data })}\n\n`;
 
@@ -43,7 +43,7 @@ test('thinking shows collapsed under Thinking, with its text and a redacted bloc
   const gw = new Gateway('[[turns]]\ntext = "ok"\n');
   appendFileSync(gw.config, `[providers.claude]\napi = "anthropic-messages"\nbase_url = "http://127.0.0.1:${server.address().port}"\n`);
   await gw.start();
-  t.after(() => gw.shutdown());
+  shutDownAfter(t, gw);
 
   // Detached: `gw.session` waits synchronously, and this process serves the model.
   const started = gw.cli('session', 'new', '--detach', '--json', '--workspace', gitRepo(), '--model', 'claude/claude-sonnet-4-5', 'What is this?');
