@@ -90,7 +90,7 @@ pub(crate) struct Core {
     /// The Control UI's login tickets and cookie key.
     ui: ui::UiState,
     envs: Arc<environments::Environments>,
-    workers: worker::Workers,
+    workers: worker::WorkerSide,
     /// This process's hold on the state dir (one gateway per state dir).
     _lock: state_dir::StateDirLock,
     /// `<state>/procs/`: the `exec` commands of gateway-placed sessions now running.
@@ -336,7 +336,13 @@ pub(crate) async fn open_core(options: &Options) -> Result<(Arc<Core>, std::time
     )?);
     let signer = worker::Signer::load_or_create(&state.root().join("worker-signing.key"))
         .map_err(|e| Error::Internal(format!("cannot load the worker signing key: {e}")))?;
-    let workers = worker::Workers::new(
+    let workers = worker::WorkerSide::new(
+        worker::Handles {
+            store: store.clone(),
+            hub: hub.clone(),
+            envs: envs.clone(),
+            egress_dir: state.root().join("egress"),
+        },
         signer,
         state.root().join("workers"),
         config.gateway.max_workers.unwrap_or(16),

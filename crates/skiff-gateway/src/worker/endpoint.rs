@@ -105,23 +105,7 @@ impl Core {
             stop.cancel();
         }
         let _ = std::fs::remove_file(self.workers.socket_path(env));
-        self.close_egress_gate(env);
-    }
-
-    pub(super) fn audit_worker(
-        &self,
-        scope: &Scope,
-        action: &str,
-        target: &str,
-        decision: &str,
-        detail: serde_json::Value,
-    ) {
-        if let Err(e) = self
-            .store
-            .audit(scope, "worker", action, target, decision, &detail)
-        {
-            tracing::warn!(action, error = %e, "could not write an audit row");
-        }
+        self.workers.close_egress_gate(env);
     }
 
     async fn serve_worker(self: Arc<Self>, env: EnvironmentId, stream: UnixStream) {
@@ -142,7 +126,7 @@ impl Core {
                     .ok()
                     .and_then(|rows| rows.into_iter().find(|r| r.id == env).map(|r| r.scope))
                     .unwrap_or_else(crate::auth::admin_scope);
-                self.audit_worker(
+                self.workers.audit_worker(
                     &scope,
                     "worker.admit",
                     env.as_str(),
@@ -192,7 +176,7 @@ impl Core {
                         skiff_wire::Error::TooLarge => RefusalCode::TooLarge,
                         _ => RefusalCode::BadFrame,
                     };
-                    self.audit_worker(
+                    self.workers.audit_worker(
                         &admitted.scope,
                         "worker.frame",
                         session.as_str(),
@@ -210,7 +194,7 @@ impl Core {
                 Ok(frame) => frame,
                 Err(e) => {
                     let reason = format!("not a frame of worker protocol {PROTOCOL_VERSION}: {e}");
-                    self.audit_worker(
+                    self.workers.audit_worker(
                         &admitted.scope,
                         "worker.frame",
                         session.as_str(),
@@ -393,7 +377,7 @@ impl Core {
             }
             Err(e) => return Err(refuse(RefusalCode::Unavailable, e.to_string())),
         }
-        self.audit_worker(
+        self.workers.audit_worker(
             &scope,
             "worker.admit",
             claims.session_id.as_str(),
@@ -480,7 +464,7 @@ impl Core {
         }
         match frame {
             WorkerFrame::Hello { .. } => {
-                self.audit_worker(
+                self.workers.audit_worker(
                     &a.scope,
                     "worker.frame",
                     a.claims.session_id.as_str(),

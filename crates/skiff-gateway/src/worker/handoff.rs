@@ -525,7 +525,7 @@ impl Core {
         self.strike(scope, &p, BarrierStep::Drained).await;
         live.stop_epoch(epoch, "the session is handed off to the gateway");
         self.cancel_model_calls(id);
-        let env = self.placement_env(scope, &p)?;
+        let env = self.workers.placement_env(scope, &p)?;
         let how = match self.stop_worker_on_box(&env, p.worker_pid).await {
             Ok(()) => "stopped, with the commands its tools started".to_owned(),
             Err(e) => format!("could not be confirmed stopped ({e})"),
@@ -636,7 +636,7 @@ impl Core {
         if fault.action == FaultAction::KillGateway {
             kill_this_gateway();
         }
-        let Ok(env) = self.placement_env(scope, p) else {
+        let Ok(env) = self.workers.placement_env(scope, p) else {
             return;
         };
         if fault.action == FaultAction::KillBox {

@@ -37,7 +37,7 @@ impl Core {
                     // Not acknowledged, so the worker keeps the event and sends it again
                     // after it reconnects; applying it now could apply it twice.
                     tracing::warn!(session = %session, seq, error = %e, "could not read a worker's event cursor; the event is not applied yet");
-                    self.audit_worker(
+                    self.workers.audit_worker(
                         &a.scope,
                         "worker.call",
                         session.as_str(),
@@ -66,7 +66,7 @@ impl Core {
                     // cumulative): the connection is dropped, and the reconnected worker sends
                     // its unacknowledged events again, in order.
                     tracing::warn!(session = %session, seq, error = %e, "could not store a worker's event; dropping the connection so it is sent again");
-                    self.audit_worker(
+                    self.workers.audit_worker(
                         &a.scope,
                         "worker.call",
                         session.as_str(),
@@ -264,7 +264,7 @@ impl Core {
             if let Reply::Refused { code, message } = &reply {
                 // Refused inside the call (a forbidden entry kind, a moved leaf…): audited like
                 // every refusal, and not cached, so a corrected call may follow.
-                core.audit_worker(
+                core.workers.audit_worker(
                     &scope,
                     "worker.call",
                     op.session_id.as_str(),
@@ -376,7 +376,7 @@ impl Core {
         error: &str,
     ) {
         tracing::warn!(session = %op.session_id, method, what, error, "could not record a worker call's {what}; a repeat of it may run again");
-        self.audit_worker(
+        self.workers.audit_worker(
             scope,
             "worker.call",
             op.session_id.as_str(),
@@ -390,7 +390,7 @@ impl Core {
 
     fn refuse_op(&self, a: &Admitted, op: &OpId, call: &Call, r: Refusal) {
         tracing::warn!(session = %a.claims.session_id, method = call.method().as_str(), code = r.code.as_str(), reason = r.message, "refused a worker call");
-        self.audit_worker(
+        self.workers.audit_worker(
             &a.scope,
             "worker.call",
             a.claims.session_id.as_str(),
@@ -581,7 +581,7 @@ impl Core {
                 | EventKind::Placement { .. }
                 | EventKind::Approval { .. }
         ) {
-            self.audit_worker(&a.scope, "worker.call", a.claims.session_id.as_str(), "refused", json!({
+            self.workers.audit_worker(&a.scope, "worker.call", a.claims.session_id.as_str(), "refused", json!({
                 "method": "event.publish", "code": "forbidden", "reason": "workers may not publish entries, run status, placement or approvals",
             }));
             if let Err(e) = self.store.advance_worker_cursor(
@@ -680,7 +680,7 @@ impl Core {
                 c.methods.clone(),
             )
             .map_err(|e| refuse(RefusalCode::Unavailable, e.to_string()))?;
-        self.audit_worker(
+        self.workers.audit_worker(
             &a.scope,
             "worker.credential.rotate",
             c.session_id.as_str(),

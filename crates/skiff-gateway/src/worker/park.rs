@@ -64,7 +64,7 @@ pub(crate) fn clear_kept_script() -> String {
     format!("cd \"$HOME\" && rm -rf -- {KEEP_AREA} && [ ! -e {KEEP_AREA} ]")
 }
 
-impl super::Workers {
+impl super::WorkerSide {
     /// Remembers that `env` keeps `session`'s workspace (replacing whatever that box kept
     /// for another session: a box keeps one).
     fn keep(&self, session: &SessionId, kept: KeptWorkspace) {

@@ -222,7 +222,7 @@ impl Core {
                     // session's own box counts as prepared only when that setup's result is
                     // in its home.
                     if matches!(prepared, Some(Prepared::Own)) {
-                        let env = self.placement_env(scope, &p)?;
+                        let env = self.workers.placement_env(scope, &p)?;
                         let key = setup.as_ref().map(|plan| plan.key.as_str());
                         if key.is_some() && env.prepared_key.as_deref() != key {
                             prepared = None;
@@ -347,22 +347,23 @@ impl Core {
         keep_prepared: bool,
         cancel: &CancellationToken,
     ) -> Result<PlacementRow> {
-        let env = self.placement_env(scope, p)?;
+        let env = self.workers.placement_env(scope, p)?;
         let ran = async {
             let proxy = self
+                .workers
                 .open_egress(&env, &p.profile, crate::egress::Phase::Setup, cancel)
                 .await?
                 .unwrap_or_default();
             let plan = plan.with_env(proxy);
             let outcome = self.run_setup(scope, p, &plan, cancel).await;
             // Closed whatever setup did, before anything else runs on the box.
-            self.close_setup_egress(&env, cancel).await?;
+            self.workers.close_setup_egress(&env, cancel).await?;
             outcome.map(|o| (plan, o))
         };
         let (plan, outcome) = match ran.await {
             Ok(done) => done,
             Err(e) => {
-                self.close_egress_gate(&env.id);
+                self.workers.close_egress_gate(&env.id);
                 let why = "the box's setup could not run";
                 return Err(self.fail_placement(scope, p, e, why).await);
             }
@@ -456,7 +457,7 @@ impl Core {
         p: &PlacementRow,
         cancel: &CancellationToken,
     ) -> Result<(String, usize, u64, skiff_sync::filelist::LeftOut)> {
-        let env = self.placement_env(scope, p)?;
+        let env = self.workers.placement_env(scope, p)?;
         let ssh = self.envs.ssh(&env)?;
         let remote = Remote::new(ssh, &box_workspace(&session.id))?;
         let local = Path::new(session.workspace.path());
@@ -514,17 +515,6 @@ impl Core {
         Ok((base, sent.files, sent.bytes, sent.left_out))
     }
 
-    pub(crate) fn placement_env(
-        &self,
-        scope: &Scope,
-        p: &PlacementRow,
-    ) -> Result<skiff_store::EnvironmentRow> {
-        let env = p.environment_id.as_ref().ok_or_else(|| {
-            Error::Conflict(format!("session {} has no environment", p.session_id))
-        })?;
-        Ok(self.store.environment(scope, env)?)
-    }
-
     /// Opens the tunnel, starts a worker for the placement's epoch, and waits until it is
     /// admitted and has passed the readiness canary.
     pub(super) async fn start_worker(
@@ -533,16 +523,17 @@ impl Core {
         p: &PlacementRow,
     ) -> Result<PlacementRow> {
         let session = &p.session_id;
-        let env = self.placement_env(scope, p)?;
+        let env = self.workers.placement_env(scope, p)?;
         let epoch = p.owner_epoch;
         // The agent's `exec` reaches the network only if the profile says so (`egress.agent`).
-        self.open_egress(
-            &env,
-            &p.profile,
-            crate::egress::Phase::Agent,
-            &CancellationToken::new(),
-        )
-        .await?;
+        self.workers
+            .open_egress(
+                &env,
+                &p.profile,
+                crate::egress::Phase::Agent,
+                &CancellationToken::new(),
+            )
+            .await?;
         self.launch_verified(&env, session, epoch, Method::ALL.to_vec(), |pid| {
             self.store.transition_placement(
                 scope,
@@ -603,6 +594,7 @@ impl Core {
         let live = self.workers.live(session);
         live.close();
         let egress: String = self
+            .workers
             .agent_egress_env(&env.id)
             .iter()
             .map(|(k, v)| format!(" {k}={}", skiff_ssh::shell_quote(v)))
@@ -697,7 +689,7 @@ impl Core {
             tracing::debug!(env = %env.id, error = %e, "forward request");
         }
         // A restarted control master lost the agent's egress forward too.
-        self.reforward_egress(env, ssh, cancel).await;
+        self.workers.reforward_egress(env, ssh, cancel).await;
         Ok(remote_socket)
     }
 }

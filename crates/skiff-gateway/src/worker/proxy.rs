@@ -132,7 +132,7 @@ impl Core {
                 Ok(events) => events,
                 Err(e) => {
                     tracing::warn!(session = %op.session_id, seq = op.seq, error = %e, "a model call's cached answer is unreadable");
-                    self.audit_worker(
+                    self.workers.audit_worker(
                         &a.scope,
                         "worker.call",
                         op.session_id.as_str(),
@@ -227,7 +227,7 @@ impl Core {
                 };
                 let allowed = session_model.as_str();
                 if let Err(reason) = check_request(&request, &options, allowed, session_reasoning) {
-                    self.audit_worker(
+                    self.workers.audit_worker(
                         &a.scope,
                         "worker.call",
                         op.session_id.as_str(),

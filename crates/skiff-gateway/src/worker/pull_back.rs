@@ -24,7 +24,6 @@ use futures_util::StreamExt;
 use serde_json::json;
 use skiff_protocol::api::PlacementMove;
 use skiff_protocol::environment::PlacementState;
-use skiff_protocol::event::EventKind;
 use skiff_protocol::{RunId, SessionId};
 use skiff_store::{PlacementChange, PlacementRow, Scope};
 use std::sync::Arc;
@@ -132,7 +131,9 @@ impl Core {
                     "pulled back from {} (no box held it): the session runs on the gateway from now on",
                     p.state
                 );
-                let cursor = self.announce(scope, id, PlacementState::Local, None, &detail);
+                let cursor = self
+                    .workers
+                    .announce(scope, id, PlacementState::Local, None, &detail);
                 self.audit_pull_back(scope, &p, "home", None);
                 // From the announced step on.
                 self.moved(scope, id, detail, cursor.saturating_sub(1))
@@ -145,8 +146,13 @@ impl Core {
                     before.owner_epoch,
                     env.as_ref().map_or("its box".into(), |e| e.to_string())
                 );
-                let cursor =
-                    self.announce(scope, id, PlacementState::Draining, env.clone(), &detail);
+                let cursor = self.workers.announce(
+                    scope,
+                    id,
+                    PlacementState::Draining,
+                    env.clone(),
+                    &detail,
+                );
                 let held = Held {
                     _admission: Some(admission),
                     _placing: placing,
@@ -177,7 +183,7 @@ impl Core {
         live.stop_epoch(epoch, "the session is pulled back to the gateway");
         self.cancel_model_calls(id);
         self.revoke_approvals(scope, id, "the session is pulled back to the gateway");
-        let env_row = self.placement_env(scope, &before).ok();
+        let env_row = self.workers.placement_env(scope, &before).ok();
         let stopped = match &env_row {
             Some(env) => self.stop_worker_on_box(env, before.worker_pid).await,
             None => Err("the session names no box".to_owned()),
@@ -242,7 +248,8 @@ impl Core {
             "home in {:.1} s: the session runs on the gateway from now on; {work}; {the_box}",
             started.elapsed().as_secs_f64()
         );
-        self.announce(scope, id, PlacementState::Local, None, &detail);
+        self.workers
+            .announce(scope, id, PlacementState::Local, None, &detail);
         let box_state = pooled.map(|pooled| if pooled { "idle" } else { "destroyed" });
         self.audit_pull_back(scope, &before, "home", box_state);
     }
@@ -357,7 +364,9 @@ impl Core {
         self.claim_dispatch(scope, id, profile).await?;
         let detail =
             format!("dispatching to profile {profile}: placing the session now, without a turn");
-        let cursor = self.announce(scope, id, PlacementState::Requested, None, &detail);
+        let cursor = self
+            .workers
+            .announce(scope, id, PlacementState::Requested, None, &detail);
         // No turn drives this placement: the dispatch does, holding `placing` so a turn sent
         // meanwhile waits for the worker it starts. Admission is free again once it is held.
         let held = Held {
@@ -437,31 +446,6 @@ impl Core {
             json!({ "profile": profile }),
         );
         Ok(())
-    }
-
-    /// Publishes a move's step and returns its cursor (0 when it could not be published: the
-    /// follower then reads from the start).
-    fn announce(
-        &self,
-        scope: &Scope,
-        id: &SessionId,
-        state: PlacementState,
-        environment_id: Option<skiff_protocol::EnvironmentId>,
-        detail: &str,
-    ) -> u64 {
-        tracing::info!(session = %id, placement = %state, detail, "placement");
-        let event = EventKind::Placement {
-            state,
-            environment_id,
-            detail: detail.to_owned(),
-        };
-        match self.hub.publish(scope, id, None, event) {
-            Ok(e) => e.cursor,
-            Err(e) => {
-                tracing::warn!(session = %id, error = %e, "could not publish a placement step");
-                0
-            }
-        }
     }
 
     fn audit_pull_back(

@@ -118,7 +118,7 @@ impl Core {
             {
                 return;
             }
-            let Ok(env) = self.placement_env(scope, &p) else {
+            let Ok(env) = self.workers.placement_env(scope, &p) else {
                 return;
             };
             let Ok(ssh) = self.envs.ssh(&env) else {
@@ -242,7 +242,7 @@ impl Core {
             .store
             .placement(scope, session)?
             .ok_or_else(|| crate::Error::Conflict(format!("session {session} has no placement")))?;
-        let env = self.placement_env(scope, &p)?;
+        let env = self.workers.placement_env(scope, &p)?;
         let ssh = self.envs.ssh(&env)?;
         let bundle = p
             .bundle_hash
@@ -533,6 +533,7 @@ impl Core {
                         // The worker's proxy variables name this port; serve it again.
                         if let Ok(row) = self.store.environment(&p.scope, env)
                             && let Err(e) = self
+                                .workers
                                 .open_egress(
                                     &row,
                                     &p.profile,

@@ -197,7 +197,7 @@ impl Core {
         plan: &SetupPlan,
         cancel: &CancellationToken,
     ) -> Result<SetupOutcome> {
-        let env = self.placement_env(scope, p)?;
+        let env = self.workers.placement_env(scope, p)?;
         let ssh = self.envs.ssh(&env)?;
         let session = &p.session_id;
         let log_path = self.state.tmp().join(format!("setup-{session}.log"));
@@ -225,7 +225,7 @@ impl Core {
         // Refusals said once more at the end, with the key to change: a tool's own retry
         // messages rarely show the proxy's answer.
         let key = format!("profiles.{}.egress.setup", p.profile);
-        for c in self.egress_counters(&env.id) {
+        for c in self.workers.egress_counters(&env.id) {
             if c.phase == crate::egress::Phase::Setup && c.refused > 0 {
                 collector.note(&format!(
                     "[skiff] the egress proxy refused {} request(s) to {}: to allow it, add \"{}\" to {key}",

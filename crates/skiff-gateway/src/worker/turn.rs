@@ -305,7 +305,7 @@ impl Core {
         // Killed before its connection is closed: a live worker would reconnect at once.
         let pid = p.worker_pid.unwrap_or(0);
         if pid > 0
-            && let Ok(env) = self.placement_env(scope, &p)
+            && let Ok(env) = self.workers.placement_env(scope, &p)
             && let Ok(ssh) = self.envs.ssh(&env)
             && let Err(e) = ssh
                 .run(
@@ -400,7 +400,7 @@ impl Core {
         let Ok(Some(p)) = self.store.placement(scope, session) else {
             return false;
         };
-        let Ok(env) = self.placement_env(scope, &p) else {
+        let Ok(env) = self.workers.placement_env(scope, &p) else {
             return false;
         };
         let Ok(ssh) = self.envs.ssh(&env) else {
@@ -484,7 +484,7 @@ impl Core {
         })?;
         let session = self.store.session(scope, session_id)?;
         let base = manifest::from_json(p.base_manifest.as_deref().unwrap_or(""))?;
-        let env = self.placement_env(scope, p)?;
+        let env = self.workers.placement_env(scope, p)?;
         let mut ssh = self.envs.ssh(&env)?;
         if over_control {
             ssh = ssh.transfers_over_control();
