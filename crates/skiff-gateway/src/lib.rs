@@ -101,8 +101,6 @@ pub(crate) struct Core {
     compact_at: f64,
     /// `[gateway] max_children`: how many child sessions one session's agent may dispatch.
     max_children: u64,
-    /// `[gateway] barrier_fault`: a fault the tests inject at one barrier step.
-    barrier_fault: Option<worker::BarrierFault>,
     /// Sessions whose worktree is still being filled: everything that touches the workspace
     /// waits for it (`workspace.rs`).
     fills: workspace::Fills,
@@ -115,7 +113,7 @@ pub(crate) struct Core {
     /// The background processes of gateway-placed sessions, one registry per session across
     /// its turns, so `process {keep: true}` lives on between turns. Dropping a registry stops
     /// what it holds: when the session leaves the gateway, and when the gateway stops.
-    session_processes: Mutex<HashMap<skiff_protocol::SessionId, skiff_agent::tools::Processes>>,
+    session_processes: worker::SessionProcesses,
     /// `[mcp.NAME]`: the MCP servers started at startup and the tools they offer.
     mcp: mcp::Mcp,
     /// `[forge]`: governed actions (`git_push`, `open_pull_request`) and their grant key.
@@ -336,12 +334,15 @@ pub(crate) async fn open_core(options: &Options) -> Result<(Arc<Core>, std::time
     )?);
     let signer = worker::Signer::load_or_create(&state.root().join("worker-signing.key"))
         .map_err(|e| Error::Internal(format!("cannot load the worker signing key: {e}")))?;
+    let session_processes = worker::SessionProcesses::default();
     let workers = worker::WorkerSide::new(
         worker::Handles {
             store: store.clone(),
             hub: hub.clone(),
             envs: envs.clone(),
             egress_dir: state.root().join("egress"),
+            session_processes: session_processes.clone(),
+            barrier_fault,
         },
         signer,
         state.root().join("workers"),
@@ -364,12 +365,11 @@ pub(crate) async fn open_core(options: &Options) -> Result<(Arc<Core>, std::time
         turn_timeout,
         compact_at,
         max_children: config.gateway.max_children.unwrap_or(4),
-        barrier_fault,
         fills: workspace::Fills::default(),
         restoring: Mutex::default(),
         git_credentials,
         vault,
-        session_processes: Mutex::default(),
+        session_processes,
         mcp,
         governed: governed::Governed {
             key: grant_key,

@@ -987,19 +987,6 @@ impl Core {
             .clone()
     }
 
-    /// Stops every background process of a session that leaves the gateway (kept ones too):
-    /// its workspace is about to be somewhere else.
-    pub(crate) fn end_session_processes(&self, session: &SessionId) {
-        let gone = self
-            .session_processes
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .remove(session);
-        // Dropping the last handle stops the processes (a turn in flight holds none: a
-        // session only moves at a turn boundary or after its turn was cancelled).
-        drop(gone);
-    }
-
     /// Moves a run to its terminal status and tells subscribers. Cancellation wins over a
     /// late success: a cancelled run goes through `cancelling`.
     fn finish(
@@ -1058,15 +1045,27 @@ impl Core {
         decision: &str,
         detail: serde_json::Value,
     ) {
-        if let Err(e) = self.store.audit(
-            scope,
-            &crate::people::actor(),
-            action,
-            target,
-            decision,
-            &detail,
-        ) {
-            tracing::warn!(action, error = %e, "could not write an audit row");
-        }
+        audit_row(&self.store, scope, action, target, decision, detail);
+    }
+}
+
+/// Writes an audit row as the current actor; a failure is logged, never the caller's.
+pub(crate) fn audit_row(
+    store: &skiff_store::Store,
+    scope: &Scope,
+    action: &str,
+    target: &str,
+    decision: &str,
+    detail: serde_json::Value,
+) {
+    if let Err(e) = store.audit(
+        scope,
+        &crate::people::actor(),
+        action,
+        target,
+        decision,
+        &detail,
+    ) {
+        tracing::warn!(action, error = %e, "could not write an audit row");
     }
 }

@@ -100,21 +100,13 @@ impl Core {
         Ok(())
     }
 
-    pub(crate) fn close_worker_endpoint(&self, env: &EnvironmentId) {
-        if let Some(stop) = lock(&self.workers.listeners).remove(env) {
-            stop.cancel();
-        }
-        let _ = std::fs::remove_file(self.workers.socket_path(env));
-        self.workers.close_egress_gate(env);
-    }
-
     async fn serve_worker(self: Arc<Self>, env: EnvironmentId, stream: UnixStream) {
         let (read, mut write) = stream.into_split();
         let mut reader = BufReader::new(read);
         let first =
             tokio::time::timeout(Duration::from_secs(10), skiff_wire::read_line(&mut reader)).await;
         let admitted = match first {
-            Ok(Ok(Some(line))) => self.admit(&env, &line),
+            Ok(Ok(Some(line))) => self.workers.admit(&env, &line),
             _ => Err(refuse(RefusalCode::BadFrame, "no hello within 10 s")),
         };
         let admitted = match admitted {
@@ -144,7 +136,7 @@ impl Core {
         };
         let (tx, mut rx) = mpsc::unbounded_channel::<GatewayFrame>();
         // The welcome goes first: nothing may reach the worker before it.
-        if let Err(e) = self.welcome(&admitted, &tx) {
+        if let Err(e) = self.workers.welcome(&admitted, &tx) {
             tracing::warn!(%env, error = %e, "could not welcome a worker");
             return;
         }
@@ -235,6 +227,58 @@ impl Core {
         self.on_worker_disconnect(&admitted.scope, &session, admitted.claims.owner_epoch);
     }
 
+    async fn on_frame(self: &Arc<Self>, a: &Admitted, frame: WorkerFrame) {
+        // A credential rotation comes on a timer whatever the turn does: it is not progress.
+        if !matches!(
+            frame,
+            WorkerFrame::Call {
+                call: Call::CredentialRotate { .. },
+                ..
+            }
+        ) {
+            a.live.touch();
+        }
+        match frame {
+            WorkerFrame::Hello { .. } => {
+                self.workers.audit_worker(
+                    &a.scope,
+                    "worker.frame",
+                    a.claims.session_id.as_str(),
+                    "refused",
+                    json!({ "code": "bad_frame", "reason": "a second hello" }),
+                );
+                a.live.send_on(
+                    a.conn_id,
+                    GatewayFrame::Refused {
+                        code: RefusalCode::BadFrame,
+                        message: "already admitted".into(),
+                    },
+                );
+            }
+            WorkerFrame::Call { op, call } => self.on_call(a, op, call).await,
+            WorkerFrame::ModelAck { seq, received } => {
+                self.workers
+                    .model_ack(&a.claims.session_id, a.claims.owner_epoch, seq, received);
+            }
+            WorkerFrame::ModelCancel { seq } => {
+                self.workers
+                    .model_cancel(&a.claims.session_id, a.claims.owner_epoch, seq);
+            }
+            WorkerFrame::CanaryAnswer { nonce, text } => a.live.answer_canary(&nonce, text),
+        }
+    }
+}
+
+/// The parts of this file that need only the worker side's own handles.
+impl super::WorkerSide {
+    pub(crate) fn close_worker_endpoint(&self, env: &EnvironmentId) {
+        if let Some(stop) = lock(&self.listeners).remove(env) {
+            stop.cancel();
+        }
+        let _ = std::fs::remove_file(self.socket_path(env));
+        self.close_egress_gate(env);
+    }
+
     /// Checks a hello: signature, expiry, bindings, build, protocol, one use.
     pub(super) fn admit(&self, env: &EnvironmentId, line: &str) -> Result<Admitted, Refusal> {
         let hello = serde_json::from_str::<WorkerFrame>(line).map_err(|e| {
@@ -264,7 +308,6 @@ impl Core {
             ));
         }
         let claims = self
-            .workers
             .signer
             .verify(&credential)
             .map_err(|e| refuse(RefusalCode::BadCredential, e.to_string()))?;
@@ -377,7 +420,7 @@ impl Core {
             }
             Err(e) => return Err(refuse(RefusalCode::Unavailable, e.to_string())),
         }
-        self.workers.audit_worker(
+        self.audit_worker(
             &scope,
             "worker.admit",
             claims.session_id.as_str(),
@@ -394,8 +437,8 @@ impl Core {
         };
         Ok(Admitted {
             scope,
-            live: self.workers.live(&claims.session_id),
-            conn_id: self.workers.conn_id(),
+            live: self.live(&claims.session_id),
+            conn_id: self.conn_id(),
             claims,
             in_flight: Arc::new(tokio::sync::Semaphore::new(MAX_CALLS_IN_FLIGHT)),
             revision,
@@ -423,9 +466,9 @@ impl Core {
             owner_epoch: epoch,
             methods,
             issued_at_ms: now,
-            expires_at_ms: now + self.workers.credential_ttl_ms,
+            expires_at_ms: now + self.credential_ttl_ms,
         };
-        Ok((self.workers.signer.sign(&claims), claims.expires_at_ms))
+        Ok((self.signer.sign(&claims), claims.expires_at_ms))
     }
 
     fn welcome(&self, a: &Admitted, tx: &mpsc::UnboundedSender<GatewayFrame>) -> crate::Result<()> {
@@ -449,45 +492,6 @@ impl Core {
             workspace: super::place::box_workspace(&c.session_id),
         });
         Ok(())
-    }
-
-    async fn on_frame(self: &Arc<Self>, a: &Admitted, frame: WorkerFrame) {
-        // A credential rotation comes on a timer whatever the turn does: it is not progress.
-        if !matches!(
-            frame,
-            WorkerFrame::Call {
-                call: Call::CredentialRotate { .. },
-                ..
-            }
-        ) {
-            a.live.touch();
-        }
-        match frame {
-            WorkerFrame::Hello { .. } => {
-                self.workers.audit_worker(
-                    &a.scope,
-                    "worker.frame",
-                    a.claims.session_id.as_str(),
-                    "refused",
-                    json!({ "code": "bad_frame", "reason": "a second hello" }),
-                );
-                a.live.send_on(
-                    a.conn_id,
-                    GatewayFrame::Refused {
-                        code: RefusalCode::BadFrame,
-                        message: "already admitted".into(),
-                    },
-                );
-            }
-            WorkerFrame::Call { op, call } => self.on_call(a, op, call).await,
-            WorkerFrame::ModelAck { seq, received } => {
-                self.model_ack(&a.claims.session_id, a.claims.owner_epoch, seq, received);
-            }
-            WorkerFrame::ModelCancel { seq } => {
-                self.model_cancel(&a.claims.session_id, a.claims.owner_epoch, seq);
-            }
-            WorkerFrame::CanaryAnswer { nonce, text } => a.live.answer_canary(&nonce, text),
-        }
     }
 
     /// Whether a model call without a run is the pending readiness canary.

@@ -296,7 +296,15 @@ pub(crate) struct Handles {
     pub(crate) hub: Arc<crate::Hub>,
     pub(crate) envs: Arc<crate::environments::Environments>,
     pub(crate) egress_dir: PathBuf,
+    /// The background processes of gateway-placed sessions, shared with the core: a session
+    /// leaving home stops them.
+    pub(crate) session_processes: SessionProcesses,
+    /// `[gateway] barrier_fault`: a fault the tests inject at one barrier step.
+    pub(crate) barrier_fault: Option<BarrierFault>,
 }
+
+/// Gateway-placed sessions' background processes, one registry per session.
+pub(crate) type SessionProcesses = Arc<Mutex<HashMap<SessionId, skiff_agent::tools::Processes>>>;
 
 /// The worker side of placement: every worker session of this gateway, one [`Live`] per live
 /// session, and the handles it works through.
@@ -306,6 +314,8 @@ pub(crate) struct WorkerSide {
     envs: Arc<crate::environments::Environments>,
     /// Where the per-environment egress proxy sockets live (inside the 0700 state dir).
     egress_dir: PathBuf,
+    session_processes: SessionProcesses,
+    barrier_fault: Option<BarrierFault>,
     pub(crate) signer: Signer,
     live: Mutex<HashMap<SessionId, Arc<Live>>>,
     listeners: Mutex<HashMap<EnvironmentId, CancellationToken>>,
@@ -338,6 +348,8 @@ impl WorkerSide {
             hub: handles.hub,
             envs: handles.envs,
             egress_dir: handles.egress_dir,
+            session_processes: handles.session_processes,
+            barrier_fault: handles.barrier_fault,
             signer,
             live: Mutex::new(HashMap::new()),
             listeners: Mutex::new(HashMap::new()),
@@ -480,6 +492,26 @@ impl WorkerSide {
         {
             tracing::warn!(action, error = %e, "could not write an audit row");
         }
+    }
+
+    /// Stops every background process of a session that leaves the gateway (kept ones too):
+    /// its workspace is about to be somewhere else.
+    fn end_session_processes(&self, session: &SessionId) {
+        let gone = lock(&self.session_processes).remove(session);
+        // Dropping the last handle stops the processes (a turn in flight holds none: a
+        // session only moves at a turn boundary or after its turn was cancelled).
+        drop(gone);
+    }
+
+    fn audit(
+        &self,
+        scope: &skiff_store::Scope,
+        action: &str,
+        target: &str,
+        decision: &str,
+        detail: serde_json::Value,
+    ) {
+        crate::sessions::audit_row(&self.store, scope, action, target, decision, detail);
     }
 
     fn conn_id(&self) -> u64 {

@@ -154,6 +154,7 @@ impl Core {
         let pooled = match &env {
             Some(env) => {
                 let pooled = self
+                    .workers
                     .give_box_back(scope, session, env, was.worker_pid, keeping.is_some())
                     .await;
                 if let Some(tx) = keeping {
@@ -180,52 +181,6 @@ impl Core {
             }),
         );
         Ok(true)
-    }
-
-    /// Stops the session's worker, removes its workspace (or, with `keep`, moves it into the
-    /// box's keep area) and the tunnel to it, and puts the box in the idle pool (or destroys it
-    /// when that cannot be done). Returns whether the box is in the pool. The session no
-    /// longer names the box (parked, or home).
-    pub(super) async fn give_box_back(
-        &self,
-        scope: &Scope,
-        session: &SessionId,
-        env: &skiff_protocol::EnvironmentId,
-        worker_pid: Option<i64>,
-        keep: bool,
-    ) -> bool {
-        self.close_worker_endpoint(env);
-        if !keep {
-            self.workers.forget_kept_on(env);
-        }
-        let row = match self.store.environment(scope, env) {
-            Ok(row) => row,
-            Err(e) => {
-                tracing::warn!(%session, %env, error = %e, "cannot read the parked session's box");
-                return false;
-            }
-        };
-        let clear = async {
-            let ssh = self.envs.ssh(&row)?;
-            let cancel = CancellationToken::new();
-            let script = if keep {
-                keep_script(session, worker_pid)
-            } else {
-                clear_script(session, worker_pid)
-            };
-            let home = ssh.run(&script, &cancel).await?;
-            let remote_socket = format!("{}/.skiff/worker.sock", home.trim());
-            if let Err(e) = ssh
-                .cancel_forward(&remote_socket, &self.workers.socket_path(env), &cancel)
-                .await
-            {
-                // The endpoint it led to is closed, and the next placement on this box
-                // forwards the same socket to the same endpoint again.
-                tracing::debug!(%env, error = %e, "cancelling the worker forward");
-            }
-            Ok(())
-        };
-        self.envs.release_to_pool(scope, env, clear).await
     }
 
     /// The lifetime tick: parks every session idle on its box past its profile's
@@ -361,6 +316,55 @@ fn keep_script(session: &SessionId, worker_pid: Option<i64>) -> String {
          rm -rf -- {workspace} && rm -f -- .skiff/worker.log && [ ! -e {workspace} ] && printf %s \"$HOME\"",
         stop = stop_worker_script(worker_pid)
     )
+}
+
+/// The parts of this file that need only the worker side's own handles.
+impl super::WorkerSide {
+    /// Stops the session's worker, removes its workspace (or, with `keep`, moves it into the
+    /// box's keep area) and the tunnel to it, and puts the box in the idle pool (or destroys it
+    /// when that cannot be done). Returns whether the box is in the pool. The session no
+    /// longer names the box (parked, or home).
+    pub(super) async fn give_box_back(
+        &self,
+        scope: &Scope,
+        session: &SessionId,
+        env: &skiff_protocol::EnvironmentId,
+        worker_pid: Option<i64>,
+        keep: bool,
+    ) -> bool {
+        self.close_worker_endpoint(env);
+        if !keep {
+            self.forget_kept_on(env);
+        }
+        let row = match self.store.environment(scope, env) {
+            Ok(row) => row,
+            Err(e) => {
+                tracing::warn!(%session, %env, error = %e, "cannot read the parked session's box");
+                return false;
+            }
+        };
+        let clear = async {
+            let ssh = self.envs.ssh(&row)?;
+            let cancel = CancellationToken::new();
+            let script = if keep {
+                keep_script(session, worker_pid)
+            } else {
+                clear_script(session, worker_pid)
+            };
+            let home = ssh.run(&script, &cancel).await?;
+            let remote_socket = format!("{}/.skiff/worker.sock", home.trim());
+            if let Err(e) = ssh
+                .cancel_forward(&remote_socket, &self.socket_path(env), &cancel)
+                .await
+            {
+                // The endpoint it led to is closed, and the next placement on this box
+                // forwards the same socket to the same endpoint again.
+                tracing::debug!(%env, error = %e, "cancelling the worker forward");
+            }
+            Ok(())
+        };
+        self.envs.release_to_pool(scope, env, clear).await
+    }
 }
 
 #[cfg(test)]

@@ -51,43 +51,6 @@ enum Prepared {
 const BOX_AUTHOR: (&str, &str) = ("Skiff agent", "agent@skiff.invalid");
 
 impl Core {
-    /// Moves the placement and tells the session's subscribers.
-    pub(super) fn place(
-        &self,
-        scope: &Scope,
-        session: &SessionId,
-        to: PlacementState,
-        change: &PlacementChange<'_>,
-        detail: &str,
-    ) -> Result<PlacementRow> {
-        let row = self
-            .store
-            .transition_placement(scope, session, to, change)?;
-        if to != PlacementState::Local {
-            self.end_session_processes(session);
-        }
-        if change.advance_epoch {
-            // INVARIANT: no connection of an older epoch outlives the advance (the event hot
-            // path checks epochs per connection).
-            self.workers.live(session).close();
-        }
-        let event = EventKind::Placement {
-            state: to,
-            environment_id: row.environment_id.clone(),
-            detail: detail.to_owned(),
-        };
-        // Carried by the open run, so a client following that run sees its placement.
-        let run = self
-            .store
-            .open_run(scope, session)
-            .ok()
-            .flatten()
-            .map(|r| r.id);
-        let _ = self.hub.publish(scope, session, run.as_ref(), event);
-        tracing::info!(%session, placement = %to, detail, "placement");
-        Ok(row)
-    }
-
     /// Makes sure the session has an admitted, ready worker; drives the placement as far as
     /// needed. Waits for whoever drives it now (a dispatch without a message): a turn sent
     /// while its session is being placed runs on the worker that placement starts.
@@ -123,7 +86,7 @@ impl Core {
             if wait_connected(&live, p.owner_epoch, RECONNECT_GRACE * 2).await {
                 return Ok(p);
             }
-            p = self.place(
+            p = self.workers.place(
                 scope,
                 id,
                 PlacementState::Starting,
@@ -149,7 +112,7 @@ impl Core {
                 .await?;
         }
         if p.state == PlacementState::Requested {
-            p = self.place(
+            p = self.workers.place(
                 scope,
                 id,
                 PlacementState::Provisioning,
@@ -171,13 +134,13 @@ impl Core {
             // still filling in the background would say there is none.
             if let Err(e) = self.workspace_ready(&session.id).await {
                 let why = "the session's workspace could not be written";
-                return Err(self.fail_placement(scope, &p, e, why).await);
+                return Err(self.workers.fail_placement(scope, &p, e, why).await);
             }
             setup = match self.setup_plan(session, &p.profile) {
                 Ok(plan) => plan,
                 Err(e) => {
                     let why = "the profile's setup cannot run";
-                    return Err(self.fail_placement(scope, &p, e, why).await);
+                    return Err(self.workers.fail_placement(scope, &p, e, why).await);
                 }
             };
         }
@@ -187,7 +150,7 @@ impl Core {
                 .await
             {
                 Ok(got) => got,
-                Err(e) => return Err(self.fail_placement(scope, &p, e, "no box").await),
+                Err(e) => return Err(self.workers.fail_placement(scope, &p, e, "no box").await),
             };
             prepared = from;
             let from = match &prepared {
@@ -199,7 +162,7 @@ impl Core {
                 Some(Prepared::Snapshot(s)) => format!(" (a box prepared by setup, from {s})"),
                 None => String::new(),
             };
-            p = self.place(
+            p = self.workers.place(
                 scope,
                 id,
                 PlacementState::Syncing,
@@ -253,7 +216,7 @@ impl Core {
                             format!("{on_box}; starting the worker"),
                         ),
                     };
-                    p = self.place(
+                    p = self.workers.place(
                         scope,
                         id,
                         next,
@@ -276,7 +239,7 @@ impl Core {
                 }
                 Err(e) => {
                     let why = "the workspace could not be laid onto the box";
-                    return Err(self.fail_placement(scope, &p, e, why).await);
+                    return Err(self.workers.fail_placement(scope, &p, e, why).await);
                 }
             }
         }
@@ -285,7 +248,7 @@ impl Core {
                 Ok(row) => p = row,
                 Err(e) => {
                     let why = "the worker did not become ready";
-                    return Err(self.fail_placement(scope, &p, e, why).await);
+                    return Err(self.workers.fail_placement(scope, &p, e, why).await);
                 }
             }
         }
@@ -296,44 +259,6 @@ impl Core {
             )));
         }
         Ok(p)
-    }
-
-    /// The placement failed: record why, and give up the box it had (its state is unknown,
-    /// and an attached box nobody uses would be paid for until its TTL). Returns `e`.
-    pub(super) async fn fail_placement(
-        &self,
-        scope: &Scope,
-        p: &PlacementRow,
-        e: Error,
-        detail: &str,
-    ) -> Error {
-        let why = e.to_string();
-        let change = PlacementChange {
-            error: Some(&why),
-            ..Default::default()
-        };
-        if let Err(e) = self.place(
-            scope,
-            &p.session_id,
-            PlacementState::Failed,
-            &change,
-            detail,
-        ) {
-            tracing::warn!(session = %p.session_id, error = %e, "could not record a failed placement");
-        }
-        let env = self
-            .store
-            .placement(scope, &p.session_id)
-            .ok()
-            .flatten()
-            .and_then(|p| p.environment_id);
-        if let Some(env) = env {
-            self.close_worker_endpoint(&env);
-            self.envs
-                .abandon(scope, &env, &format!("placing a session failed: {why}"))
-                .await;
-        }
-        e
     }
 
     /// Runs the box's setup behind the egress proxy, closes the proxy's forward (proven from
@@ -365,12 +290,15 @@ impl Core {
             Err(e) => {
                 self.workers.close_egress_gate(&env.id);
                 let why = "the box's setup could not run";
-                return Err(self.fail_placement(scope, p, e, why).await);
+                return Err(self.workers.fail_placement(scope, p, e, why).await);
             }
         };
         if !outcome.succeeded() {
             let e = Error::BoxNotReady(outcome.failure(&plan, &p.session_id));
-            return Err(self.fail_placement(scope, p, e, "setup failed").await);
+            return Err(self
+                .workers
+                .fail_placement(scope, p, e, "setup failed")
+                .await);
         }
         // The box holds this setup's result now: a later session with the same setup that
         // finds it in the pool skips setup.
@@ -389,7 +317,7 @@ impl Core {
                 }
             }
         }
-        self.place(
+        self.workers.place(
             scope,
             &p.session_id,
             PlacementState::Starting,
@@ -554,7 +482,7 @@ impl Core {
             Ok(())
         })
         .await?;
-        let p = self.place(
+        let p = self.workers.place(
             scope,
             session,
             PlacementState::Active,
@@ -581,7 +509,7 @@ impl Core {
         let ssh = self.envs.ssh(env)?;
         let cancel = CancellationToken::new();
         self.open_worker_endpoint(&env.id)?;
-        let remote_socket = self.open_tunnel(env, &ssh, &cancel).await?;
+        let remote_socket = self.workers.open_tunnel(env, &ssh, &cancel).await?;
         let bundle = self
             .envs
             .bundle_hash_now()
@@ -589,8 +517,9 @@ impl Core {
         let host_key = self.envs.host_key(env).ok_or_else(|| {
             Error::Internal(format!("environment {} has no pinned host key", env.id))
         })?;
-        let (credential, _) =
-            self.mint_worker_credential(&env.id, &host_key, &bundle, session, epoch, methods)?;
+        let (credential, _) = self
+            .workers
+            .mint_worker_credential(&env.id, &host_key, &bundle, session, epoch, methods)?;
         let live = self.workers.live(session);
         live.close();
         let egress: String = self
@@ -668,30 +597,6 @@ impl Core {
         }
         Ok(())
     }
-
-    /// Makes sure the control connection is up and forwards the box's worker socket to this
-    /// gateway's endpoint for the environment. Returns the socket path on the box.
-    pub(super) async fn open_tunnel(
-        &self,
-        env: &skiff_store::EnvironmentRow,
-        ssh: &skiff_ssh::Ssh,
-        cancel: &CancellationToken,
-    ) -> Result<String> {
-        ssh.ensure_master(skiff_ssh::Channel::Control, cancel)
-            .await?;
-        let home = ssh
-            .run("mkdir -p \"$HOME/.skiff\" && printf %s \"$HOME\"", cancel)
-            .await?;
-        let remote_socket = format!("{}/.skiff/worker.sock", home.trim());
-        let local = self.workers.socket_path(&env.id);
-        if let Err(e) = ssh.forward_socket(&remote_socket, &local, cancel).await {
-            // An existing forward of the same socket is what we want.
-            tracing::debug!(env = %env.id, error = %e, "forward request");
-        }
-        // A restarted control master lost the agent's egress forward too.
-        self.workers.reforward_egress(env, ssh, cancel).await;
-        Ok(remote_socket)
-    }
 }
 
 fn mode_of(workspace: &WorkspaceView) -> Mode {
@@ -729,4 +634,106 @@ pub(super) async fn wait_connected(live: &super::Live, epoch: u64, timeout: Dura
         }
     };
     tokio::time::timeout(timeout, wait).await.is_ok() && live.connected_epoch() == Some(epoch)
+}
+
+/// The parts of this file that need only the worker side's own handles.
+impl super::WorkerSide {
+    /// Moves the placement and tells the session's subscribers.
+    pub(super) fn place(
+        &self,
+        scope: &Scope,
+        session: &SessionId,
+        to: PlacementState,
+        change: &PlacementChange<'_>,
+        detail: &str,
+    ) -> Result<PlacementRow> {
+        let row = self
+            .store
+            .transition_placement(scope, session, to, change)?;
+        if to != PlacementState::Local {
+            self.end_session_processes(session);
+        }
+        if change.advance_epoch {
+            // INVARIANT: no connection of an older epoch outlives the advance (the event hot
+            // path checks epochs per connection).
+            self.live(session).close();
+        }
+        let event = EventKind::Placement {
+            state: to,
+            environment_id: row.environment_id.clone(),
+            detail: detail.to_owned(),
+        };
+        // Carried by the open run, so a client following that run sees its placement.
+        let run = self
+            .store
+            .open_run(scope, session)
+            .ok()
+            .flatten()
+            .map(|r| r.id);
+        let _ = self.hub.publish(scope, session, run.as_ref(), event);
+        tracing::info!(%session, placement = %to, detail, "placement");
+        Ok(row)
+    }
+
+    /// The placement failed: record why, and give up the box it had (its state is unknown,
+    /// and an attached box nobody uses would be paid for until its TTL). Returns `e`.
+    pub(super) async fn fail_placement(
+        &self,
+        scope: &Scope,
+        p: &PlacementRow,
+        e: Error,
+        detail: &str,
+    ) -> Error {
+        let why = e.to_string();
+        let change = PlacementChange {
+            error: Some(&why),
+            ..Default::default()
+        };
+        if let Err(e) = self.place(
+            scope,
+            &p.session_id,
+            PlacementState::Failed,
+            &change,
+            detail,
+        ) {
+            tracing::warn!(session = %p.session_id, error = %e, "could not record a failed placement");
+        }
+        let env = self
+            .store
+            .placement(scope, &p.session_id)
+            .ok()
+            .flatten()
+            .and_then(|p| p.environment_id);
+        if let Some(env) = env {
+            self.close_worker_endpoint(&env);
+            self.envs
+                .abandon(scope, &env, &format!("placing a session failed: {why}"))
+                .await;
+        }
+        e
+    }
+
+    /// Makes sure the control connection is up and forwards the box's worker socket to this
+    /// gateway's endpoint for the environment. Returns the socket path on the box.
+    pub(super) async fn open_tunnel(
+        &self,
+        env: &skiff_store::EnvironmentRow,
+        ssh: &skiff_ssh::Ssh,
+        cancel: &CancellationToken,
+    ) -> Result<String> {
+        ssh.ensure_master(skiff_ssh::Channel::Control, cancel)
+            .await?;
+        let home = ssh
+            .run("mkdir -p \"$HOME/.skiff\" && printf %s \"$HOME\"", cancel)
+            .await?;
+        let remote_socket = format!("{}/.skiff/worker.sock", home.trim());
+        let local = self.socket_path(&env.id);
+        if let Err(e) = ssh.forward_socket(&remote_socket, &local, cancel).await {
+            // An existing forward of the same socket is what we want.
+            tracing::debug!(env = %env.id, error = %e, "forward request");
+        }
+        // A restarted control master lost the agent's egress forward too.
+        self.reforward_egress(env, ssh, cancel).await;
+        Ok(remote_socket)
+    }
 }

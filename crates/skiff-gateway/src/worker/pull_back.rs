@@ -42,36 +42,6 @@ struct Held {
 }
 
 impl Core {
-    /// Gives back the box a session came home from (`was`, as `come_home` left it), and says
-    /// for people where the box went and where the box's work is. `None`: it held no box;
-    /// `Some(false)`: the box could not be cleared and was destroyed.
-    pub(super) async fn box_home(
-        &self,
-        scope: &Scope,
-        id: &SessionId,
-        was: &PlacementRow,
-        reconciled: bool,
-    ) -> (Option<bool>, String, &'static str) {
-        let pooled = match &was.environment_id {
-            Some(env) => Some(
-                self.give_box_back(scope, id, env, was.worker_pid, false)
-                    .await,
-            ),
-            None => None,
-        };
-        let the_box = match (&was.environment_id, pooled) {
-            (Some(env), Some(true)) => format!("its box {env} is back in the idle pool"),
-            (Some(env), _) => format!("its box {env} could not be cleared and was destroyed"),
-            (None, _) => "it held no box".to_owned(),
-        };
-        let work = if reconciled {
-            "the box's work is in the session's workspace"
-        } else {
-            "its workspace here already had the box's work"
-        };
-        (pooled, the_box, work)
-    }
-
     /// `POST /v1/sessions/{id}/pull-back`: brings a worker session home. A session with a
     /// turn open is refused unless `cancel`, which cancels the turn and waits for its end.
     pub(crate) async fn pull_back(
@@ -134,7 +104,7 @@ impl Core {
                 let cursor = self
                     .workers
                     .announce(scope, id, PlacementState::Local, None, &detail);
-                self.audit_pull_back(scope, &p, "home", None);
+                self.workers.audit_pull_back(scope, &p, "home", None);
                 // From the announced step on.
                 self.moved(scope, id, detail, cursor.saturating_sub(1))
             }
@@ -179,20 +149,26 @@ impl Core {
         let started = std::time::Instant::now();
         let epoch = before.owner_epoch;
         let live = self.workers.live(id);
-        self.strike_now(scope, id, BarrierStep::Drained).await;
+        self.workers
+            .strike_now(scope, id, BarrierStep::Drained)
+            .await;
         live.stop_epoch(epoch, "the session is pulled back to the gateway");
-        self.cancel_model_calls(id);
+        self.workers.cancel_model_calls(id);
         self.revoke_approvals(scope, id, "the session is pulled back to the gateway");
         let env_row = self.workers.placement_env(scope, &before).ok();
         let stopped = match &env_row {
-            Some(env) => self.stop_worker_on_box(env, before.worker_pid).await,
+            Some(env) => {
+                self.workers
+                    .stop_worker_on_box(env, before.worker_pid)
+                    .await
+            }
             None => Err("the session names no box".to_owned()),
         };
         let how = match &stopped {
             Ok(()) => "stopped, with the commands its tools started".to_owned(),
             Err(e) => format!("could not be confirmed stopped ({e})"),
         };
-        let fenced = self.place(
+        let fenced = self.workers.place(
             scope,
             id,
             PlacementState::Draining,
@@ -214,10 +190,12 @@ impl Core {
             );
             return;
         }
-        self.strike_now(scope, id, BarrierStep::Fenced).await;
+        self.workers
+            .strike_now(scope, id, BarrierStep::Fenced)
+            .await;
         let mut reconciled = false;
         if !before.box_in_step {
-            let step = self.place(
+            let step = self.workers.place(
                 scope,
                 id,
                 PlacementState::Reconciling,
@@ -235,7 +213,9 @@ impl Core {
             }
             reconciled = true;
         }
-        self.strike_now(scope, id, BarrierStep::Reconciled).await;
+        self.workers
+            .strike_now(scope, id, BarrierStep::Reconciled)
+            .await;
         let was = match self.store.come_home(scope, id) {
             Ok(was) => was,
             Err(e) => {
@@ -243,7 +223,7 @@ impl Core {
                 return;
             }
         };
-        let (pooled, the_box, work) = self.box_home(scope, id, &was, reconciled).await;
+        let (pooled, the_box, work) = self.workers.box_home(scope, id, &was, reconciled).await;
         let detail = format!(
             "home in {:.1} s: the session runs on the gateway from now on; {work}; {the_box}",
             started.elapsed().as_secs_f64()
@@ -251,7 +231,8 @@ impl Core {
         self.workers
             .announce(scope, id, PlacementState::Local, None, &detail);
         let box_state = pooled.map(|pooled| if pooled { "idle" } else { "destroyed" });
-        self.audit_pull_back(scope, &before, "home", box_state);
+        self.workers
+            .audit_pull_back(scope, &before, "home", box_state);
     }
 
     /// A pull-back that cannot finish leaves the session on its box, worker stopped.
@@ -259,7 +240,7 @@ impl Core {
         let detail = format!(
             "the pull-back stopped: {why}. The session stays on its box; its next message starts a new worker there"
         );
-        if let Err(e) = self.place(
+        if let Err(e) = self.workers.place(
             scope,
             id,
             PlacementState::Active,
@@ -271,21 +252,8 @@ impl Core {
         ) {
             tracing::warn!(session = %id, error = %e, "could not record a stopped pull-back");
         }
-        self.audit_pull_back(scope, before, "stopped", None);
+        self.workers.audit_pull_back(scope, before, "stopped", None);
         tracing::warn!(session = %id, why, "pull-back stopped");
-    }
-
-    /// Stops the worker's process on its box (the endpoint already told it to go).
-    pub(super) async fn stop_worker_on_box(
-        &self,
-        env: &skiff_store::EnvironmentRow,
-        worker_pid: Option<i64>,
-    ) -> std::result::Result<(), String> {
-        let ssh = self.envs.ssh(env).map_err(|e| e.to_string())?;
-        ssh.run(&stop_worker_script(worker_pid), &CancellationToken::new())
-            .await
-            .map(|_| ())
-            .map_err(|e| e.to_string())
     }
 
     /// Cancels the session's open run (the usual cancel) and waits until it has ended.
@@ -378,11 +346,13 @@ impl Core {
         let scope2 = scope.clone();
         tokio::spawn(async move {
             let cancel = CancellationToken::new();
-            core.strike_now(&scope2, &session.id, BarrierStep::Drained)
+            core.workers
+                .strike_now(&scope2, &session.id, BarrierStep::Drained)
                 .await;
             let placed = core.ensure_worker_locked(&scope2, &session, &cancel).await;
             if placed.is_ok() {
-                core.strike_now(&scope2, &session.id, BarrierStep::Fenced)
+                core.workers
+                    .strike_now(&scope2, &session.id, BarrierStep::Fenced)
                     .await;
             }
             if let Err(e) = placed {
@@ -395,7 +365,8 @@ impl Core {
                             PlacementState::Failed | PlacementState::Reclaimed
                         ) =>
                     {
-                        core.fail_placement(&scope2, &p, e, "the dispatch failed")
+                        core.workers
+                            .fail_placement(&scope2, &p, e, "the dispatch failed")
                             .await;
                     }
                     Ok(_) => {}
@@ -448,28 +419,6 @@ impl Core {
         Ok(())
     }
 
-    fn audit_pull_back(
-        &self,
-        scope: &Scope,
-        before: &PlacementRow,
-        outcome: &str,
-        box_state: Option<&str>,
-    ) {
-        self.audit(
-            scope,
-            "placement.pull_back",
-            before.session_id.as_str(),
-            "applied",
-            json!({
-                "from": before.state.as_str(),
-                "env": before.environment_id.as_ref().map(|e| e.as_str()),
-                "epoch": before.owner_epoch,
-                "outcome": outcome,
-                "box": box_state,
-            }),
-        );
-    }
-
     /// The answer to a move that started: the session as it is now, and the cursor after which
     /// the client follows the move's placement events.
     pub(super) fn moved(
@@ -504,4 +453,72 @@ pub(crate) fn moving_profiles(id: &SessionId, from: &str, to: &str) -> crate::er
     crate::Error::Conflict(format!(
         "session {id} runs on profile `{from}`; bring it home first (`skiff session pull-back {id}`), then dispatch it to `{to}`"
     ))
+}
+
+/// The parts of this file that need only the worker side's own handles.
+impl super::WorkerSide {
+    /// Gives back the box a session came home from (`was`, as `come_home` left it), and says
+    /// for people where the box went and where the box's work is. `None`: it held no box;
+    /// `Some(false)`: the box could not be cleared and was destroyed.
+    pub(super) async fn box_home(
+        &self,
+        scope: &Scope,
+        id: &SessionId,
+        was: &PlacementRow,
+        reconciled: bool,
+    ) -> (Option<bool>, String, &'static str) {
+        let pooled = match &was.environment_id {
+            Some(env) => Some(
+                self.give_box_back(scope, id, env, was.worker_pid, false)
+                    .await,
+            ),
+            None => None,
+        };
+        let the_box = match (&was.environment_id, pooled) {
+            (Some(env), Some(true)) => format!("its box {env} is back in the idle pool"),
+            (Some(env), _) => format!("its box {env} could not be cleared and was destroyed"),
+            (None, _) => "it held no box".to_owned(),
+        };
+        let work = if reconciled {
+            "the box's work is in the session's workspace"
+        } else {
+            "its workspace here already had the box's work"
+        };
+        (pooled, the_box, work)
+    }
+
+    /// Stops the worker's process on its box (the endpoint already told it to go).
+    pub(super) async fn stop_worker_on_box(
+        &self,
+        env: &skiff_store::EnvironmentRow,
+        worker_pid: Option<i64>,
+    ) -> std::result::Result<(), String> {
+        let ssh = self.envs.ssh(env).map_err(|e| e.to_string())?;
+        ssh.run(&stop_worker_script(worker_pid), &CancellationToken::new())
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
+
+    fn audit_pull_back(
+        &self,
+        scope: &Scope,
+        before: &PlacementRow,
+        outcome: &str,
+        box_state: Option<&str>,
+    ) {
+        self.audit(
+            scope,
+            "placement.pull_back",
+            before.session_id.as_str(),
+            "applied",
+            json!({
+                "from": before.state.as_str(),
+                "env": before.environment_id.as_ref().map(|e| e.as_str()),
+                "epoch": before.owner_epoch,
+                "outcome": outcome,
+                "box": box_state,
+            }),
+        );
+    }
 }

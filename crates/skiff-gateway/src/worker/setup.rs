@@ -218,7 +218,9 @@ impl Core {
             tee,
             cancel,
         );
-        let publish = self.publish_setup_output(scope, session, chunks, collector);
+        let publish = self
+            .workers
+            .publish_setup_output(scope, session, chunks, collector);
         let (result, collector) = tokio::join!(run, publish);
         let duration = started.elapsed();
         let mut collector = collector?;
@@ -272,47 +274,6 @@ impl Core {
                     "duration_ms": duration.as_millis() as u64, "setup": plan.label }),
         );
         Ok(outcome)
-    }
-
-    /// Publishes setup output in chunks as it arrives, until the command's output ends.
-    async fn publish_setup_output(
-        &self,
-        scope: &Scope,
-        session: &SessionId,
-        mut chunks: mpsc::UnboundedReceiver<Vec<u8>>,
-        mut collector: Collector,
-    ) -> Result<Collector> {
-        let run = self
-            .store
-            .open_run(scope, session)
-            .ok()
-            .flatten()
-            .map(|r| r.id);
-        let mut last = Instant::now();
-        loop {
-            let chunk = tokio::time::timeout(PUBLISH_EVERY, chunks.recv()).await;
-            let ended = matches!(chunk, Ok(None));
-            if let Ok(Some(bytes)) = chunk {
-                collector.push(&bytes)?;
-            }
-            if ended {
-                collector.finish()?;
-            }
-            if ended || last.elapsed() >= PUBLISH_EVERY || collector.pending.len() >= CHUNK {
-                if let Some(text) = collector.take_live() {
-                    let _ = self.hub.publish(
-                        scope,
-                        session,
-                        run.as_ref(),
-                        EventKind::SetupOutput { text },
-                    );
-                }
-                last = Instant::now();
-            }
-            if ended {
-                return Ok(collector);
-            }
-        }
     }
 
     /// Keeps the setup log as a `log` artifact of the session (the newest is the one
@@ -538,6 +499,50 @@ impl Collector {
             out.push('\n');
         }
         out
+    }
+}
+
+/// The parts of this file that need only the worker side's own handles.
+impl super::WorkerSide {
+    /// Publishes setup output in chunks as it arrives, until the command's output ends.
+    async fn publish_setup_output(
+        &self,
+        scope: &Scope,
+        session: &SessionId,
+        mut chunks: mpsc::UnboundedReceiver<Vec<u8>>,
+        mut collector: Collector,
+    ) -> Result<Collector> {
+        let run = self
+            .store
+            .open_run(scope, session)
+            .ok()
+            .flatten()
+            .map(|r| r.id);
+        let mut last = Instant::now();
+        loop {
+            let chunk = tokio::time::timeout(PUBLISH_EVERY, chunks.recv()).await;
+            let ended = matches!(chunk, Ok(None));
+            if let Ok(Some(bytes)) = chunk {
+                collector.push(&bytes)?;
+            }
+            if ended {
+                collector.finish()?;
+            }
+            if ended || last.elapsed() >= PUBLISH_EVERY || collector.pending.len() >= CHUNK {
+                if let Some(text) = collector.take_live() {
+                    let _ = self.hub.publish(
+                        scope,
+                        session,
+                        run.as_ref(),
+                        EventKind::SetupOutput { text },
+                    );
+                }
+                last = Instant::now();
+            }
+            if ended {
+                return Ok(collector);
+            }
+        }
     }
 }
 
