@@ -515,7 +515,7 @@ fn spawn_lifetime_enforcer(core: &Arc<Core>, every: std::time::Duration) {
             };
             // Parking first: a box it gives back counts as used just now, so the reclaim
             // below never takes a box in the moment it is being given back.
-            core.park_idle_sessions().await;
+            core.workers.park_idle_sessions().await;
             core.envs.enforce_lifetimes().await;
         }
     });

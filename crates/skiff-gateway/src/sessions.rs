@@ -291,7 +291,7 @@ impl Core {
             self.check_profile(profile)?;
             // The quick answer when every slot has a turn running (a session merely idle on
             // its box is parked to make room).
-            self.make_worker_room().await?;
+            self.workers.make_worker_room().await?;
         }
         // The agent spec next (the request's, else the profile's): it may choose the model.
         let agent_ref = match (&req.agent, &req.profile) {
@@ -379,11 +379,12 @@ impl Core {
         };
         let created = match req.profile.as_deref() {
             Some(profile) => {
-                self.claim_worker_slot(|max| {
-                    self.store
-                        .create_session_placed(scope, &new, Some((profile, max)))
-                })
-                .await
+                self.workers
+                    .claim_worker_slot(|max| {
+                        self.store
+                            .create_session_placed(scope, &new, Some((profile, max)))
+                    })
+                    .await
             }
             None => self.store.create_session(scope, &new).map_err(Into::into),
         };
@@ -573,7 +574,8 @@ impl Core {
                 }
                 .into());
             }
-            self.claim_worker_slot(|max| self.store.request_placement(scope, id, &p.profile, max))
+            self.workers
+                .claim_worker_slot(|max| self.store.request_placement(scope, id, &p.profile, max))
                 .await?;
         }
         self.admit_turn(scope, id, user_message(prompt), reasoning, admission)

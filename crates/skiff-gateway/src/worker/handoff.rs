@@ -297,11 +297,12 @@ impl Core {
             )));
         }
         let cursor = self.store.last_event_cursor(scope, id)?;
-        self.claim_worker_slot(|max| {
-            self.store
-                .claim_live_dispatch(scope, id, &run.id, profile, max)
-        })
-        .await?;
+        self.workers
+            .claim_worker_slot(|max| {
+                self.store
+                    .claim_live_dispatch(scope, id, &run.id, profile, max)
+            })
+            .await?;
         let detail = format!(
             "dispatching with the turn running: no new turns; the gateway's current model step and tool calls finish, then the same turn goes on on a box of profile {profile}"
         );

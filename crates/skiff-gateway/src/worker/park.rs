@@ -29,7 +29,6 @@ use skiff_protocol::SessionId;
 use skiff_protocol::environment::PlacementState;
 use skiff_protocol::event::EventKind;
 use skiff_store::{Scope, now_ms};
-use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
@@ -102,19 +101,12 @@ impl super::WorkerSide {
     pub(crate) fn forget_kept_on(&self, env: &skiff_protocol::EnvironmentId) {
         super::lock(&self.kept).retain(|_, k| &k.env != env);
     }
-}
 
-impl Core {
     /// Parks `session` if it holds a box between turns: moves the placement (checked against
     /// an open run in the same transaction), stops its worker and gives the box back to the
     /// pool. `why` says what made it happen. Returns whether it was parked; `false` when it
     /// is not idle on a box (any more).
-    pub(crate) async fn park(
-        self: &Arc<Self>,
-        scope: &Scope,
-        session: &SessionId,
-        why: &str,
-    ) -> Result<bool> {
+    pub(crate) async fn park(&self, scope: &Scope, session: &SessionId, why: &str) -> Result<bool> {
         let Some(was) = self.store.park_placement(scope, session)? else {
             return Ok(false);
         };
@@ -128,7 +120,7 @@ impl Core {
                     manifest: manifest.clone(),
                     pooled,
                 };
-                self.workers.keep(session, kept);
+                self.keep(session, kept);
                 Some(tx)
             }
             _ => None,
@@ -148,18 +140,16 @@ impl Core {
             tracing::warn!(%session, error = %e, "could not publish the parked placement");
         }
         tracing::info!(%session, placement = %PlacementState::Parked, detail, "placement");
-        self.workers
-            .live(session)
+        self.live(session)
             .stop_epoch(was.owner_epoch, "the session is parked");
         let pooled = match &env {
             Some(env) => {
                 let pooled = self
-                    .workers
                     .give_box_back(scope, session, env, was.worker_pid, keeping.is_some())
                     .await;
                 if let Some(tx) = keeping {
                     if !pooled {
-                        self.workers.take_kept(session);
+                        self.take_kept(session);
                     }
                     let _ = tx.send(Some(pooled));
                 }
@@ -185,7 +175,7 @@ impl Core {
 
     /// The lifetime tick: parks every session idle on its box past its profile's
     /// `keep_attached`. A session whose worker is being repaired is left to its repair.
-    pub(crate) async fn park_idle_sessions(self: &Arc<Self>) {
+    pub(crate) async fn park_idle_sessions(&self) {
         let idle = match self.store.idle_placements() {
             Ok(idle) => idle,
             Err(e) => {
@@ -197,7 +187,7 @@ impl Core {
         for p in idle {
             let keep = self.envs.keep_attached(&p.profile);
             let idle_for = Duration::from_millis(u64::try_from(now - p.idle_since_ms).unwrap_or(0));
-            if idle_for < keep || self.workers.recovering(&p.session_id) {
+            if idle_for < keep || self.recovering(&p.session_id) {
                 continue;
             }
             let why = format!(
@@ -214,9 +204,9 @@ impl Core {
 
     /// Parks the session idle on its box the longest, to free its slot. `false` when no
     /// session is idle on a box: every slot has a turn (or a placement) in flight.
-    pub(crate) async fn park_least_recently_used(self: &Arc<Self>) -> Result<bool> {
+    pub(crate) async fn park_least_recently_used(&self) -> Result<bool> {
         for p in self.store.idle_placements()? {
-            if self.workers.recovering(&p.session_id) {
+            if self.recovering(&p.session_id) {
                 continue;
             }
             if self
@@ -235,9 +225,9 @@ impl Core {
 
     /// The quick answer before slow work (a new session's workspace): a slot is free, or one
     /// was freed by parking an idle session. Only an answer: the slot itself is claimed by
-    /// [`Core::claim_worker_slot`].
-    pub(crate) async fn make_worker_room(self: &Arc<Self>) -> Result<()> {
-        let max = self.workers.max_workers;
+    /// [`WorkerSide::claim_worker_slot`](super::WorkerSide::claim_worker_slot).
+    pub(crate) async fn make_worker_room(&self) -> Result<()> {
+        let max = self.max_workers;
         for _ in 0..CLAIM_ATTEMPTS {
             let Some(refusal) = self.store.worker_slots()?.refusal(max) else {
                 return Ok(());
@@ -257,10 +247,10 @@ impl Core {
     /// the session idle the longest is parked and the claim tried again, a bounded number of
     /// times; the refusal comes only when no session is idle on a box.
     pub(crate) async fn claim_worker_slot<T>(
-        self: &Arc<Self>,
+        &self,
         claim: impl Fn(u64) -> skiff_store::Result<T>,
     ) -> Result<T> {
-        let max = self.workers.max_workers;
+        let max = self.max_workers;
         for _ in 0..CLAIM_ATTEMPTS {
             match claim(max) {
                 Err(skiff_store::Error::WorkersAtCapacity { .. }) => {
@@ -274,6 +264,8 @@ impl Core {
         Ok(claim(max)?)
     }
 }
+
+impl Core {}
 
 /// What stops a session's worker on its box, run there: asked first, killed after a grace;
 /// only a process that is still the `skiff worker` it started, so a reused pid is left alone.

@@ -108,6 +108,7 @@ impl Core {
             // the session was being parked, or for a retried turn.
             let profile = p.profile.clone();
             p = self
+                .workers
                 .claim_worker_slot(|max| self.store.request_placement(scope, id, &profile, max))
                 .await?;
         }
@@ -146,6 +147,7 @@ impl Core {
         }
         if p.state == PlacementState::Provisioning {
             let (env, from) = match self
+                .workers
                 .acquire_for_setup(scope, id, &p.profile, setup.as_ref())
                 .await
             {
@@ -331,51 +333,6 @@ impl Core {
                 outcome.duration.as_secs_f64()
             ),
         )
-    }
-
-    /// A box for a session with `setup`, the cheapest first: a warm one that setup already
-    /// prepared, else a warm one with that setup's snapshot restored onto it, else a new one
-    /// made from the snapshot, else any box (warm or cold) on which setup will run.
-    /// A parked session's own previous box comes first, when it is idle (it kept the
-    /// session's workspace).
-    async fn acquire_for_setup(
-        self: &Arc<Self>,
-        scope: &Scope,
-        session: &SessionId,
-        profile: &str,
-        setup: Option<&super::setup::SetupPlan>,
-    ) -> Result<(skiff_protocol::EnvironmentId, Option<Prepared>)> {
-        if let Some(own) = self.workers.kept_box(session).await
-            && let Some(row) = self.envs.acquire_this(scope, profile, &own).await?
-        {
-            return Ok((row.id, Some(Prepared::Own)));
-        }
-        if let Some(plan) = setup {
-            if let Some(env) = self
-                .envs
-                .acquire_prepared(scope, profile, &plan.key)
-                .await?
-            {
-                return Ok((env, Some(Prepared::Pool)));
-            }
-            if let Some(key) = SnapshotKey::parse(&plan.key) {
-                if let Some((env, snapshot)) =
-                    self.envs.acquire_restored(scope, profile, &key).await?
-                {
-                    return Ok((env, Some(Prepared::Restored(snapshot))));
-                }
-                if let Some((env, snapshot)) = self
-                    .envs
-                    .acquire_from_snapshot(scope, profile, &key)
-                    .await?
-                {
-                    self.store
-                        .set_environment_prepared(scope, &env, Some(&plan.key))?;
-                    return Ok((env, Some(Prepared::Snapshot(snapshot))));
-                }
-            }
-        }
-        Ok((self.envs.acquire(scope, profile).await?, None))
     }
 
     async fn sync_out(
@@ -735,5 +692,50 @@ impl super::WorkerSide {
         // A restarted control master lost the agent's egress forward too.
         self.reforward_egress(env, ssh, cancel).await;
         Ok(remote_socket)
+    }
+
+    /// A box for a session with `setup`, the cheapest first: a warm one that setup already
+    /// prepared, else a warm one with that setup's snapshot restored onto it, else a new one
+    /// made from the snapshot, else any box (warm or cold) on which setup will run.
+    /// A parked session's own previous box comes first, when it is idle (it kept the
+    /// session's workspace).
+    async fn acquire_for_setup(
+        &self,
+        scope: &Scope,
+        session: &SessionId,
+        profile: &str,
+        setup: Option<&super::setup::SetupPlan>,
+    ) -> Result<(skiff_protocol::EnvironmentId, Option<Prepared>)> {
+        if let Some(own) = self.kept_box(session).await
+            && let Some(row) = self.envs.acquire_this(scope, profile, &own).await?
+        {
+            return Ok((row.id, Some(Prepared::Own)));
+        }
+        if let Some(plan) = setup {
+            if let Some(env) = self
+                .envs
+                .acquire_prepared(scope, profile, &plan.key)
+                .await?
+            {
+                return Ok((env, Some(Prepared::Pool)));
+            }
+            if let Some(key) = SnapshotKey::parse(&plan.key) {
+                if let Some((env, snapshot)) =
+                    self.envs.acquire_restored(scope, profile, &key).await?
+                {
+                    return Ok((env, Some(Prepared::Restored(snapshot))));
+                }
+                if let Some((env, snapshot)) = self
+                    .envs
+                    .acquire_from_snapshot(scope, profile, &key)
+                    .await?
+                {
+                    self.store
+                        .set_environment_prepared(scope, &env, Some(&plan.key))?;
+                    return Ok((env, Some(Prepared::Snapshot(snapshot))));
+                }
+            }
+        }
+        Ok((self.envs.acquire(scope, profile).await?, None))
     }
 }

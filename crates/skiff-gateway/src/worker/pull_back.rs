@@ -182,7 +182,7 @@ impl Core {
             ),
         );
         if let Err(e) = fenced {
-            self.pull_back_stopped(
+            self.workers.pull_back_stopped(
                 scope,
                 id,
                 &before,
@@ -203,12 +203,13 @@ impl Core {
                 "the box holds work the gateway does not have yet; bringing it back",
             );
             if let Err(e) = step {
-                self.pull_back_stopped(scope, id, &before, &e.to_string());
+                self.workers
+                    .pull_back_stopped(scope, id, &before, &e.to_string());
                 return;
             }
             if let Err(e) = self.capture_box_work(scope, id).await {
                 let why = format!("the box's work could not be brought back: {e}");
-                self.pull_back_stopped(scope, id, &before, &why);
+                self.workers.pull_back_stopped(scope, id, &before, &why);
                 return;
             }
             reconciled = true;
@@ -219,7 +220,8 @@ impl Core {
         let was = match self.store.come_home(scope, id) {
             Ok(was) => was,
             Err(e) => {
-                self.pull_back_stopped(scope, id, &before, &e.to_string());
+                self.workers
+                    .pull_back_stopped(scope, id, &before, &e.to_string());
                 return;
             }
         };
@@ -233,27 +235,6 @@ impl Core {
         let box_state = pooled.map(|pooled| if pooled { "idle" } else { "destroyed" });
         self.workers
             .audit_pull_back(scope, &before, "home", box_state);
-    }
-
-    /// A pull-back that cannot finish leaves the session on its box, worker stopped.
-    fn pull_back_stopped(&self, scope: &Scope, id: &SessionId, before: &PlacementRow, why: &str) {
-        let detail = format!(
-            "the pull-back stopped: {why}. The session stays on its box; its next message starts a new worker there"
-        );
-        if let Err(e) = self.workers.place(
-            scope,
-            id,
-            PlacementState::Active,
-            &PlacementChange {
-                error: Some(why),
-                ..Default::default()
-            },
-            &detail,
-        ) {
-            tracing::warn!(session = %id, error = %e, "could not record a stopped pull-back");
-        }
-        self.workers.audit_pull_back(scope, before, "stopped", None);
-        tracing::warn!(session = %id, why, "pull-back stopped");
     }
 
     /// Cancels the session's open run (the usual cancel) and waits until it has ended.
@@ -402,7 +383,8 @@ impl Core {
             }
             .into());
         }
-        self.claim_worker_slot(|max| self.store.request_placement(scope, id, profile, max))
+        self.workers
+            .claim_worker_slot(|max| self.store.request_placement(scope, id, profile, max))
             .await?;
         self.revoke_approvals(
             scope,
@@ -520,5 +502,26 @@ impl super::WorkerSide {
                 "box": box_state,
             }),
         );
+    }
+
+    /// A pull-back that cannot finish leaves the session on its box, worker stopped.
+    fn pull_back_stopped(&self, scope: &Scope, id: &SessionId, before: &PlacementRow, why: &str) {
+        let detail = format!(
+            "the pull-back stopped: {why}. The session stays on its box; its next message starts a new worker there"
+        );
+        if let Err(e) = self.place(
+            scope,
+            id,
+            PlacementState::Active,
+            &PlacementChange {
+                error: Some(why),
+                ..Default::default()
+            },
+            &detail,
+        ) {
+            tracing::warn!(session = %id, error = %e, "could not record a stopped pull-back");
+        }
+        self.audit_pull_back(scope, before, "stopped", None);
+        tracing::warn!(session = %id, why, "pull-back stopped");
     }
 }
