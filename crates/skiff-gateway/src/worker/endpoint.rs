@@ -53,6 +53,8 @@ const ACK_EVERY: u64 = 64;
 /// How many long calls one worker connection may have in flight.
 pub(super) const MAX_CALLS_IN_FLIGHT: usize = 8;
 
+// Kept on the core: serving a connection dispatches its calls to `ops.rs` and the
+// inference proxy, and a lost connection to recovery, all of which reach the core.
 impl Core {
     /// Listens for `env`'s worker (idempotent).
     pub(crate) fn open_worker_endpoint(self: &Arc<Self>, env: &EnvironmentId) -> crate::Result<()> {

@@ -218,6 +218,8 @@ impl Live {
     }
 }
 
+// Kept on the core: a live move answers with the session's view, places a worker for the
+// turn (`ensure_worker`) and captures the box's work (checkpoints, quarantine).
 impl Core {
     /// `pull-back --live` of a session whose turn runs on its box (its caller holds the
     /// session's admission lock): `active → handing_off`, and the turn's executor is asked to

@@ -14,6 +14,8 @@ use skiff_protocol::worker::{
 use skiff_store::CachedOp;
 use std::sync::Arc;
 
+// Kept on the core: a call may ask a person (approvals), publish transcript entries and
+// record usage, which are the core's.
 impl Core {
     pub(super) async fn on_call(self: &Arc<Self>, a: &Admitted, op: OpId, call: Call) {
         let stream = op.stream;

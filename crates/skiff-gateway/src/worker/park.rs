@@ -22,7 +22,6 @@
 //! gateway restart (the next taker of such a box clears it).
 
 use super::place::box_workspace;
-use crate::Core;
 use crate::error::Result;
 use serde_json::json;
 use skiff_protocol::SessionId;
@@ -265,8 +264,6 @@ impl super::WorkerSide {
     }
 }
 
-impl Core {}
-
 /// What stops a session's worker on its box, run there: asked first, killed after a grace;
 /// only a process that is still the `skiff worker` it started, so a reused pid is left alone.
 /// The commands its tools started die with it (each runs contained, as the init of its own
@@ -310,7 +307,6 @@ fn keep_script(session: &SessionId, worker_pid: Option<i64>) -> String {
     )
 }
 
-/// The parts of this file that need only the worker side's own handles.
 impl super::WorkerSide {
     /// Stops the session's worker, removes its workspace (or, with `keep`, moves it into the
     /// box's keep area) and the tunnel to it, and puts the box in the idle pool (or destroys it

@@ -50,6 +50,8 @@ enum Prepared {
 /// Author identity of commits made on boxes.
 const BOX_AUTHOR: (&str, &str) = ("Skiff agent", "agent@skiff.invalid");
 
+// Kept on the core: placing waits for the workspace fill, runs setup with vault secrets,
+// and hands the turn over (the session's spec and model, from the core's catalog).
 impl Core {
     /// Makes sure the session has an admitted, ready worker; drives the placement as far as
     /// needed. Waits for whoever drives it now (a dispatch without a message): a turn sent

@@ -47,6 +47,7 @@ impl Readiness for Probe {
     }
 }
 
+// Kept on the core: a probe launches a worker the way a placement does (`launch_verified`).
 impl Core {
     async fn probe(self: &Arc<Self>, env: &EnvironmentRow) -> Result<()> {
         let session = probe_session(&env.id);

@@ -67,6 +67,8 @@ fn error_event(message: impl Into<String>) -> ModelEvent {
     }
 }
 
+// Kept on the core: a model call resolves the session's spec and calls the provider through
+// the core's catalog.
 impl Core {
     pub(super) fn model_call(self: &Arc<Self>, a: &Admitted, op: OpId, call: Call) {
         let Call::ModelStream {

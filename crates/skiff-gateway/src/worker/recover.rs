@@ -26,6 +26,8 @@ const REPLACE_BACKOFF: Duration = Duration::from_secs(1);
 /// bytes each).
 const SCAN_MAX_BYTES: u64 = 128 << 20;
 
+// Kept on the core: recovery hands turns over again, takes checkpoints, reconciles the
+// workspace and writes notices into the transcript.
 impl Core {
     /// After a worker is admitted: a reconnecting worker gets its turn again; a session whose
     /// turn was orphaned by a gateway restart gets it retried as a new turn.

@@ -128,6 +128,7 @@ impl SetupOutcome {
     }
 }
 
+// Kept on the core: setup reads vault secrets and keeps its log among the artifacts.
 impl Core {
     /// The setup this placement runs, if any: the profile's `setup`, else the repository's
     /// `.skiff/setup.sh` as the session's workspace holds it.

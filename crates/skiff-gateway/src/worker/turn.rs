@@ -23,6 +23,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
+// Kept on the core: running a turn needs the session's spec, the catalog, approval policy,
+// checkpoints, quarantine and transcript notices.
 impl Core {
     /// Sends the session's open run to its worker (again: the worker starts a run once).
     pub(crate) fn hand_over_turn(&self, scope: &Scope, session: &SessionId) -> Result<()> {
