@@ -176,7 +176,7 @@ impl Core {
             }
             .into());
         }
-        self.make_worker_room().await?;
+        self.workers.make_worker_room().await?;
         let id = SessionId::from_suffix(&skiff_store::mint()?);
         // The parent's own workspace is the source: the child starts from its current state,
         // uncommitted changes included, on a branch of the same repository.
@@ -196,6 +196,7 @@ impl Core {
         };
         let max_children = self.max_children;
         let created = self
+            .workers
             .claim_worker_slot(|max| {
                 self.store.create_child_session(
                     scope,

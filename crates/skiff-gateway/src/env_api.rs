@@ -56,7 +56,7 @@ async fn list(State(core): Shared, Extension(scope): Extension<Scope>) -> Result
             .envs
             .list(&scope)?
             .into_iter()
-            .map(|v| core.with_worker(v))
+            .map(|v| core.workers.with_worker(v))
             .collect(),
     })
     .into_response())
@@ -171,7 +171,11 @@ async fn show(
     Extension(scope): Extension<Scope>,
     Path(id): Path<String>,
 ) -> Result<Response, Error> {
-    Ok(Json(core.with_worker(core.envs.show(&scope, &env_id(&id)?)?)).into_response())
+    Ok(Json(
+        core.workers
+            .with_worker(core.envs.show(&scope, &env_id(&id)?)?),
+    )
+    .into_response())
 }
 
 #[derive(Deserialize)]
@@ -217,7 +221,7 @@ async fn check(
         }
     }
     // What the check found (the reclaim above may already be tearing the box down).
-    Ok(Json(core.with_worker(view)).into_response())
+    Ok(Json(core.workers.with_worker(view)).into_response())
 }
 
 async fn exec(

@@ -219,7 +219,7 @@ impl Core {
             if free >= needs {
                 return Ok(());
             }
-            if needs > max || !self.park_least_recently_used().await? {
+            if needs > max || !self.workers.park_least_recently_used().await? {
                 return Err(skiff_store::Error::GroupAtCapacity { needs, free, max }.into());
             }
         }
@@ -242,7 +242,7 @@ impl Core {
                 .create_group(scope, group, title, news, (profile, max))
             {
                 Err(skiff_store::Error::GroupAtCapacity { .. }) => {
-                    if !self.park_least_recently_used().await? {
+                    if !self.workers.park_least_recently_used().await? {
                         break;
                     }
                 }
@@ -338,7 +338,7 @@ impl Core {
         let mut parked = Vec::new();
         for s in siblings.iter().filter(|s| s.id != *id) {
             let why = format!("attempt {id} was picked as group {group}'s result");
-            if self.park(scope, &s.id, &why).await? {
+            if self.workers.park(scope, &s.id, &why).await? {
                 parked.push(s.id.clone());
             }
         }

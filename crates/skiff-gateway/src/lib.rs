@@ -90,7 +90,7 @@ pub(crate) struct Core {
     /// The Control UI's login tickets and cookie key.
     ui: ui::UiState,
     envs: Arc<environments::Environments>,
-    workers: worker::Workers,
+    workers: worker::WorkerSide,
     /// This process's hold on the state dir (one gateway per state dir).
     _lock: state_dir::StateDirLock,
     /// `<state>/procs/`: the `exec` commands of gateway-placed sessions now running.
@@ -101,8 +101,6 @@ pub(crate) struct Core {
     compact_at: f64,
     /// `[gateway] max_children`: how many child sessions one session's agent may dispatch.
     max_children: u64,
-    /// `[gateway] barrier_fault`: a fault the tests inject at one barrier step.
-    barrier_fault: Option<worker::BarrierFault>,
     /// Sessions whose worktree is still being filled: everything that touches the workspace
     /// waits for it (`workspace.rs`).
     fills: workspace::Fills,
@@ -115,7 +113,7 @@ pub(crate) struct Core {
     /// The background processes of gateway-placed sessions, one registry per session across
     /// its turns, so `process {keep: true}` lives on between turns. Dropping a registry stops
     /// what it holds: when the session leaves the gateway, and when the gateway stops.
-    session_processes: Mutex<HashMap<skiff_protocol::SessionId, skiff_agent::tools::Processes>>,
+    session_processes: worker::SessionProcesses,
     /// `[mcp.NAME]`: the MCP servers started at startup and the tools they offer.
     mcp: mcp::Mcp,
     /// `[forge]`: governed actions (`git_push`, `open_pull_request`) and their grant key.
@@ -336,7 +334,16 @@ pub(crate) async fn open_core(options: &Options) -> Result<(Arc<Core>, std::time
     )?);
     let signer = worker::Signer::load_or_create(&state.root().join("worker-signing.key"))
         .map_err(|e| Error::Internal(format!("cannot load the worker signing key: {e}")))?;
-    let workers = worker::Workers::new(
+    let session_processes = worker::SessionProcesses::default();
+    let workers = worker::WorkerSide::new(
+        worker::Handles {
+            store: store.clone(),
+            hub: hub.clone(),
+            envs: envs.clone(),
+            egress_dir: state.root().join("egress"),
+            session_processes: session_processes.clone(),
+            barrier_fault,
+        },
         signer,
         state.root().join("workers"),
         config.gateway.max_workers.unwrap_or(16),
@@ -358,12 +365,11 @@ pub(crate) async fn open_core(options: &Options) -> Result<(Arc<Core>, std::time
         turn_timeout,
         compact_at,
         max_children: config.gateway.max_children.unwrap_or(4),
-        barrier_fault,
         fills: workspace::Fills::default(),
         restoring: Mutex::default(),
         git_credentials,
         vault,
-        session_processes: Mutex::default(),
+        session_processes,
         mcp,
         governed: governed::Governed {
             key: grant_key,
@@ -509,7 +515,7 @@ fn spawn_lifetime_enforcer(core: &Arc<Core>, every: std::time::Duration) {
             };
             // Parking first: a box it gives back counts as used just now, so the reclaim
             // below never takes a box in the moment it is being given back.
-            core.park_idle_sessions().await;
+            core.workers.park_idle_sessions().await;
             core.envs.enforce_lifetimes().await;
         }
     });

@@ -407,7 +407,7 @@ impl Core {
         let Some(p) = self.live_placement(scope, session)? else {
             return Ok(());
         };
-        let env = self.placement_env(scope, &p)?;
+        let env = self.workers.placement_env(scope, &p)?;
         let remote = Remote::new(self.envs.ssh(&env)?, &crate::worker::box_workspace(session))?;
         let paths: Vec<String> = plan.iter().map(|(_, q, _)| q.path.clone()).collect();
         remote

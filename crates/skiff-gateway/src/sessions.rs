@@ -291,7 +291,7 @@ impl Core {
             self.check_profile(profile)?;
             // The quick answer when every slot has a turn running (a session merely idle on
             // its box is parked to make room).
-            self.make_worker_room().await?;
+            self.workers.make_worker_room().await?;
         }
         // The agent spec next (the request's, else the profile's): it may choose the model.
         let agent_ref = match (&req.agent, &req.profile) {
@@ -379,11 +379,12 @@ impl Core {
         };
         let created = match req.profile.as_deref() {
             Some(profile) => {
-                self.claim_worker_slot(|max| {
-                    self.store
-                        .create_session_placed(scope, &new, Some((profile, max)))
-                })
-                .await
+                self.workers
+                    .claim_worker_slot(|max| {
+                        self.store
+                            .create_session_placed(scope, &new, Some((profile, max)))
+                    })
+                    .await
             }
             None => self.store.create_session(scope, &new).map_err(Into::into),
         };
@@ -573,7 +574,8 @@ impl Core {
                 }
                 .into());
             }
-            self.claim_worker_slot(|max| self.store.request_placement(scope, id, &p.profile, max))
+            self.workers
+                .claim_worker_slot(|max| self.store.request_placement(scope, id, &p.profile, max))
                 .await?;
         }
         self.admit_turn(scope, id, user_message(prompt), reasoning, admission)
@@ -987,19 +989,6 @@ impl Core {
             .clone()
     }
 
-    /// Stops every background process of a session that leaves the gateway (kept ones too):
-    /// its workspace is about to be somewhere else.
-    pub(crate) fn end_session_processes(&self, session: &SessionId) {
-        let gone = self
-            .session_processes
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .remove(session);
-        // Dropping the last handle stops the processes (a turn in flight holds none: a
-        // session only moves at a turn boundary or after its turn was cancelled).
-        drop(gone);
-    }
-
     /// Moves a run to its terminal status and tells subscribers. Cancellation wins over a
     /// late success: a cancelled run goes through `cancelling`.
     fn finish(
@@ -1058,15 +1047,27 @@ impl Core {
         decision: &str,
         detail: serde_json::Value,
     ) {
-        if let Err(e) = self.store.audit(
-            scope,
-            &crate::people::actor(),
-            action,
-            target,
-            decision,
-            &detail,
-        ) {
-            tracing::warn!(action, error = %e, "could not write an audit row");
-        }
+        audit_row(&self.store, scope, action, target, decision, detail);
+    }
+}
+
+/// Writes an audit row as the current actor; a failure is logged, never the caller's.
+pub(crate) fn audit_row(
+    store: &skiff_store::Store,
+    scope: &Scope,
+    action: &str,
+    target: &str,
+    decision: &str,
+    detail: serde_json::Value,
+) {
+    if let Err(e) = store.audit(
+        scope,
+        &crate::people::actor(),
+        action,
+        target,
+        decision,
+        &detail,
+    ) {
+        tracing::warn!(action, error = %e, "could not write an audit row");
     }
 }

@@ -11,7 +11,6 @@
 //! The port on the box derives from the environment id, so a repaired control connection or a
 //! restarted gateway forwards the same port the worker's variables name.
 
-use crate::Core;
 use crate::egress::{Decision, Egress, HostCounters, Options, Phase, Policy};
 use crate::error::{Error, Result};
 use serde_json::json;
@@ -64,9 +63,9 @@ fn proxy_env(port: u16) -> Vec<(String, String)> {
     env
 }
 
-impl Core {
+impl super::WorkerSide {
     fn egress_socket(&self, env: &EnvironmentId) -> PathBuf {
-        self.state.root().join("egress").join(format!("{env}.sock"))
+        self.egress_dir.join(format!("{env}.sock"))
     }
 
     /// The policy of `phase` for a profile; `None` when the profile gives the agent no egress.
@@ -100,7 +99,7 @@ impl Core {
         let port = box_port(&env.id);
         let socket = self.egress_socket(&env.id);
         let started = {
-            let mut open = lock(&self.workers.egress.open);
+            let mut open = lock(&self.egress.open);
             match open.get(&env.id) {
                 Some(gate) => {
                     // A swap ends the connections of the previous phase; the same phase keeps
@@ -170,7 +169,7 @@ impl Core {
         ssh: &skiff_ssh::Ssh,
         cancel: &CancellationToken,
     ) {
-        let open = lock(&self.workers.egress.open).get(&env.id).map(|g| g.port);
+        let open = lock(&self.egress.open).get(&env.id).map(|g| g.port);
         if let Some(port) = open
             && let Err(e) = ssh
                 .forward_port(port, &self.egress_socket(&env.id), cancel)
@@ -182,7 +181,7 @@ impl Core {
 
     /// The agent phase's proxy variables for a worker on `env`, when its gate is open.
     pub(super) fn agent_egress_env(&self, env: &EnvironmentId) -> Vec<(String, String)> {
-        lock(&self.workers.egress.open)
+        lock(&self.egress.open)
             .get(env)
             .filter(|g| g.egress.phase() == Phase::Agent)
             .map(|g| proxy_env(g.port))
@@ -191,10 +190,10 @@ impl Core {
 
     /// Stops the environment's proxy, if one is open, keeping what it counted.
     pub(crate) fn close_egress_gate(&self, env: &EnvironmentId) {
-        let gate = lock(&self.workers.egress.open).remove(env);
+        let gate = lock(&self.egress.open).remove(env);
         if let Some(gate) = gate {
             gate.egress.stop();
-            let mut finished = lock(&self.workers.egress.finished);
+            let mut finished = lock(&self.egress.finished);
             let kept = finished.entry(env.clone()).or_default();
             kept.retain(|c| c.phase != gate.egress.phase());
             kept.extend(gate.egress.counters());
@@ -204,11 +203,11 @@ impl Core {
 
     /// Per-host egress counters of an environment: finished phases and the open one.
     pub(crate) fn egress_counters(&self, env: &EnvironmentId) -> Vec<HostCounters> {
-        let mut all = lock(&self.workers.egress.finished)
+        let mut all = lock(&self.egress.finished)
             .get(env)
             .cloned()
             .unwrap_or_default();
-        if let Some(gate) = lock(&self.workers.egress.open).get(env) {
+        if let Some(gate) = lock(&self.egress.open).get(env) {
             let phase = gate.egress.phase();
             all.retain(|c| c.phase != phase);
             all.extend(gate.egress.counters());

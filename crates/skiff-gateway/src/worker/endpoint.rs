@@ -53,6 +53,8 @@ const ACK_EVERY: u64 = 64;
 /// How many long calls one worker connection may have in flight.
 pub(super) const MAX_CALLS_IN_FLIGHT: usize = 8;
 
+// Kept on the core: serving a connection dispatches its calls to `ops.rs` and the
+// inference proxy, and a lost connection to recovery, all of which reach the core.
 impl Core {
     /// Listens for `env`'s worker (idempotent).
     pub(crate) fn open_worker_endpoint(self: &Arc<Self>, env: &EnvironmentId) -> crate::Result<()> {
@@ -100,37 +102,13 @@ impl Core {
         Ok(())
     }
 
-    pub(crate) fn close_worker_endpoint(&self, env: &EnvironmentId) {
-        if let Some(stop) = lock(&self.workers.listeners).remove(env) {
-            stop.cancel();
-        }
-        let _ = std::fs::remove_file(self.workers.socket_path(env));
-        self.close_egress_gate(env);
-    }
-
-    pub(super) fn audit_worker(
-        &self,
-        scope: &Scope,
-        action: &str,
-        target: &str,
-        decision: &str,
-        detail: serde_json::Value,
-    ) {
-        if let Err(e) = self
-            .store
-            .audit(scope, "worker", action, target, decision, &detail)
-        {
-            tracing::warn!(action, error = %e, "could not write an audit row");
-        }
-    }
-
     async fn serve_worker(self: Arc<Self>, env: EnvironmentId, stream: UnixStream) {
         let (read, mut write) = stream.into_split();
         let mut reader = BufReader::new(read);
         let first =
             tokio::time::timeout(Duration::from_secs(10), skiff_wire::read_line(&mut reader)).await;
         let admitted = match first {
-            Ok(Ok(Some(line))) => self.admit(&env, &line),
+            Ok(Ok(Some(line))) => self.workers.admit(&env, &line),
             _ => Err(refuse(RefusalCode::BadFrame, "no hello within 10 s")),
         };
         let admitted = match admitted {
@@ -142,7 +120,7 @@ impl Core {
                     .ok()
                     .and_then(|rows| rows.into_iter().find(|r| r.id == env).map(|r| r.scope))
                     .unwrap_or_else(crate::auth::admin_scope);
-                self.audit_worker(
+                self.workers.audit_worker(
                     &scope,
                     "worker.admit",
                     env.as_str(),
@@ -160,7 +138,7 @@ impl Core {
         };
         let (tx, mut rx) = mpsc::unbounded_channel::<GatewayFrame>();
         // The welcome goes first: nothing may reach the worker before it.
-        if let Err(e) = self.welcome(&admitted, &tx) {
+        if let Err(e) = self.workers.welcome(&admitted, &tx) {
             tracing::warn!(%env, error = %e, "could not welcome a worker");
             return;
         }
@@ -192,7 +170,7 @@ impl Core {
                         skiff_wire::Error::TooLarge => RefusalCode::TooLarge,
                         _ => RefusalCode::BadFrame,
                     };
-                    self.audit_worker(
+                    self.workers.audit_worker(
                         &admitted.scope,
                         "worker.frame",
                         session.as_str(),
@@ -210,7 +188,7 @@ impl Core {
                 Ok(frame) => frame,
                 Err(e) => {
                     let reason = format!("not a frame of worker protocol {PROTOCOL_VERSION}: {e}");
-                    self.audit_worker(
+                    self.workers.audit_worker(
                         &admitted.scope,
                         "worker.frame",
                         session.as_str(),
@@ -251,6 +229,58 @@ impl Core {
         self.on_worker_disconnect(&admitted.scope, &session, admitted.claims.owner_epoch);
     }
 
+    async fn on_frame(self: &Arc<Self>, a: &Admitted, frame: WorkerFrame) {
+        // A credential rotation comes on a timer whatever the turn does: it is not progress.
+        if !matches!(
+            frame,
+            WorkerFrame::Call {
+                call: Call::CredentialRotate { .. },
+                ..
+            }
+        ) {
+            a.live.touch();
+        }
+        match frame {
+            WorkerFrame::Hello { .. } => {
+                self.workers.audit_worker(
+                    &a.scope,
+                    "worker.frame",
+                    a.claims.session_id.as_str(),
+                    "refused",
+                    json!({ "code": "bad_frame", "reason": "a second hello" }),
+                );
+                a.live.send_on(
+                    a.conn_id,
+                    GatewayFrame::Refused {
+                        code: RefusalCode::BadFrame,
+                        message: "already admitted".into(),
+                    },
+                );
+            }
+            WorkerFrame::Call { op, call } => self.on_call(a, op, call).await,
+            WorkerFrame::ModelAck { seq, received } => {
+                self.workers
+                    .model_ack(&a.claims.session_id, a.claims.owner_epoch, seq, received);
+            }
+            WorkerFrame::ModelCancel { seq } => {
+                self.workers
+                    .model_cancel(&a.claims.session_id, a.claims.owner_epoch, seq);
+            }
+            WorkerFrame::CanaryAnswer { nonce, text } => a.live.answer_canary(&nonce, text),
+        }
+    }
+}
+
+/// The parts of this file that need only the worker side's own handles.
+impl super::WorkerSide {
+    pub(crate) fn close_worker_endpoint(&self, env: &EnvironmentId) {
+        if let Some(stop) = lock(&self.listeners).remove(env) {
+            stop.cancel();
+        }
+        let _ = std::fs::remove_file(self.socket_path(env));
+        self.close_egress_gate(env);
+    }
+
     /// Checks a hello: signature, expiry, bindings, build, protocol, one use.
     pub(super) fn admit(&self, env: &EnvironmentId, line: &str) -> Result<Admitted, Refusal> {
         let hello = serde_json::from_str::<WorkerFrame>(line).map_err(|e| {
@@ -280,7 +310,6 @@ impl Core {
             ));
         }
         let claims = self
-            .workers
             .signer
             .verify(&credential)
             .map_err(|e| refuse(RefusalCode::BadCredential, e.to_string()))?;
@@ -410,8 +439,8 @@ impl Core {
         };
         Ok(Admitted {
             scope,
-            live: self.workers.live(&claims.session_id),
-            conn_id: self.workers.conn_id(),
+            live: self.live(&claims.session_id),
+            conn_id: self.conn_id(),
             claims,
             in_flight: Arc::new(tokio::sync::Semaphore::new(MAX_CALLS_IN_FLIGHT)),
             revision,
@@ -439,9 +468,9 @@ impl Core {
             owner_epoch: epoch,
             methods,
             issued_at_ms: now,
-            expires_at_ms: now + self.workers.credential_ttl_ms,
+            expires_at_ms: now + self.credential_ttl_ms,
         };
-        Ok((self.workers.signer.sign(&claims), claims.expires_at_ms))
+        Ok((self.signer.sign(&claims), claims.expires_at_ms))
     }
 
     fn welcome(&self, a: &Admitted, tx: &mpsc::UnboundedSender<GatewayFrame>) -> crate::Result<()> {
@@ -465,45 +494,6 @@ impl Core {
             workspace: super::place::box_workspace(&c.session_id),
         });
         Ok(())
-    }
-
-    async fn on_frame(self: &Arc<Self>, a: &Admitted, frame: WorkerFrame) {
-        // A credential rotation comes on a timer whatever the turn does: it is not progress.
-        if !matches!(
-            frame,
-            WorkerFrame::Call {
-                call: Call::CredentialRotate { .. },
-                ..
-            }
-        ) {
-            a.live.touch();
-        }
-        match frame {
-            WorkerFrame::Hello { .. } => {
-                self.audit_worker(
-                    &a.scope,
-                    "worker.frame",
-                    a.claims.session_id.as_str(),
-                    "refused",
-                    json!({ "code": "bad_frame", "reason": "a second hello" }),
-                );
-                a.live.send_on(
-                    a.conn_id,
-                    GatewayFrame::Refused {
-                        code: RefusalCode::BadFrame,
-                        message: "already admitted".into(),
-                    },
-                );
-            }
-            WorkerFrame::Call { op, call } => self.on_call(a, op, call).await,
-            WorkerFrame::ModelAck { seq, received } => {
-                self.model_ack(&a.claims.session_id, a.claims.owner_epoch, seq, received);
-            }
-            WorkerFrame::ModelCancel { seq } => {
-                self.model_cancel(&a.claims.session_id, a.claims.owner_epoch, seq);
-            }
-            WorkerFrame::CanaryAnswer { nonce, text } => a.live.answer_canary(&nonce, text),
-        }
     }
 
     /// Whether a model call without a run is the pending readiness canary.

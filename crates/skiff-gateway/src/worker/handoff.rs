@@ -218,6 +218,8 @@ impl Live {
     }
 }
 
+// Kept on the core: a live move answers with the session's view, places a worker for the
+// turn (`ensure_worker`) and captures the box's work (checkpoints, quarantine).
 impl Core {
     /// `pull-back --live` of a session whose turn runs on its box (its caller holds the
     /// session's admission lock): `active → handing_off`, and the turn's executor is asked to
@@ -249,7 +251,7 @@ impl Core {
             "handing the running turn home: no new turns; its current model step and tool calls finish on {env}, then the worker of epoch {} stops before its next model call",
             p.owner_epoch
         );
-        self.place(
+        self.workers.place(
             scope,
             id,
             PlacementState::HandingOff,
@@ -258,7 +260,7 @@ impl Core {
         )?;
         if !live.ask(Handoff::Home) {
             // The turn ended between the check and the ask: nothing moves.
-            self.place(
+            self.workers.place(
                 scope,
                 id,
                 PlacementState::Active,
@@ -297,15 +299,16 @@ impl Core {
             )));
         }
         let cursor = self.store.last_event_cursor(scope, id)?;
-        self.claim_worker_slot(|max| {
-            self.store
-                .claim_live_dispatch(scope, id, &run.id, profile, max)
-        })
-        .await?;
+        self.workers
+            .claim_worker_slot(|max| {
+                self.store
+                    .claim_live_dispatch(scope, id, &run.id, profile, max)
+            })
+            .await?;
         let detail = format!(
             "dispatching with the turn running: no new turns; the gateway's current model step and tool calls finish, then the same turn goes on on a box of profile {profile}"
         );
-        self.publish_step(
+        self.workers.publish_step(
             scope,
             id,
             Some(&run.id),
@@ -314,7 +317,7 @@ impl Core {
         );
         if !live.ask(Handoff::Profile(profile.to_owned())) {
             self.store.come_home(scope, id)?;
-            self.publish_step(
+            self.workers.publish_step(
                 scope,
                 id,
                 Some(&run.id),
@@ -335,32 +338,6 @@ impl Core {
         self.moved(scope, id, detail, cursor)
     }
 
-    /// Publishes a step of a move, carried by `run` so a client following the run sees it.
-    fn publish_step(
-        &self,
-        scope: &Scope,
-        id: &SessionId,
-        run: Option<&RunId>,
-        state: PlacementState,
-        detail: &str,
-    ) {
-        tracing::info!(session = %id, placement = %state, detail, "placement");
-        let environment_id = self
-            .store
-            .placement(scope, id)
-            .ok()
-            .flatten()
-            .and_then(|p| p.environment_id);
-        let event = EventKind::Placement {
-            state,
-            environment_id,
-            detail: detail.to_owned(),
-        };
-        if let Err(e) = self.hub.publish(scope, id, run, event) {
-            tracing::warn!(session = %id, error = %e, "could not publish a handoff step");
-        }
-    }
-
     /// The gateway's loop stopped for a live dispatch: place the session on `profile` and
     /// hand the run to its worker. On failure the session comes home (the error says why)
     /// and the turn goes on here.
@@ -373,10 +350,11 @@ impl Core {
         cancel: &CancellationToken,
     ) -> Result<()> {
         let live = self.workers.live(&session.id);
-        self.strike_now(scope, &session.id, BarrierStep::Drained)
+        self.workers
+            .strike_now(scope, &session.id, BarrierStep::Drained)
             .await;
         let placed = async {
-            self.place(
+            self.workers.place(
                 scope,
                 &session.id,
                 PlacementState::Requested,
@@ -386,7 +364,7 @@ impl Core {
                 ),
             )?;
             let p = self.ensure_worker(scope, session, cancel).await?;
-            self.strike(scope, &p, BarrierStep::Fenced).await;
+            self.workers.strike(scope, &p, BarrierStep::Fenced).await;
             Ok(p)
         }
         .await;
@@ -398,7 +376,7 @@ impl Core {
                 if let Err(home) = self.store.come_home(scope, &session.id) {
                     tracing::warn!(session = %session.id, error = %home, "could not bring a failed live dispatch home");
                 }
-                self.publish_step(
+                self.workers.publish_step(
                     scope,
                     &session.id,
                     Some(run),
@@ -437,7 +415,7 @@ impl Core {
                 let core = self.clone();
                 let (scope, session) = (scope.clone(), session.clone());
                 tokio::spawn(async move {
-                    let placed = core.place(
+                    let placed = core.workers.place(
                         &scope,
                         &session.id,
                         PlacementState::Requested,
@@ -483,7 +461,7 @@ impl Core {
             let detail = format!(
                 "the live pull-back stopped: {why}. The session stays on its box, where a new worker takes the turn up"
             );
-            if let Err(e) = self.place(
+            if let Err(e) = self.workers.place(
                 scope,
                 id,
                 PlacementState::Active,
@@ -513,7 +491,7 @@ impl Core {
             .ok_or_else(|| Error::Conflict(format!("session {id} has no placement")))?;
         if p.state == PlacementState::Active {
             // The turn ended on the box first; its reconciliation took the placement back.
-            p = self.place(
+            p = self.workers.place(
                 scope,
                 id,
                 PlacementState::HandingOff,
@@ -522,15 +500,15 @@ impl Core {
             )?;
         }
         let epoch = p.owner_epoch;
-        self.strike(scope, &p, BarrierStep::Drained).await;
+        self.workers.strike(scope, &p, BarrierStep::Drained).await;
         live.stop_epoch(epoch, "the session is handed off to the gateway");
-        self.cancel_model_calls(id);
-        let env = self.placement_env(scope, &p)?;
-        let how = match self.stop_worker_on_box(&env, p.worker_pid).await {
+        self.workers.cancel_model_calls(id);
+        let env = self.workers.placement_env(scope, &p)?;
+        let how = match self.workers.stop_worker_on_box(&env, p.worker_pid).await {
             Ok(()) => "stopped, with the commands its tools started".to_owned(),
             Err(e) => format!("could not be confirmed stopped ({e})"),
         };
-        p = self.place(
+        p = self.workers.place(
             scope,
             id,
             PlacementState::HandingOff,
@@ -543,10 +521,10 @@ impl Core {
                 epoch + 1
             ),
         )?;
-        self.strike(scope, &p, BarrierStep::Fenced).await;
+        self.workers.strike(scope, &p, BarrierStep::Fenced).await;
         let reconciled = !p.box_in_step;
         if reconciled {
-            self.place(
+            self.workers.place(
                 scope,
                 id,
                 PlacementState::Reconciling,
@@ -557,9 +535,11 @@ impl Core {
                 Error::BoxFailed(format!("the box's work could not be brought back: {e}"))
             })?;
         }
-        self.strike(scope, &p, BarrierStep::Reconciled).await;
+        self.workers
+            .strike(scope, &p, BarrierStep::Reconciled)
+            .await;
         let was = self.store.come_home(scope, id)?;
-        let (pooled, the_box, work) = self.box_home(scope, id, &was, reconciled).await;
+        let (pooled, the_box, work) = self.workers.box_home(scope, id, &was, reconciled).await;
         let goes_on = if run.is_some() {
             "the turn goes on on the gateway"
         } else {
@@ -569,7 +549,8 @@ impl Core {
             "home in {:.1} s: {goes_on}; {work}; {the_box}",
             started.elapsed().as_secs_f64()
         );
-        self.publish_step(scope, id, run, PlacementState::Local, &detail);
+        self.workers
+            .publish_step(scope, id, run, PlacementState::Local, &detail);
         self.audit(
             scope,
             "placement.handoff",
@@ -585,30 +566,41 @@ impl Core {
         );
         Ok(())
     }
+}
 
-    /// `[gateway] barrier_fault`: strikes when the barrier reaches its step (tests only).
-    /// Reads the placement as it is now (the box, the worker).
-    pub(super) async fn strike_now(&self, scope: &Scope, id: &SessionId, step: BarrierStep) {
-        if self.barrier_fault.is_none_or(|f| f.step != step) {
-            return;
-        }
-        match self.store.placement(scope, id) {
-            Ok(Some(p)) => self.strike(scope, &p, step).await,
-            Ok(None) => self.strike_without_box(scope, id, step),
-            Err(e) => {
-                tracing::warn!(session = %id, error = %e, "barrier_fault cannot read the placement")
-            }
-        }
-    }
+/// The gateway dies where it stands, as a crash or `kill -9` would end it: no shutdown path,
+/// no destructor, nothing flushed but what is already in the store.
+fn kill_this_gateway() {
+    let _ = rustix::process::kill_process(rustix::process::getpid(), rustix::process::Signal::KILL);
+    // SIGKILL is not delivered synchronously everywhere; nothing after this point may run.
+    std::process::abort();
+}
 
-    /// A fault at a step where the session holds no box: only the gateway can die there.
-    fn strike_without_box(&self, scope: &Scope, id: &SessionId, step: BarrierStep) {
-        if let Some(fault) = self.barrier_fault.filter(|f| f.step == step)
-            && fault.action == FaultAction::KillGateway
-        {
-            tracing::warn!(session = %id, ?step, "barrier_fault kills the gateway");
-            self.audit_fault(scope, id, fault);
-            kill_this_gateway();
+/// The parts of this file that need only the worker side's own handles.
+impl super::WorkerSide {
+    /// Publishes a step of a move, carried by `run` so a client following the run sees it.
+    fn publish_step(
+        &self,
+        scope: &Scope,
+        id: &SessionId,
+        run: Option<&RunId>,
+        state: PlacementState,
+        detail: &str,
+    ) {
+        tracing::info!(session = %id, placement = %state, detail, "placement");
+        let environment_id = self
+            .store
+            .placement(scope, id)
+            .ok()
+            .flatten()
+            .and_then(|p| p.environment_id);
+        let event = EventKind::Placement {
+            state,
+            environment_id,
+            detail: detail.to_owned(),
+        };
+        if let Err(e) = self.hub.publish(scope, id, run, event) {
+            tracing::warn!(session = %id, error = %e, "could not publish a handoff step");
         }
     }
 
@@ -667,12 +659,30 @@ impl Core {
             FaultAction::KillGateway | FaultAction::KillBox => {}
         }
     }
-}
 
-/// The gateway dies where it stands, as a crash or `kill -9` would end it: no shutdown path,
-/// no destructor, nothing flushed but what is already in the store.
-fn kill_this_gateway() {
-    let _ = rustix::process::kill_process(rustix::process::getpid(), rustix::process::Signal::KILL);
-    // SIGKILL is not delivered synchronously everywhere; nothing after this point may run.
-    std::process::abort();
+    /// `[gateway] barrier_fault`: strikes when the barrier reaches its step (tests only).
+    /// Reads the placement as it is now (the box, the worker).
+    pub(super) async fn strike_now(&self, scope: &Scope, id: &SessionId, step: BarrierStep) {
+        if self.barrier_fault.is_none_or(|f| f.step != step) {
+            return;
+        }
+        match self.store.placement(scope, id) {
+            Ok(Some(p)) => self.strike(scope, &p, step).await,
+            Ok(None) => self.strike_without_box(scope, id, step),
+            Err(e) => {
+                tracing::warn!(session = %id, error = %e, "barrier_fault cannot read the placement")
+            }
+        }
+    }
+
+    /// A fault at a step where the session holds no box: only the gateway can die there.
+    fn strike_without_box(&self, scope: &Scope, id: &SessionId, step: BarrierStep) {
+        if let Some(fault) = self.barrier_fault.filter(|f| f.step == step)
+            && fault.action == FaultAction::KillGateway
+        {
+            tracing::warn!(session = %id, ?step, "barrier_fault kills the gateway");
+            self.audit_fault(scope, id, fault);
+            kill_this_gateway();
+        }
+    }
 }

@@ -289,44 +289,33 @@ impl Live {
     }
 }
 
-impl crate::Core {
-    /// An environment as listings show it: the sessions placed on it and their tunnel.
-    pub(crate) fn with_worker(
-        &self,
-        mut view: skiff_protocol::environment::EnvironmentView,
-    ) -> skiff_protocol::environment::EnvironmentView {
-        let sessions = self
-            .store
-            .sessions_on_environment(&view.id)
-            .unwrap_or_default();
-        view.tunnel = match sessions.first() {
-            None => "none".into(),
-            Some(s) if self.workers.tunnel_up(s) => "up".into(),
-            Some(s) if self.workers.recovering(s) => "reconnecting".into(),
-            Some(_) => "down".into(),
-        };
-        view.attached_sessions = sessions;
-        view.egress_hosts = self
-            .egress_counters(&view.id)
-            .into_iter()
-            .map(|c| skiff_protocol::environment::EgressHost {
-                phase: match c.phase {
-                    crate::egress::Phase::Setup => "setup".into(),
-                    crate::egress::Phase::Agent => "agent".into(),
-                },
-                host: c.host,
-                connections: c.connections,
-                bytes_out: c.bytes_out,
-                bytes_in: c.bytes_in,
-                refused: c.refused,
-            })
-            .collect();
-        view
-    }
+/// What the worker side is given when the gateway opens: the only parts of the gateway it
+/// reaches (never the HTTP API, never the gateway's core).
+pub(crate) struct Handles {
+    pub(crate) store: Arc<skiff_store::Store>,
+    pub(crate) hub: Arc<crate::Hub>,
+    pub(crate) envs: Arc<crate::environments::Environments>,
+    pub(crate) egress_dir: PathBuf,
+    /// The background processes of gateway-placed sessions, shared with the core: a session
+    /// leaving home stops them.
+    pub(crate) session_processes: SessionProcesses,
+    /// `[gateway] barrier_fault`: a fault the tests inject at one barrier step.
+    pub(crate) barrier_fault: Option<BarrierFault>,
 }
 
-/// Every worker session of this gateway.
-pub(crate) struct Workers {
+/// Gateway-placed sessions' background processes, one registry per session.
+pub(crate) type SessionProcesses = Arc<Mutex<HashMap<SessionId, skiff_agent::tools::Processes>>>;
+
+/// The worker side of placement: every worker session of this gateway, one [`Live`] per live
+/// session, and the handles it works through.
+pub(crate) struct WorkerSide {
+    store: Arc<skiff_store::Store>,
+    hub: Arc<crate::Hub>,
+    envs: Arc<crate::environments::Environments>,
+    /// Where the per-environment egress proxy sockets live (inside the 0700 state dir).
+    egress_dir: PathBuf,
+    session_processes: SessionProcesses,
+    barrier_fault: Option<BarrierFault>,
     pub(crate) signer: Signer,
     live: Mutex<HashMap<SessionId, Arc<Live>>>,
     listeners: Mutex<HashMap<EnvironmentId, CancellationToken>>,
@@ -345,15 +334,22 @@ pub(crate) struct Workers {
     kept: Mutex<HashMap<SessionId, park::KeptWorkspace>>,
 }
 
-impl Workers {
+impl WorkerSide {
     pub(crate) fn new(
+        handles: Handles,
         signer: Signer,
         socket_dir: PathBuf,
         max_workers: u64,
         web_fetch_allow: Vec<String>,
         credential_ttl: std::time::Duration,
-    ) -> Workers {
-        Workers {
+    ) -> WorkerSide {
+        WorkerSide {
+            store: handles.store,
+            hub: handles.hub,
+            envs: handles.envs,
+            egress_dir: handles.egress_dir,
+            session_processes: handles.session_processes,
+            barrier_fault: handles.barrier_fault,
             signer,
             live: Mutex::new(HashMap::new()),
             listeners: Mutex::new(HashMap::new()),
@@ -410,6 +406,112 @@ impl Workers {
         lock(&self.live)
             .get(session)
             .is_some_and(|l| *lock(&l.recovering))
+    }
+
+    /// An environment as listings show it: the sessions placed on it and their tunnel.
+    pub(crate) fn with_worker(
+        &self,
+        mut view: skiff_protocol::environment::EnvironmentView,
+    ) -> skiff_protocol::environment::EnvironmentView {
+        let sessions = self
+            .store
+            .sessions_on_environment(&view.id)
+            .unwrap_or_default();
+        view.tunnel = match sessions.first() {
+            None => "none".into(),
+            Some(s) if self.tunnel_up(s) => "up".into(),
+            Some(s) if self.recovering(s) => "reconnecting".into(),
+            Some(_) => "down".into(),
+        };
+        view.attached_sessions = sessions;
+        view.egress_hosts = self
+            .egress_counters(&view.id)
+            .into_iter()
+            .map(|c| skiff_protocol::environment::EgressHost {
+                phase: match c.phase {
+                    crate::egress::Phase::Setup => "setup".into(),
+                    crate::egress::Phase::Agent => "agent".into(),
+                },
+                host: c.host,
+                connections: c.connections,
+                bytes_out: c.bytes_out,
+                bytes_in: c.bytes_in,
+                refused: c.refused,
+            })
+            .collect();
+        view
+    }
+
+    pub(crate) fn placement_env(
+        &self,
+        scope: &skiff_store::Scope,
+        p: &skiff_store::PlacementRow,
+    ) -> crate::Result<skiff_store::EnvironmentRow> {
+        let env = p.environment_id.as_ref().ok_or_else(|| {
+            crate::Error::Conflict(format!("session {} has no environment", p.session_id))
+        })?;
+        Ok(self.store.environment(scope, env)?)
+    }
+
+    /// Publishes a move's step and returns its cursor (0 when it could not be published: the
+    /// follower then reads from the start).
+    fn announce(
+        &self,
+        scope: &skiff_store::Scope,
+        id: &SessionId,
+        state: skiff_protocol::environment::PlacementState,
+        environment_id: Option<EnvironmentId>,
+        detail: &str,
+    ) -> u64 {
+        tracing::info!(session = %id, placement = %state, detail, "placement");
+        let event = skiff_protocol::event::EventKind::Placement {
+            state,
+            environment_id,
+            detail: detail.to_owned(),
+        };
+        match self.hub.publish(scope, id, None, event) {
+            Ok(e) => e.cursor,
+            Err(e) => {
+                tracing::warn!(session = %id, error = %e, "could not publish a placement step");
+                0
+            }
+        }
+    }
+
+    fn audit_worker(
+        &self,
+        scope: &skiff_store::Scope,
+        action: &str,
+        target: &str,
+        decision: &str,
+        detail: serde_json::Value,
+    ) {
+        if let Err(e) = self
+            .store
+            .audit(scope, "worker", action, target, decision, &detail)
+        {
+            tracing::warn!(action, error = %e, "could not write an audit row");
+        }
+    }
+
+    /// Stops every background process of a session that leaves the gateway (kept ones too):
+    /// its workspace is about to be somewhere else.
+    fn end_session_processes(&self, session: &SessionId) {
+        let gone = lock(&self.session_processes).remove(session);
+        // Dropping the last handle stops the processes (a turn in flight holds none: a
+        // session only moves at a turn boundary or after its turn was cancelled).
+        drop(gone);
+    }
+
+    fn audit(
+        &self,
+        scope: &skiff_store::Scope,
+        action: &str,
+        target: &str,
+        decision: &str,
+        detail: serde_json::Value,
+    ) {
+        crate::sessions::audit_row(&self.store, scope, action, target, decision, detail);
     }
 
     fn conn_id(&self) -> u64 {

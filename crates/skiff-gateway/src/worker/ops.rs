@@ -14,12 +14,14 @@ use skiff_protocol::worker::{
 use skiff_store::CachedOp;
 use std::sync::Arc;
 
+// Kept on the core: a call may ask a person (approvals), publish transcript entries and
+// record usage, which are the core's.
 impl Core {
     pub(super) async fn on_call(self: &Arc<Self>, a: &Admitted, op: OpId, call: Call) {
         let stream = op.stream;
         let seq = op.seq;
-        if let Err(r) = self.check_op(a, &op, &call) {
-            self.refuse_op(a, &op, &call, r);
+        if let Err(r) = self.workers.check_op(a, &op, &call) {
+            self.workers.refuse_op(a, &op, &call, r);
             return;
         }
         // Duplicates: answer from the cache.
@@ -37,7 +39,7 @@ impl Core {
                     // Not acknowledged, so the worker keeps the event and sends it again
                     // after it reconnects; applying it now could apply it twice.
                     tracing::warn!(session = %session, seq, error = %e, "could not read a worker's event cursor; the event is not applied yet");
-                    self.audit_worker(
+                    self.workers.audit_worker(
                         &a.scope,
                         "worker.call",
                         session.as_str(),
@@ -57,16 +59,16 @@ impl Core {
                     RefusalCode::BadFrame,
                     format!("event {seq} is beyond the window after {applied}"),
                 );
-                self.refuse_op(a, &op, &call, r);
+                self.workers.refuse_op(a, &op, &call, r);
                 return;
             }
             if seq > applied {
-                if let Err(e) = self.apply_event(a, &op, call) {
+                if let Err(e) = self.workers.apply_event(a, &op, call) {
                     // Not acknowledged, and not skipped by a later acknowledgement (they are
                     // cumulative): the connection is dropped, and the reconnected worker sends
                     // its unacknowledged events again, in order.
                     tracing::warn!(session = %session, seq, error = %e, "could not store a worker's event; dropping the connection so it is sent again");
-                    self.audit_worker(
+                    self.workers.audit_worker(
                         &a.scope,
                         "worker.call",
                         session.as_str(),
@@ -103,7 +105,7 @@ impl Core {
                         stream.as_str()
                     ),
                 );
-                self.refuse_op(a, &op, &call, r);
+                self.workers.refuse_op(a, &op, &call, r);
                 return;
             }
         };
@@ -116,7 +118,7 @@ impl Core {
                         stream.as_str()
                     ),
                 );
-                self.refuse_op(a, &op, &call, r);
+                self.workers.refuse_op(a, &op, &call, r);
                 return;
             }
             match serde_json::from_str::<Reply>(&cached.reply) {
@@ -134,7 +136,7 @@ impl Core {
                             stream.as_str()
                         ),
                     );
-                    self.refuse_op(a, &op, &call, r);
+                    self.workers.refuse_op(a, &op, &call, r);
                 }
             }
             return;
@@ -142,7 +144,7 @@ impl Core {
         if let Call::CredentialRotate {} = call {
             // A credential is never written to the database: the cache keeps a refusal, so a
             // repeated rotation op mints nothing (each mint is one-use).
-            let reply = match self.rotate(a, &op) {
+            let reply = match self.workers.rotate(a, &op) {
                 Ok(reply) => {
                     let spent = Reply::Refused {
                         code: RefusalCode::Conflict,
@@ -168,7 +170,7 @@ impl Core {
                             RefusalCode::Unavailable,
                             format!("could not record this rotation ({e}); send it again"),
                         );
-                        self.refuse_op(a, &op, &call, r);
+                        self.workers.refuse_op(a, &op, &call, r);
                         return;
                     }
                     reply
@@ -197,7 +199,7 @@ impl Core {
                             super::endpoint::MAX_CALLS_IN_FLIGHT
                         ),
                     );
-                    self.refuse_op(a, &op, &call, r);
+                    self.workers.refuse_op(a, &op, &call, r);
                     return;
                 }
             }
@@ -264,7 +266,7 @@ impl Core {
             if let Reply::Refused { code, message } = &reply {
                 // Refused inside the call (a forbidden entry kind, a moved leaf…): audited like
                 // every refusal, and not cached, so a corrected call may follow.
-                core.audit_worker(
+                core.workers.audit_worker(
                     &scope,
                     "worker.call",
                     op.session_id.as_str(),
@@ -291,14 +293,16 @@ impl Core {
                             .map_err(|e| e.to_string())
                     });
                 if let Err(e) = recorded {
-                    core.report_lost_write(&scope, &op, method, "reply", &e);
+                    core.workers
+                        .report_lost_write(&scope, &op, method, "reply", &e);
                 }
             }
             if let Err(e) =
                 core.store
                     .advance_worker_cursor(&op.session_id, op.owner_epoch, stream, seq)
             {
-                core.report_lost_write(&scope, &op, method, "cursor", &e.to_string());
+                core.workers
+                    .report_lost_write(&scope, &op, method, "cursor", &e.to_string());
             }
             live.send_on(conn_id, GatewayFrame::Reply { stream, seq, reply });
             drop(permit);
@@ -364,6 +368,90 @@ impl Core {
         }
     }
 
+    fn worker_commit(
+        &self,
+        scope: &skiff_store::Scope,
+        op: &OpId,
+        base_leaf: Option<skiff_protocol::EntryId>,
+        entries: Vec<EntryBody>,
+    ) -> Reply {
+        if entries.is_empty() || entries.len() > 256 {
+            return Reply::Refused {
+                code: RefusalCode::BadFrame,
+                message: "a commit carries 1 to 256 entries".into(),
+            };
+        }
+        // A compaction from the worker's loop is allowed: it only shapes the model context,
+        // and the entries it summarises stay in the transcript.
+        if entries
+            .iter()
+            .any(|e| matches!(e, EntryBody::UserMessage { .. }))
+        {
+            return Reply::Refused {
+                code: RefusalCode::Forbidden,
+                message:
+                    "workers commit assistant messages, tool results, notices and compactions only"
+                        .into(),
+            };
+        }
+        let Some(run) = &op.run_id else {
+            return Reply::Refused {
+                code: RefusalCode::WrongScope,
+                message: "the commit names no run".into(),
+            };
+        };
+        match self.append_entries_published(
+            scope,
+            &op.session_id,
+            base_leaf.as_ref(),
+            Some(run),
+            &entries,
+        ) {
+            Ok(committed) => {
+                for body in &entries {
+                    if let EntryBody::AssistantMessage { usage, .. }
+                    | EntryBody::Compaction { usage, .. } = body
+                        && let Err(e) = self.record_usage(scope, &op.session_id, run, *usage)
+                    {
+                        tracing::warn!(%run, error = %e, "could not account a worker's model usage");
+                    }
+                }
+                Reply::Committed { entries: committed }
+            }
+            Err(skiff_store::Error::LeafConflict { .. }) => Reply::Refused {
+                code: RefusalCode::Conflict,
+                message: "the transcript moved: the base leaf is not the session's leaf".into(),
+            },
+            Err(e) => Reply::Refused {
+                code: RefusalCode::Unavailable,
+                message: e.to_string(),
+            },
+        }
+    }
+}
+
+/// The session's lifecycle revision, as read at admission (v1 never changes it).
+fn check_revision(a: &Admitted, op: &OpId) -> Result<(), Refusal> {
+    if op.lifecycle_revision != a.revision {
+        return Err(refuse(
+            RefusalCode::WrongScope,
+            format!(
+                "lifecycle revision {} is not the session's",
+                op.lifecycle_revision
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// What identifies a call for duplicate detection: its method and content.
+pub(super) fn call_hash(call: &Call) -> String {
+    let json = serde_json::to_vec(call).unwrap_or_default();
+    blake3::hash(&json).to_hex().to_string()
+}
+
+/// The parts of this file that need only the worker side's own handles.
+impl super::WorkerSide {
     /// A write that keeps a repeated call harmless (its cached reply, or the cursor that
     /// tells a re-attaching worker what was answered) failed after the call took effect. The
     /// worker still gets its answer; the loss is logged and audited, never dropped.
@@ -442,7 +530,7 @@ impl Core {
                 Call::ModelStream { request, .. }
                     if op.run_id.is_none()
                         && op.owner_epoch == 0
-                        && Core::canary_call(a, request.model.as_str()) =>
+                        && super::WorkerSide::canary_call(a, request.model.as_str()) =>
                 {
                     Ok(())
                 }
@@ -495,7 +583,7 @@ impl Core {
         let needs_run = match call {
             Call::CredentialRotate {} => false,
             Call::ModelStream { request, .. } => {
-                !(op.run_id.is_none() && Core::canary_call(a, request.model.as_str()))
+                !(op.run_id.is_none() && super::WorkerSide::canary_call(a, request.model.as_str()))
             }
             _ => true,
         };
@@ -607,67 +695,6 @@ impl Core {
         published.map(|_| ())
     }
 
-    fn worker_commit(
-        &self,
-        scope: &skiff_store::Scope,
-        op: &OpId,
-        base_leaf: Option<skiff_protocol::EntryId>,
-        entries: Vec<EntryBody>,
-    ) -> Reply {
-        if entries.is_empty() || entries.len() > 256 {
-            return Reply::Refused {
-                code: RefusalCode::BadFrame,
-                message: "a commit carries 1 to 256 entries".into(),
-            };
-        }
-        // A compaction from the worker's loop is allowed: it only shapes the model context,
-        // and the entries it summarises stay in the transcript.
-        if entries
-            .iter()
-            .any(|e| matches!(e, EntryBody::UserMessage { .. }))
-        {
-            return Reply::Refused {
-                code: RefusalCode::Forbidden,
-                message:
-                    "workers commit assistant messages, tool results, notices and compactions only"
-                        .into(),
-            };
-        }
-        let Some(run) = &op.run_id else {
-            return Reply::Refused {
-                code: RefusalCode::WrongScope,
-                message: "the commit names no run".into(),
-            };
-        };
-        match self.append_entries_published(
-            scope,
-            &op.session_id,
-            base_leaf.as_ref(),
-            Some(run),
-            &entries,
-        ) {
-            Ok(committed) => {
-                for body in &entries {
-                    if let EntryBody::AssistantMessage { usage, .. }
-                    | EntryBody::Compaction { usage, .. } = body
-                        && let Err(e) = self.record_usage(scope, &op.session_id, run, *usage)
-                    {
-                        tracing::warn!(%run, error = %e, "could not account a worker's model usage");
-                    }
-                }
-                Reply::Committed { entries: committed }
-            }
-            Err(skiff_store::Error::LeafConflict { .. }) => Reply::Refused {
-                code: RefusalCode::Conflict,
-                message: "the transcript moved: the base leaf is not the session's leaf".into(),
-            },
-            Err(e) => Reply::Refused {
-                code: RefusalCode::Unavailable,
-                message: e.to_string(),
-            },
-        }
-    }
-
     fn rotate(&self, a: &Admitted, op: &OpId) -> Result<Reply, Refusal> {
         let c = &a.claims;
         let (credential, expires_at_ms) = self
@@ -692,24 +719,4 @@ impl Core {
             expires_at_ms,
         })
     }
-}
-
-/// The session's lifecycle revision, as read at admission (v1 never changes it).
-fn check_revision(a: &Admitted, op: &OpId) -> Result<(), Refusal> {
-    if op.lifecycle_revision != a.revision {
-        return Err(refuse(
-            RefusalCode::WrongScope,
-            format!(
-                "lifecycle revision {} is not the session's",
-                op.lifecycle_revision
-            ),
-        ));
-    }
-    Ok(())
-}
-
-/// What identifies a call for duplicate detection: its method and content.
-pub(super) fn call_hash(call: &Call) -> String {
-    let json = serde_json::to_vec(call).unwrap_or_default();
-    blake3::hash(&json).to_hex().to_string()
 }

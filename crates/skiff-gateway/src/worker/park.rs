@@ -22,14 +22,12 @@
 //! gateway restart (the next taker of such a box clears it).
 
 use super::place::box_workspace;
-use crate::Core;
 use crate::error::Result;
 use serde_json::json;
 use skiff_protocol::SessionId;
 use skiff_protocol::environment::PlacementState;
 use skiff_protocol::event::EventKind;
 use skiff_store::{Scope, now_ms};
-use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
@@ -64,7 +62,7 @@ pub(crate) fn clear_kept_script() -> String {
     format!("cd \"$HOME\" && rm -rf -- {KEEP_AREA} && [ ! -e {KEEP_AREA} ]")
 }
 
-impl super::Workers {
+impl super::WorkerSide {
     /// Remembers that `env` keeps `session`'s workspace (replacing whatever that box kept
     /// for another session: a box keeps one).
     fn keep(&self, session: &SessionId, kept: KeptWorkspace) {
@@ -102,19 +100,12 @@ impl super::Workers {
     pub(crate) fn forget_kept_on(&self, env: &skiff_protocol::EnvironmentId) {
         super::lock(&self.kept).retain(|_, k| &k.env != env);
     }
-}
 
-impl Core {
     /// Parks `session` if it holds a box between turns: moves the placement (checked against
     /// an open run in the same transaction), stops its worker and gives the box back to the
     /// pool. `why` says what made it happen. Returns whether it was parked; `false` when it
     /// is not idle on a box (any more).
-    pub(crate) async fn park(
-        self: &Arc<Self>,
-        scope: &Scope,
-        session: &SessionId,
-        why: &str,
-    ) -> Result<bool> {
+    pub(crate) async fn park(&self, scope: &Scope, session: &SessionId, why: &str) -> Result<bool> {
         let Some(was) = self.store.park_placement(scope, session)? else {
             return Ok(false);
         };
@@ -128,7 +119,7 @@ impl Core {
                     manifest: manifest.clone(),
                     pooled,
                 };
-                self.workers.keep(session, kept);
+                self.keep(session, kept);
                 Some(tx)
             }
             _ => None,
@@ -148,8 +139,7 @@ impl Core {
             tracing::warn!(%session, error = %e, "could not publish the parked placement");
         }
         tracing::info!(%session, placement = %PlacementState::Parked, detail, "placement");
-        self.workers
-            .live(session)
+        self.live(session)
             .stop_epoch(was.owner_epoch, "the session is parked");
         let pooled = match &env {
             Some(env) => {
@@ -158,7 +148,7 @@ impl Core {
                     .await;
                 if let Some(tx) = keeping {
                     if !pooled {
-                        self.workers.take_kept(session);
+                        self.take_kept(session);
                     }
                     let _ = tx.send(Some(pooled));
                 }
@@ -182,55 +172,9 @@ impl Core {
         Ok(true)
     }
 
-    /// Stops the session's worker, removes its workspace (or, with `keep`, moves it into the
-    /// box's keep area) and the tunnel to it, and puts the box in the idle pool (or destroys it
-    /// when that cannot be done). Returns whether the box is in the pool. The session no
-    /// longer names the box (parked, or home).
-    pub(super) async fn give_box_back(
-        &self,
-        scope: &Scope,
-        session: &SessionId,
-        env: &skiff_protocol::EnvironmentId,
-        worker_pid: Option<i64>,
-        keep: bool,
-    ) -> bool {
-        self.close_worker_endpoint(env);
-        if !keep {
-            self.workers.forget_kept_on(env);
-        }
-        let row = match self.store.environment(scope, env) {
-            Ok(row) => row,
-            Err(e) => {
-                tracing::warn!(%session, %env, error = %e, "cannot read the parked session's box");
-                return false;
-            }
-        };
-        let clear = async {
-            let ssh = self.envs.ssh(&row)?;
-            let cancel = CancellationToken::new();
-            let script = if keep {
-                keep_script(session, worker_pid)
-            } else {
-                clear_script(session, worker_pid)
-            };
-            let home = ssh.run(&script, &cancel).await?;
-            let remote_socket = format!("{}/.skiff/worker.sock", home.trim());
-            if let Err(e) = ssh
-                .cancel_forward(&remote_socket, &self.workers.socket_path(env), &cancel)
-                .await
-            {
-                // The endpoint it led to is closed, and the next placement on this box
-                // forwards the same socket to the same endpoint again.
-                tracing::debug!(%env, error = %e, "cancelling the worker forward");
-            }
-            Ok(())
-        };
-        self.envs.release_to_pool(scope, env, clear).await
-    }
-
     /// The lifetime tick: parks every session idle on its box past its profile's
     /// `keep_attached`. A session whose worker is being repaired is left to its repair.
-    pub(crate) async fn park_idle_sessions(self: &Arc<Self>) {
+    pub(crate) async fn park_idle_sessions(&self) {
         let idle = match self.store.idle_placements() {
             Ok(idle) => idle,
             Err(e) => {
@@ -242,7 +186,7 @@ impl Core {
         for p in idle {
             let keep = self.envs.keep_attached(&p.profile);
             let idle_for = Duration::from_millis(u64::try_from(now - p.idle_since_ms).unwrap_or(0));
-            if idle_for < keep || self.workers.recovering(&p.session_id) {
+            if idle_for < keep || self.recovering(&p.session_id) {
                 continue;
             }
             let why = format!(
@@ -259,9 +203,9 @@ impl Core {
 
     /// Parks the session idle on its box the longest, to free its slot. `false` when no
     /// session is idle on a box: every slot has a turn (or a placement) in flight.
-    pub(crate) async fn park_least_recently_used(self: &Arc<Self>) -> Result<bool> {
+    pub(crate) async fn park_least_recently_used(&self) -> Result<bool> {
         for p in self.store.idle_placements()? {
-            if self.workers.recovering(&p.session_id) {
+            if self.recovering(&p.session_id) {
                 continue;
             }
             if self
@@ -280,9 +224,9 @@ impl Core {
 
     /// The quick answer before slow work (a new session's workspace): a slot is free, or one
     /// was freed by parking an idle session. Only an answer: the slot itself is claimed by
-    /// [`Core::claim_worker_slot`].
-    pub(crate) async fn make_worker_room(self: &Arc<Self>) -> Result<()> {
-        let max = self.workers.max_workers;
+    /// [`WorkerSide::claim_worker_slot`](super::WorkerSide::claim_worker_slot).
+    pub(crate) async fn make_worker_room(&self) -> Result<()> {
+        let max = self.max_workers;
         for _ in 0..CLAIM_ATTEMPTS {
             let Some(refusal) = self.store.worker_slots()?.refusal(max) else {
                 return Ok(());
@@ -302,10 +246,10 @@ impl Core {
     /// the session idle the longest is parked and the claim tried again, a bounded number of
     /// times; the refusal comes only when no session is idle on a box.
     pub(crate) async fn claim_worker_slot<T>(
-        self: &Arc<Self>,
+        &self,
         claim: impl Fn(u64) -> skiff_store::Result<T>,
     ) -> Result<T> {
-        let max = self.workers.max_workers;
+        let max = self.max_workers;
         for _ in 0..CLAIM_ATTEMPTS {
             match claim(max) {
                 Err(skiff_store::Error::WorkersAtCapacity { .. }) => {
@@ -361,6 +305,54 @@ fn keep_script(session: &SessionId, worker_pid: Option<i64>) -> String {
          rm -rf -- {workspace} && rm -f -- .skiff/worker.log && [ ! -e {workspace} ] && printf %s \"$HOME\"",
         stop = stop_worker_script(worker_pid)
     )
+}
+
+impl super::WorkerSide {
+    /// Stops the session's worker, removes its workspace (or, with `keep`, moves it into the
+    /// box's keep area) and the tunnel to it, and puts the box in the idle pool (or destroys it
+    /// when that cannot be done). Returns whether the box is in the pool. The session no
+    /// longer names the box (parked, or home).
+    pub(super) async fn give_box_back(
+        &self,
+        scope: &Scope,
+        session: &SessionId,
+        env: &skiff_protocol::EnvironmentId,
+        worker_pid: Option<i64>,
+        keep: bool,
+    ) -> bool {
+        self.close_worker_endpoint(env);
+        if !keep {
+            self.forget_kept_on(env);
+        }
+        let row = match self.store.environment(scope, env) {
+            Ok(row) => row,
+            Err(e) => {
+                tracing::warn!(%session, %env, error = %e, "cannot read the parked session's box");
+                return false;
+            }
+        };
+        let clear = async {
+            let ssh = self.envs.ssh(&row)?;
+            let cancel = CancellationToken::new();
+            let script = if keep {
+                keep_script(session, worker_pid)
+            } else {
+                clear_script(session, worker_pid)
+            };
+            let home = ssh.run(&script, &cancel).await?;
+            let remote_socket = format!("{}/.skiff/worker.sock", home.trim());
+            if let Err(e) = ssh
+                .cancel_forward(&remote_socket, &self.socket_path(env), &cancel)
+                .await
+            {
+                // The endpoint it led to is closed, and the next placement on this box
+                // forwards the same socket to the same endpoint again.
+                tracing::debug!(%env, error = %e, "cancelling the worker forward");
+            }
+            Ok(())
+        };
+        self.envs.release_to_pool(scope, env, clear).await
+    }
 }
 
 #[cfg(test)]

@@ -50,44 +50,9 @@ enum Prepared {
 /// Author identity of commits made on boxes.
 const BOX_AUTHOR: (&str, &str) = ("Skiff agent", "agent@skiff.invalid");
 
+// Kept on the core: placing waits for the workspace fill, runs setup with vault secrets,
+// and hands the turn over (the session's spec and model, from the core's catalog).
 impl Core {
-    /// Moves the placement and tells the session's subscribers.
-    pub(super) fn place(
-        &self,
-        scope: &Scope,
-        session: &SessionId,
-        to: PlacementState,
-        change: &PlacementChange<'_>,
-        detail: &str,
-    ) -> Result<PlacementRow> {
-        let row = self
-            .store
-            .transition_placement(scope, session, to, change)?;
-        if to != PlacementState::Local {
-            self.end_session_processes(session);
-        }
-        if change.advance_epoch {
-            // INVARIANT: no connection of an older epoch outlives the advance (the event hot
-            // path checks epochs per connection).
-            self.workers.live(session).close();
-        }
-        let event = EventKind::Placement {
-            state: to,
-            environment_id: row.environment_id.clone(),
-            detail: detail.to_owned(),
-        };
-        // Carried by the open run, so a client following that run sees its placement.
-        let run = self
-            .store
-            .open_run(scope, session)
-            .ok()
-            .flatten()
-            .map(|r| r.id);
-        let _ = self.hub.publish(scope, session, run.as_ref(), event);
-        tracing::info!(%session, placement = %to, detail, "placement");
-        Ok(row)
-    }
-
     /// Makes sure the session has an admitted, ready worker; drives the placement as far as
     /// needed. Waits for whoever drives it now (a dispatch without a message): a turn sent
     /// while its session is being placed runs on the worker that placement starts.
@@ -123,7 +88,7 @@ impl Core {
             if wait_connected(&live, p.owner_epoch, RECONNECT_GRACE * 2).await {
                 return Ok(p);
             }
-            p = self.place(
+            p = self.workers.place(
                 scope,
                 id,
                 PlacementState::Starting,
@@ -145,11 +110,12 @@ impl Core {
             // the session was being parked, or for a retried turn.
             let profile = p.profile.clone();
             p = self
+                .workers
                 .claim_worker_slot(|max| self.store.request_placement(scope, id, &profile, max))
                 .await?;
         }
         if p.state == PlacementState::Requested {
-            p = self.place(
+            p = self.workers.place(
                 scope,
                 id,
                 PlacementState::Provisioning,
@@ -171,23 +137,24 @@ impl Core {
             // still filling in the background would say there is none.
             if let Err(e) = self.workspace_ready(&session.id).await {
                 let why = "the session's workspace could not be written";
-                return Err(self.fail_placement(scope, &p, e, why).await);
+                return Err(self.workers.fail_placement(scope, &p, e, why).await);
             }
             setup = match self.setup_plan(session, &p.profile) {
                 Ok(plan) => plan,
                 Err(e) => {
                     let why = "the profile's setup cannot run";
-                    return Err(self.fail_placement(scope, &p, e, why).await);
+                    return Err(self.workers.fail_placement(scope, &p, e, why).await);
                 }
             };
         }
         if p.state == PlacementState::Provisioning {
             let (env, from) = match self
+                .workers
                 .acquire_for_setup(scope, id, &p.profile, setup.as_ref())
                 .await
             {
                 Ok(got) => got,
-                Err(e) => return Err(self.fail_placement(scope, &p, e, "no box").await),
+                Err(e) => return Err(self.workers.fail_placement(scope, &p, e, "no box").await),
             };
             prepared = from;
             let from = match &prepared {
@@ -199,7 +166,7 @@ impl Core {
                 Some(Prepared::Snapshot(s)) => format!(" (a box prepared by setup, from {s})"),
                 None => String::new(),
             };
-            p = self.place(
+            p = self.workers.place(
                 scope,
                 id,
                 PlacementState::Syncing,
@@ -222,7 +189,7 @@ impl Core {
                     // session's own box counts as prepared only when that setup's result is
                     // in its home.
                     if matches!(prepared, Some(Prepared::Own)) {
-                        let env = self.placement_env(scope, &p)?;
+                        let env = self.workers.placement_env(scope, &p)?;
                         let key = setup.as_ref().map(|plan| plan.key.as_str());
                         if key.is_some() && env.prepared_key.as_deref() != key {
                             prepared = None;
@@ -253,7 +220,7 @@ impl Core {
                             format!("{on_box}; starting the worker"),
                         ),
                     };
-                    p = self.place(
+                    p = self.workers.place(
                         scope,
                         id,
                         next,
@@ -276,7 +243,7 @@ impl Core {
                 }
                 Err(e) => {
                     let why = "the workspace could not be laid onto the box";
-                    return Err(self.fail_placement(scope, &p, e, why).await);
+                    return Err(self.workers.fail_placement(scope, &p, e, why).await);
                 }
             }
         }
@@ -285,7 +252,7 @@ impl Core {
                 Ok(row) => p = row,
                 Err(e) => {
                     let why = "the worker did not become ready";
-                    return Err(self.fail_placement(scope, &p, e, why).await);
+                    return Err(self.workers.fail_placement(scope, &p, e, why).await);
                 }
             }
         }
@@ -296,44 +263,6 @@ impl Core {
             )));
         }
         Ok(p)
-    }
-
-    /// The placement failed: record why, and give up the box it had (its state is unknown,
-    /// and an attached box nobody uses would be paid for until its TTL). Returns `e`.
-    pub(super) async fn fail_placement(
-        &self,
-        scope: &Scope,
-        p: &PlacementRow,
-        e: Error,
-        detail: &str,
-    ) -> Error {
-        let why = e.to_string();
-        let change = PlacementChange {
-            error: Some(&why),
-            ..Default::default()
-        };
-        if let Err(e) = self.place(
-            scope,
-            &p.session_id,
-            PlacementState::Failed,
-            &change,
-            detail,
-        ) {
-            tracing::warn!(session = %p.session_id, error = %e, "could not record a failed placement");
-        }
-        let env = self
-            .store
-            .placement(scope, &p.session_id)
-            .ok()
-            .flatten()
-            .and_then(|p| p.environment_id);
-        if let Some(env) = env {
-            self.close_worker_endpoint(&env);
-            self.envs
-                .abandon(scope, &env, &format!("placing a session failed: {why}"))
-                .await;
-        }
-        e
     }
 
     /// Runs the box's setup behind the egress proxy, closes the proxy's forward (proven from
@@ -347,29 +276,33 @@ impl Core {
         keep_prepared: bool,
         cancel: &CancellationToken,
     ) -> Result<PlacementRow> {
-        let env = self.placement_env(scope, p)?;
+        let env = self.workers.placement_env(scope, p)?;
         let ran = async {
             let proxy = self
+                .workers
                 .open_egress(&env, &p.profile, crate::egress::Phase::Setup, cancel)
                 .await?
                 .unwrap_or_default();
             let plan = plan.with_env(proxy);
             let outcome = self.run_setup(scope, p, &plan, cancel).await;
             // Closed whatever setup did, before anything else runs on the box.
-            self.close_setup_egress(&env, cancel).await?;
+            self.workers.close_setup_egress(&env, cancel).await?;
             outcome.map(|o| (plan, o))
         };
         let (plan, outcome) = match ran.await {
             Ok(done) => done,
             Err(e) => {
-                self.close_egress_gate(&env.id);
+                self.workers.close_egress_gate(&env.id);
                 let why = "the box's setup could not run";
-                return Err(self.fail_placement(scope, p, e, why).await);
+                return Err(self.workers.fail_placement(scope, p, e, why).await);
             }
         };
         if !outcome.succeeded() {
             let e = Error::BoxNotReady(outcome.failure(&plan, &p.session_id));
-            return Err(self.fail_placement(scope, p, e, "setup failed").await);
+            return Err(self
+                .workers
+                .fail_placement(scope, p, e, "setup failed")
+                .await);
         }
         // The box holds this setup's result now: a later session with the same setup that
         // finds it in the pool skips setup.
@@ -388,7 +321,7 @@ impl Core {
                 }
             }
         }
-        self.place(
+        self.workers.place(
             scope,
             &p.session_id,
             PlacementState::Starting,
@@ -404,51 +337,6 @@ impl Core {
         )
     }
 
-    /// A box for a session with `setup`, the cheapest first: a warm one that setup already
-    /// prepared, else a warm one with that setup's snapshot restored onto it, else a new one
-    /// made from the snapshot, else any box (warm or cold) on which setup will run.
-    /// A parked session's own previous box comes first, when it is idle (it kept the
-    /// session's workspace).
-    async fn acquire_for_setup(
-        self: &Arc<Self>,
-        scope: &Scope,
-        session: &SessionId,
-        profile: &str,
-        setup: Option<&super::setup::SetupPlan>,
-    ) -> Result<(skiff_protocol::EnvironmentId, Option<Prepared>)> {
-        if let Some(own) = self.workers.kept_box(session).await
-            && let Some(row) = self.envs.acquire_this(scope, profile, &own).await?
-        {
-            return Ok((row.id, Some(Prepared::Own)));
-        }
-        if let Some(plan) = setup {
-            if let Some(env) = self
-                .envs
-                .acquire_prepared(scope, profile, &plan.key)
-                .await?
-            {
-                return Ok((env, Some(Prepared::Pool)));
-            }
-            if let Some(key) = SnapshotKey::parse(&plan.key) {
-                if let Some((env, snapshot)) =
-                    self.envs.acquire_restored(scope, profile, &key).await?
-                {
-                    return Ok((env, Some(Prepared::Restored(snapshot))));
-                }
-                if let Some((env, snapshot)) = self
-                    .envs
-                    .acquire_from_snapshot(scope, profile, &key)
-                    .await?
-                {
-                    self.store
-                        .set_environment_prepared(scope, &env, Some(&plan.key))?;
-                    return Ok((env, Some(Prepared::Snapshot(snapshot))));
-                }
-            }
-        }
-        Ok((self.envs.acquire(scope, profile).await?, None))
-    }
-
     async fn sync_out(
         &self,
         scope: &Scope,
@@ -456,7 +344,7 @@ impl Core {
         p: &PlacementRow,
         cancel: &CancellationToken,
     ) -> Result<(String, usize, u64, skiff_sync::filelist::LeftOut)> {
-        let env = self.placement_env(scope, p)?;
+        let env = self.workers.placement_env(scope, p)?;
         let ssh = self.envs.ssh(&env)?;
         let remote = Remote::new(ssh, &box_workspace(&session.id))?;
         let local = Path::new(session.workspace.path());
@@ -514,17 +402,6 @@ impl Core {
         Ok((base, sent.files, sent.bytes, sent.left_out))
     }
 
-    pub(crate) fn placement_env(
-        &self,
-        scope: &Scope,
-        p: &PlacementRow,
-    ) -> Result<skiff_store::EnvironmentRow> {
-        let env = p.environment_id.as_ref().ok_or_else(|| {
-            Error::Conflict(format!("session {} has no environment", p.session_id))
-        })?;
-        Ok(self.store.environment(scope, env)?)
-    }
-
     /// Opens the tunnel, starts a worker for the placement's epoch, and waits until it is
     /// admitted and has passed the readiness canary.
     pub(super) async fn start_worker(
@@ -533,16 +410,17 @@ impl Core {
         p: &PlacementRow,
     ) -> Result<PlacementRow> {
         let session = &p.session_id;
-        let env = self.placement_env(scope, p)?;
+        let env = self.workers.placement_env(scope, p)?;
         let epoch = p.owner_epoch;
         // The agent's `exec` reaches the network only if the profile says so (`egress.agent`).
-        self.open_egress(
-            &env,
-            &p.profile,
-            crate::egress::Phase::Agent,
-            &CancellationToken::new(),
-        )
-        .await?;
+        self.workers
+            .open_egress(
+                &env,
+                &p.profile,
+                crate::egress::Phase::Agent,
+                &CancellationToken::new(),
+            )
+            .await?;
         self.launch_verified(&env, session, epoch, Method::ALL.to_vec(), |pid| {
             self.store.transition_placement(
                 scope,
@@ -563,7 +441,7 @@ impl Core {
             Ok(())
         })
         .await?;
-        let p = self.place(
+        let p = self.workers.place(
             scope,
             session,
             PlacementState::Active,
@@ -590,7 +468,7 @@ impl Core {
         let ssh = self.envs.ssh(env)?;
         let cancel = CancellationToken::new();
         self.open_worker_endpoint(&env.id)?;
-        let remote_socket = self.open_tunnel(env, &ssh, &cancel).await?;
+        let remote_socket = self.workers.open_tunnel(env, &ssh, &cancel).await?;
         let bundle = self
             .envs
             .bundle_hash_now()
@@ -598,11 +476,13 @@ impl Core {
         let host_key = self.envs.host_key(env).ok_or_else(|| {
             Error::Internal(format!("environment {} has no pinned host key", env.id))
         })?;
-        let (credential, _) =
-            self.mint_worker_credential(&env.id, &host_key, &bundle, session, epoch, methods)?;
+        let (credential, _) = self
+            .workers
+            .mint_worker_credential(&env.id, &host_key, &bundle, session, epoch, methods)?;
         let live = self.workers.live(session);
         live.close();
         let egress: String = self
+            .workers
             .agent_egress_env(&env.id)
             .iter()
             .map(|(k, v)| format!(" {k}={}", skiff_ssh::shell_quote(v)))
@@ -676,30 +556,6 @@ impl Core {
         }
         Ok(())
     }
-
-    /// Makes sure the control connection is up and forwards the box's worker socket to this
-    /// gateway's endpoint for the environment. Returns the socket path on the box.
-    pub(super) async fn open_tunnel(
-        &self,
-        env: &skiff_store::EnvironmentRow,
-        ssh: &skiff_ssh::Ssh,
-        cancel: &CancellationToken,
-    ) -> Result<String> {
-        ssh.ensure_master(skiff_ssh::Channel::Control, cancel)
-            .await?;
-        let home = ssh
-            .run("mkdir -p \"$HOME/.skiff\" && printf %s \"$HOME\"", cancel)
-            .await?;
-        let remote_socket = format!("{}/.skiff/worker.sock", home.trim());
-        let local = self.workers.socket_path(&env.id);
-        if let Err(e) = ssh.forward_socket(&remote_socket, &local, cancel).await {
-            // An existing forward of the same socket is what we want.
-            tracing::debug!(env = %env.id, error = %e, "forward request");
-        }
-        // A restarted control master lost the agent's egress forward too.
-        self.reforward_egress(env, ssh, cancel).await;
-        Ok(remote_socket)
-    }
 }
 
 fn mode_of(workspace: &WorkspaceView) -> Mode {
@@ -737,4 +593,151 @@ pub(super) async fn wait_connected(live: &super::Live, epoch: u64, timeout: Dura
         }
     };
     tokio::time::timeout(timeout, wait).await.is_ok() && live.connected_epoch() == Some(epoch)
+}
+
+/// The parts of this file that need only the worker side's own handles.
+impl super::WorkerSide {
+    /// Moves the placement and tells the session's subscribers.
+    pub(super) fn place(
+        &self,
+        scope: &Scope,
+        session: &SessionId,
+        to: PlacementState,
+        change: &PlacementChange<'_>,
+        detail: &str,
+    ) -> Result<PlacementRow> {
+        let row = self
+            .store
+            .transition_placement(scope, session, to, change)?;
+        if to != PlacementState::Local {
+            self.end_session_processes(session);
+        }
+        if change.advance_epoch {
+            // INVARIANT: no connection of an older epoch outlives the advance (the event hot
+            // path checks epochs per connection).
+            self.live(session).close();
+        }
+        let event = EventKind::Placement {
+            state: to,
+            environment_id: row.environment_id.clone(),
+            detail: detail.to_owned(),
+        };
+        // Carried by the open run, so a client following that run sees its placement.
+        let run = self
+            .store
+            .open_run(scope, session)
+            .ok()
+            .flatten()
+            .map(|r| r.id);
+        let _ = self.hub.publish(scope, session, run.as_ref(), event);
+        tracing::info!(%session, placement = %to, detail, "placement");
+        Ok(row)
+    }
+
+    /// The placement failed: record why, and give up the box it had (its state is unknown,
+    /// and an attached box nobody uses would be paid for until its TTL). Returns `e`.
+    pub(super) async fn fail_placement(
+        &self,
+        scope: &Scope,
+        p: &PlacementRow,
+        e: Error,
+        detail: &str,
+    ) -> Error {
+        let why = e.to_string();
+        let change = PlacementChange {
+            error: Some(&why),
+            ..Default::default()
+        };
+        if let Err(e) = self.place(
+            scope,
+            &p.session_id,
+            PlacementState::Failed,
+            &change,
+            detail,
+        ) {
+            tracing::warn!(session = %p.session_id, error = %e, "could not record a failed placement");
+        }
+        let env = self
+            .store
+            .placement(scope, &p.session_id)
+            .ok()
+            .flatten()
+            .and_then(|p| p.environment_id);
+        if let Some(env) = env {
+            self.close_worker_endpoint(&env);
+            self.envs
+                .abandon(scope, &env, &format!("placing a session failed: {why}"))
+                .await;
+        }
+        e
+    }
+
+    /// Makes sure the control connection is up and forwards the box's worker socket to this
+    /// gateway's endpoint for the environment. Returns the socket path on the box.
+    pub(super) async fn open_tunnel(
+        &self,
+        env: &skiff_store::EnvironmentRow,
+        ssh: &skiff_ssh::Ssh,
+        cancel: &CancellationToken,
+    ) -> Result<String> {
+        ssh.ensure_master(skiff_ssh::Channel::Control, cancel)
+            .await?;
+        let home = ssh
+            .run("mkdir -p \"$HOME/.skiff\" && printf %s \"$HOME\"", cancel)
+            .await?;
+        let remote_socket = format!("{}/.skiff/worker.sock", home.trim());
+        let local = self.socket_path(&env.id);
+        if let Err(e) = ssh.forward_socket(&remote_socket, &local, cancel).await {
+            // An existing forward of the same socket is what we want.
+            tracing::debug!(env = %env.id, error = %e, "forward request");
+        }
+        // A restarted control master lost the agent's egress forward too.
+        self.reforward_egress(env, ssh, cancel).await;
+        Ok(remote_socket)
+    }
+
+    /// A box for a session with `setup`, the cheapest first: a warm one that setup already
+    /// prepared, else a warm one with that setup's snapshot restored onto it, else a new one
+    /// made from the snapshot, else any box (warm or cold) on which setup will run.
+    /// A parked session's own previous box comes first, when it is idle (it kept the
+    /// session's workspace).
+    async fn acquire_for_setup(
+        &self,
+        scope: &Scope,
+        session: &SessionId,
+        profile: &str,
+        setup: Option<&super::setup::SetupPlan>,
+    ) -> Result<(skiff_protocol::EnvironmentId, Option<Prepared>)> {
+        if let Some(own) = self.kept_box(session).await
+            && let Some(row) = self.envs.acquire_this(scope, profile, &own).await?
+        {
+            return Ok((row.id, Some(Prepared::Own)));
+        }
+        if let Some(plan) = setup {
+            if let Some(env) = self
+                .envs
+                .acquire_prepared(scope, profile, &plan.key)
+                .await?
+            {
+                return Ok((env, Some(Prepared::Pool)));
+            }
+            if let Some(key) = SnapshotKey::parse(&plan.key) {
+                if let Some((env, snapshot)) =
+                    self.envs.acquire_restored(scope, profile, &key).await?
+                {
+                    return Ok((env, Some(Prepared::Restored(snapshot))));
+                }
+                if let Some((env, snapshot)) = self
+                    .envs
+                    .acquire_from_snapshot(scope, profile, &key)
+                    .await?
+                {
+                    self.store
+                        .set_environment_prepared(scope, &env, Some(&plan.key))?;
+                    return Ok((env, Some(Prepared::Snapshot(snapshot))));
+                }
+            }
+        }
+        Ok((self.envs.acquire(scope, profile).await?, None))
+    }
 }

@@ -47,6 +47,7 @@ impl Readiness for Probe {
     }
 }
 
+// Kept on the core: a probe launches a worker the way a placement does (`launch_verified`).
 impl Core {
     async fn probe(self: &Arc<Self>, env: &EnvironmentRow) -> Result<()> {
         let session = probe_session(&env.id);
@@ -59,10 +60,13 @@ impl Core {
         });
         live.close();
         self.workers.forget(&session);
-        self.close_probe_endpoint(&env.id);
+        self.workers.close_probe_endpoint(&env.id);
         result
     }
+}
 
+/// The parts of this file that need only the worker side's own handles.
+impl super::WorkerSide {
     /// The probe opened the environment's endpoint; unless a session's worker uses it (a
     /// check of an attached environment), it closes with the probe, socket and all. A
     /// placement opens it again.

@@ -67,6 +67,8 @@ fn error_event(message: impl Into<String>) -> ModelEvent {
     }
 }
 
+// Kept on the core: a model call resolves the session's spec and calls the provider through
+// the core's catalog.
 impl Core {
     pub(super) fn model_call(self: &Arc<Self>, a: &Admitted, op: OpId, call: Call) {
         let Call::ModelStream {
@@ -132,7 +134,7 @@ impl Core {
                 Ok(events) => events,
                 Err(e) => {
                     tracing::warn!(session = %op.session_id, seq = op.seq, error = %e, "a model call's cached answer is unreadable");
-                    self.audit_worker(
+                    self.workers.audit_worker(
                         &a.scope,
                         "worker.call",
                         op.session_id.as_str(),
@@ -204,7 +206,8 @@ impl Core {
                     return;
                 }
                 // The readiness canary of a box being brought up has no session row to read.
-                let canary = op.run_id.is_none() && Core::canary_call(a, request.model.as_str());
+                let canary = op.run_id.is_none()
+                    && super::WorkerSide::canary_call(a, request.model.as_str());
                 let (session_model, session_reasoning) = if canary {
                     (CANARY_MODEL.to_owned(), None)
                 } else {
@@ -227,7 +230,7 @@ impl Core {
                 };
                 let allowed = session_model.as_str();
                 if let Err(reason) = check_request(&request, &options, allowed, session_reasoning) {
-                    self.audit_worker(
+                    self.workers.audit_worker(
                         &a.scope,
                         "worker.call",
                         op.session_id.as_str(),
@@ -436,12 +439,19 @@ impl Core {
             // The answer stays in memory until the worker has all of it; only a worker that
             // comes back after that would find no cache (and get a terminal error).
             if let Err(e) = recorded {
-                core.report_lost_write(&scope, &op, "model.stream", "reply", &e);
+                core.workers
+                    .report_lost_write(&scope, &op, "model.stream", "reply", &e);
             } else if let Err(e) =
                 core.store
                     .advance_worker_cursor(&key.0, key.1, StreamKind::Model, key.2)
             {
-                core.report_lost_write(&scope, &op, "model.stream", "cursor", &e.to_string());
+                core.workers.report_lost_write(
+                    &scope,
+                    &op,
+                    "model.stream",
+                    "cursor",
+                    &e.to_string(),
+                );
             }
             if !canary {
                 let add = EgressAccounting {
@@ -463,41 +473,6 @@ impl Core {
                 models.remove(&key);
             }
         });
-    }
-
-    pub(super) fn model_ack(&self, session: &SessionId, epoch: u64, seq: u64, received: u64) {
-        let key = (session.clone(), epoch, seq);
-        let mut models = lock(&self.workers.models);
-        let Some(call) = models.get(&key).cloned() else {
-            return;
-        };
-        let acked = {
-            let mut acked = lock(&call.acked);
-            *acked = (*acked).max(received);
-            *acked
-        };
-        call.changed.notify_waiters();
-        if call.finished() && acked >= lock(&call.events).len() as u64 {
-            models.remove(&key);
-        }
-    }
-
-    pub(super) fn model_cancel(&self, session: &SessionId, epoch: u64, seq: u64) {
-        if let Some(call) = lock(&self.workers.models).get(&(session.clone(), epoch, seq)) {
-            call.cancel.cancel();
-        }
-    }
-
-    /// Cancels every provider call of a session (its run was cancelled or its owner fenced).
-    pub(crate) fn cancel_model_calls(&self, session: &SessionId) {
-        let mut models = lock(&self.workers.models);
-        for ((s, _, _), call) in models.iter() {
-            if s == session {
-                call.cancel.cancel();
-            }
-        }
-        // Finished calls are in the cache; a fenced worker has nothing more to receive.
-        models.retain(|(s, _, _), call| s != session || !call.finished());
     }
 }
 
@@ -569,4 +544,42 @@ fn check_request(
 pub(super) fn request_hash(request: &ModelRequest) -> String {
     let json = serde_json::to_vec(request).unwrap_or_default();
     blake3::hash(&json).to_hex().to_string()
+}
+
+/// The parts of this file that need only the worker side's own handles.
+impl super::WorkerSide {
+    pub(super) fn model_ack(&self, session: &SessionId, epoch: u64, seq: u64, received: u64) {
+        let key = (session.clone(), epoch, seq);
+        let mut models = lock(&self.models);
+        let Some(call) = models.get(&key).cloned() else {
+            return;
+        };
+        let acked = {
+            let mut acked = lock(&call.acked);
+            *acked = (*acked).max(received);
+            *acked
+        };
+        call.changed.notify_waiters();
+        if call.finished() && acked >= lock(&call.events).len() as u64 {
+            models.remove(&key);
+        }
+    }
+
+    pub(super) fn model_cancel(&self, session: &SessionId, epoch: u64, seq: u64) {
+        if let Some(call) = lock(&self.models).get(&(session.clone(), epoch, seq)) {
+            call.cancel.cancel();
+        }
+    }
+
+    /// Cancels every provider call of a session (its run was cancelled or its owner fenced).
+    pub(crate) fn cancel_model_calls(&self, session: &SessionId) {
+        let mut models = lock(&self.models);
+        for ((s, _, _), call) in models.iter() {
+            if s == session {
+                call.cancel.cancel();
+            }
+        }
+        // Finished calls are in the cache; a fenced worker has nothing more to receive.
+        models.retain(|(s, _, _), call| s != session || !call.finished());
+    }
 }

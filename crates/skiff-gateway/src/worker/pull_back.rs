@@ -24,7 +24,6 @@ use futures_util::StreamExt;
 use serde_json::json;
 use skiff_protocol::api::PlacementMove;
 use skiff_protocol::environment::PlacementState;
-use skiff_protocol::event::EventKind;
 use skiff_protocol::{RunId, SessionId};
 use skiff_store::{PlacementChange, PlacementRow, Scope};
 use std::sync::Arc;
@@ -42,37 +41,9 @@ struct Held {
     _placing: OwnedMutexGuard<()>,
 }
 
+// Kept on the core: a pull-back or dispatch cancels runs, revokes approvals, captures the
+// box's work (checkpoints, quarantine) and answers with the session's view.
 impl Core {
-    /// Gives back the box a session came home from (`was`, as `come_home` left it), and says
-    /// for people where the box went and where the box's work is. `None`: it held no box;
-    /// `Some(false)`: the box could not be cleared and was destroyed.
-    pub(super) async fn box_home(
-        &self,
-        scope: &Scope,
-        id: &SessionId,
-        was: &PlacementRow,
-        reconciled: bool,
-    ) -> (Option<bool>, String, &'static str) {
-        let pooled = match &was.environment_id {
-            Some(env) => Some(
-                self.give_box_back(scope, id, env, was.worker_pid, false)
-                    .await,
-            ),
-            None => None,
-        };
-        let the_box = match (&was.environment_id, pooled) {
-            (Some(env), Some(true)) => format!("its box {env} is back in the idle pool"),
-            (Some(env), _) => format!("its box {env} could not be cleared and was destroyed"),
-            (None, _) => "it held no box".to_owned(),
-        };
-        let work = if reconciled {
-            "the box's work is in the session's workspace"
-        } else {
-            "its workspace here already had the box's work"
-        };
-        (pooled, the_box, work)
-    }
-
     /// `POST /v1/sessions/{id}/pull-back`: brings a worker session home. A session with a
     /// turn open is refused unless `cancel`, which cancels the turn and waits for its end.
     pub(crate) async fn pull_back(
@@ -132,8 +103,10 @@ impl Core {
                     "pulled back from {} (no box held it): the session runs on the gateway from now on",
                     p.state
                 );
-                let cursor = self.announce(scope, id, PlacementState::Local, None, &detail);
-                self.audit_pull_back(scope, &p, "home", None);
+                let cursor = self
+                    .workers
+                    .announce(scope, id, PlacementState::Local, None, &detail);
+                self.workers.audit_pull_back(scope, &p, "home", None);
                 // From the announced step on.
                 self.moved(scope, id, detail, cursor.saturating_sub(1))
             }
@@ -145,8 +118,13 @@ impl Core {
                     before.owner_epoch,
                     env.as_ref().map_or("its box".into(), |e| e.to_string())
                 );
-                let cursor =
-                    self.announce(scope, id, PlacementState::Draining, env.clone(), &detail);
+                let cursor = self.workers.announce(
+                    scope,
+                    id,
+                    PlacementState::Draining,
+                    env.clone(),
+                    &detail,
+                );
                 let held = Held {
                     _admission: Some(admission),
                     _placing: placing,
@@ -173,20 +151,26 @@ impl Core {
         let started = std::time::Instant::now();
         let epoch = before.owner_epoch;
         let live = self.workers.live(id);
-        self.strike_now(scope, id, BarrierStep::Drained).await;
+        self.workers
+            .strike_now(scope, id, BarrierStep::Drained)
+            .await;
         live.stop_epoch(epoch, "the session is pulled back to the gateway");
-        self.cancel_model_calls(id);
+        self.workers.cancel_model_calls(id);
         self.revoke_approvals(scope, id, "the session is pulled back to the gateway");
-        let env_row = self.placement_env(scope, &before).ok();
+        let env_row = self.workers.placement_env(scope, &before).ok();
         let stopped = match &env_row {
-            Some(env) => self.stop_worker_on_box(env, before.worker_pid).await,
+            Some(env) => {
+                self.workers
+                    .stop_worker_on_box(env, before.worker_pid)
+                    .await
+            }
             None => Err("the session names no box".to_owned()),
         };
         let how = match &stopped {
             Ok(()) => "stopped, with the commands its tools started".to_owned(),
             Err(e) => format!("could not be confirmed stopped ({e})"),
         };
-        let fenced = self.place(
+        let fenced = self.workers.place(
             scope,
             id,
             PlacementState::Draining,
@@ -200,7 +184,7 @@ impl Core {
             ),
         );
         if let Err(e) = fenced {
-            self.pull_back_stopped(
+            self.workers.pull_back_stopped(
                 scope,
                 id,
                 &before,
@@ -208,10 +192,12 @@ impl Core {
             );
             return;
         }
-        self.strike_now(scope, id, BarrierStep::Fenced).await;
+        self.workers
+            .strike_now(scope, id, BarrierStep::Fenced)
+            .await;
         let mut reconciled = false;
         if !before.box_in_step {
-            let step = self.place(
+            let step = self.workers.place(
                 scope,
                 id,
                 PlacementState::Reconciling,
@@ -219,66 +205,38 @@ impl Core {
                 "the box holds work the gateway does not have yet; bringing it back",
             );
             if let Err(e) = step {
-                self.pull_back_stopped(scope, id, &before, &e.to_string());
+                self.workers
+                    .pull_back_stopped(scope, id, &before, &e.to_string());
                 return;
             }
             if let Err(e) = self.capture_box_work(scope, id).await {
                 let why = format!("the box's work could not be brought back: {e}");
-                self.pull_back_stopped(scope, id, &before, &why);
+                self.workers.pull_back_stopped(scope, id, &before, &why);
                 return;
             }
             reconciled = true;
         }
-        self.strike_now(scope, id, BarrierStep::Reconciled).await;
+        self.workers
+            .strike_now(scope, id, BarrierStep::Reconciled)
+            .await;
         let was = match self.store.come_home(scope, id) {
             Ok(was) => was,
             Err(e) => {
-                self.pull_back_stopped(scope, id, &before, &e.to_string());
+                self.workers
+                    .pull_back_stopped(scope, id, &before, &e.to_string());
                 return;
             }
         };
-        let (pooled, the_box, work) = self.box_home(scope, id, &was, reconciled).await;
+        let (pooled, the_box, work) = self.workers.box_home(scope, id, &was, reconciled).await;
         let detail = format!(
             "home in {:.1} s: the session runs on the gateway from now on; {work}; {the_box}",
             started.elapsed().as_secs_f64()
         );
-        self.announce(scope, id, PlacementState::Local, None, &detail);
+        self.workers
+            .announce(scope, id, PlacementState::Local, None, &detail);
         let box_state = pooled.map(|pooled| if pooled { "idle" } else { "destroyed" });
-        self.audit_pull_back(scope, &before, "home", box_state);
-    }
-
-    /// A pull-back that cannot finish leaves the session on its box, worker stopped.
-    fn pull_back_stopped(&self, scope: &Scope, id: &SessionId, before: &PlacementRow, why: &str) {
-        let detail = format!(
-            "the pull-back stopped: {why}. The session stays on its box; its next message starts a new worker there"
-        );
-        if let Err(e) = self.place(
-            scope,
-            id,
-            PlacementState::Active,
-            &PlacementChange {
-                error: Some(why),
-                ..Default::default()
-            },
-            &detail,
-        ) {
-            tracing::warn!(session = %id, error = %e, "could not record a stopped pull-back");
-        }
-        self.audit_pull_back(scope, before, "stopped", None);
-        tracing::warn!(session = %id, why, "pull-back stopped");
-    }
-
-    /// Stops the worker's process on its box (the endpoint already told it to go).
-    pub(super) async fn stop_worker_on_box(
-        &self,
-        env: &skiff_store::EnvironmentRow,
-        worker_pid: Option<i64>,
-    ) -> std::result::Result<(), String> {
-        let ssh = self.envs.ssh(env).map_err(|e| e.to_string())?;
-        ssh.run(&stop_worker_script(worker_pid), &CancellationToken::new())
-            .await
-            .map(|_| ())
-            .map_err(|e| e.to_string())
+        self.workers
+            .audit_pull_back(scope, &before, "home", box_state);
     }
 
     /// Cancels the session's open run (the usual cancel) and waits until it has ended.
@@ -357,7 +315,9 @@ impl Core {
         self.claim_dispatch(scope, id, profile).await?;
         let detail =
             format!("dispatching to profile {profile}: placing the session now, without a turn");
-        let cursor = self.announce(scope, id, PlacementState::Requested, None, &detail);
+        let cursor = self
+            .workers
+            .announce(scope, id, PlacementState::Requested, None, &detail);
         // No turn drives this placement: the dispatch does, holding `placing` so a turn sent
         // meanwhile waits for the worker it starts. Admission is free again once it is held.
         let held = Held {
@@ -369,11 +329,13 @@ impl Core {
         let scope2 = scope.clone();
         tokio::spawn(async move {
             let cancel = CancellationToken::new();
-            core.strike_now(&scope2, &session.id, BarrierStep::Drained)
+            core.workers
+                .strike_now(&scope2, &session.id, BarrierStep::Drained)
                 .await;
             let placed = core.ensure_worker_locked(&scope2, &session, &cancel).await;
             if placed.is_ok() {
-                core.strike_now(&scope2, &session.id, BarrierStep::Fenced)
+                core.workers
+                    .strike_now(&scope2, &session.id, BarrierStep::Fenced)
                     .await;
             }
             if let Err(e) = placed {
@@ -386,7 +348,8 @@ impl Core {
                             PlacementState::Failed | PlacementState::Reclaimed
                         ) =>
                     {
-                        core.fail_placement(&scope2, &p, e, "the dispatch failed")
+                        core.workers
+                            .fail_placement(&scope2, &p, e, "the dispatch failed")
                             .await;
                     }
                     Ok(_) => {}
@@ -422,7 +385,8 @@ impl Core {
             }
             .into());
         }
-        self.claim_worker_slot(|max| self.store.request_placement(scope, id, profile, max))
+        self.workers
+            .claim_worker_slot(|max| self.store.request_placement(scope, id, profile, max))
             .await?;
         self.revoke_approvals(
             scope,
@@ -437,53 +401,6 @@ impl Core {
             json!({ "profile": profile }),
         );
         Ok(())
-    }
-
-    /// Publishes a move's step and returns its cursor (0 when it could not be published: the
-    /// follower then reads from the start).
-    fn announce(
-        &self,
-        scope: &Scope,
-        id: &SessionId,
-        state: PlacementState,
-        environment_id: Option<skiff_protocol::EnvironmentId>,
-        detail: &str,
-    ) -> u64 {
-        tracing::info!(session = %id, placement = %state, detail, "placement");
-        let event = EventKind::Placement {
-            state,
-            environment_id,
-            detail: detail.to_owned(),
-        };
-        match self.hub.publish(scope, id, None, event) {
-            Ok(e) => e.cursor,
-            Err(e) => {
-                tracing::warn!(session = %id, error = %e, "could not publish a placement step");
-                0
-            }
-        }
-    }
-
-    fn audit_pull_back(
-        &self,
-        scope: &Scope,
-        before: &PlacementRow,
-        outcome: &str,
-        box_state: Option<&str>,
-    ) {
-        self.audit(
-            scope,
-            "placement.pull_back",
-            before.session_id.as_str(),
-            "applied",
-            json!({
-                "from": before.state.as_str(),
-                "env": before.environment_id.as_ref().map(|e| e.as_str()),
-                "epoch": before.owner_epoch,
-                "outcome": outcome,
-                "box": box_state,
-            }),
-        );
     }
 
     /// The answer to a move that started: the session as it is now, and the cursor after which
@@ -520,4 +437,93 @@ pub(crate) fn moving_profiles(id: &SessionId, from: &str, to: &str) -> crate::er
     crate::Error::Conflict(format!(
         "session {id} runs on profile `{from}`; bring it home first (`skiff session pull-back {id}`), then dispatch it to `{to}`"
     ))
+}
+
+/// The parts of this file that need only the worker side's own handles.
+impl super::WorkerSide {
+    /// Gives back the box a session came home from (`was`, as `come_home` left it), and says
+    /// for people where the box went and where the box's work is. `None`: it held no box;
+    /// `Some(false)`: the box could not be cleared and was destroyed.
+    pub(super) async fn box_home(
+        &self,
+        scope: &Scope,
+        id: &SessionId,
+        was: &PlacementRow,
+        reconciled: bool,
+    ) -> (Option<bool>, String, &'static str) {
+        let pooled = match &was.environment_id {
+            Some(env) => Some(
+                self.give_box_back(scope, id, env, was.worker_pid, false)
+                    .await,
+            ),
+            None => None,
+        };
+        let the_box = match (&was.environment_id, pooled) {
+            (Some(env), Some(true)) => format!("its box {env} is back in the idle pool"),
+            (Some(env), _) => format!("its box {env} could not be cleared and was destroyed"),
+            (None, _) => "it held no box".to_owned(),
+        };
+        let work = if reconciled {
+            "the box's work is in the session's workspace"
+        } else {
+            "its workspace here already had the box's work"
+        };
+        (pooled, the_box, work)
+    }
+
+    /// Stops the worker's process on its box (the endpoint already told it to go).
+    pub(super) async fn stop_worker_on_box(
+        &self,
+        env: &skiff_store::EnvironmentRow,
+        worker_pid: Option<i64>,
+    ) -> std::result::Result<(), String> {
+        let ssh = self.envs.ssh(env).map_err(|e| e.to_string())?;
+        ssh.run(&stop_worker_script(worker_pid), &CancellationToken::new())
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
+
+    fn audit_pull_back(
+        &self,
+        scope: &Scope,
+        before: &PlacementRow,
+        outcome: &str,
+        box_state: Option<&str>,
+    ) {
+        self.audit(
+            scope,
+            "placement.pull_back",
+            before.session_id.as_str(),
+            "applied",
+            json!({
+                "from": before.state.as_str(),
+                "env": before.environment_id.as_ref().map(|e| e.as_str()),
+                "epoch": before.owner_epoch,
+                "outcome": outcome,
+                "box": box_state,
+            }),
+        );
+    }
+
+    /// A pull-back that cannot finish leaves the session on its box, worker stopped.
+    fn pull_back_stopped(&self, scope: &Scope, id: &SessionId, before: &PlacementRow, why: &str) {
+        let detail = format!(
+            "the pull-back stopped: {why}. The session stays on its box; its next message starts a new worker there"
+        );
+        if let Err(e) = self.place(
+            scope,
+            id,
+            PlacementState::Active,
+            &PlacementChange {
+                error: Some(why),
+                ..Default::default()
+            },
+            &detail,
+        ) {
+            tracing::warn!(session = %id, error = %e, "could not record a stopped pull-back");
+        }
+        self.audit_pull_back(scope, before, "stopped", None);
+        tracing::warn!(session = %id, why, "pull-back stopped");
+    }
 }

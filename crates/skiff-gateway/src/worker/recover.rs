@@ -26,6 +26,8 @@ const REPLACE_BACKOFF: Duration = Duration::from_secs(1);
 /// bytes each).
 const SCAN_MAX_BYTES: u64 = 128 << 20;
 
+// Kept on the core: recovery hands turns over again, takes checkpoints, reconciles the
+// workspace and writes notices into the transcript.
 impl Core {
     /// After a worker is admitted: a reconnecting worker gets its turn again; a session whose
     /// turn was orphaned by a gateway restart gets it retried as a new turn.
@@ -118,14 +120,14 @@ impl Core {
             {
                 return;
             }
-            let Ok(env) = self.placement_env(scope, &p) else {
+            let Ok(env) = self.workers.placement_env(scope, &p) else {
                 return;
             };
             let Ok(ssh) = self.envs.ssh(&env) else {
                 return;
             };
             let _ = self.open_worker_endpoint(&env.id);
-            match self.open_tunnel(&env, &ssh, &cancel).await {
+            match self.workers.open_tunnel(&env, &ssh, &cancel).await {
                 Ok(_) => {}
                 Err(e) => {
                     if !self.envs.box_alive(&env).await || started.elapsed() > RECOVERY_DEADLINE {
@@ -204,7 +206,7 @@ impl Core {
                 break;
             }
             // Still the session's, still on this box: say so, and try again.
-            if let Err(e) = self.place(
+            if let Err(e) = self.workers.place(
                 scope,
                 session,
                 PlacementState::Starting,
@@ -242,7 +244,7 @@ impl Core {
             .store
             .placement(scope, session)?
             .ok_or_else(|| crate::Error::Conflict(format!("session {session} has no placement")))?;
-        let env = self.placement_env(scope, &p)?;
+        let env = self.workers.placement_env(scope, &p)?;
         let ssh = self.envs.ssh(&env)?;
         let bundle = p
             .bundle_hash
@@ -310,7 +312,7 @@ impl Core {
 
     /// A new worker on the same box under a new owner epoch; the old one is fenced.
     async fn replace_worker(self: &Arc<Self>, scope: &Scope, session: &SessionId) -> Result<()> {
-        let p = self.place(
+        let p = self.workers.place(
             scope,
             session,
             PlacementState::Starting,
@@ -320,7 +322,7 @@ impl Core {
             },
             "the worker stopped; starting a new one (the old one is fenced)",
         )?;
-        self.cancel_model_calls(session);
+        self.workers.cancel_model_calls(session);
         self.audit(
             scope,
             "worker.replace",
@@ -355,12 +357,12 @@ impl Core {
             reason: reason.to_owned(),
         });
         live.close();
-        self.cancel_model_calls(session);
+        self.workers.cancel_model_calls(session);
         let env = p.as_ref().and_then(|p| p.environment_id.clone());
         if let Some(env) = &env {
-            self.close_worker_endpoint(env);
+            self.workers.close_worker_endpoint(env);
         }
-        if let Err(e) = self.place(
+        if let Err(e) = self.workers.place(
             scope,
             session,
             PlacementState::Reclaimed,
@@ -380,7 +382,9 @@ impl Core {
             json!({ "env": env.as_ref().map(|e| e.as_str()), "reason": reason }),
         );
         let open = self.store.open_run(scope, session).ok().flatten();
-        let notice = self.lost_work_notice(scope, session, env.as_ref(), reason);
+        let notice = self
+            .workers
+            .lost_work_notice(scope, session, env.as_ref(), reason);
         self.notify(scope, session, open.as_ref().map(|r| &r.id), &notice);
         live.end_all_turns(&format!("the session's box stopped ({reason})"));
         if let Some(env) = env {
@@ -388,6 +392,94 @@ impl Core {
         }
     }
 
+    /// At gateway start: placements caught mid-placement failed; active ones get their
+    /// endpoint back and wait for their worker to re-attach (repairing the tunnel if needed).
+    pub(crate) async fn reconcile_placements_on_start(self: &Arc<Self>) -> Result<()> {
+        for p in self.store.live_placements()? {
+            if p.state == PlacementState::HandingOff && p.environment_id.is_none() {
+                // A live dispatch cut short: its turn was on the gateway, which restarted.
+                self.store.come_home(&p.scope, &p.session_id)?;
+                continue;
+            }
+            match p.state {
+                PlacementState::Active
+                | PlacementState::Reconciling
+                | PlacementState::Draining
+                | PlacementState::HandingOff => {
+                    if p.state != PlacementState::Active {
+                        // A pull-back cut short leaves the session on its box: pulling it
+                        // back again finishes it, and a message runs there meanwhile.
+                        let why = match p.state {
+                            PlacementState::Draining | PlacementState::HandingOff => {
+                                "the gateway restarted during a pull-back; the session stays on its box"
+                            }
+                            _ => "the gateway restarted during reconciliation",
+                        };
+                        self.workers.place(
+                            &p.scope,
+                            &p.session_id,
+                            PlacementState::Active,
+                            &PlacementChange::default(),
+                            why,
+                        )?;
+                    }
+                    if let Some(env) = &p.environment_id {
+                        self.open_worker_endpoint(env)?;
+                        // The worker's proxy variables name this port; serve it again.
+                        if let Ok(row) = self.store.environment(&p.scope, env)
+                            && let Err(e) = self
+                                .workers
+                                .open_egress(
+                                    &row,
+                                    &p.profile,
+                                    crate::egress::Phase::Agent,
+                                    &CancellationToken::new(),
+                                )
+                                .await
+                        {
+                            tracing::warn!(env = %env, error = %e, "could not re-open the agent's egress");
+                        }
+                    }
+                    self.on_worker_disconnect(&p.scope, &p.session_id, p.owner_epoch);
+                }
+                _ => {
+                    let why = "the gateway restarted while placing this session; send a message to try again";
+                    self.workers.place(
+                        &p.scope,
+                        &p.session_id,
+                        PlacementState::Failed,
+                        &PlacementChange {
+                            error: Some(why),
+                            ..Default::default()
+                        },
+                        why,
+                    )?;
+                }
+            }
+        }
+        // Boxes attached to no live placement now (a crash between attaching a box and
+        // recording it, or mid-sync above) are given up, never renewed for ever.
+        self.envs.release_unowned_on_start().await
+    }
+}
+
+impl super::Live {
+    fn begin_recovery(&self) -> bool {
+        let mut r = lock(&self.recovering);
+        if *r {
+            return false;
+        }
+        *r = true;
+        true
+    }
+
+    fn end_recovery(&self) {
+        *lock(&self.recovering) = false;
+    }
+}
+
+/// The parts of this file that need only the worker side's own handles.
+impl super::WorkerSide {
     /// The failover of a run whose box died under it: `reclaimed → failed_over` (the dead
     /// box forgotten, a worker slot held again), a placement event that names the box, why it
     /// was given up and where the new attempt starts from. The new attempt's placement then
@@ -495,89 +587,5 @@ impl Core {
         format!(
             "The worker box {env} stopped ({reason}). The conversation is intact. {lost} Your next message starts a fresh box from {since}."
         )
-    }
-
-    /// At gateway start: placements caught mid-placement failed; active ones get their
-    /// endpoint back and wait for their worker to re-attach (repairing the tunnel if needed).
-    pub(crate) async fn reconcile_placements_on_start(self: &Arc<Self>) -> Result<()> {
-        for p in self.store.live_placements()? {
-            if p.state == PlacementState::HandingOff && p.environment_id.is_none() {
-                // A live dispatch cut short: its turn was on the gateway, which restarted.
-                self.store.come_home(&p.scope, &p.session_id)?;
-                continue;
-            }
-            match p.state {
-                PlacementState::Active
-                | PlacementState::Reconciling
-                | PlacementState::Draining
-                | PlacementState::HandingOff => {
-                    if p.state != PlacementState::Active {
-                        // A pull-back cut short leaves the session on its box: pulling it
-                        // back again finishes it, and a message runs there meanwhile.
-                        let why = match p.state {
-                            PlacementState::Draining | PlacementState::HandingOff => {
-                                "the gateway restarted during a pull-back; the session stays on its box"
-                            }
-                            _ => "the gateway restarted during reconciliation",
-                        };
-                        self.place(
-                            &p.scope,
-                            &p.session_id,
-                            PlacementState::Active,
-                            &PlacementChange::default(),
-                            why,
-                        )?;
-                    }
-                    if let Some(env) = &p.environment_id {
-                        self.open_worker_endpoint(env)?;
-                        // The worker's proxy variables name this port; serve it again.
-                        if let Ok(row) = self.store.environment(&p.scope, env)
-                            && let Err(e) = self
-                                .open_egress(
-                                    &row,
-                                    &p.profile,
-                                    crate::egress::Phase::Agent,
-                                    &CancellationToken::new(),
-                                )
-                                .await
-                        {
-                            tracing::warn!(env = %env, error = %e, "could not re-open the agent's egress");
-                        }
-                    }
-                    self.on_worker_disconnect(&p.scope, &p.session_id, p.owner_epoch);
-                }
-                _ => {
-                    let why = "the gateway restarted while placing this session; send a message to try again";
-                    self.place(
-                        &p.scope,
-                        &p.session_id,
-                        PlacementState::Failed,
-                        &PlacementChange {
-                            error: Some(why),
-                            ..Default::default()
-                        },
-                        why,
-                    )?;
-                }
-            }
-        }
-        // Boxes attached to no live placement now (a crash between attaching a box and
-        // recording it, or mid-sync above) are given up, never renewed for ever.
-        self.envs.release_unowned_on_start().await
-    }
-}
-
-impl super::Live {
-    fn begin_recovery(&self) -> bool {
-        let mut r = lock(&self.recovering);
-        if *r {
-            return false;
-        }
-        *r = true;
-        true
-    }
-
-    fn end_recovery(&self) {
-        *lock(&self.recovering) = false;
     }
 }

@@ -128,6 +128,7 @@ impl SetupOutcome {
     }
 }
 
+// Kept on the core: setup reads vault secrets and keeps its log among the artifacts.
 impl Core {
     /// The setup this placement runs, if any: the profile's `setup`, else the repository's
     /// `.skiff/setup.sh` as the session's workspace holds it.
@@ -197,7 +198,7 @@ impl Core {
         plan: &SetupPlan,
         cancel: &CancellationToken,
     ) -> Result<SetupOutcome> {
-        let env = self.placement_env(scope, p)?;
+        let env = self.workers.placement_env(scope, p)?;
         let ssh = self.envs.ssh(&env)?;
         let session = &p.session_id;
         let log_path = self.state.tmp().join(format!("setup-{session}.log"));
@@ -218,14 +219,16 @@ impl Core {
             tee,
             cancel,
         );
-        let publish = self.publish_setup_output(scope, session, chunks, collector);
+        let publish = self
+            .workers
+            .publish_setup_output(scope, session, chunks, collector);
         let (result, collector) = tokio::join!(run, publish);
         let duration = started.elapsed();
         let mut collector = collector?;
         // Refusals said once more at the end, with the key to change: a tool's own retry
         // messages rarely show the proxy's answer.
         let key = format!("profiles.{}.egress.setup", p.profile);
-        for c in self.egress_counters(&env.id) {
+        for c in self.workers.egress_counters(&env.id) {
             if c.phase == crate::egress::Phase::Setup && c.refused > 0 {
                 collector.note(&format!(
                     "[skiff] the egress proxy refused {} request(s) to {}: to allow it, add \"{}\" to {key}",
@@ -272,47 +275,6 @@ impl Core {
                     "duration_ms": duration.as_millis() as u64, "setup": plan.label }),
         );
         Ok(outcome)
-    }
-
-    /// Publishes setup output in chunks as it arrives, until the command's output ends.
-    async fn publish_setup_output(
-        &self,
-        scope: &Scope,
-        session: &SessionId,
-        mut chunks: mpsc::UnboundedReceiver<Vec<u8>>,
-        mut collector: Collector,
-    ) -> Result<Collector> {
-        let run = self
-            .store
-            .open_run(scope, session)
-            .ok()
-            .flatten()
-            .map(|r| r.id);
-        let mut last = Instant::now();
-        loop {
-            let chunk = tokio::time::timeout(PUBLISH_EVERY, chunks.recv()).await;
-            let ended = matches!(chunk, Ok(None));
-            if let Ok(Some(bytes)) = chunk {
-                collector.push(&bytes)?;
-            }
-            if ended {
-                collector.finish()?;
-            }
-            if ended || last.elapsed() >= PUBLISH_EVERY || collector.pending.len() >= CHUNK {
-                if let Some(text) = collector.take_live() {
-                    let _ = self.hub.publish(
-                        scope,
-                        session,
-                        run.as_ref(),
-                        EventKind::SetupOutput { text },
-                    );
-                }
-                last = Instant::now();
-            }
-            if ended {
-                return Ok(collector);
-            }
-        }
     }
 
     /// Keeps the setup log as a `log` artifact of the session (the newest is the one
@@ -538,6 +500,50 @@ impl Collector {
             out.push('\n');
         }
         out
+    }
+}
+
+/// The parts of this file that need only the worker side's own handles.
+impl super::WorkerSide {
+    /// Publishes setup output in chunks as it arrives, until the command's output ends.
+    async fn publish_setup_output(
+        &self,
+        scope: &Scope,
+        session: &SessionId,
+        mut chunks: mpsc::UnboundedReceiver<Vec<u8>>,
+        mut collector: Collector,
+    ) -> Result<Collector> {
+        let run = self
+            .store
+            .open_run(scope, session)
+            .ok()
+            .flatten()
+            .map(|r| r.id);
+        let mut last = Instant::now();
+        loop {
+            let chunk = tokio::time::timeout(PUBLISH_EVERY, chunks.recv()).await;
+            let ended = matches!(chunk, Ok(None));
+            if let Ok(Some(bytes)) = chunk {
+                collector.push(&bytes)?;
+            }
+            if ended {
+                collector.finish()?;
+            }
+            if ended || last.elapsed() >= PUBLISH_EVERY || collector.pending.len() >= CHUNK {
+                if let Some(text) = collector.take_live() {
+                    let _ = self.hub.publish(
+                        scope,
+                        session,
+                        run.as_ref(),
+                        EventKind::SetupOutput { text },
+                    );
+                }
+                last = Instant::now();
+            }
+            if ended {
+                return Ok(collector);
+            }
+        }
     }
 }
 

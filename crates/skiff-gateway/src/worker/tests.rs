@@ -433,7 +433,7 @@ async fn admission_on_a_database_error_says_so_rather_than_that_the_box_is_gone(
     let line = serde_json::to_string(&hello).unwrap();
     h.sql("ALTER TABLE environments RENAME TO environments_unreadable")
         .unwrap();
-    let Err(r) = h.core.admit(&claims.environment_id, &line) else {
+    let Err(r) = h.core.workers.admit(&claims.environment_id, &line) else {
         panic!("admitted without an environment");
     };
     assert_eq!(r.code, RefusalCode::Unavailable, "{}", r.message);

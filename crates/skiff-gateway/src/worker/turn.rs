@@ -23,6 +23,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
+// Kept on the core: running a turn needs the session's spec, the catalog, approval policy,
+// checkpoints, quarantine and transcript notices.
 impl Core {
     /// Sends the session's open run to its worker (again: the worker starts a run once).
     pub(crate) fn hand_over_turn(&self, scope: &Scope, session: &SessionId) -> Result<()> {
@@ -126,7 +128,7 @@ impl Core {
             };
             if let TurnEnd::Failed { error } = &end
                 && !cancel.is_cancelled()
-                && self.box_died(scope, &session.id)
+                && self.workers.box_died(scope, &session.id)
             {
                 if let Err(e) = self.store.finish_attempt(
                     scope,
@@ -207,7 +209,7 @@ impl Core {
                 () = live.drained() => return Ok(None),
                 _ = cancel.cancelled() => {
                     live.send(GatewayFrame::CancelTurn { run_id: run.id.clone() });
-                    self.cancel_model_calls(&session.id);
+                    self.workers.cancel_model_calls(&session.id);
                     break tokio::time::timeout(Duration::from_secs(30), &mut done).await.ok().and_then(|r| r.ok());
                 }
                 () = stalled(&live, since, stall) => {
@@ -220,14 +222,6 @@ impl Core {
         Ok(Some(end.unwrap_or(TurnEnd::Failed {
             error: "the worker did not finish the turn".into(),
         })))
-    }
-
-    /// Whether the session's box was given up (reclaimed) under its turn.
-    fn box_died(&self, scope: &Scope, session: &SessionId) -> bool {
-        matches!(
-            self.store.placement(scope, session),
-            Ok(Some(p)) if p.state == PlacementState::Reclaimed
-        )
     }
 
     /// Records a failover and tells the chat; returns the checkpoint the next attempt's
@@ -272,7 +266,8 @@ impl Core {
             "the session's box was lost and its turn moves to a fresh one",
         );
         self.notify(scope, &session.id, Some(&run.id), &text);
-        self.enter_failover(scope, &session.id, p, &from, n, allowed);
+        self.workers
+            .enter_failover(scope, &session.id, p, &from, n, allowed);
         last.map(|(id, _)| id)
     }
 
@@ -305,7 +300,7 @@ impl Core {
         // Killed before its connection is closed: a live worker would reconnect at once.
         let pid = p.worker_pid.unwrap_or(0);
         if pid > 0
-            && let Ok(env) = self.placement_env(scope, &p)
+            && let Ok(env) = self.workers.placement_env(scope, &p)
             && let Ok(ssh) = self.envs.ssh(&env)
             && let Err(e) = ssh
                 .run(
@@ -346,7 +341,7 @@ impl Core {
             .await
         {
             Ok(()) => end,
-            Err(e) if self.half_dead(scope, session).await => {
+            Err(e) if self.workers.half_dead(scope, session).await => {
                 // The box's sshd takes no new connection, but the one the gateway holds still
                 // works: bring the work home through it, then give the box up (its next turn
                 // could not come back), with one notice that says which of the two happened.
@@ -394,21 +389,6 @@ impl Core {
         Reply::Finished
     }
 
-    /// Whether the session's box is half dead: no new SSH connection opens, while the
-    /// control connection the gateway holds still answers.
-    async fn half_dead(&self, scope: &Scope, session: &SessionId) -> bool {
-        let Ok(Some(p)) = self.store.placement(scope, session) else {
-            return false;
-        };
-        let Ok(env) = self.placement_env(scope, &p) else {
-            return false;
-        };
-        let Ok(ssh) = self.envs.ssh(&env) else {
-            return false;
-        };
-        !ssh.accepts_new_connections().await && ssh.master_alive(skiff_ssh::Channel::Control).await
-    }
-
     /// Brings the box's work back; `over_control` carries the transfers over the control
     /// connection (a half-dead box).
     async fn reconcile(
@@ -425,7 +405,7 @@ impl Core {
             Some(p) if p.state == PlacementState::HandingOff => PlacementState::HandingOff,
             _ => PlacementState::Active,
         };
-        let p = self.place(
+        let p = self.workers.place(
             scope,
             session_id,
             PlacementState::Reconciling,
@@ -448,7 +428,7 @@ impl Core {
             Ok(_) => "the box's work is in the session's workspace".to_owned(),
             Err(e) => format!("reconciliation stopped: {e}"),
         };
-        self.place(
+        self.workers.place(
             scope,
             session_id,
             back_to,
@@ -484,7 +464,7 @@ impl Core {
         })?;
         let session = self.store.session(scope, session_id)?;
         let base = manifest::from_json(p.base_manifest.as_deref().unwrap_or(""))?;
-        let env = self.placement_env(scope, p)?;
+        let env = self.workers.placement_env(scope, p)?;
         let mut ssh = self.envs.ssh(&env)?;
         if over_control {
             ssh = ssh.transfers_over_control();
@@ -697,5 +677,31 @@ async fn stalled(live: &super::Live, since: std::time::Instant, stall: Duration)
             return;
         }
         tokio::time::sleep(stall - idle).await;
+    }
+}
+
+/// The parts of this file that need only the worker side's own handles.
+impl super::WorkerSide {
+    /// Whether the session's box was given up (reclaimed) under its turn.
+    fn box_died(&self, scope: &Scope, session: &SessionId) -> bool {
+        matches!(
+            self.store.placement(scope, session),
+            Ok(Some(p)) if p.state == PlacementState::Reclaimed
+        )
+    }
+
+    /// Whether the session's box is half dead: no new SSH connection opens, while the
+    /// control connection the gateway holds still answers.
+    async fn half_dead(&self, scope: &Scope, session: &SessionId) -> bool {
+        let Ok(Some(p)) = self.store.placement(scope, session) else {
+            return false;
+        };
+        let Ok(env) = self.placement_env(scope, &p) else {
+            return false;
+        };
+        let Ok(ssh) = self.envs.ssh(&env) else {
+            return false;
+        };
+        !ssh.accepts_new_connections().await && ssh.master_alive(skiff_ssh::Channel::Control).await
     }
 }
