@@ -469,7 +469,10 @@ impl Core {
             // The worker's acknowledgements move the sender's window: the call stays until the
             // worker has the whole answer (a worker that comes back later gets the cache).
             let mut models = lock(&core.workers.models);
-            if *lock(&call.acked) >= lock(&call.events).len() as u64 {
+            // One of the call's locks at a time: the sender takes `events` then `acked`, and
+            // holding `acked` while waiting for `events` here deadlocked against it.
+            let acked = *lock(&call.acked);
+            if acked >= lock(&call.events).len() as u64 {
                 models.remove(&key);
             }
         });
