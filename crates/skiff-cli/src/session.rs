@@ -396,8 +396,12 @@ pub async fn run(cmd: SessionCommand, state_dir: &Path, json: bool) -> Result<Ex
                     path,
                     branch,
                     base_commit,
+                    remote,
                 } => {
-                    outln!("workspace  {path} (git worktree of {source})")?;
+                    match remote {
+                        Some(url) => outln!("repo       {url}")?,
+                        None => outln!("workspace  {path} (git worktree of {source})")?,
+                    }
                     outln!(
                         "branch     {branch} (from {})",
                         &base_commit[..base_commit.len().min(12)]

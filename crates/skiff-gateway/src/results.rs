@@ -514,8 +514,6 @@ impl Core {
                 "{dir} has a `..` segment; name the directory plainly"
             )));
         }
-        let state = self.state.root();
-        let state = state.canonicalize().unwrap_or_else(|_| state.to_path_buf());
         // The nearest existing ancestor, resolved: a symlink must not lead into the state dir.
         let mut existing = normalized.as_path();
         while !existing.exists() {
@@ -527,11 +525,23 @@ impl Core {
         let resolved = existing
             .canonicalize()
             .unwrap_or_else(|_| existing.to_path_buf());
-        if resolved.starts_with(&state) || state.starts_with(&normalized) {
-            return Err(Error::BadRequest(format!(
-                "{dir} is inside (or holds) the gateway's state dir {}; choose a directory outside it",
-                state.display()
-            )));
+        // Both roots the gateway owns: the state dir and `[store] workspaces` (the same
+        // directory unless configured apart). Writing a result into either would overwrite
+        // sessions' worktrees, clones or the database.
+        for (what, root) in [
+            ("state dir", self.state.root()),
+            (
+                "workspaces directory ([store] workspaces)",
+                self.state.workspaces_root(),
+            ),
+        ] {
+            let root = root.canonicalize().unwrap_or_else(|_| root.to_path_buf());
+            if resolved.starts_with(&root) || root.starts_with(&normalized) {
+                return Err(Error::BadRequest(format!(
+                    "{dir} is inside (or holds) the gateway's {what} {}; choose a directory outside it",
+                    root.display()
+                )));
+            }
         }
         Ok(normalized)
     }

@@ -10,7 +10,7 @@ use skiff_agent::{AgentConfig, TurnOutcome, run_turn};
 use skiff_llm::Catalog;
 use skiff_protocol::api::{
     AttemptView, CreateSessionRequest, RunStarted, RunStatus, RunView, SessionDetail, SessionList,
-    SessionView, UsageTotals,
+    SessionView, UsageTotals, WorkspaceView,
 };
 use skiff_protocol::environment::PlacementState;
 use skiff_protocol::event::EventKind;
@@ -336,13 +336,17 @@ impl Core {
                     id.as_str(),
                 )
                 .await?;
-                let (view, fill) = workspace::remote_worktree_deferred(
+                let (mut view, fill) = workspace::remote_worktree_deferred(
                     &fetched.mirror,
                     &fetched.commit,
                     &id,
                     &self.state,
                 )
                 .await?;
+                // People know the session by the URL they gave, not by the gateway's mirror.
+                if let WorkspaceView::Git { remote, .. } = &mut view {
+                    *remote = Some(repo.url.clone());
+                }
                 (view, Some(fill))
             }
             None => {
@@ -419,7 +423,7 @@ impl Core {
             return Err(e);
         }
         self.audit(scope, "session.create", id.as_str(), "allowed", json!({
-            "workspace_kind": match workspace { skiff_protocol::api::WorkspaceView::Git { .. } if req.repo.is_some() => "remote", skiff_protocol::api::WorkspaceView::Git { .. } => "git", _ => "plain" },
+            "workspace_kind": match workspace { WorkspaceView::Git { remote: Some(_), .. } => "remote", WorkspaceView::Git { .. } => "git", _ => "plain" },
             "model": model.as_str(),
             "profile": req.profile,
             "reasoning": reasoning,

@@ -192,6 +192,7 @@ async fn worktree_deferred(
         path: path.display().to_string(),
         branch,
         base_commit: head.clone(),
+        remote: None,
     };
     let fill = Fill {
         session: session.to_string(),
@@ -264,6 +265,7 @@ impl Fill {
             path: self.path.display().to_string(),
             branch: self.branch.clone(),
             base_commit: self.base_commit.clone(),
+            remote: None,
         }
     }
 
@@ -559,6 +561,7 @@ pub async fn fork_worktree(
         path: path.display().to_string(),
         branch,
         base_commit: base_commit.to_owned(),
+        remote: None,
     })
 }
 

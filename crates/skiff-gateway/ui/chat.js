@@ -219,7 +219,10 @@ export class ChatView {
           `${s.agent.name}@${s.agent.digest.slice(0, 12)}`)] : null,
       ws.branch ? [h('span', { class: 'sep', 'aria-hidden': 'true' }, '·'), h('span', { class: 'mono', title: `branch ${ws.branch}` }, ws.branch)] : null,
       h('span', { class: 'sep', 'aria-hidden': 'true' }, '·'),
-      h('span', { class: 'mono path', title: ws.path }, ws.path || ''),
+      // A session cloned from a URL is known by that URL; its worktree path is on hover.
+      ws.remote
+        ? h('span', { class: 'mono path', title: `worktree ${ws.path}` }, ws.remote)
+        : h('span', { class: 'mono path', title: ws.path }, ws.path || ''),
       h('span', { class: 'sep', 'aria-hidden': 'true' }, '·'),
       h('span', { class: 'mono muted' }, s.id),
       s.group_id ? [h('span', { class: 'sep', 'aria-hidden': 'true' }, '·'),

@@ -259,6 +259,9 @@ pub enum WorkspaceView {
         path: String,
         branch: String,
         base_commit: String,
+        /// The URL a `--repo` session was cloned from (`source` is then the gateway's mirror).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        remote: Option<String>,
     },
     /// A gateway-owned copy of a plain directory.
     Plain { source: String, path: String },

@@ -43,7 +43,9 @@ const MAX_MESSAGE_BYTES: usize = 1024;
 #[derive(Clone, Debug)]
 pub(crate) struct ForgeDef {
     pub api: String,
-    pub token: Source,
+    /// Absent when pushes need no token (ssh or path remotes, or a `[git.credentials]` entry
+    /// for the remote); pull requests then are not offered.
+    pub token: Option<Source>,
     pub repository: Option<String>,
     pub remote: String,
     pub confirm: bool,
@@ -78,12 +80,8 @@ pub(crate) fn validate(
         }
     }
     let token = match &c.token {
-        Some(text) => crate::mcp::source("forge.token", text, true).map_err(invalid)?,
-        None => {
-            return Err(invalid(
-                "at `forge.token`: missing; give \"vault:NAME\" (a secret stored with `skiff secret set NAME`) or \"env:VAR\"".to_owned(),
-            ));
-        }
+        Some(text) => Some(crate::mcp::source("forge.token", text, true).map_err(invalid)?),
+        None => None,
     };
     if let Some(repo) = &c.repository
         && forge::split_repository(repo).is_none()
@@ -131,12 +129,13 @@ impl Governed {
         (self.clock)().saturating_add(self.skew_ms.load(std::sync::atomic::Ordering::Relaxed))
     }
 
-    /// The tools sessions are offered: none when `[forge]` is absent.
+    /// The tools sessions are offered: none when `[forge]` is absent, and no pull requests
+    /// without a forge token (the API needs one).
     pub(crate) fn specs(&self) -> Vec<ToolSpec> {
-        if self.forge.is_none() {
+        let Some(forge) = &self.forge else {
             return Vec::new();
-        }
-        vec![
+        };
+        let mut specs = vec![
             ToolSpec {
                 name: GIT_PUSH.to_owned(),
                 description: "Push this session's branch to the repository's remote with the gateway's credential. Only the session branch can be pushed; a person may have to approve it first.".to_owned(),
@@ -153,7 +152,11 @@ impl Governed {
                     "base": {"type": "string", "description": "The branch to merge into; default: the repository's default branch"}
                 }}),
             },
-        ]
+        ];
+        if forge.token.is_none() {
+            specs.retain(|s| s.name != OPEN_PULL_REQUEST);
+        }
+        specs
     }
 }
 
@@ -369,9 +372,27 @@ impl Core {
                 repository_dir,
                 remote,
                 branch,
-            } => push::push(repository_dir, remote, branch, &secret, &claims.id, cancel)
-                .await
-                .map(|r| serde_json::to_string(&r).unwrap_or_default()),
+            } => {
+                // A `[git.credentials]` entry for the remote's URL wins over the forge token:
+                // it is the credential the operator gave for exactly that repository.
+                let credential = match push::remote_url(repository_dir, remote, cancel).await {
+                    Ok(url) => self.git_credentials.resolve(&url, &self.vault),
+                    Err(_) => Ok(None),
+                };
+                match credential {
+                    Ok(credential) => push::push(
+                        repository_dir,
+                        remote,
+                        branch,
+                        push::Credential::pick(credential.as_ref(), &secret),
+                        &claims.id,
+                        cancel,
+                    )
+                    .await
+                    .map(|r| serde_json::to_string(&r).unwrap_or_default()),
+                    Err(e) => Err(e.to_string()),
+                }
+            }
             Plan::OpenPullRequest {
                 repository,
                 title,
@@ -405,8 +426,12 @@ impl Core {
         }
     }
 
+    /// The forge token, read now; empty when `[forge]` names none.
     fn forge_token(&self, forge: &ForgeDef) -> Result<String, String> {
-        match &forge.token {
+        let Some(token) = &forge.token else {
+            return Ok(String::new());
+        };
+        match token {
             Source::Literal(text) => Ok(text.clone()),
             Source::Env(var) => std::env::var(var).map_err(|_| {
                 format!("`forge.token` names the environment variable {var}, which is not set")
@@ -500,6 +525,11 @@ impl Core {
                     .map_err(|e| format!("invalid arguments for {OPEN_PULL_REQUEST}: {e}"))?;
                 if args.title.trim().is_empty() {
                     return Err(format!("{OPEN_PULL_REQUEST} needs a title"));
+                }
+                if forge.token.is_none() {
+                    return Err(format!(
+                        "{OPEN_PULL_REQUEST} needs the forge's API token: set `[forge] token = \"vault:NAME\"` in skiff.toml"
+                    ));
                 }
                 let repository = match &forge.repository {
                     Some(r) => r.clone(),

@@ -1,13 +1,16 @@
 //! `git_push`'s execution: the session branch, and only it, pushed from the session's
 //! repository to the configured remote as the same branch (never forced). For an `https`
-//! remote the forge token goes to git as an HTTP header through `GIT_CONFIG_*` variables of
-//! this one process (never its command line, never a file, never a box).
+//! remote the credential goes to git from this one process's environment (never its command
+//! line, never a file, never a box): the `[git.credentials]` entry for the remote's URL through
+//! the gateway's credential helper, else the forge token as an HTTP header.
 
+use crate::remote::Resolved;
 use crate::sync_api::git;
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use skiff_protocol::GrantId;
 use skiff_protocol::grant::GitPushResult;
+use std::path::Path;
 use tokio_util::sync::CancellationToken;
 
 /// Fails unless `dir` has a remote named `remote`.
@@ -45,11 +48,28 @@ pub(super) async fn remote_url(
         .map_err(|e| e.to_string())
 }
 
+/// What a push authenticates with.
+pub(super) enum Credential<'a> {
+    /// The `[git.credentials]` entry whose prefix matches the remote's URL.
+    Configured(&'a Resolved),
+    /// The `[forge]` token, sent only to an `https` remote; empty when none is configured.
+    Forge(&'a str),
+}
+
+impl<'a> Credential<'a> {
+    pub(super) fn pick(configured: Option<&'a Resolved>, forge_token: &'a str) -> Self {
+        match configured {
+            Some(c) => Credential::Configured(c),
+            None => Credential::Forge(forge_token),
+        }
+    }
+}
+
 pub(super) async fn push(
     dir: &str,
     remote: &str,
     branch: &str,
-    token: &str,
+    credential: Credential<'_>,
     grant: &GrantId,
     cancel: &CancellationToken,
 ) -> Result<GitPushResult, String> {
@@ -62,8 +82,14 @@ pub(super) async fn push(
         .trim()
         .to_owned();
     let url = remote_url(dir, remote, cancel).await?;
-    let mut cmd = git(dir);
-    if url.starts_with("https://") && !token.is_empty() {
+    let mut cmd = match credential {
+        Credential::Configured(c) => crate::remote::git(Path::new(dir), Some(c)),
+        Credential::Forge(_) => git(dir),
+    };
+    if let Credential::Forge(token) = credential
+        && url.starts_with("https://")
+        && !token.is_empty()
+    {
         let basic = BASE64.encode(format!("x-access-token:{token}"));
         cmd = cmd
             .env("GIT_CONFIG_COUNT", "1")

@@ -929,6 +929,7 @@ async fn a_worker_sessions_git_push_runs_on_the_gateway_under_a_grant() {
                 path: "/state/ws".into(),
                 branch: format!("skiff/{session}"),
                 base_commit: "0".repeat(40),
+                remote: None,
             }
         },
     )

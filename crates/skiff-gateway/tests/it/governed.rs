@@ -458,3 +458,82 @@ async fn rules_that_hold_every_call_confirm_a_governed_action_once_even_when_for
     );
     gw.shutdown().await;
 }
+
+/// `[forge]` without a token: a push to an http remote authenticates with the
+/// `[git.credentials]` entry for its URL, and pull requests (which need the API token) are not
+/// offered.
+#[tokio::test]
+async fn without_a_forge_token_git_push_uses_the_git_credentials_for_the_remote() {
+    const GIT_TOKEN: &str = "tok-4d1e-push-credential-never-shown";
+    let remotes = tempfile::tempdir().unwrap();
+    let bare = skiff_test_support::git_http::bare_repo(remotes.path(), "app", &[("a.txt", "a\n")]);
+    let ok = Command::new("git")
+        .arg("-C")
+        .arg(&bare)
+        .args(["config", "http.receivepack", "true"])
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    let server =
+        skiff_test_support::git_http::GitHttpServer::start(remotes.path(), "skiff-bot", GIT_TOKEN)
+            .await;
+    let repo = TempGitRepo::new(&[("a.txt", "a\n")]);
+    repo.git(&[
+        "remote",
+        "add",
+        "origin",
+        &format!("{}app.git", server.base_url()),
+    ]);
+
+    let responses = vec![tool_reply("call_1", "git_push", "{}"), answer("pushed")];
+    let config = format!(
+        "[forge]\nconfirm = false\n\n[git.credentials.\"{}\"]\nusername = \"skiff-bot\"\ntoken = \"vault:git\"\n",
+        server.base_url()
+    );
+    let gw = TestGateway::configured("", &config, Some(responses)).await;
+    let (status, _) = gw
+        .client
+        .raw(
+            reqwest::Method::PUT,
+            "/v1/secrets/git",
+            &serde_json::json!({ "value": GIT_TOKEN }).to_string(),
+        )
+        .await;
+    assert!(status < 300, "setting the git credential: {status}");
+    let started = gw
+        .client
+        .create_session(&session_request(repo.path(), "http/m", "push it"))
+        .await
+        .unwrap();
+    let id = started.session.id.clone();
+    gw.client.follow_until_run_end(&id, 0).await;
+
+    let requests = gw.provider.as_ref().unwrap().requests();
+    let names = offered(&requests[0].body);
+    assert!(names.contains(&"git_push".to_owned()), "{names:?}");
+    assert!(
+        !names.contains(&"open_pull_request".to_owned()),
+        "no forge token, no pull requests: {names:?}"
+    );
+    let results = results(&gw.client.session(&id).await.unwrap().transcript);
+    assert_eq!(results.len(), 1, "{results:?}");
+    assert!(!results[0].2, "{}", results[0].1);
+    let branch = format!("skiff/{id}");
+    let pushed = refs(&bare);
+    assert!(
+        pushed
+            .iter()
+            .any(|r| r.starts_with(&format!("refs/heads/{branch} "))),
+        "{pushed:?}"
+    );
+    assert!(server.served() > 0, "the push went through the server");
+    // The credential is in no file of the session's repository, the state dir or the audit.
+    assert!(files_containing(repo.path(), GIT_TOKEN).is_empty());
+    assert!(files_containing(&gw.state_dir, GIT_TOKEN).is_empty());
+    assert!(
+        audit(&gw)
+            .iter()
+            .all(|r| !r.detail.to_string().contains(GIT_TOKEN))
+    );
+    gw.shutdown().await;
+}

@@ -109,6 +109,16 @@ async fn sessions_from_one_url_share_one_clone_fetched_again_and_start_from_the_
         "v1\n"
     );
     assert!(!ws.join("dev.txt").exists(), "the default branch is main");
+    match &first.session.workspace {
+        skiff_protocol::api::WorkspaceView::Git { remote, .. } => {
+            assert_eq!(
+                remote.as_deref(),
+                Some(url.as_str()),
+                "the session names its URL"
+            )
+        }
+        other => panic!("a remote session is a git worktree: {other:?}"),
+    }
     assert_eq!(
         git(ws, &["symbolic-ref", "--short", "HEAD"]),
         format!("skiff/{}", first.session.id)
@@ -342,6 +352,23 @@ async fn workspaces_live_where_the_store_says() {
         "checkpoint blobs live there too"
     );
     assert!(entries(&gw.state_dir.join("mirrors")).is_empty());
+
+    // A result is never written into the directory that holds every session's worktree.
+    let into = real.join("worktrees/exported");
+    let (status, body) = gw
+        .client
+        .raw(
+            reqwest::Method::POST,
+            &format!("/v1/sessions/{}/export", first.session.id),
+            &serde_json::json!({ "to": into }).to_string(),
+        )
+        .await;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body.to_string().contains("[store] workspaces"),
+        "the refusal names the setting: {body}"
+    );
+    assert!(!into.exists(), "nothing was written");
 }
 
 #[tokio::test]
