@@ -5,7 +5,6 @@
 //! with that version, whatever the configuration says later. A stored version is checked
 //! against its digest each time it is read: one that does not match is refused, by name.
 
-use crate::config::Config;
 use sha2::{Digest, Sha256};
 use skiff_protocol::agent::{AgentPin, AgentSpec, AgentVersion, short_ref};
 use skiff_store::{AgentSpecRow, Store};
@@ -76,14 +75,34 @@ impl Agents {
             .unwrap_or_else(|| PathBuf::from("agents"))
     }
 
+    /// `[agents.*]` of skiff.toml as it is now. Only that table is read: the gateway checked the
+    /// rest when it started, and an edit in progress elsewhere must not stop sessions from
+    /// pinning a spec.
+    fn from_config_file(&self) -> Result<BTreeMap<String, AgentSpec>, AgentError> {
+        #[derive(serde::Deserialize)]
+        struct AgentsOnly {
+            #[serde(default)]
+            agents: BTreeMap<String, AgentSpec>,
+        }
+        let read = |message: String| AgentError::Read {
+            path: self.config_path.display().to_string(),
+            message,
+        };
+        let text = match std::fs::read_to_string(&self.config_path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(BTreeMap::new()),
+            Err(e) => return Err(read(e.to_string())),
+        };
+        let de = toml::Deserializer::parse(&text).map_err(|e| read(e.message().to_owned()))?;
+        serde_path_to_error::deserialize::<_, AgentsOnly>(de)
+            .map(|only| only.agents)
+            .map_err(|e| read(format!("at `{}`: {}", e.path(), e.inner().message())))
+    }
+
     /// Every spec the configuration names now: `[agents.NAME]`, then `agents/NAME.toml`
     /// (a name in both is refused).
     pub(crate) fn configured(&self) -> Result<BTreeMap<String, AgentSpec>, AgentError> {
-        let config = Config::load(&self.config_path).map_err(|e| AgentError::Read {
-            path: self.config_path.display().to_string(),
-            message: e.to_string(),
-        })?;
-        let mut specs = config.agents;
+        let mut specs = self.from_config_file()?;
         let dir = self.agents_dir();
         let entries = match std::fs::read_dir(&dir) {
             Ok(entries) => entries.filter_map(|e| e.ok()).map(|e| e.path()).collect(),

@@ -283,3 +283,40 @@ async fn a_spec_naming_an_unknown_tool_is_refused_at_start_naming_it() {
         "{message}"
     );
 }
+
+/// Pinning a spec reads only `[agents.*]` of skiff.toml: a half-finished edit of another
+/// table does not stop sessions, while an edit of the spec itself still makes a new version.
+#[tokio::test]
+async fn an_unrelated_edit_of_skiff_toml_does_not_stop_pinning_a_spec() {
+    let gw = TestGateway::configured(
+        DONE,
+        "[agents.reader]\ninstructions = \"Read.\"\ntools = [\"read\"]\n",
+        Some(vec![answer("one")]),
+    )
+    .await;
+    let config = gw.state_dir.parent().unwrap().join("skiff.toml");
+    let mut text = std::fs::read_to_string(&config).unwrap();
+    text.push_str("\n[gateway]\nmax_children = \"many\"\n");
+    std::fs::write(&config, text).unwrap();
+
+    let ws = gw.plain_dir("ws", &[("a.txt", "a\n")]);
+    let mut request = session_request(&ws, "http/m", "look");
+    request.agent = Some("reader".into());
+    let started = gw.client.create_session(&request).await.unwrap();
+    assert_eq!(started.session.agent.unwrap().name, "reader");
+    gw.client.follow_until_run_end(&started.session.id, 0).await;
+
+    // A broken spec table is still named, with the key.
+    let text = std::fs::read_to_string(&config)
+        .unwrap()
+        .replace("tools = [\"read\"]", "tools = \"read\"");
+    std::fs::write(&config, text).unwrap();
+    let mut request = session_request(&ws, "http/m", "again");
+    request.agent = Some("reader".into());
+    let refused = gw.client.create_session(&request).await.unwrap_err();
+    assert!(
+        refused.error.message.contains("agents.reader.tools"),
+        "{refused:?}"
+    );
+    gw.shutdown().await;
+}
