@@ -78,7 +78,7 @@ impl Agents {
     /// `[agents.*]` of skiff.toml as it is now. Only that table is read: the gateway checked the
     /// rest when it started, and an edit in progress elsewhere must not stop sessions from
     /// pinning a spec.
-    fn from_config_file(&self) -> Result<BTreeMap<String, AgentSpec>, AgentError> {
+    fn specs_in_config_file(&self) -> Result<BTreeMap<String, AgentSpec>, AgentError> {
         #[derive(serde::Deserialize)]
         struct AgentsOnly {
             #[serde(default)]
@@ -102,7 +102,7 @@ impl Agents {
     /// Every spec the configuration names now: `[agents.NAME]`, then `agents/NAME.toml`
     /// (a name in both is refused).
     pub(crate) fn configured(&self) -> Result<BTreeMap<String, AgentSpec>, AgentError> {
-        let mut specs = self.from_config_file()?;
+        let mut specs = self.specs_in_config_file()?;
         let dir = self.agents_dir();
         let entries = match std::fs::read_dir(&dir) {
             Ok(entries) => entries.filter_map(|e| e.ok()).map(|e| e.path()).collect(),
