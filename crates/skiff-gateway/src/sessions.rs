@@ -369,7 +369,7 @@ impl Core {
                     workspace::discard(&workspace).await;
                     return Err(e.into());
                 }
-                Some(self.fills.begin(&id))
+                Some(self.fills.begin(&id, &fill.tree))
             }
             None => None,
         };
@@ -463,6 +463,8 @@ impl Core {
         let result = fill.run().await.map_err(|e| e.to_string());
         match &result {
             Ok(()) => {
+                // A lay-down onto a box lists and hashes the files meanwhile: it only reads.
+                self.fills.files_written(id);
                 self.record_base(scope, id, view).await;
                 workspace::Fill::forget(&self.state, id.as_str());
                 self.fills.finished(id);
@@ -501,7 +503,7 @@ impl Core {
                 }
                 Err(e) => {
                     tracing::warn!(session = %session.id, error = %e, "could not write again a worktree a stopped gateway was filling");
-                    let done = self.fills.begin(&session.id);
+                    let done = self.fills.begin(&session.id, &fill.tree);
                     let _ = done.send(Some(Err(e.to_string())));
                 }
             }

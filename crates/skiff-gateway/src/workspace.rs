@@ -396,24 +396,103 @@ fn kill_working_in(dir: &Path) {
 /// stays here with its error, so everything that waits for it is told).
 #[derive(Default)]
 pub struct Fills {
-    pending: std::sync::Mutex<std::collections::HashMap<SessionId, FillDone>>,
+    pending: std::sync::Mutex<std::collections::HashMap<SessionId, Pending>>,
+}
+
+/// A fill under way (or failed): how it ended, whether its files are all written (what
+/// follows them is the session's base being recorded), and the tree it writes.
+struct Pending {
+    done: FillDone,
+    written: tokio::sync::watch::Sender<bool>,
+    tree: String,
 }
 
 /// How a fill ended (`None` while it runs).
 pub type FillDone = tokio::sync::watch::Receiver<Option<Result<(), String>>>;
 
 impl Fills {
-    /// Registers `session`'s fill as under way; the returned sender says how it ended.
+    /// Registers `session`'s fill, which writes `tree`, as under way; the returned sender
+    /// says how it ended.
     pub fn begin(
         &self,
         session: &SessionId,
+        tree: &str,
     ) -> tokio::sync::watch::Sender<Option<Result<(), String>>> {
         let (tx, rx) = tokio::sync::watch::channel(None);
         self.pending
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(session.clone(), rx);
+            .insert(
+                session.clone(),
+                Pending {
+                    done: rx,
+                    written: tokio::sync::watch::Sender::new(false),
+                    tree: tree.to_owned(),
+                },
+            );
         tx
+    }
+
+    /// Whether the fill under way of `session`'s worktree `path` writes an entry `name` at
+    /// its root (`None`: no fill is under way, the files are there to look at). Answered
+    /// from the tree the fill writes, without waiting for it; a tree that cannot be read
+    /// counts as writing it.
+    pub async fn writes_root_entry(
+        &self,
+        session: &SessionId,
+        path: &Path,
+        name: &str,
+    ) -> Option<bool> {
+        let tree = self
+            .pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(session)
+            .map(|p| p.tree.clone())?;
+        let listed = git(path)
+            .args(["ls-tree", "-z", "--name-only", &tree, "--"])
+            .arg(name)
+            .run_checked(&CancellationToken::new())
+            .await;
+        Some(match listed {
+            Ok(out) => !out.trim().is_empty(),
+            Err(_) => true,
+        })
+    }
+
+    /// Every file of `session`'s fill is written: what only reads the worktree may go on
+    /// ([`Fills::written`]) while the session's base is recorded.
+    pub fn files_written(&self, session: &SessionId) {
+        if let Some(p) = self
+            .pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(session)
+        {
+            p.written.send_replace(true);
+        }
+    }
+
+    /// Waits until `session`'s worktree holds all its files, which may be before its fill
+    /// is complete ([`Fills::ready`]): for what only reads them, never for what writes.
+    pub async fn written(&self, session: &SessionId) -> Result<(), String> {
+        let watched = self
+            .pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(session)
+            .map(|p| (p.done.clone(), p.written.subscribe()));
+        let Some((mut done, mut written)) = watched else {
+            return Ok(());
+        };
+        tokio::select! {
+            // Marked written, or the fill succeeded and was forgotten (the sender went).
+            _ = written.wait_for(|w| *w) => Ok(()),
+            ended = done.wait_for(Option::is_some) => match ended {
+                Ok(done) => done.clone().unwrap_or(Ok(())),
+                Err(_) => Err("the fill stopped before it finished".into()),
+            },
+        }
     }
 
     /// `session`'s fill succeeded: nothing waits for it from now on.
@@ -432,7 +511,7 @@ impl Fills {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(session)
-            .cloned();
+            .map(|p| p.done.clone());
         let Some(mut rx) = rx else {
             return Ok(());
         };

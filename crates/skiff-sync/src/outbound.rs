@@ -3,16 +3,21 @@
 //! Git mode: the box gets a real repository — a pack of the base commit's objects (the whole
 //! session branch with [`History::Full`]) and its index, made here and dropped into the box's
 //! fresh repository, so the box neither re-indexes nor re-hashes it. The box checks the base
-//! commit out (every file written once), then only the files that differ from the base commit
-//! (edits, untracked files that are not ignored) travel, and tracked files the user deleted are
-//! deleted, so `git status` on the box shows the user's uncommitted changes. When a checkout
+//! commit out (every file written once) in a staging directory while the workspace here is
+//! still being written and checked (it needs only the repository's objects); once every check
+//! passed, the staged repository is moved into place, tracked files the user deleted are
+//! deleted, and only the files that differ from the base commit (edits, untracked files that
+//! are not ignored) travel, so `git status` on the box shows the user's uncommitted changes.
+//! A check that fails removes the staging directory: the session's directory on the box is
+//! never made. When a checkout
 //! could write other bytes than the files here (attributes, line-ending or symlink settings),
 //! every listed file travels instead. Plain mode: the listed files are copied into a fresh
 //! directory.
 //!
 //! Limits (and, for a plain copy, that no file is private to its owner) are checked before
-//! anything is sent; a box directory that exists and is not empty is refused, never
-//! overwritten. Deliberately absent: git credentials and remotes on the box (objects arrive as
+//! anything reaches the session's directory on the box (git mode's staged base commit is all
+//! that may have moved, and is removed); a box directory that exists and is not empty is
+//! refused, never overwritten. Deliberately absent: git credentials and remotes on the box (objects arrive as
 //! a pack, never by fetch from a URL).
 
 use crate::filelist::{self, Limits, Mode};
@@ -75,8 +80,10 @@ pub async fn push(
 }
 
 /// [`push`] of a workspace whose files are still being written: `ready` resolves once they
-/// are (or says why they cannot be). Git mode makes the pack of the base commit meanwhile (it
-/// needs only the repository's objects); nothing is listed, hashed or sent before `ready`.
+/// are (or says why they cannot be). Git mode makes the pack of the base commit and has the
+/// box check it out in its staging directory meanwhile (it needs only the repository's
+/// objects); nothing is listed or hashed before `ready`, and nothing reaches the session's
+/// directory on the box before the listing passed its checks.
 pub async fn push_when_ready(
     out: &Outbound<'_>,
     remote: &Remote,
@@ -88,7 +95,7 @@ pub async fn push_when_ready(
 
 /// [`push_when_ready`] that first runs `before` (a shell command line that must succeed,
 /// run in a subshell from the box user's home) on the box, in the same round trip as the
-/// box's directory is made.
+/// box's directory (git mode: its staged repository) is made.
 pub async fn push_after(
     out: &Outbound<'_>,
     remote: &Remote,
@@ -104,14 +111,30 @@ pub async fn push_after(
         Mode::Git => Some(session_head(out.local, out.session, cancel).await?),
         Mode::Plain => None,
     };
-    let packing = async {
+    // Git mode: the pack of the base commit is made here and laid down by the box in a
+    // staging directory of its own (its checkout is most of a lay-down) while the workspace
+    // here is still being written and is checked; it becomes the session's directory only
+    // once every check passed, and is removed when one fails.
+    let staging = Remote::new(remote.ssh().clone(), &format!("{}.incoming", remote.dir()))?;
+    let seeding = async {
         match &base_commit {
-            Some(commit) => Ok::<_, crate::Error>(Some(make_pack(out, commit, cancel).await?)),
+            Some(commit) => {
+                let pack = make_pack(out, commit, cancel).await?;
+                tracing::debug!(ms = ms(started), "outbound: packed");
+                let method =
+                    seed_repository(out, remote, &staging, &before, &pack, commit, cancel).await?;
+                tracing::debug!(
+                    ms = ms(started),
+                    "outbound: the box checked the base commit out"
+                );
+                Ok::<_, crate::Error>(Some(method))
+            }
             None => Ok(None),
         }
     };
-    // What is checked before anything reaches the box: the listing (limits, and that a plain
-    // copy holds no private file) and the paths of the tracked files the user deleted.
+    // What is checked before anything reaches the session's directory on the box: the
+    // listing (limits, and that a plain copy holds no private file) and the paths of the
+    // tracked files the user deleted.
     let listing = async {
         ready.await.map_err(|detail| crate::Error::Invalid {
             what: format!("the workspace {}", out.local.display()),
@@ -130,28 +153,28 @@ pub async fn push_after(
         if out.mode == Mode::Plain {
             filelist::check_shareable(out.local, &list)?;
         }
+        tracing::debug!(
+            ms = ms(started),
+            files = list.files.len(),
+            "outbound: listed"
+        );
         Ok::<_, crate::Error>((list, deleted))
     };
-    let (pack, listed) = tokio::join!(packing, listing);
-    let (list, deleted) = listed?;
-    let git_part = match (pack?, &base_commit) {
-        (Some((pack, hash)), Some(commit)) => Some(GitPart {
-            pack,
-            hash,
-            commit: commit.clone(),
-            deleted,
-        }),
-        _ => None,
+    let (seeded, listed) = tokio::join!(seeding, listing);
+    let (seeded, (list, deleted)) = match (seeded, listed) {
+        (Ok(seeded), Ok(listed)) => (seeded, listed),
+        // The workspace's own refusal says most (the box's, when it is the only one).
+        (Err(e), Ok(_)) | (_, Err(e)) => {
+            if base_commit.is_some() {
+                discard_staging(&staging, cancel).await;
+            }
+            return Err(e);
+        }
     };
-    tracing::debug!(
-        ms = ms(started),
-        files = list.files.len(),
-        "outbound: listed and packed"
-    );
 
-    // Every check passed: the box makes its directory (git: its repository, with the base
-    // commit checked out, in one round trip) while this side hashes (the base manifest) and
-    // finds the files that differ from the base commit.
+    // Every check passed: the box's directory is made (git: the staged repository moved into
+    // place, minus the tracked files the user deleted, in one round trip) while this side
+    // hashes (the base manifest) and finds the files that differ from the base commit.
     let hashing = async {
         let (root, list, commit) = (out.local.to_path_buf(), list.clone(), base_commit.clone());
         tokio::task::spawn_blocking(move || manifest::build(&root, &list, commit))
@@ -167,19 +190,25 @@ pub async fn push_after(
             None => Ok(list.paths().into_iter().collect()),
         }
     };
-    let seeding = async {
-        match &git_part {
-            Some(git) => seed_repository(out, remote, &before, git, cancel).await,
+    let placing = async {
+        match seeded {
+            Some(method) => {
+                let placed = move_into_place(remote, &staging, deleted, cancel).await;
+                if placed.is_err() {
+                    discard_staging(&staging, cancel).await;
+                }
+                placed.map(|()| method)
+            }
             None => make_dir(remote, &before, cancel).await,
         }
     };
-    let (base, differ, method) = tokio::join!(hashing, finding, seeding);
+    let (base, differ, method) = tokio::join!(hashing, finding, placing);
     let (base, mut sent, method) = (base?, differ?, method?);
     tracing::debug!(
         ms = ms(started),
         "outbound: hashed; the box's directory is made (git: the base commit checked out)"
     );
-    if git_part.is_some() {
+    if base_commit.is_some() {
         // A checkout (umask 022 on the box) makes 0644 and 0755 files; others travel.
         for (path, entry) in &base.entries {
             if let crate::ManifestEntry::File { mode, .. } = entry
@@ -232,17 +261,6 @@ pub(crate) async fn session_head(
     Ok(head)
 }
 
-/// What git mode prepares before anything reaches the box.
-struct GitPart {
-    /// The pack (and its index) of what the box's repository gets; removed on drop.
-    pack: Scratch,
-    /// The pack's name (`pack-<hash>.pack`, `.idx`).
-    hash: String,
-    commit: String,
-    /// Tracked files the workspace deleted, NUL-separated and checked.
-    deleted: Vec<u8>,
-}
-
 /// The tracked files the worktree deleted, checked and NUL-separated.
 async fn deleted_files(local: &Path, cancel: &CancellationToken) -> Result<Vec<u8>> {
     let listed = git(local)
@@ -278,7 +296,9 @@ async fn make_dir(remote: &Remote, before: &str, cancel: &CancellationToken) -> 
             dir: remote.dir().to_owned(),
         });
     }
-    Ok(Method::from_probe(&probe))
+    let method = Method::from_probe(&probe);
+    remote.remember(method);
+    Ok(method)
 }
 
 /// The listed paths that differ from `commit` (edits, mode changes, untracked files); all of
@@ -457,22 +477,21 @@ async fn make_pack(
     Ok((scratch, hash))
 }
 
-/// Makes the box's repository in one round trip: refuses a box directory that exists and is
-/// not empty, then a fresh `git init` gets the pack (streamed in a tar with the list of the
-/// tracked files the user deleted), the session branch at the base commit, and that commit
-/// checked out, minus those deleted files. Returns how files reach the box.
+/// Makes the box's repository in its staging directory `staging`, in one round trip:
+/// refuses a box directory (`remote`'s) that exists and is not empty, then a fresh `git init`
+/// in `staging` gets the pack (streamed in a tar), the session branch at the base commit, and
+/// that commit checked out. Returns how files reach the box.
 async fn seed_repository(
     out: &Outbound<'_>,
     remote: &Remote,
+    staging: &Remote,
     before: &str,
-    git_part: &GitPart,
+    (pack, hash): &(Scratch, String),
+    commit: &str,
     cancel: &CancellationToken,
 ) -> Result<Method> {
-    let (hash, commit) = (&git_part.hash, git_part.commit.as_str());
-    let deleted = git_part.pack.path().join("deleted");
-    std::fs::write(&deleted, &git_part.deleted).map_err(crate::io_err(&deleted))?;
     let branch = format!("refs/heads/skiff/{}", out.session);
-    let dir = remote.quoted_dir();
+    let (dir, stage) = (remote.quoted_dir(), staging.quoted_dir());
     let (q, c) = (shell_quote(&branch), shell_quote(commit));
     let shallow = match out.history {
         History::Shallow => format!("printf '%s\\n' {c} > .git/shallow; "),
@@ -489,22 +508,21 @@ async fn seed_repository(
     // The pack goes in before its index: git ignores a pack until its index is there. The
     // checkout reads no configuration or attributes of the box user's (a reused box may have
     // some): it must write the commit's bytes as they are. Its writes wait on the file system
-    // more than on the CPU: more parallel workers than cores.
+    // more than on the CPU: more parallel workers than cores. Whatever a failed lay-down left
+    // in the staging directory goes first.
     let script = format!(
         "set -e; export GIT_TERMINAL_PROMPT=0; {before}\
          if [ -e {dir} ] && [ -n \"$(ls -A {dir})\" ]; then echo taken; exit 0; fi; \
-         mkdir -p {dir}; cd {dir}; git init -q; in=.git/skiff-incoming; \
+         rm -rf {stage}; mkdir -p {stage}; cd {stage}; git init -q; in=.git/skiff-incoming; \
          mkdir -p \"$in\" .git/objects/pack; tar -C \"$in\" -xf -; \
          mv \"$in\"/pack-{hash}.pack .git/objects/pack/; mv \"$in\"/pack-{hash}.idx .git/objects/pack/; \
          {shallow}git update-ref {q} {c}; git symbolic-ref HEAD {q}; umask 022; \
          GIT_CONFIG_GLOBAL=/dev/null GIT_CONFIG_NOSYSTEM=1 git -c core.hooksPath=/dev/null \
          -c core.attributesFile=/dev/null -c checkout.workers=8 reset -q --hard {c}; \
-         xargs -0 -r rm -f -- < \"$in\"/deleted; rm -rf \"$in\"; {identity}{}",
+         rm -rf \"$in\"; {identity}{}",
         remote.method_probe()
     );
-    let done = remote
-        .run_with_tar(&script, git_part.pack.path(), cancel)
-        .await?;
+    let done = remote.run_with_tar(&script, pack.path(), cancel).await?;
     let stdout = done.stdout.into_string();
     if stdout.lines().any(|l| l.trim() == "taken") {
         return Err(crate::Error::RemoteNotEmpty {
@@ -515,15 +533,52 @@ async fn seed_repository(
         return Err(skiff_process::Error::Failed {
             command: format!(
                 "laying the base commit {commit} into {} on the box",
-                remote.dir()
+                staging.dir()
             ),
             status: done.status.to_string(),
             stderr: done.stderr.into_string().trim().to_owned(),
         }
         .into());
     }
-    tracing::debug!(pack = %hash, "outbound: the box checked the base commit out");
-    Ok(Method::from_probe(&stdout))
+    let method = Method::from_probe(&stdout);
+    remote.remember(method);
+    Ok(method)
+}
+
+/// Moves the repository [`seed_repository`] made in `staging` into place as `remote`'s
+/// directory (refused when that exists and is not empty, or is a symlink) and deletes the
+/// tracked files the user deleted (`deleted`, NUL-separated and checked), in one round trip.
+async fn move_into_place(
+    remote: &Remote,
+    staging: &Remote,
+    deleted: Vec<u8>,
+    cancel: &CancellationToken,
+) -> Result<()> {
+    let (dir, stage) = (remote.quoted_dir(), staging.quoted_dir());
+    let script = format!(
+        "set -e; if [ -d {dir} ] && [ ! -L {dir} ] && [ -z \"$(ls -A {dir})\" ]; then rmdir {dir}; fi; \
+         if [ -e {dir} ] || [ -L {dir} ]; then echo taken; exit 0; fi; \
+         mv {stage} {dir}; cd {dir}; xargs -0 -r rm -f --; echo placed"
+    );
+    let done = remote.run(&script, deleted, cancel).await?;
+    if done.lines().any(|l| l.trim() == "taken") {
+        return Err(crate::Error::RemoteNotEmpty {
+            dir: remote.dir().to_owned(),
+        });
+    }
+    Ok(())
+}
+
+/// Removes a staging directory of the box after a lay-down that stopped (best effort: a
+/// placement that fails gives its box up).
+async fn discard_staging(staging: &Remote, cancel: &CancellationToken) {
+    let stage = staging.quoted_dir();
+    if let Err(e) = staging
+        .run(&format!("rm -rf {stage}"), Vec::new(), cancel)
+        .await
+    {
+        tracing::debug!(dir = staging.dir(), error = %e, "outbound: the staging directory stays");
+    }
 }
 
 /// Where a kept workspace is, and where it goes back to.
@@ -606,6 +661,7 @@ pub async fn resume(
     }
     let (list, base, diff, deleted) = scanned?;
     let method = Method::from_probe(&restored);
+    remote.remember(method);
     if !deleted.is_empty() {
         remote
             .run(&format!("cd {to} && xargs -0 -r rm -f --"), deleted, cancel)

@@ -44,6 +44,15 @@ pub struct Remote {
     timeout: Duration,
 }
 
+/// How each box this process asked moves files (see [`Remote::known_method`]): whether a box
+/// has rsync does not change while it lives, and asking costs a round trip per pull.
+fn probed() -> &'static std::sync::Mutex<std::collections::HashMap<String, Method>> {
+    static PROBED: std::sync::OnceLock<
+        std::sync::Mutex<std::collections::HashMap<String, Method>>,
+    > = std::sync::OnceLock::new();
+    PROBED.get_or_init(Default::default)
+}
+
 fn nul_list(paths: &[String]) -> Vec<u8> {
     let mut out = Vec::new();
     for p in paths {
@@ -144,10 +153,45 @@ impl Remote {
             .await?)
     }
 
-    /// Whether the box can run rsync.
+    /// Whether the box can run rsync (asked of the box every time).
     pub async fn method(&self, cancel: &CancellationToken) -> Result<Method> {
         let out = self.run(&self.method_probe(), Vec::new(), cancel).await?;
-        Ok(Method::from_probe(&out))
+        let method = Method::from_probe(&out);
+        self.remember(method);
+        Ok(method)
+    }
+
+    /// [`Remote::method`], asked of a box once: what this process learnt of the box before
+    /// (by any `Remote` of it with the same rsync program) serves without a round trip.
+    pub async fn known_method(&self, cancel: &CancellationToken) -> Result<Method> {
+        let known = probed()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&self.probe_key())
+            .copied();
+        match known {
+            Some(method) => Ok(method),
+            None => self.method(cancel).await,
+        }
+    }
+
+    /// Records what a [`Remote::method_probe`] folded into a caller's script found, for
+    /// [`Remote::known_method`].
+    pub fn remember(&self, method: Method) {
+        probed()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(self.probe_key(), method);
+    }
+
+    /// What a probe's answer holds for: the box (its alias is the environment's id, never
+    /// reused, and its endpoint) and the rsync program asked about.
+    fn probe_key(&self) -> String {
+        let t = self.ssh.target();
+        format!(
+            "{}\0{}@{}:{}\0{}",
+            t.alias, t.user, t.host, t.port, self.rsync_path
+        )
     }
 
     async fn bash(
@@ -262,7 +306,7 @@ impl Remote {
         staging: &Path,
         cancel: &CancellationToken,
     ) -> Result<Method> {
-        let method = self.method(cancel).await?;
+        let method = self.known_method(cancel).await?;
         if paths.is_empty() {
             return Ok(method);
         }

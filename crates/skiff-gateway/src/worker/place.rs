@@ -134,8 +134,11 @@ impl Core {
             // The bundle is part of a prepared box's key.
             self.envs.warm_bundle().await;
             // The plan reads `.skiff/setup.sh` and the key files from the workspace: a worktree
-            // still filling in the background would say there is none.
-            if let Err(e) = self.workspace_ready(&session.id).await {
+            // still filling in the background would say there is none. Without any, the box is
+            // leased while the worktree fills (the lay-down waits for the fill itself).
+            if self.setup_reads_workspace(session, &p.profile).await
+                && let Err(e) = self.workspace_ready(&session.id).await
+            {
                 let why = "the session's workspace could not be written";
                 return Err(self.workers.fail_placement(scope, &p, e, why).await);
             }
@@ -348,6 +351,16 @@ impl Core {
         let ssh = self.envs.ssh(&env)?;
         let remote = Remote::new(ssh, &box_workspace(&session.id))?;
         let local = Path::new(session.workspace.path());
+        // The placement may run while the worktree is still being filled (the lay-down waits
+        // for the fill before it lists): a `.skiffignore` the fill writes is waited for.
+        if self
+            .fills
+            .writes_root_entry(&session.id, local, skiff_sync::rules::FILE)
+            .await
+            == Some(true)
+        {
+            self.workspace_ready(&session.id).await?;
+        }
         let rules = Rules::load(local)?;
         let scratch = self.state.tmp();
         let out = Outbound {
@@ -384,8 +397,10 @@ impl Core {
             Some(sent) => (sent, "resumed"),
             None => {
                 // What the box keeps goes in the lay-down's own round trip. A new session's
-                // worktree may still be filling: the pack of its base commit is made meanwhile.
-                let ready = self.fills.ready(&session.id);
+                // worktree may still be filling: the box lays its base commit down meanwhile,
+                // and the listing waits only for the files (its base is recorded meanwhile;
+                // the turn is handed over once it is).
+                let ready = self.fills.written(&session.id);
                 let clear = super::park::clear_kept_script();
                 let sent = outbound::push_after(&out, &remote, &clear, ready, cancel).await?;
                 (sent, "laid down")
@@ -450,6 +465,8 @@ impl Core {
         )?;
         // The box is in use from now on (its idle time counts from here).
         self.store.touch_environment(scope, &env.id)?;
+        // What the session starts from is recorded before its turn can change anything.
+        self.workspace_ready(session).await?;
         self.hand_over_turn(scope, session)?;
         Ok(p)
     }

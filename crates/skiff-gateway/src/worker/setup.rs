@@ -130,6 +130,31 @@ impl SetupOutcome {
 
 // Kept on the core: setup reads vault secrets and keeps its log among the artifacts.
 impl Core {
+    /// Whether [`Core::setup_plan`] must wait for the session's worktree to be filled: it
+    /// reads the workspace's `.skiff/` (the setup and maintenance scripts) and the key files
+    /// a setup names. While a fill is under way, a profile without a `setup` whose workspace
+    /// gets no `.skiff` (neither from the tree the fill writes nor, already there, from a
+    /// large untracked file copied beside it) has no setup whatever the fill writes: the
+    /// placement leases its box meanwhile.
+    pub(super) async fn setup_reads_workspace(&self, session: &SessionRow, profile: &str) -> bool {
+        let profile_setup = self
+            .envs
+            .profile_config(profile)
+            .map_or(true, |config| config.setup.is_some());
+        if profile_setup {
+            return true;
+        }
+        let workspace = Path::new(session.workspace.path());
+        let dir = SETUP_SCRIPT.split('/').next().unwrap_or(SETUP_SCRIPT);
+        if workspace.join(dir).symlink_metadata().is_ok() {
+            return true;
+        }
+        self.fills
+            .writes_root_entry(&session.id, workspace, dir)
+            .await
+            .unwrap_or(true)
+    }
+
     /// The setup this placement runs, if any: the profile's `setup`, else the repository's
     /// `.skiff/setup.sh` as the session's workspace holds it.
     pub(super) fn setup_plan(

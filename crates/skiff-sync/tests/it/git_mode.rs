@@ -336,6 +336,12 @@ async fn limits_are_checked_before_anything_moves_and_name_the_largest() {
         }
     }
     assert!(!tb.path(DIR).exists(), "something reached the box");
+    // The base commit the box laid down meanwhile, in a staging directory, is gone too.
+    assert_eq!(
+        std::fs::read_dir(tb.path("workspace")).map_or(0, |d| d.count()),
+        0,
+        "a staging directory stayed on the box"
+    );
 }
 
 #[tokio::test]
