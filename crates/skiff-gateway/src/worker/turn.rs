@@ -260,7 +260,7 @@ impl Core {
                 "failover": n,
             }),
         );
-        self.revoke_approvals(
+        self.workers.revoke_approvals(
             scope,
             &session.id,
             "the session's box was lost and its turn moves to a fresh one",
