@@ -529,6 +529,14 @@ impl WorkerSide {
         crate::sessions::check_profile(&self.envs, profile)
     }
 
+    /// The transcript and run-status writes, on the worker side's store and hub.
+    pub(crate) fn transcript(&self) -> crate::transcript::Transcript<'_> {
+        crate::transcript::Transcript {
+            store: &self.store,
+            hub: &self.hub,
+        }
+    }
+
     fn conn_id(&self) -> u64 {
         self.next_conn.fetch_add(1, Ordering::Relaxed)
     }

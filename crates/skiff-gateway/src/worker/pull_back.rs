@@ -41,8 +41,9 @@ struct Held {
     _placing: OwnedMutexGuard<()>,
 }
 
-// Kept on the core: a pull-back or dispatch cancels runs, revokes approvals, captures the
-// box's work (checkpoints, quarantine) and answers with the session's view.
+// Kept on the core: a pull-back cancels the run and captures the box's work (checkpoints,
+// quarantine), a dispatch places a worker (`ensure_worker`), and both answer with the
+// session's view.
 impl Core {
     /// `POST /v1/sessions/{id}/pull-back`: brings a worker session home. A session with a
     /// turn open is refused unless `cancel`, which cancels the turn and waits for its end.
