@@ -151,7 +151,7 @@ impl Core {
             }),
         );
         self.set_waiting(scope, session, run, true);
-        self.publish_approval(scope, &row);
+        self.revoker().publish_approval(scope, &row);
         let timed_out = tokio::select! {
             () = notify.notified() => None,
             () = tokio::time::sleep(timeout) => Some((
@@ -211,37 +211,15 @@ impl Core {
         by: &str,
         reason: Option<&str>,
     ) -> Result<Option<ApprovalView>> {
-        let Some(row) = self.store.settle_approval(scope, id, state, by, reason)? else {
-            return Ok(None);
-        };
-        self.audit(
-            scope,
-            "approval.decide",
-            id.as_str(),
-            state.as_str(),
-            json!({
-                "session": row.session_id.as_str(),
-                "run": row.run_id.as_str(),
-                "tool": row.tool,
-                "kind": row.kind.as_str(),
-                "decided_by": by,
-                "with_reason": reason.is_some(),
-            }),
-        );
-        self.publish_approval(scope, &row);
-        self.approvals.wake(id);
-        Ok(Some(row))
+        self.revoker().settle(scope, id, state, by, reason)
     }
 
-    fn publish_approval(&self, scope: &Scope, row: &ApprovalView) {
-        let event = EventKind::Approval {
-            approval: row.clone(),
-        };
-        if let Err(e) = self
-            .hub
-            .publish(scope, &row.session_id, Some(&row.run_id), event)
-        {
-            tracing::warn!(approval = %row.id, error = %e, "could not publish an approval");
+    /// The handle that settles approvals without the rest of the core.
+    fn revoker(&self) -> Revoker {
+        Revoker {
+            store: self.store.clone(),
+            hub: self.hub.clone(),
+            approvals: self.approvals.clone(),
         }
     }
 
@@ -286,6 +264,80 @@ impl Core {
     /// Revokes every pending approval of `session` (the migration barrier's step 3, and a
     /// cancelled turn): each waiting call gets an error saying `why`.
     pub(crate) fn revoke_approvals(&self, scope: &Scope, session: &SessionId, why: &str) {
+        self.revoker().revoke(scope, session, why);
+    }
+}
+
+/// What settles and revokes approvals, for whoever must not hold the core (the worker side's
+/// barriers and failover): the store, the hub and the calls waiting, shared with the core.
+#[derive(Clone)]
+pub(crate) struct Revoker {
+    store: Arc<skiff_store::Store>,
+    hub: Arc<crate::Hub>,
+    approvals: Arc<Approvals>,
+}
+
+impl Revoker {
+    pub(crate) fn new(
+        store: Arc<skiff_store::Store>,
+        hub: Arc<crate::Hub>,
+        approvals: Arc<Approvals>,
+    ) -> Self {
+        Self {
+            store,
+            hub,
+            approvals,
+        }
+    }
+
+    /// Settles a pending approval (`Ok(None)`: it was settled already), publishes and audits
+    /// it, and wakes its call.
+    pub(crate) fn settle(
+        &self,
+        scope: &Scope,
+        id: &ApprovalId,
+        state: ApprovalState,
+        by: &str,
+        reason: Option<&str>,
+    ) -> Result<Option<ApprovalView>> {
+        let Some(row) = self.store.settle_approval(scope, id, state, by, reason)? else {
+            return Ok(None);
+        };
+        crate::sessions::audit_row(
+            &self.store,
+            scope,
+            "approval.decide",
+            id.as_str(),
+            state.as_str(),
+            json!({
+                "session": row.session_id.as_str(),
+                "run": row.run_id.as_str(),
+                "tool": row.tool,
+                "kind": row.kind.as_str(),
+                "decided_by": by,
+                "with_reason": reason.is_some(),
+            }),
+        );
+        self.publish_approval(scope, &row);
+        self.approvals.wake(id);
+        Ok(Some(row))
+    }
+
+    fn publish_approval(&self, scope: &Scope, row: &ApprovalView) {
+        let event = EventKind::Approval {
+            approval: row.clone(),
+        };
+        if let Err(e) = self
+            .hub
+            .publish(scope, &row.session_id, Some(&row.run_id), event)
+        {
+            tracing::warn!(approval = %row.id, error = %e, "could not publish an approval");
+        }
+    }
+
+    /// Revokes every pending approval of `session` (the migration barrier's step 3, and a
+    /// cancelled turn): each waiting call gets an error saying `why`.
+    pub(crate) fn revoke(&self, scope: &Scope, session: &SessionId, why: &str) {
         let pending = match self.store.approvals(scope, Some(session), true) {
             Ok(rows) => rows,
             Err(e) => {

@@ -195,7 +195,8 @@ async fn destroy(
         // Sessions on the box learn why it went: their placements are reclaimed first.
         core.store.environment(&scope, &id)?;
         for session in core.store.sessions_on_environment(&id)? {
-            core.reclaim(&scope, &session, "its box was destroyed by an operator")
+            core.workers
+                .reclaim(&scope, &session, "its box was destroyed by an operator")
                 .await;
         }
     }
@@ -217,7 +218,7 @@ async fn check(
             view.error.as_deref().unwrap_or("no reason recorded")
         );
         for session in core.store.sessions_on_environment(&id)? {
-            core.reclaim(&scope, &session, &why).await;
+            core.workers.reclaim(&scope, &session, &why).await;
         }
     }
     // What the check found (the reclaim above may already be tearing the box down).

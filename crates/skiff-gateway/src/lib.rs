@@ -121,7 +121,7 @@ pub(crate) struct Core {
     /// What `GET /metrics` reports beyond the store's gauges; the hub holds it too.
     telemetry: Arc<telemetry::Telemetry>,
     /// `[gateway] approval` and `approval_timeout`, and the tool calls waiting for a person.
-    approvals: approvals::Approvals,
+    approvals: Arc<approvals::Approvals>,
     /// `[budgets]` and each profile's overrides, checked before every model call.
     budgets: budgets::Budgets,
     /// The id of the newest audit row, for `audit tail --follow`.
@@ -335,6 +335,10 @@ pub(crate) async fn open_core(options: &Options) -> Result<(Arc<Core>, std::time
     let signer = worker::Signer::load_or_create(&state.root().join("worker-signing.key"))
         .map_err(|e| Error::Internal(format!("cannot load the worker signing key: {e}")))?;
     let session_processes = worker::SessionProcesses::default();
+    let approvals = Arc::new(approvals::Approvals::new(
+        config.gateway.approval.clone().unwrap_or_default(),
+        approval_timeout,
+    ));
     let workers = worker::WorkerSide::new(
         worker::Handles {
             store: store.clone(),
@@ -343,6 +347,7 @@ pub(crate) async fn open_core(options: &Options) -> Result<(Arc<Core>, std::time
             egress_dir: state.root().join("egress"),
             session_processes: session_processes.clone(),
             barrier_fault,
+            approvals: approvals::Revoker::new(store.clone(), hub.clone(), approvals.clone()),
         },
         signer,
         state.root().join("workers"),
@@ -378,10 +383,7 @@ pub(crate) async fn open_core(options: &Options) -> Result<(Arc<Core>, std::time
             skew_ms: std::sync::atomic::AtomicI64::new(0),
         },
         telemetry,
-        approvals: approvals::Approvals::new(
-            config.gateway.approval.clone().unwrap_or_default(),
-            approval_timeout,
-        ),
+        approvals,
         budgets,
         audit_feed,
         audit_retention,

@@ -553,7 +553,7 @@ impl Core {
                 }
                 // Dispatch at the turn boundary (a session never placed, or pulled back).
                 _ => {
-                    self.claim_dispatch(scope, id, profile).await?;
+                    self.workers.claim_dispatch(scope, id, profile).await?;
                     return self
                         .admit_turn(scope, id, user_message(prompt), reasoning, admission)
                         .await;
@@ -589,18 +589,7 @@ impl Core {
     }
 
     pub(crate) fn check_profile(&self, profile: &str) -> Result<()> {
-        if self.envs.profile_views().iter().any(|p| p.name == profile) {
-            return Ok(());
-        }
-        Err(Error::BadRequest(format!(
-            "no worker profile `{profile}`; configured profiles: {}. Add a [profiles.{profile}] table to skiff.toml",
-            self.envs
-                .profile_views()
-                .iter()
-                .map(|p| p.name.clone())
-                .collect::<Vec<_>>()
-                .join(", ")
-        )))
+        check_profile(&self.envs, profile)
     }
 
     async fn start_run(
@@ -1055,6 +1044,21 @@ impl Core {
     ) {
         audit_row(&self.store, scope, action, target, decision, detail);
     }
+}
+
+/// A profile a session may be placed on, or an error naming the configured ones.
+pub(crate) fn check_profile(envs: &crate::environments::Environments, profile: &str) -> Result<()> {
+    if envs.profile_views().iter().any(|p| p.name == profile) {
+        return Ok(());
+    }
+    Err(Error::BadRequest(format!(
+        "no worker profile `{profile}`; configured profiles: {}. Add a [profiles.{profile}] table to skiff.toml",
+        envs.profile_views()
+            .iter()
+            .map(|p| p.name.clone())
+            .collect::<Vec<_>>()
+            .join(", ")
+    )))
 }
 
 /// Writes an audit row as the current actor; a failure is logged, never the caller's.

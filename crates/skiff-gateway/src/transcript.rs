@@ -5,18 +5,86 @@
 //! Deliberately absent: what to append or when — the callers decide (a user's message, a
 //! worker's commit, a notice of lost work).
 
-use crate::{Core, Result};
+use crate::{Core, Hub, Result};
 use serde_json::json;
 use skiff_protocol::api::RunStatus;
 use skiff_protocol::event::EventKind;
 use skiff_protocol::transcript::{EntryBody, TranscriptEntry};
 use skiff_protocol::{EntryId, RunId, SessionId};
+use skiff_store::Store;
 use skiff_store::{RunRow, Scope};
 
 /// How often an append at the leaf re-reads a leaf that moved under it.
 const LEAF_RETRIES: usize = 3;
 
 impl Core {
+    /// The transcript writes, on the core's store and hub.
+    pub(crate) fn transcript(&self) -> Transcript<'_> {
+        Transcript {
+            store: &self.store,
+            hub: &self.hub,
+        }
+    }
+
+    /// See [`Transcript::append_entries_published`].
+    pub(crate) fn append_entries_published(
+        &self,
+        scope: &Scope,
+        session: &SessionId,
+        base: Option<&EntryId>,
+        run: Option<&RunId>,
+        bodies: &[EntryBody],
+    ) -> std::result::Result<Vec<TranscriptEntry>, skiff_store::Error> {
+        self.transcript()
+            .append_entries_published(scope, session, base, run, bodies)
+    }
+
+    /// See [`Transcript::append_at_leaf`].
+    pub(crate) fn append_at_leaf(
+        &self,
+        scope: &Scope,
+        session: &SessionId,
+        run: Option<&RunId>,
+        bodies: &[EntryBody],
+    ) -> std::result::Result<Vec<TranscriptEntry>, skiff_store::Error> {
+        self.transcript()
+            .append_at_leaf(scope, session, run, bodies)
+    }
+
+    /// See [`Transcript::notify`].
+    pub(crate) fn notify(
+        &self,
+        scope: &Scope,
+        session: &SessionId,
+        run: Option<&RunId>,
+        text: &str,
+    ) {
+        self.transcript().notify(scope, session, run, text);
+    }
+
+    /// See [`Transcript::set_run_status`].
+    pub(crate) fn set_run_status(
+        &self,
+        scope: &Scope,
+        session: &SessionId,
+        run: &RunId,
+        status: RunStatus,
+        error: Option<&str>,
+    ) -> Result<RunRow> {
+        self.transcript()
+            .set_run_status(scope, session, run, status, error)
+    }
+}
+
+/// The transcript and run-status writes on a store and a hub: what the core and the worker
+/// side (which holds no core) both write through.
+#[derive(Clone, Copy)]
+pub(crate) struct Transcript<'a> {
+    pub(crate) store: &'a Store,
+    pub(crate) hub: &'a Hub,
+}
+
+impl Transcript<'_> {
     /// Appends `bodies` after `base` (compare-and-swap: the store refuses a base that is not
     /// the session's leaf) and publishes each new entry. The entries are durable once this
     /// returns `Ok`; an entry that could not be announced live is logged, and followers get
@@ -78,7 +146,8 @@ impl Core {
         }];
         if let Err(e) = self.append_at_leaf(scope, session, run, &body) {
             tracing::warn!(%session, error = %e, notice = text, "could not write a notice");
-            self.audit(
+            crate::sessions::audit_row(
+                self.store,
                 scope,
                 "session.notice",
                 session.as_str(),

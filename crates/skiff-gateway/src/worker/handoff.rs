@@ -23,10 +23,10 @@
 //! Deliberately absent: moving a turn straight from one box to another (it comes home first).
 
 use super::Live;
+use super::pull_back::Moved;
 use crate::Core;
 use crate::error::{Error, Result};
 use serde_json::json;
-use skiff_protocol::api::PlacementMove;
 use skiff_protocol::environment::PlacementState;
 use skiff_protocol::event::EventKind;
 use skiff_protocol::{RunId, SessionId};
@@ -218,9 +218,8 @@ impl Live {
     }
 }
 
-// Kept on the core: a live move answers with the session's view, places a worker for the
-// turn (`ensure_worker`) and captures the box's work (checkpoints, quarantine).
-impl Core {
+/// The claims of a live move: they need only the worker side's own handles.
+impl super::WorkerSide {
     /// `pull-back --live` of a session whose turn runs on its box (its caller holds the
     /// session's admission lock): `active → handing_off`, and the turn's executor is asked to
     /// bring it home after the current step.
@@ -229,14 +228,14 @@ impl Core {
         scope: &Scope,
         id: &SessionId,
         run: &RunRow,
-    ) -> Result<PlacementMove> {
+    ) -> Result<Moved> {
         let p = self.store.placement(scope, id)?;
         let Some(p) = p.filter(|p| p.state == PlacementState::Active) else {
             return Err(Error::Conflict(format!(
                 "session {id}'s turn is not running on a box now (it is being placed, reconciled or moved); try again in a moment, or pull back without --live"
             )));
         };
-        let live = self.workers.live(id);
+        let live = self.live(id);
         if live.asked().is_some() {
             return Err(Error::Conflict(format!(
                 "session {id} is already being moved with its turn"
@@ -251,7 +250,7 @@ impl Core {
             "handing the running turn home: no new turns; its current model step and tool calls finish on {env}, then the worker of epoch {} stops before its next model call",
             p.owner_epoch
         );
-        self.workers.place(
+        self.place(
             scope,
             id,
             PlacementState::HandingOff,
@@ -260,7 +259,7 @@ impl Core {
         )?;
         if !live.ask(Handoff::Home) {
             // The turn ended between the check and the ask: nothing moves.
-            self.workers.place(
+            self.place(
                 scope,
                 id,
                 PlacementState::Active,
@@ -278,37 +277,40 @@ impl Core {
             "allowed",
             json!({ "to": "gateway", "run": run.id.as_str(), "epoch": p.owner_epoch }),
         );
-        self.moved(scope, id, detail, cursor)
+        Ok(Moved {
+            moved: true,
+            message: detail,
+            after_cursor: cursor,
+        })
     }
 
     /// `dispatch --live` of a session whose turn runs on the gateway (its caller holds the
     /// session's admission lock): `local → handing_off` with a worker slot claimed, and the
     /// turn's loop is asked to stop before its next model request.
     pub(super) async fn claim_live_dispatch(
-        self: &Arc<Self>,
+        &self,
         scope: &Scope,
         id: &SessionId,
         run: &RunRow,
         profile: &str,
-    ) -> Result<PlacementMove> {
+    ) -> Result<Moved> {
         self.check_profile(profile)?;
-        let live = self.workers.live(id);
+        let live = self.live(id);
         if live.asked().is_some() {
             return Err(Error::Conflict(format!(
                 "session {id} is already being moved with its turn"
             )));
         }
         let cursor = self.store.last_event_cursor(scope, id)?;
-        self.workers
-            .claim_worker_slot(|max| {
-                self.store
-                    .claim_live_dispatch(scope, id, &run.id, profile, max)
-            })
-            .await?;
+        self.claim_worker_slot(|max| {
+            self.store
+                .claim_live_dispatch(scope, id, &run.id, profile, max)
+        })
+        .await?;
         let detail = format!(
             "dispatching with the turn running: no new turns; the gateway's current model step and tool calls finish, then the same turn goes on on a box of profile {profile}"
         );
-        self.workers.publish_step(
+        self.publish_step(
             scope,
             id,
             Some(&run.id),
@@ -317,7 +319,7 @@ impl Core {
         );
         if !live.ask(Handoff::Profile(profile.to_owned())) {
             self.store.come_home(scope, id)?;
-            self.workers.publish_step(
+            self.publish_step(
                 scope,
                 id,
                 Some(&run.id),
@@ -335,9 +337,17 @@ impl Core {
             "allowed",
             json!({ "profile": profile, "live": true, "run": run.id.as_str() }),
         );
-        self.moved(scope, id, detail, cursor)
+        Ok(Moved {
+            moved: true,
+            message: detail,
+            after_cursor: cursor,
+        })
     }
+}
 
+// Kept on the core: a live move places a worker for the turn (`ensure_worker`) and
+// captures the box's work (checkpoints, quarantine).
+impl Core {
     /// The gateway's loop stopped for a live dispatch: place the session on `profile` and
     /// hand the run to its worker. On failure the session comes home (the error says why)
     /// and the turn goes on here.

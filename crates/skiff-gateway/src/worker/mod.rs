@@ -301,6 +301,8 @@ pub(crate) struct Handles {
     pub(crate) session_processes: SessionProcesses,
     /// `[gateway] barrier_fault`: a fault the tests inject at one barrier step.
     pub(crate) barrier_fault: Option<BarrierFault>,
+    /// Revokes a session's pending approvals when it moves or fails over.
+    pub(crate) approvals: crate::approvals::Revoker,
 }
 
 /// Gateway-placed sessions' background processes, one registry per session.
@@ -316,6 +318,7 @@ pub(crate) struct WorkerSide {
     egress_dir: PathBuf,
     session_processes: SessionProcesses,
     barrier_fault: Option<BarrierFault>,
+    approvals: crate::approvals::Revoker,
     pub(crate) signer: Signer,
     live: Mutex<HashMap<SessionId, Arc<Live>>>,
     listeners: Mutex<HashMap<EnvironmentId, CancellationToken>>,
@@ -350,6 +353,7 @@ impl WorkerSide {
             egress_dir: handles.egress_dir,
             session_processes: handles.session_processes,
             barrier_fault: handles.barrier_fault,
+            approvals: handles.approvals,
             signer,
             live: Mutex::new(HashMap::new()),
             listeners: Mutex::new(HashMap::new()),
@@ -512,6 +516,25 @@ impl WorkerSide {
         detail: serde_json::Value,
     ) {
         crate::sessions::audit_row(&self.store, scope, action, target, decision, detail);
+    }
+
+    /// Revokes every pending approval of a session that moves or fails over: each waiting
+    /// call gets an error saying `why`.
+    pub(crate) fn revoke_approvals(&self, scope: &skiff_store::Scope, id: &SessionId, why: &str) {
+        self.approvals.revoke(scope, id, why);
+    }
+
+    /// A profile a session may be placed on, or an error naming the configured ones.
+    pub(crate) fn check_profile(&self, profile: &str) -> crate::Result<()> {
+        crate::sessions::check_profile(&self.envs, profile)
+    }
+
+    /// The transcript and run-status writes, on the worker side's store and hub.
+    pub(crate) fn transcript(&self) -> crate::transcript::Transcript<'_> {
+        crate::transcript::Transcript {
+            store: &self.store,
+            hub: &self.hub,
+        }
     }
 
     fn conn_id(&self) -> u64 {

@@ -41,8 +41,9 @@ struct Held {
     _placing: OwnedMutexGuard<()>,
 }
 
-// Kept on the core: a pull-back or dispatch cancels runs, revokes approvals, captures the
-// box's work (checkpoints, quarantine) and answers with the session's view.
+// Kept on the core: a pull-back cancels the run and captures the box's work (checkpoints,
+// quarantine), a dispatch places a worker (`ensure_worker`), and both answer with the
+// session's view.
 impl Core {
     /// `POST /v1/sessions/{id}/pull-back`: brings a worker session home. A session with a
     /// turn open is refused unless `cancel`, which cancels the turn and waits for its end.
@@ -63,9 +64,9 @@ impl Core {
         let admission = live.admission.clone().lock_owned().await;
         if let Some(run) = self.store.open_run(scope, id)? {
             if live_move {
-                let moved = self.claim_live_pull_back(scope, id, &run);
+                let moved = self.workers.claim_live_pull_back(scope, id, &run);
                 drop(admission);
-                return moved;
+                return self.placement_move(scope, id, moved?);
             }
             if !cancel {
                 return Err(skiff_store::Error::SessionBusy {
@@ -75,7 +76,8 @@ impl Core {
                 .into());
             }
             // The barrier's step 3, before the cancel: what waits is told why.
-            self.revoke_approvals(scope, id, "the session is pulled back to the gateway");
+            self.workers
+                .revoke_approvals(scope, id, "the session is pulled back to the gateway");
             self.cancel_and_wait(scope, id, &run.id).await?;
         }
         // Taken after the turn ended: a turn being placed holds it until it stops.
@@ -156,7 +158,8 @@ impl Core {
             .await;
         live.stop_epoch(epoch, "the session is pulled back to the gateway");
         self.workers.cancel_model_calls(id);
-        self.revoke_approvals(scope, id, "the session is pulled back to the gateway");
+        self.workers
+            .revoke_approvals(scope, id, "the session is pulled back to the gateway");
         let env_row = self.workers.placement_env(scope, &before).ok();
         let stopped = match &env_row {
             Some(env) => {
@@ -289,9 +292,12 @@ impl Core {
                 .is_none_or(|p| p.state == PlacementState::Local)
             && let Some(run) = self.store.open_run(scope, id)?
         {
-            let moved = self.claim_live_dispatch(scope, id, &run, profile).await;
+            let moved = self
+                .workers
+                .claim_live_dispatch(scope, id, &run, profile)
+                .await;
             drop(admission);
-            return moved;
+            return self.placement_move(scope, id, moved?);
         }
         if let Some(p) = self.store.placement(scope, id)?
             && !matches!(
@@ -312,7 +318,7 @@ impl Core {
             }
             return Err(moving_profiles(id, &p.profile, profile));
         }
-        self.claim_dispatch(scope, id, profile).await?;
+        self.workers.claim_dispatch(scope, id, profile).await?;
         let detail =
             format!("dispatching to profile {profile}: placing the session now, without a turn");
         let cursor = self
@@ -368,39 +374,20 @@ impl Core {
         )
     }
 
-    /// Places a session on `profile` at a turn boundary (its caller holds `admission`): no
-    /// turn may be open, and a worker slot is claimed (parking a session idle on its box if
-    /// that is what it takes). The placement is `requested` afterwards.
-    pub(crate) async fn claim_dispatch(
-        self: &Arc<Self>,
+    /// A move the worker side answered, with the session's view as it is now.
+    pub(super) fn placement_move(
+        &self,
         scope: &Scope,
         id: &SessionId,
-        profile: &str,
-    ) -> Result<()> {
-        self.check_profile(profile)?;
-        if let Some(run) = self.store.open_run(scope, id)? {
-            return Err(skiff_store::Error::SessionBusy {
-                session: id.to_string(),
-                run: run.id.to_string(),
-            }
-            .into());
-        }
-        self.workers
-            .claim_worker_slot(|max| self.store.request_placement(scope, id, profile, max))
-            .await?;
-        self.revoke_approvals(
-            scope,
-            id,
-            &format!("the session is dispatched to profile {profile}"),
-        );
-        self.audit(
-            scope,
-            "session.dispatch",
-            id.as_str(),
-            "allowed",
-            json!({ "profile": profile }),
-        );
-        Ok(())
+        m: Moved,
+    ) -> Result<PlacementMove> {
+        let row = self.store.session(scope, id)?;
+        Ok(PlacementMove {
+            session: self.session_view(scope, row)?,
+            moved: m.moved,
+            message: m.message,
+            after_cursor: m.after_cursor,
+        })
     }
 
     /// The answer to a move that started: the session as it is now, and the cursor after which
@@ -432,6 +419,14 @@ impl Core {
     }
 }
 
+/// A move as the worker side answers it: whether it started, what it does, and the cursor
+/// after which its placement events follow. The API adds the session's view.
+pub(crate) struct Moved {
+    pub(crate) moved: bool,
+    pub(crate) message: String,
+    pub(crate) after_cursor: u64,
+}
+
 /// A session on a box moves to another profile by coming home first.
 pub(crate) fn moving_profiles(id: &SessionId, from: &str, to: &str) -> crate::error::Error {
     crate::Error::Conflict(format!(
@@ -441,6 +436,40 @@ pub(crate) fn moving_profiles(id: &SessionId, from: &str, to: &str) -> crate::er
 
 /// The parts of this file that need only the worker side's own handles.
 impl super::WorkerSide {
+    /// Places a session on `profile` at a turn boundary (its caller holds `admission`): no
+    /// turn may be open, and a worker slot is claimed (parking a session idle on its box if
+    /// that is what it takes). The placement is `requested` afterwards.
+    pub(crate) async fn claim_dispatch(
+        &self,
+        scope: &Scope,
+        id: &SessionId,
+        profile: &str,
+    ) -> Result<()> {
+        self.check_profile(profile)?;
+        if let Some(run) = self.store.open_run(scope, id)? {
+            return Err(skiff_store::Error::SessionBusy {
+                session: id.to_string(),
+                run: run.id.to_string(),
+            }
+            .into());
+        }
+        self.claim_worker_slot(|max| self.store.request_placement(scope, id, profile, max))
+            .await?;
+        self.revoke_approvals(
+            scope,
+            id,
+            &format!("the session is dispatched to profile {profile}"),
+        );
+        self.audit(
+            scope,
+            "session.dispatch",
+            id.as_str(),
+            "allowed",
+            json!({ "profile": profile }),
+        );
+        Ok(())
+    }
+
     /// Gives back the box a session came home from (`was`, as `come_home` left it), and says
     /// for people where the box went and where the box's work is. `None`: it held no box;
     /// `Some(false)`: the box could not be cleared and was destroyed.

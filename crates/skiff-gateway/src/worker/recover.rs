@@ -26,8 +26,8 @@ const REPLACE_BACKOFF: Duration = Duration::from_secs(1);
 /// bytes each).
 const SCAN_MAX_BYTES: u64 = 128 << 20;
 
-// Kept on the core: recovery hands turns over again, takes checkpoints, reconciles the
-// workspace and writes notices into the transcript.
+// Kept on the core: recovery hands turns over again (the session's spec and catalog), starts
+// workers (`start_worker`), takes checkpoints and reconciles the workspace.
 impl Core {
     /// After a worker is admitted: a reconnecting worker gets its turn again; a session whose
     /// turn was orphaned by a gateway restart gets it retried as a new turn.
@@ -131,7 +131,8 @@ impl Core {
                 Ok(_) => {}
                 Err(e) => {
                     if !self.envs.box_alive(&env).await || started.elapsed() > RECOVERY_DEADLINE {
-                        self.reclaim(scope, session, &format!("its box cannot be reached: {e}"))
+                        self.workers
+                            .reclaim(scope, session, &format!("its box cannot be reached: {e}"))
                             .await;
                         return;
                     }
@@ -168,7 +169,8 @@ impl Core {
                 }
                 Err(e) => {
                     if !self.envs.box_alive(&env).await {
-                        self.reclaim(scope, session, &format!("its box stopped: {e}"))
+                        self.workers
+                            .reclaim(scope, session, &format!("its box stopped: {e}"))
                             .await;
                         return;
                     }
@@ -198,7 +200,8 @@ impl Core {
             tracing::warn!(%session, attempt, error = %last, "a replacement worker did not start");
             let answers = ssh.run("true", &CancellationToken::new()).await.is_ok();
             if !answers && !self.envs.box_alive(env).await {
-                self.reclaim(scope, session, &format!("its box stopped: {last}"))
+                self.workers
+                    .reclaim(scope, session, &format!("its box stopped: {last}"))
                     .await;
                 return;
             }
@@ -228,7 +231,7 @@ impl Core {
             Ok(()) => "its work was brought back first".to_owned(),
             Err(e) => format!("bringing its work back failed too: {e}"),
         };
-        self.reclaim(
+        self.workers.reclaim(
             scope,
             session,
             &format!("no new worker could start after {REPLACE_ATTEMPTS} attempts on a box that still answers ({last}); {captured}"),
@@ -331,65 +334,6 @@ impl Core {
             json!({ "epoch": p.owner_epoch }),
         );
         self.start_worker(scope, &p).await.map(|_| ())
-    }
-
-    /// The session's box is gone: keep the conversation, mark the placement reclaimed, tell
-    /// the user what was lost, and end the turn that was running there.
-    pub(crate) async fn reclaim(&self, scope: &Scope, session: &SessionId, reason: &str) {
-        let p = self.store.placement(scope, session).ok().flatten();
-        if p.as_ref().is_some_and(|p| {
-            matches!(
-                p.state,
-                PlacementState::Reclaimed
-                    | PlacementState::FailedOver
-                    | PlacementState::Failed
-                    | PlacementState::Local
-                    | PlacementState::Parked
-            )
-        }) {
-            // Already settled (a second path found the same dead box, or the session gave its
-            // box back before it died): one notice, or none, not two.
-            return;
-        }
-        let live = self.workers.live(session);
-        // A worker that can still hear it is told to go (explicit close).
-        live.send(GatewayFrame::Shutdown {
-            reason: reason.to_owned(),
-        });
-        live.close();
-        self.workers.cancel_model_calls(session);
-        let env = p.as_ref().and_then(|p| p.environment_id.clone());
-        if let Some(env) = &env {
-            self.workers.close_worker_endpoint(env);
-        }
-        if let Err(e) = self.workers.place(
-            scope,
-            session,
-            PlacementState::Reclaimed,
-            &PlacementChange {
-                error: Some(reason),
-                ..Default::default()
-            },
-            reason,
-        ) {
-            tracing::warn!(%session, error = %e, "could not reclaim the placement");
-        }
-        self.audit(
-            scope,
-            "placement.reclaim",
-            session.as_str(),
-            "applied",
-            json!({ "env": env.as_ref().map(|e| e.as_str()), "reason": reason }),
-        );
-        let open = self.store.open_run(scope, session).ok().flatten();
-        let notice = self
-            .workers
-            .lost_work_notice(scope, session, env.as_ref(), reason);
-        self.notify(scope, session, open.as_ref().map(|r| &r.id), &notice);
-        live.end_all_turns(&format!("the session's box stopped ({reason})"));
-        if let Some(env) = env {
-            self.envs.abandon(scope, &env, reason).await;
-        }
     }
 
     /// At gateway start: placements caught mid-placement failed; active ones get their
@@ -587,5 +531,66 @@ impl super::WorkerSide {
         format!(
             "The worker box {env} stopped ({reason}). The conversation is intact. {lost} Your next message starts a fresh box from {since}."
         )
+    }
+}
+
+/// Reclaiming a dead box's session needs only the worker side's own handles.
+impl super::WorkerSide {
+    /// The session's box is gone: keep the conversation, mark the placement reclaimed, tell
+    /// the user what was lost, and end the turn that was running there.
+    pub(crate) async fn reclaim(&self, scope: &Scope, session: &SessionId, reason: &str) {
+        let p = self.store.placement(scope, session).ok().flatten();
+        if p.as_ref().is_some_and(|p| {
+            matches!(
+                p.state,
+                PlacementState::Reclaimed
+                    | PlacementState::FailedOver
+                    | PlacementState::Failed
+                    | PlacementState::Local
+                    | PlacementState::Parked
+            )
+        }) {
+            // Already settled (a second path found the same dead box, or the session gave its
+            // box back before it died): one notice, or none, not two.
+            return;
+        }
+        let live = self.live(session);
+        // A worker that can still hear it is told to go (explicit close).
+        live.send(GatewayFrame::Shutdown {
+            reason: reason.to_owned(),
+        });
+        live.close();
+        self.cancel_model_calls(session);
+        let env = p.as_ref().and_then(|p| p.environment_id.clone());
+        if let Some(env) = &env {
+            self.close_worker_endpoint(env);
+        }
+        if let Err(e) = self.place(
+            scope,
+            session,
+            PlacementState::Reclaimed,
+            &PlacementChange {
+                error: Some(reason),
+                ..Default::default()
+            },
+            reason,
+        ) {
+            tracing::warn!(%session, error = %e, "could not reclaim the placement");
+        }
+        self.audit(
+            scope,
+            "placement.reclaim",
+            session.as_str(),
+            "applied",
+            json!({ "env": env.as_ref().map(|e| e.as_str()), "reason": reason }),
+        );
+        let open = self.store.open_run(scope, session).ok().flatten();
+        let notice = self.lost_work_notice(scope, session, env.as_ref(), reason);
+        self.transcript()
+            .notify(scope, session, open.as_ref().map(|r| &r.id), &notice);
+        live.end_all_turns(&format!("the session's box stopped ({reason})"));
+        if let Some(env) = env {
+            self.envs.abandon(scope, &env, reason).await;
+        }
     }
 }

@@ -140,7 +140,9 @@ impl Core {
                 }
                 if failovers < allowed {
                     failovers += 1;
-                    let checkpoint = self.fail_over(scope, session, run, &p, failovers, allowed);
+                    let checkpoint = self
+                        .workers
+                        .fail_over(scope, session, run, &p, failovers, allowed);
                     p = self.ensure_worker(scope, session, cancel).await?;
                     resume = Some((attempt, checkpoint));
                     continue;
@@ -222,53 +224,6 @@ impl Core {
         Ok(Some(end.unwrap_or(TurnEnd::Failed {
             error: "the worker did not finish the turn".into(),
         })))
-    }
-
-    /// Records a failover and tells the chat; returns the checkpoint the next attempt's
-    /// workspace starts from (the session's last).
-    fn fail_over(
-        &self,
-        scope: &Scope,
-        session: &SessionRow,
-        run: &RunRow,
-        p: &PlacementRow,
-        n: u32,
-        allowed: u32,
-    ) -> Option<String> {
-        let last = self
-            .store
-            .artifacts(scope, &session.id, skiff_store::ArtifactRole::Checkpoint)
-            .ok()
-            .and_then(|rows| rows.last().map(|r| (r.id.to_string(), r.seq)));
-        let from = match last.as_ref().and_then(|(_, seq)| *seq) {
-            Some(seq) => format!("checkpoint {seq}"),
-            None => "the workspace the session started with".to_owned(),
-        };
-        let text = format!(
-            "The turn goes on on a fresh box from {from} (failover {n} of {allowed}, profiles.{}.failover_attempts).",
-            p.profile
-        );
-        self.audit(
-            scope,
-            "run.failover",
-            run.id.as_str(),
-            "applied",
-            json!({
-                "session": session.id.as_str(),
-                "from_env": p.environment_id.as_ref().map(|e| e.as_str()),
-                "epoch": p.owner_epoch,
-                "failover": n,
-            }),
-        );
-        self.revoke_approvals(
-            scope,
-            &session.id,
-            "the session's box was lost and its turn moves to a fresh one",
-        );
-        self.notify(scope, &session.id, Some(&run.id), &text);
-        self.workers
-            .enter_failover(scope, &session.id, p, &from, n, allowed);
-        last.map(|(id, _)| id)
     }
 
     /// A worker that showed no progress for `stall` is killed on its box and its connection
@@ -363,7 +318,7 @@ impl Core {
                 self.workers.live(session).end_turn(&run, end);
                 let core = self.clone();
                 let (scope, session) = (scope.clone(), session.clone());
-                tokio::spawn(async move { core.reclaim(&scope, &session, &reason).await });
+                tokio::spawn(async move { core.workers.reclaim(&scope, &session, &reason).await });
                 return Reply::Finished;
             }
             Err(e) => {
@@ -703,5 +658,55 @@ impl super::WorkerSide {
             return false;
         };
         !ssh.accepts_new_connections().await && ssh.master_alive(skiff_ssh::Channel::Control).await
+    }
+}
+
+/// Recording a failover needs only the worker side's own handles.
+impl super::WorkerSide {
+    /// Records a failover and tells the chat; returns the checkpoint the next attempt's
+    /// workspace starts from (the session's last).
+    pub(super) fn fail_over(
+        &self,
+        scope: &Scope,
+        session: &SessionRow,
+        run: &RunRow,
+        p: &PlacementRow,
+        n: u32,
+        allowed: u32,
+    ) -> Option<String> {
+        let last = self
+            .store
+            .artifacts(scope, &session.id, skiff_store::ArtifactRole::Checkpoint)
+            .ok()
+            .and_then(|rows| rows.last().map(|r| (r.id.to_string(), r.seq)));
+        let from = match last.as_ref().and_then(|(_, seq)| *seq) {
+            Some(seq) => format!("checkpoint {seq}"),
+            None => "the workspace the session started with".to_owned(),
+        };
+        let text = format!(
+            "The turn goes on on a fresh box from {from} (failover {n} of {allowed}, profiles.{}.failover_attempts).",
+            p.profile
+        );
+        self.audit(
+            scope,
+            "run.failover",
+            run.id.as_str(),
+            "applied",
+            json!({
+                "session": session.id.as_str(),
+                "from_env": p.environment_id.as_ref().map(|e| e.as_str()),
+                "epoch": p.owner_epoch,
+                "failover": n,
+            }),
+        );
+        self.revoke_approvals(
+            scope,
+            &session.id,
+            "the session's box was lost and its turn moves to a fresh one",
+        );
+        self.transcript()
+            .notify(scope, &session.id, Some(&run.id), &text);
+        self.enter_failover(scope, &session.id, p, &from, n, allowed);
+        last.map(|(id, _)| id)
     }
 }
