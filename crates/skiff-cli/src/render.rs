@@ -848,7 +848,15 @@ fn session_rows(sessions: &[(&SessionView, usize)], me: &str) -> String {
         })
         .collect();
     table(
-        &["ID", "STATE", "PLACEMENT", "MODEL", "UPDATED", "OWNER", "TITLE"],
+        &[
+            "ID",
+            "STATE",
+            "PLACEMENT",
+            "MODEL",
+            "UPDATED",
+            "OWNER",
+            "TITLE",
+        ],
         &rows,
     )
 }

@@ -470,9 +470,9 @@ fn act_as_owner(
             .unwrap_or_else(|| "another user".to_owned());
         let noun = kind.noun();
         return Ok(Some(match rule.others {
-            None => format!(
-                "{noun} {id} is {whose}'s: only its owner can change it (you may read it)"
-            ),
+            None => {
+                format!("{noun} {id} is {whose}'s: only its owner can change it (you may read it)")
+            }
             Some(_) => format!(
                 "{noun} {id} is {whose}'s: changing another user's {noun} needs the operator role; ask an admin of your tenant"
             ),
@@ -788,7 +788,11 @@ mod tests {
         ] {
             let sight = principal(role, "t", TokenScope::Admin).sight();
             assert_eq!(sight.reach, reach, "{role}");
-            assert_eq!(sight.scope, Scope::new("usr_x", "t"), "never another tenant");
+            assert_eq!(
+                sight.scope,
+                Scope::new("usr_x", "t"),
+                "never another tenant"
+            );
         }
         // Operating another user's session needs an operator; driving it, its owner.
         let others = |m: &str, p: &str| access(m, p).and_then(|r| r.others);
@@ -797,7 +801,10 @@ mod tests {
         assert_eq!(others("GET", "/v1/sessions/{id}"), Some(Read));
         assert_eq!(others("POST", "/v1/sessions/{id}/messages"), None);
         assert_eq!(others("POST", "/v1/sessions/{id}/fork"), None);
-        assert_eq!(owned_row("/v1/sessions/{id}/runs/{run}/changes"), Some(Owned::Session));
+        assert_eq!(
+            owned_row("/v1/sessions/{id}/runs/{run}/changes"),
+            Some(Owned::Session)
+        );
         assert_eq!(owned_row("/v1/snapshots/{id}"), Some(Owned::Snapshot));
         assert_eq!(owned_row("/v1/environments/sweep"), None);
         assert_eq!(owned_row("/v1/admin/tokens/{id}"), None);

@@ -222,13 +222,7 @@ impl Core {
                         email
                     }
                 };
-                Ok(self.session_view_of(
-                    r.session,
-                    r.placement,
-                    r.last_run.as_ref(),
-                    agent,
-                    email,
-                ))
+                Ok(self.session_view_of(r.session, r.placement, r.last_run.as_ref(), agent, email))
             })
             .collect::<Result<_>>()?;
         let next = more

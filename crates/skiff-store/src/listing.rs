@@ -45,7 +45,10 @@ impl Store {
             None => None,
             Some(id) => Some(
                 conn.query_row(
-                    &format!("SELECT updated_at_ms FROM sessions WHERE id = ?1 AND {}", seen("", 2)),
+                    &format!(
+                        "SELECT updated_at_ms FROM sessions WHERE id = ?1 AND {}",
+                        seen("", 2)
+                    ),
                     params![
                         id.as_str(),
                         sight.scope.owner_id,

@@ -164,7 +164,10 @@ mod tests {
             store.owner_of(&own(&ana), Owned::Session, id).unwrap(),
             Some(ana.clone())
         );
-        assert_eq!(store.owner_of(&own(&carl), Owned::Session, id).unwrap(), None);
+        assert_eq!(
+            store.owner_of(&own(&carl), Owned::Session, id).unwrap(),
+            None
+        );
         assert_eq!(
             store.owner_of(&wide(&carl), Owned::Session, id).unwrap(),
             Some(ana.clone()),
@@ -176,7 +179,9 @@ mod tests {
             "another tenant never does"
         );
         assert_eq!(
-            store.owner_of(&wide(&carl), Owned::Environment, id).unwrap(),
+            store
+                .owner_of(&wide(&carl), Owned::Environment, id)
+                .unwrap(),
             None,
             "an id is looked up among its own kind only"
         );

@@ -164,7 +164,6 @@ fn get_json(gw: &Gateway, token: &str, path: &str) -> Value {
 struct Rows {
     session: String,
     environment: String,
-    snapshot: String,
     group: String,
     approval: String,
 }
@@ -174,6 +173,7 @@ fn world(gw: &Gateway, victim: &str, rows: &Rows) -> Value {
     json!({
         "session": get_json(gw, victim, &format!("/v1/sessions/{}", rows.session)),
         "group": get_json(gw, victim, &format!("/v1/groups/{}", rows.group)),
+        "environment": get_json(gw, victim, &format!("/v1/environments/{}", rows.environment)),
         "approval": get_json(gw, victim, &format!("/v1/approvals/{}", rows.approval)),
         "sessions": get_json(gw, victim, "/v1/sessions"),
         "approvals": get_json(gw, victim, "/v1/approvals"),
@@ -238,11 +238,19 @@ fn every_route_refuses_another_tenant_another_user_and_a_viewers_writes_and_chan
         .find_map(|s| s["group_id"].as_str())
         .unwrap_or_else(|| panic!("no fan-out group: {listed}"))
         .to_owned();
-    let out = as_user(&gw, &victim, &["env", "create", "--profile", "local", "--json"]);
+    let out = as_user(
+        &gw,
+        &victim,
+        &["env", "create", "--profile", "local", "--json"],
+    );
     assert!(out.status.success(), "env create: {}", stderr(&out));
     let env: Value = serde_json::from_slice(&out.stdout).unwrap();
     let environment = env["id"].as_str().unwrap().to_owned();
-    let out = as_user(&gw, &victim, &["env", "snapshots", "take", &environment, "--json"]);
+    let out = as_user(
+        &gw,
+        &victim,
+        &["env", "snapshots", "take", &environment, "--json"],
+    );
     assert!(out.status.success(), "snapshot: {}", stderr(&out));
     let snap: Value = serde_json::from_slice(&out.stdout).unwrap();
     let snapshot = snap["id"].as_str().unwrap().to_owned();
@@ -252,7 +260,6 @@ fn every_route_refuses_another_tenant_another_user_and_a_viewers_writes_and_chan
     let rows = Rows {
         session: session.clone(),
         environment: environment.clone(),
-        snapshot: snapshot.clone(),
         group: group.clone(),
         approval: approval.clone(),
     };
@@ -461,7 +468,11 @@ fn every_route_refuses_another_tenant_another_user_and_a_viewers_writes_and_chan
             }
         }
     }
-    assert_eq!(world(&gw, &victim, &rows), before, "nothing of ana's changed");
+    assert_eq!(
+        world(&gw, &victim, &rows),
+        before,
+        "nothing of ana's changed"
+    );
     // The viewer's lists hold the tenant's rows.
     for (list, id) in [
         ("/v1/sessions", &session),
@@ -470,7 +481,10 @@ fn every_route_refuses_another_tenant_another_user_and_a_viewers_writes_and_chan
         ("/v1/snapshots", &snapshot),
     ] {
         let seen = get_json(&gw, &viewer, list).to_string();
-        assert!(seen.contains(id.as_str()), "the viewer's {list} lacks {id}: {seen}");
+        assert!(
+            seen.contains(id.as_str()),
+            "the viewer's {list} lacks {id}: {seen}"
+        );
     }
     let out = as_user(&gw, &victim, &["deny", &approval]);
     assert!(out.status.success(), "{}", stderr(&out));
@@ -679,7 +693,10 @@ fn a_viewer_reads_the_tenant_an_operator_cancels_anyones_turn_and_a_member_sees_
     let placed = new_session(&gw, &carl, &["--profile", "local"]);
     let carls = get_json(&gw, &carl, &format!("/v1/sessions/{placed}"));
     assert_eq!(carls["runs"][0]["status"], "succeeded", "{carls}");
-    assert!(carls["worker"]["environment_id"].is_string(), "{carls}");
+    assert!(
+        carls["session"]["worker"]["environment_id"].is_string(),
+        "{carls}"
+    );
 
     // The viewer lists the whole tenant, each session with its owner.
     let listed = as_user(&gw, &vera, &["session", "list", "--json"]);
@@ -829,7 +846,10 @@ fn a_users_budget_charges_the_member_who_drove_the_turn_and_refuses_only_them() 
     let said = format!("{}{}", stdout(&out), stderr(&out));
     assert!(
         said.contains("`budgets.user_tokens_per_day`")
-            && said.contains(&format!("user {} used 1100 tokens", id_of("ana@alpha.test"))),
+            && said.contains(&format!(
+                "user {} used 1100 tokens",
+                id_of("ana@alpha.test")
+            )),
         "{said}"
     );
     // Carl, of the same tenant, is not charged for her turns.
