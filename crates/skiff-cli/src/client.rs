@@ -218,6 +218,11 @@ impl Client {
             .await
     }
 
+    /// Who the token is: its user, role and tenant.
+    pub async fn me(&self) -> Result<skiff_protocol::people::Me> {
+        self.send(self.get("/v1/me")).await
+    }
+
     /// A one-use login link for the Control UI (`skiff ui`).
     pub async fn ui_ticket(&self) -> Result<skiff_protocol::api::UiTicket> {
         self.send(self.post("/v1/ui/tickets", &serde_json::json!({})))

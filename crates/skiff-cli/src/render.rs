@@ -769,14 +769,15 @@ pub fn state(session: &SessionView) -> String {
     }
 }
 
-pub fn session_table(sessions: &[SessionView]) -> String {
+/// The session list; with an OWNER column when some session is not `me`'s.
+pub fn session_table(sessions: &[SessionView], me: &str) -> String {
     let rows: Vec<(&SessionView, usize)> = sessions.iter().map(|s| (s, 0)).collect();
-    session_rows(&rows)
+    session_rows(&rows, me)
 }
 
 /// Like [`session_table`], with every dispatched session right under its parent, indented
 /// (a child whose parent is not in the list stands on its own).
-pub fn session_tree(sessions: &[SessionView]) -> String {
+pub fn session_tree(sessions: &[SessionView], me: &str) -> String {
     let listed: std::collections::HashSet<&str> = sessions.iter().map(|s| s.id.as_str()).collect();
     let is_root = |s: &SessionView| {
         s.parent_id
@@ -798,10 +799,10 @@ pub fn session_tree(sessions: &[SessionView]) -> String {
     for root in sessions.iter().filter(|s| is_root(s)) {
         add(root, 0, sessions, &mut rows);
     }
-    session_rows(&rows)
+    session_rows(&rows, me)
 }
 
-fn session_rows(sessions: &[(&SessionView, usize)]) -> String {
+fn session_rows(sessions: &[(&SessionView, usize)], me: &str) -> String {
     if sessions.is_empty() {
         return "no sessions yet; start one with `skiff session new \"PROMPT\"`\n".to_owned();
     }
@@ -831,8 +832,31 @@ fn session_rows(sessions: &[(&SessionView, usize)]) -> String {
             ]
         })
         .collect();
+    let owner = |s: &SessionView| s.owner.clone().filter(|o| o != me);
+    if sessions.iter().all(|&(s, _)| owner(s).is_none()) {
+        return table(
+            &["ID", "STATE", "PLACEMENT", "MODEL", "UPDATED", "TITLE"],
+            &rows,
+        );
+    }
+    let rows: Vec<[String; 7]> = rows
+        .into_iter()
+        .zip(sessions)
+        .map(|([id, st, pl, model, updated, title], &(s, _))| {
+            let whose = owner(s).unwrap_or_else(|| "you".to_owned());
+            [id, st, pl, model, updated, whose, title]
+        })
+        .collect();
     table(
-        &["ID", "STATE", "PLACEMENT", "MODEL", "UPDATED", "TITLE"],
+        &[
+            "ID",
+            "STATE",
+            "PLACEMENT",
+            "MODEL",
+            "UPDATED",
+            "OWNER",
+            "TITLE",
+        ],
         &rows,
     )
 }

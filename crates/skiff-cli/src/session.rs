@@ -327,10 +327,15 @@ pub async fn run(cmd: SessionCommand, state_dir: &Path, json: bool) -> Result<Ex
             let list = client.sessions(limit).await?;
             if json {
                 outln!("{}", serde_json::to_string_pretty(&list)?)?;
-            } else if args.tree {
-                out!("{}", render::session_tree(&list.sessions))?;
             } else {
-                out!("{}", render::session_table(&list.sessions))?;
+                // A viewer's, operator's or admin's list holds the whole tenant's sessions:
+                // those of others say whose they are.
+                let me = client.me().await?.email;
+                if args.tree {
+                    out!("{}", render::session_tree(&list.sessions, &me))?;
+                } else {
+                    out!("{}", render::session_table(&list.sessions, &me))?;
+                }
             }
             if !json && list.next.is_some() {
                 eprintln!(

@@ -20,7 +20,7 @@ use skiff_protocol::api::{
     ApiError, CreateSessionRequest, DispatchRequest, ErrorCode, PullBackRequest,
     SESSION_PAGE_DEFAULT, SESSION_PAGE_MAX, SendMessageRequest, SessionList,
 };
-use skiff_store::Scope;
+use skiff_store::{Scope, Sight};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -152,6 +152,7 @@ async fn authenticate(State(core): Shared, mut req: Request, next: Next) -> Resp
     match principal {
         Some(principal) => {
             req.extensions_mut().insert(principal.scope());
+            req.extensions_mut().insert(principal.sight());
             req.extensions_mut().insert(principal);
             next.run(req).await
         }
@@ -198,7 +199,7 @@ struct PageQuery {
 
 async fn list_sessions(
     State(core): Shared,
-    Extension(scope): Extension<Scope>,
+    Extension(sight): Extension<Sight>,
     query: Result<Query<PageQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<SessionList>, Error> {
     let Query(query) = query.map_err(|e| {
@@ -221,7 +222,7 @@ async fn list_sessions(
             ))
         })?),
     };
-    Ok(Json(core.list_page(&scope, limit, before.as_ref())?))
+    Ok(Json(core.list_page(&sight, limit, before.as_ref())?))
 }
 
 async fn create_session(
@@ -346,15 +347,15 @@ async fn events_sse(
 /// list built from this stream is never silently stale.
 async fn session_changes(
     State(core): Shared,
-    Extension(scope): Extension<Scope>,
+    Extension(sight): Extension<Sight>,
 ) -> Result<Response, Error> {
     // Subscribe before reading the list: a change after this point is in the channel.
     let rx = core.hub.session_changes();
     // The newest page: older sessions are read a page at a time (`GET /v1/sessions`).
-    let snapshot = core.list_page(&scope, SESSION_PAGE_DEFAULT, None)?.sessions;
-    let state = (core, scope, rx, snapshot, true);
+    let snapshot = core.list_page(&sight, SESSION_PAGE_DEFAULT, None)?.sessions;
+    let state = (core, sight, rx, snapshot, true);
     let stream = futures_util::stream::unfold(state, |mut s| async move {
-        let (core, scope, rx, pending, ready) = &mut s;
+        let (core, sight, rx, pending, ready) = &mut s;
         loop {
             if let Some(view) = pending.pop() {
                 let event = Event::default().event("session").json_data(&view);
@@ -364,9 +365,9 @@ async fn session_changes(
                 return Some((Ok(Event::default().event("ready").data("{}")), s));
             }
             match rx.recv().await {
-                Ok((changed, id)) if changed == *scope => {
-                    match core.store.session(scope, &id).map_err(Error::from) {
-                        Ok(row) => match core.session_view(scope, row) {
+                Ok((changed, id)) if sight.sees(&changed) => {
+                    match core.store.session(&changed, &id).map_err(Error::from) {
+                        Ok(row) => match core.session_view(&changed, row) {
                             Ok(view) => pending.push(view),
                             Err(e) => {
                                 tracing::warn!(error = %e, "cannot describe a changed session")
@@ -377,7 +378,7 @@ async fn session_changes(
                 }
                 Ok(_) => {}
                 Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
-                    match core.list_page(scope, SESSION_PAGE_DEFAULT, None) {
+                    match core.list_page(sight, SESSION_PAGE_DEFAULT, None) {
                         Ok(page) => *pending = page.sessions,
                         Err(e) => return Some((Err(axum::Error::new(e)), s)),
                     }

@@ -338,7 +338,8 @@ impl Revoker {
     /// Revokes every pending approval of `session` (the migration barrier's step 3, and a
     /// cancelled turn): each waiting call gets an error saying `why`.
     pub(crate) fn revoke(&self, scope: &Scope, session: &SessionId, why: &str) {
-        let pending = match self.store.approvals(scope, Some(session), true) {
+        let own = skiff_store::Sight::own(scope.clone());
+        let pending = match self.store.approvals(&own, Some(session), true) {
             Ok(rows) => rows,
             Err(e) => {
                 tracing::warn!(%session, error = %e, "could not read the session's pending approvals");
@@ -414,7 +415,7 @@ fn approval_id(raw: &str) -> Result<ApprovalId> {
 
 async fn list(
     State(core): Shared,
-    Extension(scope): Extension<Scope>,
+    Extension(sight): Extension<skiff_store::Sight>,
     query: std::result::Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<ApprovalList>> {
     let Query(query) = query.map_err(|e| {
@@ -430,13 +431,23 @@ async fn list(
                 Error::BadRequest(format!("session={raw} is not a session id (ses_…)"))
             })?;
             // Not found is said about the session.
-            core.store.session(&scope, &id)?;
+            if core
+                .store
+                .owner_of(&sight, skiff_store::Owned::Session, id.as_str())?
+                .is_none()
+            {
+                return Err(skiff_store::Error::NotFound {
+                    what: "session",
+                    id: id.to_string(),
+                }
+                .into());
+            }
             Some(id)
         }
     };
     let approvals = core
         .store
-        .approvals(&scope, session.as_ref(), query.pending)?;
+        .approvals(&sight, session.as_ref(), query.pending)?;
     Ok(Json(ApprovalList { approvals }))
 }
 

@@ -13,7 +13,7 @@ use skiff_protocol::environment::{
     CreateEnvironmentRequest, EnvironmentList, ProfileList, SnapshotList, TakeSnapshotRequest,
 };
 use skiff_protocol::{EnvironmentId, SnapshotId};
-use skiff_store::Scope;
+use skiff_store::{Scope, Sight};
 use std::sync::Arc;
 
 type Shared = State<Arc<Core>>;
@@ -50,11 +50,11 @@ async fn profiles(State(core): Shared) -> Json<ProfileList> {
     })
 }
 
-async fn list(State(core): Shared, Extension(scope): Extension<Scope>) -> Result<Response, Error> {
+async fn list(State(core): Shared, Extension(sight): Extension<Sight>) -> Result<Response, Error> {
     Ok(Json(EnvironmentList {
         environments: core
             .envs
-            .list(&scope)?
+            .list(&sight)?
             .into_iter()
             .map(|v| core.workers.with_worker(v))
             .collect(),
@@ -128,10 +128,10 @@ async fn take_snapshot(
 
 async fn snapshots(
     State(core): Shared,
-    Extension(scope): Extension<Scope>,
+    Extension(sight): Extension<Sight>,
 ) -> Result<Response, Error> {
     Ok(Json(SnapshotList {
-        snapshots: core.envs.snapshot_views(&scope)?,
+        snapshots: core.envs.snapshot_views(&sight)?,
     })
     .into_response())
 }

@@ -584,8 +584,8 @@ mod tests {
         let conn = rusqlite::Connection::open(core.state.database())?;
         conn.execute_batch("ALTER TABLE sessions RENAME TO sessions_gone")?;
 
-        let scope = skiff_store::Scope::new("usr_test", "ten_test");
-        let Err(e) = core.list_page(&scope, 10, None) else {
+        let sight = skiff_store::Sight::own(skiff_store::Scope::new("usr_test", "ten_test"));
+        let Err(e) = core.list_page(&sight, 10, None) else {
             anyhow::bail!("listing sessions worked on a database without its sessions table");
         };
         assert!(

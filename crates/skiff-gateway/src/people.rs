@@ -3,8 +3,13 @@
 //! checked against), the gate that refuses what the role or token cannot do, and the admin's
 //! routes for users and tokens (`/v1/admin/users`, `/v1/admin/tokens`) and `/v1/me`.
 //!
-//! A row of another tenant, or of another user, is never refused here: the handlers read under
-//! the caller's own `Scope`, so it is "not found".
+//! How far a caller sees is decided here too (`Principal::sight`): a member sees only their own
+//! rows, a viewer, an operator and an admin every row of their tenant. For a route that names a
+//! row in its path, the gate finds whose row it is within that sight and hands the handler the
+//! owner's `Scope` (so everything the request writes stays the owner's), after checking the
+//! route's rule lets the caller act on someone else's row (`Rule::others`). A row the caller
+//! cannot see — another tenant's, or another member's for a member — is left to the handler,
+//! which reads under the caller's own `Scope` and answers "not found".
 
 use crate::Core;
 use crate::error::Error;
@@ -19,7 +24,7 @@ use skiff_protocol::people::{
     AddUserRequest, CreateTokenRequest, CreatedToken, Me, Role, TokenList, TokenScope, TokenView,
     UserList, UserView,
 };
-use skiff_store::{DEFAULT_TENANT, FIRST_ADMIN, Scope, TokenRow, UserRow};
+use skiff_store::{DEFAULT_TENANT, FIRST_ADMIN, Owned, Scope, Sight, TokenRow, UserRow};
 use std::sync::Arc;
 
 /// The longest a token may live: a year.
@@ -86,6 +91,11 @@ pub struct Rule {
     pub path: &'static str,
     pub need: Need,
     pub kind: Kind,
+    /// For a `Row` route, what using it on another user's row of the tenant needs; `None`:
+    /// only the row's owner may (driving a session is its owner's). Reading needs only to
+    /// see the row; operating one (cancel, pull back, dispatch, decide an approval, manage
+    /// a box) needs an operator.
+    pub others: Option<Need>,
 }
 
 const fn rule(method: &'static str, path: &'static str, need: Need, kind: Kind) -> Rule {
@@ -94,6 +104,21 @@ const fn rule(method: &'static str, path: &'static str, need: Need, kind: Kind) 
         path,
         need,
         kind,
+        others: match need {
+            Write => None,
+            _ => Some(need),
+        },
+    }
+}
+
+/// A member's write on their own row that an operator may also make on anyone's in the tenant.
+const fn operate(method: &'static str, path: &'static str) -> Rule {
+    Rule {
+        method,
+        path,
+        need: Write,
+        kind: Kind::Row,
+        others: Some(Operate),
     }
 }
 
@@ -110,9 +135,9 @@ pub const ACCESS: &[Rule] = &[
     rule("POST", "/v1/sessions", Write, Create),
     rule("GET", "/v1/sessions/{id}", Read, Row),
     rule("POST", "/v1/sessions/{id}/messages", Write, Row),
-    rule("POST", "/v1/sessions/{id}/cancel", Write, Row),
-    rule("POST", "/v1/sessions/{id}/pull-back", Write, Row),
-    rule("POST", "/v1/sessions/{id}/dispatch", Write, Row),
+    operate("POST", "/v1/sessions/{id}/cancel"),
+    operate("POST", "/v1/sessions/{id}/pull-back"),
+    operate("POST", "/v1/sessions/{id}/dispatch"),
     rule("GET", "/v1/sessions/{id}/events", Read, Row),
     rule("GET", "/v1/sessions/{id}/events/ws", Read, Row),
     rule("GET", "/v1/events", Read, Collection),
@@ -149,8 +174,8 @@ pub const ACCESS: &[Rule] = &[
     rule("DELETE", "/v1/secrets/{name}", Gateway, Wide),
     rule("GET", "/v1/approvals", Read, Collection),
     rule("GET", "/v1/approvals/{id}", Read, Row),
-    rule("POST", "/v1/approvals/{id}/approve", Write, Row),
-    rule("POST", "/v1/approvals/{id}/deny", Write, Row),
+    operate("POST", "/v1/approvals/{id}/approve"),
+    operate("POST", "/v1/approvals/{id}/deny"),
     rule("GET", "/v1/admin/usage", Gateway, Wide),
     rule("GET", "/v1/audit/tail", Gateway, Wide),
     rule("GET", "/v1/audit/export", Gateway, Wide),
@@ -212,6 +237,15 @@ pub struct Principal {
 impl Principal {
     pub fn scope(&self) -> Scope {
         self.user.scope()
+    }
+
+    /// How far this principal sees: a member their own rows; a viewer, an operator and an
+    /// admin their whole tenant (never another tenant, whatever the role).
+    pub fn sight(&self) -> Sight {
+        match self.user.role {
+            Role::Member => Sight::own(self.scope()),
+            Role::Viewer | Role::Operator | Role::Admin => Sight::tenant(self.scope()),
+        }
     }
 
     /// The highest need this principal meets: its role's, capped by its token.
@@ -362,12 +396,21 @@ pub(crate) async fn gate(State(core): State<Arc<Core>>, req: Request, next: Next
         method.as_str()
     };
     let scope = principal.scope();
-    let refused = match access(lookup, &path) {
-        None => return without_rule(req, next, &method, &path).await,
-        Some(rule) if !principal.may(rule.need) => Some(principal.refusal(rule.need)),
-        Some(_) => None,
+    let Some(rule) = access(lookup, &path) else {
+        return without_rule(req, next, &method, &path).await;
     };
     let email = principal.user.email.clone();
+    let mut req = req;
+    let refused = if !principal.may(rule.need) {
+        Some(principal.refusal(rule.need))
+    } else if rule.kind == Row {
+        match act_as_owner(&core, &principal, rule, &path, &mut req) {
+            Ok(refusal) => refusal,
+            Err(e) => return e.into_response(),
+        }
+    } else {
+        None
+    };
     if let Some(message) = refused {
         ACTOR.sync_scope(email, || {
             core.audit(
@@ -381,6 +424,62 @@ pub(crate) async fn gate(State(core): State<Arc<Core>>, req: Request, next: Next
         return Error::Forbidden(message).into_response();
     }
     ACTOR.scope(email, next.run(req)).await
+}
+
+/// The kind of row a route's path names by id (its third segment), if it names one.
+fn owned_row(path: &str) -> Option<Owned> {
+    let kind = match path.split('/').nth(2)? {
+        "sessions" => Owned::Session,
+        "environments" => Owned::Environment,
+        "snapshots" => Owned::Snapshot,
+        "groups" => Owned::Group,
+        "approvals" => Owned::Approval,
+        _ => return None,
+    };
+    (path.split('/').nth(3) == Some("{id}")).then_some(kind)
+}
+
+/// For a route naming a row: when the row is another user's within the caller's sight, hands
+/// the handler its owner's `Scope` if the rule lets the caller act on it, or says why not.
+fn act_as_owner(
+    core: &Core,
+    principal: &Principal,
+    rule: &Rule,
+    path: &str,
+    req: &mut Request,
+) -> Result<Option<String>, Error> {
+    let Some(kind) = owned_row(path) else {
+        return Ok(None);
+    };
+    let Some(id) = req.uri().path().split('/').nth(3).map(str::to_owned) else {
+        return Ok(None);
+    };
+    let Some(owner) = core.store.owner_of(&principal.sight(), kind, &id)? else {
+        // Not seen: the handler reads under the caller's own scope and says "not found".
+        return Ok(None);
+    };
+    if owner == principal.scope() {
+        return Ok(None);
+    }
+    let allowed = rule.others.is_some_and(|need| principal.may(need));
+    if !allowed {
+        let whose = core
+            .store
+            .user_of(&owner)?
+            .map(|u| u.email)
+            .unwrap_or_else(|| "another user".to_owned());
+        let noun = kind.noun();
+        return Ok(Some(match rule.others {
+            None => {
+                format!("{noun} {id} is {whose}'s: only its owner can change it (you may read it)")
+            }
+            Some(_) => format!(
+                "{noun} {id} is {whose}'s: changing another user's {noun} needs the operator role; ask an admin of your tenant"
+            ),
+        }));
+    }
+    req.extensions_mut().insert(owner);
+    Ok(None)
 }
 
 /// A request the table has no rule for. The gate runs for every method of a matched path,
@@ -676,6 +775,39 @@ mod tests {
         assert!(first.may(Gateway));
         let first_write = principal(Role::Admin, DEFAULT_TENANT, TokenScope::Write);
         assert!(!first_write.may(Admin), "a write token never manages users");
+    }
+
+    #[test]
+    fn a_member_sees_their_own_rows_and_every_other_role_their_tenants() {
+        use skiff_store::Reach;
+        for (role, reach) in [
+            (Role::Member, Reach::Own),
+            (Role::Viewer, Reach::Tenant),
+            (Role::Operator, Reach::Tenant),
+            (Role::Admin, Reach::Tenant),
+        ] {
+            let sight = principal(role, "t", TokenScope::Admin).sight();
+            assert_eq!(sight.reach, reach, "{role}");
+            assert_eq!(
+                sight.scope,
+                Scope::new("usr_x", "t"),
+                "never another tenant"
+            );
+        }
+        // Operating another user's session needs an operator; driving it, its owner.
+        let others = |m: &str, p: &str| access(m, p).and_then(|r| r.others);
+        assert_eq!(others("POST", "/v1/sessions/{id}/cancel"), Some(Operate));
+        assert_eq!(others("POST", "/v1/approvals/{id}/deny"), Some(Operate));
+        assert_eq!(others("GET", "/v1/sessions/{id}"), Some(Read));
+        assert_eq!(others("POST", "/v1/sessions/{id}/messages"), None);
+        assert_eq!(others("POST", "/v1/sessions/{id}/fork"), None);
+        assert_eq!(
+            owned_row("/v1/sessions/{id}/runs/{run}/changes"),
+            Some(Owned::Session)
+        );
+        assert_eq!(owned_row("/v1/snapshots/{id}"), Some(Owned::Snapshot));
+        assert_eq!(owned_row("/v1/environments/sweep"), None);
+        assert_eq!(owned_row("/v1/admin/tokens/{id}"), None);
     }
 
     #[test]

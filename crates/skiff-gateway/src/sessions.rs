@@ -121,7 +121,13 @@ impl Core {
         let last_run = self.store.runs(scope, &row.id)?.pop();
         let placement = self.store.placement(scope, &row.id)?;
         let agent = self.session_pin(scope, &row.id)?;
-        Ok(self.session_view_of(row, placement, last_run.as_ref(), agent))
+        let owner = self.owner_email(&row.owner)?;
+        Ok(self.session_view_of(row, placement, last_run.as_ref(), agent, owner))
+    }
+
+    /// The email of the user a session belongs to, as lists mixing people show it.
+    fn owner_email(&self, owner: &Scope) -> Result<Option<String>> {
+        Ok(self.store.user_of(owner)?.map(|u| u.email))
     }
 
     /// The agent spec version a session is pinned to, if any.
@@ -154,6 +160,7 @@ impl Core {
         placement: Option<skiff_store::PlacementRow>,
         last_run: Option<&RunRow>,
         agent: Option<skiff_protocol::agent::AgentPin>,
+        owner: Option<String>,
     ) -> SessionView {
         let model = ModelRef::parse(&row.model_ref)
             .map(|m| self.catalog.describe(&m))
@@ -182,6 +189,7 @@ impl Core {
             reasoning: row.reasoning.as_deref().and_then(ReasoningEffort::parse),
             approval: row.approval,
             agent,
+            owner,
             created_at_ms: row.created_at_ms,
             updated_at_ms: row.updated_at_ms,
             last_run: last_run.map(|r| run_view(r, &self.catalog)),
@@ -192,19 +200,29 @@ impl Core {
     /// `after` when given; `next` names the page's last session when more may follow.
     pub(crate) fn list_page(
         &self,
-        scope: &Scope,
+        sight: &skiff_store::Sight,
         limit: usize,
         after: Option<&SessionId>,
     ) -> Result<SessionList> {
         // One more than asked says whether another page follows.
-        let mut rows = self.store.session_page(scope, limit + 1, after)?;
+        let mut rows = self.store.session_page(sight, limit + 1, after)?;
+        let mut emails = std::collections::HashMap::new();
         let more = rows.len() > limit;
         rows.truncate(limit);
         let sessions: Vec<SessionView> = rows
             .into_iter()
             .map(|r| {
-                let agent = self.session_pin(scope, &r.session.id)?;
-                Ok(self.session_view_of(r.session, r.placement, r.last_run.as_ref(), agent))
+                let owner = &r.session.owner;
+                let agent = self.session_pin(owner, &r.session.id)?;
+                let email = match emails.get(&owner.owner_id) {
+                    Some(email) => Option::clone(email),
+                    None => {
+                        let email = self.owner_email(owner)?;
+                        emails.insert(owner.owner_id.clone(), email.clone());
+                        email
+                    }
+                };
+                Ok(self.session_view_of(r.session, r.placement, r.last_run.as_ref(), agent, email))
             })
             .collect::<Result<_>>()?;
         let next = more

@@ -69,6 +69,8 @@ async function showWhoami() {
     el.title = `tenant ${me.tenant}, token scope ${me.scope}`;
     el.hidden = false;
     document.body.dataset.can = me.can.join(' ');
+    // Lists of a whole tenant mix people: a session of someone else's names them.
+    document.body.dataset.me = me.email;
   } catch {
     // The health and event streams report a gateway that cannot be reached.
   }

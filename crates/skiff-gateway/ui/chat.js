@@ -8,7 +8,7 @@
 // An expanded tool row is scrolled into view; `exec` rows carry their exit code, and their
 // output shows its end first (where a failing command says why).
 
-import { h, replace, fmtDuration, fmtInt, fmtBytes, frameBatcher, announce } from './dom.js';
+import { h, replace, fmtDuration, fmtInt, fmtBytes, frameBatcher, announce, otherOwner } from './dom.js';
 import { renderMarkdown } from './markdown.js';
 import { api, follow, request } from './api.js';
 import { placementOf, sessionState, STATE_SYMBOL } from './sidebar.js';
@@ -210,7 +210,10 @@ export class ChatView {
     this.chipEl.title = why || s.last_run?.error || `${p.label}: ${state}`;
     this.renderActions(s);
     const ws = s.workspace || {};
+    const owner = otherOwner(s);
     replace(this.metaEl,
+      owner ? [h('span', { class: 'owner', title: `${owner}'s session` }, owner),
+        h('span', { class: 'sep', 'aria-hidden': 'true' }, '·')] : null,
       h('span', { class: 'model', title: s.model?.ref }, s.model?.ref || ''),
       s.model?.scripted ? h('span', { class: 'tag', title: 'A scripted stand-in model, not a real one' }, 'scripted') : null,
       // The agent spec version the session is pinned to: name and short digest.

@@ -98,3 +98,8 @@ export function announce(text) {
     el.textContent = text;
   }, 50);
 }
+
+/** The owner's email of a session that is not the signed-in user's, or null. */
+export function otherOwner(s) {
+  return s.owner && s.owner !== document.body.dataset.me ? s.owner : null;
+}

@@ -1,7 +1,7 @@
 // The session list: grouped Running / Waiting for you / Recent, newest activity first, patched
 // live from the `/v1/events` stream and re-rendered at most once per animation frame.
 
-import { h, replace, fmtAgo, isoTime, frameBatcher } from './dom.js';
+import { h, replace, fmtAgo, isoTime, frameBatcher, otherOwner } from './dom.js';
 import { api } from './api.js';
 
 const ACTIVE_RUN = ['queued', 'starting', 'running', 'cancelling'];
@@ -259,7 +259,8 @@ export class Sidebar {
       dataset: { sessionId: s.id, state },
     },
     h('span', { class: `dot st-${state}`, 'aria-hidden': 'true' }, STATE_SYMBOL[state] || '○'),
-    h('span', { class: 'stitle' }, s.title || s.id),
+    h('span', { class: 'stitle' }, s.title || s.id,
+      otherOwner(s) ? h('span', { class: 'sowner', title: `${otherOwner(s)}'s session` }, ` · ${otherOwner(s)}`) : null),
     h('span', { class: 'sr-only' }, `, ${state}, runs on ${p.label}${unread ? ', unread' : ''}`),
     unread ? h('span', { class: 'unread', title: 'New activity', 'aria-hidden': 'true' }) : null,
     h('time', { class: 'ago', datetime: isoTime(activityAt(s)), title: new Date(activityAt(s)).toLocaleString() }, fmtAgo(activityAt(s), now)),

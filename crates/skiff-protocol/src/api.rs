@@ -369,6 +369,9 @@ pub struct SessionView {
     /// The agent spec version the session runs with, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent: Option<crate::agent::AgentPin>,
+    /// The email of the user whose session it is (lists of a whole tenant mix people).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
     pub created_at_ms: i64,
     pub updated_at_ms: i64,
     /// The newest run, if any.

@@ -58,14 +58,15 @@ fn main() {
         store.create_run(&scope, &id, "scripted/demo").unwrap();
     }
 
+    let sight = skiff_store::Sight::own(scope.clone());
     let page = timed(200, || {
-        assert_eq!(store.session_page(&scope, PAGE, None).unwrap().len(), PAGE);
+        assert_eq!(store.session_page(&sight, PAGE, None).unwrap().len(), PAGE);
     });
     let paged_all = timed(10, || {
         let mut after: Option<SessionId> = None;
         let mut seen = 0;
         loop {
-            let rows = store.session_page(&scope, PAGE, after.as_ref()).unwrap();
+            let rows = store.session_page(&sight, PAGE, after.as_ref()).unwrap();
             seen += rows.len();
             match rows.last() {
                 Some(last) if rows.len() == PAGE => after = Some(last.session.id.clone()),

@@ -98,25 +98,27 @@ impl Store {
             })
     }
 
-    /// The caller's approvals, newest first: one session's, or every session's; only pending
+    /// The approvals the sight sees, newest first: one session's, or every session's; only pending
     /// ones with `pending_only`.
     pub fn approvals(
         &self,
-        scope: &Scope,
+        sight: &crate::Sight,
         session: Option<&SessionId>,
         pending_only: bool,
     ) -> Result<Vec<ApprovalView>> {
         let conn = self.conn();
         let mut stmt = conn.prepare_cached(&format!(
-            "SELECT {COLUMNS} FROM approvals WHERE owner_id = ?1 AND tenant_id = ?2 \
-             AND (?3 IS NULL OR session_id = ?3) AND (?4 = 0 OR state = 'pending') \
-             ORDER BY created_at_ms DESC, rowid DESC LIMIT 500"
+            "SELECT {COLUMNS} FROM approvals WHERE {seen} \
+             AND (?4 IS NULL OR session_id = ?4) AND (?5 = 0 OR state = 'pending') \
+             ORDER BY created_at_ms DESC, rowid DESC LIMIT 500",
+            seen = crate::sight::seen("", 1)
         ))?;
         let rows = stmt
             .query_map(
                 params![
-                    scope.owner_id,
-                    scope.tenant_id,
+                    sight.scope.owner_id,
+                    sight.scope.tenant_id,
+                    sight.tenant_wide(),
                     session.map(SessionId::as_str),
                     pending_only
                 ],

@@ -133,14 +133,22 @@ impl Store {
             })
     }
 
-    /// Environments of the scope, newest first (destroyed ones included: they are history).
-    pub fn environments(&self, scope: &Scope) -> Result<Vec<EnvironmentRow>> {
+    /// Environments the sight sees, newest first (destroyed ones included: they are history).
+    pub fn environments(&self, sight: &crate::Sight) -> Result<Vec<EnvironmentRow>> {
         let conn = self.conn();
         let mut stmt = conn.prepare_cached(&format!(
-            "SELECT {COLUMNS} FROM environments WHERE owner_id = ?1 AND tenant_id = ?2 ORDER BY created_at_ms DESC, id"
+            "SELECT {COLUMNS} FROM environments WHERE {seen} ORDER BY created_at_ms DESC, id",
+            seen = crate::sight::seen("", 1)
         ))?;
         let rows = stmt
-            .query_map(params![scope.owner_id, scope.tenant_id], from_row)?
+            .query_map(
+                params![
+                    sight.scope.owner_id,
+                    sight.scope.tenant_id,
+                    sight.tenant_wide()
+                ],
+                from_row,
+            )?
             .collect::<rusqlite::Result<Vec<_>>>()?;
         Ok(rows)
     }

@@ -5,8 +5,9 @@
 //! This is the only crate that speaks SQL. Every table but the worker protocol's own
 //! (`worker_ops`, `worker_cursors`, `worker_credentials`) and the gateway-wide vault
 //! (`secrets`, admin only) carries `owner_id` and `tenant_id`,
-//! and every query a client's request reaches filters by the caller's [`Scope`]: a caller
-//! asking for someone else's row gets "not found". The unscoped queries are the gateway's own
+//! and every query a client's request reaches filters by the caller's [`Scope`], or for the
+//! lists by their [`Sight`] (their own rows, or their tenant's): a caller asking for a row they
+//! cannot see gets "not found". The unscoped queries are the gateway's own
 //! work across scopes (token verification, restart reconciliation, worker slots, snapshot
 //! eviction, blob references, the worker protocol's rows). State changes go through checked
 //! transitions ([`transition`]) inside a transaction; an illegal move is an error, never a
@@ -34,6 +35,7 @@ mod placements;
 mod runs;
 mod secrets;
 mod sessions;
+mod sight;
 mod snapshots;
 mod tokens;
 mod transcript;
@@ -56,6 +58,7 @@ pub use placements::{CachedOp, IdlePlacement, PlacementChange, PlacementRow, Wor
 pub use runs::{AttemptRow, AttemptStatus, Resume, RunRow};
 pub use secrets::{Resealed, SecretRow};
 pub use sessions::{NewSession, SessionRow};
+pub use sight::{Owned, Reach, Sight};
 pub use snapshots::{NewSnapshot, SnapshotRow};
 pub use tokens::AuditRow;
 pub use usage::{Used, UsedBy};

@@ -2,7 +2,8 @@
 //! page at a time, most recently active first.
 
 use crate::error::{Error, Result};
-use crate::{PlacementRow, RunRow, Scope, SessionRow, Store, placements, runs, sessions};
+use crate::sight::seen;
+use crate::{PlacementRow, RunRow, SessionRow, Sight, Store, placements, runs, sessions};
 use rusqlite::params;
 use skiff_protocol::SessionId;
 
@@ -28,14 +29,14 @@ fn count(columns: &str) -> usize {
 }
 
 impl Store {
-    /// At most `limit` sessions of `scope`, most recently active first (ties by id), starting
+    /// At most `limit` sessions the sight sees, most recently active first (ties by id), starting
     /// after session `after` — the last one of the previous page — when given.
     ///
     /// A session that becomes active while someone pages moves to the top: pages are a view
     /// of the moment each is read, and the live change stream tells about the rest.
     pub fn session_page(
         &self,
-        scope: &Scope,
+        sight: &Sight,
         limit: usize,
         after: Option<&SessionId>,
     ) -> Result<Vec<SessionListRow>> {
@@ -44,8 +45,16 @@ impl Store {
             None => None,
             Some(id) => Some(
                 conn.query_row(
-                    "SELECT updated_at_ms FROM sessions WHERE id = ?1 AND owner_id = ?2 AND tenant_id = ?3",
-                    params![id.as_str(), scope.owner_id, scope.tenant_id],
+                    &format!(
+                        "SELECT updated_at_ms FROM sessions WHERE id = ?1 AND {}",
+                        seen("", 2)
+                    ),
+                    params![
+                        id.as_str(),
+                        sight.scope.owner_id,
+                        sight.scope.tenant_id,
+                        sight.tenant_wide()
+                    ],
                     |r| r.get::<_, i64>(0),
                 )
                 .map_err(|e| match e {
@@ -62,9 +71,10 @@ impl Store {
              LEFT JOIN placements p ON p.session_id = s.id \
              LEFT JOIN runs r ON r.rowid = (SELECT rowid FROM runs WHERE session_id = s.id \
                                             ORDER BY created_at_ms DESC, rowid DESC LIMIT 1) \
-             WHERE s.owner_id = ?1 AND s.tenant_id = ?2 \
-               AND (?3 IS NULL OR s.updated_at_ms < ?3 OR (s.updated_at_ms = ?3 AND s.id > ?4)) \
-             ORDER BY s.updated_at_ms DESC, s.id LIMIT ?5",
+             WHERE {seen} \
+               AND (?4 IS NULL OR s.updated_at_ms < ?4 OR (s.updated_at_ms = ?4 AND s.id > ?5)) \
+             ORDER BY s.updated_at_ms DESC, s.id LIMIT ?6",
+            seen = seen("s", 1),
             s = qualified("s", sessions::COLUMNS),
             p = qualified("p", placements::COLUMNS),
             r = qualified("r", runs::COLUMNS),
@@ -75,8 +85,9 @@ impl Store {
         let rows = stmt
             .query_map(
                 params![
-                    scope.owner_id,
-                    scope.tenant_id,
+                    sight.scope.owner_id,
+                    sight.scope.tenant_id,
+                    sight.tenant_wide(),
                     mark,
                     after.map(SessionId::as_str),
                     i64::try_from(limit).unwrap_or(i64::MAX),

@@ -35,10 +35,13 @@ pub struct SessionRow {
     /// The session's own approval policy (`--approval`); `None` leaves it to its profile's
     /// or the gateway's.
     pub approval: Option<skiff_protocol::approval::ApprovalPolicy>,
+    /// Whose session it is: the scope every row of it is written under.
+    pub owner: Scope,
 }
 
 pub(crate) const COLUMNS: &str = "id, title, workspace, model_ref, placement, lifecycle_revision, \
-                       leaf_entry_id, created_at_ms, updated_at_ms, parent_id, reasoning, group_id, approval";
+                       leaf_entry_id, created_at_ms, updated_at_ms, parent_id, reasoning, group_id, approval, \
+                       owner_id, tenant_id";
 
 fn from_row(row: &Row<'_>) -> rusqlite::Result<SessionRow> {
     from_row_at(row, 0)
@@ -92,6 +95,7 @@ pub(crate) fn from_row_at(row: &Row<'_>, o: usize) -> rusqlite::Result<SessionRo
                 })
             })
             .transpose()?,
+        owner: Scope::new(row.get::<_, String>(o + 13)?, row.get::<_, String>(o + 14)?),
     })
 }
 

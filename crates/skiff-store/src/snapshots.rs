@@ -116,15 +116,23 @@ impl Store {
             .ok_or_else(|| not_found(id))
     }
 
-    /// The scope's snapshots, most recently used first.
-    pub fn snapshots(&self, scope: &Scope) -> Result<Vec<SnapshotRow>> {
+    /// The snapshots the sight sees, most recently used first.
+    pub fn snapshots(&self, sight: &crate::Sight) -> Result<Vec<SnapshotRow>> {
         let conn = self.conn();
         let mut stmt = conn.prepare_cached(&format!(
-            "SELECT {COLUMNS} FROM snapshots WHERE owner_id = ?1 AND tenant_id = ?2 \
-             ORDER BY last_used_at_ms DESC, created_at_ms DESC, id"
+            "SELECT {COLUMNS} FROM snapshots WHERE {seen} \
+             ORDER BY last_used_at_ms DESC, created_at_ms DESC, id",
+            seen = crate::sight::seen("", 1)
         ))?;
         let rows = stmt
-            .query_map(params![scope.owner_id, scope.tenant_id], from_row)?
+            .query_map(
+                params![
+                    sight.scope.owner_id,
+                    sight.scope.tenant_id,
+                    sight.tenant_wide()
+                ],
+                from_row,
+            )?
             .collect::<rusqlite::Result<Vec<_>>>()?;
         Ok(rows)
     }

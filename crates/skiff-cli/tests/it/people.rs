@@ -1,18 +1,109 @@
-//! People and roles over the real gateway: users and tokens through the CLI, and every route of
-//! the router tried by another tenant's admin, another user of the same tenant and a viewer,
-//! each refused (or shown nothing) with the victim's rows unchanged.
+//! People and roles over the real gateway: users and tokens through the CLI; every route of
+//! the router tried, on rows the victim really owns (a session, a box, its snapshot, a fan-out
+//! group, a pending approval), by another tenant's admin, another member of the same tenant
+//! and a viewer, each refused (or shown nothing) with the victim's rows unchanged; what a
+//! viewer, an operator and a member of one tenant see and may do with each other's sessions;
+//! and per-user budgets charged to the member who drove the turn.
 
+use crate::env::BoxRoot;
 use crate::harness::{Gateway, stderr, stdout};
 use reqwest::blocking::Client;
 use serde_json::{Value, json};
 use skiff_gateway::{Kind, Need};
-use skiff_test_support::TempGitRepo;
+use skiff_test_support::{FakeProvider, FakeResponse, TempGitRepo, openai_sse};
 use std::io::{BufRead, BufReader};
+use std::process::{Child, Stdio};
 
 const ONE_TURN: &str = r#"
 [[turns]]
 text = "Done."
 "#;
+
+/// A turn that runs `rm` (which an `--approval` policy can make wait), then ends.
+const CLEAN_UP: &str = r#"
+[[turns]]
+text = "Cleaning up."
+[[turns.tool_calls]]
+name = "exec"
+arguments = { command = "rm -rf build && echo cleaned-up" }
+
+[[turns]]
+text = "Done."
+"#;
+
+/// The policy that makes CLEAN_UP's call wait for a person.
+const ASK_BEFORE_RM: &str = r#"{ exec = ["rm *"] }"#;
+
+/// A gateway with CLEAN_UP as its model and a `local` worker profile on real boxes.
+fn gateway_with_boxes(root: &BoxRoot) -> Gateway {
+    Gateway::start_with(
+        CLEAN_UP,
+        &format!(
+            "[gateway]\nmax_workers = 4\n[profiles.local]\nprovider = \"local\"\nroot = \"{}\"\n",
+            root.path().display()
+        ),
+    )
+}
+
+/// `session new` as `token` on a fresh repository, to the end of its turn; the session id.
+fn new_session(gw: &Gateway, token: &str, extra: &[&str]) -> String {
+    let repo = TempGitRepo::new(&[("a.txt", "a\n")]);
+    let mut args = vec![
+        "session",
+        "new",
+        "--json",
+        "--workspace",
+        repo.path().to_str().unwrap(),
+        "--model",
+        "fake/x",
+    ];
+    args.extend_from_slice(extra);
+    args.push("clean up");
+    let out = as_user(gw, token, &args);
+    assert!(out.status.success(), "session new: {}", stderr(&out));
+    let first: Value = serde_json::from_str(stdout(&out).lines().next().unwrap()).unwrap();
+    first["session_id"].as_str().unwrap().to_owned()
+}
+
+/// A session of `token`'s on the gateway whose turn waits on an approval: the `session new`
+/// still following it, the session id and the approval id.
+fn waiting_session(gw: &Gateway, token: &str, ws: &std::path::Path) -> (Child, String, String) {
+    let mut child = gw
+        .cli()
+        .env("SKIFF_URL", &gw.url)
+        .env("SKIFF_TOKEN", token)
+        .args([
+            "session",
+            "new",
+            "--workspace",
+            ws.to_str().unwrap(),
+            "--model",
+            "fake/x",
+            "--approval",
+            ASK_BEFORE_RM,
+            "clean up",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(child.stderr.take().unwrap());
+    let mut seen = String::new();
+    let approval = loop {
+        let mut line = String::new();
+        let n = err.read_line(&mut line).unwrap();
+        assert!(n > 0, "the turn ended without asking: {seen}");
+        seen.push_str(&line);
+        if let Some(rest) = line.strip_prefix("approval needed: ") {
+            break rest.split_whitespace().next().unwrap().to_owned();
+        }
+    };
+    // Keep draining stderr so the follower never blocks on a full pipe.
+    std::thread::spawn(move || std::io::copy(&mut err, &mut std::io::sink()));
+    let shown = get_json(gw, token, &format!("/v1/approvals/{approval}"));
+    let session = shown["session_id"].as_str().unwrap().to_owned();
+    (child, session, approval)
+}
 
 /// Adds a user with the first admin's token and returns a token of theirs.
 fn person(gw: &Gateway, email: &str, role: &str, tenant: &str, scope: &str) -> String {
@@ -69,12 +160,24 @@ fn get_json(gw: &Gateway, token: &str, path: &str) -> Value {
     resp.json().unwrap()
 }
 
+/// The victim's rows named by id.
+struct Rows {
+    session: String,
+    environment: String,
+    group: String,
+    approval: String,
+}
+
 /// What the victim and the first admin can see: it must be the same after every attempt.
-fn world(gw: &Gateway, victim: &str, session: &str) -> Value {
+fn world(gw: &Gateway, victim: &str, rows: &Rows) -> Value {
     json!({
-        "session": get_json(gw, victim, &format!("/v1/sessions/{session}")),
+        "session": get_json(gw, victim, &format!("/v1/sessions/{}", rows.session)),
+        "group": get_json(gw, victim, &format!("/v1/groups/{}", rows.group)),
+        "environment": get_json(gw, victim, &format!("/v1/environments/{}", rows.environment)),
+        "approval": get_json(gw, victim, &format!("/v1/approvals/{}", rows.approval)),
         "sessions": get_json(gw, victim, "/v1/sessions"),
         "approvals": get_json(gw, victim, "/v1/approvals"),
+        "snapshots": get_json(gw, victim, "/v1/snapshots"),
         "users": get_json(gw, &gw.token, "/v1/admin/users"),
         "tokens": get_json(gw, &gw.token, "/v1/admin/tokens"),
     })
@@ -98,30 +201,69 @@ fn body_for(path: &str) -> Value {
 
 #[test]
 fn every_route_refuses_another_tenant_another_user_and_a_viewers_writes_and_changes_nothing() {
-    let gw = Gateway::start(ONE_TURN);
-    let victim = person(&gw, "ana@alpha.test", "member", "alpha", "write");
+    let root = BoxRoot::new();
+    let gw = gateway_with_boxes(&root);
+    // An operator, so that a snapshot of theirs can exist.
+    let victim = person(&gw, "ana@alpha.test", "operator", "alpha", "write");
     let stranger = person(&gw, "bert@beta.test", "admin", "beta", "admin");
     let neighbour = person(&gw, "carl@alpha.test", "member", "alpha", "write");
     let viewer = person(&gw, "vera@alpha.test", "viewer", "alpha", "admin");
 
-    let repo = TempGitRepo::new(&[("a.txt", "a\n")]);
+    // The victim's rows, each made the way a user makes it.
+    let session = new_session(&gw, &victim, &[]);
+    let fan_repo = TempGitRepo::new(&[("a.txt", "a\n")]);
     let out = as_user(
         &gw,
         &victim,
         &[
             "session",
             "new",
-            "--json",
+            "--attempts",
+            "2",
+            "--profile",
+            "local",
             "--workspace",
-            repo.path().to_str().unwrap(),
+            fan_repo.path().to_str().unwrap(),
             "--model",
             "fake/x",
-            "hello",
+            "clean up",
         ],
     );
-    assert!(out.status.success(), "session new: {}", stderr(&out));
-    let first: Value = serde_json::from_str(stdout(&out).lines().next().unwrap()).unwrap();
-    let session = first["session_id"].as_str().unwrap().to_owned();
+    assert!(out.status.success(), "fan-out: {}", stderr(&out));
+    let listed = get_json(&gw, &victim, "/v1/sessions");
+    let group = listed["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find_map(|s| s["group_id"].as_str())
+        .unwrap_or_else(|| panic!("no fan-out group: {listed}"))
+        .to_owned();
+    let out = as_user(
+        &gw,
+        &victim,
+        &["env", "create", "--profile", "local", "--json"],
+    );
+    assert!(out.status.success(), "env create: {}", stderr(&out));
+    let env: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let environment = env["id"].as_str().unwrap().to_owned();
+    let out = as_user(
+        &gw,
+        &victim,
+        &["env", "snapshots", "take", &environment, "--json"],
+    );
+    assert!(out.status.success(), "snapshot: {}", stderr(&out));
+    let snap: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let snapshot = snap["id"].as_str().unwrap().to_owned();
+    let ws = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(ws.path().join("build")).unwrap();
+    let (mut waiting, _, approval) = waiting_session(&gw, &victim, ws.path());
+    let rows = Rows {
+        session: session.clone(),
+        environment: environment.clone(),
+        group: group.clone(),
+        approval: approval.clone(),
+    };
+
     let shown = get_json(&gw, &victim, &format!("/v1/sessions/{session}"));
     let run = shown["runs"][0]["id"]
         .as_str()
@@ -138,8 +280,16 @@ fn every_route_refuses_another_tenant_another_user_and_a_viewers_writes_and_chan
         .as_str()
         .unwrap()
         .to_owned();
-    let secrets = ["ana@alpha.test", session.as_str(), victim_token_id.as_str()];
-    let before = world(&gw, &victim, &session);
+    let secrets = [
+        "ana@alpha.test",
+        session.as_str(),
+        victim_token_id.as_str(),
+        environment.as_str(),
+        snapshot.as_str(),
+        group.as_str(),
+        approval.as_str(),
+    ];
+    let before = world(&gw, &victim, &rows);
 
     let fill = |path: &str| -> String {
         let id = if path.starts_with("/v1/sessions/") {
@@ -147,13 +297,13 @@ fn every_route_refuses_another_tenant_another_user_and_a_viewers_writes_and_chan
         } else if path.starts_with("/v1/admin/tokens/") {
             victim_token_id.clone()
         } else if path.starts_with("/v1/environments/") {
-            "env_aaaaaaaaaaaaaaaa".to_owned()
+            environment.clone()
         } else if path.starts_with("/v1/snapshots/") {
-            "snap_0123456789abcdef".to_owned()
+            snapshot.clone()
         } else if path.starts_with("/v1/groups/") {
-            "grp_aaaaaaaaaaaaaaaa".to_owned()
+            group.clone()
         } else if path.starts_with("/v1/approvals/") {
-            "apr_aaaaaaaaaaaaaaaa".to_owned()
+            approval.clone()
         } else {
             "x_missing".to_owned()
         };
@@ -211,8 +361,19 @@ fn every_route_refuses_another_tenant_another_user_and_a_viewers_writes_and_chan
 
     for (method, path, rule) in &routes {
         // A viewer never writes, whatever the route (a login ticket for the Control UI, its
-        // own sign-in, is not a write).
+        // own sign-in, is not a write); it reads every row of its tenant.
         let writes = method != "GET" && rule.kind != Kind::Own;
+        let read_row = [
+            "/v1/sessions/{id}",
+            "/v1/sessions/{id}/checkpoints",
+            "/v1/environments/{id}",
+            "/v1/groups/{id}",
+            "/v1/approvals/{id}",
+        ];
+        if method == "GET" && read_row.contains(path) {
+            let resp = send(&viewer, method, path);
+            assert_eq!(resp.status(), 200, "viewer reads {path}");
+        }
         if writes {
             let resp = send(&viewer, method, path);
             assert_eq!(resp.status(), 403, "viewer {method} {path}");
@@ -308,10 +469,26 @@ fn every_route_refuses_another_tenant_another_user_and_a_viewers_writes_and_chan
         }
     }
     assert_eq!(
-        world(&gw, &victim, &session),
+        world(&gw, &victim, &rows),
         before,
         "nothing of ana's changed"
     );
+    // The viewer's lists hold the tenant's rows.
+    for (list, id) in [
+        ("/v1/sessions", &session),
+        ("/v1/approvals", &approval),
+        ("/v1/environments", &environment),
+        ("/v1/snapshots", &snapshot),
+    ] {
+        let seen = get_json(&gw, &viewer, list).to_string();
+        assert!(
+            seen.contains(id.as_str()),
+            "the viewer's {list} lacks {id}: {seen}"
+        );
+    }
+    let out = as_user(&gw, &victim, &["deny", &approval]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    waiting.wait().unwrap();
 
     // The refusals are audited under the acting user.
     let audit = gw.run(&["audit", "export", "--since", "1d"]);
@@ -498,4 +675,197 @@ fn an_expired_token_says_when_it_expired_and_what_to_do() {
     };
     assert!(message.contains("expired on 20"), "{message}");
     assert!(message.contains("ask an admin for a new one"), "{message}");
+}
+
+#[test]
+fn a_viewer_reads_the_tenant_an_operator_cancels_anyones_turn_and_a_member_sees_only_their_own() {
+    let root = BoxRoot::new();
+    let gw = gateway_with_boxes(&root);
+    let ana = person(&gw, "ana@alpha.test", "member", "alpha", "write");
+    let carl = person(&gw, "carl@alpha.test", "member", "alpha", "write");
+    let vera = person(&gw, "vera@alpha.test", "viewer", "alpha", "read");
+    let otto = person(&gw, "otto@alpha.test", "operator", "alpha", "write");
+
+    let ws = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(ws.path().join("build")).unwrap();
+    let (mut waiting, session, approval) = waiting_session(&gw, &ana, ws.path());
+    // A member's session on a worker box: its credentials and placement are the member's.
+    let placed = new_session(&gw, &carl, &["--profile", "local"]);
+    let carls = get_json(&gw, &carl, &format!("/v1/sessions/{placed}"));
+    assert_eq!(carls["runs"][0]["status"], "succeeded", "{carls}");
+    assert!(
+        carls["session"]["worker"]["environment_id"].is_string(),
+        "{carls}"
+    );
+
+    // The viewer lists the whole tenant, each session with its owner.
+    let listed = as_user(&gw, &vera, &["session", "list", "--json"]);
+    assert!(listed.status.success(), "{}", stderr(&listed));
+    let listed: Value = serde_json::from_str(&stdout(&listed)).unwrap();
+    let owners: std::collections::BTreeMap<String, String> = listed["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                s["id"].as_str().unwrap().to_owned(),
+                s["owner"].as_str().unwrap_or("-").to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        owners,
+        [
+            (session.clone(), "ana@alpha.test".to_owned()),
+            (placed.clone(), "carl@alpha.test".to_owned())
+        ]
+        .into_iter()
+        .collect(),
+        "{listed}"
+    );
+    let table = stdout(&as_user(&gw, &vera, &["session", "list"]));
+    let header = table.lines().next().unwrap_or_default();
+    assert!(header.contains("OWNER"), "{table}");
+    let row = table.lines().find(|l| l.contains(&session)).unwrap();
+    assert!(row.contains("ana@alpha.test"), "{table}");
+    // A member's own list has nobody else's, and so no owner column.
+    let own = stdout(&as_user(&gw, &carl, &["session", "list"]));
+    assert!(!own.contains("OWNER") && !own.contains(&session), "{own}");
+    assert!(own.contains(&placed), "{own}");
+    let pending = as_user(&gw, &vera, &["approvals", "--pending", "--json"]);
+    assert!(stdout(&pending).contains(&approval), "{}", stdout(&pending));
+    let shown = as_user(&gw, &vera, &["session", "show", "--json", &session]);
+    assert!(shown.status.success(), "{}", stderr(&shown));
+    // …and changes nothing.
+    let refused = as_user(&gw, &vera, &["session", "cancel", &session]);
+    assert!(!refused.status.success());
+    assert!(
+        stderr(&refused).contains("your role (viewer)"),
+        "{}",
+        stderr(&refused)
+    );
+
+    // Another member sees nothing of ana's.
+    for path in [
+        format!("/v1/sessions/{session}"),
+        format!("/v1/approvals/{approval}"),
+    ] {
+        let resp = Client::new()
+            .get(format!("{}{path}", gw.url))
+            .bearer_auth(&carl)
+            .send()
+            .unwrap();
+        assert_eq!(resp.status(), 404, "carl GET {path}");
+    }
+    let theirs = get_json(&gw, &carl, "/v1/approvals").to_string();
+    assert!(!theirs.contains(&approval), "{theirs}");
+    let cancel = as_user(&gw, &carl, &["session", "cancel", &session]);
+    assert!(!cancel.status.success());
+    assert!(stderr(&cancel).contains("not found"), "{}", stderr(&cancel));
+
+    // The operator may not drive ana's session…
+    let send = as_user(&gw, &otto, &["session", "send", &session, "take over"]);
+    assert!(!send.status.success());
+    assert!(
+        stderr(&send).contains("is ana@alpha.test's: only its owner can change it"),
+        "{}",
+        stderr(&send)
+    );
+    // …but cancels her turn, and the audit says who did.
+    let cancel = as_user(&gw, &otto, &["session", "cancel", &session]);
+    assert!(cancel.status.success(), "{}", stderr(&cancel));
+    waiting.wait().unwrap();
+    let detail = get_json(&gw, &ana, &format!("/v1/sessions/{session}"));
+    assert_eq!(detail["runs"][0]["status"], "cancelled", "{detail}");
+    let audit = stdout(&gw.run(&["audit", "export", "--since", "1d"]));
+    assert!(
+        audit
+            .lines()
+            .any(|l| l.contains("\"otto@alpha.test\"") && l.contains(&session)),
+        "{audit}"
+    );
+}
+
+#[test]
+fn a_users_budget_charges_the_member_who_drove_the_turn_and_refuses_only_them() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let reply = |prompt: u64, completion: u64| {
+        let mut events = openai_sse::text_chunks(&["Done."]);
+        events.extend(openai_sse::finish("stop"));
+        events.extend(openai_sse::usage(prompt, completion));
+        events.extend(openai_sse::done());
+        FakeResponse::sse(events)
+    };
+    let fake = rt.block_on(FakeProvider::start(vec![reply(900, 200), reply(300, 50)]));
+    let config = format!(
+        "[providers.openai]\napi = \"openai-completions\"\nbase_url = \"{}/v1\"\n\
+         [budgets]\nuser_tokens_per_day = 1000\n",
+        fake.base_url()
+    );
+    let gw = Gateway::start_full("", &config, &[]);
+    let ana = person(&gw, "ana@alpha.test", "member", "alpha", "write");
+    let carl = person(&gw, "carl@alpha.test", "member", "alpha", "write");
+    let users = gw.json(&["--json", "admin", "user", "list"]);
+    let id_of = |email: &str| {
+        users["users"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|u| u["email"] == email)
+            .unwrap()["id"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    let repo = TempGitRepo::new(&[("a.txt", "a\n")]);
+    let start = |token: &str, prompt: &str| {
+        as_user(
+            &gw,
+            token,
+            &[
+                "session",
+                "new",
+                "--workspace",
+                repo.path().to_str().unwrap(),
+                "--model",
+                "openai/gpt-fake",
+                prompt,
+            ],
+        )
+    };
+    let out = start(&ana, "one");
+    assert!(out.status.success(), "{}", stderr(&out));
+    // Ana is past her day's budget: her next call is refused before the provider is asked.
+    let out = start(&ana, "two");
+    assert!(!out.status.success());
+    assert_eq!(fake.requests().len(), 1);
+    let said = format!("{}{}", stdout(&out), stderr(&out));
+    assert!(
+        said.contains("`budgets.user_tokens_per_day`")
+            && said.contains(&format!(
+                "user {} used 1100 tokens",
+                id_of("ana@alpha.test")
+            )),
+        "{said}"
+    );
+    // Carl, of the same tenant, is not charged for her turns.
+    let out = start(&carl, "three");
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(fake.requests().len(), 2);
+    let report = gw.json(&["admin", "usage", "--json"]);
+    let used = |id: &str| {
+        report["lines"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|l| l["subject"] == "user" && l["id"] == id)
+            .unwrap_or_else(|| panic!("no line for {id}: {report}"))["tokens"]
+            .clone()
+    };
+    assert_eq!(used(&id_of("ana@alpha.test")), json!(1100), "{report}");
+    assert_eq!(used(&id_of("carl@alpha.test")), json!(350), "{report}");
 }

@@ -361,7 +361,7 @@ impl Environments {
         let hash = self.bundle().await?.hash.clone();
         Ok(self
             .store
-            .environments(scope)?
+            .environments(&skiff_store::Sight::own(scope.clone()))?
             .into_iter()
             .filter(|r| {
                 r.profile == profile
@@ -551,10 +551,10 @@ impl Environments {
         }
     }
 
-    pub(crate) fn list(&self, scope: &Scope) -> Result<Vec<EnvironmentView>> {
+    pub(crate) fn list(&self, sight: &skiff_store::Sight) -> Result<Vec<EnvironmentView>> {
         Ok(self
             .store
-            .environments(scope)?
+            .environments(sight)?
             .iter()
             .map(|r| self.view(r))
             .collect())

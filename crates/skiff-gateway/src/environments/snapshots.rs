@@ -461,11 +461,11 @@ impl Environments {
         self.create_from(scope, profile, Some(snapshot))
     }
 
-    /// The scope's snapshots, most recently used first.
-    pub(crate) fn snapshot_views(&self, scope: &Scope) -> Result<Vec<SnapshotView>> {
+    /// The snapshots the sight sees, most recently used first.
+    pub(crate) fn snapshot_views(&self, sight: &skiff_store::Sight) -> Result<Vec<SnapshotView>> {
         Ok(self
             .store
-            .snapshots(scope)?
+            .snapshots(sight)?
             .iter()
             .map(snapshot_view)
             .collect())

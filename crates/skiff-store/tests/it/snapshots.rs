@@ -117,7 +117,12 @@ fn only_a_ready_snapshot_of_the_same_scope_profile_and_key_is_found() {
         store.snapshot(&mallory, &id),
         Err(Error::NotFound { .. })
     ));
-    assert!(store.snapshots(&mallory).unwrap().is_empty());
+    assert!(
+        store
+            .snapshots(&skiff_store::Sight::own(mallory.clone()))
+            .unwrap()
+            .is_empty()
+    );
     assert_eq!(
         store.find_ready_snapshot(&alice(), "cloud", KEY).unwrap(),
         None
@@ -183,7 +188,12 @@ fn a_snapshot_row_goes_only_after_it_was_marked_deleting() {
         Err(Error::NotFound { .. })
     ));
     assert!(!store.snapshot_known(&id).unwrap());
-    assert!(store.snapshots(&alice()).unwrap().is_empty());
+    assert!(
+        store
+            .snapshots(&skiff_store::Sight::own(alice()))
+            .unwrap()
+            .is_empty()
+    );
 }
 
 #[test]
