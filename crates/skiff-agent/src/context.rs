@@ -75,6 +75,28 @@ pub(crate) fn messages(entries: &[TranscriptEntry]) -> Vec<Message> {
     messages
 }
 
+/// The tool calls of the transcript's last step that have no result (its runtime stopped
+/// mid-step), as `(call id, tool name)`: the calls of the last assistant message, when only
+/// results and notices follow it.
+pub(crate) fn unanswered_at_leaf(entries: &[TranscriptEntry]) -> Vec<(String, String)> {
+    let mut answered = Vec::new();
+    for entry in entries.iter().rev() {
+        match &entry.body {
+            EntryBody::ToolResult { call_id, .. } => answered.push(call_id.as_str()),
+            EntryBody::Notice { .. } => {}
+            EntryBody::AssistantMessage { tool_calls, .. } => {
+                return tool_calls
+                    .iter()
+                    .filter(|c| !answered.contains(&c.id.as_str()))
+                    .map(|c| (c.id.clone(), c.name.clone()))
+                    .collect();
+            }
+            EntryBody::UserMessage { .. } | EntryBody::Compaction { .. } => break,
+        }
+    }
+    Vec::new()
+}
+
 /// What the model reads in place of an image older ones pushed out of the request.
 pub(crate) const IMAGE_LEFT_OUT: &str =
     "(the image is no longer shown, to leave room for newer ones; read the file again to see it)";

@@ -64,6 +64,18 @@ pub trait SessionBackend: Send + Sync {
         false
     }
 
+    /// Asked right before a tool call runs (its approval, if any, given): `Err` says why it
+    /// may not start, and it does not run. A worker's backend asks the gateway, which admits
+    /// it only while the worker still owns the session (a fenced worker runs no tool); a
+    /// backend that cannot be fenced admits everything.
+    fn admit_tool(
+        &self,
+        call: &skiff_protocol::model::ToolCall,
+    ) -> impl Future<Output = Result<(), String>> + Send {
+        let _ = call;
+        async { Ok(()) }
+    }
+
     /// Runs a gateway-resident tool ([`tools::runs_on_gateway`]) on the gateway.
     fn gateway_tool(
         &self,

@@ -76,6 +76,25 @@ async fn drive<M: ModelClient, B: SessionBackend>(
     cancel: &CancellationToken,
 ) -> Result<TurnOutcome, BackendError> {
     let mut entries = backend.transcript().await?;
+    // A step whose runtime stopped with tool calls in flight (a killed worker, a crashed
+    // gateway) left calls without results; whatever they did is in the workspace. Each gets
+    // its result entry now, saying so, before anything else: no effect without an entry,
+    // and no call run again behind the model's back.
+    let lost = context::unanswered_at_leaf(&entries);
+    if !lost.is_empty() {
+        let leaf = entries.last().map(|e| e.id.clone());
+        let bodies = lost
+            .into_iter()
+            .map(|(call_id, name)| EntryBody::ToolResult {
+                call_id,
+                name,
+                content: context::LOST_RESULT.to_owned(),
+                is_error: true,
+                images: Vec::new(),
+            })
+            .collect();
+        commit(backend, &mut entries, leaf, bodies).await?;
+    }
     // Read once per turn: an edit the agent makes to AGENTS.md applies from the next turn, so
     // every step of a turn (and its prompt cache) sees the same text.
     let instructions = instructions::load(tools.workspace(), tools.repository_root()).await;
@@ -351,10 +370,19 @@ async fn run_tool<B: SessionBackend>(
         .await;
     let started = Instant::now();
     let ask = tools.approvals().ask(call, tools.workspace());
-    let denied = match &ask {
+    let mut denied = match &ask {
         Some(ask) if !cancel.is_cancelled() => backend.request_approval(ask, cancel).await.err(),
         _ => None,
     };
+    // Last, right before it runs: an owner fenced meanwhile (even during a long approval
+    // wait) does not start it.
+    if denied.is_none() && !cancel.is_cancelled() && tools.allows(&call.name) {
+        denied = backend
+            .admit_tool(call)
+            .await
+            .err()
+            .map(|why| format!("not run: {why}"));
+    }
     let output = if cancel.is_cancelled() {
         crate::tools::ToolOutput::error("not run: the run was cancelled")
     } else if !tools.allows(&call.name) {

@@ -48,10 +48,12 @@ pub enum Method {
     CredentialRotate,
     #[serde(rename = "approval.request")]
     ApprovalRequest,
+    #[serde(rename = "tool.start")]
+    ToolStart,
 }
 
 impl Method {
-    pub const ALL: [Method; 7] = [
+    pub const ALL: [Method; 8] = [
         Method::TranscriptCommit,
         Method::EventPublish,
         Method::ModelStream,
@@ -59,6 +61,7 @@ impl Method {
         Method::TurnFinish,
         Method::CredentialRotate,
         Method::ApprovalRequest,
+        Method::ToolStart,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -70,6 +73,7 @@ impl Method {
             Method::TurnFinish => "turn.finish",
             Method::CredentialRotate => "credential.rotate",
             Method::ApprovalRequest => "approval.request",
+            Method::ToolStart => "tool.start",
         }
     }
 }
@@ -202,6 +206,12 @@ pub enum Call {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         reason: Option<String>,
     },
+    /// Asks whether a tool call of the worker's committed step may start now. The gateway
+    /// answers [`Reply::Finished`] only while the worker's owner epoch is the session's
+    /// current one (checked like every call); a fenced worker is refused and never runs the
+    /// tool. Nothing is recorded: asking again after a reconnect is checked again.
+    #[serde(rename = "tool.start")]
+    ToolStart { call_id: String, name: String },
 }
 
 impl Call {
@@ -214,6 +224,7 @@ impl Call {
             Call::TurnFinish { .. } => Method::TurnFinish,
             Call::CredentialRotate { .. } => Method::CredentialRotate,
             Call::ApprovalRequest { .. } => Method::ApprovalRequest,
+            Call::ToolStart { .. } => Method::ToolStart,
         }
     }
 }

@@ -86,6 +86,27 @@ impl SessionBackend for RpcBackend {
         self.link.publish(Some(self.run.clone()), event).await;
     }
 
+    async fn admit_tool(&self, call: &skiff_protocol::model::ToolCall) -> Result<(), String> {
+        // One round trip per tool call, answered from memory and one placement read: the
+        // gateway admits it only while this worker's epoch owns the session, so a worker
+        // fenced while its step ran starts none of the step's remaining tools.
+        let reply = self
+            .link
+            .call(
+                StreamKind::Tool,
+                Some(self.run.clone()),
+                Call::ToolStart {
+                    call_id: call.id.clone(),
+                    name: call.name.clone(),
+                },
+            )
+            .await;
+        match reply {
+            Reply::Finished => Ok(()),
+            other => Err(refused(other, "the tool's start").0),
+        }
+    }
+
     async fn gateway_tool(
         &self,
         name: &str,

@@ -36,9 +36,26 @@ pub(crate) struct Memory {
     events: Mutex<Vec<EventKind>>,
     /// Asks for a live handoff once the transcript holds this many entries (0: never).
     pub(crate) hand_off_at: std::sync::atomic::AtomicUsize,
+    /// How many tool starts are admitted before this owner is fenced (`None`: never fenced).
+    pub(crate) fenced_after: Mutex<Option<usize>>,
 }
 
 impl SessionBackend for Memory {
+    async fn admit_tool(&self, call: &ToolCall) -> Result<(), String> {
+        let mut left = self.fenced_after.lock().unwrap();
+        match left.as_mut() {
+            None => Ok(()),
+            Some(0) => Err(format!(
+                "the gateway refused {}'s start (stale_epoch): owner epoch 2 is stale",
+                call.id
+            )),
+            Some(n) => {
+                *n -= 1;
+                Ok(())
+            }
+        }
+    }
+
     fn handing_off(&self) -> bool {
         let at = self.hand_off_at.load(std::sync::atomic::Ordering::SeqCst);
         at > 0 && self.entries.lock().unwrap().len() >= at
@@ -595,4 +612,150 @@ async fn agents_md_from_parent_folders_up_to_the_repository_root_reach_the_reque
             .contains("is not a folder above the workspace root"),
         "{err}"
     );
+}
+
+#[tokio::test]
+async fn an_owner_fenced_during_a_step_starts_none_of_its_remaining_tools() {
+    let dir = tempfile::tempdir().unwrap();
+    let tools = Tools::new(
+        dir.path().to_path_buf(),
+        crate::tools::hermetic_home(dir.path()),
+    )
+    .unwrap();
+    let model = Scripted(vec![
+        tool_turn(&[
+            ("exec", json!({"command": "echo one >> runs.log"})),
+            ("exec", json!({"command": "echo two >> runs.log"})),
+        ]),
+        final_turn("done"),
+    ]);
+    let memory = backend_with_prompt();
+    // The first call is admitted; the owner is fenced before the second one starts.
+    *memory.fenced_after.lock().unwrap() = Some(1);
+    run_turn(
+        &model,
+        &memory,
+        &tools,
+        &config(),
+        &CancellationToken::new(),
+    )
+    .await;
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("runs.log")).unwrap(),
+        "one\n",
+        "a tool ran after its owner was fenced"
+    );
+    let entries = memory.entries.lock().unwrap();
+    let refused = entries
+        .iter()
+        .find_map(|e| match &e.body {
+            EntryBody::ToolResult {
+                call_id,
+                content,
+                is_error,
+                ..
+            } if call_id == "call_1" => Some((content.clone(), *is_error)),
+            _ => None,
+        })
+        .expect("the refused call has its result");
+    assert!(refused.1, "{refused:?}");
+    assert!(
+        refused.0.starts_with("not run: ") && refused.0.contains("stale_epoch"),
+        "{refused:?}"
+    );
+}
+
+#[tokio::test]
+async fn calls_a_stopped_runtime_left_unanswered_get_their_result_entry_and_are_not_run_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let tools = Tools::new(
+        dir.path().to_path_buf(),
+        crate::tools::hermetic_home(dir.path()),
+    )
+    .unwrap();
+    let memory = backend_with_prompt();
+    {
+        // The previous owner committed a step of two calls and the first one's result, then
+        // stopped while the second ran.
+        let mut entries = memory.entries.lock().unwrap();
+        let step = tool_turn(&[
+            ("exec", json!({"command": "echo one >> runs.log"})),
+            ("exec", json!({"command": "echo two >> runs.log"})),
+        ]);
+        let tool_calls: Vec<ToolCall> = step
+            .into_iter()
+            .filter_map(|e| match e {
+                ModelEvent::ToolCall { call } => Some(call),
+                _ => None,
+            })
+            .collect();
+        for (n, body) in [
+            EntryBody::AssistantMessage {
+                text: "working".into(),
+                tool_calls,
+                model: "scripted/test (scripted)".into(),
+                usage: Default::default(),
+                stop_reason: StopReason::ToolUse,
+                reasoning: Vec::new(),
+            },
+            EntryBody::ToolResult {
+                call_id: "call_0".into(),
+                name: "exec".into(),
+                content: "ok".into(),
+                is_error: false,
+                images: Vec::new(),
+            },
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let entry = TranscriptEntry {
+                id: EntryId::from_suffix(&format!("prev{n}")),
+                parent_id: entries.last().map(|e| e.id.clone()),
+                run_id: None,
+                created_at_ms: 0,
+                body,
+            };
+            entries.push(entry);
+        }
+    }
+    let model = Scripted(vec![Vec::new(), final_turn("done")]);
+    let outcome = run_turn(
+        &model,
+        &memory,
+        &tools,
+        &config(),
+        &CancellationToken::new(),
+    )
+    .await;
+    assert_eq!(outcome, TurnOutcome::Completed);
+    assert_eq!(
+        kinds(&memory),
+        [
+            "user_message",
+            "assistant_message",
+            "tool_result",
+            "tool_result",
+            "assistant_message"
+        ]
+    );
+    let entries = memory.entries.lock().unwrap();
+    match &entries[3].body {
+        EntryBody::ToolResult {
+            call_id,
+            content,
+            is_error,
+            ..
+        } => {
+            assert_eq!(call_id, "call_1");
+            assert!(*is_error);
+            assert!(
+                content.starts_with("no result was recorded for this call"),
+                "{content}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    // Neither call ran here: the new owner never repeats a call behind the model's back.
+    assert!(!dir.path().join("runs.log").exists());
 }

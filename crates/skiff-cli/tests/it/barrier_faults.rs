@@ -309,11 +309,9 @@ macro_rules! cases {
 
 // Home to a box: at `drained` nothing is placed yet (no box to kill or cut), so only the
 // gateway can die there; a move to a box reconciles nothing inbound (no `reconciled` step).
-// Missing on purpose until its bug is fixed: `dispatch --live` × fenced × kill-worker, which
-// once saw a worker of the fenced epoch run an exec whose effect came home with no result in
-// the transcript (the closing note of stop 24 has the evidence).
 cases! {
     dispatch_live_drained_kill_gateway: DispatchLive, "drained", "kill-gateway";
+    dispatch_live_fenced_kill_worker: DispatchLive, "fenced", "kill-worker";
     dispatch_live_fenced_cut_tunnel: DispatchLive, "fenced", "cut-tunnel";
     dispatch_live_fenced_kill_gateway: DispatchLive, "fenced", "kill-gateway";
     dispatch_live_fenced_kill_box: DispatchLive, "fenced", "kill-box";

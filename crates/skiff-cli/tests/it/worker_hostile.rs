@@ -873,3 +873,126 @@ fn an_oversized_frame_is_refused_and_ends_the_connection() {
         ),
     }
 }
+
+/// Issue 14's window, held open: the old worker has committed a step that calls `exec` and is
+/// held just before the tool starts (this test's connection is that worker). Its epoch is
+/// fenced meanwhile — its connection ends and the gateway replaces it. Whatever it does next,
+/// the call never runs: a start asked under the old epoch is refused, and the old epoch cannot
+/// even connect again. The new owner answers the call in the transcript (its result was never
+/// recorded) instead of running it, and the turn goes on.
+#[test]
+fn a_worker_fenced_just_before_its_tool_starts_never_runs_it() {
+    let (rig, _repo, id) = idle_worker_session(vec![
+        // The real worker's model call of the second turn hangs until the gateway cancels it.
+        FakeResponse::stall(),
+        // The replacement asks for the step after the held one.
+        text_reply(&["recovered"]),
+    ]);
+    let out = rig.session(&["send", "--detach", "--json", &id, "Log it"]);
+    assert!(out.status.success(), "session send: {}", stderr(&out));
+    let started: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let run = started["run"]["id"].as_str().unwrap().to_owned();
+    let deadline = Instant::now() + ANSWER_TIMEOUT;
+    while rig.fake.requests().len() < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the second turn never reached the provider"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut t = Target::of(&rig, &id);
+    let epoch = owner_epoch(&rig, &id);
+    let real = t.worker_pid();
+    signal(&real, "-STOP");
+    let (mut conn, ident) = t.admit(&t.credential(epoch));
+    signal(&real, "-KILL");
+
+    // The held worker's step: one `exec` that would leave its mark in the workspace.
+    let leaf = transcript(&rig, &id).last().unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let step = skiff_protocol::transcript::EntryBody::AssistantMessage {
+        text: "On it.".into(),
+        tool_calls: vec![skiff_protocol::model::ToolCall {
+            id: "call_held".into(),
+            name: "exec".into(),
+            arguments: json!({ "command": "echo call_held >> runs.log" }),
+        }],
+        model: MODEL.into(),
+        usage: Default::default(),
+        stop_reason: skiff_protocol::model::StopReason::ToolUse,
+        reasoning: Vec::new(),
+    };
+    let seq = FAR;
+    conn.send(&call(
+        ident.op(Some(&run), "transcript", seq),
+        "transcript.commit",
+        json!({ "base_leaf": leaf, "entries": [serde_json::to_value(&step).unwrap()] }),
+    ));
+    assert!(
+        matches!(
+            conn.reply(StreamKind::Transcript, seq),
+            Reply::Committed { .. }
+        ),
+        "the held worker's step was not committed"
+    );
+    let start = json!({ "call_id": "call_held", "name": "exec" });
+    // A start asked in the name of an epoch that is no longer the owner's is refused.
+    let mut stale = ident.op(Some(&run), "tool", FAR);
+    stale["owner_epoch"] = json!(epoch - 1);
+    conn.send(&call(stale, "tool.start", start.clone()));
+    let (code, message) = conn.refused_reply(StreamKind::Tool, FAR);
+    assert_eq!(code, RefusalCode::StaleEpoch, "{message}");
+    t.expect_audited("worker.call", RefusalCode::StaleEpoch);
+
+    // The fence: the held worker's connection ends, and the gateway replaces it under a new
+    // epoch; the new worker takes the turn up from the transcript.
+    drop(conn);
+    let watched = rig.session(&["watch", &id]);
+    assert!(
+        watched.status.success(),
+        "the turn did not finish at the new owner: {}",
+        stderr(&watched)
+    );
+    assert!(owner_epoch(&rig, &id) > epoch, "the worker was not fenced");
+
+    // Released, the old worker cannot ask again: its epoch is not admitted.
+    let (code, message) = t.refused_hello(&t.credential(epoch));
+    assert_eq!(code, RefusalCode::StaleEpoch, "{message}");
+
+    // The call never ran, on the box or after its work came home; the transcript answers it
+    // once, saying its result was never recorded; the turn went on to its end.
+    let detail = show(&rig, &id);
+    assert_eq!(crate::handoff::runs_log(&detail), "", "the fenced call ran");
+    for env in rig.root.boxes() {
+        let on_box = rig
+            .root
+            .path()
+            .join(env)
+            .join("home/workspaces")
+            .join(&id)
+            .join("runs.log");
+        assert!(!on_box.exists(), "the fenced call ran on the box");
+    }
+    let entries = transcript(&rig, &id);
+    let answers: Vec<&Value> = entries
+        .iter()
+        .filter(|e| e["body"]["kind"] == "tool_result" && e["body"]["call_id"] == "call_held")
+        .collect();
+    assert_eq!(answers.len(), 1, "{entries:#?}");
+    assert_eq!(answers[0]["body"]["is_error"], true);
+    assert!(
+        answers[0]["body"]["content"]
+            .as_str()
+            .unwrap()
+            .starts_with("no result was recorded for this call"),
+        "{:#?}",
+        answers[0]
+    );
+    assert_eq!(
+        entries.last().unwrap()["body"]["text"],
+        "recovered",
+        "{entries:#?}"
+    );
+}

@@ -91,6 +91,21 @@ impl Core {
             self.model_call(a, op, call);
             return;
         }
+        if let Call::ToolStart { call_id, name } = &call {
+            // `check_op` found this worker's epoch current, and every epoch advance stops the
+            // worker it fences first: a tool admitted here ends before its owner is fenced.
+            // Nothing is recorded, so a repeat after a reconnect is simply checked again.
+            tracing::debug!(session = %session, epoch, call = %call_id, tool = %name, "tool start admitted");
+            a.live.send_on(
+                a.conn_id,
+                GatewayFrame::Reply {
+                    stream,
+                    seq,
+                    reply: Reply::Finished,
+                },
+            );
+            return;
+        }
         let hash = call_hash(&call);
         // The cache is what makes a repeated call harmless: when it cannot be read, running
         // the call could repeat its side effect (a second commit, a second inbound sync), so
@@ -259,7 +274,8 @@ impl Core {
                 }
                 Call::EventPublish { .. }
                 | Call::ModelStream { .. }
-                | Call::CredentialRotate {} => {
+                | Call::CredentialRotate {}
+                | Call::ToolStart { .. } => {
                     return;
                 }
             };
@@ -544,7 +560,9 @@ impl super::WorkerSide {
             Call::TranscriptCommit { .. } => StreamKind::Transcript,
             Call::EventPublish { .. } => StreamKind::Events,
             Call::ModelStream { .. } => StreamKind::Model,
-            Call::ToolGateway { .. } | Call::ApprovalRequest { .. } => StreamKind::Tool,
+            Call::ToolGateway { .. } | Call::ApprovalRequest { .. } | Call::ToolStart { .. } => {
+                StreamKind::Tool
+            }
             Call::TurnFinish { .. } | Call::CredentialRotate {} => StreamKind::Control,
         };
         if op.stream != expected_stream || op.seq == 0 {

@@ -88,6 +88,7 @@ impl Core {
             if wait_connected(&live, p.owner_epoch, RECONNECT_GRACE * 2).await {
                 return Ok(p);
             }
+            self.workers.stop_before_fencing(scope, &p).await;
             p = self.workers.place(
                 scope,
                 id,

@@ -513,6 +513,23 @@ impl super::WorkerSide {
             .map_err(|e| e.to_string())
     }
 
+    /// Before a new epoch fences a worker that is merely out of reach, that worker is
+    /// stopped on its box with the commands its tools started: a tool the gateway admitted
+    /// under the old epoch ends before the fence, never after it. A box that cannot be
+    /// reached runs nothing that could come home; that is logged, and the fence goes on.
+    pub(super) async fn stop_before_fencing(&self, scope: &Scope, p: &PlacementRow) {
+        if p.worker_pid.is_none_or(|pid| pid <= 0) {
+            return;
+        }
+        let stopped = match self.placement_env(scope, p) {
+            Ok(env) => self.stop_worker_on_box(&env, p.worker_pid).await,
+            Err(e) => Err(e.to_string()),
+        };
+        if let Err(e) = stopped {
+            tracing::warn!(session = %p.session_id, epoch = p.owner_epoch, error = %e, "the worker being fenced could not be confirmed stopped");
+        }
+    }
+
     fn audit_pull_back(
         &self,
         scope: &Scope,

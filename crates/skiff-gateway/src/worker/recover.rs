@@ -315,6 +315,22 @@ impl Core {
 
     /// A new worker on the same box under a new owner epoch; the old one is fenced.
     async fn replace_worker(self: &Arc<Self>, scope: &Scope, session: &SessionId) -> Result<()> {
+        // One driver of the placement at a time: a turn's `ensure_worker` may be replacing the
+        // same lost worker, and two replacements would fence each other's worker mid-step.
+        let live = self.workers.live(session);
+        let placing = live.placing.clone();
+        let _placing = placing.lock_owned().await;
+        let before = self
+            .store
+            .placement(scope, session)?
+            .ok_or_else(|| crate::Error::Conflict(format!("session {session} has no placement")))?;
+        if before.state == PlacementState::Active
+            && live.connected_epoch() == Some(before.owner_epoch)
+        {
+            // Replaced meanwhile by that other driver, and its worker is connected.
+            return Ok(());
+        }
+        self.workers.stop_before_fencing(scope, &before).await;
         let p = self.workers.place(
             scope,
             session,

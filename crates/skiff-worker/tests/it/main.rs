@@ -375,3 +375,192 @@ fn model_call(frame: WorkerFrame) -> (OpId, u64) {
         other => panic!("expected a model call, got {other:?}"),
     }
 }
+
+/// The next call the worker makes, skipping live events and model acknowledgements (neither
+/// needs an answer here).
+async fn next_op(conn: &mut Conn) -> (OpId, Call) {
+    loop {
+        match conn.next_call().await {
+            WorkerFrame::Call {
+                call: Call::EventPublish { .. },
+                ..
+            } => continue,
+            WorkerFrame::Call { op, call } => return (op, call),
+            other => panic!("expected a call, got {other:?}"),
+        }
+    }
+}
+
+/// Issue 14's window, held open by the fake gateway: the worker has committed a step of two
+/// `exec` calls and asks before each one starts. The first start is admitted and runs; the
+/// worker is fenced before the second (a new owner epoch), so that start is refused — and the
+/// second command never runs. Its result says why, and the worker's later writes are refused
+/// as a fenced owner's are.
+#[tokio::test]
+async fn a_worker_fenced_before_a_tool_starts_does_not_run_it() {
+    use skiff_protocol::transcript::{EntryBody, TranscriptEntry};
+    use skiff_protocol::worker::{Reply, TurnAssignment};
+    use skiff_protocol::{EntryId, RunId};
+
+    let fake = fake_gateway();
+    let worker = tokio::spawn(skiff_worker::run(options(
+        &fake.dir,
+        Duration::from_secs(30),
+    )));
+    let mut conn = Conn::accept(&fake.listener).await;
+    conn.admit(2, "c2", BTreeMap::new()).await;
+    let run = RunId::from_suffix("test");
+    let user = TranscriptEntry {
+        id: EntryId::from_suffix("user"),
+        parent_id: None,
+        run_id: Some(run.clone()),
+        created_at_ms: 0,
+        body: EntryBody::UserMessage {
+            text: "log twice".into(),
+        },
+    };
+    let turn: TurnAssignment = serde_json::from_value(serde_json::json!({
+        "run_id": run,
+        "model": "fake/model",
+        "model_label": "fake/model",
+        "max_steps": 4,
+        "max_output_tokens": 256,
+        "context_window": 0,
+        "compact_at": 0.8,
+        "transcript": [user],
+    }))
+    .unwrap();
+    conn.send(&GatewayFrame::Turn { turn }).await;
+
+    let (op, call) = next_op(&mut conn).await;
+    assert!(matches!(call, Call::ModelStream { .. }), "{call:?}");
+    let exec = |id: &str, line: &str| ModelEvent::ToolCall {
+        call: skiff_protocol::model::ToolCall {
+            id: id.into(),
+            name: "exec".into(),
+            arguments: serde_json::json!({ "command": format!("echo {line} >> runs.log") }),
+        },
+    };
+    conn.send(&GatewayFrame::Model {
+        seq: op.seq,
+        index: 0,
+        events: vec![
+            exec("call_1", "one"),
+            exec("call_2", "two"),
+            ModelEvent::Done {
+                stop_reason: StopReason::ToolUse,
+            },
+        ],
+    })
+    .await;
+
+    // The step is committed before any of its tools starts.
+    let (op, call) = next_op(&mut conn).await;
+    let Call::TranscriptCommit { entries, .. } = call else {
+        panic!("expected the step's commit, got {call:?}");
+    };
+    let committed: Vec<TranscriptEntry> = entries
+        .into_iter()
+        .enumerate()
+        .map(|(n, body)| TranscriptEntry {
+            id: EntryId::from_suffix(&format!("step{n}")),
+            parent_id: Some(EntryId::from_suffix("user")),
+            run_id: Some(run.clone()),
+            created_at_ms: 0,
+            body,
+        })
+        .collect();
+    conn.send(&GatewayFrame::Reply {
+        stream: op.stream,
+        seq: op.seq,
+        reply: Reply::Committed { entries: committed },
+    })
+    .await;
+
+    // The first start is admitted under epoch 2, and that command runs.
+    let (op, call) = next_op(&mut conn).await;
+    assert_eq!(
+        call,
+        Call::ToolStart {
+            call_id: "call_1".into(),
+            name: "exec".into()
+        }
+    );
+    assert_eq!((op.owner_epoch, op.stream), (2, StreamKind::Tool));
+    conn.send(&GatewayFrame::Reply {
+        stream: op.stream,
+        seq: op.seq,
+        reply: Reply::Finished,
+    })
+    .await;
+    // Held just before the second tool starts: the worker waits for the answer, and the
+    // owner is fenced meanwhile.
+    let (op, call) = next_op(&mut conn).await;
+    assert_eq!(
+        call,
+        Call::ToolStart {
+            call_id: "call_2".into(),
+            name: "exec".into()
+        }
+    );
+    let log = fake.dir.join("home/workspaces/ses_test/runs.log");
+    assert_eq!(
+        std::fs::read_to_string(&log).unwrap(),
+        "one\n",
+        "the admitted command ran before the next start was asked"
+    );
+    let stale = "owner epoch 2 is stale; the session's owner is epoch 3";
+    conn.send(&GatewayFrame::Reply {
+        stream: op.stream,
+        seq: op.seq,
+        reply: Reply::Refused {
+            code: RefusalCode::StaleEpoch,
+            message: stale.into(),
+        },
+    })
+    .await;
+
+    // The step's results come next: the refused call's says it did not run, and why.
+    let (op, call) = next_op(&mut conn).await;
+    let Call::TranscriptCommit { entries, .. } = call else {
+        panic!("expected the results' commit, got {call:?}");
+    };
+    match &entries[1] {
+        EntryBody::ToolResult {
+            call_id,
+            content,
+            is_error,
+            ..
+        } => {
+            assert_eq!(call_id, "call_2");
+            assert!(*is_error);
+            assert!(
+                content.starts_with("not run: ") && content.contains(stale),
+                "{content}"
+            );
+        }
+        other => panic!("expected the refused call's result, got {other:?}"),
+    }
+    conn.send(&GatewayFrame::Reply {
+        stream: op.stream,
+        seq: op.seq,
+        reply: Reply::Refused {
+            code: RefusalCode::StaleEpoch,
+            message: stale.into(),
+        },
+    })
+    .await;
+    // A fenced owner's turn ends there; whatever it says at the end changes nothing.
+    let (_, call) = next_op(&mut conn).await;
+    assert!(matches!(call, Call::TurnFinish { .. }), "{call:?}");
+    conn.send(&GatewayFrame::Shutdown {
+        reason: "test over".into(),
+    })
+    .await;
+    assert!(worker.await.unwrap().is_ok());
+    assert_eq!(
+        std::fs::read_to_string(&log).unwrap(),
+        "one\n",
+        "a command ran after its owner was fenced"
+    );
+}
