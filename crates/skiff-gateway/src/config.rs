@@ -45,6 +45,9 @@ pub struct Config {
     /// Chat ingress (`[ingress.slack]`); off unless configured.
     #[serde(default)]
     pub ingress: crate::ingress::IngressConfig,
+    /// Single sign-on (`[auth.proxy]`); off unless configured.
+    #[serde(default)]
+    pub auth: crate::sso::AuthConfig,
 }
 
 /// `[forge]`: where governed actions push and open pull requests, with the gateway's own

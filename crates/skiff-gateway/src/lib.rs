@@ -35,6 +35,7 @@ mod remote;
 mod restore;
 mod results;
 mod sessions;
+mod sso;
 pub mod state_dir;
 mod sync_api;
 mod telemetry;
@@ -138,6 +139,9 @@ pub(crate) struct Core {
     agents: agents::Agents,
     /// `[ingress.slack]`, when configured (otherwise its route does not exist).
     slack: Option<Arc<ingress::Slack>>,
+    /// `[auth.proxy]`, when configured: every request is authenticated by the proxy's
+    /// assertion and nothing else.
+    proxy: Option<sso::proxy::Proxy>,
 }
 
 /// A started gateway.
@@ -264,6 +268,19 @@ pub(crate) async fn open_core(options: &Options) -> Result<(Arc<Core>, std::time
             message,
         })
     })?;
+    let proxy = match &config.auth.proxy {
+        Some(proxy) => Some(
+            sso::proxy::Proxy::from_config(&config_path, proxy)
+                .await
+                .map_err(|message| {
+                    Error::Config(config::ConfigError::Invalid {
+                        path: config_path.display().to_string(),
+                        message,
+                    })
+                })?,
+        ),
+        None => None,
+    };
     let config_dir = config_path.parent().map(PathBuf::from).unwrap_or_default();
     let store = Arc::new(Store::open(&state.database())?);
     let (audit_feed, _) = tokio::sync::watch::channel(0i64);
@@ -392,6 +409,7 @@ pub(crate) async fn open_core(options: &Options) -> Result<(Arc<Core>, std::time
         sandbox_warning,
         agents,
         slack,
+        proxy,
     });
     core.envs
         .set_readiness(Arc::new(worker::probe::Probe(Arc::downgrade(&core))));

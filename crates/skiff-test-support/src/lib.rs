@@ -20,6 +20,7 @@ mod fake_provider;
 pub mod fake_slack;
 mod git;
 pub mod git_http;
+pub mod oidc_provider;
 pub mod openai_responses_sse;
 pub mod openai_sse;
 

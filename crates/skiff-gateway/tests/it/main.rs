@@ -19,6 +19,7 @@ mod listing;
 mod mcp;
 mod operations;
 mod processes;
+mod proxy_auth;
 mod reasoning;
 mod remote_repos;
 mod sandbox;
