@@ -61,8 +61,8 @@ pub(crate) enum BarrierStep {
     /// loop stopped (live) or the slot claimed (at a boundary), nothing placed yet.
     Drained,
     /// Home from a box: the worker is stopped and fenced by a new epoch. To a box: the new
-    /// owner holds the session (its worker admitted under the new epoch, `active`), and the
-    /// turn is not handed to it yet.
+    /// owner holds the session (its worker admitted under the new epoch, `active`) and may
+    /// already have taken the turn up: starting a worker hands it the open run.
     Fenced,
     /// Home from a box: the box's work is back (or was already here); the session is not
     /// home yet. A move to a box reconciles nothing inbound and has no such step.
