@@ -68,6 +68,8 @@ test("a member's session opened by an operator names its owner and has no compos
   await page.setViewportSize({ width: 390, height: 844 });
   await settled(page, 390);
   await shot(page, 'ownership-operator-390');
+  // No hover on a phone: the whole line shows, wrapped.
+  assert.equal(await note.locator('.others-text').evaluate((el) => el.scrollWidth <= el.clientWidth), true);
 
   // A viewer reads.
   const viewer = await signedIn(t, gw, vera, id);
