@@ -200,21 +200,8 @@ impl Client {
         self.send(self.get(&format!("/v1/sessions/{id}"))).await
     }
 
-    pub async fn send_message(
-        &self,
-        id: &str,
-        prompt: &str,
-        profile: Option<&str>,
-        reasoning: Option<skiff_protocol::model::ReasoningEffort>,
-        approval: Option<skiff_protocol::approval::ApprovalPolicy>,
-    ) -> Result<RunStarted> {
-        let body = SendMessageRequest {
-            prompt: prompt.to_owned(),
-            profile: profile.map(str::to_owned),
-            reasoning,
-            approval,
-        };
-        self.send(self.post(&format!("/v1/sessions/{id}/messages"), &body))
+    pub async fn send_message(&self, id: &str, body: &SendMessageRequest) -> Result<RunStarted> {
+        self.send(self.post(&format!("/v1/sessions/{id}/messages"), body))
             .await
     }
 

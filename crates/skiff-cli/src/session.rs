@@ -7,7 +7,9 @@ use crate::render::{self, Detail, Live};
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use futures_util::StreamExt;
-use skiff_protocol::api::{CreateSessionRequest, ErrorCode, PlacementMove, RunStarted, RunStatus};
+use skiff_protocol::api::{
+    CreateSessionRequest, ErrorCode, PlacementMove, RunStarted, RunStatus, SendMessageRequest,
+};
 use skiff_protocol::environment::PlacementState;
 use skiff_protocol::event::EventKind;
 use skiff_protocol::model::ReasoningEffort;
@@ -252,6 +254,10 @@ pub struct SendArgs {
     /// '{ exec = ["rm *"], write_outside = ["src/**"], all = true }' [default: the profile's or gateway's `approval`]
     #[arg(long, value_name = "POLICY", value_parser = crate::approvals::parse_policy)]
     approval: Option<skiff_protocol::approval::ApprovalPolicy>,
+    /// Switch the session to this agent spec from this turn on: NAME (its current version) or
+    /// NAME@DIGEST (refused while a turn runs; the session keeps its model)
+    #[arg(long, value_name = "NAME[@DIGEST]")]
+    agent: Option<String>,
     /// Start the turn and return without streaming it
     #[arg(long)]
     detach: bool,
@@ -313,10 +319,13 @@ pub async fn run(cmd: SessionCommand, state_dir: &Path, json: bool) -> Result<Ex
             let started = client
                 .send_message(
                     &args.id,
-                    &args.prompt,
-                    args.profile.as_deref(),
-                    args.reasoning,
-                    args.approval,
+                    &SendMessageRequest {
+                        prompt: args.prompt,
+                        profile: args.profile,
+                        reasoning: args.reasoning,
+                        approval: args.approval,
+                        agent: args.agent,
+                    },
                 )
                 .await?;
             let live = Live::with_detail(json, Detail::with_full_flag(args.detail.full));

@@ -262,10 +262,13 @@ async fn send_message(
         .send(
             &scope,
             &session_id(&id)?,
-            &req.prompt,
-            req.profile.as_deref(),
-            req.reasoning,
-            req.approval,
+            crate::sessions::Message {
+                prompt: &req.prompt,
+                profile: req.profile.as_deref(),
+                reasoning: req.reasoning,
+                approval: req.approval,
+                agent: req.agent.as_deref(),
+            },
         )
         .await?;
     Ok((StatusCode::CREATED, Json(started)).into_response())

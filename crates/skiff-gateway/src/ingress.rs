@@ -488,7 +488,16 @@ async fn start_or_continue(
                 "this thread's session belongs to another user".into(),
             ));
         }
-        let started = core.send(scope, &session, prompt, None, None, None).await?;
+        let started = core
+            .send(
+                scope,
+                &session,
+                crate::sessions::Message {
+                    prompt,
+                    ..Default::default()
+                },
+            )
+            .await?;
         return Ok((session, started.run.id));
     }
     let request = skiff_protocol::api::CreateSessionRequest {

@@ -116,6 +116,33 @@ fn totals(runs: &[RunView]) -> UsageTotals {
     totals
 }
 
+/// What a message to an existing session carries (`POST /v1/sessions/{id}/messages`).
+#[derive(Default)]
+pub(crate) struct Message<'a> {
+    pub(crate) prompt: &'a str,
+    /// Dispatch to (or stay on) this worker profile.
+    pub(crate) profile: Option<&'a str>,
+    pub(crate) reasoning: Option<ReasoningEffort>,
+    pub(crate) approval: Option<skiff_protocol::approval::ApprovalPolicy>,
+    /// `NAME` or `NAME@DIGEST`: the spec the session switches to at this turn boundary.
+    pub(crate) agent: Option<&'a str>,
+}
+
+/// What an admitted turn makes the session's from then on.
+#[derive(Default)]
+struct TurnChoices {
+    reasoning: Option<ReasoningEffort>,
+    switch: Option<AgentSwitch>,
+}
+
+/// A checked switch to another agent spec version.
+struct AgentSwitch {
+    pin: skiff_protocol::agent::AgentPin,
+    spec: skiff_protocol::agent::AgentSpec,
+    chose_reasoning: bool,
+    chose_approval: bool,
+}
+
 impl Core {
     pub(crate) fn session_view(&self, scope: &Scope, row: SessionRow) -> Result<SessionView> {
         let last_run = self.store.runs(scope, &row.id)?.pop();
@@ -140,6 +167,44 @@ impl Core {
             .store
             .session_agent(scope, id)?
             .map(|(name, digest)| skiff_protocol::agent::AgentPin { name, digest }))
+    }
+
+    /// Re-pins an admitted turn's session to another spec version (no turn runs with the old
+    /// one now). The new spec's reasoning and approval become the session's unless the message
+    /// chose its own; the session keeps its model. Audited as `session.agent` with both
+    /// digests.
+    fn switch_agent(&self, scope: &Scope, id: &SessionId, switch: &AgentSwitch) -> Result<()> {
+        let AgentSwitch { pin, spec, .. } = switch;
+        let old = self.session_pin(scope, id)?;
+        if old.as_ref() == Some(pin) {
+            return Ok(());
+        }
+        self.store
+            .pin_session_agent(scope, id, &pin.name, &pin.digest)?;
+        if !switch.chose_reasoning
+            && let Some(effort) = spec.reasoning
+        {
+            self.store
+                .set_session_reasoning(scope, id, Some(effort.as_str()))?;
+        }
+        if !switch.chose_approval
+            && let Some(policy) = &spec.approval
+        {
+            self.store.set_session_approval(scope, id, policy)?;
+        }
+        self.audit(
+            scope,
+            "session.agent",
+            id.as_str(),
+            "allowed",
+            json!({
+                "from": old.as_ref().map(|p| p.short()),
+                "from_digest": old.map(|p| p.digest),
+                "agent": pin.short(),
+                "agent_digest": pin.digest,
+            }),
+        );
+        Ok(())
     }
 
     /// The pinned spec a session's turn runs with, checked against its digest.
@@ -543,17 +608,42 @@ impl Core {
         self: &Arc<Self>,
         scope: &Scope,
         id: &SessionId,
-        prompt: &str,
-        profile: Option<&str>,
-        reasoning: Option<ReasoningEffort>,
-        approval: Option<skiff_protocol::approval::ApprovalPolicy>,
+        message: Message<'_>,
     ) -> Result<RunStarted> {
+        let Message {
+            prompt,
+            profile,
+            reasoning,
+            approval,
+            agent,
+        } = message;
         check_prompt(prompt)?;
         if let Some(policy) = &approval {
             crate::approvals::compile(policy, "approval").map_err(Error::BadRequest)?;
         }
         // Not found is said about the session, before anything is claimed for it.
         self.store.session(scope, id)?;
+        // A spec switch is checked whole before anything changes: an unknown name or digest
+        // and a turn still running are refused with the session as it was.
+        let switch = match agent {
+            Some(reference) => {
+                self.agents.sync(&self.store)?;
+                let (pin, spec) = crate::agents::resolve(&self.store, reference)?;
+                if let Some(run) = self.store.open_run(scope, id)? {
+                    return Err(Error::Conflict(format!(
+                        "session {id} is running turn {}: its agent spec changes only between turns; send again when the turn ends, or cancel it first",
+                        run.id
+                    )));
+                }
+                Some(AgentSwitch {
+                    pin,
+                    spec,
+                    chose_reasoning: reasoning.is_some(),
+                    chose_approval: approval.is_some(),
+                })
+            }
+            None => None,
+        };
         if let Some(policy) = &approval {
             self.store.set_session_approval(scope, id, policy)?;
         }
@@ -572,8 +662,9 @@ impl Core {
                 // Dispatch at the turn boundary (a session never placed, or pulled back).
                 _ => {
                     self.workers.claim_dispatch(scope, id, profile).await?;
+                    let choices = TurnChoices { reasoning, switch };
                     return self
-                        .admit_turn(scope, id, user_message(prompt), reasoning, admission)
+                        .admit_turn(scope, id, user_message(prompt), choices, admission)
                         .await;
                 }
             }
@@ -602,7 +693,8 @@ impl Core {
                 .claim_worker_slot(|max| self.store.request_placement(scope, id, &p.profile, max))
                 .await?;
         }
-        self.admit_turn(scope, id, user_message(prompt), reasoning, admission)
+        let choices = TurnChoices { reasoning, switch };
+        self.admit_turn(scope, id, user_message(prompt), choices, admission)
             .await
     }
 
@@ -628,20 +720,22 @@ impl Core {
         first: EntryBody,
     ) -> Result<RunStarted> {
         let admission = self.workers.live(id).admission.clone().lock_owned().await;
-        self.admit_turn(scope, id, first, None, admission).await
+        self.admit_turn(scope, id, first, TurnChoices::default(), admission)
+            .await
     }
 
     /// Admits the turn under the session's `admission` lock (released once the run exists and
-    /// the placement it runs under is read) and starts it. `reasoning`, when given, becomes
-    /// the session's choice from this turn on.
+    /// the placement it runs under is read) and starts it. What `choices` carries becomes the
+    /// session's from this turn on.
     async fn admit_turn(
         self: &Arc<Self>,
         scope: &Scope,
         id: &SessionId,
         first: EntryBody,
-        reasoning: Option<ReasoningEffort>,
+        choices: TurnChoices,
         admission: tokio::sync::OwnedMutexGuard<()>,
     ) -> Result<RunStarted> {
+        let TurnChoices { reasoning, switch } = choices;
         let model_ref = self.store.session(scope, id)?.model_ref;
         // Admission first: only the admitted turn may write the user's message.
         let run = self.admit_run(scope, id, &model_ref)?;
@@ -660,6 +754,18 @@ impl Core {
                 Some("the turn could not be started: its reasoning choice could not be recorded"),
             );
             return Err(e.into());
+        }
+        if let Some(switch) = switch
+            && let Err(e) = self.switch_agent(scope, id, &switch)
+        {
+            self.finish(
+                scope,
+                id,
+                &run.id,
+                RunStatus::Failed,
+                Some("the turn could not be started: its agent spec could not be recorded"),
+            );
+            return Err(e);
         }
         // Read after admission, so a move claimed before it is seen (one claimed after it
         // finds the run open and refuses or cancels it).

@@ -71,6 +71,8 @@ async function showWhoami() {
     document.body.dataset.can = me.can.join(' ');
     // Lists of a whole tenant mix people: a session of someone else's names them.
     document.body.dataset.me = me.email;
+    // A session view opened before this answer shows now whether it is someone else's.
+    app.view?.onMe?.();
   } catch {
     // The health and event streams report a gateway that cannot be reached.
   }

@@ -139,13 +139,18 @@ export class ChatView {
         h('span', { id: 'composer-hint', class: 'hint' }, h('kbd', {}, 'Ctrl'), '+', h('kbd', {}, '↵'), ' send · ', h('kbd', {}, 'Esc'), ' stop'),
         this.stopBtn, this.sendBtn),
       this.errorEl);
+    // On someone else's session the composer gives way to one line (see renderOwnership).
+    this.othersText = h('span', { class: 'others-text' });
+    this.othersStopBtn = h('button', { type: 'button', class: 'danger small', onclick: () => this.stop(), hidden: true }, '■ Stop');
+    this.othersEl = h('div', { class: 'others-note', role: 'note', hidden: true }, this.othersText, this.othersStopBtn);
     this.el = h('section', { class: 'chat', 'aria-labelledby': 'chat-title' },
       h('header', { class: 'chat-head' },
         h('div', { class: 'title-row' }, this.titleEl, this.chipEl, this.actionsEl),
         this.metaEl),
       this.bannerEl,
       h('div', { class: 'transcript-wrap' }, this.scroller, this.jumpBtn),
-      this.form);
+      this.form,
+      this.othersEl);
     this.titleEl.id = 'chat-title';
   }
 
@@ -209,6 +214,7 @@ export class ChatView {
     const why = ['reclaimed', 'failed_over', 'failed'].includes(state) ? s.worker?.error : null;
     this.chipEl.title = why || s.last_run?.error || `${p.label}: ${state}`;
     this.renderActions(s);
+    this.renderOwnership(s);
     const ws = s.workspace || {};
     const owner = otherOwner(s);
     replace(this.metaEl,
@@ -232,6 +238,26 @@ export class ChatView {
         h('a', { class: 'group-link', href: `#/g/${s.group_id}`, title: `Compare the attempts of ${s.group_id}` }, 'attempt of a fan-out · compare')] : null,
       this.totalEl(),
       this.usageEl());
+  }
+
+  /**
+   * Only a session's owner sends it messages: on someone else's, the composer is replaced by
+   * one quiet line naming the owner and what the signed-in role may do (an operator or admin
+   * stops a turn here, pulls back from the header, answers approval cards; a viewer reads).
+   * Until `/v1/me` has answered, the session counts as one's own; the answer renders it again.
+   */
+  renderOwnership(s) {
+    const owner = document.body.dataset.me ? otherOwner(s) : null;
+    const operates = (document.body.dataset.can || '').split(' ').includes('operate');
+    this.othersOperates = Boolean(owner) && operates;
+    this.form.hidden = Boolean(owner);
+    this.othersEl.hidden = !owner;
+    if (!owner) return;
+    this.othersText.textContent = operates
+      ? `${owner}'s session — you may stop its turn, pull it back and answer approvals; only its owner sends messages.`
+      : `${owner}'s session — you may read it; only its owner sends messages.`;
+    this.othersText.title = this.othersText.textContent;
+    this.renderComposer();
   }
 
   /** Usage against each budget in force (none configured: nothing shown). */
@@ -923,6 +949,8 @@ export class ChatView {
     const active = this.activeRun();
     this.stopBtn.hidden = !active;
     this.stopBtn.disabled = active?.status === 'cancelling';
+    this.othersStopBtn.hidden = !active || !this.othersOperates;
+    this.othersStopBtn.disabled = this.stopBtn.disabled;
     this.sendBtn.disabled = Boolean(active) || this.sending;
     if (!active) {
       this.statusEl.replaceChildren();
@@ -984,15 +1012,24 @@ export class ChatView {
 
   async stop() {
     this.stopBtn.disabled = true;
+    this.othersStopBtn.disabled = true;
     try {
       await api.cancel(this.id);
     } catch (e) {
       this.showError(`Could not stop the turn: ${e.message}`);
+      if (!this.othersEl.hidden) this.othersText.textContent = `Could not stop the turn: ${e.message}`;
       this.stopBtn.disabled = false;
+      this.othersStopBtn.disabled = false;
     }
   }
 
+  /** `/v1/me` answered: whose session this is can be told now. */
+  onMe() {
+    this.renderHeader();
+  }
+
   focus() {
-    this.input.focus();
+    if (this.form.hidden) this.scroller.focus();
+    else this.input.focus();
   }
 }

@@ -207,6 +207,10 @@ pub struct SendMessageRequest {
     /// The session's approval policy from this turn on (the session keeps it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval: Option<crate::approval::ApprovalPolicy>,
+    /// Switch the session to this agent spec from this turn on: `NAME` (its current version)
+    /// or `NAME@DIGEST`. Refused while a turn runs; the session keeps its model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<String>,
 }
 
 /// `POST /v1/sessions/{id}/pull-back`: bring a worker session home at a turn boundary.

@@ -94,7 +94,8 @@ impl Store {
         Ok(rows)
     }
 
-    /// Pins a session to a spec version (once, at creation).
+    /// Pins a session to a spec version: at creation, or again at a turn boundary (the
+    /// version it had is replaced).
     pub fn pin_session_agent(
         &self,
         scope: &Scope,
@@ -104,7 +105,10 @@ impl Store {
     ) -> Result<()> {
         self.conn().execute(
             "INSERT INTO session_agents (session_id, owner_id, tenant_id, name, digest)
-             VALUES (?1, ?2, ?3, ?4, ?5)",
+             VALUES (?1, ?2, ?3, ?4, ?5)
+             ON CONFLICT (session_id) DO UPDATE SET name = excluded.name, digest = excluded.digest
+             WHERE session_agents.owner_id = excluded.owner_id
+               AND session_agents.tenant_id = excluded.tenant_id",
             params![
                 session.as_str(),
                 scope.owner_id,
@@ -186,7 +190,10 @@ impl Store {
     ) -> Result<()> {
         self.conn().execute(
             "INSERT INTO ingress_threads (channel, thread_ts, owner_id, tenant_id, session_id)
-             VALUES (?1, ?2, ?3, ?4, ?5)",
+             VALUES (?1, ?2, ?3, ?4, ?5)
+             ON CONFLICT (session_id) DO UPDATE SET name = excluded.name, digest = excluded.digest
+             WHERE session_agents.owner_id = excluded.owner_id
+               AND session_agents.tenant_id = excluded.tenant_id",
             params![
                 channel,
                 thread_ts,

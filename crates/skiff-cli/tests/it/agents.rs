@@ -63,3 +63,45 @@ fn agent_list_show_and_a_pinned_session_read_well() {
     assert_eq!(unknown.status.code(), Some(4), "{}", stderr(&unknown));
     assert!(stderr(&unknown).contains("nobody"), "{}", stderr(&unknown));
 }
+
+#[test]
+fn session_send_agent_switches_the_spec_and_show_says_so() {
+    let gw = Gateway::start_with(
+        "[[turns]]\ntext = \"Looked.\"\n\n[[turns]]\ntext = \"Built.\"\n",
+        "[agents.reviewer]\ninstructions = \"Review only.\"\n\n[agents.builder]\ninstructions = \"Build it.\"\nreasoning = \"high\"\n",
+    );
+    let repo = TempGitRepo::new(&[("a.txt", "a\n")]);
+    let out = gw.run(&[
+        "session",
+        "new",
+        "--json",
+        "--workspace",
+        repo.path().to_str().unwrap(),
+        "--model",
+        "fake/x",
+        "--agent",
+        "reviewer",
+        "look",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let first: serde_json::Value =
+        serde_json::from_str(stdout(&out).lines().next().unwrap()).unwrap();
+    let id = first["session_id"].as_str().unwrap().to_owned();
+
+    let unknown = gw.run(&["session", "send", &id, "--agent", "nobody", "go"]);
+    assert_eq!(unknown.status.code(), Some(4), "{}", stderr(&unknown));
+    assert!(
+        stderr(&unknown).contains("no agent spec named nobody"),
+        "{}",
+        stderr(&unknown)
+    );
+
+    let sent = gw.run(&["session", "send", &id, "--agent", "builder", "build"]);
+    assert!(sent.status.success(), "{}", stderr(&sent));
+    let show = stdout(&gw.run(&["session", "show", &id]));
+    assert!(show.contains("agent      builder@"), "{show}");
+    assert!(
+        show.contains("reasoning  high"),
+        "the new spec's reasoning applies: {show}"
+    );
+}

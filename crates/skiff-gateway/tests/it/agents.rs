@@ -5,7 +5,7 @@
 
 use crate::harness::{TestGateway, session_request};
 use skiff_protocol::agent::{AgentDetail, AgentList};
-use skiff_protocol::api::RunStatus;
+use skiff_protocol::api::{RunStatus, SendMessageRequest};
 use skiff_protocol::transcript::EntryBody;
 use skiff_test_support::{FakeResponse, openai_sse};
 
@@ -317,6 +317,132 @@ async fn an_unrelated_edit_of_skiff_toml_does_not_stop_pinning_a_spec() {
     assert!(
         refused.error.message.contains("agents.reader.tools"),
         "{refused:?}"
+    );
+    gw.shutdown().await;
+}
+
+/// `send --agent`: the session switches spec version at the turn boundary (never while a turn
+/// runs), the turn runs with the new one, `session show` says so, and the audit names both
+/// digests. A name or digest that does not resolve is refused and the pin stays.
+#[tokio::test]
+async fn a_message_switches_the_session_to_another_spec_between_turns() {
+    let gw = TestGateway::with_provider(
+        DONE,
+        vec![answer("one"), FakeResponse::stall(), answer("three")],
+    )
+    .await;
+    write_spec(
+        &gw,
+        "reviewer",
+        "instructions = \"Review only; never edit.\"\ntools = [\"read\"]\n",
+    );
+    write_spec(&gw, "builder", "instructions = \"Build it.\"\n");
+    let ws = gw.plain_dir("ws", &[("a.txt", "a\n")]);
+    let mut request = session_request(&ws, "http/m", "look");
+    request.agent = Some("reviewer".into());
+    let first = gw.client.create_session(&request).await.unwrap();
+    let id = first.session.id.clone();
+    let reviewer = first.session.agent.clone().unwrap();
+    gw.client.follow_until_run_end(&id, 0).await;
+
+    let send = |prompt: &str, agent: &str| SendMessageRequest {
+        prompt: prompt.into(),
+        profile: None,
+        reasoning: None,
+        approval: None,
+        agent: Some(agent.into()),
+    };
+    // The switch: this turn already runs with the builder's instructions and every tool.
+    let started = gw
+        .client
+        .send(&id, &send("build", "builder"))
+        .await
+        .unwrap();
+    let builder = started.session.agent.clone().expect("the new pin");
+    assert_eq!(builder.name, "builder");
+    assert_ne!(builder.digest, reviewer.digest);
+    gw.provider.as_ref().unwrap().wait_for_requests(2).await;
+    let (system, tools) = sent(&gw, 1);
+    assert!(system.contains("Build it."), "{system}");
+    assert!(!system.contains("Review only"), "{system}");
+    assert!(
+        tools.len() > 1 && tools.contains(&"exec".to_owned()),
+        "{tools:?}"
+    );
+
+    // While that turn runs, another switch is refused and changes nothing.
+    let busy = gw
+        .client
+        .send(&id, &send("back", "reviewer"))
+        .await
+        .unwrap_err();
+    assert_eq!(busy.status, 409, "{:?}", busy.error);
+    assert!(
+        busy.error.message.contains(started.run.id.as_str())
+            && busy.error.message.contains("agent spec"),
+        "{:?}",
+        busy.error
+    );
+    let shown = gw.client.session(&id).await.unwrap();
+    assert_eq!(shown.session.agent.as_ref(), Some(&builder));
+    assert_eq!(shown.runs.len(), 2);
+    gw.client.cancel(&id).await.unwrap();
+    until_turns_end(&gw, &id, 2).await;
+
+    // An unknown name or digest: the errors `session new --agent` gives; the pin stays.
+    let unknown = gw.client.send(&id, &send("x", "nobody")).await.unwrap_err();
+    assert_eq!(unknown.status, 404);
+    assert!(
+        unknown.error.message.contains("nobody"),
+        "{:?}",
+        unknown.error
+    );
+    let no_version = gw
+        .client
+        .send(&id, &send("x", "builder@0000000"))
+        .await
+        .unwrap_err();
+    assert_eq!(no_version.status, 404);
+    assert!(
+        no_version.error.message.contains("0000000"),
+        "{:?}",
+        no_version.error
+    );
+    let shown = gw.client.session(&id).await.unwrap();
+    assert_eq!(shown.session.agent.as_ref(), Some(&builder));
+    assert_eq!(shown.runs.len(), 2, "a refused switch made a run");
+
+    // Back to the first version by a digest prefix.
+    let back = format!("reviewer@{}", &reviewer.digest[..12]);
+    gw.client.send(&id, &send("back", &back)).await.unwrap();
+    until_turns_end(&gw, &id, 3).await;
+    let (system, tools) = sent(&gw, 2);
+    assert!(system.contains("Review only; never edit."), "{system}");
+    assert_eq!(tools, ["read"]);
+    let shown = gw.client.session(&id).await.unwrap();
+    assert_eq!(shown.session.agent.as_ref(), Some(&reviewer));
+    assert_eq!(shown.runs[2].status, RunStatus::Succeeded);
+
+    let store = skiff_store::Store::open(&gw.state_dir.join("skiff.db")).unwrap();
+    let switches: Vec<(String, String)> = store
+        .audit_rows()
+        .unwrap()
+        .into_iter()
+        .filter(|r| r.action == "session.agent")
+        .map(|r| {
+            assert_eq!(r.target, id.as_str());
+            (
+                r.detail["from_digest"].as_str().unwrap().to_owned(),
+                r.detail["agent_digest"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        switches,
+        [
+            (reviewer.digest.clone(), builder.digest.clone()),
+            (builder.digest.clone(), reviewer.digest.clone()),
+        ]
     );
     gw.shutdown().await;
 }

@@ -163,6 +163,7 @@ impl Client {
             profile: None,
             reasoning: None,
             approval: None,
+            agent: None,
         };
         self.send(id, &body).await
     }

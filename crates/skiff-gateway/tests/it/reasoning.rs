@@ -141,6 +141,7 @@ async fn reasoning_chosen_for_a_session_reaches_the_model_and_its_thinking_goes_
         profile: None,
         reasoning: Some(ReasoningEffort::Low),
         approval: None,
+        agent: None,
     };
     let started = gw.client.send(&id, &body).await.unwrap();
     assert_eq!(started.session.reasoning, Some(ReasoningEffort::Low));
