@@ -110,8 +110,11 @@ impl Core {
     pub(super) async fn serve_worker(self: Arc<Self>, env: EnvironmentId, stream: UnixStream) {
         let (read, mut write) = stream.into_split();
         let mut reader = BufReader::new(read);
-        let first =
-            tokio::time::timeout(Duration::from_secs(10), skiff_wire::read_line(&mut reader)).await;
+        let first = tokio::select! {
+            first = tokio::time::timeout(Duration::from_secs(10), skiff_wire::read_line(&mut reader)) => first,
+            // The gateway is stopping: the worker says hello to the next one.
+            () = self.workers.stopping.cancelled() => return,
+        };
         let admitted = match first {
             Ok(Ok(Some(line))) => self.workers.admit(&env, &line),
             _ => Err(refuse(RefusalCode::BadFrame, "no hello within 10 s")),

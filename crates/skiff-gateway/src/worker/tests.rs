@@ -1053,3 +1053,28 @@ async fn a_worker_sessions_git_push_runs_on_the_gateway_under_a_grant() {
             .any(|r| r.action == "governed.execute" && r.decision == "applied")
     );
 }
+
+/// A gateway with a worker endpoint open (its listener task holds the core) and a worker
+/// connected on it: shutdown stops both and returns only once the state dir's lock is let go,
+/// so a gateway started next in the same process takes the state dir at once.
+#[tokio::test]
+async fn shutdown_with_a_worker_endpoint_open_frees_the_state_dir_for_the_next_gateway() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = Options {
+        state_dir: dir.path().join("state"),
+        listen: "127.0.0.1:0".into(),
+        config: None,
+    };
+    let running = crate::start(options.clone()).await.unwrap();
+    let env = EnvironmentId::from_suffix("box1");
+    running.core.open_worker_endpoint(&env).unwrap();
+    let socket = running.core.workers.socket_path(&env);
+    // A worker that connected and has not said hello yet: its connection holds the core too.
+    let _worker = tokio::net::UnixStream::connect(&socket).await.unwrap();
+    running.shutdown().await;
+
+    let again = crate::start(options)
+        .await
+        .unwrap_or_else(|e| panic!("the next gateway could not take the state dir: {e}"));
+    again.shutdown().await;
+}
