@@ -14,6 +14,12 @@ pub fn admin_scope() -> Scope {
     Scope::new(skiff_store::FIRST_ADMIN, skiff_store::DEFAULT_TENANT)
 }
 
+/// The scope of an audit row no user owns: a refusal before anyone could be known. Never a
+/// user's, so nothing is done or recorded with someone else's rights.
+pub fn unattributed_scope() -> Scope {
+    Scope::new("-", "-")
+}
+
 /// A fresh token: `skf_` and 32 random base32 characters.
 pub fn mint() -> Result<String, skiff_store::Error> {
     Ok(format!(

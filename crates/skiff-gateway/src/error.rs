@@ -575,7 +575,7 @@ mod tests {
     async fn a_broken_database_is_an_internal_error_that_keeps_sqlite_text_from_the_client()
     -> anyhow::Result<()> {
         let dir = tempfile::tempdir()?;
-        let (core, _) = crate::open_core(&crate::Options {
+        let (core, _, _) = crate::open_core(&crate::Options {
             state_dir: dir.path().join("state"),
             listen: "127.0.0.1:0".into(),
             config: None,

@@ -92,8 +92,9 @@ pub(crate) struct Core {
     ui: ui::UiState,
     envs: Arc<environments::Environments>,
     workers: worker::WorkerSide,
-    /// This process's hold on the state dir (one gateway per state dir).
-    _lock: state_dir::StateDirLock,
+    /// This process's hold on the state dir (one gateway per state dir), let go when the
+    /// last handle on the core is dropped.
+    _lock: Hold,
     /// `<state>/procs/`: the `exec` commands of gateway-placed sessions now running.
     procs: skiff_process::Ledger,
     /// `[gateway] turn_timeout`: how long a turn may run unless its profile says otherwise.
@@ -144,6 +145,17 @@ pub(crate) struct Core {
     proxy: Option<sso::proxy::Proxy>,
 }
 
+/// The state dir's lock and the signal that it was let go. Fields drop in order: the lock
+/// is released before the sender goes, so whoever the sender's end wakes can take it at once.
+struct Hold {
+    _lock: state_dir::StateDirLock,
+    _released: tokio::sync::oneshot::Sender<()>,
+}
+
+/// How long [`Running::shutdown`] waits for background work to let go of the state dir
+/// before it leaves the lock to the end of the process.
+const RELEASE_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// A started gateway.
 pub struct Running {
     pub url: String,
@@ -152,14 +164,24 @@ pub struct Running {
     shutdown: CancellationToken,
     server: tokio::task::JoinHandle<std::io::Result<()>>,
     core: Arc<Core>,
+    /// Resolves once the core, and with it the state dir's lock, is gone.
+    released: tokio::sync::oneshot::Receiver<()>,
 }
 
 impl Running {
-    /// Stops accepting requests, cancels running turns, and waits for the server to finish.
+    /// Stops accepting requests and worker connections, cancels running turns, and waits
+    /// until every task that used the gateway has let go of it, so that the state dir is
+    /// free for the next gateway when this returns (in this process too).
     pub async fn shutdown(self) {
-        self.shutdown.cancel();
-        let tokens: Vec<_> = self
-            .core
+        let Running {
+            shutdown,
+            server,
+            core,
+            released,
+            ..
+        } = self;
+        shutdown.cancel();
+        let tokens: Vec<_> = core
             .running
             .lock()
             .map(|m| m.values().cloned().collect())
@@ -167,8 +189,19 @@ impl Running {
         for token in tokens {
             token.cancel();
         }
-        let _ = self.server.await;
-        self.core.mcp.shutdown().await;
+        // After the cancels: a worker's connection still carries its turn's cancel out.
+        core.workers.stop();
+        let _ = server.await;
+        core.mcp.shutdown().await;
+        drop(core);
+        // The cancelled turns, a worker connection's last frames, the audit archiver: each
+        // ends soon and drops its handle, and the last one releases the lock.
+        if tokio::time::timeout(RELEASE_GRACE, released).await.is_err() {
+            tracing::warn!(
+                "background work still holds the state dir after {} s; it is released when this process exits",
+                RELEASE_GRACE.as_secs()
+            );
+        }
     }
 
     /// A warning for the operator about the tools of gateway-placed sessions: that
@@ -187,7 +220,7 @@ impl Running {
 /// Opens the state dir and database, reconciles what a previous process left, binds the
 /// listener and starts serving.
 pub async fn start(options: Options) -> Result<Running> {
-    let (core, lifetime_tick) = open_core(&options).await?;
+    let (core, lifetime_tick, released) = open_core(&options).await?;
     spawn_lifetime_enforcer(&core, lifetime_tick);
     audit_trail::spawn_archiver(&core);
 
@@ -221,15 +254,27 @@ pub async fn start(options: Options) -> Result<Running> {
         shutdown,
         server,
         core,
+        released,
     })
 }
 
 /// Opens the state dir, config, store and catalog, and reconciles what a previous process
 /// left, up to the point where the API could listen. Tests drive the returned core directly
-/// (an in-process gateway: no listener, no spawned binary).
-pub(crate) async fn open_core(options: &Options) -> Result<(Arc<Core>, std::time::Duration)> {
+/// (an in-process gateway: no listener, no spawned binary). The receiver resolves once the
+/// core is dropped and its state dir lock released.
+pub(crate) async fn open_core(
+    options: &Options,
+) -> Result<(
+    Arc<Core>,
+    std::time::Duration,
+    tokio::sync::oneshot::Receiver<()>,
+)> {
     let mut state = StateDir::open(&options.state_dir)?;
-    let lock = state.lock()?;
+    let (released_tx, released) = tokio::sync::oneshot::channel();
+    let lock = Hold {
+        _lock: state.lock()?,
+        _released: released_tx,
+    };
     let procs = kill_leftover_processes(&state)?;
     let config_path = options
         .config
@@ -435,7 +480,7 @@ pub(crate) async fn open_core(options: &Options) -> Result<(Arc<Core>, std::time
         core.envs.warm_bundle().await;
     }
     core.reconcile_placements_on_start().await?;
-    Ok((core, lifetime_tick))
+    Ok((core, lifetime_tick, released))
 }
 
 /// Compiles `[gateway] approval` and every `[profiles.P] approval`: a pattern that is no glob

@@ -153,6 +153,19 @@ impl Store {
         Ok(rows)
     }
 
+    /// Who owns an environment, in any state, across scopes: whose an event about a worker
+    /// endpoint is when the connection on it proves nothing yet. `None`: no such environment.
+    pub fn environment_owner(&self, id: &EnvironmentId) -> Result<Option<Scope>> {
+        Ok(self
+            .conn()
+            .query_row(
+                "SELECT owner_id, tenant_id FROM environments WHERE id = ?1",
+                params![id.as_str()],
+                |r| Ok(Scope::new(r.get::<_, String>(0)?, r.get::<_, String>(1)?)),
+            )
+            .optional()?)
+    }
+
     /// Every environment that is not destroyed, across scopes: what restart reconciliation and
     /// the orphan sweep look at.
     pub fn live_environments(&self) -> Result<Vec<EnvironmentRow>> {

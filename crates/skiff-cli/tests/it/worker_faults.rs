@@ -836,8 +836,12 @@ fn a_box_that_dies_mid_turn_fails_over_to_a_fresh_box_and_the_turn_goes_on() {
         .position(|s| *s == "failed_over")
         .unwrap_or_else(|| panic!("no failed_over step: {steps:?}"));
     assert_eq!(steps[over - 1], "reclaimed", "{steps:?}");
-    // The slot it holds is claimed without an event of its own; the fresh box is leased.
-    assert_eq!(steps[over + 1], "provisioning", "{steps:?}");
+    // The new attempt claims a worker slot (a move followers see), then leases a fresh box.
+    assert_eq!(
+        steps[over + 1..over + 3],
+        ["requested", "provisioning"],
+        "{steps:?}"
+    );
     assert_eq!(steps.last(), Some(&"active"), "{steps:?}");
     let detail_of_over = seen
         .iter()

@@ -256,7 +256,7 @@ async fn the_gateways_wrapper_refuses_and_audits_bad_grants() {
         "[forge]\napi = \"http://127.0.0.1:9\"\ntoken = \"env:SKIFF_TEST_UNSET_FORGE_TOKEN\"\nrepository = \"acme/widgets\"\n",
     )
     .unwrap();
-    let (core, _) = crate::open_core(&crate::Options {
+    let (core, _, _) = crate::open_core(&crate::Options {
         state_dir: dir.path().join("state"),
         listen: "127.0.0.1:0".into(),
         config: Some(config_path),

@@ -63,6 +63,11 @@ impl Core {
         if listeners.contains_key(env) {
             return Ok(());
         }
+        if workers.stopping.is_cancelled() {
+            return Err(crate::Error::Internal(
+                "the gateway is stopping; workers connect to the next one".into(),
+            ));
+        }
         std::fs::create_dir_all(&workers.socket_dir).map_err(|e| {
             crate::Error::Internal(format!(
                 "cannot create the worker socket directory {}: {e}",
@@ -102,11 +107,14 @@ impl Core {
         Ok(())
     }
 
-    async fn serve_worker(self: Arc<Self>, env: EnvironmentId, stream: UnixStream) {
+    pub(super) async fn serve_worker(self: Arc<Self>, env: EnvironmentId, stream: UnixStream) {
         let (read, mut write) = stream.into_split();
         let mut reader = BufReader::new(read);
-        let first =
-            tokio::time::timeout(Duration::from_secs(10), skiff_wire::read_line(&mut reader)).await;
+        let first = tokio::select! {
+            first = tokio::time::timeout(Duration::from_secs(10), skiff_wire::read_line(&mut reader)) => first,
+            // The gateway is stopping: the worker says hello to the next one.
+            () = self.workers.stopping.cancelled() => return,
+        };
         let admitted = match first {
             Ok(Ok(Some(line))) => self.workers.admit(&env, &line),
             _ => Err(refuse(RefusalCode::BadFrame, "no hello within 10 s")),
@@ -114,12 +122,15 @@ impl Core {
         let admitted = match admitted {
             Ok(a) => a,
             Err(r) => {
-                let scope = self
-                    .store
-                    .live_environments()
-                    .ok()
-                    .and_then(|rows| rows.into_iter().find(|r| r.id == env).map(|r| r.scope))
-                    .unwrap_or_else(crate::auth::admin_scope);
+                // The environment's owner, whatever its state; never somebody else.
+                let scope = match self.store.environment_owner(&env) {
+                    Ok(Some(owner)) => owner,
+                    Ok(None) => crate::auth::unattributed_scope(),
+                    Err(e) => {
+                        tracing::warn!(%env, error = %e, "could not look up who owns the environment of a refused worker");
+                        crate::auth::unattributed_scope()
+                    }
+                };
                 self.workers.audit_worker(
                     &scope,
                     "worker.admit",
@@ -159,6 +170,7 @@ impl Core {
         loop {
             let line = tokio::select! {
                 _ = closed.cancelled() => break,
+                _ = self.workers.stopping.cancelled() => break,
                 line = skiff_wire::read_line(&mut reader) => line,
             };
             let line = match line {
@@ -226,6 +238,10 @@ impl Core {
             abort.abort();
         }
         tracing::info!(%env, %session, "worker connection closed");
+        if self.workers.stopping.is_cancelled() {
+            // The gateway is stopping: the worker reconnects to the next one.
+            return;
+        }
         self.on_worker_disconnect(&admitted.scope, &session, admitted.claims.owner_epoch);
     }
 
@@ -327,6 +343,34 @@ impl super::WorkerSide {
                 RefusalCode::CredentialExpired,
                 "the credential has expired",
             ));
+        }
+        // A worker acts with its session owner's rights, and with nobody else's: an owner who
+        // was removed has none left.
+        let owner = self
+            .store
+            .environment_owner(env)
+            .and_then(|owner| match owner {
+                Some(scope) => Ok(Some((self.store.user_of(&scope)?.is_some(), scope))),
+                None => Ok(None),
+            });
+        match owner {
+            // An environment that is gone is refused below, with the other checks of its row.
+            Ok(None) | Ok(Some((true, _))) => {}
+            Ok(Some((false, scope))) => {
+                return Err(refuse(
+                    RefusalCode::Forbidden,
+                    format!(
+                        "the owner of this box's session ({}) is no longer a user of this gateway, so its worker is not admitted; add the user again to let it work",
+                        scope.owner_id
+                    ),
+                ));
+            }
+            Err(e) => {
+                return Err(refuse(
+                    RefusalCode::Unavailable,
+                    format!("could not look up the session's owner ({e}); try again"),
+                ));
+            }
         }
         let gateway_hash = self.envs.bundle_hash_now();
         if build_hash != claims.bundle_hash || Some(&build_hash) != gateway_hash.as_ref() {

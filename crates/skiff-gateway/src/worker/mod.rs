@@ -335,6 +335,9 @@ pub(crate) struct WorkerSide {
     /// Parked sessions whose workspace their box keeps (see `park.rs`). In memory only: after
     /// a restart the next taker of such a box clears what it keeps.
     kept: Mutex<HashMap<SessionId, park::KeptWorkspace>>,
+    /// Cancelled when the gateway stops: worker endpoints stop accepting and connections end
+    /// without recovery (the workers reconnect to the next gateway).
+    stopping: CancellationToken,
 }
 
 impl WorkerSide {
@@ -365,6 +368,16 @@ impl WorkerSide {
             next_conn: AtomicU64::new(1),
             egress: egress_gate::Gates::default(),
             kept: Mutex::new(HashMap::new()),
+            stopping: CancellationToken::new(),
+        }
+    }
+
+    /// The gateway is stopping: no worker connection is accepted or kept, and a lost one is
+    /// not recovered, so nothing of the worker side outlives the gateway's shutdown.
+    pub(crate) fn stop(&self) {
+        self.stopping.cancel();
+        for (_, stop) in lock(&self.listeners).drain() {
+            stop.cancel();
         }
     }
 

@@ -108,12 +108,19 @@ impl Core {
                 | PlacementState::Failed
         ) {
             // Usually claimed when the message was sent; here when a turn was admitted while
-            // the session was being parked, or for a retried turn.
-            let profile = p.profile.clone();
+            // the session was being parked, for a retried turn, or for a failover's new
+            // attempt. Followers see the claim like every other move.
+            let (from, profile) = (p.state, p.profile.clone());
             p = self
                 .workers
                 .claim_worker_slot(|max| self.store.request_placement(scope, id, &profile, max))
                 .await?;
+            self.workers.publish_move(
+                scope,
+                id,
+                &p,
+                &format!("claimed a worker slot on profile {profile} (the placement was {from})"),
+            );
         }
         if p.state == PlacementState::Requested {
             p = self.workers.place(
@@ -635,8 +642,20 @@ impl super::WorkerSide {
             // path checks epochs per connection).
             self.live(session).close();
         }
+        self.publish_move(scope, session, &row, detail);
+        Ok(row)
+    }
+
+    /// Tells the session's subscribers the placement is now `row`'s state.
+    pub(super) fn publish_move(
+        &self,
+        scope: &Scope,
+        session: &SessionId,
+        row: &PlacementRow,
+        detail: &str,
+    ) {
         let event = EventKind::Placement {
-            state: to,
+            state: row.state,
             environment_id: row.environment_id.clone(),
             detail: detail.to_owned(),
         };
@@ -647,9 +666,10 @@ impl super::WorkerSide {
             .ok()
             .flatten()
             .map(|r| r.id);
-        let _ = self.hub.publish(scope, session, run.as_ref(), event);
-        tracing::info!(%session, placement = %to, detail, "placement");
-        Ok(row)
+        if let Err(e) = self.hub.publish(scope, session, run.as_ref(), event) {
+            tracing::warn!(%session, error = %e, "could not publish a placement move");
+        }
+        tracing::info!(%session, placement = %row.state, detail, "placement");
     }
 
     /// The placement failed: record why, and give up the box it had (its state is unknown,

@@ -337,7 +337,7 @@ impl Core {
         request: ModelRequest,
         call: Arc<ModelCall>,
         stream_to: Option<(skiff_store::Scope, skiff_protocol::RunId)>,
-        budget_scope: skiff_store::Scope,
+        owner_scope: skiff_store::Scope,
     ) {
         let core = self.clone();
         tokio::spawn(async move {
@@ -364,7 +364,7 @@ impl Core {
                 let cache_key = crate::backend::prompt_cache_key(&key.0);
                 let traced = Some((key.0.clone(), request.model.to_string()));
                 let stream = core.model_stream(
-                    &budget_scope,
+                    &owner_scope,
                     &key.0,
                     request,
                     cache_key,
@@ -432,21 +432,20 @@ impl Core {
                 stream: StreamKind::Model,
                 seq: key.2,
             };
-            let scope = stream_to
-                .as_ref()
-                .map(|(scope, _)| scope.clone())
-                .unwrap_or_else(crate::auth::admin_scope);
+            // The admitted worker's own scope (its session's owner), for a call of a turn and
+            // for one outside any (a readiness canary) alike.
+            let scope = &owner_scope;
             // The answer stays in memory until the worker has all of it; only a worker that
             // comes back after that would find no cache (and get a terminal error).
             if let Err(e) = recorded {
                 core.workers
-                    .report_lost_write(&scope, &op, "model.stream", "reply", &e);
+                    .report_lost_write(scope, &op, "model.stream", "reply", &e);
             } else if let Err(e) =
                 core.store
                     .advance_worker_cursor(&key.0, key.1, StreamKind::Model, key.2)
             {
                 core.workers.report_lost_write(
-                    &scope,
+                    scope,
                     &op,
                     "model.stream",
                     "cursor",

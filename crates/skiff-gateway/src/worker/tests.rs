@@ -17,7 +17,7 @@ use skiff_protocol::worker::{
     StreamKind,
 };
 use skiff_protocol::{EnvironmentId, RunId, SessionId};
-use skiff_store::{NewSession, PlacementChange, Scope};
+use skiff_store::{NewSession, PlacementChange};
 use std::path::PathBuf;
 use std::sync::Arc;
 use tokio::sync::mpsc;
@@ -55,13 +55,21 @@ impl Harness {
         let state_dir = dir.path().join("state");
         let config_path = dir.path().join("skiff.toml");
         std::fs::write(&config_path, config)?;
-        let (core, _) = crate::open_core(&Options {
+        let (core, _, _) = crate::open_core(&Options {
             state_dir: state_dir.clone(),
             listen: "127.0.0.1:0".into(),
             config: Some(config_path),
         })
         .await?;
-        let scope = Scope::new("usr_test", "ten_test");
+        // The session's owner is a user of the gateway: a worker acts with their rights.
+        let scope = core
+            .store
+            .add_user(
+                "owner@example.com",
+                skiff_protocol::people::Role::Member,
+                "ten_test",
+            )?
+            .scope();
         let session = SessionId::from_suffix(&skiff_store::mint()?);
         let env = EnvironmentId::from_suffix("box1");
         core.store.create_session_placed(
@@ -590,6 +598,74 @@ async fn a_worker_on_the_endpoint_socket_is_admitted_handed_its_turn_and_answere
     );
 }
 
+/// A worker whose session's owner was removed is refused at the endpoint with a reason that
+/// names the owner, the refusal is audited as the owner's (never another user's), and the
+/// worker never acts with anyone's rights.
+#[tokio::test]
+async fn a_worker_whose_sessions_owner_was_removed_is_refused_and_the_refusal_audited_as_theirs() {
+    let h = Harness::new().await.unwrap();
+    let env = h.a.claims.environment_id.clone();
+    h.core
+        .store
+        .create_environment(&h.a.scope, &env, "local", "local", "op_test")
+        .unwrap();
+    let owner = h.core.store.user_of(&h.a.scope).unwrap().unwrap();
+    h.core.store.remove_user(&owner).unwrap();
+    h.core.envs.warm_bundle().await;
+    let build = h.core.envs.bundle_hash_now().unwrap();
+    let mut claims = h.a.claims.clone();
+    claims.bundle_hash = build.clone();
+    claims.credential_id = skiff_store::mint().unwrap();
+    let hello = skiff_protocol::worker::WorkerFrame::Hello {
+        protocol_version: skiff_protocol::worker::PROTOCOL_VERSION,
+        build_hash: build,
+        features: claims
+            .methods
+            .iter()
+            .map(|m| m.as_str().to_owned())
+            .collect(),
+        credential: h.core.workers.signer.sign(&claims),
+    };
+    let (gateway_end, worker_end) = tokio::net::UnixStream::pair().unwrap();
+    let serving = tokio::spawn(h.core.clone().serve_worker(env.clone(), gateway_end));
+    let (read, mut write) = worker_end.into_split();
+    let mut read = tokio::io::BufReader::new(read);
+    skiff_wire::write_frame(&mut write, &hello).await.unwrap();
+    let line = tokio::time::timeout(
+        std::time::Duration::from_secs(20),
+        skiff_wire::read_line(&mut read),
+    )
+    .await
+    .expect("the gateway answers within 20 s")
+    .unwrap()
+    .expect("the gateway answers before it closes");
+    let frame: GatewayFrame = serde_json::from_str(&line).unwrap();
+    let GatewayFrame::Refused { code, message } = frame else {
+        panic!("a worker of a removed owner was not refused: {frame:?}");
+    };
+    assert_eq!(code, RefusalCode::Forbidden, "{message}");
+    assert!(
+        message.contains(&owner.id) && message.contains("no longer a user"),
+        "{message}"
+    );
+    serving.await.unwrap();
+
+    let conn = rusqlite::Connection::open(&h.db).unwrap();
+    let rows: Vec<(String, String, String)> = conn
+        .prepare("SELECT owner_id, tenant_id, detail FROM audit WHERE action = 'worker.admit' AND decision = 'refused'")
+        .unwrap()
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(
+        (rows[0].0.as_str(), rows[0].1.as_str()),
+        (owner.id.as_str(), "ten_test")
+    );
+    assert!(rows[0].2.contains("forbidden"), "{}", rows[0].2);
+}
+
 /// The migration barrier fences the old owner: once a session is pulled back, a write its
 /// old worker still sends (with the epoch it held) is refused and changes nothing.
 #[tokio::test]
@@ -976,4 +1052,29 @@ async fn a_worker_sessions_git_push_runs_on_the_gateway_under_a_grant() {
         rows.iter()
             .any(|r| r.action == "governed.execute" && r.decision == "applied")
     );
+}
+
+/// A gateway with a worker endpoint open (its listener task holds the core) and a worker
+/// connected on it: shutdown stops both and returns only once the state dir's lock is let go,
+/// so a gateway started next in the same process takes the state dir at once.
+#[tokio::test]
+async fn shutdown_with_a_worker_endpoint_open_frees_the_state_dir_for_the_next_gateway() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = Options {
+        state_dir: dir.path().join("state"),
+        listen: "127.0.0.1:0".into(),
+        config: None,
+    };
+    let running = crate::start(options.clone()).await.unwrap();
+    let env = EnvironmentId::from_suffix("box1");
+    running.core.open_worker_endpoint(&env).unwrap();
+    let socket = running.core.workers.socket_path(&env);
+    // A worker that connected and has not said hello yet: its connection holds the core too.
+    let _worker = tokio::net::UnixStream::connect(&socket).await.unwrap();
+    running.shutdown().await;
+
+    let again = crate::start(options)
+        .await
+        .unwrap_or_else(|e| panic!("the next gateway could not take the state dir: {e}"));
+    again.shutdown().await;
 }

@@ -107,6 +107,24 @@ impl TestGateway {
         root
     }
 
+    /// Shuts the gateway down and starts a new one in this process on the same state dir and
+    /// configuration, the way an embedding program restarts it.
+    pub async fn restart(mut self) -> TestGateway {
+        if let Some(running) = self.running.take() {
+            running.shutdown().await;
+        }
+        let running = skiff_gateway::start(skiff_gateway::Options {
+            state_dir: self.state_dir.clone(),
+            listen: "127.0.0.1:0".into(),
+            config: Some(self.dir.path().join("skiff.toml")),
+        })
+        .await
+        .unwrap_or_else(|e| panic!("the gateway did not start again on its state dir: {e}"));
+        self.client = Client::new(&running.url, &running.token);
+        self.running = Some(running);
+        self
+    }
+
     /// Stops the gateway the way `skiff gateway` does on a signal (running turns cancelled).
     pub async fn shutdown(mut self) {
         if let Some(running) = self.running.take() {

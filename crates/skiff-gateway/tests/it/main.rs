@@ -22,5 +22,6 @@ mod processes;
 mod proxy_auth;
 mod reasoning;
 mod remote_repos;
+mod restart;
 mod sandbox;
 mod traces;
