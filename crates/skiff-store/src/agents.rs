@@ -190,10 +190,7 @@ impl Store {
     ) -> Result<()> {
         self.conn().execute(
             "INSERT INTO ingress_threads (channel, thread_ts, owner_id, tenant_id, session_id)
-             VALUES (?1, ?2, ?3, ?4, ?5)
-             ON CONFLICT (session_id) DO UPDATE SET name = excluded.name, digest = excluded.digest
-             WHERE session_agents.owner_id = excluded.owner_id
-               AND session_agents.tenant_id = excluded.tenant_id",
+             VALUES (?1, ?2, ?3, ?4, ?5)",
             params![
                 channel,
                 thread_ts,
