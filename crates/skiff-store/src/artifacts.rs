@@ -399,27 +399,8 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::NewSession;
-    use skiff_protocol::api::{RunStatus, WorkspaceView};
-
-    fn session(store: &Store, scope: &Scope) -> SessionId {
-        let id = SessionId::from_suffix(&crate::mint().unwrap());
-        store
-            .create_session(
-                scope,
-                &NewSession {
-                    id: id.clone(),
-                    title: "t".into(),
-                    workspace: WorkspaceView::Plain {
-                        source: "/s".into(),
-                        path: "/p".into(),
-                    },
-                    model_ref: "scripted/demo".into(),
-                },
-            )
-            .unwrap();
-        id
-    }
+    use crate::sessions::plain_session_for_tests;
+    use skiff_protocol::api::RunStatus;
 
     fn new(
         session: &SessionId,
@@ -449,7 +430,7 @@ mod tests {
     fn checkpoints_are_numbered_and_scoped() {
         let store = Store::open_in_memory().unwrap();
         let (alice, bob) = (Scope::new("a", "t1"), Scope::new("b", "t2"));
-        let s = session(&store, &alice);
+        let s = plain_session_for_tests(&store, &alice);
         let one = store
             .create_artifact(
                 &alice,
@@ -498,7 +479,7 @@ mod tests {
     fn checkpoints_live_while_a_retryable_run_depends_on_them() {
         let store = Store::open_in_memory().unwrap();
         let scope = Scope::new("a", "t1");
-        let s = session(&store, &scope);
+        let s = plain_session_for_tests(&store, &scope);
         let old = store
             .create_artifact(
                 &scope,
@@ -555,7 +536,10 @@ mod tests {
     fn logs_expire_and_shared_blobs_stay_referenced() {
         let store = Store::open_in_memory().unwrap();
         let (alice, bob) = (Scope::new("a", "t1"), Scope::new("b", "t2"));
-        let (sa, sb) = (session(&store, &alice), session(&store, &bob));
+        let (sa, sb) = (
+            plain_session_for_tests(&store, &alice),
+            plain_session_for_tests(&store, &bob),
+        );
         let log = store
             .create_artifact(
                 &alice,

@@ -270,3 +270,24 @@ impl Store {
         Ok(rows)
     }
 }
+
+/// A plain session with placeholder paths, for the store's own unit tests.
+#[cfg(test)]
+pub(crate) fn plain_session_for_tests(store: &Store, scope: &Scope) -> SessionId {
+    let id = SessionId::from_suffix(&crate::mint().unwrap());
+    store
+        .create_session(
+            scope,
+            &NewSession {
+                id: id.clone(),
+                title: "t".into(),
+                workspace: WorkspaceView::Plain {
+                    source: "/s".into(),
+                    path: "/p".into(),
+                },
+                model_ref: "scripted/demo".into(),
+            },
+        )
+        .unwrap();
+    id
+}

@@ -126,28 +126,7 @@ impl Store {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::NewSession;
-    use skiff_protocol::SessionId;
-    use skiff_protocol::api::WorkspaceView;
-
-    fn session(store: &Store, scope: &Scope) -> SessionId {
-        let id = SessionId::from_suffix(&crate::mint().unwrap());
-        store
-            .create_session(
-                scope,
-                &NewSession {
-                    id: id.clone(),
-                    title: "t".into(),
-                    workspace: WorkspaceView::Plain {
-                        source: "/s".into(),
-                        path: "/p".into(),
-                    },
-                    model_ref: "scripted/demo".into(),
-                },
-            )
-            .unwrap();
-        id
-    }
+    use crate::sessions::plain_session_for_tests;
 
     #[test]
     fn a_tenant_wide_sight_finds_its_tenants_rows_and_an_own_sight_only_its_own() {
@@ -155,7 +134,7 @@ mod tests {
         let ana = Scope::new("usr_ana", "alpha");
         let carl = Scope::new("usr_carl", "alpha");
         let bert = Scope::new("usr_bert", "beta");
-        let anas = session(&store, &ana);
+        let anas = plain_session_for_tests(&store, &ana);
         let id = anas.as_str();
 
         let own = |s: &Scope| Sight::own(s.clone());

@@ -88,15 +88,19 @@ fn forge_config(api: &str, extra: &str) -> String {
 }
 
 async fn set_token(gw: &TestGateway) {
+    set_secret(gw, "forge", TOKEN).await;
+}
+
+async fn set_secret(gw: &TestGateway, name: &str, value: &str) {
     let (status, _) = gw
         .client
         .raw(
             reqwest::Method::PUT,
-            "/v1/secrets/forge",
-            &serde_json::json!({ "value": TOKEN }).to_string(),
+            &format!("/v1/secrets/{name}"),
+            &serde_json::json!({ "value": value }).to_string(),
         )
         .await;
-    assert!(status < 300, "setting the forge token: {status}");
+    assert!(status < 300, "setting the secret {name}: {status}");
 }
 
 fn results(
@@ -491,15 +495,7 @@ async fn without_a_forge_token_git_push_uses_the_git_credentials_for_the_remote(
         server.base_url()
     );
     let gw = TestGateway::configured("", &config, Some(responses)).await;
-    let (status, _) = gw
-        .client
-        .raw(
-            reqwest::Method::PUT,
-            "/v1/secrets/git",
-            &serde_json::json!({ "value": GIT_TOKEN }).to_string(),
-        )
-        .await;
-    assert!(status < 300, "setting the git credential: {status}");
+    set_secret(&gw, "git", GIT_TOKEN).await;
     let started = gw
         .client
         .create_session(&session_request(repo.path(), "http/m", "push it"))
