@@ -132,6 +132,7 @@ pub(crate) struct Message<'a> {
 #[derive(Default)]
 struct TurnChoices {
     reasoning: Option<ReasoningEffort>,
+    approval: Option<skiff_protocol::approval::ApprovalPolicy>,
     switch: Option<AgentSwitch>,
 }
 
@@ -644,9 +645,6 @@ impl Core {
             }
             None => None,
         };
-        if let Some(policy) = &approval {
-            self.store.set_session_approval(scope, id, policy)?;
-        }
         // Held until the turn is admitted: a pull-back or dispatch under way finishes first,
         // and the placement read here is the one the turn runs under.
         let admission = self.workers.live(id).admission.clone().lock_owned().await;
@@ -662,7 +660,11 @@ impl Core {
                 // Dispatch at the turn boundary (a session never placed, or pulled back).
                 _ => {
                     self.workers.claim_dispatch(scope, id, profile).await?;
-                    let choices = TurnChoices { reasoning, switch };
+                    let choices = TurnChoices {
+                        reasoning,
+                        approval,
+                        switch,
+                    };
                     return self
                         .admit_turn(scope, id, user_message(prompt), choices, admission)
                         .await;
@@ -693,7 +695,11 @@ impl Core {
                 .claim_worker_slot(|max| self.store.request_placement(scope, id, &p.profile, max))
                 .await?;
         }
-        let choices = TurnChoices { reasoning, switch };
+        let choices = TurnChoices {
+            reasoning,
+            approval,
+            switch,
+        };
         self.admit_turn(scope, id, user_message(prompt), choices, admission)
             .await
     }
@@ -735,7 +741,11 @@ impl Core {
         choices: TurnChoices,
         admission: tokio::sync::OwnedMutexGuard<()>,
     ) -> Result<RunStarted> {
-        let TurnChoices { reasoning, switch } = choices;
+        let TurnChoices {
+            reasoning,
+            approval,
+            switch,
+        } = choices;
         let model_ref = self.store.session(scope, id)?.model_ref;
         // Admission first: only the admitted turn may write the user's message.
         let run = self.admit_run(scope, id, &model_ref)?;
@@ -752,6 +762,18 @@ impl Core {
                 &run.id,
                 RunStatus::Failed,
                 Some("the turn could not be started: its reasoning choice could not be recorded"),
+            );
+            return Err(e.into());
+        }
+        if let Some(policy) = &approval
+            && let Err(e) = self.store.set_session_approval(scope, id, policy)
+        {
+            self.finish(
+                scope,
+                id,
+                &run.id,
+                RunStatus::Failed,
+                Some("the turn could not be started: its approval policy could not be recorded"),
             );
             return Err(e.into());
         }

@@ -303,3 +303,51 @@ async fn a_bad_policy_is_refused_naming_its_key() {
         assert!(err.contains(key), "{config}: {err}");
     }
 }
+
+#[tokio::test]
+async fn a_refused_message_leaves_the_sessions_policy_as_it_was() {
+    let gw = TestGateway::start(EXEC_SCRIPT).await;
+    let policy = rules(r#"{"exec":["rm *"]}"#);
+    let (id, asked, cursor) = until_asked(&gw, "clean", Some(policy.clone())).await;
+    // The session is busy: the message is refused, and its policy with it.
+    let refused = gw
+        .client
+        .send(
+            &id,
+            &skiff_protocol::api::SendMessageRequest {
+                prompt: "never mind asking".into(),
+                profile: None,
+                reasoning: None,
+                approval: Some(ApprovalPolicy::Never),
+                agent: None,
+            },
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(refused.status, 409, "{:?}", refused.error);
+    let detail = gw.client.session(&id).await.unwrap();
+    assert_eq!(detail.session.approval, Some(policy));
+    // The waiting call still waits under the policy it was asked under.
+    let listed = gw.client.approvals(Some(&id)).await.unwrap().approvals;
+    assert_eq!(listed[0].id, asked.id);
+    assert_eq!(listed[0].state, ApprovalState::Pending);
+    gw.client.decide(&asked.id, true, None).await.unwrap();
+    gw.client.follow_until_run_end(&id, cursor).await;
+    // Once admitted, the message's policy is the session's.
+    let started = gw
+        .client
+        .send(
+            &id,
+            &skiff_protocol::api::SendMessageRequest {
+                prompt: "again".into(),
+                profile: None,
+                reasoning: None,
+                approval: Some(ApprovalPolicy::Never),
+                agent: None,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(started.session.approval, Some(ApprovalPolicy::Never));
+    gw.shutdown().await;
+}
