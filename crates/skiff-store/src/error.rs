@@ -77,9 +77,21 @@ pub enum Error {
     AlreadyPicked { group: String, picked: String },
     #[error("artifact {id} is retained: {reason}")]
     Retained { id: String, reason: String },
-    /// `user add` with an email some user already has (in any tenant).
-    #[error("user {email} already exists; remove them first or pick another email")]
-    UserExists { email: String },
+    /// `user add` with an email some user already has (in any tenant), compared without case:
+    /// `existing` is that user's email as it was given.
+    #[error("{}", user_exists_message(email, existing))]
+    UserExists { email: String, existing: String },
+    /// The database holds two users whose emails differ only in case, which the schema no
+    /// longer allows (emails are compared without case).
+    #[error(
+        "cannot upgrade the database: users {first} and {second} have emails that differ only in case ({first_email} and {second_email}), and emails are now one person's whatever their case; remove one of them with the Skiff version that added them (`skiff admin user remove EMAIL`), then start again"
+    )]
+    EmailsCollide {
+        first: String,
+        first_email: String,
+        second: String,
+        second_email: String,
+    },
     #[error("stored {what} is unreadable: {detail}")]
     Corrupt { what: &'static str, detail: String },
     #[error("could not start the database checkpoint thread: {0}")]
@@ -101,6 +113,16 @@ impl Error {
             Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
         )
     }
+}
+
+/// "user ana@x already exists…", naming the stored spelling when only the case differs.
+fn user_exists_message(email: &str, existing: &str) -> String {
+    let spelled = if email == existing {
+        String::new()
+    } else {
+        format!(" as {existing} (emails are compared without case)")
+    };
+    format!("user {email} already exists{spelled}; remove them first or pick another email")
 }
 
 /// "the gateway is at capacity: 2 of 2 workers are running turns; …" — what holds the slots,

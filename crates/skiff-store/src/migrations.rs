@@ -1,7 +1,7 @@
 //! Schema migrations, applied in order and tracked with `PRAGMA user_version`.
 
-use crate::Result;
-use rusqlite::Connection;
+use crate::{Error, Result};
+use rusqlite::{Connection, OptionalExtension};
 
 const MIGRATIONS: &[&str] = &[
     r#"
@@ -425,15 +425,107 @@ CREATE TABLE ingress_threads (
     PRIMARY KEY (channel, thread_ts)
 );
 "#,
+    // wtc/people: an email is one person's whatever its case. Stored as given, compared with
+    // `lower()`; `migrate` first refuses, naming them, users this index would not allow.
+    r#"
+CREATE UNIQUE INDEX users_by_folded_email ON users(lower(email));
+"#,
 ];
 
+/// The migration that makes emails unique without case (see `check_folded_emails`).
+const FOLDED_EMAILS: usize = 16;
+
 pub(crate) fn migrate(conn: &mut Connection) -> Result<()> {
+    migrate_to(conn, MIGRATIONS.len())
+}
+
+/// Applies the migrations after the database's version up to `version`, each in its own
+/// transaction.
+fn migrate_to(conn: &mut Connection, version: usize) -> Result<()> {
     let current: usize = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
-    for (i, sql) in MIGRATIONS.iter().enumerate().skip(current) {
+    for (i, sql) in MIGRATIONS.iter().enumerate().take(version).skip(current) {
         let tx = conn.transaction()?;
+        if i == FOLDED_EMAILS {
+            check_folded_emails(&tx)?;
+        }
         tx.execute_batch(sql)?;
         tx.pragma_update(None, "user_version", i + 1)?;
         tx.commit()?;
     }
     Ok(())
+}
+
+/// Two users whose emails differ only in case cannot both stay once emails are compared
+/// without case: the upgrade stops, naming them, and changes nothing.
+fn check_folded_emails(tx: &rusqlite::Transaction<'_>) -> Result<()> {
+    let collision = tx
+        .query_row(
+            "SELECT a.id, a.email, b.id, b.email FROM users a JOIN users b
+               ON lower(a.email) = lower(b.email) AND a.id < b.id
+             ORDER BY a.id, b.id LIMIT 1",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+        )
+        .optional()?;
+    match collision {
+        Some((first, first_email, second, second_email)) => Err(Error::EmailsCollide {
+            first,
+            first_email,
+            second,
+            second_email,
+        }),
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn version(conn: &Connection) -> usize {
+        conn.pragma_query_value(None, "user_version", |r| r.get(0))
+            .unwrap()
+    }
+
+    #[test]
+    fn users_whose_emails_differ_only_in_case_stop_the_upgrade_naming_them() {
+        assert!(MIGRATIONS[FOLDED_EMAILS].contains("users_by_folded_email"));
+        let mut conn = Connection::open_in_memory().unwrap();
+        migrate_to(&mut conn, FOLDED_EMAILS).unwrap();
+        for (id, email) in [("usr_a", "Ana@Alpha.test"), ("usr_b", "ana@alpha.test")] {
+            conn.execute(
+                "INSERT INTO users (id, owner_id, tenant_id, email, role, created_at_ms)
+                 VALUES (?1, ?1, 'alpha', ?2, 'member', 0)",
+                rusqlite::params![id, email],
+            )
+            .unwrap();
+        }
+        let err = migrate(&mut conn).unwrap_err();
+        assert!(matches!(err, Error::EmailsCollide { .. }), "{err:?}");
+        let said = err.to_string();
+        assert!(
+            said.contains("usr_a and usr_b")
+                && said.contains("Ana@Alpha.test and ana@alpha.test")
+                && said.contains("skiff admin user remove"),
+            "{said}"
+        );
+        // Nothing changed: both users are there, and the version is where it was.
+        assert_eq!(version(&conn), FOLDED_EMAILS);
+        let users: i64 = conn
+            .query_row("SELECT COUNT(*) FROM users", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(users, 3);
+        // With one of them gone the upgrade goes through, and the schema itself refuses a
+        // second spelling.
+        conn.execute("DELETE FROM users WHERE id = 'usr_b'", [])
+            .unwrap();
+        migrate(&mut conn).unwrap();
+        assert_eq!(version(&conn), MIGRATIONS.len());
+        let again = conn.execute(
+            "INSERT INTO users (id, owner_id, tenant_id, email, role, created_at_ms)
+             VALUES ('usr_c', 'usr_c', 'alpha', 'ANA@alpha.test', 'member', 0)",
+            [],
+        );
+        assert!(again.is_err(), "a second spelling was stored");
+    }
 }

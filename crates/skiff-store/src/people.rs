@@ -81,19 +81,23 @@ fn token_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<TokenRow> {
 }
 
 impl Store {
-    /// Adds a user with a fresh id in `tenant`.
+    /// Adds a user with a fresh id in `tenant`; their email is stored as given. One that
+    /// differs from a user's only in case is that user's (in any tenant), so it is refused.
     pub fn add_user(&self, email: &str, role: Role, tenant: &str) -> Result<UserRow> {
         let id = format!("usr_{}", crate::mint()?);
         let now = now_ms();
         let conn = self.conn();
-        let taken: i64 = conn.query_row(
-            "SELECT COUNT(*) FROM users WHERE email = ?1",
-            params![email],
-            |r| r.get(0),
-        )?;
-        if taken > 0 {
+        let taken: Option<String> = conn
+            .query_row(
+                "SELECT email FROM users WHERE lower(email) = lower(?1)",
+                params![email],
+                |r| r.get(0),
+            )
+            .optional()?;
+        if let Some(existing) = taken {
             return Err(Error::UserExists {
                 email: email.to_owned(),
+                existing,
             });
         }
         conn.execute(
@@ -123,12 +127,13 @@ impl Store {
         Ok(rows)
     }
 
-    /// The user with this email, within `tenant` (any tenant with `None`).
+    /// The user with this email, compared without case, within `tenant` (any tenant with
+    /// `None`).
     pub fn user_by_email(&self, email: &str, tenant: Option<&str>) -> Result<UserRow> {
         self.conn()
             .query_row(
                 &format!(
-                    "SELECT {USER_COLUMNS} FROM users WHERE email = ?1 AND (?2 IS NULL OR tenant_id = ?2)"
+                    "SELECT {USER_COLUMNS} FROM users WHERE lower(email) = lower(?1) AND (?2 IS NULL OR tenant_id = ?2)"
                 ),
                 params![email, tenant],
                 user_row,
@@ -254,6 +259,15 @@ mod tests {
         ));
         assert_eq!(store.users(Some("ten_b")).unwrap(), vec![bob.clone()]);
         assert!(store.user_by_email("bob@x", Some(DEFAULT_TENANT)).is_err());
+        // The same person whatever the case: found, and not added twice.
+        assert_eq!(store.user_by_email("Bob@X", None).unwrap(), bob);
+        match store.add_user("BOB@x", Role::Member, "ten_b") {
+            Err(e @ Error::UserExists { .. }) => assert_eq!(
+                e.to_string(),
+                "user BOB@x already exists as bob@x (emails are compared without case); remove them first or pick another email"
+            ),
+            other => panic!("a second Bob was added: {other:?}"),
+        }
         let tok = store
             .add_token(&bob.scope(), "h", "bob", TokenScope::Read, Some(5))
             .unwrap();

@@ -636,6 +636,46 @@ fn tokens_are_capped_by_their_scope_and_stop_at_revocation_and_removal() {
 }
 
 #[test]
+fn an_email_is_one_person_whatever_its_case() {
+    let gw = Gateway::start(ONE_TURN);
+    let ana = person(&gw, "Ana@Alpha.test", "member", "alpha", "write");
+    // A second spelling is the same person: refused as a duplicate, naming the stored one.
+    let out = gw.run(&[
+        "admin", "user", "add", "ana@alpha.test", "--role", "admin", "--tenant", "beta",
+    ]);
+    assert!(!out.status.success(), "a second Ana was added");
+    assert!(
+        stderr(&out).contains("already exists as Ana@Alpha.test"),
+        "{}",
+        stderr(&out)
+    );
+    // Stored as given; found in any case.
+    let me = get_json(&gw, &ana, "/v1/me");
+    assert_eq!(me["email"], "Ana@Alpha.test");
+    let lower = token(&gw, "ana@alpha.test", "write");
+    assert_eq!(get_json(&gw, &lower, "/v1/me")["email"], "Ana@Alpha.test");
+    let users = gw.json(&["--json", "admin", "user", "list"]);
+    let anas = users["users"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|u| u["email"].as_str().unwrap().eq_ignore_ascii_case("ana@alpha.test"))
+        .count();
+    assert_eq!(anas, 1, "{users}");
+    // Removing her by another spelling removes her, and her tokens with her.
+    let out = gw.run(&["admin", "user", "remove", "ANA@ALPHA.TEST"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    for token in [&ana, &lower] {
+        let refused = Client::new()
+            .get(format!("{}/v1/me", gw.url))
+            .bearer_auth(token)
+            .send()
+            .unwrap();
+        assert_eq!(refused.status(), 401);
+    }
+}
+
+#[test]
 fn an_expired_token_says_when_it_expired_and_what_to_do() {
     let gw = Gateway::start(ONE_TURN);
     let out = gw.run(&[
