@@ -75,6 +75,23 @@ pub(crate) fn api_routes() -> crate::people::Routes {
 /// Why a token narrower than its user's role cannot sign in to the Control UI.
 const NARROW_TOKEN: &str = "this token's scope is narrower than your role, and the Control UI signs you in with your role's full reach: use a token whose --scope covers your role (`skiff admin token create --scope admin`)";
 
+/// Why no one-time link or token signs a browser in behind an identity-aware proxy.
+const PROXY_ONLY: &str = "this gateway is behind an identity-aware proxy (`[auth.proxy]`), the only way in: open the Control UI through the proxy, which signs you in; one-time links (`skiff ui`) and tokens do not";
+
+/// In access-proxy mode, the refusal of `action` (a ticket minted, a login by `how`), audited
+/// under `scope`; `None` otherwise.
+fn proxy_only(core: &Core, scope: &Scope, action: &str, how: &str) -> Option<Response> {
+    core.proxy.as_ref()?;
+    core.audit(
+        scope,
+        action,
+        how,
+        "denied",
+        json!({ "reason": "access-proxy mode" }),
+    );
+    Some(refuse(ErrorCode::Forbidden, PROXY_ONLY))
+}
+
 /// How a request without a bearer token fared with its cookie.
 pub(crate) enum CookieAuth {
     /// No `skiff_session` cookie, or one that is not (or no longer) valid.
@@ -206,6 +223,9 @@ async fn mint_ticket(
     Extension(scope): Extension<Scope>,
     Extension(principal): Extension<crate::people::Principal>,
 ) -> Response {
+    if let Some(refused) = proxy_only(&core, &scope, "ui.ticket", "-") {
+        return refused;
+    }
     if !principal.full_reach() {
         core.audit(
             &scope,
@@ -246,6 +266,9 @@ async fn login_with_ticket(
     headers: HeaderMap,
     Query(q): Query<TicketQuery>,
 ) -> Response {
+    if let Some(refused) = proxy_only(&core, &anonymous(), "ui.login", "ticket") {
+        return refused;
+    }
     let scope = q
         .ticket
         .as_deref()
@@ -280,6 +303,9 @@ async fn login_with_token(
     headers: HeaderMap,
     body: axum::body::Bytes,
 ) -> Response {
+    if let Some(refused) = proxy_only(&core, &anonymous(), "ui.login", "token") {
+        return refused;
+    }
     if !matches!(same_origin(&headers), Origin::Same) {
         core.audit(
             &anonymous(),

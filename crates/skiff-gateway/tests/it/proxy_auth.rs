@@ -473,3 +473,63 @@ async fn a_real_openid_providers_assertions_are_checked_against_its_jwks_url() {
 
     running.shutdown().await;
 }
+
+#[tokio::test]
+async fn an_assertions_email_finds_its_user_whatever_the_case() {
+    let s = setup().await;
+    let assertion = sign(&s.ec, &claims(json!("Ana@Example.COM")));
+    let (status, me) = s.get("/v1/me", Some(&assertion)).await;
+    assert_eq!(status, 200, "{me}");
+    assert_eq!(me["email"], "ana@example.com", "the user as stored");
+    assert_eq!(me["role"], "member");
+    s.running.shutdown().await;
+}
+
+#[tokio::test]
+async fn no_one_time_link_or_token_signs_a_browser_in_behind_the_proxy() {
+    let s = setup().await;
+    let said = |body: &Value| body["message"].as_str().unwrap_or_default().to_owned();
+    // Even a signed-in admin gets no link to hand around.
+    let root = sign(&s.ec, &claims(json!("root@example.com")));
+    let resp = s
+        .http
+        .post(format!("{}/v1/ui/tickets", s.running.url))
+        .header(HEADER, &root)
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 403);
+    let body: Value = resp.json().await.unwrap();
+    assert!(said(&body).contains("[auth.proxy]"), "{body}");
+
+    let ui = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let resp = ui
+        .get(format!("{}/ui/login?ticket=anything", s.running.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 403);
+    assert!(resp.headers().get("set-cookie").is_none());
+    let body: Value = resp.json().await.unwrap();
+    assert!(said(&body).contains("the only way in"), "{body}");
+
+    // Nor does the admin token, from the gateway's own page.
+    let host = s.running.url.trim_start_matches("http://").to_owned();
+    let resp = ui
+        .post(format!("{}/ui/login", s.running.url))
+        .header("origin", format!("http://{host}"))
+        .header("content-type", "application/json")
+        .body(json!({ "token": s.running.token }).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 403);
+    assert!(resp.headers().get("set-cookie").is_none());
+    let body: Value = resp.json().await.unwrap();
+    assert!(said(&body).contains("open the Control UI through the proxy"), "{body}");
+    s.running.shutdown().await;
+}
