@@ -260,8 +260,8 @@ async fn sweep(State(core): Shared, Extension(scope): Extension<Scope>) -> Resul
         "allowed",
         serde_json::json!({}),
     );
-    let swept = core.envs.sweep().await?;
-    let snapshots = core.envs.sweep_snapshots().await?;
+    let swept = core.envs.sweep(&scope).await?;
+    let snapshots = core.envs.sweep_snapshots(&scope).await?;
     Ok(
         Json(serde_json::json!({ "destroyed": swept, "deleted_snapshots": snapshots }))
             .into_response(),

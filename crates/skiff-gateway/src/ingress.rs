@@ -4,10 +4,14 @@
 //! secret from the vault) and the timestamp (at most five minutes off) are checked before
 //! the body is parsed; an event id already accepted is refused as a replay. A message is
 //! acted on only in a channel an operator bound (`[[ingress.slack.bindings]]`) and only from
-//! a Slack user the binding maps to a Skiff user: the first message of a thread starts a
-//! session on the binding's repository (its profile, model and agent), later ones continue
-//! it, and the gateway answers in the thread with `chat.postMessage` (an acknowledgement,
-//! then the turn's final message). The bot token never leaves the gateway.
+//! a Skiff user: the requester is the user whose email the binding's `users` maps their Slack
+//! id to, else the user whose email their Slack profile shows (`users.info`), compared without
+//! case; someone who is neither is told in the thread how an admin adds them. Their session
+//! is theirs (their role, budgets and sight): the first message of a thread starts it on the
+//! binding's repository (its profile, model and agent), later ones continue it, and the
+//! gateway answers in the thread with `chat.postMessage` (an acknowledgement, then the turn's
+//! final message). The bot token never leaves the gateway. A refusal before anyone is known
+//! is audited as nobody's (`auth::unattributed_scope`), one of a known user as theirs.
 
 use crate::Core;
 use crate::error::Error;
@@ -22,14 +26,12 @@ use serde_json::json;
 use sha2::{Digest, Sha256};
 use skiff_protocol::SessionId;
 use skiff_protocol::transcript::EntryBody;
-use skiff_store::Scope;
+use skiff_store::{Scope, UserRow};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 /// How far a request's timestamp may be from now.
 const MAX_SKEW_S: i64 = 5 * 60;
-/// The tenant chat users' sessions belong to when a binding names none.
-const DEFAULT_TENANT: &str = "ten_default";
 const DEFAULT_API_BASE: &str = "https://slack.com/api";
 
 /// `[ingress]`.
@@ -69,10 +71,11 @@ pub struct SlackBinding {
     /// `NAME` or `NAME@DIGEST`.
     #[serde(default)]
     pub agent: Option<String>,
-    /// Slack user id → the Skiff user (owner) their sessions belong to.
+    /// Slack user id → the email of the Skiff user they are. Anyone else is the user their
+    /// Slack profile's email names (`users.info`, which needs the `users:read.email` scope).
     #[serde(default)]
     pub users: BTreeMap<String, String>,
-    /// The tenant of those users [default: ten_default].
+    /// Only users of this tenant may use the channel [default: users of any tenant].
     #[serde(default)]
     pub tenant: Option<String>,
 }
@@ -177,6 +180,113 @@ impl Slack {
             tracing::warn!(%channel, %error, "could not post a reply to Slack");
         }
     }
+
+    /// The email on a Slack user's profile (`users.info`), or why there is none.
+    async fn profile_email(&self, user: &str) -> std::result::Result<String, String> {
+        let token = self
+            .vault
+            .open(&self.bot_token)
+            .map_err(|_| "the gateway cannot read its Slack bot token".to_owned())?;
+        let url = format!("{}/users.info", self.api_base);
+        let response = self
+            .http
+            .post(&url)
+            .bearer_auth(&token)
+            .form(&[("user", user)])
+            .send()
+            .await
+            // Without the URL, as in `post`.
+            .map_err(|e| format!("Slack could not be asked: {}", e.without_url()))?;
+        let body: serde_json::Value = response
+            .json()
+            .await
+            .map_err(|e| format!("Slack's answer is unreadable: {e}"))?;
+        if body["ok"] != true {
+            return Err(format!(
+                "Slack answered {}",
+                body["error"].as_str().unwrap_or("an error")
+            ));
+        }
+        body["user"]["profile"]["email"]
+            .as_str()
+            .filter(|e| !e.is_empty())
+            .map(str::to_owned)
+            .ok_or_else(|| {
+                "Slack shows no email for them (the app needs the users:read.email scope)"
+                    .to_owned()
+            })
+    }
+
+    /// The Skiff user a Slack requester is in `binding`'s channel, or why they may not use it.
+    async fn requester(
+        &self,
+        core: &Core,
+        binding: &SlackBinding,
+        slack_user: &str,
+    ) -> std::result::Result<UserRow, Refusal> {
+        let email = match binding.users.get(slack_user) {
+            Some(email) => email.clone(),
+            None => self
+                .profile_email(slack_user)
+                .await
+                .map_err(|why| Refusal {
+                    user: None,
+                    reason: "requester not found in Slack",
+                    tell: format!(
+                        "I could not tell who you are: {why}. An operator can map you to your Skiff user under this channel's binding (`users`)."
+                    ),
+                })?,
+        };
+        let user = match core.store.user_by_email(&email, None) {
+            Ok(user) => user,
+            Err(skiff_store::Error::NotFound { .. }) => {
+                return Err(Refusal {
+                    user: None,
+                    reason: "unknown requester",
+                    tell: "You are not a Skiff user yet: an admin adds you with `skiff admin user add EMAIL --role member` (EMAIL as your Slack profile shows it), then ask again.".to_owned(),
+                });
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot look up the user a Slack requester is");
+                return Err(Refusal {
+                    user: None,
+                    reason: "user lookup failed",
+                    tell: "I could not look you up; try again in a moment.".to_owned(),
+                });
+            }
+        };
+        if let Some(tenant) = binding.tenant.as_deref().filter(|t| *t != user.tenant_id) {
+            return Err(Refusal {
+                user: Some(user),
+                reason: "requester of another tenant",
+                tell: format!("This channel is for users of tenant {tenant}, and you are not one."),
+            });
+        }
+        let principal = crate::people::Principal {
+            user,
+            cap: skiff_protocol::people::TokenScope::Write,
+        };
+        if !principal.may(crate::people::Need::Write) {
+            let tell = format!(
+                "Not started: {}.",
+                principal.refusal(crate::people::Need::Write)
+            );
+            return Err(Refusal {
+                user: Some(principal.user),
+                reason: "role cannot start sessions",
+                tell,
+            });
+        }
+        Ok(principal.user)
+    }
+}
+
+/// Why a requester may not use a channel: what the audit records, and what they are told in
+/// the thread. `user` when they are a Skiff user (the refusal is audited as theirs).
+struct Refusal {
+    user: Option<UserRow>,
+    reason: &'static str,
+    tell: String,
 }
 
 /// The route, only when `[ingress.slack]` is configured.
@@ -300,7 +410,7 @@ async fn events(State(core): State<Arc<Core>>, headers: HeaderMap, body: Bytes) 
     // Before anything reads the body.
     if let Err(reason) = verify(&secret, &headers, &body, now_s) {
         core.audit(
-            &crate::auth::admin_scope(),
+            &crate::auth::unattributed_scope(),
             "ingress.slack",
             "events",
             "refused",
@@ -333,7 +443,7 @@ async fn events(State(core): State<Arc<Core>>, headers: HeaderMap, body: Bytes) 
                 Ok(true) => {}
                 Ok(false) => {
                     core.audit(
-                        &crate::auth::admin_scope(),
+                        &crate::auth::unattributed_scope(),
                         "ingress.slack",
                         &event_id,
                         "refused",
@@ -379,13 +489,14 @@ async fn on_event(
     event_id: &str,
     event: SlackEvent,
 ) -> Response {
-    let audit_refused = |reason: &str| {
+    // Before the requester is known, a refusal is nobody's.
+    let audit_refused = |scope: &Scope, reason: &str, slack_user: Option<&str>| {
         core.audit(
-            &crate::auth::admin_scope(),
+            scope,
             "ingress.slack",
             event_id,
             "refused",
-            json!({ "reason": reason }),
+            json!({ "reason": reason, "slack_user": slack_user }),
         );
     };
     // Only people's messages: not the bot's own replies, edits or joins.
@@ -402,34 +513,39 @@ async fn on_event(
         );
     };
     let Some(binding) = slack.bindings.iter().find(|b| b.channel == channel) else {
-        audit_refused("unbound channel");
+        audit_refused(
+            &crate::auth::unattributed_scope(),
+            "unbound channel",
+            event.user.as_deref(),
+        );
         return refuse(
             StatusCode::FORBIDDEN,
             "this channel is not bound: an operator adds it under [[ingress.slack.bindings]]",
         );
     };
     let thread_ts = event.thread_ts.clone().unwrap_or(ts);
-    let Some(owner) = event.user.as_deref().and_then(|u| binding.users.get(u)) else {
-        audit_refused("unmapped user");
-        let slack = slack.clone();
-        let thread = thread_ts.clone();
-        tokio::spawn(async move {
-            slack
-                .post(&channel, &thread, "You are not mapped to a Skiff user in this channel's binding; ask an operator.")
-                .await;
-        });
-        return refuse(
-            StatusCode::FORBIDDEN,
-            "the requester is not mapped to a user",
-        );
+    let Some(slack_user) = event.user.clone() else {
+        return refuse(StatusCode::BAD_REQUEST, "a message event without user");
     };
-    let scope = Scope::new(
-        owner.clone(),
-        binding
-            .tenant
-            .clone()
-            .unwrap_or_else(|| DEFAULT_TENANT.to_owned()),
-    );
+    let scope = match slack.requester(core, binding, &slack_user).await {
+        Ok(user) => user.scope(),
+        Err(refusal) => {
+            let scope = refusal
+                .user
+                .as_ref()
+                .map_or_else(crate::auth::unattributed_scope, UserRow::scope);
+            audit_refused(&scope, refusal.reason, Some(&slack_user));
+            let slack = slack.clone();
+            let thread = thread_ts.clone();
+            tokio::spawn(async move {
+                slack.post(&channel, &thread, &refusal.tell).await;
+            });
+            return refuse(
+                StatusCode::FORBIDDEN,
+                &format!("the requester may not use this channel: {}", refusal.reason),
+            );
+        }
+    };
     let prompt = prompt_of(event.text.as_deref().unwrap_or_default());
     if prompt.is_empty() {
         return Json(json!({ "ok": true })).into_response();
@@ -439,7 +555,7 @@ async fn on_event(
         "ingress.slack",
         event_id,
         "allowed",
-        json!({ "channel": channel }),
+        json!({ "channel": channel, "slack_user": slack_user }),
     );
     // Slack wants an answer within three seconds: the turn runs on, the reply comes later.
     let (core, slack, binding) = (core.clone(), slack.clone(), binding.clone());

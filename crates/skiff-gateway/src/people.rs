@@ -290,7 +290,7 @@ impl Principal {
     }
 
     /// Why a need is refused, and what to do about it.
-    fn refusal(&self, need: Need) -> String {
+    pub(crate) fn refusal(&self, need: Need) -> String {
         let role = self.user.role;
         let by_role = match role {
             Role::Viewer => Read,

@@ -1,6 +1,8 @@
 //! A fake Slack Web API: `chat.postMessage` as Slack speaks it (a bearer bot token, a JSON
 //! body with `channel`, `thread_ts` and `text`; `{"ok":true,"channel":…,"ts":…}` back, or
-//! `{"ok":false,"error":"invalid_auth"}` for a wrong token), each call recorded. And the
+//! `{"ok":false,"error":"invalid_auth"}` for a wrong token) and `users.info` (a form body
+//! with `user`; the user with their profile's email, or `user_not_found`), each call
+//! recorded. And the
 //! signing side of Slack's Events API for tests that play Slack: [`sign`] makes the
 //! `X-Slack-Signature` of a body.
 
@@ -21,9 +23,18 @@ pub struct FakeSlack {
 }
 
 impl FakeSlack {
-    /// A fake that accepts `bot_token` only.
+    /// A fake that accepts `bot_token` only, and knows no user.
     pub async fn start(bot_token: &str) -> FakeSlack {
+        FakeSlack::with_users(bot_token, &[]).await
+    }
+
+    /// A fake whose workspace has `users`: Slack user id and profile email.
+    pub async fn with_users(bot_token: &str, users: &[(&str, &str)]) -> FakeSlack {
         let expected = format!("Bearer {bot_token}");
+        let users: Vec<(String, String)> = users
+            .iter()
+            .map(|(id, email)| ((*id).to_owned(), (*email).to_owned()))
+            .collect();
         let server = FakeProvider::start_with(move |requests: &[RecordedRequest]| {
             let request = requests.last().unwrap();
             let json = |body: serde_json::Value| {
@@ -33,11 +44,24 @@ impl FakeSlack {
                     &body.to_string(),
                 )
             };
-            if request.path != "/api/chat.postMessage" {
+            if request.path != "/api/chat.postMessage" && request.path != "/api/users.info" {
                 return json(serde_json::json!({"ok": false, "error": "unknown_method"}));
             }
             if request.header("authorization") != Some(expected.as_str()) {
                 return json(serde_json::json!({"ok": false, "error": "invalid_auth"}));
+            }
+            if request.path == "/api/users.info" {
+                let asked = String::from_utf8_lossy(&request.body)
+                    .split('&')
+                    .find_map(|pair| pair.strip_prefix("user=").map(str::to_owned))
+                    .unwrap_or_default();
+                return json(match users.iter().find(|(id, _)| *id == asked) {
+                    Some((id, email)) => serde_json::json!({
+                        "ok": true,
+                        "user": {"id": id, "name": id.to_lowercase(), "profile": {"email": email}},
+                    }),
+                    None => serde_json::json!({"ok": false, "error": "user_not_found"}),
+                });
             }
             let Ok(body) = serde_json::from_slice::<serde_json::Value>(&request.body) else {
                 return json(serde_json::json!({"ok": false, "error": "invalid_json"}));

@@ -336,7 +336,25 @@ fn an_orphaned_lease_is_swept() {
     let kept = create(&gw, "cloud", &[]);
     warmup_behind_the_gateway(&root, &orphan);
     assert_eq!(root.boxes().len(), 2);
-    let swept = gw.json(&["env", "sweep", "--json"]);
+    // Swept by an admin who is not the first: no row owns the lease, so the audit names who
+    // asked, never the first admin.
+    let out = gw.run(&["admin", "user", "add", "ada@example.test", "--role", "admin"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = gw.run(&[
+        "admin", "token", "create", "--user", "ada@example.test", "--scope", "admin",
+        "--expires", "1d",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let ada = stdout(&out).trim().to_owned();
+    let out = gw
+        .cli()
+        .env("SKIFF_URL", &gw.url)
+        .env("SKIFF_TOKEN", &ada)
+        .args(["env", "sweep", "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let swept: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(swept["destroyed"], serde_json::json!([&orphan]));
     assert_eq!(
         root.boxes(),
@@ -344,6 +362,23 @@ fn an_orphaned_lease_is_swept() {
         "the owned lease must survive the sweep"
     );
     assert_eq!(audit_decisions(&gw, "provider.sweep"), ["destroyed"]);
+    let users = gw.json(&["--json", "admin", "user", "list"]);
+    let ada_id = users["users"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|u| u["email"] == "ada@example.test")
+        .unwrap()["id"]
+        .clone();
+    let store = skiff_store::Store::open(&gw.state_dir.join("skiff.db")).unwrap();
+    let owners: Vec<String> = store
+        .audit_rows()
+        .unwrap()
+        .into_iter()
+        .filter(|r| r.action == "provider.sweep")
+        .map(|r| r.owner_id)
+        .collect();
+    assert_eq!(owners, [ada_id.as_str().unwrap()]);
 }
 
 /// Kills the box's process (its sandbox init: the whole box goes with it).

@@ -87,12 +87,14 @@ impl Environments {
                 tracing::warn!(env = %row.id, error = %e, "reconciling the environment failed");
             }
         }
-        let swept = self.sweep().await?;
+        // The gateway's own work at start: nobody asked, so no one's rows.
+        let nobody = crate::auth::unattributed_scope();
+        let swept = self.sweep(&nobody).await?;
         if !swept.is_empty() {
             tracing::warn!(?swept, "destroyed orphaned leases");
         }
         self.reconcile_snapshots_on_start().await?;
-        let swept = self.sweep_snapshots().await?;
+        let swept = self.sweep_snapshots(&nobody).await?;
         if !swept.is_empty() {
             tracing::warn!(?swept, "deleted orphaned snapshots");
         }

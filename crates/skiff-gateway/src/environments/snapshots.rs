@@ -504,8 +504,9 @@ impl Environments {
     }
 
     /// Deletes the snapshots providers hold that no row names (a lost database, a snapshot
-    /// taken by hand with a lease CLI). Returns them.
-    pub(crate) async fn sweep_snapshots(&self) -> Result<Vec<SnapshotId>> {
+    /// taken by hand with a lease CLI). Returns them. No row owns such a snapshot, so each
+    /// is audited under `by`, as [`Environments::sweep`] does.
+    pub(crate) async fn sweep_snapshots(&self, by: &Scope) -> Result<Vec<SnapshotId>> {
         let mut swept = Vec::new();
         for (name, profile) in &self.profiles {
             if !profile.provider.snapshots() {
@@ -526,9 +527,8 @@ impl Environments {
                 }
                 tracing::warn!(profile = %name, snapshot = %snapshot.id, "deleting an orphaned snapshot");
                 let result = profile.provider.delete_snapshot(&snapshot.id).await;
-                let scope = crate::auth::admin_scope();
                 self.audit_snapshot(
-                    &scope,
+                    by,
                     "provider.sweep_snapshot",
                     &snapshot.id,
                     if result.is_ok() { "deleted" } else { "error" },

@@ -102,7 +102,9 @@ impl Environments {
     }
 
     /// Destroys every lease a provider holds that no live environment owns. Returns them.
-    pub(crate) async fn sweep(&self) -> Result<Vec<String>> {
+    /// No row owns such a lease, so each is audited under `by`: the admin who asked for the
+    /// sweep, or nobody's (`auth::unattributed_scope`) when the gateway sweeps at start.
+    pub(crate) async fn sweep(&self, by: &Scope) -> Result<Vec<String>> {
         let mut swept = Vec::new();
         for (name, profile) in &self.profiles {
             let leases = match profile.provider.list().await {
@@ -130,11 +132,10 @@ impl Environments {
                 }
                 tracing::warn!(profile = %name, %lease, "destroying an orphaned lease");
                 let result = profile.provider.destroy(&lease).await;
-                let scope = crate::auth::admin_scope();
                 let decision = if result.is_ok() { "destroyed" } else { "error" };
                 let detail = json!({ "profile": name, "error": result.as_ref().err().map(ToString::to_string) });
                 if let Err(e) = self.store.audit(
-                    &scope,
+                    by,
                     "gateway",
                     "provider.sweep",
                     &lease,
