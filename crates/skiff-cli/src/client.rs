@@ -205,6 +205,19 @@ impl Client {
             .await
     }
 
+    /// Switches a session's agent spec between turns (no turn starts).
+    pub async fn switch_agent(
+        &self,
+        id: &str,
+        agent: &str,
+    ) -> Result<skiff_protocol::api::SessionView> {
+        let body = skiff_protocol::api::SwitchAgentRequest {
+            agent: agent.to_owned(),
+        };
+        self.send(self.post(&format!("/v1/sessions/{id}/agent"), &body))
+            .await
+    }
+
     /// Who the token is: its user, role and tenant.
     pub async fn me(&self) -> Result<skiff_protocol::people::Me> {
         self.send(self.get("/v1/me")).await

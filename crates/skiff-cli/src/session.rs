@@ -242,24 +242,26 @@ pub struct NewArgs {
 pub struct SendArgs {
     /// Session id (ses_…)
     id: String,
-    /// The message
-    prompt: String,
+    /// The message [optional with --agent: without it the spec is switched and no turn starts]
+    #[arg(required_unless_present = "agent")]
+    prompt: Option<String>,
     /// Run this turn, and the session from now on, on a worker box of this profile
-    #[arg(long, value_name = "PROFILE")]
+    #[arg(long, value_name = "PROFILE", requires = "prompt")]
     profile: Option<String>,
     /// How hard the model reasons, from this turn on: off, low, medium or high
-    #[arg(long, value_name = "EFFORT", value_parser = reasoning_effort)]
+    #[arg(long, value_name = "EFFORT", value_parser = reasoning_effort, requires = "prompt")]
     reasoning: Option<ReasoningEffort>,
     /// Which tool calls wait for your approval: never, on-request, or rules like
     /// '{ exec = ["rm *"], write_outside = ["src/**"], all = true }' [default: the profile's or gateway's `approval`]
-    #[arg(long, value_name = "POLICY", value_parser = crate::approvals::parse_policy)]
+    #[arg(long, value_name = "POLICY", value_parser = crate::approvals::parse_policy, requires = "prompt")]
     approval: Option<skiff_protocol::approval::ApprovalPolicy>,
     /// Switch the session to this agent spec from this turn on: NAME (its current version) or
-    /// NAME@DIGEST (refused while a turn runs; the session keeps its model)
+    /// NAME@DIGEST (refused while a turn runs; the session keeps its model). Without a prompt
+    /// only the spec changes, for the next turn
     #[arg(long, value_name = "NAME[@DIGEST]")]
     agent: Option<String>,
     /// Start the turn and return without streaming it
-    #[arg(long)]
+    #[arg(long, requires = "prompt")]
     detach: bool,
     #[command(flatten)]
     detail: FullArg,
@@ -316,11 +318,26 @@ pub async fn run(cmd: SessionCommand, state_dir: &Path, json: bool) -> Result<Ex
             started_turn(&client, started, args.detach, live).await
         }
         SessionCommand::Send(args) => {
+            let Some(prompt) = args.prompt else {
+                // `--agent` alone (clap requires one of the two): a switch between turns.
+                let agent = args.agent.unwrap_or_default();
+                let session = client.switch_agent(&args.id, &agent).await?;
+                if json {
+                    outln!("{}", serde_json::to_string_pretty(&session)?)?;
+                } else {
+                    let pin = session.agent.as_ref().map_or(agent, |p| p.short());
+                    outln!(
+                        "session {} runs agent {pin} from its next turn",
+                        session.id
+                    )?;
+                }
+                return Ok(ExitCode::SUCCESS);
+            };
             let started = client
                 .send_message(
                     &args.id,
                     &SendMessageRequest {
-                        prompt: args.prompt,
+                        prompt,
                         profile: args.profile,
                         reasoning: args.reasoning,
                         approval: args.approval,

@@ -18,7 +18,7 @@ use serde_json::json;
 use skiff_protocol::SessionId;
 use skiff_protocol::api::{
     ApiError, CreateSessionRequest, DispatchRequest, ErrorCode, PullBackRequest,
-    SESSION_PAGE_DEFAULT, SESSION_PAGE_MAX, SendMessageRequest, SessionList,
+    SESSION_PAGE_DEFAULT, SESSION_PAGE_MAX, SendMessageRequest, SessionList, SwitchAgentRequest,
 };
 use skiff_store::{Scope, Sight};
 use std::sync::Arc;
@@ -34,6 +34,7 @@ pub(crate) fn routes_table() -> crate::people::Routes {
         .route("/v1/sessions", get(list_sessions).post(create_session))
         .route("/v1/sessions/{id}", get(show_session))
         .route("/v1/sessions/{id}/messages", post(send_message))
+        .route("/v1/sessions/{id}/agent", post(switch_agent))
         .route("/v1/sessions/{id}/cancel", post(cancel))
         .route("/v1/sessions/{id}/pull-back", post(pull_back))
         .route("/v1/sessions/{id}/dispatch", post(dispatch))
@@ -272,6 +273,20 @@ async fn send_message(
         )
         .await?;
     Ok((StatusCode::CREATED, Json(started)).into_response())
+}
+
+/// Switches the agent spec between turns; no turn starts.
+async fn switch_agent(
+    State(core): Shared,
+    Extension(scope): Extension<Scope>,
+    Path(id): Path<String>,
+    body: Result<Json<SwitchAgentRequest>, axum::extract::rejection::JsonRejection>,
+) -> Result<Response, Error> {
+    let Json(req) = body.map_err(|e| Error::BadRequest(e.body_text()))?;
+    let session = core
+        .switch_agent_between_turns(&scope, &session_id(&id)?, &req.agent)
+        .await?;
+    Ok(Json(session).into_response())
 }
 
 async fn cancel(

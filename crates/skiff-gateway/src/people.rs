@@ -135,6 +135,7 @@ pub const ACCESS: &[Rule] = &[
     rule("POST", "/v1/sessions", Write, Create),
     rule("GET", "/v1/sessions/{id}", Read, Row),
     rule("POST", "/v1/sessions/{id}/messages", Write, Row),
+    rule("POST", "/v1/sessions/{id}/agent", Write, Row),
     operate("POST", "/v1/sessions/{id}/cancel"),
     operate("POST", "/v1/sessions/{id}/pull-back"),
     operate("POST", "/v1/sessions/{id}/dispatch"),

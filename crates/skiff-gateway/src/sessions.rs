@@ -116,6 +116,13 @@ fn totals(runs: &[RunView]) -> UsageTotals {
     totals
 }
 
+/// A spec switch refused because turn `run` is still running.
+fn switch_while_running(id: &SessionId, run: &RunId) -> Error {
+    Error::Conflict(format!(
+        "session {id} is running turn {run}: its agent spec changes only between turns; send again when the turn ends, or cancel it first"
+    ))
+}
+
 /// What a message to an existing session carries (`POST /v1/sessions/{id}/messages`).
 #[derive(Default)]
 pub(crate) struct Message<'a> {
@@ -631,10 +638,7 @@ impl Core {
                 self.agents.sync(&self.store)?;
                 let (pin, spec) = crate::agents::resolve(&self.store, reference)?;
                 if let Some(run) = self.store.open_run(scope, id)? {
-                    return Err(Error::Conflict(format!(
-                        "session {id} is running turn {}: its agent spec changes only between turns; send again when the turn ends, or cancel it first",
-                        run.id
-                    )));
+                    return Err(switch_while_running(id, &run.id));
                 }
                 Some(AgentSwitch {
                     pin,
@@ -702,6 +706,35 @@ impl Core {
         };
         self.admit_turn(scope, id, user_message(prompt), choices, admission)
             .await
+    }
+
+    /// Switches a session to another agent spec version between turns, with no turn (`session
+    /// send --agent` without a prompt): checked whole first, then applied under the admission
+    /// lock, so no turn is admitted halfway. Refused (409) while a turn runs.
+    pub(crate) async fn switch_agent_between_turns(
+        &self,
+        scope: &Scope,
+        id: &SessionId,
+        reference: &str,
+    ) -> Result<SessionView> {
+        // Not found is said about the session first.
+        self.store.session(scope, id)?;
+        self.agents.sync(&self.store)?;
+        let (pin, spec) = crate::agents::resolve(&self.store, reference)?;
+        let admission = self.workers.live(id).admission.clone().lock_owned().await;
+        if let Some(run) = self.store.open_run(scope, id)? {
+            return Err(switch_while_running(id, &run.id));
+        }
+        let switch = AgentSwitch {
+            pin,
+            spec,
+            chose_reasoning: false,
+            chose_approval: false,
+        };
+        self.switch_agent(scope, id, &switch)?;
+        drop(admission);
+        let row = self.store.session(scope, id)?;
+        self.session_view(scope, row)
     }
 
     pub(crate) fn check_profile(&self, profile: &str) -> Result<()> {

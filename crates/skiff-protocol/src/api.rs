@@ -213,6 +213,16 @@ pub struct SendMessageRequest {
     pub agent: Option<String>,
 }
 
+/// `POST /v1/sessions/{id}/agent`: switch a session's agent spec between turns, with no turn
+/// (`session send --agent` without a prompt). Answered with the session; refused (409) while
+/// a turn runs.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SwitchAgentRequest {
+    /// `NAME` (its current version) or `NAME@DIGEST`.
+    pub agent: String,
+}
+
 /// `POST /v1/sessions/{id}/pull-back`: bring a worker session home at a turn boundary.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -105,3 +105,85 @@ fn session_send_agent_switches_the_spec_and_show_says_so() {
         "the new spec's reasoning applies: {show}"
     );
 }
+
+#[test]
+fn session_send_agent_without_a_prompt_switches_between_turns_and_starts_none() {
+    let gw = Gateway::start_with(
+        "[[turns]]\ntext = \"Looked.\"\n\n[[turns]]\ntext = \"Cleaning up.\"\n[[turns.tool_calls]]\nname = \"exec\"\narguments = { command = \"rm -rf build\" }\n\n[[turns]]\ntext = \"Done.\"\n",
+        "[agents.reviewer]\ninstructions = \"Review only.\"\n\n[agents.builder]\ninstructions = \"Build it.\"\nreasoning = \"high\"\n",
+    );
+    let repo = TempGitRepo::new(&[("a.txt", "a\n")]);
+    let out = gw.run(&[
+        "session",
+        "new",
+        "--json",
+        "--workspace",
+        repo.path().to_str().unwrap(),
+        "--model",
+        "fake/x",
+        "--agent",
+        "reviewer",
+        "look",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let first: serde_json::Value =
+        serde_json::from_str(stdout(&out).lines().next().unwrap()).unwrap();
+    let id = first["session_id"].as_str().unwrap().to_owned();
+    let runs = |gw: &Gateway| {
+        gw.json(&["--json", "session", "show", &id])["runs"]
+            .as_array()
+            .unwrap()
+            .len()
+    };
+
+    // No prompt: the spec changes, and no turn starts.
+    let switched = gw.run(&["session", "send", &id, "--agent", "builder"]);
+    assert!(switched.status.success(), "{}", stderr(&switched));
+    assert!(
+        stdout(&switched).contains("runs agent builder@"),
+        "{}",
+        stdout(&switched)
+    );
+    let show = stdout(&gw.run(&["session", "show", &id]));
+    assert!(show.contains("agent      builder@"), "{show}");
+    assert!(show.contains("reasoning  high"), "{show}");
+    assert_eq!(runs(&gw), 1, "a switch without a prompt started a turn");
+    let store = skiff_store::Store::open(&gw.state_dir.join("skiff.db")).unwrap();
+    let audited: Vec<String> = store
+        .audit_rows()
+        .unwrap()
+        .into_iter()
+        .filter(|r| r.action == "session.agent")
+        .map(|r| r.detail["agent"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    assert_eq!(audited.len(), 1, "{audited:?}");
+    assert!(audited[0].starts_with("builder@"), "{audited:?}");
+
+    // Neither a prompt nor --agent: a usage error.
+    let neither = gw.run(&["session", "send", &id]);
+    assert_eq!(neither.status.code(), Some(2), "{}", stderr(&neither));
+
+    // While a turn runs (it waits on an approval), the switch is refused and changes nothing.
+    let out = gw.run(&[
+        "session",
+        "send",
+        &id,
+        "--detach",
+        "--approval",
+        "{ exec = [\"rm *\"] }",
+        "clean up",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let refused = gw.run(&["session", "send", &id, "--agent", "reviewer"]);
+    assert!(!refused.status.success());
+    assert!(
+        stderr(&refused).contains("changes only between turns"),
+        "{}",
+        stderr(&refused)
+    );
+    let show = stdout(&gw.run(&["session", "show", &id]));
+    assert!(show.contains("agent      builder@"), "{show}");
+    assert_eq!(runs(&gw), 2);
+    let out = gw.run(&["session", "cancel", &id]);
+    assert!(out.status.success(), "{}", stderr(&out));
+}

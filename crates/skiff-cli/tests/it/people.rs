@@ -187,6 +187,7 @@ fn world(gw: &Gateway, victim: &str, rows: &Rows) -> Value {
 fn body_for(path: &str) -> Value {
     match path.rsplit('/').next().unwrap_or("") {
         "messages" => json!({ "prompt": "take over" }),
+        "agent" => json!({ "agent": "reviewer" }),
         "dispatch" => json!({ "profile": "local" }),
         "pull-back" => json!({ "cancel": true }),
         "restore" => json!({ "checkpoint": 0 }),
