@@ -1,6 +1,8 @@
 // Someone else's session: only its owner sends it messages, so the composer gives way to one
 // quiet line naming the owner and what the signed-in role may do there (an operator stops a
-// turn, pulls back, answers approvals; a viewer reads). The owner still has the composer.
+// turn, dispatches or pulls back, answers approvals; a viewer reads). The transcript labels the
+// owner's messages with their name, not "you", and Dispatch… shows only to a role the server
+// lets move someone else's session. The owner still has the composer.
 
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -54,10 +56,17 @@ test("a member's session opened by an operator names its owner and has no compos
   await note.waitFor();
   const line = await note.innerText();
   assert.match(line, new RegExp(`^${OWNER.replaceAll('.', '\\.')}'s session`));
-  assert.match(line, /you may stop its turn, pull it back and answer approvals/);
+  assert.match(line, /you may stop its turn, dispatch it or pull it back, and answer approvals/);
   assert.match(line, /only its owner sends messages/);
   assert.equal(await page.locator('form.composer').isVisible(), false, 'no composer on her session');
   assert.equal(await page.locator('#composer-input').isVisible(), false);
+  // Her message is labelled with her name (all of her email on hover), never "you".
+  const who = page.locator('.msg.user .who').first();
+  assert.equal(await who.innerText(), OWNER.split('@')[0]);
+  assert.equal(await who.getAttribute('title'), OWNER);
+  // The server lets an operator dispatch anyone's session of the tenant: the action is offered.
+  const dispatch = page.locator('.head-actions button', { hasText: 'Dispatch…' });
+  assert.equal(await dispatch.isVisible(), true, 'an operator may dispatch her session');
   // The header names her too; the line is one line, the whole of it on hover.
   assert.match(await page.locator('.chat-meta .owner').innerText(), new RegExp(OWNER.replaceAll('.', '\\.')));
   assert.equal(await note.locator('.others-text').getAttribute('title'), line.trim());
@@ -76,11 +85,16 @@ test("a member's session opened by an operator names its owner and has no compos
   const theirs = viewer.locator('.others-note');
   await theirs.waitFor();
   assert.match(await theirs.innerText(), /you may read it; only its owner sends messages/);
-  assert.doesNotMatch(await theirs.innerText(), /stop|pull/);
+  assert.doesNotMatch(await theirs.innerText(), /stop|pull|dispatch/);
   assert.equal(await viewer.locator('form.composer').isVisible(), false);
+  assert.equal(await viewer.locator('.msg.user .who').first().innerText(), OWNER.split('@')[0]);
+  assert.equal(await viewer.locator('.head-actions button', { hasText: 'Dispatch…' }).isVisible(), false,
+    'a viewer may not dispatch');
 
   // Her own view keeps the composer and has no such line.
   const own = await signedIn(t, gw, ana, id);
   await own.locator('#composer-input').waitFor();
   assert.equal(await own.locator('.others-note').isVisible(), false);
+  assert.equal(await own.locator('.msg.user .who').first().innerText(), 'you');
+  assert.equal(await own.locator('.head-actions button', { hasText: 'Dispatch…' }).isVisible(), true);
 });

@@ -101,6 +101,8 @@ export class ChatView {
     this.session = ctx.sidebar.sessions.get(id) || null;
     this.openedAt = Date.now();
     this.schedule = frameBatcher(() => this.flush());
+    /** Whose messages the transcript labels: '' the signed-in user's ("you"), else an email. */
+    this.labelledFor = '';
     this.build();
     this.renderHeader();
     this.load();
@@ -252,9 +254,16 @@ export class ChatView {
     this.othersOperates = Boolean(owner) && operates;
     this.form.hidden = Boolean(owner);
     this.othersEl.hidden = !owner;
+    // The owner's messages carry their name, not "you": relabel once whose it is is known.
+    if (this.labelledFor !== (owner || '')) {
+      this.labelledFor = owner || '';
+      this.scroller.classList.toggle('theirs', Boolean(owner));
+      for (const b of this.blocks) if (b.kind === 'user') b.dirty = true;
+      this.schedule();
+    }
     if (!owner) return;
     this.othersText.textContent = operates
-      ? `${owner}'s session — you may stop its turn, pull it back and answer approvals; only its owner sends messages.`
+      ? `${owner}'s session — you may stop its turn, dispatch it or pull it back, and answer approvals; only its owner sends messages.`
       : `${owner}'s session — you may read it; only its owner sends messages.`;
     this.othersText.title = this.othersText.textContent;
     this.renderComposer();
@@ -300,14 +309,20 @@ export class ChatView {
       h('span', { class: 'cost', title: 'Session cost at the configured prices' }, `${fmtDollars(total)} total`)];
   }
 
-  /** Pull back (on a worker) and Dispatch… (not on a box), each behind a confirmation. */
+  /**
+   * Pull back (on a worker) and Dispatch… (not on a box), each behind a confirmation. As the
+   * server's rules go, the owner moves their session (write); someone else's needs an operator
+   * (operate), and until `/v1/me` answers no session counts as someone else's.
+   */
   renderActions(s) {
     const raw = typeof s.placement === 'string' ? s.placement : 'local';
     const settled = ['local', 'parked', 'reclaimed', 'failed'];
     const onWorker = raw !== 'local' && ['active', ...settled].includes(raw);
+    const theirs = document.body.dataset.me ? otherOwner(s) : null;
+    const needs = theirs ? 'needs-operate' : 'needs-write';
     replace(this.actionsEl,
-      onWorker ? h('button', { type: 'button', class: 'small needs-write', onclick: () => this.confirmMove('pull-back') }, '⟲ Pull back') : null,
-      settled.includes(raw) ? h('button', { type: 'button', class: 'small needs-write', onclick: () => this.confirmMove('dispatch') }, 'Dispatch…') : null);
+      onWorker ? h('button', { type: 'button', class: `small ${needs}`, onclick: () => this.confirmMove('pull-back') }, '⟲ Pull back') : null,
+      settled.includes(raw) ? h('button', { type: 'button', class: `small ${needs}`, onclick: () => this.confirmMove('dispatch') }, 'Dispatch…') : null);
   }
 
   async confirmMove(kind) {
@@ -695,10 +710,14 @@ export class ChatView {
 
   renderBlock(block) {
     switch (block.kind) {
-      case 'user':
-        return h('li', { class: 'msg user' },
-          h('div', { class: 'who' }, 'you'),
-          h('div', { class: 'body plain' }, block.text));
+      case 'user': {
+        // Someone else's session: their name (the email's local part; all of it on hover).
+        const owner = this.labelledFor;
+        const who = owner
+          ? h('div', { class: 'who', title: owner }, owner.split('@')[0])
+          : h('div', { class: 'who' }, 'you');
+        return h('li', { class: 'msg user' }, who, h('div', { class: 'body plain' }, block.text));
+      }
       case 'assistant':
       case 'streaming': {
         const text = block.kind === 'streaming' ? block.stream.text : block.text;
