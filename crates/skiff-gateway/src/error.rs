@@ -165,6 +165,7 @@ fn raw_store_failure(e: &skiff_store::Error) -> bool {
         | S::AlreadyPicked { .. }
         | S::Retained { .. }
         | S::UserExists { .. }
+        | S::EmailsCollide { .. }
         | S::Corrupt { .. } => false,
     }
 }
@@ -189,9 +190,11 @@ fn store_code(e: &skiff_store::Error) -> ErrorCode {
         S::Open { .. } | S::Checkpointer(_) | S::Sqlite(_) if e.is_retryable() => {
             ErrorCode::Unavailable
         }
-        S::Open { .. } | S::Checkpointer(_) | S::Sqlite(_) | S::Corrupt { .. } => {
-            ErrorCode::Internal
-        }
+        S::Open { .. }
+        | S::Checkpointer(_)
+        | S::Sqlite(_)
+        | S::Corrupt { .. }
+        | S::EmailsCollide { .. } => ErrorCode::Internal,
     }
 }
 
