@@ -910,3 +910,115 @@ fn a_users_budget_charges_the_member_who_drove_the_turn_and_refuses_only_them() 
     assert_eq!(used(&id_of("ana@alpha.test")), json!(1100), "{report}");
     assert_eq!(used(&id_of("carl@alpha.test")), json!(350), "{report}");
 }
+
+#[test]
+fn a_members_worker_session_runs_with_the_members_scope_their_budget_and_audit() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let reply = |prompt: u64, completion: u64| {
+        let mut events = openai_sse::text_chunks(&["Done."]);
+        events.extend(openai_sse::finish("stop"));
+        events.extend(openai_sse::usage(prompt, completion));
+        events.extend(openai_sse::done());
+        FakeResponse::sse(events)
+    };
+    let fake = rt.block_on(FakeProvider::start(vec![reply(900, 200), reply(300, 50)]));
+    let root = BoxRoot::new();
+    let config = format!(
+        "[providers.openai]\napi = \"openai-completions\"\nbase_url = \"{}/v1\"\n\
+         [budgets]\nuser_tokens_per_day = 1000\n\
+         [gateway]\nmax_workers = 2\n\
+         [profiles.local]\nprovider = \"local\"\nroot = \"{}\"\n",
+        fake.base_url(),
+        root.path().display()
+    );
+    let gw = Gateway::start_full("", &config, &[]);
+    let carl = person(&gw, "carl@alpha.test", "member", "alpha", "write");
+    let users = gw.json(&["--json", "admin", "user", "list"]);
+    let carl_id = users["users"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|u| u["email"] == "carl@alpha.test")
+        .unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    // Carl's session on a worker box: its model call goes through the gateway's proxy and
+    // is charged to him.
+    let repo = TempGitRepo::new(&[("a.txt", "a\n")]);
+    let out = as_user(
+        &gw,
+        &carl,
+        &[
+            "session",
+            "new",
+            "--json",
+            "--profile",
+            "local",
+            "--workspace",
+            repo.path().to_str().unwrap(),
+            "--model",
+            "openai/gpt-fake",
+            "one",
+        ],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let first: Value = serde_json::from_str(stdout(&out).lines().next().unwrap()).unwrap();
+    let session = first["session_id"].as_str().unwrap().to_owned();
+    let shown = get_json(&gw, &carl, &format!("/v1/sessions/{session}"));
+    assert_eq!(shown["runs"][0]["status"], "succeeded", "{shown}");
+    let env = shown["session"]["worker"]["environment_id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("not on a box: {shown}"))
+        .to_owned();
+    assert_eq!(fake.requests().len(), 1);
+    let report = gw.json(&["admin", "usage", "--json"]);
+    let line = report["lines"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["subject"] == "user" && l["id"] == carl_id.as_str())
+        .unwrap_or_else(|| panic!("carl is not charged: {report}"))
+        .clone();
+    assert_eq!(line["tokens"], json!(1100), "{report}");
+
+    // Past his day's budget, his next turn on the box is refused at the proxy before the
+    // provider is asked, naming his budget.
+    let out = as_user(&gw, &carl, &["session", "send", &session, "two"]);
+    let said = format!("{}{}", stdout(&out), stderr(&out));
+    assert!(
+        said.contains("`budgets.user_tokens_per_day`")
+            && said.contains(&format!("user {carl_id} used 1100 tokens")),
+        "{said}"
+    );
+    assert_eq!(fake.requests().len(), 1, "the provider was asked past the budget");
+    let shown = get_json(&gw, &carl, &format!("/v1/sessions/{session}"));
+    assert_eq!(shown["session"]["worker"]["environment_id"], json!(env));
+
+    // The worker was admitted, and its calls audited, as Carl's: never the first admin's.
+    let store = skiff_store::Store::open(&gw.state_dir.join("skiff.db")).unwrap();
+    let rows: Vec<_> = store
+        .audit_rows()
+        .unwrap()
+        .into_iter()
+        .filter(|r| r.action.starts_with("worker.") && r.target == session)
+        .collect();
+    assert!(
+        rows.iter().any(|r| r.action == "worker.admit" && r.decision == "allowed"),
+        "{rows:?}"
+    );
+    for row in &rows {
+        assert_eq!(
+            (row.owner_id.as_str(), row.tenant_id.as_str()),
+            (carl_id.as_str(), "alpha"),
+            "{row:?}"
+        );
+    }
+    let environment = get_json(&gw, &carl, &format!("/v1/environments/{env}"));
+    assert_eq!(environment["id"], json!(env), "the box is his to see");
+}
