@@ -326,10 +326,7 @@ pub async fn run(cmd: SessionCommand, state_dir: &Path, json: bool) -> Result<Ex
                     outln!("{}", serde_json::to_string_pretty(&session)?)?;
                 } else {
                     let pin = session.agent.as_ref().map_or(agent, |p| p.short());
-                    outln!(
-                        "session {} runs agent {pin} from its next turn",
-                        session.id
-                    )?;
+                    outln!("session {} runs agent {pin} from its next turn", session.id)?;
                 }
                 return Ok(ExitCode::SUCCESS);
             };

@@ -338,11 +338,25 @@ fn an_orphaned_lease_is_swept() {
     assert_eq!(root.boxes().len(), 2);
     // Swept by an admin who is not the first: no row owns the lease, so the audit names who
     // asked, never the first admin.
-    let out = gw.run(&["admin", "user", "add", "ada@example.test", "--role", "admin"]);
+    let out = gw.run(&[
+        "admin",
+        "user",
+        "add",
+        "ada@example.test",
+        "--role",
+        "admin",
+    ]);
     assert!(out.status.success(), "{}", stderr(&out));
     let out = gw.run(&[
-        "admin", "token", "create", "--user", "ada@example.test", "--scope", "admin",
-        "--expires", "1d",
+        "admin",
+        "token",
+        "create",
+        "--user",
+        "ada@example.test",
+        "--scope",
+        "admin",
+        "--expires",
+        "1d",
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
     let ada = stdout(&out).trim().to_owned();

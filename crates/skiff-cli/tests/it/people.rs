@@ -642,7 +642,14 @@ fn an_email_is_one_person_whatever_its_case() {
     let ana = person(&gw, "Ana@Alpha.test", "member", "alpha", "write");
     // A second spelling is the same person: refused as a duplicate, naming the stored one.
     let out = gw.run(&[
-        "admin", "user", "add", "ana@alpha.test", "--role", "admin", "--tenant", "beta",
+        "admin",
+        "user",
+        "add",
+        "ana@alpha.test",
+        "--role",
+        "admin",
+        "--tenant",
+        "beta",
     ]);
     assert!(!out.status.success(), "a second Ana was added");
     assert!(
@@ -660,7 +667,12 @@ fn an_email_is_one_person_whatever_its_case() {
         .as_array()
         .unwrap()
         .iter()
-        .filter(|u| u["email"].as_str().unwrap().eq_ignore_ascii_case("ana@alpha.test"))
+        .filter(|u| {
+            u["email"]
+                .as_str()
+                .unwrap()
+                .eq_ignore_ascii_case("ana@alpha.test")
+        })
         .count();
     assert_eq!(anas, 1, "{users}");
     // Removing her by another spelling removes her, and her tokens with her.
@@ -996,7 +1008,11 @@ fn a_members_worker_session_runs_with_the_members_scope_their_budget_and_audit()
             && said.contains(&format!("user {carl_id} used 1100 tokens")),
         "{said}"
     );
-    assert_eq!(fake.requests().len(), 1, "the provider was asked past the budget");
+    assert_eq!(
+        fake.requests().len(),
+        1,
+        "the provider was asked past the budget"
+    );
     let shown = get_json(&gw, &carl, &format!("/v1/sessions/{session}"));
     assert_eq!(shown["session"]["worker"]["environment_id"], json!(env));
 
@@ -1009,7 +1025,8 @@ fn a_members_worker_session_runs_with_the_members_scope_their_budget_and_audit()
         .filter(|r| r.action.starts_with("worker.") && r.target == session)
         .collect();
     assert!(
-        rows.iter().any(|r| r.action == "worker.admit" && r.decision == "allowed"),
+        rows.iter()
+            .any(|r| r.action == "worker.admit" && r.decision == "allowed"),
         "{rows:?}"
     );
     for row in &rows {

@@ -134,14 +134,10 @@ impl Environments {
                 let result = profile.provider.destroy(&lease).await;
                 let decision = if result.is_ok() { "destroyed" } else { "error" };
                 let detail = json!({ "profile": name, "error": result.as_ref().err().map(ToString::to_string) });
-                if let Err(e) = self.store.audit(
-                    by,
-                    "gateway",
-                    "provider.sweep",
-                    &lease,
-                    decision,
-                    &detail,
-                ) {
+                if let Err(e) =
+                    self.store
+                        .audit(by, "gateway", "provider.sweep", &lease, decision, &detail)
+                {
                     tracing::warn!(error = %e, "could not write an audit row");
                 }
                 // One lease that will not die must not stop the sweep (or the gateway's start).

@@ -167,9 +167,7 @@ impl Setup {
             )
             .await;
         assert_eq!(status, 201, "{body}");
-        self.gw
-            .client
-            .with_token(body["secret"].as_str().unwrap())
+        self.gw.client.with_token(body["secret"].as_str().unwrap())
     }
 
     fn session_count(&self) -> i64 {
@@ -374,7 +372,8 @@ async fn bad_stale_replayed_unbound_and_unmapped_requests_are_refused() {
     assert_eq!(posted.len(), 3, "{posted:?}");
     assert_eq!(posted[2].thread_ts.as_deref(), Some("1700000012.000100"));
     assert!(
-        posted[2].text.contains("could not tell who you are") && posted[2].text.contains("user_not_found"),
+        posted[2].text.contains("could not tell who you are")
+            && posted[2].text.contains("user_not_found"),
         "{:?}",
         posted[2]
     );
@@ -437,7 +436,10 @@ async fn bad_stale_replayed_unbound_and_unmapped_requests_are_refused() {
     let expected: Vec<(String, String)> = [
         ("bad signature", &nobody),
         ("bad signature", &nobody),
-        ("stale request: the timestamp is more than five minutes off", &nobody),
+        (
+            "stale request: the timestamp is more than five minutes off",
+            &nobody,
+        ),
         ("replay", &nobody),
         ("unbound channel", &nobody),
         ("requester not found in Slack", &nobody),

@@ -530,6 +530,9 @@ async fn no_one_time_link_or_token_signs_a_browser_in_behind_the_proxy() {
     assert_eq!(resp.status(), 403);
     assert!(resp.headers().get("set-cookie").is_none());
     let body: Value = resp.json().await.unwrap();
-    assert!(said(&body).contains("open the Control UI through the proxy"), "{body}");
+    assert!(
+        said(&body).contains("open the Control UI through the proxy"),
+        "{body}"
+    );
     s.running.shutdown().await;
 }
