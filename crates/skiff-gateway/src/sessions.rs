@@ -596,11 +596,7 @@ impl Core {
     /// Waits until the session's worktree is filled (at once when it is). Everything that
     /// reads or writes a session's workspace calls it first.
     pub(crate) async fn workspace_ready(&self, id: &SessionId) -> Result<()> {
-        self.fills.ready(id).await.map_err(|e| {
-            Error::Unavailable(format!(
-                "the workspace of session {id} could not be written: {e}; restarting the gateway writes it again"
-            ))
-        })
+        workspace_ready(&self.fills, id).await
     }
 
     /// Admits a new turn on an existing session.
@@ -954,7 +950,7 @@ impl Core {
             .await;
         // A move asked for as the turn ended, before its next step, is made at the boundary.
         if let Some(to) = live.leave() {
-            self.move_at_boundary(scope, session, to).await;
+            self.workers.move_at_boundary(scope, session, to).await;
         }
         outcome.map(|o| (o, here))
     }
@@ -978,7 +974,9 @@ impl Core {
             let outcome = if *here {
                 self.run_turn_here(scope, session, run, cancel).await?
             } else {
-                self.run_turn_on_worker(scope, session, run, cancel).await?
+                self.workers
+                    .run_turn_on_worker(scope, session, run, cancel)
+                    .await?
             };
             if outcome != TurnOutcome::HandedOff {
                 return Ok(outcome);
@@ -997,6 +995,7 @@ impl Core {
                 ));
             };
             match self
+                .workers
                 .hand_off_to_box(scope, session, &run.id, &profile, cancel)
                 .await
             {
@@ -1168,6 +1167,16 @@ impl Core {
     ) {
         audit_row(&self.store, scope, action, target, decision, detail);
     }
+}
+
+/// Waits until the session's worktree is filled (at once when it is), or says why it cannot
+/// be.
+pub(crate) async fn workspace_ready(fills: &workspace::Fills, id: &SessionId) -> Result<()> {
+    fills.ready(id).await.map_err(|e| {
+        Error::Unavailable(format!(
+            "the workspace of session {id} could not be written: {e}; restarting the gateway writes it again"
+        ))
+    })
 }
 
 /// A profile a session may be placed on, or an error naming the configured ones.
