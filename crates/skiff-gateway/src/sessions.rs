@@ -657,7 +657,13 @@ impl Core {
                 }
                 // Dispatch at the turn boundary (a session never placed, or pulled back).
                 _ => {
-                    self.workers.claim_dispatch(scope, id, profile).await?;
+                    let row = self.workers.claim_dispatch(scope, id, profile).await?;
+                    self.workers.publish_move(
+                        scope,
+                        id,
+                        &row,
+                        &format!("dispatching to profile {profile} with this message"),
+                    );
                     let choices = TurnChoices { reasoning, switch };
                     return self
                         .admit_turn(scope, id, user_message(prompt), choices, admission)
@@ -685,9 +691,7 @@ impl Core {
                 }
                 .into());
             }
-            self.workers
-                .claim_worker_slot(|max| self.store.request_placement(scope, id, &p.profile, max))
-                .await?;
+            self.workers.claim_again(scope, &p).await?;
         }
         let choices = TurnChoices { reasoning, switch };
         self.admit_turn(scope, id, user_message(prompt), choices, admission)

@@ -107,16 +107,7 @@ impl super::WorkerSide {
             // Usually claimed when the message was sent; here when a turn was admitted while
             // the session was being parked, for a retried turn, or for a failover's new
             // attempt. Followers see the claim like every other move.
-            let (from, profile) = (p.state, p.profile.clone());
-            p = self
-                .claim_worker_slot(|max| self.store.request_placement(scope, id, &profile, max))
-                .await?;
-            self.publish_move(
-                scope,
-                id,
-                &p,
-                &format!("claimed a worker slot on profile {profile} (the placement was {from})"),
-            );
+            p = self.claim_again(scope, &p).await?;
         }
         if p.state == PlacementState::Requested {
             p = self.place(
@@ -591,8 +582,29 @@ impl super::WorkerSide {
         Ok(row)
     }
 
+    /// Claims a worker slot again for a session whose placement `p` holds no box (parked,
+    /// reclaimed, failed over, failed): `→ requested`, parking a session idle on its box if
+    /// that is what it takes, and published like every move.
+    pub(crate) async fn claim_again(
+        &self,
+        scope: &Scope,
+        p: &PlacementRow,
+    ) -> Result<PlacementRow> {
+        let (id, from, profile) = (&p.session_id, p.state, &p.profile);
+        let row = self
+            .claim_worker_slot(|max| self.store.request_placement(scope, id, profile, max))
+            .await?;
+        self.publish_move(
+            scope,
+            id,
+            &row,
+            &format!("claimed a worker slot on profile {profile} (the placement was {from})"),
+        );
+        Ok(row)
+    }
+
     /// Tells the session's subscribers the placement is now `row`'s state.
-    pub(super) fn publish_move(
+    pub(crate) fn publish_move(
         &self,
         scope: &Scope,
         session: &SessionId,

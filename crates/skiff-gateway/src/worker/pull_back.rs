@@ -362,13 +362,14 @@ impl super::WorkerSide {
 
     /// Places a session on `profile` at a turn boundary (its caller holds `admission`): no
     /// turn may be open, and a worker slot is claimed (parking a session idle on its box if
-    /// that is what it takes). The placement is `requested` afterwards.
+    /// that is what it takes). Answers the placement, `requested`; the caller says why to
+    /// the session's followers.
     pub(crate) async fn claim_dispatch(
         &self,
         scope: &Scope,
         id: &SessionId,
         profile: &str,
-    ) -> Result<()> {
+    ) -> Result<PlacementRow> {
         self.check_profile(profile)?;
         if let Some(run) = self.store.open_run(scope, id)? {
             return Err(skiff_store::Error::SessionBusy {
@@ -377,7 +378,8 @@ impl super::WorkerSide {
             }
             .into());
         }
-        self.claim_worker_slot(|max| self.store.request_placement(scope, id, profile, max))
+        let row = self
+            .claim_worker_slot(|max| self.store.request_placement(scope, id, profile, max))
             .await?;
         self.revoke_approvals(
             scope,
@@ -391,7 +393,7 @@ impl super::WorkerSide {
             "allowed",
             json!({ "profile": profile }),
         );
-        Ok(())
+        Ok(row)
     }
 
     /// Gives back the box a session came home from (`was`, as `come_home` left it), and says
