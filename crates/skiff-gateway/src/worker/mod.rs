@@ -17,10 +17,12 @@
 //! - [`handoff`]: the same moves with the turn running (`--live`): the old owner's current
 //!   step finishes and is committed, the old owner is stopped and fenced, the workspace
 //!   reconciled, and the same run goes on at the new owner as a new attempt.
-//! - [`web_fetch`]: the gateway-resident tool (controlled egress, allowlisted hosts).
+//! - [`handles`]: what the worker side reaches of the rest of the gateway — runs,
+//!   checkpoints, turn specs, gateway tools — through narrow traits the core lends it.
 //!
 //! Deliberately absent: any way for a worker to reach the HTTP API, to name another session,
-//! to supply transcript ids, or to pick a model endpoint.
+//! to supply transcript ids, or to pick a model endpoint; and any reference to the gateway's
+//! core from this module (it owns the worker side, never the other way round).
 
 pub(crate) mod credential;
 mod egress_gate;
