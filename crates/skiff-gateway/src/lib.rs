@@ -30,6 +30,7 @@ mod ingress;
 mod mcp;
 mod metrics;
 mod people;
+mod placement;
 mod quarantine;
 mod remote;
 mod restore;
@@ -43,6 +44,7 @@ mod traces;
 mod transcript;
 mod ui;
 mod vault;
+mod web_fetch;
 mod worker;
 mod workspace;
 
@@ -91,10 +93,12 @@ pub(crate) struct Core {
     /// The Control UI's login tickets and cookie key.
     ui: ui::UiState,
     envs: Arc<environments::Environments>,
-    workers: worker::WorkerSide,
-    /// This process's hold on the state dir (one gateway per state dir), let go when the
-    /// last handle on the core is dropped.
-    _lock: Hold,
+    /// The worker side of placement: dispatch, turns on workers, pull-back, handoff,
+    /// recovery and failover, reaching the core only through the handles it lends.
+    workers: Arc<worker::WorkerSide>,
+    /// This process's hold on the state dir (one gateway per state dir), shared with the
+    /// worker side and let go when the last handle on either is dropped.
+    _lock: Arc<Hold>,
     /// `<state>/procs/`: the `exec` commands of gateway-placed sessions now running.
     procs: skiff_process::Ledger,
     /// `[gateway] turn_timeout`: how long a turn may run unless its profile says otherwise.
@@ -105,7 +109,7 @@ pub(crate) struct Core {
     max_children: u64,
     /// Sessions whose worktree is still being filled: everything that touches the workspace
     /// waits for it (`workspace.rs`).
-    fills: workspace::Fills,
+    fills: Arc<workspace::Fills>,
     /// Sessions whose workspace is being restored to a checkpoint: no turn is admitted.
     restoring: Mutex<std::collections::HashSet<skiff_protocol::SessionId>>,
     /// `[git.credentials]`: the gateway's own credentials for remote repositories.
@@ -271,10 +275,10 @@ pub(crate) async fn open_core(
 )> {
     let mut state = StateDir::open(&options.state_dir)?;
     let (released_tx, released) = tokio::sync::oneshot::channel();
-    let lock = Hold {
+    let lock = Arc::new(Hold {
         _lock: state.lock()?,
         _released: released_tx,
-    };
+    });
     let procs = kill_leftover_processes(&state)?;
     let config_path = options
         .config
@@ -401,63 +405,85 @@ pub(crate) async fn open_core(
         config.gateway.approval.clone().unwrap_or_default(),
         approval_timeout,
     ));
-    let workers = worker::WorkerSide::new(
-        worker::Handles {
-            store: store.clone(),
-            hub: hub.clone(),
-            envs: envs.clone(),
-            egress_dir: state.root().join("egress"),
-            session_processes: session_processes.clone(),
-            barrier_fault,
-            approvals: approvals::Revoker::new(store.clone(), hub.clone(), approvals.clone()),
-        },
-        signer,
-        state.root().join("workers"),
-        config.gateway.max_workers.unwrap_or(16),
-        config.gateway.web_fetch_allow.clone(),
-        credential_ttl,
-    );
-    let core = Arc::new(Core {
-        store,
-        hub,
-        catalog,
-        state,
-        tokens,
-        running: Mutex::new(HashMap::new()),
-        ui: ui::UiState::default(),
-        envs,
-        workers,
-        _lock: lock,
-        procs,
-        turn_timeout,
-        compact_at,
-        max_children: config.gateway.max_children.unwrap_or(4),
-        fills: workspace::Fills::default(),
-        restoring: Mutex::default(),
-        git_credentials,
-        vault,
-        session_processes,
-        mcp,
-        governed: governed::Governed {
-            key: grant_key,
-            forge,
-            clock: skiff_store::now_ms,
-            skew_ms: std::sync::atomic::AtomicI64::new(0),
-        },
-        telemetry,
-        approvals,
-        budgets,
-        audit_feed,
-        audit_retention,
-        local_sandbox,
-        local_sandbox_paths,
-        sandbox_warning,
-        agents,
-        slack,
-        proxy,
+    let fills = Arc::new(workspace::Fills::default());
+    // The worker side reaches the core only through the handles it is lent, held weakly:
+    // the core owns the worker side.
+    let core = Arc::new_cyclic(|core: &std::sync::Weak<Core>| {
+        let runs: std::sync::Weak<dyn worker::handles::Runs> = core.clone();
+        let checkpoints: std::sync::Weak<dyn worker::handles::Checkpoints> = core.clone();
+        let specs: std::sync::Weak<dyn worker::handles::TurnSpecs> = core.clone();
+        let tools: std::sync::Weak<dyn worker::handles::GatewayTools> = core.clone();
+        let workers = Arc::new(worker::WorkerSide::new(
+            worker::Handles {
+                store: store.clone(),
+                hub: hub.clone(),
+                envs: envs.clone(),
+                egress_dir: state.root().join("egress"),
+                tmp_dir: state.tmp(),
+                artifacts_dir: state.artifacts(),
+                session_processes: session_processes.clone(),
+                fills: fills.clone(),
+                vault: vault.clone(),
+                barrier_fault,
+                approvals: approvals::Revoker::new(store.clone(), hub.clone(), approvals.clone()),
+                lent: worker::handles::Lent {
+                    runs,
+                    checkpoints,
+                    specs,
+                    tools,
+                },
+                hold: lock.clone(),
+            },
+            signer,
+            state.root().join("workers"),
+            config.gateway.max_workers.unwrap_or(16),
+            config.gateway.web_fetch_allow.clone(),
+            credential_ttl,
+        ));
+        Core {
+            store,
+            hub,
+            catalog,
+            state,
+            tokens,
+            running: Mutex::new(HashMap::new()),
+            ui: ui::UiState::default(),
+            envs,
+            workers,
+            _lock: lock,
+            procs,
+            turn_timeout,
+            compact_at,
+            max_children: config.gateway.max_children.unwrap_or(4),
+            fills,
+            restoring: Mutex::default(),
+            git_credentials,
+            vault,
+            session_processes,
+            mcp,
+            governed: governed::Governed {
+                key: grant_key,
+                forge,
+                clock: skiff_store::now_ms,
+                skew_ms: std::sync::atomic::AtomicI64::new(0),
+            },
+            telemetry,
+            approvals,
+            budgets,
+            audit_feed,
+            audit_retention,
+            local_sandbox,
+            local_sandbox_paths,
+            sandbox_warning,
+            agents,
+            slack,
+            proxy,
+        }
     });
     core.envs
-        .set_readiness(Arc::new(worker::probe::Probe(Arc::downgrade(&core))));
+        .set_readiness(Arc::new(worker::probe::Probe(Arc::downgrade(
+            &core.workers,
+        ))));
     core.sweep_leftovers_on_start();
     // Nothing waits for an approval a previous process recorded.
     let orphaned = core
@@ -479,7 +505,7 @@ pub(crate) async fn open_core(
     if !core.store.live_placements()?.is_empty() {
         core.envs.warm_bundle().await;
     }
-    core.reconcile_placements_on_start().await?;
+    core.workers.reconcile_placements_on_start().await?;
     Ok((core, lifetime_tick, released))
 }
 

@@ -604,11 +604,7 @@ impl Core {
     /// Waits until the session's worktree is filled (at once when it is). Everything that
     /// reads or writes a session's workspace calls it first.
     pub(crate) async fn workspace_ready(&self, id: &SessionId) -> Result<()> {
-        self.fills.ready(id).await.map_err(|e| {
-            Error::Unavailable(format!(
-                "the workspace of session {id} could not be written: {e}; restarting the gateway writes it again"
-            ))
-        })
+        workspace_ready(&self.fills, id).await
     }
 
     /// Admits a new turn on an existing session.
@@ -663,7 +659,13 @@ impl Core {
                 }
                 // Dispatch at the turn boundary (a session never placed, or pulled back).
                 _ => {
-                    self.workers.claim_dispatch(scope, id, profile).await?;
+                    let row = self.workers.claim_dispatch(scope, id, profile).await?;
+                    self.workers.publish_move(
+                        scope,
+                        id,
+                        &row,
+                        &format!("dispatching to profile {profile} with this message"),
+                    );
                     let choices = TurnChoices {
                         reasoning,
                         approval,
@@ -695,9 +697,7 @@ impl Core {
                 }
                 .into());
             }
-            self.workers
-                .claim_worker_slot(|max| self.store.request_placement(scope, id, &p.profile, max))
-                .await?;
+            self.workers.claim_again(scope, &p).await?;
         }
         let choices = TurnChoices {
             reasoning,
@@ -1009,7 +1009,7 @@ impl Core {
             .await;
         // A move asked for as the turn ended, before its next step, is made at the boundary.
         if let Some(to) = live.leave() {
-            self.move_at_boundary(scope, session, to).await;
+            self.workers.move_at_boundary(scope, session, to).await;
         }
         outcome.map(|o| (o, here))
     }
@@ -1033,7 +1033,9 @@ impl Core {
             let outcome = if *here {
                 self.run_turn_here(scope, session, run, cancel).await?
             } else {
-                self.run_turn_on_worker(scope, session, run, cancel).await?
+                self.workers
+                    .run_turn_on_worker(scope, session, run, cancel)
+                    .await?
             };
             if outcome != TurnOutcome::HandedOff {
                 return Ok(outcome);
@@ -1052,6 +1054,7 @@ impl Core {
                 ));
             };
             match self
+                .workers
                 .hand_off_to_box(scope, session, &run.id, &profile, cancel)
                 .await
             {
@@ -1223,6 +1226,16 @@ impl Core {
     ) {
         audit_row(&self.store, scope, action, target, decision, detail);
     }
+}
+
+/// Waits until the session's worktree is filled (at once when it is), or says why it cannot
+/// be.
+pub(crate) async fn workspace_ready(fills: &workspace::Fills, id: &SessionId) -> Result<()> {
+    fills.ready(id).await.map_err(|e| {
+        Error::Unavailable(format!(
+            "the workspace of session {id} could not be written: {e}; restarting the gateway writes it again"
+        ))
+    })
 }
 
 /// A profile a session may be placed on, or an error naming the configured ones.

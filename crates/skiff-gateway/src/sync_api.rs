@@ -48,7 +48,7 @@ async fn setup_log(
     Path(id): Path<String>,
 ) -> Result<Response> {
     let id = session_id(&id)?;
-    Ok(Json(core.setup_log(&scope, &id)?).into_response())
+    Ok(Json(core.workers.setup_log(&scope, &id)?).into_response())
 }
 
 type Body<T> = std::result::Result<Json<T>, axum::extract::rejection::JsonRejection>;

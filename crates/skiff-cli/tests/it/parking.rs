@@ -330,6 +330,21 @@ fn a_parked_session_comes_back_to_its_own_box_and_sees_what_changed_on_the_gatew
     let out = rig.session(&["send", "--json", &a, "read the notes"]);
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(env_in(&out), env, "A came back to its own box");
+    // The message claimed a worker slot again: a move followers see, right after `parked`.
+    let steps = crate::worker::placement_steps(&rig, &a);
+    let parked = steps
+        .iter()
+        .position(|(s, _)| s == "parked")
+        .unwrap_or_else(|| panic!("no parked step: {steps:?}"));
+    assert_eq!(
+        steps[parked + 1],
+        (
+            "requested".to_owned(),
+            "claimed a worker slot on profile local (the placement was parked)".to_owned()
+        ),
+        "{steps:?}"
+    );
+    assert_eq!(steps[parked + 2].0, "provisioning", "{steps:?}");
     let stream = stdout(&out);
     assert!(
         stream.contains("its own previous box, which kept its workspace"),

@@ -299,6 +299,25 @@ fn a_worker_session_commits_back_and_matches_a_local_one() {
 
 /// The `prompt_cache_key` the gateway put in a chat-completions request; it never names the
 /// session it stands for.
+/// Every placement step the session's event stream holds, oldest first: its state and what
+/// it said (read from the store, so steps no run carries are there too).
+pub fn placement_steps(rig: &Rig, id: &str) -> Vec<(String, String)> {
+    let store = skiff_store::Store::open(&rig.gw.state_dir.join("skiff.db")).unwrap();
+    let scope = skiff_store::Scope::new(skiff_store::FIRST_ADMIN, skiff_store::DEFAULT_TENANT);
+    let session = skiff_protocol::SessionId::parse(id).unwrap();
+    store
+        .events_after(&scope, &session, 0, 1_000_000)
+        .unwrap()
+        .into_iter()
+        .filter_map(|e| match e.kind {
+            skiff_protocol::event::EventKind::Placement { state, detail, .. } => {
+                Some((state.as_str().to_owned(), detail))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
 pub fn prompt_cache_key(request: &skiff_test_support::RecordedRequest) -> String {
     let body: Value = serde_json::from_slice(&request.body).unwrap();
     let key = body["prompt_cache_key"].as_str().unwrap().to_owned();
@@ -726,6 +745,18 @@ fn a_local_session_is_dispatched_to_a_worker_at_a_turn_boundary() {
     let out = rig.session(&["send", "--profile", "local", &id, "now read them on a box"]);
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(stderr(&out).contains("◦ active"), "{}", stderr(&out));
+    // The claim that the message dispatches the session is a move followers see, before the
+    // box is leased.
+    let steps = placement_steps(&rig, &id);
+    let claimed = steps
+        .iter()
+        .position(|(s, _)| s == "requested")
+        .unwrap_or_else(|| panic!("no requested step: {steps:?}"));
+    assert_eq!(
+        steps[claimed].1, "dispatching to profile local with this message",
+        "{steps:?}"
+    );
+    assert_eq!(steps[claimed + 1].0, "provisioning", "{steps:?}");
     let detail = rig.gw.json(&["session", "show", "--json", &id]);
     assert_eq!(detail["session"]["placement"], "active");
     let result = detail["transcript"]

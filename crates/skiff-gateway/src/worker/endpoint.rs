@@ -6,7 +6,6 @@
 //! arrives on names its environment; a credential for another environment is refused.
 
 use super::{CANARY_MODEL, Live, lock};
-use crate::Core;
 use serde_json::json;
 use skiff_protocol::EnvironmentId;
 use skiff_protocol::worker::{
@@ -53,28 +52,25 @@ const ACK_EVERY: u64 = 64;
 /// How many long calls one worker connection may have in flight.
 pub(super) const MAX_CALLS_IN_FLIGHT: usize = 8;
 
-// Kept on the core: serving a connection dispatches its calls to `ops.rs` and the
-// inference proxy, and a lost connection to recovery, all of which reach the core.
-impl Core {
+impl super::WorkerSide {
     /// Listens for `env`'s worker (idempotent).
     pub(crate) fn open_worker_endpoint(self: &Arc<Self>, env: &EnvironmentId) -> crate::Result<()> {
-        let workers = &self.workers;
-        let mut listeners = lock(&workers.listeners);
+        let mut listeners = lock(&self.listeners);
         if listeners.contains_key(env) {
             return Ok(());
         }
-        if workers.stopping.is_cancelled() {
+        if self.stopping.is_cancelled() {
             return Err(crate::Error::Internal(
                 "the gateway is stopping; workers connect to the next one".into(),
             ));
         }
-        std::fs::create_dir_all(&workers.socket_dir).map_err(|e| {
+        std::fs::create_dir_all(&self.socket_dir).map_err(|e| {
             crate::Error::Internal(format!(
                 "cannot create the worker socket directory {}: {e}",
-                workers.socket_dir.display()
+                self.socket_dir.display()
             ))
         })?;
-        let path = workers.socket_path(env);
+        let path = self.socket_path(env);
         let _ = std::fs::remove_file(&path);
         let listener = UnixListener::bind(&path).map_err(|e| {
             crate::Error::Internal(format!(
@@ -84,7 +80,7 @@ impl Core {
         })?;
         let stop = CancellationToken::new();
         listeners.insert(env.clone(), stop.clone());
-        let core = self.clone();
+        let workers = self.clone();
         let env = env.clone();
         tokio::spawn(async move {
             loop {
@@ -92,9 +88,9 @@ impl Core {
                     _ = stop.cancelled() => break,
                     accepted = listener.accept() => match accepted {
                         Ok((stream, _)) => {
-                            let core = core.clone();
+                            let workers = workers.clone();
                             let env = env.clone();
-                            tokio::spawn(async move { core.serve_worker(env, stream).await });
+                            tokio::spawn(async move { workers.serve_worker(env, stream).await });
                         }
                         Err(e) => {
                             tracing::warn!(%env, error = %e, "worker endpoint accept failed");
@@ -113,10 +109,10 @@ impl Core {
         let first = tokio::select! {
             first = tokio::time::timeout(Duration::from_secs(10), skiff_wire::read_line(&mut reader)) => first,
             // The gateway is stopping: the worker says hello to the next one.
-            () = self.workers.stopping.cancelled() => return,
+            () = self.stopping.cancelled() => return,
         };
         let admitted = match first {
-            Ok(Ok(Some(line))) => self.workers.admit(&env, &line),
+            Ok(Ok(Some(line))) => self.admit(&env, &line),
             _ => Err(refuse(RefusalCode::BadFrame, "no hello within 10 s")),
         };
         let admitted = match admitted {
@@ -131,7 +127,7 @@ impl Core {
                         crate::auth::unattributed_scope()
                     }
                 };
-                self.workers.audit_worker(
+                self.audit_worker(
                     &scope,
                     "worker.admit",
                     env.as_str(),
@@ -149,7 +145,7 @@ impl Core {
         };
         let (tx, mut rx) = mpsc::unbounded_channel::<GatewayFrame>();
         // The welcome goes first: nothing may reach the worker before it.
-        if let Err(e) = self.workers.welcome(&admitted, &tx) {
+        if let Err(e) = self.welcome(&admitted, &tx) {
             tracing::warn!(%env, error = %e, "could not welcome a worker");
             return;
         }
@@ -170,7 +166,7 @@ impl Core {
         loop {
             let line = tokio::select! {
                 _ = closed.cancelled() => break,
-                _ = self.workers.stopping.cancelled() => break,
+                _ = self.stopping.cancelled() => break,
                 line = skiff_wire::read_line(&mut reader) => line,
             };
             let line = match line {
@@ -182,7 +178,7 @@ impl Core {
                         skiff_wire::Error::TooLarge => RefusalCode::TooLarge,
                         _ => RefusalCode::BadFrame,
                     };
-                    self.workers.audit_worker(
+                    self.audit_worker(
                         &admitted.scope,
                         "worker.frame",
                         session.as_str(),
@@ -200,7 +196,7 @@ impl Core {
                 Ok(frame) => frame,
                 Err(e) => {
                     let reason = format!("not a frame of worker protocol {PROTOCOL_VERSION}: {e}");
-                    self.workers.audit_worker(
+                    self.audit_worker(
                         &admitted.scope,
                         "worker.frame",
                         session.as_str(),
@@ -238,7 +234,7 @@ impl Core {
             abort.abort();
         }
         tracing::info!(%env, %session, "worker connection closed");
-        if self.workers.stopping.is_cancelled() {
+        if self.stopping.is_cancelled() {
             // The gateway is stopping: the worker reconnects to the next one.
             return;
         }
@@ -258,7 +254,7 @@ impl Core {
         }
         match frame {
             WorkerFrame::Hello { .. } => {
-                self.workers.audit_worker(
+                self.audit_worker(
                     &a.scope,
                     "worker.frame",
                     a.claims.session_id.as_str(),
@@ -275,20 +271,15 @@ impl Core {
             }
             WorkerFrame::Call { op, call } => self.on_call(a, op, call).await,
             WorkerFrame::ModelAck { seq, received } => {
-                self.workers
-                    .model_ack(&a.claims.session_id, a.claims.owner_epoch, seq, received);
+                self.model_ack(&a.claims.session_id, a.claims.owner_epoch, seq, received);
             }
             WorkerFrame::ModelCancel { seq } => {
-                self.workers
-                    .model_cancel(&a.claims.session_id, a.claims.owner_epoch, seq);
+                self.model_cancel(&a.claims.session_id, a.claims.owner_epoch, seq);
             }
             WorkerFrame::CanaryAnswer { nonce, text } => a.live.answer_canary(&nonce, text),
         }
     }
-}
 
-/// The parts of this file that need only the worker side's own handles.
-impl super::WorkerSide {
     pub(crate) fn close_worker_endpoint(&self, env: &EnvironmentId) {
         if let Some(stop) = lock(&self.listeners).remove(env) {
             stop.cancel();

@@ -24,7 +24,6 @@
 
 use super::Live;
 use super::pull_back::Moved;
-use crate::Core;
 use crate::error::{Error, Result};
 use serde_json::json;
 use skiff_protocol::environment::PlacementState;
@@ -343,11 +342,7 @@ impl super::WorkerSide {
             after_cursor: cursor,
         })
     }
-}
 
-// Kept on the core: a live move places a worker for the turn (`ensure_worker`) and
-// captures the box's work (checkpoints, quarantine).
-impl Core {
     /// The gateway's loop stopped for a live dispatch: place the session on `profile` and
     /// hand the run to its worker. On failure the session comes home (the error says why)
     /// and the turn goes on here.
@@ -359,12 +354,11 @@ impl Core {
         profile: &str,
         cancel: &CancellationToken,
     ) -> Result<()> {
-        let live = self.workers.live(&session.id);
-        self.workers
-            .strike_now(scope, &session.id, BarrierStep::Drained)
+        let live = self.live(&session.id);
+        self.strike_now(scope, &session.id, BarrierStep::Drained)
             .await;
         let placed = async {
-            self.workers.place(
+            self.place(
                 scope,
                 &session.id,
                 PlacementState::Requested,
@@ -374,7 +368,7 @@ impl Core {
                 ),
             )?;
             let p = self.ensure_worker(scope, session, cancel).await?;
-            self.workers.strike(scope, &p, BarrierStep::Fenced).await;
+            self.strike(scope, &p, BarrierStep::Fenced).await;
             Ok(p)
         }
         .await;
@@ -386,7 +380,7 @@ impl Core {
                 if let Err(home) = self.store.come_home(scope, &session.id) {
                     tracing::warn!(session = %session.id, error = %home, "could not bring a failed live dispatch home");
                 }
-                self.workers.publish_step(
+                self.publish_step(
                     scope,
                     &session.id,
                     Some(run),
@@ -422,10 +416,10 @@ impl Core {
             (Handoff::Profile(profile), Some(PlacementState::HandingOff)) => {
                 // The run ends now; the placement goes on in the background, as a dispatch
                 // without a message does (a message sent meanwhile waits for its worker).
-                let core = self.clone();
+                let workers = self.clone();
                 let (scope, session) = (scope.clone(), session.clone());
                 tokio::spawn(async move {
-                    let placed = core.workers.place(
+                    let placed = workers.place(
                         &scope,
                         &session.id,
                         PlacementState::Requested,
@@ -435,7 +429,7 @@ impl Core {
                         ),
                     );
                     let placed = match placed {
-                        Ok(_) => core
+                        Ok(_) => workers
                             .ensure_worker(&scope, &session, &CancellationToken::new())
                             .await
                             .map(|_| ()),
@@ -463,7 +457,7 @@ impl Core {
         run: Option<&RunId>,
     ) -> Result<()> {
         let started = std::time::Instant::now();
-        let live = self.workers.live(id);
+        let live = self.live(id);
         let result = self.barrier_home(scope, id, run, started).await;
         live.moved();
         if let Err(e) = &result {
@@ -471,7 +465,7 @@ impl Core {
             let detail = format!(
                 "the live pull-back stopped: {why}. The session stays on its box, where a new worker takes the turn up"
             );
-            if let Err(e) = self.workers.place(
+            if let Err(e) = self.place(
                 scope,
                 id,
                 PlacementState::Active,
@@ -494,14 +488,14 @@ impl Core {
         run: Option<&RunId>,
         started: std::time::Instant,
     ) -> Result<()> {
-        let live = self.workers.live(id);
+        let live = self.live(id);
         let mut p = self
             .store
             .placement(scope, id)?
             .ok_or_else(|| Error::Conflict(format!("session {id} has no placement")))?;
         if p.state == PlacementState::Active {
             // The turn ended on the box first; its reconciliation took the placement back.
-            p = self.workers.place(
+            p = self.place(
                 scope,
                 id,
                 PlacementState::HandingOff,
@@ -510,15 +504,15 @@ impl Core {
             )?;
         }
         let epoch = p.owner_epoch;
-        self.workers.strike(scope, &p, BarrierStep::Drained).await;
+        self.strike(scope, &p, BarrierStep::Drained).await;
         live.stop_epoch(epoch, "the session is handed off to the gateway");
-        self.workers.cancel_model_calls(id);
-        let env = self.workers.placement_env(scope, &p)?;
-        let how = match self.workers.stop_worker_on_box(&env, p.worker_pid).await {
+        self.cancel_model_calls(id);
+        let env = self.placement_env(scope, &p)?;
+        let how = match self.stop_worker_on_box(&env, p.worker_pid).await {
             Ok(()) => "stopped, with the commands its tools started".to_owned(),
             Err(e) => format!("could not be confirmed stopped ({e})"),
         };
-        p = self.workers.place(
+        p = self.place(
             scope,
             id,
             PlacementState::HandingOff,
@@ -531,10 +525,10 @@ impl Core {
                 epoch + 1
             ),
         )?;
-        self.workers.strike(scope, &p, BarrierStep::Fenced).await;
+        self.strike(scope, &p, BarrierStep::Fenced).await;
         let reconciled = !p.box_in_step;
         if reconciled {
-            self.workers.place(
+            self.place(
                 scope,
                 id,
                 PlacementState::Reconciling,
@@ -545,11 +539,9 @@ impl Core {
                 Error::BoxFailed(format!("the box's work could not be brought back: {e}"))
             })?;
         }
-        self.workers
-            .strike(scope, &p, BarrierStep::Reconciled)
-            .await;
+        self.strike(scope, &p, BarrierStep::Reconciled).await;
         let was = self.store.come_home(scope, id)?;
-        let (pooled, the_box, work) = self.workers.box_home(scope, id, &was, reconciled).await;
+        let (pooled, the_box, work) = self.box_home(scope, id, &was, reconciled).await;
         let goes_on = if run.is_some() {
             "the turn goes on on the gateway"
         } else {
@@ -559,8 +551,7 @@ impl Core {
             "home in {:.1} s: {goes_on}; {work}; {the_box}",
             started.elapsed().as_secs_f64()
         );
-        self.workers
-            .publish_step(scope, id, run, PlacementState::Local, &detail);
+        self.publish_step(scope, id, run, PlacementState::Local, &detail);
         self.audit(
             scope,
             "placement.handoff",
@@ -576,18 +567,7 @@ impl Core {
         );
         Ok(())
     }
-}
 
-/// The gateway dies where it stands, as a crash or `kill -9` would end it: no shutdown path,
-/// no destructor, nothing flushed but what is already in the store.
-fn kill_this_gateway() {
-    let _ = rustix::process::kill_process(rustix::process::getpid(), rustix::process::Signal::KILL);
-    // SIGKILL is not delivered synchronously everywhere; nothing after this point may run.
-    std::process::abort();
-}
-
-/// The parts of this file that need only the worker side's own handles.
-impl super::WorkerSide {
     /// Publishes a step of a move, carried by `run` so a client following the run sees it.
     fn publish_step(
         &self,
@@ -695,4 +675,12 @@ impl super::WorkerSide {
             kill_this_gateway();
         }
     }
+}
+
+/// The gateway dies where it stands, as a crash or `kill -9` would end it: no shutdown path,
+/// no destructor, nothing flushed but what is already in the store.
+fn kill_this_gateway() {
+    let _ = rustix::process::kill_process(rustix::process::getpid(), rustix::process::Signal::KILL);
+    // SIGKILL is not delivered synchronously everywhere; nothing after this point may run.
+    std::process::abort();
 }

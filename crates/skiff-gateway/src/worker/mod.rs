@@ -17,14 +17,17 @@
 //! - [`handoff`]: the same moves with the turn running (`--live`): the old owner's current
 //!   step finishes and is committed, the old owner is stopped and fenced, the workspace
 //!   reconciled, and the same run goes on at the new owner as a new attempt.
-//! - [`web_fetch`]: the gateway-resident tool (controlled egress, allowlisted hosts).
+//! - [`handles`]: what the worker side reaches of the rest of the gateway — runs,
+//!   checkpoints, turn specs, gateway tools — through narrow traits the core lends it.
 //!
 //! Deliberately absent: any way for a worker to reach the HTTP API, to name another session,
-//! to supply transcript ids, or to pick a model endpoint.
+//! to supply transcript ids, or to pick a model endpoint; and any reference to the gateway's
+//! core from this module (it owns the worker side, never the other way round).
 
 pub(crate) mod credential;
 mod egress_gate;
 mod endpoint;
+pub(crate) mod handles;
 mod handoff;
 mod ops;
 mod park;
@@ -37,7 +40,6 @@ mod setup;
 #[cfg(test)]
 mod tests;
 mod turn;
-pub(crate) mod web_fetch;
 
 use skiff_protocol::worker::{GatewayFrame, TurnEnd};
 use skiff_protocol::{EnvironmentId, RunId, SessionId};
@@ -51,7 +53,7 @@ use tokio_util::sync::CancellationToken;
 pub(crate) use credential::Signer;
 pub(crate) use handoff::{BarrierFault, Handoff};
 pub(crate) use place::box_workspace;
-pub(crate) use pull_back::moving_profiles;
+pub(crate) use pull_back::{Moved, moving_profiles};
 
 /// The model reference of the readiness canary: answered by the proxy itself, never sent to a
 /// provider.
@@ -290,26 +292,40 @@ impl Live {
 }
 
 /// What the worker side is given when the gateway opens: the only parts of the gateway it
-/// reaches (never the HTTP API, never the gateway's core).
+/// reaches (never the HTTP API, never the gateway's core itself).
 pub(crate) struct Handles {
     pub(crate) store: Arc<skiff_store::Store>,
     pub(crate) hub: Arc<crate::Hub>,
     pub(crate) envs: Arc<crate::environments::Environments>,
     pub(crate) egress_dir: PathBuf,
+    /// `<state>/tmp` (scratch space of syncs and setup logs) and `<state>/artifacts`.
+    pub(crate) tmp_dir: PathBuf,
+    pub(crate) artifacts_dir: PathBuf,
     /// The background processes of gateway-placed sessions, shared with the core: a session
     /// leaving home stops them.
     pub(crate) session_processes: SessionProcesses,
+    /// Sessions whose worktree is still being filled, shared with the core: a placement
+    /// waits for the fill.
+    pub(crate) fills: Arc<crate::workspace::Fills>,
+    /// Sealed secrets, for a profile's setup.
+    pub(crate) vault: Arc<crate::vault::Vault>,
     /// `[gateway] barrier_fault`: a fault the tests inject at one barrier step.
     pub(crate) barrier_fault: Option<BarrierFault>,
     /// Revokes a session's pending approvals when it moves or fails over.
     pub(crate) approvals: crate::approvals::Revoker,
+    /// Runs, checkpoints, turn specs and gateway tools, lent by the core.
+    pub(crate) lent: handles::Lent,
+    /// The state dir's lock, shared with the core: it is let go once neither is held.
+    pub(crate) hold: Arc<crate::Hold>,
 }
 
 /// Gateway-placed sessions' background processes, one registry per session.
 pub(crate) type SessionProcesses = Arc<Mutex<HashMap<SessionId, skiff_agent::tools::Processes>>>;
 
 /// The worker side of placement: every worker session of this gateway, one [`Live`] per live
-/// session, and the handles it works through.
+/// session, and the handles it works through. It drives placement end to end — dispatch,
+/// turns on workers, pull-back, live handoff, recovery and failover — and reaches the rest of
+/// the gateway only through these handles (see [`handles`]).
 pub(crate) struct WorkerSide {
     store: Arc<skiff_store::Store>,
     hub: Arc<crate::Hub>,
@@ -317,8 +333,14 @@ pub(crate) struct WorkerSide {
     /// Where the per-environment egress proxy sockets live (inside the 0700 state dir).
     egress_dir: PathBuf,
     session_processes: SessionProcesses,
+    tmp_dir: PathBuf,
+    artifacts_dir: PathBuf,
+    fills: Arc<crate::workspace::Fills>,
+    vault: Arc<crate::vault::Vault>,
     barrier_fault: Option<BarrierFault>,
     approvals: crate::approvals::Revoker,
+    lent: handles::Lent,
+    _hold: Arc<crate::Hold>,
     pub(crate) signer: Signer,
     live: Mutex<HashMap<SessionId, Arc<Live>>>,
     listeners: Mutex<HashMap<EnvironmentId, CancellationToken>>,
@@ -355,8 +377,14 @@ impl WorkerSide {
             envs: handles.envs,
             egress_dir: handles.egress_dir,
             session_processes: handles.session_processes,
+            tmp_dir: handles.tmp_dir,
+            artifacts_dir: handles.artifacts_dir,
+            fills: handles.fills,
+            vault: handles.vault,
             barrier_fault: handles.barrier_fault,
             approvals: handles.approvals,
+            lent: handles.lent,
+            _hold: handles.hold,
             signer,
             live: Mutex::new(HashMap::new()),
             listeners: Mutex::new(HashMap::new()),

@@ -4,7 +4,6 @@
 //! reply and changes nothing.
 
 use super::endpoint::{Admitted, Refusal, refuse};
-use crate::Core;
 use serde_json::json;
 use skiff_protocol::event::EventKind;
 use skiff_protocol::transcript::EntryBody;
@@ -14,14 +13,12 @@ use skiff_protocol::worker::{
 use skiff_store::CachedOp;
 use std::sync::Arc;
 
-// Kept on the core: a call may ask a person (approvals), publish transcript entries and
-// record usage, which are the core's.
-impl Core {
+impl super::WorkerSide {
     pub(super) async fn on_call(self: &Arc<Self>, a: &Admitted, op: OpId, call: Call) {
         let stream = op.stream;
         let seq = op.seq;
-        if let Err(r) = self.workers.check_op(a, &op, &call) {
-            self.workers.refuse_op(a, &op, &call, r);
+        if let Err(r) = self.check_op(a, &op, &call) {
+            self.refuse_op(a, &op, &call, r);
             return;
         }
         // Duplicates: answer from the cache.
@@ -39,7 +36,7 @@ impl Core {
                     // Not acknowledged, so the worker keeps the event and sends it again
                     // after it reconnects; applying it now could apply it twice.
                     tracing::warn!(session = %session, seq, error = %e, "could not read a worker's event cursor; the event is not applied yet");
-                    self.workers.audit_worker(
+                    self.audit_worker(
                         &a.scope,
                         "worker.call",
                         session.as_str(),
@@ -59,16 +56,16 @@ impl Core {
                     RefusalCode::BadFrame,
                     format!("event {seq} is beyond the window after {applied}"),
                 );
-                self.workers.refuse_op(a, &op, &call, r);
+                self.refuse_op(a, &op, &call, r);
                 return;
             }
             if seq > applied {
-                if let Err(e) = self.workers.apply_event(a, &op, call) {
+                if let Err(e) = self.apply_event(a, &op, call) {
                     // Not acknowledged, and not skipped by a later acknowledgement (they are
                     // cumulative): the connection is dropped, and the reconnected worker sends
                     // its unacknowledged events again, in order.
                     tracing::warn!(session = %session, seq, error = %e, "could not store a worker's event; dropping the connection so it is sent again");
-                    self.workers.audit_worker(
+                    self.audit_worker(
                         &a.scope,
                         "worker.call",
                         session.as_str(),
@@ -120,7 +117,7 @@ impl Core {
                         stream.as_str()
                     ),
                 );
-                self.workers.refuse_op(a, &op, &call, r);
+                self.refuse_op(a, &op, &call, r);
                 return;
             }
         };
@@ -133,7 +130,7 @@ impl Core {
                         stream.as_str()
                     ),
                 );
-                self.workers.refuse_op(a, &op, &call, r);
+                self.refuse_op(a, &op, &call, r);
                 return;
             }
             match serde_json::from_str::<Reply>(&cached.reply) {
@@ -151,7 +148,7 @@ impl Core {
                             stream.as_str()
                         ),
                     );
-                    self.workers.refuse_op(a, &op, &call, r);
+                    self.refuse_op(a, &op, &call, r);
                 }
             }
             return;
@@ -159,7 +156,7 @@ impl Core {
         if let Call::CredentialRotate {} = call {
             // A credential is never written to the database: the cache keeps a refusal, so a
             // repeated rotation op mints nothing (each mint is one-use).
-            let reply = match self.workers.rotate(a, &op) {
+            let reply = match self.rotate(a, &op) {
                 Ok(reply) => {
                     let spent = Reply::Refused {
                         code: RefusalCode::Conflict,
@@ -185,7 +182,7 @@ impl Core {
                             RefusalCode::Unavailable,
                             format!("could not record this rotation ({e}); send it again"),
                         );
-                        self.workers.refuse_op(a, &op, &call, r);
+                        self.refuse_op(a, &op, &call, r);
                         return;
                     }
                     reply
@@ -214,13 +211,13 @@ impl Core {
                             super::endpoint::MAX_CALLS_IN_FLIGHT
                         ),
                     );
-                    self.workers.refuse_op(a, &op, &call, r);
+                    self.refuse_op(a, &op, &call, r);
                     return;
                 }
             }
         };
         let method = call.method().as_str();
-        let core = self.clone();
+        let workers = self.clone();
         let live = a.live.clone();
         let scope = a.scope.clone();
         let claims = a.claims.clone();
@@ -228,19 +225,19 @@ impl Core {
         let work = async move {
             let reply = match call {
                 Call::TranscriptCommit { base_leaf, entries } => {
-                    core.worker_commit(&scope, &op, base_leaf, entries)
+                    workers.worker_commit(&scope, &op, base_leaf, entries)
                 }
                 Call::ToolGateway { name, arguments } => {
                     let cancel = op
                         .run_id
                         .as_ref()
-                        .and_then(|run| core.run_cancel_token(run))
+                        .and_then(|run| workers.run_cancel_token(run))
                         .unwrap_or_default();
-                    let out = core
+                    let out = workers
                         .gateway_tool(
                             &scope,
                             &op.session_id,
-                            Some(&claims.environment_id),
+                            &claims.environment_id,
                             op.run_id.as_ref(),
                             &name,
                             &arguments,
@@ -260,7 +257,8 @@ impl Core {
                     let theirs = manifest.ok_or_else(|| {
                         manifest_error.unwrap_or_else(|| "the worker did not say why".into())
                     });
-                    core.worker_turn_finished(&scope, &claims, &op, end, theirs)
+                    workers
+                        .worker_turn_finished(&scope, &claims, &op, end, theirs)
                         .await
                 }
                 Call::ApprovalRequest {
@@ -269,7 +267,8 @@ impl Core {
                     subject,
                     reason,
                 } => {
-                    core.worker_approval(&scope, &claims, &op, tool, kind, subject, reason)
+                    workers
+                        .worker_approval(&scope, &claims, &op, tool, kind, subject, reason)
                         .await
                 }
                 Call::EventPublish { .. }
@@ -282,7 +281,7 @@ impl Core {
             if let Reply::Refused { code, message } = &reply {
                 // Refused inside the call (a forbidden entry kind, a moved leaf…): audited like
                 // every refusal, and not cached, so a corrected call may follow.
-                core.workers.audit_worker(
+                workers.audit_worker(
                     &scope,
                     "worker.call",
                     op.session_id.as_str(),
@@ -304,21 +303,21 @@ impl Core {
                             call_hash: hash,
                             reply,
                         };
-                        core.store
+                        workers
+                            .store
                             .record_worker_op(&op.session_id, op.owner_epoch, stream, seq, &cached)
                             .map_err(|e| e.to_string())
                     });
                 if let Err(e) = recorded {
-                    core.workers
-                        .report_lost_write(&scope, &op, method, "reply", &e);
+                    workers.report_lost_write(&scope, &op, method, "reply", &e);
                 }
             }
             if let Err(e) =
-                core.store
+                workers
+                    .store
                     .advance_worker_cursor(&op.session_id, op.owner_epoch, stream, seq)
             {
-                core.workers
-                    .report_lost_write(&scope, &op, method, "cursor", &e.to_string());
+                workers.report_lost_write(&scope, &op, method, "cursor", &e.to_string());
             }
             live.send_on(conn_id, GatewayFrame::Reply { stream, seq, reply });
             drop(permit);
@@ -416,7 +415,7 @@ impl Core {
                 message: "the commit names no run".into(),
             };
         };
-        match self.append_entries_published(
+        match self.transcript().append_entries_published(
             scope,
             &op.session_id,
             base_leaf.as_ref(),
@@ -444,30 +443,7 @@ impl Core {
             },
         }
     }
-}
 
-/// The session's lifecycle revision, as read at admission (v1 never changes it).
-fn check_revision(a: &Admitted, op: &OpId) -> Result<(), Refusal> {
-    if op.lifecycle_revision != a.revision {
-        return Err(refuse(
-            RefusalCode::WrongScope,
-            format!(
-                "lifecycle revision {} is not the session's",
-                op.lifecycle_revision
-            ),
-        ));
-    }
-    Ok(())
-}
-
-/// What identifies a call for duplicate detection: its method and content.
-pub(super) fn call_hash(call: &Call) -> String {
-    let json = serde_json::to_vec(call).unwrap_or_default();
-    blake3::hash(&json).to_hex().to_string()
-}
-
-/// The parts of this file that need only the worker side's own handles.
-impl super::WorkerSide {
     /// A write that keeps a repeated call harmless (its cached reply, or the cursor that
     /// tells a re-attaching worker what was answered) failed after the call took effect. The
     /// worker still gets its answer; the loss is logged and audited, never dropped.
@@ -737,4 +713,24 @@ impl super::WorkerSide {
             expires_at_ms,
         })
     }
+}
+
+/// The session's lifecycle revision, as read at admission (v1 never changes it).
+fn check_revision(a: &Admitted, op: &OpId) -> Result<(), Refusal> {
+    if op.lifecycle_revision != a.revision {
+        return Err(refuse(
+            RefusalCode::WrongScope,
+            format!(
+                "lifecycle revision {} is not the session's",
+                op.lifecycle_revision
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// What identifies a call for duplicate detection: its method and content.
+pub(super) fn call_hash(call: &Call) -> String {
+    let json = serde_json::to_vec(call).unwrap_or_default();
+    blake3::hash(&json).to_hex().to_string()
 }

@@ -3,7 +3,6 @@
 //! and wait for its admission and the readiness canary. Turns are in `turn.rs`, keeping the
 //! worker alive in `recover.rs`.
 
-use crate::Core;
 use crate::environments::SnapshotKey;
 use crate::error::{Error, Result};
 use serde_json::json;
@@ -50,9 +49,7 @@ enum Prepared {
 /// Author identity of commits made on boxes.
 const BOX_AUTHOR: (&str, &str) = ("Skiff agent", "agent@skiff.invalid");
 
-// Kept on the core: placing waits for the workspace fill, runs setup with vault secrets,
-// and hands the turn over (the session's spec and model, from the core's catalog).
-impl Core {
+impl super::WorkerSide {
     /// Makes sure the session has an admitted, ready worker; drives the placement as far as
     /// needed. Waits for whoever drives it now (a dispatch without a message): a turn sent
     /// while its session is being placed runs on the worker that placement starts.
@@ -62,12 +59,12 @@ impl Core {
         session: &SessionRow,
         cancel: &CancellationToken,
     ) -> Result<PlacementRow> {
-        let placing = self.workers.live(&session.id).placing.clone();
+        let placing = self.live(&session.id).placing.clone();
         let _placing = placing.lock_owned().await;
         self.ensure_worker_locked(scope, session, cancel).await
     }
 
-    /// [`Core::ensure_worker`] for a caller that holds the session's `placing` lock.
+    /// [`WorkerSide::ensure_worker`](super::WorkerSide::ensure_worker) for a caller that holds the session's `placing` lock.
     pub(super) async fn ensure_worker_locked(
         self: &Arc<Self>,
         scope: &Scope,
@@ -79,7 +76,7 @@ impl Core {
             .store
             .placement(scope, id)?
             .ok_or_else(|| Error::Conflict(format!("session {id} is not placed on a worker")))?;
-        let live = self.workers.live(id);
+        let live = self.live(id);
         if p.state == PlacementState::Active {
             if live.connected_epoch() == Some(p.owner_epoch) {
                 return Ok(p);
@@ -88,8 +85,8 @@ impl Core {
             if wait_connected(&live, p.owner_epoch, RECONNECT_GRACE * 2).await {
                 return Ok(p);
             }
-            self.workers.stop_before_fencing(scope, &p).await;
-            p = self.workers.place(
+            self.stop_before_fencing(scope, &p).await;
+            p = self.place(
                 scope,
                 id,
                 PlacementState::Starting,
@@ -110,20 +107,10 @@ impl Core {
             // Usually claimed when the message was sent; here when a turn was admitted while
             // the session was being parked, for a retried turn, or for a failover's new
             // attempt. Followers see the claim like every other move.
-            let (from, profile) = (p.state, p.profile.clone());
-            p = self
-                .workers
-                .claim_worker_slot(|max| self.store.request_placement(scope, id, &profile, max))
-                .await?;
-            self.workers.publish_move(
-                scope,
-                id,
-                &p,
-                &format!("claimed a worker slot on profile {profile} (the placement was {from})"),
-            );
+            p = self.claim_again(scope, &p).await?;
         }
         if p.state == PlacementState::Requested {
-            p = self.workers.place(
+            p = self.place(
                 scope,
                 id,
                 PlacementState::Provisioning,
@@ -148,24 +135,23 @@ impl Core {
                 && let Err(e) = self.workspace_ready(&session.id).await
             {
                 let why = "the session's workspace could not be written";
-                return Err(self.workers.fail_placement(scope, &p, e, why).await);
+                return Err(self.fail_placement(scope, &p, e, why).await);
             }
             setup = match self.setup_plan(session, &p.profile) {
                 Ok(plan) => plan,
                 Err(e) => {
                     let why = "the profile's setup cannot run";
-                    return Err(self.workers.fail_placement(scope, &p, e, why).await);
+                    return Err(self.fail_placement(scope, &p, e, why).await);
                 }
             };
         }
         if p.state == PlacementState::Provisioning {
             let (env, from) = match self
-                .workers
                 .acquire_for_setup(scope, id, &p.profile, setup.as_ref())
                 .await
             {
                 Ok(got) => got,
-                Err(e) => return Err(self.workers.fail_placement(scope, &p, e, "no box").await),
+                Err(e) => return Err(self.fail_placement(scope, &p, e, "no box").await),
             };
             prepared = from;
             let from = match &prepared {
@@ -177,7 +163,7 @@ impl Core {
                 Some(Prepared::Snapshot(s)) => format!(" (a box prepared by setup, from {s})"),
                 None => String::new(),
             };
-            p = self.workers.place(
+            p = self.place(
                 scope,
                 id,
                 PlacementState::Syncing,
@@ -200,7 +186,7 @@ impl Core {
                     // session's own box counts as prepared only when that setup's result is
                     // in its home.
                     if matches!(prepared, Some(Prepared::Own)) {
-                        let env = self.workers.placement_env(scope, &p)?;
+                        let env = self.placement_env(scope, &p)?;
                         let key = setup.as_ref().map(|plan| plan.key.as_str());
                         if key.is_some() && env.prepared_key.as_deref() != key {
                             prepared = None;
@@ -231,7 +217,7 @@ impl Core {
                             format!("{on_box}; starting the worker"),
                         ),
                     };
-                    p = self.workers.place(
+                    p = self.place(
                         scope,
                         id,
                         next,
@@ -254,7 +240,7 @@ impl Core {
                 }
                 Err(e) => {
                     let why = "the workspace could not be laid onto the box";
-                    return Err(self.workers.fail_placement(scope, &p, e, why).await);
+                    return Err(self.fail_placement(scope, &p, e, why).await);
                 }
             }
         }
@@ -263,7 +249,7 @@ impl Core {
                 Ok(row) => p = row,
                 Err(e) => {
                     let why = "the worker did not become ready";
-                    return Err(self.workers.fail_placement(scope, &p, e, why).await);
+                    return Err(self.fail_placement(scope, &p, e, why).await);
                 }
             }
         }
@@ -287,33 +273,29 @@ impl Core {
         keep_prepared: bool,
         cancel: &CancellationToken,
     ) -> Result<PlacementRow> {
-        let env = self.workers.placement_env(scope, p)?;
+        let env = self.placement_env(scope, p)?;
         let ran = async {
             let proxy = self
-                .workers
                 .open_egress(&env, &p.profile, crate::egress::Phase::Setup, cancel)
                 .await?
                 .unwrap_or_default();
             let plan = plan.with_env(proxy);
             let outcome = self.run_setup(scope, p, &plan, cancel).await;
             // Closed whatever setup did, before anything else runs on the box.
-            self.workers.close_setup_egress(&env, cancel).await?;
+            self.close_setup_egress(&env, cancel).await?;
             outcome.map(|o| (plan, o))
         };
         let (plan, outcome) = match ran.await {
             Ok(done) => done,
             Err(e) => {
-                self.workers.close_egress_gate(&env.id);
+                self.close_egress_gate(&env.id);
                 let why = "the box's setup could not run";
-                return Err(self.workers.fail_placement(scope, p, e, why).await);
+                return Err(self.fail_placement(scope, p, e, why).await);
             }
         };
         if !outcome.succeeded() {
             let e = Error::BoxNotReady(outcome.failure(&plan, &p.session_id));
-            return Err(self
-                .workers
-                .fail_placement(scope, p, e, "setup failed")
-                .await);
+            return Err(self.fail_placement(scope, p, e, "setup failed").await);
         }
         // The box holds this setup's result now: a later session with the same setup that
         // finds it in the pool skips setup.
@@ -332,7 +314,7 @@ impl Core {
                 }
             }
         }
-        self.workers.place(
+        self.place(
             scope,
             &p.session_id,
             PlacementState::Starting,
@@ -355,7 +337,7 @@ impl Core {
         p: &PlacementRow,
         cancel: &CancellationToken,
     ) -> Result<(String, usize, u64, skiff_sync::filelist::LeftOut)> {
-        let env = self.workers.placement_env(scope, p)?;
+        let env = self.placement_env(scope, p)?;
         let ssh = self.envs.ssh(&env)?;
         let remote = Remote::new(ssh, &box_workspace(&session.id))?;
         let local = Path::new(session.workspace.path());
@@ -370,7 +352,7 @@ impl Core {
             self.workspace_ready(&session.id).await?;
         }
         let rules = Rules::load(local)?;
-        let scratch = self.state.tmp();
+        let scratch = self.tmp();
         let out = Outbound {
             local,
             mode: mode_of(&session.workspace),
@@ -386,10 +368,7 @@ impl Core {
         };
         // The session's workspace kept on this box when it was parked serves when it can;
         // anything else the box keeps goes before another workspace is laid down.
-        let kept = self
-            .workers
-            .take_kept(&session.id)
-            .filter(|k| k.env == env.id);
+        let kept = self.take_kept(&session.id).filter(|k| k.env == env.id);
         let mut resumed = None;
         if let Some(kept) = &kept {
             self.workspace_ready(&session.id).await?;
@@ -433,17 +412,16 @@ impl Core {
         p: &PlacementRow,
     ) -> Result<PlacementRow> {
         let session = &p.session_id;
-        let env = self.workers.placement_env(scope, p)?;
+        let env = self.placement_env(scope, p)?;
         let epoch = p.owner_epoch;
         // The agent's `exec` reaches the network only if the profile says so (`egress.agent`).
-        self.workers
-            .open_egress(
-                &env,
-                &p.profile,
-                crate::egress::Phase::Agent,
-                &CancellationToken::new(),
-            )
-            .await?;
+        self.open_egress(
+            &env,
+            &p.profile,
+            crate::egress::Phase::Agent,
+            &CancellationToken::new(),
+        )
+        .await?;
         self.launch_verified(&env, session, epoch, Method::ALL.to_vec(), |pid| {
             self.store.transition_placement(
                 scope,
@@ -464,7 +442,7 @@ impl Core {
             Ok(())
         })
         .await?;
-        let p = self.workers.place(
+        let p = self.place(
             scope,
             session,
             PlacementState::Active,
@@ -493,7 +471,7 @@ impl Core {
         let ssh = self.envs.ssh(env)?;
         let cancel = CancellationToken::new();
         self.open_worker_endpoint(&env.id)?;
-        let remote_socket = self.workers.open_tunnel(env, &ssh, &cancel).await?;
+        let remote_socket = self.open_tunnel(env, &ssh, &cancel).await?;
         let bundle = self
             .envs
             .bundle_hash_now()
@@ -501,13 +479,11 @@ impl Core {
         let host_key = self.envs.host_key(env).ok_or_else(|| {
             Error::Internal(format!("environment {} has no pinned host key", env.id))
         })?;
-        let (credential, _) = self
-            .workers
-            .mint_worker_credential(&env.id, &host_key, &bundle, session, epoch, methods)?;
-        let live = self.workers.live(session);
+        let (credential, _) =
+            self.mint_worker_credential(&env.id, &host_key, &bundle, session, epoch, methods)?;
+        let live = self.live(session);
         live.close();
         let egress: String = self
-            .workers
             .agent_egress_env(&env.id)
             .iter()
             .map(|(k, v)| format!(" {k}={}", skiff_ssh::shell_quote(v)))
@@ -581,47 +557,7 @@ impl Core {
         }
         Ok(())
     }
-}
 
-fn mode_of(workspace: &WorkspaceView) -> Mode {
-    match workspace {
-        WorkspaceView::Git { .. } => Mode::Git,
-        WorkspaceView::Plain { .. } => Mode::Plain,
-    }
-}
-
-/// Returns once the box says process `pid` is gone (checked twice a second over the control
-/// connection; a check that cannot be made counts as "still there").
-async fn exited(ssh: &skiff_ssh::Ssh, pid: i64) {
-    let probe = format!("kill -0 {pid} 2>/dev/null && echo alive || echo gone");
-    loop {
-        tokio::time::sleep(Duration::from_millis(500)).await;
-        if let Ok(out) = ssh.run(&probe, &CancellationToken::new()).await
-            && out.trim() == "gone"
-        {
-            return;
-        }
-    }
-}
-
-/// Waits until the session's worker of `epoch` is connected, at most `timeout`.
-pub(super) async fn wait_connected(live: &super::Live, epoch: u64, timeout: Duration) -> bool {
-    let mut changes = live.watch();
-    let wait = async {
-        loop {
-            if live.connected_epoch() == Some(epoch) {
-                return;
-            }
-            if changes.changed().await.is_err() {
-                return;
-            }
-        }
-    };
-    tokio::time::timeout(timeout, wait).await.is_ok() && live.connected_epoch() == Some(epoch)
-}
-
-/// The parts of this file that need only the worker side's own handles.
-impl super::WorkerSide {
     /// Moves the placement and tells the session's subscribers.
     pub(super) fn place(
         &self,
@@ -646,8 +582,29 @@ impl super::WorkerSide {
         Ok(row)
     }
 
+    /// Claims a worker slot again for a session whose placement `p` holds no box (parked,
+    /// reclaimed, failed over, failed): `→ requested`, parking a session idle on its box if
+    /// that is what it takes, and published like every move.
+    pub(crate) async fn claim_again(
+        &self,
+        scope: &Scope,
+        p: &PlacementRow,
+    ) -> Result<PlacementRow> {
+        let (id, from, profile) = (&p.session_id, p.state, &p.profile);
+        let row = self
+            .claim_worker_slot(|max| self.store.request_placement(scope, id, profile, max))
+            .await?;
+        self.publish_move(
+            scope,
+            id,
+            &row,
+            &format!("claimed a worker slot on profile {profile} (the placement was {from})"),
+        );
+        Ok(row)
+    }
+
     /// Tells the session's subscribers the placement is now `row`'s state.
-    pub(super) fn publish_move(
+    pub(crate) fn publish_move(
         &self,
         scope: &Scope,
         session: &SessionId,
@@ -778,4 +735,41 @@ impl super::WorkerSide {
         }
         Ok((self.envs.acquire(scope, profile).await?, None))
     }
+}
+
+fn mode_of(workspace: &WorkspaceView) -> Mode {
+    match workspace {
+        WorkspaceView::Git { .. } => Mode::Git,
+        WorkspaceView::Plain { .. } => Mode::Plain,
+    }
+}
+
+/// Returns once the box says process `pid` is gone (checked twice a second over the control
+/// connection; a check that cannot be made counts as "still there").
+async fn exited(ssh: &skiff_ssh::Ssh, pid: i64) {
+    let probe = format!("kill -0 {pid} 2>/dev/null && echo alive || echo gone");
+    loop {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        if let Ok(out) = ssh.run(&probe, &CancellationToken::new()).await
+            && out.trim() == "gone"
+        {
+            return;
+        }
+    }
+}
+
+/// Waits until the session's worker of `epoch` is connected, at most `timeout`.
+pub(super) async fn wait_connected(live: &super::Live, epoch: u64, timeout: Duration) -> bool {
+    let mut changes = live.watch();
+    let wait = async {
+        loop {
+            if live.connected_epoch() == Some(epoch) {
+                return;
+            }
+            if changes.changed().await.is_err() {
+                return;
+            }
+        }
+    };
+    tokio::time::timeout(timeout, wait).await.is_ok() && live.connected_epoch() == Some(epoch)
 }

@@ -3,7 +3,6 @@
 //! stream the canary through the inference proxy. Only then is the environment `ready`. The
 //! probe worker is told to shut down afterwards; session workers are started per session.
 
-use crate::Core;
 use crate::error::Result;
 use futures_util::future::BoxFuture;
 use skiff_protocol::worker::{GatewayFrame, Method};
@@ -31,42 +30,39 @@ pub(crate) trait Readiness: Send + Sync {
     fn verify<'a>(&'a self, env: &'a EnvironmentRow) -> BoxFuture<'a, Result<()>>;
 }
 
-/// The gateway's readiness check (weak: the environments outlive no gateway).
-pub(crate) struct Probe(pub Weak<Core>);
+/// The gateway's readiness check (weak: the environments keep no worker side alive).
+pub(crate) struct Probe(pub Weak<super::WorkerSide>);
 
 impl Readiness for Probe {
     fn verify<'a>(&'a self, env: &'a EnvironmentRow) -> BoxFuture<'a, Result<()>> {
         Box::pin(async move {
-            let Some(core) = self.0.upgrade() else {
+            let Some(workers) = self.0.upgrade() else {
                 return Err(crate::Error::Unavailable(
                     "the gateway is shutting down".into(),
                 ));
             };
-            core.probe(env).await
+            workers.probe(env).await
         })
     }
 }
 
-// Kept on the core: a probe launches a worker the way a placement does (`launch_verified`).
-impl Core {
+impl super::WorkerSide {
+    /// Launches a probe worker the way a placement launches one (`launch_verified`).
     async fn probe(self: &Arc<Self>, env: &EnvironmentRow) -> Result<()> {
         let session = probe_session(&env.id);
         let result = self
             .launch_verified(env, &session, 0, vec![Method::ModelStream], |_| Ok(()))
             .await;
-        let live = self.workers.live(&session);
+        let live = self.live(&session);
         live.send(GatewayFrame::Shutdown {
             reason: "the environment is ready".into(),
         });
         live.close();
-        self.workers.forget(&session);
-        self.workers.close_probe_endpoint(&env.id);
+        self.forget(&session);
+        self.close_probe_endpoint(&env.id);
         result
     }
-}
 
-/// The parts of this file that need only the worker side's own handles.
-impl super::WorkerSide {
     /// The probe opened the environment's endpoint; unless a session's worker uses it (a
     /// check of an attached environment), it closes with the probe, socket and all. A
     /// placement opens it again.

@@ -11,7 +11,6 @@
 
 use super::endpoint::Admitted;
 use super::{CANARY_MODEL, canary_answer, lock};
-use crate::Core;
 use futures_util::StreamExt;
 use serde_json::json;
 use skiff_protocol::environment::EgressAccounting;
@@ -67,9 +66,7 @@ fn error_event(message: impl Into<String>) -> ModelEvent {
     }
 }
 
-// Kept on the core: a model call resolves the session's spec and calls the provider through
-// the core's catalog.
-impl Core {
+impl super::WorkerSide {
     pub(super) fn model_call(self: &Arc<Self>, a: &Admitted, op: OpId, call: Call) {
         let Call::ModelStream {
             request,
@@ -134,7 +131,7 @@ impl Core {
                 Ok(events) => events,
                 Err(e) => {
                     tracing::warn!(session = %op.session_id, seq = op.seq, error = %e, "a model call's cached answer is unreadable");
-                    self.workers.audit_worker(
+                    self.audit_worker(
                         &a.scope,
                         "worker.call",
                         op.session_id.as_str(),
@@ -166,7 +163,7 @@ impl Core {
             );
             return;
         }
-        let existing = lock(&self.workers.models).get(&key).cloned();
+        let existing = lock(&self.models).get(&key).cloned();
         let call = match existing {
             Some(call) if call.request_hash != hash => {
                 reused(a);
@@ -190,7 +187,7 @@ impl Core {
                 return;
             }
             None => {
-                let in_flight = lock(&self.workers.models)
+                let in_flight = lock(&self.models)
                     .iter()
                     .filter(|((s, _, _), call)| *s == op.session_id && !call.finished())
                     .count();
@@ -230,7 +227,7 @@ impl Core {
                 };
                 let allowed = session_model.as_str();
                 if let Err(reason) = check_request(&request, &options, allowed, session_reasoning) {
-                    self.workers.audit_worker(
+                    self.audit_worker(
                         &a.scope,
                         "worker.call",
                         op.session_id.as_str(),
@@ -279,7 +276,7 @@ impl Core {
                     changed: Notify::new(),
                     cancel: CancellationToken::new(),
                 });
-                lock(&self.workers.models).insert(key.clone(), call.clone());
+                lock(&self.models).insert(key.clone(), call.clone());
                 let stream_to = op.run_id.clone().map(|run| (a.scope.clone(), run));
                 self.spawn_provider_call(
                     a.claims.environment_id.clone(),
@@ -339,7 +336,7 @@ impl Core {
         stream_to: Option<(skiff_store::Scope, skiff_protocol::RunId)>,
         owner_scope: skiff_store::Scope,
     ) {
-        let core = self.clone();
+        let workers = self.clone();
         tokio::spawn(async move {
             let canary = request.model.as_str() == CANARY_MODEL;
             let bytes_out = serde_json::to_string(&request)
@@ -360,17 +357,7 @@ impl Core {
                 ])
                 .boxed()
             } else {
-                // Decided here, not by the worker: the session's key, as in a local loop.
-                let cache_key = crate::backend::prompt_cache_key(&key.0);
-                let traced = Some((key.0.clone(), request.model.to_string()));
-                let stream = core.model_stream(
-                    &owner_scope,
-                    &key.0,
-                    request,
-                    cache_key,
-                    call.cancel.clone(),
-                );
-                core.telemetry.model_stream("worker", traced, stream)
+                workers.model_stream(&owner_scope, &key.0, request, call.cancel.clone())
             };
             let mut usage = (0u64, 0u64);
             let mut bytes_in = 0u64;
@@ -393,7 +380,7 @@ impl Core {
                     _ => None,
                 };
                 if let (Some(delta), Some((scope, run))) = (delta, &stream_to)
-                    && let Err(e) = core.hub.publish(scope, &key.0, Some(run), delta)
+                    && let Err(e) = workers.hub.publish(scope, &key.0, Some(run), delta)
                 {
                     tracing::warn!(error = %e, "could not publish streamed text");
                 }
@@ -420,7 +407,8 @@ impl Core {
                         call_hash: call.request_hash.clone(),
                         reply,
                     };
-                    core.store
+                    workers
+                        .store
                         .record_worker_op(&key.0, key.1, StreamKind::Model, key.2, &cached)
                         .map_err(|e| e.to_string())
                 });
@@ -438,19 +426,13 @@ impl Core {
             // The answer stays in memory until the worker has all of it; only a worker that
             // comes back after that would find no cache (and get a terminal error).
             if let Err(e) = recorded {
-                core.workers
-                    .report_lost_write(scope, &op, "model.stream", "reply", &e);
+                workers.report_lost_write(scope, &op, "model.stream", "reply", &e);
             } else if let Err(e) =
-                core.store
+                workers
+                    .store
                     .advance_worker_cursor(&key.0, key.1, StreamKind::Model, key.2)
             {
-                core.workers.report_lost_write(
-                    scope,
-                    &op,
-                    "model.stream",
-                    "cursor",
-                    &e.to_string(),
-                );
+                workers.report_lost_write(scope, &op, "model.stream", "cursor", &e.to_string());
             }
             if !canary {
                 let add = EgressAccounting {
@@ -461,13 +443,13 @@ impl Core {
                     bytes_out,
                     gateway_tool_calls: 0,
                 };
-                if let Err(e) = core.store.add_environment_egress(&env, add) {
+                if let Err(e) = workers.store.add_environment_egress(&env, add) {
                     tracing::warn!(%env, error = %e, "could not account a model request");
                 }
             }
             // The worker's acknowledgements move the sender's window: the call stays until the
             // worker has the whole answer (a worker that comes back later gets the cache).
-            let mut models = lock(&core.workers.models);
+            let mut models = lock(&workers.models);
             // One of the call's locks at a time: the sender takes `events` then `acked`, and
             // holding `acked` while waiting for `events` here deadlocked against it.
             let acked = *lock(&call.acked);
@@ -475,6 +457,41 @@ impl Core {
                 models.remove(&key);
             }
         });
+    }
+
+    pub(super) fn model_ack(&self, session: &SessionId, epoch: u64, seq: u64, received: u64) {
+        let key = (session.clone(), epoch, seq);
+        let mut models = lock(&self.models);
+        let Some(call) = models.get(&key).cloned() else {
+            return;
+        };
+        let acked = {
+            let mut acked = lock(&call.acked);
+            *acked = (*acked).max(received);
+            *acked
+        };
+        call.changed.notify_waiters();
+        if call.finished() && acked >= lock(&call.events).len() as u64 {
+            models.remove(&key);
+        }
+    }
+
+    pub(super) fn model_cancel(&self, session: &SessionId, epoch: u64, seq: u64) {
+        if let Some(call) = lock(&self.models).get(&(session.clone(), epoch, seq)) {
+            call.cancel.cancel();
+        }
+    }
+
+    /// Cancels every provider call of a session (its run was cancelled or its owner fenced).
+    pub(crate) fn cancel_model_calls(&self, session: &SessionId) {
+        let mut models = lock(&self.models);
+        for ((s, _, _), call) in models.iter() {
+            if s == session {
+                call.cancel.cancel();
+            }
+        }
+        // Finished calls are in the cache; a fenced worker has nothing more to receive.
+        models.retain(|(s, _, _), call| s != session || !call.finished());
     }
 }
 
@@ -546,42 +563,4 @@ fn check_request(
 pub(super) fn request_hash(request: &ModelRequest) -> String {
     let json = serde_json::to_vec(request).unwrap_or_default();
     blake3::hash(&json).to_hex().to_string()
-}
-
-/// The parts of this file that need only the worker side's own handles.
-impl super::WorkerSide {
-    pub(super) fn model_ack(&self, session: &SessionId, epoch: u64, seq: u64, received: u64) {
-        let key = (session.clone(), epoch, seq);
-        let mut models = lock(&self.models);
-        let Some(call) = models.get(&key).cloned() else {
-            return;
-        };
-        let acked = {
-            let mut acked = lock(&call.acked);
-            *acked = (*acked).max(received);
-            *acked
-        };
-        call.changed.notify_waiters();
-        if call.finished() && acked >= lock(&call.events).len() as u64 {
-            models.remove(&key);
-        }
-    }
-
-    pub(super) fn model_cancel(&self, session: &SessionId, epoch: u64, seq: u64) {
-        if let Some(call) = lock(&self.models).get(&(session.clone(), epoch, seq)) {
-            call.cancel.cancel();
-        }
-    }
-
-    /// Cancels every provider call of a session (its run was cancelled or its owner fenced).
-    pub(crate) fn cancel_model_calls(&self, session: &SessionId) {
-        let mut models = lock(&self.models);
-        for ((s, _, _), call) in models.iter() {
-            if s == session {
-                call.cancel.cancel();
-            }
-        }
-        // Finished calls are in the cache; a fenced worker has nothing more to receive.
-        models.retain(|(s, _, _), call| s != session || !call.finished());
-    }
 }

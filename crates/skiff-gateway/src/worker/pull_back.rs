@@ -18,11 +18,9 @@
 
 use super::handoff::BarrierStep;
 use super::park::stop_worker_script;
-use crate::Core;
 use crate::error::Result;
 use futures_util::StreamExt;
 use serde_json::json;
-use skiff_protocol::api::PlacementMove;
 use skiff_protocol::environment::PlacementState;
 use skiff_protocol::{RunId, SessionId};
 use skiff_store::{PlacementChange, PlacementRow, Scope};
@@ -41,10 +39,7 @@ struct Held {
     _placing: OwnedMutexGuard<()>,
 }
 
-// Kept on the core: a pull-back cancels the run and captures the box's work (checkpoints,
-// quarantine), a dispatch places a worker (`ensure_worker`), and both answer with the
-// session's view.
-impl Core {
+impl super::WorkerSide {
     /// `POST /v1/sessions/{id}/pull-back`: brings a worker session home. A session with a
     /// turn open is refused unless `cancel`, which cancels the turn and waits for its end.
     pub(crate) async fn pull_back(
@@ -53,20 +48,20 @@ impl Core {
         id: &SessionId,
         cancel: bool,
         live_move: bool,
-    ) -> Result<PlacementMove> {
+    ) -> Result<Moved> {
         if cancel && live_move {
             return Err(crate::Error::BadRequest(
                 "cancel and live exclude each other: --cancel ends the running turn, --live moves it".into(),
             ));
         }
         self.store.session(scope, id)?;
-        let live = self.workers.live(id);
+        let live = self.live(id);
         let admission = live.admission.clone().lock_owned().await;
         if let Some(run) = self.store.open_run(scope, id)? {
             if live_move {
-                let moved = self.workers.claim_live_pull_back(scope, id, &run);
+                let moved = self.claim_live_pull_back(scope, id, &run);
                 drop(admission);
-                return self.placement_move(scope, id, moved?);
+                return moved;
             }
             if !cancel {
                 return Err(skiff_store::Error::SessionBusy {
@@ -76,8 +71,7 @@ impl Core {
                 .into());
             }
             // The barrier's step 3, before the cancel: what waits is told why.
-            self.workers
-                .revoke_approvals(scope, id, "the session is pulled back to the gateway");
+            self.revoke_approvals(scope, id, "the session is pulled back to the gateway");
             self.cancel_and_wait(scope, id, &run.id).await?;
         }
         // Taken after the turn ended: a turn being placed holds it until it stops.
@@ -105,12 +99,10 @@ impl Core {
                     "pulled back from {} (no box held it): the session runs on the gateway from now on",
                     p.state
                 );
-                let cursor = self
-                    .workers
-                    .announce(scope, id, PlacementState::Local, None, &detail);
-                self.workers.audit_pull_back(scope, &p, "home", None);
+                let cursor = self.announce(scope, id, PlacementState::Local, None, &detail);
+                self.audit_pull_back(scope, &p, "home", None);
                 // From the announced step on.
-                self.moved(scope, id, detail, cursor.saturating_sub(1))
+                Self::moved(detail, cursor.saturating_sub(1))
             }
             PlacementState::Active => {
                 let before = self.store.claim_pull_back(scope, id)?;
@@ -120,25 +112,20 @@ impl Core {
                     before.owner_epoch,
                     env.as_ref().map_or("its box".into(), |e| e.to_string())
                 );
-                let cursor = self.workers.announce(
-                    scope,
-                    id,
-                    PlacementState::Draining,
-                    env.clone(),
-                    &detail,
-                );
+                let cursor =
+                    self.announce(scope, id, PlacementState::Draining, env.clone(), &detail);
                 let held = Held {
                     _admission: Some(admission),
                     _placing: placing,
                 };
-                let core = self.clone();
+                let workers = self.clone();
                 let (scope2, id2) = (scope.clone(), id.clone());
                 tokio::spawn(async move {
-                    core.barrier(&scope2, &id2, before).await;
+                    workers.barrier(&scope2, &id2, before).await;
                     drop(held);
                 });
                 // From the announced step on.
-                self.moved(scope, id, detail, cursor.saturating_sub(1))
+                Self::moved(detail, cursor.saturating_sub(1))
             }
             other => Err(crate::Error::Conflict(format!(
                 "session {id} is {other} (its worker is being placed or repaired); pull it back once it is active"
@@ -152,28 +139,21 @@ impl Core {
     async fn barrier(self: &Arc<Self>, scope: &Scope, id: &SessionId, before: PlacementRow) {
         let started = std::time::Instant::now();
         let epoch = before.owner_epoch;
-        let live = self.workers.live(id);
-        self.workers
-            .strike_now(scope, id, BarrierStep::Drained)
-            .await;
+        let live = self.live(id);
+        self.strike_now(scope, id, BarrierStep::Drained).await;
         live.stop_epoch(epoch, "the session is pulled back to the gateway");
-        self.workers.cancel_model_calls(id);
-        self.workers
-            .revoke_approvals(scope, id, "the session is pulled back to the gateway");
-        let env_row = self.workers.placement_env(scope, &before).ok();
+        self.cancel_model_calls(id);
+        self.revoke_approvals(scope, id, "the session is pulled back to the gateway");
+        let env_row = self.placement_env(scope, &before).ok();
         let stopped = match &env_row {
-            Some(env) => {
-                self.workers
-                    .stop_worker_on_box(env, before.worker_pid)
-                    .await
-            }
+            Some(env) => self.stop_worker_on_box(env, before.worker_pid).await,
             None => Err("the session names no box".to_owned()),
         };
         let how = match &stopped {
             Ok(()) => "stopped, with the commands its tools started".to_owned(),
             Err(e) => format!("could not be confirmed stopped ({e})"),
         };
-        let fenced = self.workers.place(
+        let fenced = self.place(
             scope,
             id,
             PlacementState::Draining,
@@ -187,7 +167,7 @@ impl Core {
             ),
         );
         if let Err(e) = fenced {
-            self.workers.pull_back_stopped(
+            self.pull_back_stopped(
                 scope,
                 id,
                 &before,
@@ -195,12 +175,10 @@ impl Core {
             );
             return;
         }
-        self.workers
-            .strike_now(scope, id, BarrierStep::Fenced)
-            .await;
+        self.strike_now(scope, id, BarrierStep::Fenced).await;
         let mut reconciled = false;
         if !before.box_in_step {
-            let step = self.workers.place(
+            let step = self.place(
                 scope,
                 id,
                 PlacementState::Reconciling,
@@ -208,38 +186,32 @@ impl Core {
                 "the box holds work the gateway does not have yet; bringing it back",
             );
             if let Err(e) = step {
-                self.workers
-                    .pull_back_stopped(scope, id, &before, &e.to_string());
+                self.pull_back_stopped(scope, id, &before, &e.to_string());
                 return;
             }
             if let Err(e) = self.capture_box_work(scope, id).await {
                 let why = format!("the box's work could not be brought back: {e}");
-                self.workers.pull_back_stopped(scope, id, &before, &why);
+                self.pull_back_stopped(scope, id, &before, &why);
                 return;
             }
             reconciled = true;
         }
-        self.workers
-            .strike_now(scope, id, BarrierStep::Reconciled)
-            .await;
+        self.strike_now(scope, id, BarrierStep::Reconciled).await;
         let was = match self.store.come_home(scope, id) {
             Ok(was) => was,
             Err(e) => {
-                self.workers
-                    .pull_back_stopped(scope, id, &before, &e.to_string());
+                self.pull_back_stopped(scope, id, &before, &e.to_string());
                 return;
             }
         };
-        let (pooled, the_box, work) = self.workers.box_home(scope, id, &was, reconciled).await;
+        let (pooled, the_box, work) = self.box_home(scope, id, &was, reconciled).await;
         let detail = format!(
             "home in {:.1} s: the session runs on the gateway from now on; {work}; {the_box}",
             started.elapsed().as_secs_f64()
         );
-        self.workers
-            .announce(scope, id, PlacementState::Local, None, &detail);
+        self.announce(scope, id, PlacementState::Local, None, &detail);
         let box_state = pooled.map(|pooled| if pooled { "idle" } else { "destroyed" });
-        self.workers
-            .audit_pull_back(scope, &before, "home", box_state);
+        self.audit_pull_back(scope, &before, "home", box_state);
     }
 
     /// Cancels the session's open run (the usual cancel) and waits until it has ended.
@@ -281,9 +253,9 @@ impl Core {
         id: &SessionId,
         profile: &str,
         live_move: bool,
-    ) -> Result<PlacementMove> {
+    ) -> Result<Moved> {
         let session = self.store.session(scope, id)?;
-        let live = self.workers.live(id);
+        let live = self.live(id);
         let admission = live.admission.clone().lock_owned().await;
         let placement = self.store.placement(scope, id)?;
         if live_move
@@ -292,12 +264,9 @@ impl Core {
                 .is_none_or(|p| p.state == PlacementState::Local)
             && let Some(run) = self.store.open_run(scope, id)?
         {
-            let moved = self
-                .workers
-                .claim_live_dispatch(scope, id, &run, profile)
-                .await;
+            let moved = self.claim_live_dispatch(scope, id, &run, profile).await;
             drop(admission);
-            return self.placement_move(scope, id, moved?);
+            return moved;
         }
         if let Some(p) = self.store.placement(scope, id)?
             && !matches!(
@@ -318,12 +287,10 @@ impl Core {
             }
             return Err(moving_profiles(id, &p.profile, profile));
         }
-        self.workers.claim_dispatch(scope, id, profile).await?;
+        self.claim_dispatch(scope, id, profile).await?;
         let detail =
             format!("dispatching to profile {profile}: placing the session now, without a turn");
-        let cursor = self
-            .workers
-            .announce(scope, id, PlacementState::Requested, None, &detail);
+        let cursor = self.announce(scope, id, PlacementState::Requested, None, &detail);
         // No turn drives this placement: the dispatch does, holding `placing` so a turn sent
         // meanwhile waits for the worker it starts. Admission is free again once it is held.
         let held = Held {
@@ -331,30 +298,32 @@ impl Core {
             _placing: live.placing.clone().lock_owned().await,
         };
         drop(admission);
-        let core = self.clone();
+        let workers = self.clone();
         let scope2 = scope.clone();
         tokio::spawn(async move {
             let cancel = CancellationToken::new();
-            core.workers
+            workers
                 .strike_now(&scope2, &session.id, BarrierStep::Drained)
                 .await;
-            let placed = core.ensure_worker_locked(&scope2, &session, &cancel).await;
+            let placed = workers
+                .ensure_worker_locked(&scope2, &session, &cancel)
+                .await;
             if placed.is_ok() {
-                core.workers
+                workers
                     .strike_now(&scope2, &session.id, BarrierStep::Fenced)
                     .await;
             }
             if let Err(e) = placed {
                 // Most failures recorded the placement `failed` already; one before the first
                 // step did not, and a follower waits for a settled state.
-                match core.store.placement(&scope2, &session.id) {
+                match workers.store.placement(&scope2, &session.id) {
                     Ok(Some(p))
                         if !matches!(
                             p.state,
                             PlacementState::Failed | PlacementState::Reclaimed
                         ) =>
                     {
-                        core.workers
+                        workers
                             .fail_placement(&scope2, &p, e, "the dispatch failed")
                             .await;
                     }
@@ -366,85 +335,41 @@ impl Core {
             }
             drop(held);
         });
-        self.moved(
-            scope,
-            id,
+        Self::moved(
             format!("placing session {id} on profile {profile}"),
             cursor.saturating_sub(1),
         )
     }
 
-    /// A move the worker side answered, with the session's view as it is now.
-    pub(super) fn placement_move(
-        &self,
-        scope: &Scope,
-        id: &SessionId,
-        m: Moved,
-    ) -> Result<PlacementMove> {
-        let row = self.store.session(scope, id)?;
-        Ok(PlacementMove {
-            session: self.session_view(scope, row)?,
-            moved: m.moved,
-            message: m.message,
-            after_cursor: m.after_cursor,
-        })
-    }
-
-    /// The answer to a move that started: the session as it is now, and the cursor after which
-    /// the client follows the move's placement events.
-    pub(super) fn moved(
-        &self,
-        scope: &Scope,
-        id: &SessionId,
-        message: String,
-        after_cursor: u64,
-    ) -> Result<PlacementMove> {
-        let row = self.store.session(scope, id)?;
-        Ok(PlacementMove {
-            session: self.session_view(scope, row)?,
+    /// The answer to a move that started: what it does, and the cursor after which the
+    /// client follows the move's placement events.
+    fn moved(message: String, after_cursor: u64) -> Result<Moved> {
+        Ok(Moved {
             moved: true,
             message,
             after_cursor,
         })
     }
 
-    fn unmoved(&self, scope: &Scope, id: &SessionId, message: String) -> Result<PlacementMove> {
-        let row = self.store.session(scope, id)?;
-        Ok(PlacementMove {
-            session: self.session_view(scope, row)?,
+    /// The answer to a move that was not needed: why, and the session's cursor now.
+    fn unmoved(&self, scope: &Scope, id: &SessionId, message: String) -> Result<Moved> {
+        Ok(Moved {
             moved: false,
             message,
             after_cursor: self.store.last_event_cursor(scope, id)?,
         })
     }
-}
 
-/// A move as the worker side answers it: whether it started, what it does, and the cursor
-/// after which its placement events follow. The API adds the session's view.
-pub(crate) struct Moved {
-    pub(crate) moved: bool,
-    pub(crate) message: String,
-    pub(crate) after_cursor: u64,
-}
-
-/// A session on a box moves to another profile by coming home first.
-pub(crate) fn moving_profiles(id: &SessionId, from: &str, to: &str) -> crate::error::Error {
-    crate::Error::Conflict(format!(
-        "session {id} runs on profile `{from}`; bring it home first (`skiff session pull-back {id}`), then dispatch it to `{to}`"
-    ))
-}
-
-/// The parts of this file that need only the worker side's own handles.
-impl super::WorkerSide {
     /// Places a session on `profile` at a turn boundary (its caller holds `admission`): no
     /// turn may be open, and a worker slot is claimed (parking a session idle on its box if
-    /// that is what it takes). The placement is `requested` afterwards.
+    /// that is what it takes). Answers the placement, `requested`; the caller says why to
+    /// the session's followers.
     pub(crate) async fn claim_dispatch(
         &self,
         scope: &Scope,
         id: &SessionId,
         profile: &str,
-    ) -> Result<()> {
+    ) -> Result<PlacementRow> {
         self.check_profile(profile)?;
         if let Some(run) = self.store.open_run(scope, id)? {
             return Err(skiff_store::Error::SessionBusy {
@@ -453,7 +378,8 @@ impl super::WorkerSide {
             }
             .into());
         }
-        self.claim_worker_slot(|max| self.store.request_placement(scope, id, profile, max))
+        let row = self
+            .claim_worker_slot(|max| self.store.request_placement(scope, id, profile, max))
             .await?;
         self.revoke_approvals(
             scope,
@@ -467,7 +393,7 @@ impl super::WorkerSide {
             "allowed",
             json!({ "profile": profile }),
         );
-        Ok(())
+        Ok(row)
     }
 
     /// Gives back the box a session came home from (`was`, as `come_home` left it), and says
@@ -572,4 +498,19 @@ impl super::WorkerSide {
         self.audit_pull_back(scope, before, "stopped", None);
         tracing::warn!(session = %id, why, "pull-back stopped");
     }
+}
+
+/// A move as the worker side answers it: whether it started, what it does, and the cursor
+/// after which its placement events follow. The API adds the session's view.
+pub(crate) struct Moved {
+    pub(crate) moved: bool,
+    pub(crate) message: String,
+    pub(crate) after_cursor: u64,
+}
+
+/// A session on a box moves to another profile by coming home first.
+pub(crate) fn moving_profiles(id: &SessionId, from: &str, to: &str) -> crate::error::Error {
+    crate::Error::Conflict(format!(
+        "session {id} runs on profile `{from}`; bring it home first (`skiff session pull-back {id}`), then dispatch it to `{to}`"
+    ))
 }

@@ -5,7 +5,6 @@
 
 use super::lock;
 use super::place::{RECONNECT_GRACE, RECOVERY_DEADLINE, wait_connected};
-use crate::Core;
 use crate::error::Result;
 use serde_json::json;
 use skiff_protocol::api::RunStatus;
@@ -26,9 +25,7 @@ const REPLACE_BACKOFF: Duration = Duration::from_secs(1);
 /// bytes each).
 const SCAN_MAX_BYTES: u64 = 128 << 20;
 
-// Kept on the core: recovery hands turns over again (the session's spec and catalog), starts
-// workers (`start_worker`), takes checkpoints and reconciles the workspace.
-impl Core {
+impl super::WorkerSide {
     /// After a worker is admitted: a reconnecting worker gets its turn again; a session whose
     /// turn was orphaned by a gateway restart gets it retried as a new turn.
     pub(super) async fn after_admission(self: &Arc<Self>, a: &super::endpoint::Admitted) {
@@ -89,20 +86,20 @@ impl Core {
         session: &SessionId,
         epoch: u64,
     ) {
-        let live = self.workers.live(session);
+        let live = self.live(session);
         if !live.begin_recovery() {
             return;
         }
-        let core = self.clone();
+        let workers = self.clone();
         let (scope, session) = (scope.clone(), session.clone());
         tokio::spawn(async move {
-            core.recover(&scope, &session, epoch).await;
-            core.workers.live(&session).end_recovery();
+            workers.recover(&scope, &session, epoch).await;
+            workers.live(&session).end_recovery();
         });
     }
 
     async fn recover(self: &Arc<Self>, scope: &Scope, session: &SessionId, epoch: u64) {
-        let live = self.workers.live(session);
+        let live = self.live(session);
         let started = std::time::Instant::now();
         let cancel = CancellationToken::new();
         loop {
@@ -120,19 +117,18 @@ impl Core {
             {
                 return;
             }
-            let Ok(env) = self.workers.placement_env(scope, &p) else {
+            let Ok(env) = self.placement_env(scope, &p) else {
                 return;
             };
             let Ok(ssh) = self.envs.ssh(&env) else {
                 return;
             };
             let _ = self.open_worker_endpoint(&env.id);
-            match self.workers.open_tunnel(&env, &ssh, &cancel).await {
+            match self.open_tunnel(&env, &ssh, &cancel).await {
                 Ok(_) => {}
                 Err(e) => {
                     if !self.envs.box_alive(&env).await || started.elapsed() > RECOVERY_DEADLINE {
-                        self.workers
-                            .reclaim(scope, session, &format!("its box cannot be reached: {e}"))
+                        self.reclaim(scope, session, &format!("its box cannot be reached: {e}"))
                             .await;
                         return;
                     }
@@ -169,8 +165,7 @@ impl Core {
                 }
                 Err(e) => {
                     if !self.envs.box_alive(&env).await {
-                        self.workers
-                            .reclaim(scope, session, &format!("its box stopped: {e}"))
+                        self.reclaim(scope, session, &format!("its box stopped: {e}"))
                             .await;
                         return;
                     }
@@ -200,8 +195,7 @@ impl Core {
             tracing::warn!(%session, attempt, error = %last, "a replacement worker did not start");
             let answers = ssh.run("true", &CancellationToken::new()).await.is_ok();
             if !answers && !self.envs.box_alive(env).await {
-                self.workers
-                    .reclaim(scope, session, &format!("its box stopped: {last}"))
+                self.reclaim(scope, session, &format!("its box stopped: {last}"))
                     .await;
                 return;
             }
@@ -209,7 +203,7 @@ impl Core {
                 break;
             }
             // Still the session's, still on this box: say so, and try again.
-            if let Err(e) = self.workers.place(
+            if let Err(e) = self.place(
                 scope,
                 session,
                 PlacementState::Starting,
@@ -231,7 +225,7 @@ impl Core {
             Ok(()) => "its work was brought back first".to_owned(),
             Err(e) => format!("bringing its work back failed too: {e}"),
         };
-        self.workers.reclaim(
+        self.reclaim(
             scope,
             session,
             &format!("no new worker could start after {REPLACE_ATTEMPTS} attempts on a box that still answers ({last}); {captured}"),
@@ -247,7 +241,7 @@ impl Core {
             .store
             .placement(scope, session)?
             .ok_or_else(|| crate::Error::Conflict(format!("session {session} has no placement")))?;
-        let env = self.workers.placement_env(scope, &p)?;
+        let env = self.placement_env(scope, &p)?;
         let ssh = self.envs.ssh(&env)?;
         let bundle = p
             .bundle_hash
@@ -258,7 +252,6 @@ impl Core {
         // manifest of the sync limits can be, never through a capped command output.
         let remote = skiff_sync::Remote::new(ssh, &super::place::box_workspace(session))?;
         let listing = self
-            .state
             .tmp()
             .join(format!("scan-{}.json", skiff_store::mint()?));
         let fetched = remote
@@ -317,7 +310,7 @@ impl Core {
     async fn replace_worker(self: &Arc<Self>, scope: &Scope, session: &SessionId) -> Result<()> {
         // One driver of the placement at a time: a turn's `ensure_worker` may be replacing the
         // same lost worker, and two replacements would fence each other's worker mid-step.
-        let live = self.workers.live(session);
+        let live = self.live(session);
         let placing = live.placing.clone();
         let _placing = placing.lock_owned().await;
         let before = self
@@ -330,8 +323,8 @@ impl Core {
             // Replaced meanwhile by that other driver, and its worker is connected.
             return Ok(());
         }
-        self.workers.stop_before_fencing(scope, &before).await;
-        let p = self.workers.place(
+        self.stop_before_fencing(scope, &before).await;
+        let p = self.place(
             scope,
             session,
             PlacementState::Starting,
@@ -341,7 +334,7 @@ impl Core {
             },
             "the worker stopped; starting a new one (the old one is fenced)",
         )?;
-        self.workers.cancel_model_calls(session);
+        self.cancel_model_calls(session);
         self.audit(
             scope,
             "worker.replace",
@@ -375,7 +368,7 @@ impl Core {
                             }
                             _ => "the gateway restarted during reconciliation",
                         };
-                        self.workers.place(
+                        self.place(
                             &p.scope,
                             &p.session_id,
                             PlacementState::Active,
@@ -388,7 +381,6 @@ impl Core {
                         // The worker's proxy variables name this port; serve it again.
                         if let Ok(row) = self.store.environment(&p.scope, env)
                             && let Err(e) = self
-                                .workers
                                 .open_egress(
                                     &row,
                                     &p.profile,
@@ -404,7 +396,7 @@ impl Core {
                 }
                 _ => {
                     let why = "the gateway restarted while placing this session; send a message to try again";
-                    self.workers.place(
+                    self.place(
                         &p.scope,
                         &p.session_id,
                         PlacementState::Failed,
@@ -421,25 +413,7 @@ impl Core {
         // recording it, or mid-sync above) are given up, never renewed for ever.
         self.envs.release_unowned_on_start().await
     }
-}
 
-impl super::Live {
-    fn begin_recovery(&self) -> bool {
-        let mut r = lock(&self.recovering);
-        if *r {
-            return false;
-        }
-        *r = true;
-        true
-    }
-
-    fn end_recovery(&self) {
-        *lock(&self.recovering) = false;
-    }
-}
-
-/// The parts of this file that need only the worker side's own handles.
-impl super::WorkerSide {
     /// The failover of a run whose box died under it: `reclaimed → failed_over` (the dead
     /// box forgotten, a worker slot held again), a placement event that names the box, why it
     /// was given up and where the new attempt starts from. The new attempt's placement then
@@ -548,10 +522,7 @@ impl super::WorkerSide {
             "The worker box {env} stopped ({reason}). The conversation is intact. {lost} Your next message starts a fresh box from {since}."
         )
     }
-}
 
-/// Reclaiming a dead box's session needs only the worker side's own handles.
-impl super::WorkerSide {
     /// The session's box is gone: keep the conversation, mark the placement reclaimed, tell
     /// the user what was lost, and end the turn that was running there.
     pub(crate) async fn reclaim(&self, scope: &Scope, session: &SessionId, reason: &str) {
@@ -608,5 +579,20 @@ impl super::WorkerSide {
         if let Some(env) = env {
             self.envs.abandon(scope, &env, reason).await;
         }
+    }
+}
+
+impl super::Live {
+    fn begin_recovery(&self) -> bool {
+        let mut r = lock(&self.recovering);
+        if *r {
+            return false;
+        }
+        *r = true;
+        true
+    }
+
+    fn end_recovery(&self) {
+        *lock(&self.recovering) = false;
     }
 }

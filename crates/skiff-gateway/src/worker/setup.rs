@@ -9,7 +9,6 @@
 //! the session stays usable and the next message places it again.
 
 use super::place::box_workspace;
-use crate::Core;
 use crate::error::Result;
 use serde_json::json;
 use skiff_protocol::SessionId;
@@ -128,9 +127,8 @@ impl SetupOutcome {
     }
 }
 
-// Kept on the core: setup reads vault secrets and keeps its log among the artifacts.
-impl Core {
-    /// Whether [`Core::setup_plan`] must wait for the session's worktree to be filled: it
+impl super::WorkerSide {
+    /// Whether [`WorkerSide::setup_plan`](super::WorkerSide::setup_plan) must wait for the session's worktree to be filled: it
     /// reads the workspace's `.skiff/` (the setup and maintenance scripts) and the key files
     /// a setup names. While a fill is under way, a profile without a `setup` whose workspace
     /// gets no `.skiff` (neither from the tree the fill writes nor, already there, from a
@@ -223,11 +221,11 @@ impl Core {
         plan: &SetupPlan,
         cancel: &CancellationToken,
     ) -> Result<SetupOutcome> {
-        let env = self.workers.placement_env(scope, p)?;
+        let env = self.placement_env(scope, p)?;
         let ssh = self.envs.ssh(&env)?;
         let session = &p.session_id;
-        let log_path = self.state.tmp().join(format!("setup-{session}.log"));
-        std::fs::create_dir_all(self.state.tmp())
+        let log_path = self.tmp().join(format!("setup-{session}.log"));
+        std::fs::create_dir_all(self.tmp())
             .map_err(|e| crate::Error::Internal(format!("cannot make the setup log: {e}")))?;
         let (tee, chunks) = mpsc::unbounded_channel();
         let secrets: Vec<_> = plan.secrets.clone();
@@ -244,16 +242,14 @@ impl Core {
             tee,
             cancel,
         );
-        let publish = self
-            .workers
-            .publish_setup_output(scope, session, chunks, collector);
+        let publish = self.publish_setup_output(scope, session, chunks, collector);
         let (result, collector) = tokio::join!(run, publish);
         let duration = started.elapsed();
         let mut collector = collector?;
         // Refusals said once more at the end, with the key to change: a tool's own retry
         // messages rarely show the proxy's answer.
         let key = format!("profiles.{}.egress.setup", p.profile);
-        for c in self.workers.egress_counters(&env.id) {
+        for c in self.egress_counters(&env.id) {
             if c.phase == crate::egress::Phase::Setup && c.refused > 0 {
                 collector.note(&format!(
                     "[skiff] the egress proxy refused {} request(s) to {}: to allow it, add \"{}\" to {key}",
@@ -361,6 +357,47 @@ impl Core {
             duration_ms: meta("duration_ms").as_u64().unwrap_or_default(),
             text: String::from_utf8_lossy(&bytes).into_owned(),
         })
+    }
+
+    /// Publishes setup output in chunks as it arrives, until the command's output ends.
+    async fn publish_setup_output(
+        &self,
+        scope: &Scope,
+        session: &SessionId,
+        mut chunks: mpsc::UnboundedReceiver<Vec<u8>>,
+        mut collector: Collector,
+    ) -> Result<Collector> {
+        let run = self
+            .store
+            .open_run(scope, session)
+            .ok()
+            .flatten()
+            .map(|r| r.id);
+        let mut last = Instant::now();
+        loop {
+            let chunk = tokio::time::timeout(PUBLISH_EVERY, chunks.recv()).await;
+            let ended = matches!(chunk, Ok(None));
+            if let Ok(Some(bytes)) = chunk {
+                collector.push(&bytes)?;
+            }
+            if ended {
+                collector.finish()?;
+            }
+            if ended || last.elapsed() >= PUBLISH_EVERY || collector.pending.len() >= CHUNK {
+                if let Some(text) = collector.take_live() {
+                    let _ = self.hub.publish(
+                        scope,
+                        session,
+                        run.as_ref(),
+                        EventKind::SetupOutput { text },
+                    );
+                }
+                last = Instant::now();
+            }
+            if ended {
+                return Ok(collector);
+            }
+        }
     }
 }
 
@@ -525,50 +562,6 @@ impl Collector {
             out.push('\n');
         }
         out
-    }
-}
-
-/// The parts of this file that need only the worker side's own handles.
-impl super::WorkerSide {
-    /// Publishes setup output in chunks as it arrives, until the command's output ends.
-    async fn publish_setup_output(
-        &self,
-        scope: &Scope,
-        session: &SessionId,
-        mut chunks: mpsc::UnboundedReceiver<Vec<u8>>,
-        mut collector: Collector,
-    ) -> Result<Collector> {
-        let run = self
-            .store
-            .open_run(scope, session)
-            .ok()
-            .flatten()
-            .map(|r| r.id);
-        let mut last = Instant::now();
-        loop {
-            let chunk = tokio::time::timeout(PUBLISH_EVERY, chunks.recv()).await;
-            let ended = matches!(chunk, Ok(None));
-            if let Ok(Some(bytes)) = chunk {
-                collector.push(&bytes)?;
-            }
-            if ended {
-                collector.finish()?;
-            }
-            if ended || last.elapsed() >= PUBLISH_EVERY || collector.pending.len() >= CHUNK {
-                if let Some(text) = collector.take_live() {
-                    let _ = self.hub.publish(
-                        scope,
-                        session,
-                        run.as_ref(),
-                        EventKind::SetupOutput { text },
-                    );
-                }
-                last = Instant::now();
-            }
-            if ended {
-                return Ok(collector);
-            }
-        }
     }
 }
 

@@ -162,7 +162,7 @@ impl Harness {
     /// before `on_call` returns or by a task it spawned; the channel says when.
     async fn call(&mut self, stream: StreamKind, seq: u64, call: Call) -> anyhow::Result<Reply> {
         let op = self.op(stream, seq);
-        self.core.on_call(&self.a, op, call).await;
+        self.core.workers.on_call(&self.a, op, call).await;
         loop {
             match next_frame(&mut self.frames).await? {
                 GatewayFrame::Reply { seq: s, reply, .. } if s == seq => return Ok(reply),
@@ -370,7 +370,10 @@ async fn a_corrupt_cached_model_answer_ends_the_workers_wait_with_an_error() {
         h.a.claims.owner_epoch
     ))
     .unwrap();
-    h.core.on_call(&h.a, h.op(StreamKind::Model, 1), call).await;
+    h.core
+        .workers
+        .on_call(&h.a, h.op(StreamKind::Model, 1), call)
+        .await;
     let events = h.frames.try_recv();
     let Ok(GatewayFrame::Model { events, .. }) = events else {
         panic!("the worker got no answer: {events:?}");
@@ -387,6 +390,7 @@ async fn a_model_cache_that_cannot_be_read_does_not_ask_the_provider_again() {
     h.sql("ALTER TABLE worker_ops RENAME TO worker_ops_unreadable")
         .unwrap();
     h.core
+        .workers
         .on_call(&h.a, h.op(StreamKind::Model, 1), model_call().unwrap())
         .await;
     let events = model_frame(&mut h, 1).await.unwrap();
@@ -407,6 +411,7 @@ async fn an_event_whose_cursor_cannot_be_read_is_neither_applied_nor_acknowledge
         },
     };
     h.core
+        .workers
         .on_call(&h.a, h.op(StreamKind::Events, 1), event)
         .await;
     assert_eq!(
@@ -496,6 +501,7 @@ async fn an_event_that_cannot_be_stored_is_not_acknowledged_and_the_worker_recon
         },
     };
     h.core
+        .workers
         .on_call(&h.a, h.op(StreamKind::Events, 1), event.clone())
         .await;
     assert_eq!(
@@ -508,6 +514,7 @@ async fn an_event_that_cannot_be_stored_is_not_acknowledged_and_the_worker_recon
     // Sent again once the database is back, it is stored and acknowledged.
     h.sql("DROP TRIGGER no_events").unwrap();
     h.core
+        .workers
         .on_call(&h.a, h.op(StreamKind::Events, 1), event)
         .await;
     assert_eq!(*super::lock(&h.a.pending_ack), Some(1));
@@ -538,7 +545,7 @@ async fn a_worker_on_the_endpoint_socket_is_admitted_handed_its_turn_and_answere
     claims.bundle_hash = build.clone();
     claims.worker_key = host_key.into();
     claims.credential_id = skiff_store::mint().unwrap();
-    h.core.open_worker_endpoint(&env).unwrap();
+    h.core.workers.open_worker_endpoint(&env).unwrap();
 
     let stream = tokio::net::UnixStream::connect(h.core.workers.socket_path(&env))
         .await
@@ -627,7 +634,12 @@ async fn a_worker_whose_sessions_owner_was_removed_is_refused_and_the_refusal_au
         credential: h.core.workers.signer.sign(&claims),
     };
     let (gateway_end, worker_end) = tokio::net::UnixStream::pair().unwrap();
-    let serving = tokio::spawn(h.core.clone().serve_worker(env.clone(), gateway_end));
+    let serving = tokio::spawn(
+        h.core
+            .workers
+            .clone()
+            .serve_worker(env.clone(), gateway_end),
+    );
     let (read, mut write) = worker_end.into_split();
     let mut read = tokio::io::BufReader::new(read);
     skiff_wire::write_frame(&mut write, &hello).await.unwrap();
@@ -766,7 +778,7 @@ async fn a_worker_whose_next_step_cannot_be_read_is_sent_away_to_reconnect() {
     let (tx, mut frames) = mpsc::unbounded_channel();
     let closed = live.connect(h.a.conn_id, h.a.claims.owner_epoch, tx);
     h.sql("ALTER TABLE runs RENAME TO runs_unreadable").unwrap();
-    h.core.after_admission(&h.a).await;
+    h.core.workers.after_admission(&h.a).await;
     assert!(closed.is_cancelled(), "the worker was left waiting");
     assert!(
         frames.try_recv().is_err(),
@@ -785,7 +797,7 @@ async fn a_worker_whose_next_step_cannot_be_read_is_sent_away_to_reconnect() {
     h.sql("ALTER TABLE runs_unreadable RENAME TO runs").unwrap();
     let (tx, mut frames) = mpsc::unbounded_channel();
     let _closed = live.connect(h.a.conn_id, h.a.claims.owner_epoch, tx);
-    h.core.after_admission(&h.a).await;
+    h.core.workers.after_admission(&h.a).await;
     let turn = next_frame(&mut frames).await.unwrap();
     assert!(
         matches!(&turn, GatewayFrame::Turn { turn } if turn.run_id == h.run),
@@ -832,6 +844,7 @@ async fn a_worker_cannot_choose_how_hard_the_model_thinks() {
         call
     };
     h.core
+        .workers
         .on_call(
             &h.a,
             h.op(StreamKind::Model, 1),
@@ -851,6 +864,7 @@ async fn a_worker_cannot_choose_how_hard_the_model_thinks() {
         .set_session_reasoning(&h.a.scope, &session, Some("high"))
         .unwrap();
     h.core
+        .workers
         .on_call(
             &h.a,
             h.op(StreamKind::Model, 2),
@@ -874,6 +888,7 @@ async fn a_worker_sessions_model_call_past_its_profiles_budget_is_refused_before
     .unwrap();
     // The first call has the whole budget.
     h.core
+        .workers
         .on_call(&h.a, h.op(StreamKind::Model, 1), model_call().unwrap())
         .await;
     let events = model_frame(&mut h, 1).await.unwrap();
@@ -901,6 +916,7 @@ async fn a_worker_sessions_model_call_past_its_profiles_budget_is_refused_before
     assert!(refused(&committed).is_none(), "{committed:?}");
 
     h.core
+        .workers
         .on_call(&h.a, h.op(StreamKind::Model, 2), model_call().unwrap())
         .await;
     let events = model_frame(&mut h, 2).await.unwrap();
@@ -947,7 +963,7 @@ async fn a_worker_sessions_agent_spec_limits_its_tools_on_both_sides() {
         .pin_session_agent(&scope, &session, "reader", &version.digest)
         .unwrap();
 
-    h.core.hand_over_turn(&scope, &session).unwrap();
+    h.core.workers.hand_over_turn(&scope, &session).unwrap();
     let turn = loop {
         if let GatewayFrame::Turn { turn } = next_frame(&mut h.frames).await.unwrap() {
             break turn;
@@ -1067,7 +1083,7 @@ async fn shutdown_with_a_worker_endpoint_open_frees_the_state_dir_for_the_next_g
     };
     let running = crate::start(options.clone()).await.unwrap();
     let env = EnvironmentId::from_suffix("box1");
-    running.core.open_worker_endpoint(&env).unwrap();
+    running.core.workers.open_worker_endpoint(&env).unwrap();
     let socket = running.core.workers.socket_path(&env);
     // A worker that connected and has not said hello yet: its connection holds the core too.
     let _worker = tokio::net::UnixStream::connect(&socket).await.unwrap();

@@ -3,15 +3,13 @@
 //! (git: verified bundle + fast-forward; plain: checked mirror) and checkpointed.
 
 use super::place::box_workspace;
-use crate::Core;
 use crate::error::Result;
 use crate::quarantine::Refused;
 use serde_json::json;
 use skiff_protocol::api::{RunStatus, WorkspaceView};
 use skiff_protocol::environment::PlacementState;
-use skiff_protocol::model::{ModelRef, ReasoningEffort};
 use skiff_protocol::sync::{Refusal, RefusalKind};
-use skiff_protocol::worker::{GatewayFrame, Reply, TurnAssignment, TurnEnd};
+use skiff_protocol::worker::{GatewayFrame, Reply, TurnEnd};
 use skiff_protocol::{AttemptId, RunId, SessionId};
 use skiff_store::{PlacementChange, PlacementRow, RunRow, Scope, SessionRow};
 use skiff_sync::filelist::Limits;
@@ -23,9 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
-// Kept on the core: running a turn needs the session's spec, the catalog, approval policy,
-// checkpoints, quarantine and transcript notices.
-impl Core {
+impl super::WorkerSide {
     /// Sends the session's open run to its worker (again: the worker starts a run once).
     pub(crate) fn hand_over_turn(&self, scope: &Scope, session: &SessionId) -> Result<()> {
         let Some(run) = self.store.open_run(scope, session)? else {
@@ -34,33 +30,8 @@ impl Core {
         if run.status != RunStatus::Running {
             return Ok(());
         }
-        let model = ModelRef::parse(&run.model_ref).ok_or_else(|| {
-            crate::Error::Internal(format!(
-                "run {} records a malformed model {:?}",
-                run.id, run.model_ref
-            ))
-        })?;
-        let transcript = self.store.transcript(scope, session)?;
-        let row = self.store.session(scope, session)?;
-        let reasoning = row.reasoning.clone();
-        let approval = self.approval_policy(scope, &row);
-        let spec = self.session_spec(scope, session)?;
-        let turn = TurnAssignment {
-            agent_instructions: spec.as_ref().and_then(|s| s.instructions.clone()),
-            tools_allowed: spec.and_then(|s| s.tools),
-            approval,
-            reasoning: reasoning.as_deref().and_then(ReasoningEffort::parse),
-            run_id: run.id.clone(),
-            model_label: self.catalog.describe(&model).label,
-            context_window: self.catalog.settings(&model).context_window,
-            compact_at: self.compact_at,
-            model,
-            max_steps: crate::sessions::MAX_STEPS,
-            max_output_tokens: crate::sessions::MAX_OUTPUT_TOKENS,
-            transcript: skiff_agent::compact::since_last_compaction(&transcript).to_vec(),
-            gateway_tools: self.gateway_specs(),
-        };
-        let live = self.workers.live(session);
+        let turn = self.lent.specs()?.assignment(scope, session, &run)?;
+        let live = self.live(session);
         live.set_open_run(Some(run.id.clone()));
         live.send(GatewayFrame::Turn { turn });
         Ok(())
@@ -128,7 +99,7 @@ impl Core {
             };
             if let TurnEnd::Failed { error } = &end
                 && !cancel.is_cancelled()
-                && self.workers.box_died(scope, &session.id)
+                && self.box_died(scope, &session.id)
             {
                 if let Err(e) = self.store.finish_attempt(
                     scope,
@@ -140,9 +111,7 @@ impl Core {
                 }
                 if failovers < allowed {
                     failovers += 1;
-                    let checkpoint = self
-                        .workers
-                        .fail_over(scope, session, run, &p, failovers, allowed);
+                    let checkpoint = self.fail_over(scope, session, run, &p, failovers, allowed);
                     p = self.ensure_worker(scope, session, cancel).await?;
                     resume = Some((attempt, checkpoint));
                     continue;
@@ -195,7 +164,7 @@ impl Core {
         p: &PlacementRow,
         cancel: &CancellationToken,
     ) -> Result<Option<TurnEnd>> {
-        let live = self.workers.live(&session.id);
+        let live = self.live(&session.id);
         let done = live.expect_turn(&run.id);
         // From here the box may hold work the gateway lacks, until this turn's reconciliation
         // succeeds: the session is not parked (its box not cleared) before then.
@@ -211,7 +180,7 @@ impl Core {
                 () = live.drained() => return Ok(None),
                 _ = cancel.cancelled() => {
                     live.send(GatewayFrame::CancelTurn { run_id: run.id.clone() });
-                    self.workers.cancel_model_calls(&session.id);
+                    self.cancel_model_calls(&session.id);
                     break tokio::time::timeout(Duration::from_secs(30), &mut done).await.ok().and_then(|r| r.ok());
                 }
                 () = stalled(&live, since, stall) => {
@@ -255,7 +224,7 @@ impl Core {
         // Killed before its connection is closed: a live worker would reconnect at once.
         let pid = p.worker_pid.unwrap_or(0);
         if pid > 0
-            && let Ok(env) = self.workers.placement_env(scope, &p)
+            && let Ok(env) = self.placement_env(scope, &p)
             && let Ok(ssh) = self.envs.ssh(&env)
             && let Err(e) = ssh
                 .run(
@@ -266,7 +235,7 @@ impl Core {
         {
             tracing::warn!(%session, error = %e, "could not kill the stalled worker");
         }
-        self.workers.live(session).close();
+        self.live(session).close();
         self.on_worker_disconnect(scope, session, p.owner_epoch);
     }
 
@@ -296,7 +265,7 @@ impl Core {
             .await
         {
             Ok(()) => end,
-            Err(e) if self.workers.half_dead(scope, session).await => {
+            Err(e) if self.half_dead(scope, session).await => {
                 // The box's sshd takes no new connection, but the one the gateway holds still
                 // works: bring the work home through it, then give the box up (its next turn
                 // could not come back), with one notice that says which of the two happened.
@@ -315,10 +284,10 @@ impl Core {
                         error: format!("the session's box {reason}"),
                     },
                 };
-                self.workers.live(session).end_turn(&run, end);
-                let core = self.clone();
+                self.live(session).end_turn(&run, end);
+                let workers = self.clone();
                 let (scope, session) = (scope.clone(), session.clone());
-                tokio::spawn(async move { core.workers.reclaim(&scope, &session, &reason).await });
+                tokio::spawn(async move { workers.reclaim(&scope, &session, &reason).await });
                 return Reply::Finished;
             }
             Err(e) => {
@@ -340,7 +309,7 @@ impl Core {
                 TurnEnd::Failed { error: text }
             }
         };
-        self.workers.live(session).end_turn(&run, end);
+        self.live(session).end_turn(&run, end);
         Reply::Finished
     }
 
@@ -360,7 +329,7 @@ impl Core {
             Some(p) if p.state == PlacementState::HandingOff => PlacementState::HandingOff,
             _ => PlacementState::Active,
         };
-        let p = self.workers.place(
+        let p = self.place(
             scope,
             session_id,
             PlacementState::Reconciling,
@@ -383,7 +352,7 @@ impl Core {
             Ok(_) => "the box's work is in the session's workspace".to_owned(),
             Err(e) => format!("reconciliation stopped: {e}"),
         };
-        self.workers.place(
+        self.place(
             scope,
             session_id,
             back_to,
@@ -419,7 +388,7 @@ impl Core {
         })?;
         let session = self.store.session(scope, session_id)?;
         let base = manifest::from_json(p.base_manifest.as_deref().unwrap_or(""))?;
-        let env = self.workers.placement_env(scope, p)?;
+        let env = self.placement_env(scope, p)?;
         let mut ssh = self.envs.ssh(&env)?;
         if over_control {
             ssh = ssh.transfers_over_control();
@@ -428,7 +397,7 @@ impl Core {
         let local = Path::new(session.workspace.path());
         let rules = Rules::load(local)?;
         let limits = Limits::default();
-        let scratch = self.state.tmp();
+        let scratch = self.tmp();
         let cancel = CancellationToken::new();
         // Git mode: the box's bundle and the checks of this side need nothing of each other.
         let git_base = match &session.workspace {
@@ -621,22 +590,7 @@ impl Core {
         theirs = adopted;
         Ok((manifest::to_json(&theirs)?, unchanged))
     }
-}
 
-/// Resolves once the worker has shown no progress for `stall` (counting from `since` at the
-/// earliest).
-async fn stalled(live: &super::Live, since: std::time::Instant, stall: Duration) {
-    loop {
-        let idle = live.idle_for(since);
-        if idle >= stall {
-            return;
-        }
-        tokio::time::sleep(stall - idle).await;
-    }
-}
-
-/// The parts of this file that need only the worker side's own handles.
-impl super::WorkerSide {
     /// Whether the session's box was given up (reclaimed) under its turn.
     fn box_died(&self, scope: &Scope, session: &SessionId) -> bool {
         matches!(
@@ -659,10 +613,7 @@ impl super::WorkerSide {
         };
         !ssh.accepts_new_connections().await && ssh.master_alive(skiff_ssh::Channel::Control).await
     }
-}
 
-/// Recording a failover needs only the worker side's own handles.
-impl super::WorkerSide {
     /// Records a failover and tells the chat; returns the checkpoint the next attempt's
     /// workspace starts from (the session's last).
     pub(super) fn fail_over(
@@ -708,5 +659,17 @@ impl super::WorkerSide {
             .notify(scope, &session.id, Some(&run.id), &text);
         self.enter_failover(scope, &session.id, p, &from, n, allowed);
         last.map(|(id, _)| id)
+    }
+}
+
+/// Resolves once the worker has shown no progress for `stall` (counting from `since` at the
+/// earliest).
+async fn stalled(live: &super::Live, since: std::time::Instant, stall: Duration) {
+    loop {
+        let idle = live.idle_for(since);
+        if idle >= stall {
+            return;
+        }
+        tokio::time::sleep(stall - idle).await;
     }
 }

@@ -22,7 +22,6 @@ struct Args {
     url: String,
 }
 
-// Kept on the core: the gateway-resident tools include MCP servers and governed actions.
 impl Core {
     /// The tools beyond the built-in ones every session is offered, local or on a worker:
     /// governed actions (when `[forge]` is set), then MCP servers' tools.
