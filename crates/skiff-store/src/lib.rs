@@ -15,7 +15,13 @@
 //!
 //! The connection is synchronous (rusqlite, WAL). Calls are short and serialized by one mutex;
 //! callers in async code call them directly.
+//!
+//! The store is becoming a set of per-aggregate traits ([`aggregates`]) with two
+//! implementations: this SQLite [`Store`] and [`PgStore`] on PostgreSQL (`pg`), held to one
+//! conformance suite. Only sessions and transcript, runs and attempts, and the event log are
+//! on both so far.
 
+pub mod aggregates;
 mod agents;
 mod approvals;
 mod artifacts;
@@ -31,6 +37,7 @@ mod listing;
 mod metrics;
 mod migrations;
 mod people;
+mod pg;
 mod placements;
 mod runs;
 mod secrets;
@@ -42,6 +49,7 @@ mod transcript;
 pub mod transition;
 mod usage;
 
+pub use aggregates::{Backend, EventLog, RunStore, SessionStore};
 pub use agents::AgentSpecRow;
 pub use approvals::NewApproval;
 pub use artifacts::{ArtifactRole, ArtifactRow, NewArtifact, Retention};
@@ -54,6 +62,7 @@ pub use ids::mint;
 pub use listing::SessionListRow;
 pub use metrics::{EgressTotals, Gauges};
 pub use people::{DEFAULT_TENANT, FIRST_ADMIN, TokenRow, UserRow};
+pub use pg::PgStore;
 pub use placements::{CachedOp, IdlePlacement, PlacementChange, PlacementRow, WorkerSlots};
 pub use runs::{AttemptRow, AttemptStatus, Resume, RunRow};
 pub use secrets::{Resealed, SecretRow};
