@@ -74,9 +74,7 @@ fn main() {
         initdb.as_secs_f64() * 1000.0,
         startup.copy_and_start.as_secs_f64() * 1000.0
     );
-    println!(
-        "transcript append, {APPENDS} single-entry appends, median of {ROUNDS} rounds:"
-    );
+    println!("transcript append, {APPENDS} single-entry appends, median of {ROUNDS} rounds:");
     println!("  SQLite      {sqlite_rate:>8.0} entries/s");
     println!("  PostgreSQL  {postgres_rate:>8.0} entries/s");
     println!(

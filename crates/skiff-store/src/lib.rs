@@ -21,8 +21,8 @@
 //! conformance suite. Only sessions and transcript, runs and attempts, and the event log are
 //! on both so far.
 
-pub mod aggregates;
 mod agents;
+pub mod aggregates;
 mod approvals;
 mod artifacts;
 mod audit;
@@ -49,8 +49,8 @@ mod transcript;
 pub mod transition;
 mod usage;
 
-pub use aggregates::{Backend, EventLog, RunStore, SessionStore};
 pub use agents::AgentSpecRow;
+pub use aggregates::{Backend, EventLog, RunStore, SessionStore};
 pub use approvals::NewApproval;
 pub use artifacts::{ArtifactRole, ArtifactRow, NewArtifact, Retention};
 pub use audit::DAY_MS;

@@ -80,8 +80,7 @@ impl PgCluster {
         assert!(copied.success(), "could not copy the PostgreSQL template");
         let log = File::create(dir.path().join("server.log")).unwrap();
         if let Some(user) = &user {
-            std::os::unix::fs::chown(dir.path().join("server.log"), Some(user.uid), None)
-                .unwrap();
+            std::os::unix::fs::chown(dir.path().join("server.log"), Some(user.uid), None).unwrap();
         }
         let (fsync, synchronous_commit) = match durability {
             Durability::Tests => ("off", "off"),
@@ -162,7 +161,10 @@ impl PgCluster {
                 return;
             }
             if let Some(status) = self.server.try_wait().unwrap() {
-                panic!("PostgreSQL exited ({status}) before it was ready:\n{}", self.log());
+                panic!(
+                    "PostgreSQL exited ({status}) before it was ready:\n{}",
+                    self.log()
+                );
             }
             assert!(
                 Instant::now() < deadline,
@@ -266,8 +268,7 @@ fn template(bin: &Path, user: Option<&ServerUser>) -> (PathBuf, Option<Duration>
     let data = root.join("data");
     let _lock = machine_lock();
     // A template is complete once renamed into place; its owner must be the server's user.
-    if data.join("PG_VERSION").exists()
-        && std::fs::metadata(&data).is_ok_and(|m| m.uid() == owner)
+    if data.join("PG_VERSION").exists() && std::fs::metadata(&data).is_ok_and(|m| m.uid() == owner)
     {
         return (data, None);
     }

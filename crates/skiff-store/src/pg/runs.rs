@@ -17,7 +17,8 @@ const BY_ID: &str = "SELECT id, session_id, status, model_ref, error, input_toke
      FROM runs WHERE id = $1 AND owner_id = $2 AND tenant_id = $3";
 
 /// Unfinished: the statuses the partial unique index `runs_one_open_per_session` covers.
-const OPEN: &str = "('queued','starting','running','waiting_input','waiting_approval','cancelling')";
+const OPEN: &str =
+    "('queued','starting','running','waiting_input','waiting_approval','cancelling')";
 
 fn run_from(row: &Row) -> Result<RunRow> {
     let status: &str = row.try_get(2)?;
@@ -98,9 +99,7 @@ impl RunStore for PgStore {
                 }
                 None => {
                     let open = tx.query_opt(
-                        &format!(
-                            "SELECT id FROM runs WHERE session_id = $1 AND status IN {OPEN}"
-                        ),
+                        &format!("SELECT id FROM runs WHERE session_id = $1 AND status IN {OPEN}"),
                         &[&session],
                     )?;
                     Err(Error::SessionBusy {
@@ -175,13 +174,13 @@ impl RunStore for PgStore {
                 )?
                 .map(|row| row.try_get::<_, String>(0))
                 .transpose()?;
-            let from = from
-                .as_deref()
-                .and_then(RunStatus::parse)
-                .ok_or_else(|| Error::NotFound {
-                    what: "run",
-                    id: id.clone(),
-                })?;
+            let from =
+                from.as_deref()
+                    .and_then(RunStatus::parse)
+                    .ok_or_else(|| Error::NotFound {
+                        what: "run",
+                        id: id.clone(),
+                    })?;
             if !run_allowed(from, to) {
                 return Err(Error::IllegalRunTransition { run: id, from, to });
             }
@@ -309,11 +308,7 @@ impl RunStore for PgStore {
                             what: "attempt",
                             detail: format!("unknown attempt status {status:?}"),
                         })?,
-                        resume_from: optional_id(
-                            "attempt",
-                            row.try_get(5)?,
-                            AttemptId::parse,
-                        )?,
+                        resume_from: optional_id("attempt", row.try_get(5)?, AttemptId::parse)?,
                         checkpoint_artifact_id: row.try_get(6)?,
                         error: row.try_get(7)?,
                         started_at_ms: row.try_get(8)?,

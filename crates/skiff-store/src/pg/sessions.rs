@@ -47,6 +47,24 @@ fn session_in(conn: &mut super::conn::PgConn, scope: &Scope, session: &str) -> R
     session_from(&row)
 }
 
+/// The transcript append in one statement (one round trip, atomic without a transaction):
+/// the compare-and-swap of the leaf — the update locks the session's row, and an append that
+/// committed first makes it match nothing — and, only if it swapped, the chain's rows, which
+/// `UNNEST` turns back from columns. It answers one row when it appended, none when not.
+const APPEND: &str = "WITH swapped AS (
+        UPDATE sessions SET leaf_entry_id = $1, updated_at_ms = $2
+         WHERE id = $3 AND owner_id = $4 AND tenant_id = $5
+           AND leaf_entry_id IS NOT DISTINCT FROM $6
+        RETURNING id
+    ), chain AS (
+        INSERT INTO entries (id, session_id, owner_id, tenant_id, parent_id, run_id, kind, body,
+                             created_at_ms)
+        SELECT c.id, $3, $4, $5, c.parent_id, $7, c.kind, c.body, $2
+          FROM swapped, UNNEST($8::text[], $9::text[], $10::text[], $11::text[])
+               AS c(id, parent_id, kind, body)
+    )
+    SELECT 1 FROM swapped";
+
 impl SessionStore for PgStore {
     fn create_session(&self, scope: &Scope, new: &NewSession) -> Result<SessionRow> {
         let workspace = to_json("session workspace", &new.workspace)?;
@@ -139,23 +157,9 @@ impl SessionStore for PgStore {
         );
         self.conn.run(move |conn| {
             let (scope, session, base, leaf, run) = args;
-            let swap = conn.statement(
-                "UPDATE sessions SET leaf_entry_id = $1, updated_at_ms = $2 \
-                 WHERE id = $3 AND owner_id = $4 AND tenant_id = $5 \
-                 AND leaf_entry_id IS NOT DISTINCT FROM $6",
-            )?;
-            let insert = conn.statement(
-                "INSERT INTO entries (id, session_id, owner_id, tenant_id, parent_id, run_id, \
-                 kind, body, created_at_ms) \
-                 SELECT id, $5, $6, $7, parent_id, $8, kind, body, $9 \
-                 FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[]) \
-                      AS chain(id, parent_id, kind, body)",
-            )?;
-            let mut tx = conn.client.transaction()?;
-            // The compare-and-swap: the row is locked by the update, and a concurrent append
-            // that committed first makes this one match nothing.
-            let swapped = tx.execute(
-                &swap,
+            let append = conn.statement(APPEND)?;
+            let appended = conn.client.query_opt(
+                &append,
                 &[
                     &leaf,
                     &now,
@@ -163,46 +167,35 @@ impl SessionStore for PgStore {
                     &scope.owner_id,
                     &scope.tenant_id,
                     &base,
+                    &run,
+                    &rows.ids,
+                    &rows.parents,
+                    &rows.kinds,
+                    &rows.bodies,
                 ],
             )?;
-            if swapped == 0 {
-                let actual = tx.query_opt(
-                    "SELECT leaf_entry_id FROM sessions \
-                     WHERE id = $1 AND owner_id = $2 AND tenant_id = $3",
-                    &[&session, &scope.owner_id, &scope.tenant_id],
-                )?;
-                return Err(match actual {
-                    None => Error::NotFound {
-                        what: "session",
-                        id: session,
-                    },
-                    Some(row) => Error::LeafConflict {
-                        session,
-                        expected: base.unwrap_or_else(|| "(empty)".into()),
-                        actual: row
-                            .try_get::<_, Option<String>>(0)?
-                            .unwrap_or_else(|| "(empty)".into()),
-                    },
-                });
+            if appended.is_some() {
+                return Ok(());
             }
-            if !rows.ids.is_empty() {
-                tx.execute(
-                    &insert,
-                    &[
-                        &rows.ids,
-                        &rows.parents,
-                        &rows.kinds,
-                        &rows.bodies,
-                        &session,
-                        &scope.owner_id,
-                        &scope.tenant_id,
-                        &run,
-                        &now,
-                    ],
-                )?;
-            }
-            tx.commit()?;
-            Ok(())
+            // Nothing was written: say why.
+            let actual = conn.client.query_opt(
+                "SELECT leaf_entry_id FROM sessions \
+                 WHERE id = $1 AND owner_id = $2 AND tenant_id = $3",
+                &[&session, &scope.owner_id, &scope.tenant_id],
+            )?;
+            Err(match actual {
+                None => Error::NotFound {
+                    what: "session",
+                    id: session,
+                },
+                Some(row) => Error::LeafConflict {
+                    session,
+                    expected: base.unwrap_or_else(|| "(empty)".into()),
+                    actual: row
+                        .try_get::<_, Option<String>>(0)?
+                        .unwrap_or_else(|| "(empty)".into()),
+                },
+            })
         })?;
         Ok(committed)
     }
@@ -236,9 +229,7 @@ impl SessionStore for PgStore {
                 .map(|row| {
                     Ok(TranscriptEntry {
                         id: id("transcript entry", row.try_get(0)?, EntryId::parse)?,
-                        parent_id: row
-                            .try_get::<_, Option<&str>>(1)?
-                            .and_then(EntryId::parse),
+                        parent_id: row.try_get::<_, Option<&str>>(1)?.and_then(EntryId::parse),
                         run_id: row.try_get::<_, Option<&str>>(2)?.and_then(RunId::parse),
                         created_at_ms: row.try_get(3)?,
                         body: json("transcript entry", row.try_get(4)?)?,

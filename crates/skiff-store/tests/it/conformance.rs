@@ -121,7 +121,10 @@ fn texts(store: &dyn Backend, scope: &Scope, session: &SessionId) -> Vec<String>
 
 fn events_read_back_in_order_with_cursors_the_database_assigns(db: &Db) {
     let store = db.open();
-    let (s, other) = (new_session(&*store, &alice()), new_session(&*store, &alice()));
+    let (s, other) = (
+        new_session(&*store, &alice()),
+        new_session(&*store, &alice()),
+    );
     assert_eq!(store.last_event_cursor(&alice(), &s).unwrap(), 0);
     let cursors: Vec<u64> = ["a", "b", "c"]
         .iter()
@@ -182,7 +185,10 @@ fn concurrent_appends_from_two_connections_never_share_or_reorder_a_cursor(db: &
             let mut seen = Vec::new();
             let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
             while seen.len() < 2 * EACH {
-                assert!(std::time::Instant::now() < deadline, "events stopped arriving");
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "events stopped arriving"
+                );
                 let after = seen.last().map_or(0, |(cursor, _)| *cursor);
                 for event in follower.events_after(&alice(), &s, after, 1000).unwrap() {
                     let expected = seen.len() as u64 + 1;
@@ -256,7 +262,11 @@ fn transcript_appends_chain_and_refuse_a_stale_leaf(db: &Db) {
     assert_eq!(second[0].parent_id.as_ref(), Some(&first[1].id));
     assert_eq!(texts(&*store, &alice(), &s), ["a", "b", "c"]);
     assert_eq!(
-        store.session(&alice(), &s).unwrap().leaf_entry_id.as_deref(),
+        store
+            .session(&alice(), &s)
+            .unwrap()
+            .leaf_entry_id
+            .as_deref(),
         Some(second[0].id.as_str())
     );
 }
@@ -293,7 +303,11 @@ fn racing_transcript_appends_on_one_leaf_have_one_winner(db: &Db) {
             .any(|o| matches!(o, Err(Error::LeafConflict { .. })))
     );
     let transcript = texts(&*a, &alice(), &s);
-    assert_eq!(transcript.len(), 3, "the loser wrote nothing: {transcript:?}");
+    assert_eq!(
+        transcript.len(),
+        3,
+        "the loser wrote nothing: {transcript:?}"
+    );
     assert_eq!(transcript[1], transcript[2]);
     assert_eq!(a.leaf(&alice(), &s).unwrap().as_ref(), winners[0].last());
 }
@@ -347,11 +361,9 @@ fn racing_admissions_admit_one_turn(db: &Db) {
     });
     let admitted: Vec<_> = outcomes.iter().filter_map(|o| o.as_ref().ok()).collect();
     assert_eq!(admitted.len(), 1, "one turn is admitted: {outcomes:?}");
-    assert!(
-        outcomes
-            .iter()
-            .any(|o| matches!(o, Err(Error::SessionBusy { run, .. }) if *run == admitted[0].id.as_str()))
-    );
+    assert!(outcomes.iter().any(
+        |o| matches!(o, Err(Error::SessionBusy { run, .. }) if *run == admitted[0].id.as_str())
+    ));
     assert_eq!(a.runs(&alice(), &s).unwrap().len(), 1);
 }
 
@@ -383,7 +395,12 @@ fn run_transitions_follow_the_state_machine(db: &Db) {
         );
     }
     let failed = store
-        .transition_run(&alice(), &run.id, RunStatus::Failed, Some("the box stopped"))
+        .transition_run(
+            &alice(),
+            &run.id,
+            RunStatus::Failed,
+            Some("the box stopped"),
+        )
         .unwrap();
     assert_eq!(failed.error.as_deref(), Some("the box stopped"));
     assert!(failed.finished_at_ms.is_some());
@@ -485,7 +502,12 @@ fn another_tenants_rows_are_not_found(db: &Db) {
         );
         assert!(store.sessions(&stranger).unwrap().is_empty());
         assert!(store.transcript(&stranger, &s).unwrap().is_empty());
-        assert!(store.events_after(&stranger, &s, 0, 100).unwrap().is_empty());
+        assert!(
+            store
+                .events_after(&stranger, &s, 0, 100)
+                .unwrap()
+                .is_empty()
+        );
         assert_eq!(store.last_event_cursor(&stranger, &s).unwrap(), 0);
         assert_eq!(store.open_run(&stranger, &s).unwrap(), None);
         assert!(store.runs(&stranger, &s).unwrap().is_empty());
