@@ -549,3 +549,67 @@ fn callable_from_inside_a_tokio_runtime(db: &Db) {
     assert_eq!(cursor, 1);
     drop(runtime);
 }
+
+/// PostgreSQL alone: several gateways start against one database.
+mod postgres_only {
+    use super::*;
+    use skiff_store::SessionStore as _;
+
+    #[test]
+    fn gateways_starting_at_once_on_an_empty_database_migrate_it_once() {
+        let cluster = PgCluster::start();
+        let url = cluster.fresh_database();
+        let start = Barrier::new(3);
+        let stores: Vec<PgStore> = std::thread::scope(|threads| {
+            let racers: Vec<_> = (0..3)
+                .map(|_| {
+                    threads.spawn(|| {
+                        start.wait();
+                        PgStore::connect(&url)
+                    })
+                })
+                .collect();
+            racers
+                .into_iter()
+                .map(|r| {
+                    r.join()
+                        .unwrap()
+                        .unwrap_or_else(|e| panic!("{e}\n{}", cluster.log()))
+                })
+                .collect()
+        });
+        // All three share one schema: a session created through one is seen by the others.
+        let s = new_session(&stores[0], &alice());
+        for store in &stores {
+            assert_eq!(store.session(&alice(), &s).unwrap().id, s);
+        }
+    }
+
+    #[test]
+    fn a_bad_url_or_an_unreachable_server_is_a_clear_error_without_the_password() {
+        let malformed = PgStore::connect("postgres://skiff:hunter2@/db?port=notanumber")
+            .err()
+            .expect("a malformed url is refused");
+        let text = malformed.to_string();
+        assert!(text.contains("PostgreSQL url is malformed"), "{text}");
+        assert!(!text.contains("hunter2"), "{text}");
+
+        let nowhere = tempfile::tempdir().unwrap();
+        let unreachable = PgStore::connect(&format!(
+            "host={} user=skiff password=hunter2 dbname=app",
+            nowhere.path().display()
+        ))
+        .err()
+        .expect("no server listens there");
+        let text = unreachable.to_string();
+        assert!(
+            text.starts_with("could not connect to PostgreSQL (user skiff, database app on "),
+            "{text}"
+        );
+        assert!(
+            text.contains(&nowhere.path().display().to_string()),
+            "{text}"
+        );
+        assert!(!text.contains("hunter2"), "{text}");
+    }
+}
