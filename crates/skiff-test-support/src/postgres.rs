@@ -6,7 +6,7 @@
 //! `initdb` refuses to run as root, and CI runs as root: then the server runs as a dedicated
 //! system user (`skiff-pgtest`, created on first use), through `setpriv`. `initdb` runs once per
 //! machine and PostgreSQL version into a template kept in the temporary directory; each cluster
-//! starts from a copy of it, which is several times faster than `initdb` (see [`Startup`]).
+//! starts from a copy of it, which is faster than `initdb` (see [`Startup`]).
 //! The server gets a parent-death signal, so a test process killed outright does not leave it
 //! running. Linux sends it when the *thread* that started the server ends: keep a cluster on
 //! the thread that started it (a test's own), never in a static another test's thread uses.
