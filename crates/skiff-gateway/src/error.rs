@@ -145,11 +145,12 @@ pub(crate) fn http_status(code: ErrorCode) -> StatusCode {
     StatusCode::from_u16(code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
 }
 
-/// A failure of the database itself, whose text is SQLite's rather than ours.
+/// A failure of the database itself, whose text is SQLite's (or PostgreSQL's) rather than ours.
 fn raw_store_failure(e: &skiff_store::Error) -> bool {
     use skiff_store::Error as S;
     match e {
         S::Open { .. } | S::Checkpointer(_) | S::Sqlite(_) => true,
+        S::PgUrl(_) | S::PgConnect { .. } | S::PgThread(_) | S::PgGone | S::Postgres(_) => true,
         S::NotFound { .. }
         | S::LeafConflict { .. }
         | S::SessionBusy { .. }
@@ -187,14 +188,19 @@ fn store_code(e: &skiff_store::Error) -> ErrorCode {
         | S::Retained { .. }
         | S::UserExists { .. } => ErrorCode::Conflict,
         S::WorkersAtCapacity { .. } | S::GroupAtCapacity { .. } => ErrorCode::AtCapacity,
-        S::Open { .. } | S::Checkpointer(_) | S::Sqlite(_) if e.is_retryable() => {
+        S::Open { .. } | S::Checkpointer(_) | S::Sqlite(_) | S::Postgres(_) if e.is_retryable() => {
             ErrorCode::Unavailable
         }
+        // The database cannot be reached now: a load balancer may send the request elsewhere.
+        S::PgConnect { .. } | S::PgGone => ErrorCode::Unavailable,
         S::Open { .. }
         | S::Checkpointer(_)
         | S::Sqlite(_)
         | S::Corrupt { .. }
-        | S::EmailsCollide { .. } => ErrorCode::Internal,
+        | S::EmailsCollide { .. }
+        | S::PgUrl(_)
+        | S::PgThread(_)
+        | S::Postgres(_) => ErrorCode::Internal,
     }
 }
 

@@ -98,6 +98,22 @@ pub enum Error {
     Checkpointer(std::io::Error),
     #[error("database error: {0}")]
     Sqlite(#[from] rusqlite::Error),
+    /// The PostgreSQL url did not parse. The url itself is not repeated: it may hold a password.
+    #[error("the PostgreSQL url is malformed: {0}")]
+    PgUrl(#[source] postgres::Error),
+    /// `target` names the user, host and database, never the password.
+    #[error("could not connect to PostgreSQL ({target}): {source}")]
+    PgConnect {
+        target: String,
+        #[source]
+        source: postgres::Error,
+    },
+    #[error("could not start the PostgreSQL connection thread: {0}")]
+    PgThread(std::io::Error),
+    #[error("the PostgreSQL connection has closed; restart the gateway to reconnect")]
+    PgGone,
+    #[error("PostgreSQL error: {0}")]
+    Postgres(#[from] postgres::Error),
 }
 
 impl Error {
@@ -106,6 +122,15 @@ impl Error {
     pub fn is_retryable(&self) -> bool {
         let sqlite = match self {
             Error::Sqlite(e) | Error::Open { source: e, .. } => e,
+            // PostgreSQL gives up one side of a serialization conflict or a deadlock; the
+            // same call, tried again, sees the winner's write.
+            Error::Postgres(e) => {
+                use postgres::error::SqlState;
+                return e.code().is_some_and(|code| {
+                    *code == SqlState::T_R_SERIALIZATION_FAILURE
+                        || *code == SqlState::T_R_DEADLOCK_DETECTED
+                });
+            }
             _ => return false,
         };
         matches!(

@@ -15,8 +15,14 @@
 //!
 //! The connection is synchronous (rusqlite, WAL). Calls are short and serialized by one mutex;
 //! callers in async code call them directly.
+//!
+//! The store is becoming a set of per-aggregate traits ([`aggregates`]) with two
+//! implementations: this SQLite [`Store`] and [`PgStore`] on PostgreSQL (`pg`), held to one
+//! conformance suite. Only sessions and transcript, runs and attempts, and the event log are
+//! on both so far.
 
 mod agents;
+pub mod aggregates;
 mod approvals;
 mod artifacts;
 mod audit;
@@ -31,6 +37,7 @@ mod listing;
 mod metrics;
 mod migrations;
 mod people;
+mod pg;
 mod placements;
 mod runs;
 mod secrets;
@@ -43,6 +50,7 @@ pub mod transition;
 mod usage;
 
 pub use agents::AgentSpecRow;
+pub use aggregates::{Backend, EventLog, RunStore, SessionStore};
 pub use approvals::NewApproval;
 pub use artifacts::{ArtifactRole, ArtifactRow, NewArtifact, Retention};
 pub use audit::DAY_MS;
@@ -54,6 +62,7 @@ pub use ids::mint;
 pub use listing::SessionListRow;
 pub use metrics::{EgressTotals, Gauges};
 pub use people::{DEFAULT_TENANT, FIRST_ADMIN, TokenRow, UserRow};
+pub use pg::PgStore;
 pub use placements::{CachedOp, IdlePlacement, PlacementChange, PlacementRow, WorkerSlots};
 pub use runs::{AttemptRow, AttemptStatus, Resume, RunRow};
 pub use secrets::{Resealed, SecretRow};

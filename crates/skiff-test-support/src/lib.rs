@@ -1,6 +1,6 @@
 //! Test-only helpers: a fake model provider that speaks real HTTP and server-sent events (and
 //! can misbehave on purpose), builders for the OpenAI (Chat Completions and Responses) and
-//! Anthropic stream formats, and temporary git repositories.
+//! Anthropic stream formats, temporary git repositories, and throwaway PostgreSQL clusters.
 //!
 //! Nothing here is linked into a shipped binary. It deliberately does not mock Skiff's own
 //! types: fakes sit on the far side of a real wire format so the code under test runs unchanged.
@@ -23,6 +23,7 @@ pub mod git_http;
 pub mod oidc_provider;
 pub mod openai_responses_sse;
 pub mod openai_sse;
+pub mod postgres;
 
 pub use fake_forge::FakeForge;
 pub use fake_provider::{FakeProvider, FakeResponse, RecordedRequest};

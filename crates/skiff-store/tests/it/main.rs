@@ -1,4 +1,5 @@
-//! Integration tests of the store against a real SQLite file.
+//! Integration tests of the store against a real SQLite file, and the conformance suite both
+//! backends (SQLite and PostgreSQL) pass (`conformance.rs`).
 
 #![allow(
     clippy::unwrap_used,
@@ -285,6 +286,7 @@ fn events_get_monotonic_cursors_per_session() {
     );
 }
 
+mod conformance;
 mod snapshots;
 /// A worker session of profile `local`, placed on `env` with its worker admitted (`active`).
 fn active_worker_session(store: &Store, env: &skiff_protocol::EnvironmentId) -> SessionId {

@@ -1,0 +1,111 @@
+//! The event log on PostgreSQL.
+
+use super::{PgStore, count, id, json};
+use crate::aggregates::EventLog;
+use crate::{Result, Scope, now_ms, to_json};
+use skiff_protocol::event::{EventKind, SessionEvent};
+use skiff_protocol::{RunId, SessionId};
+
+/// One statement, so one round trip: the counter row's increment (locked until commit) gives
+/// the cursor, and the event is written with it.
+const APPEND: &str = "WITH cursor AS (
+        INSERT INTO event_cursors (session_id, last_seq) VALUES ($1, 1)
+        ON CONFLICT (session_id) DO UPDATE SET last_seq = event_cursors.last_seq + 1
+        RETURNING last_seq
+    )
+    INSERT INTO events (session_id, seq, owner_id, tenant_id, run_id, at_ms, body)
+    SELECT $1, last_seq, $2, $3, $4, $5, $6 FROM cursor
+    RETURNING seq";
+
+impl EventLog for PgStore {
+    fn append_event(
+        &self,
+        scope: &Scope,
+        session: &SessionId,
+        run: Option<&RunId>,
+        kind: EventKind,
+    ) -> Result<SessionEvent> {
+        let body = to_json("event", &kind)?;
+        let at_ms = now_ms();
+        let args = (
+            session.to_string(),
+            scope.clone(),
+            run.map(ToString::to_string),
+        );
+        let cursor: i64 = self.conn.run(move |conn| {
+            let (session, scope, run) = args;
+            let append = conn.statement(APPEND)?;
+            let row = conn.client.query_one(
+                &append,
+                &[
+                    &session,
+                    &scope.owner_id,
+                    &scope.tenant_id,
+                    &run,
+                    &at_ms,
+                    &body,
+                ],
+            )?;
+            Ok(row.try_get(0)?)
+        })?;
+        Ok(SessionEvent {
+            session_id: session.clone(),
+            cursor: count("event cursor", cursor)?,
+            at_ms,
+            run_id: run.cloned(),
+            kind,
+        })
+    }
+
+    fn last_event_cursor(&self, scope: &Scope, session: &SessionId) -> Result<u64> {
+        let (session, scope) = (session.to_string(), scope.clone());
+        let last: i64 = self.conn.run(move |conn| {
+            let last = conn.statement(
+                "SELECT COALESCE(MAX(seq), 0) FROM events \
+                 WHERE session_id = $1 AND owner_id = $2 AND tenant_id = $3",
+            )?;
+            Ok(conn
+                .client
+                .query_one(&last, &[&session, &scope.owner_id, &scope.tenant_id])?
+                .try_get(0)?)
+        })?;
+        count("event cursor", last)
+    }
+
+    fn events_after(
+        &self,
+        scope: &Scope,
+        session: &SessionId,
+        cursor: u64,
+        limit: usize,
+    ) -> Result<Vec<SessionEvent>> {
+        let (session, scope) = (session.to_string(), scope.clone());
+        let cursor = super::bigint(cursor);
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.conn.run(move |conn| {
+            let after = conn.statement(
+                "SELECT session_id, seq, at_ms, run_id, body FROM events \
+                 WHERE session_id = $1 AND owner_id = $2 AND tenant_id = $3 AND seq > $4 \
+                 ORDER BY seq LIMIT $5",
+            )?;
+            conn.client
+                .query(
+                    &after,
+                    &[&session, &scope.owner_id, &scope.tenant_id, &cursor, &limit],
+                )?
+                .iter()
+                .map(|row| {
+                    Ok(SessionEvent {
+                        session_id: id("event", row.try_get(0)?, SessionId::parse)?,
+                        cursor: count("event cursor", row.try_get(1)?)?,
+                        at_ms: row.try_get(2)?,
+                        run_id: row
+                            .try_get::<_, Option<String>>(3)?
+                            .and_then(|s| RunId::parse(&s)),
+                        kind: json("event", row.try_get(4)?)?,
+                    })
+                })
+                .collect()
+        })
+    }
+}

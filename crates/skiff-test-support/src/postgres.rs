@@ -1,0 +1,347 @@
+//! A throwaway PostgreSQL cluster: Debian's server programs, a data directory in a temporary
+//! directory, the server listening only on a Unix socket in that directory, stopped (and the
+//! directory removed) when the [`PgCluster`] is dropped. Each [`PgCluster::fresh_database`] is
+//! a new, empty database.
+//!
+//! `initdb` refuses to run as root, and CI runs as root: then the server runs as a dedicated
+//! system user (`skiff-pgtest`, created on first use), through `setpriv`. `initdb` runs once per
+//! machine and PostgreSQL version into a template kept in the temporary directory; each cluster
+//! starts from a copy of it, which is faster than `initdb` (see [`Startup`]).
+//! The server gets a parent-death signal, so a test process killed outright does not leave it
+//! running. Linux sends it when the *thread* that started the server ends: keep a cluster on
+//! the thread that started it (a test's own), never in a static another test's thread uses.
+
+use std::fs::File;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+/// The system user the server runs as when the tests run as root.
+const SERVER_USER: &str = "skiff-pgtest";
+/// The cluster's superuser (trust authentication on its private socket).
+const SUPERUSER: &str = "skiff";
+/// How long a server may take to accept connections.
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How long starting took: `initdb` (only when this process made the template) and the copy
+/// and start of the server.
+#[derive(Clone, Copy, Debug)]
+pub struct Startup {
+    pub initdb: Option<Duration>,
+    pub copy_and_start: Duration,
+}
+
+/// How the server trades durability for speed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Durability {
+    /// `fsync = off`: for tests, where a crashed machine loses nothing that matters.
+    Tests,
+    /// `fsync = on`, `synchronous_commit = off`: what SQLite's WAL with `synchronous = NORMAL`
+    /// promises (an OS crash may lose the last commits, never corrupt) — for benchmarks that
+    /// compare the two.
+    LikeSqliteNormal,
+}
+
+pub struct PgCluster {
+    dir: tempfile::TempDir,
+    server: Child,
+    bin: PathBuf,
+    databases: AtomicUsize,
+    startup: Startup,
+}
+
+impl PgCluster {
+    /// A cluster for tests (`fsync = off`).
+    pub fn start() -> Self {
+        Self::start_with(Durability::Tests)
+    }
+
+    pub fn start_with(durability: Durability) -> Self {
+        let bin = bin_dir();
+        let user = server_user();
+        let (template, initdb) = template(&bin, user.as_ref());
+        let started = Instant::now();
+        let dir = tempfile::Builder::new()
+            .prefix("skiff-pg-")
+            .tempdir()
+            .unwrap();
+        if let Some(user) = &user {
+            std::os::unix::fs::chown(dir.path(), Some(user.uid), Some(user.gid)).unwrap();
+        }
+        let data = dir.path().join("data");
+        let copied = Command::new("cp")
+            .arg("-a")
+            .arg(&template)
+            .arg(&data)
+            .status()
+            .unwrap();
+        assert!(copied.success(), "could not copy the PostgreSQL template");
+        let log = File::create(dir.path().join("server.log")).unwrap();
+        if let Some(user) = &user {
+            std::os::unix::fs::chown(dir.path().join("server.log"), Some(user.uid), None).unwrap();
+        }
+        let (fsync, synchronous_commit) = match durability {
+            Durability::Tests => ("off", "off"),
+            Durability::LikeSqliteNormal => ("on", "off"),
+        };
+        let mut server = as_server_user(user.as_ref(), &bin.join("postgres"));
+        server
+            .arg("-D")
+            .arg(&data)
+            .arg("-k")
+            .arg(dir.path())
+            .args(["-c", "listen_addresses="])
+            .args(["-c", &format!("fsync={fsync}")])
+            .args(["-c", &format!("synchronous_commit={synchronous_commit}")])
+            .args(["-c", "shared_buffers=32MB", "-c", "max_connections=40"])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log);
+        let server = server.spawn().unwrap();
+        let mut cluster = Self {
+            dir,
+            server,
+            bin,
+            databases: AtomicUsize::new(0),
+            startup: Startup {
+                initdb,
+                copy_and_start: Duration::ZERO,
+            },
+        };
+        cluster.wait_ready();
+        cluster.startup.copy_and_start = started.elapsed();
+        cluster
+    }
+
+    /// The directory the server's socket is in (its `host`).
+    pub fn socket_dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn startup(&self) -> Startup {
+        self.startup
+    }
+
+    /// A new, empty database; returns its connection string (`host=… user=… dbname=…`).
+    pub fn fresh_database(&self) -> String {
+        let name = format!("db{}", self.databases.fetch_add(1, Ordering::Relaxed) + 1);
+        let out = Command::new(self.bin.join("createdb"))
+            .arg("-h")
+            .arg(self.socket_dir())
+            .args(["-U", SUPERUSER, &name])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "createdb {name} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        format!(
+            "host={} user={SUPERUSER} dbname={name}",
+            self.socket_dir().display()
+        )
+    }
+
+    /// The server's log so far, for a test's failure message.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
+    }
+
+    /// Waits for the server to say "ready" in its `postmaster.pid` (PostgreSQL writes its
+    /// status there); a server that exits first fails the test with its log.
+    fn wait_ready(&mut self) {
+        let pid_file = self.dir.path().join("data").join("postmaster.pid");
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            if let Ok(text) = std::fs::read_to_string(&pid_file)
+                && text.lines().nth(7).map(str::trim) == Some("ready")
+            {
+                return;
+            }
+            if let Some(status) = self.server.try_wait().unwrap() {
+                panic!(
+                    "PostgreSQL exited ({status}) before it was ready:\n{}",
+                    self.log()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "PostgreSQL was not ready within {START_TIMEOUT:?}:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+impl Drop for PgCluster {
+    fn drop(&mut self) {
+        // SIGQUIT: immediate shutdown — the data is thrown away with the directory.
+        let pid = rustix::process::Pid::from_child(&self.server);
+        let _ = rustix::process::kill_process(pid, rustix::process::Signal::QUIT);
+        let _ = self.server.wait();
+    }
+}
+
+struct ServerUser {
+    uid: u32,
+    gid: u32,
+}
+
+/// `None` when the tests do not run as root: the server then runs as whoever runs them.
+fn server_user() -> Option<ServerUser> {
+    if !rustix::process::geteuid().is_root() {
+        return None;
+    }
+    let _lock = machine_lock();
+    let id = |flag: &str| -> Option<u32> {
+        let out = Command::new("id")
+            .args([flag, SERVER_USER])
+            .stderr(Stdio::null())
+            .output()
+            .ok()?;
+        String::from_utf8_lossy(&out.stdout).trim().parse().ok()
+    };
+    if id("-u").is_none() {
+        // Another program adding a user at the same moment holds /etc/passwd's lock
+        // (useradd exits 10): try again briefly.
+        for _ in 0..50 {
+            let status = Command::new("useradd")
+                .args([
+                    "--system",
+                    "--user-group",
+                    "--no-create-home",
+                    "--shell",
+                    "/usr/sbin/nologin",
+                    SERVER_USER,
+                ])
+                .status()
+                .expect("useradd (package passwd) is needed to run PostgreSQL as root");
+            if status.success() || id("-u").is_some() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    Some(ServerUser {
+        uid: id("-u").unwrap_or_else(|| panic!("could not create the user {SERVER_USER}")),
+        gid: id("-g").unwrap_or_else(|| panic!("user {SERVER_USER} has no group")),
+    })
+}
+
+/// `program` as the server user (when root), dying with the thread that started it.
+fn as_server_user(user: Option<&ServerUser>, program: &Path) -> Command {
+    let mut cmd = Command::new("setpriv");
+    if let Some(user) = user {
+        cmd.arg(format!("--reuid={}", user.uid))
+            .arg(format!("--regid={}", user.gid))
+            .arg("--init-groups");
+    }
+    cmd.arg("--pdeathsig=KILL").arg(program);
+    cmd
+}
+
+/// Serializes the machine-wide set-up (the user, the template) between test processes.
+fn machine_lock() -> File {
+    let path = std::env::temp_dir().join("skiff-pgtest.lock");
+    let file = File::options()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .unwrap();
+    rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive).unwrap();
+    file
+}
+
+/// The data directory `initdb` made for this PostgreSQL version and user, making it first if
+/// needed (and then how long `initdb` took).
+fn template(bin: &Path, user: Option<&ServerUser>) -> (PathBuf, Option<Duration>) {
+    let version = bin
+        .parent()
+        .and_then(Path::file_name)
+        .map(|v| v.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "pg".into());
+    let owner = user.map_or_else(|| rustix::process::geteuid().as_raw(), |u| u.uid);
+    let root = std::env::temp_dir().join(format!("skiff-pg-template-{version}-{owner}"));
+    let data = root.join("data");
+    let _lock = machine_lock();
+    // A template is complete once renamed into place; its owner must be the server's user.
+    if data.join("PG_VERSION").exists() && std::fs::metadata(&data).is_ok_and(|m| m.uid() == owner)
+    {
+        return (data, None);
+    }
+    let _ = std::fs::remove_dir_all(&root);
+    let partial = std::env::temp_dir().join(format!(
+        "skiff-pg-template-{version}-{owner}.partial-{}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&partial);
+    std::fs::create_dir(&partial).unwrap();
+    if let Some(user) = user {
+        std::os::unix::fs::chown(&partial, Some(user.uid), Some(user.gid)).unwrap();
+    }
+    let took = initdb(bin, user, &partial.join("data"));
+    std::fs::rename(&partial, &root).unwrap();
+    (data, Some(took))
+}
+
+/// Runs `initdb` into `data` (a directory the server user may create); returns how long it
+/// took.
+fn initdb(bin: &Path, user: Option<&ServerUser>, data: &Path) -> Duration {
+    let started = Instant::now();
+    let out = as_server_user(user, &bin.join("initdb"))
+        .arg("-D")
+        .arg(data)
+        .args(["-U", SUPERUSER, "--auth=trust", "--no-sync"])
+        .args(["--encoding=UTF8", "--locale=C"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "initdb failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    started.elapsed()
+}
+
+/// How long `initdb` takes here, measured afresh (into a directory thrown away after), for
+/// benchmarks to print: what a cluster per test would cost without the template.
+pub fn time_initdb() -> Duration {
+    let bin = bin_dir();
+    let user = server_user();
+    let dir = tempfile::Builder::new()
+        .prefix("skiff-pg-initdb-")
+        .tempdir()
+        .unwrap();
+    if let Some(user) = &user {
+        std::os::unix::fs::chown(dir.path(), Some(user.uid), Some(user.gid)).unwrap();
+    }
+    initdb(&bin, user.as_ref(), &dir.path().join("data"))
+}
+
+/// Where Debian keeps the server's programs (`/usr/lib/postgresql/<N>/bin`, the newest N),
+/// or `SKIFF_PG_BIN`.
+fn bin_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("SKIFF_PG_BIN") {
+        return PathBuf::from(dir);
+    }
+    let newest = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| {
+            let major: u32 = entry.file_name().to_str()?.parse().ok()?;
+            let bin = entry.path().join("bin");
+            bin.join("initdb").exists().then_some((major, bin))
+        })
+        .max_by_key(|(major, _)| *major);
+    match newest {
+        Some((_, bin)) => bin,
+        None => panic!(
+            "PostgreSQL's server is not installed (no /usr/lib/postgresql/<N>/bin/initdb): \
+             scripts/test installs it, or run `apt-get install postgresql`"
+        ),
+    }
+}
