@@ -358,6 +358,12 @@ pub(crate) fn expired_message(row: &TokenRow) -> String {
         .expires_at_ms
         .map(crate::budgets::utc_day)
         .unwrap_or_default();
+    if row.label.starts_with(crate::sso::device::SSO_LABEL) {
+        return format!(
+            "your sign-in (token {}) expired on {day}: sign in again with `skiff login --gateway URL`",
+            row.id
+        );
+    }
     format!(
         "token {} expired on {day}: ask an admin for a new one (`skiff admin token create --user EMAIL --scope {} --expires 30d`)",
         row.id, row.cap
