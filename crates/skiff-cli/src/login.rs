@@ -69,13 +69,15 @@ async fn post<T: serde::de::DeserializeOwned>(
     req: reqwest::RequestBuilder,
     gateway: &str,
 ) -> Result<T> {
-    let resp = req.send().await.map_err(|e| {
-        Failure::Unreachable(format!("cannot reach the gateway at {gateway}: {e}"))
-    })?;
+    let resp = req
+        .send()
+        .await
+        .map_err(|e| Failure::Unreachable(format!("cannot reach the gateway at {gateway}: {e}")))?;
     let status = resp.status();
-    let bytes = resp.bytes().await.map_err(|e| {
-        Failure::Unreachable(format!("the gateway at {gateway} broke off: {e}"))
-    })?;
+    let bytes = resp
+        .bytes()
+        .await
+        .map_err(|e| Failure::Unreachable(format!("the gateway at {gateway} broke off: {e}")))?;
     if status.is_success() {
         return serde_json::from_slice(&bytes)
             .with_context(|| format!("unexpected answer from the gateway at {gateway}"));
@@ -103,11 +105,8 @@ pub async fn login(args: LoginArgs, state_dir: &Path, json: bool) -> Result<Exit
         .into());
     }
     let http = http()?;
-    let started: DeviceLoginStarted = post(
-        http.post(format!("{gateway}/v1/auth/device")),
-        &gateway,
-    )
-    .await?;
+    let started: DeviceLoginStarted =
+        post(http.post(format!("{gateway}/v1/auth/device")), &gateway).await?;
     if json {
         outln!(
             "{}",
@@ -142,7 +141,8 @@ pub async fn login(args: LoginArgs, state_dir: &Path, json: bool) -> Result<Exit
         // RFC 8628 §3.5: the client waits the interval between polls.
         tokio::time::sleep(interval).await;
         let answer: DevicePoll = post(
-            http.post(format!("{gateway}/v1/auth/device/poll")).json(&poll),
+            http.post(format!("{gateway}/v1/auth/device/poll"))
+                .json(&poll),
             &gateway,
         )
         .await?;
@@ -222,7 +222,10 @@ pub async fn logout(state_dir: &Path, json: bool) -> Result<ExitCode> {
         if json {
             outln!("{}", serde_json::json!({ "status": "not_signed_in" }))?;
         } else {
-            outln!("Not signed in (no {}).", state_dir.join(LOGIN_FILE).display())?;
+            outln!(
+                "Not signed in (no {}).",
+                state_dir.join(LOGIN_FILE).display()
+            )?;
         }
         return Ok(ExitCode::SUCCESS);
     };

@@ -356,7 +356,11 @@ mod tests {
         let s = String::from;
         let cases: Vec<(Error, u16, &str)> = vec![
             (Error::BadRequest(s("empty prompt")), 400, "bad_request"),
-            (Error::Unauthorized(s("expired sign-in")), 401, "unauthorized"),
+            (
+                Error::Unauthorized(s("expired sign-in")),
+                401,
+                "unauthorized",
+            ),
             (Error::Forbidden(s("admin only")), 403, "forbidden"),
             (Error::NotFound(s("no such path")), 404, "not_found"),
             (Error::Conflict(s("no running turn")), 409, "conflict"),

@@ -273,7 +273,11 @@ impl Browser {
         let xsrf = hidden(&confirm.body, "xsrf");
         let started = self.post_form(
             &action,
-            &[("xsrf", &xsrf), ("user_code", &user_code), ("confirm", "yes")],
+            &[
+                ("xsrf", &xsrf),
+                ("user_code", &user_code),
+                ("confirm", "yes"),
+            ],
         );
         let next = started
             .location
@@ -415,7 +419,11 @@ fn dechunk(mut raw: &[u8]) -> Vec<u8> {
             return out;
         };
         let size = usize::from_str_radix(
-            String::from_utf8_lossy(&raw[..eol]).split(';').next().unwrap_or("0").trim(),
+            String::from_utf8_lossy(&raw[..eol])
+                .split(';')
+                .next()
+                .unwrap_or("0")
+                .trim(),
             16,
         )
         .unwrap_or(0);

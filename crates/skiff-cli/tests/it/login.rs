@@ -74,7 +74,10 @@ fn gateway(idp: &OidcProvider) -> Gateway {
 }
 
 /// `skiff login --json` with its own state dir; the process and its first line (the code).
-fn start_login(gw: &Gateway, cli_state: &Path) -> (Child, BufReader<std::process::ChildStdout>, Value) {
+fn start_login(
+    gw: &Gateway,
+    cli_state: &Path,
+) -> (Child, BufReader<std::process::ChildStdout>, Value) {
     let mut child = Command::new(SKIFF)
         .arg("--state-dir")
         .arg(cli_state)
@@ -91,12 +94,18 @@ fn start_login(gw: &Gateway, cli_state: &Path) -> (Child, BufReader<std::process
     let waiting: Value = serde_json::from_str(&line)
         .unwrap_or_else(|e| panic!("not the waiting line ({e}): {line:?}"));
     assert_eq!(waiting["status"], "waiting", "{waiting}");
-    assert!(waiting.get("login_id").is_none(), "the poll id is the CLI's own: {waiting}");
+    assert!(
+        waiting.get("login_id").is_none(),
+        "the poll id is the CLI's own: {waiting}"
+    );
     (child, stdout, waiting)
 }
 
 /// Waits for `skiff login` to end: its exit code, the rest of its stdout and its stderr.
-fn finish(mut child: Child, mut stdout: BufReader<std::process::ChildStdout>) -> (i32, String, String) {
+fn finish(
+    mut child: Child,
+    mut stdout: BufReader<std::process::ChildStdout>,
+) -> (i32, String, String) {
     let mut rest = String::new();
     std::io::Read::read_to_string(&mut stdout, &mut rest).unwrap();
     let mut err = String::new();
@@ -133,7 +142,10 @@ fn skiff_login_signs_the_cli_in_with_a_device_code_and_logout_revokes_it() {
     let (child, stdout, waiting) = start_login(&gw, &cli_state);
     let complete = waiting["verification_uri_complete"].as_str().unwrap();
     assert!(complete.starts_with(&idp.issuer), "{waiting}");
-    assert!(complete.contains(waiting["user_code"].as_str().unwrap()), "{waiting}");
+    assert!(
+        complete.contains(waiting["user_code"].as_str().unwrap()),
+        "{waiting}"
+    );
     let page = Browser::new().confirm_device(complete, &Choice::Account("ana@example.com".into()));
     assert_eq!(page.status, 200, "{page:?}");
     assert!(page.body.contains("Sign-in Success"), "{}", page.body);
@@ -170,7 +182,11 @@ fn skiff_login_signs_the_cli_in_with_a_device_code_and_logout_revokes_it() {
     assert!(out.status.success(), "session list: {}", stderr(&out));
     let out = cli_as(&cli_state, &["admin", "user", "list"]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
-    assert!(stderr(&out).contains("your role (member)"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("your role (member)"),
+        "{}",
+        stderr(&out)
+    );
 
     let trail = audit(&gw);
     assert!(trail.contains("cli.login"), "{trail}");
@@ -193,7 +209,10 @@ fn skiff_login_signs_the_cli_in_with_a_device_code_and_logout_revokes_it() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2), "a revoked token still works");
     let out = cli_as(&cli_state, &["session", "list"]);
-    assert!(!out.status.success(), "signed out, yet the CLI found a gateway");
+    assert!(
+        !out.status.success(),
+        "signed out, yet the CLI found a gateway"
+    );
 }
 
 #[test]
@@ -220,7 +239,10 @@ fn a_refused_device_login_says_why_and_keeps_nothing() {
         let (code, rest, err) = finish(child, stdout);
         assert_eq!(code, 2, "{who:?}: {rest}\n{err}");
         assert!(err.contains(want), "{who:?}: {err}");
-        assert!(!cli_state.join("login.json").exists(), "{who:?} left a sign-in");
+        assert!(
+            !cli_state.join("login.json").exists(),
+            "{who:?} left a sign-in"
+        );
     }
     let trail = audit(&gw);
     let refusals = trail
@@ -251,5 +273,9 @@ fn an_unconfirmed_device_code_expires_with_a_clear_message() {
     let plain = Gateway::start("");
     let out = cli_as(&cli_state, &["login", "--gateway", &plain.url]);
     assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
-    assert!(stderr(&out).contains("single sign-on is not configured"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("single sign-on is not configured"),
+        "{}",
+        stderr(&out)
+    );
 }

@@ -116,8 +116,9 @@ fn start(oidc: &Oidc, headers: &HeaderMap) -> Result<(String, HeaderValue), Sign
     let redirect_uri = redirect_uri(oidc, headers)?;
     let challenge = base64::engine::general_purpose::URL_SAFE_NO_PAD
         .encode(Sha256::digest(verifier.as_bytes()));
-    let mut url = reqwest::Url::parse(&oidc.authorization_endpoint)
-        .map_err(|e| SignInError::Provider(format!("the provider's authorization endpoint: {e}")))?;
+    let mut url = reqwest::Url::parse(&oidc.authorization_endpoint).map_err(|e| {
+        SignInError::Provider(format!("the provider's authorization endpoint: {e}"))
+    })?;
     url.query_pairs_mut()
         .append_pair("response_type", "code")
         .append_pair("client_id", &oidc.client_id)
@@ -327,7 +328,12 @@ fn failure(core: &Core, step: Step, status: StatusCode, e: &SignInError) -> Resp
             "Start the sign-in again; if it keeps failing, tell the gateway's admin."
         }
     };
-    page(status, &format!("Sign-in failed while {}", step.as_str()), &e.to_string(), todo)
+    page(
+        status,
+        &format!("Sign-in failed while {}", step.as_str()),
+        &e.to_string(),
+        todo,
+    )
 }
 
 /// A plain page in the UI's style: what happened, what to do, a way back.

@@ -120,14 +120,18 @@ pub(crate) async fn start(State(core): State<Arc<Core>>) -> Result<Response, Err
             ),
         ));
     };
-    let expires_in = answer.get("expires_in").and_then(Value::as_u64).unwrap_or(600);
+    let expires_in = answer
+        .get("expires_in")
+        .and_then(Value::as_u64)
+        .unwrap_or(600);
     let interval_s = answer
         .get("interval")
         .and_then(Value::as_u64)
         .unwrap_or(DEFAULT_INTERVAL_S)
         .max(1);
     let now = now_ms();
-    let expires_at_ms = now.saturating_add(i64::try_from(expires_in.saturating_mul(1000)).unwrap_or(i64::MAX));
+    let expires_at_ms =
+        now.saturating_add(i64::try_from(expires_in.saturating_mul(1000)).unwrap_or(i64::MAX));
     let login_id = random(2).map_err(|e| Error::Internal(e.to_string()))?;
     {
         let mut map = oidc.devices.lock();
@@ -184,19 +188,23 @@ pub(crate) async fn poll(
                 &core,
                 "waiting for the person",
                 SignInError::Token(
-                    "the sign-in code expired before it was confirmed; run `skiff login` again".into(),
+                    "the sign-in code expired before it was confirmed; run `skiff login` again"
+                        .into(),
                 ),
             ));
         }
         if now < started.next_poll_ms {
             Next::Wait(started.interval_s)
         } else {
-            started.next_poll_ms = now + i64::try_from(started.interval_s * 1000).unwrap_or(i64::MAX);
+            started.next_poll_ms =
+                now + i64::try_from(started.interval_s * 1000).unwrap_or(i64::MAX);
             Next::Ask(started.device_code.clone())
         }
     };
     let device_code = match next {
-        Next::Wait(interval_s) => return Ok(Json(DevicePoll::Pending { interval_s }).into_response()),
+        Next::Wait(interval_s) => {
+            return Ok(Json(DevicePoll::Pending { interval_s }).into_response());
+        }
         Next::Ask(code) => code,
     };
     let answer = oidc
@@ -216,7 +224,8 @@ pub(crate) async fn poll(
                     let interval_s = match map.get_mut(&id) {
                         Some(s) if error == "slow_down" => {
                             s.interval_s += SLOW_DOWN_S;
-                            s.next_poll_ms = now_ms() + i64::try_from(s.interval_s * 1000).unwrap_or(i64::MAX);
+                            s.next_poll_ms =
+                                now_ms() + i64::try_from(s.interval_s * 1000).unwrap_or(i64::MAX);
                             s.interval_s
                         }
                         Some(s) => s.interval_s,
@@ -286,13 +295,18 @@ pub(crate) async fn poll(
 pub(crate) const SSO_LABEL: &str = "sso:";
 
 /// `POST /v1/auth/logout` (bearer): revokes a token `skiff login` made.
-pub(crate) async fn logout(State(core): State<Arc<Core>>, headers: HeaderMap) -> Result<Response, Error> {
+pub(crate) async fn logout(
+    State(core): State<Arc<Core>>,
+    headers: HeaderMap,
+) -> Result<Response, Error> {
     let presented = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::trim)
-        .ok_or_else(|| Error::Unauthorized("send the token to revoke as `Authorization: Bearer`".into()))?;
+        .ok_or_else(|| {
+            Error::Unauthorized("send the token to revoke as `Authorization: Bearer`".into())
+        })?;
     let row = match core.tokens.verify(presented) {
         crate::auth::Verified::Valid(row) | crate::auth::Verified::Expired(row) => row,
         crate::auth::Verified::Unknown => {
@@ -308,6 +322,12 @@ pub(crate) async fn logout(State(core): State<Arc<Core>>, headers: HeaderMap) ->
     }
     let row = core.store.revoke_token(&row.id, None)?;
     core.tokens.remove(std::slice::from_ref(&row.id));
-    core.audit(&row.scope, "cli.logout", &row.id, "applied", json!({ "mode": "oidc" }));
+    core.audit(
+        &row.scope,
+        "cli.logout",
+        &row.id,
+        "applied",
+        json!({ "mode": "oidc" }),
+    );
     Ok(StatusCode::NO_CONTENT.into_response())
 }

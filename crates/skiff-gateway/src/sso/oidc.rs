@@ -158,13 +158,13 @@ impl Oidc {
             .unwrap_or(DEFAULT_TOKEN_LIFETIME);
         let token_lifetime = humantime::parse_duration(lifetime)
             .ok()
-            .filter(|d| {
-                d.as_secs() >= 60 && d.as_secs() <= crate::people::MAX_TOKEN_LIFETIME_S
-            })
+            .filter(|d| d.as_secs() >= 60 && d.as_secs() <= crate::people::MAX_TOKEN_LIFETIME_S)
             .ok_or_else(|| {
                 invalid(
                     "token_lifetime",
-                    format!("{lifetime:?} is not a duration between a minute and a year, like \"30d\""),
+                    format!(
+                        "{lifetime:?} is not a duration between a minute and a year, like \"30d\""
+                    ),
                 )
             })?;
         if let Some(roles) = &config.roles {
@@ -232,10 +232,7 @@ impl Oidc {
             redirect_uri,
             token_lifetime,
             roles: config.roles.clone(),
-            authorization_endpoint: checked_url(
-                "issuer",
-                &discovery.authorization_endpoint,
-            )?,
+            authorization_endpoint: checked_url("issuer", &discovery.authorization_endpoint)?,
             token_endpoint: checked_url("issuer", &discovery.token_endpoint)?,
             device_endpoint: discovery.device_authorization_endpoint,
             jwks,
@@ -357,9 +354,8 @@ impl Oidc {
         if let Some(nonce) = nonce {
             let carried = claims.get("nonce").and_then(Value::as_str);
             // Compared as hashes: equal length, constant time.
-            let same = carried.is_some_and(|c| {
-                blake3::hash(c.as_bytes()) == blake3::hash(nonce.as_bytes())
-            });
+            let same = carried
+                .is_some_and(|c| blake3::hash(c.as_bytes()) == blake3::hash(nonce.as_bytes()));
             if !same {
                 return Err(SignInError::Token(
                     "its nonce is not the one this sign-in started with (a replayed or foreign token)".into(),
@@ -427,10 +423,7 @@ impl Oidc {
             return Err(unknown());
         };
         let tenant = roles.tenant.as_deref().unwrap_or(DEFAULT_TENANT);
-        let user = core
-            .store
-            .add_user(email, role, tenant)
-            .map_err(internal)?;
+        let user = core.store.add_user(email, role, tenant).map_err(internal)?;
         core.audit(
             &user.scope(),
             "user.add",
@@ -518,9 +511,117 @@ mod tests {
             mapped_role(&roles, &claims(json!(["eng", "ops", "x"]))),
             Some(Role::Operator)
         );
-        assert_eq!(mapped_role(&roles, &claims(json!("eng"))), Some(Role::Member));
+        assert_eq!(
+            mapped_role(&roles, &claims(json!("eng"))),
+            Some(Role::Member)
+        );
         assert_eq!(mapped_role(&roles, &claims(json!(["sales"]))), None);
         assert_eq!(mapped_role(&roles, &Map::new()), None);
+    }
+
+    use skiff_test_support::oidc_provider::{
+        Browser, Choice, OidcAccount, OidcApp, OidcProvider, OidcSetup, Stop,
+    };
+
+    fn app(id: &str) -> OidcApp {
+        OidcApp {
+            client_id: id.to_owned(),
+            client_secret: format!("{id}-secret-0123456789"),
+        }
+    }
+
+    async fn idp(apps: &[&str]) -> OidcProvider {
+        OidcProvider::start_with(&OidcSetup {
+            apps: apps.iter().map(|a| app(a)).collect(),
+            accounts: vec![OidcAccount::verified("ana@example.com")],
+            ..OidcSetup::default()
+        })
+        .await
+    }
+
+    /// An ID token `provider` issues `client` for ana, by the code flow (no PKCE is needed for
+    /// a client with a secret).
+    async fn id_token(provider: &OidcProvider, client: &str) -> String {
+        let redirect = "http://127.0.0.1:1/auth/callback";
+        let start = format!(
+            "{}/auth?response_type=code&client_id={client}&scope=openid%20email&nonce=n&state=s&redirect_uri={}",
+            provider.issuer,
+            form_encode(redirect)
+        );
+        let back = tokio::task::spawn_blocking(move || {
+            match Browser::new().follow(&start, &Choice::Account("ana@example.com".into()), |u| {
+                u.starts_with("http://127.0.0.1:1/")
+            }) {
+                Stop::At(url) => url,
+                Stop::Page(page) => panic!("{page:?}"),
+            }
+        })
+        .await
+        .unwrap();
+        let code = back
+            .split(['?', '&'])
+            .find_map(|p| p.strip_prefix("code="))
+            .unwrap()
+            .to_owned();
+        let answer: Value = reqwest::Client::new()
+            .post(format!("{}/token", provider.issuer))
+            .basic_auth(client, Some(format!("{client}-secret-0123456789")))
+            .form(&[
+                ("grant_type", "authorization_code"),
+                ("code", &code),
+                ("redirect_uri", redirect),
+            ])
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        answer["id_token"].as_str().unwrap().to_owned()
+    }
+
+    /// The gateway's check of an ID token against real tokens: its own provider's for it
+    /// passes; one for another client of that provider, and one from another provider (another
+    /// signer) under the same client id, are refused naming why.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn only_the_configured_providers_tokens_for_this_client_pass() {
+        let ours = idp(&["skiff", "other-app"]).await;
+        let elsewhere = idp(&["skiff"]).await;
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(skiff_store::Store::open(&dir.path().join("skiff.db")).unwrap());
+        let vault = Arc::new(crate::vault::Vault::new(store, dir.path(), None));
+        vault.set("oidc", "skiff-secret-0123456789").unwrap();
+        let config = OidcConfig {
+            issuer: ours.issuer.clone(),
+            client_id: "skiff".into(),
+            client_secret: "vault:oidc".into(),
+            allowed_domains: vec!["example.com".into()],
+            redirect_uri: None,
+            token_lifetime: None,
+            roles: None,
+        };
+        let oidc = Oidc::from_config(&config, vault).await.unwrap();
+
+        let good = id_token(&ours, "skiff").await;
+        let claims = oidc.verify(&good, None).await.unwrap();
+        assert_eq!(oidc.email(&claims).unwrap(), "ana@example.com");
+        let err = oidc.verify(&good, Some("another-nonce")).await.unwrap_err();
+        assert!(err.to_string().contains("nonce is not the one"), "{err}");
+
+        let other_client = id_token(&ours, "other-app").await;
+        let err = oidc.verify(&other_client, None).await.unwrap_err();
+        assert!(
+            err.to_string().contains("not meant for this gateway"),
+            "{err}"
+        );
+
+        let foreign = id_token(&elsewhere, "skiff").await;
+        let err = oidc.verify(&foreign, None).await.unwrap_err();
+        assert!(
+            err.to_string().contains("is not one of the issuer's keys"),
+            "{err}"
+        );
+        assert!(!err.to_string().contains("eyJ"), "{err}");
     }
 
     #[test]

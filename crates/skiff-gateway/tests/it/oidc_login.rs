@@ -116,7 +116,11 @@ impl Setup {
     }
 
     /// Signs in as `who` from the login page to the end; the last page.
-    fn sign_in(&self, browser: &mut Browser, who: &Choice) -> skiff_test_support::oidc_provider::Page {
+    fn sign_in(
+        &self,
+        browser: &mut Browser,
+        who: &Choice,
+    ) -> skiff_test_support::oidc_provider::Page {
         browser.follow_all(&self.login_url(), who)
     }
 
@@ -157,9 +161,17 @@ fn query_param(url: &str, name: &str) -> String {
 
 fn refused_at(page: &skiff_test_support::oidc_provider::Page, status: u16, step: &str, why: &str) {
     assert_eq!(page.status, status, "{}", page.body);
-    assert!(page.body.contains(step), "not the step {step:?}: {}", page.body);
+    assert!(
+        page.body.contains(step),
+        "not the step {step:?}: {}",
+        page.body
+    );
     assert!(page.body.contains(why), "not {why:?}: {}", page.body);
-    assert!(!page.body.contains("eyJ"), "a token on the page: {}", page.body);
+    assert!(
+        !page.body.contains("eyJ"),
+        "a token on the page: {}",
+        page.body
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -179,24 +191,39 @@ async fn a_user_signs_in_with_sso_and_the_cookie_works_on_the_api() {
     let start = browser.get(&gw.login_url());
     assert_eq!(start.status, 303, "{start:?}");
     let to_provider = start.location.clone().unwrap();
-    assert!(to_provider.starts_with(&format!("{}/auth?", idp.issuer)), "{to_provider}");
+    assert!(
+        to_provider.starts_with(&format!("{}/auth?", idp.issuer)),
+        "{to_provider}"
+    );
     for param in ["state", "nonce", "code_challenge"] {
-        assert!(query_param(&to_provider, param).len() >= 32, "{param}: {to_provider}");
+        assert!(
+            query_param(&to_provider, param).len() >= 32,
+            "{param}: {to_provider}"
+        );
     }
     assert_eq!(query_param(&to_provider, "code_challenge_method"), "S256");
     assert!(browser.cookie("skiff_oidc").is_some());
 
-    let back = match browser.follow(&to_provider, &Choice::Account("ana@example.com".into()), |u| {
-        u.contains("/auth/callback")
-    }) {
+    let back = match browser.follow(
+        &to_provider,
+        &Choice::Account("ana@example.com".into()),
+        |u| u.contains("/auth/callback"),
+    ) {
         Stop::At(url) => url,
         Stop::Page(page) => panic!("{page:?}"),
     };
     let code = query_param(&back, "code");
     let home = browser.follow_all(&back, &Choice::Refuse);
     assert_eq!(home.status, 200, "{home:?}");
-    assert!(home.url.ends_with(&format!("{}/", gw.running.url)), "{}", home.url);
-    assert!(browser.cookie("skiff_oidc").is_none(), "the binding cookie is cleared");
+    assert!(
+        home.url.ends_with(&format!("{}/", gw.running.url)),
+        "{}",
+        home.url
+    );
+    assert!(
+        browser.cookie("skiff_oidc").is_none(),
+        "the binding cookie is cleared"
+    );
 
     let (status, me) = gw.me(&browser).await;
     assert_eq!(status, 200, "{me}");
@@ -210,8 +237,14 @@ async fn a_user_signs_in_with_sso_and_the_cookie_works_on_the_api() {
         "{rows:?}"
     );
     for (_, _, detail) in &rows {
-        assert!(!detail.contains(&code), "the code reached the audit: {detail}");
-        assert!(!detail.contains(CLIENT_SECRET) && !detail.contains("eyJ"), "{detail}");
+        assert!(
+            !detail.contains(&code),
+            "the code reached the audit: {detail}"
+        );
+        assert!(
+            !detail.contains(CLIENT_SECRET) && !detail.contains("eyJ"),
+            "{detail}"
+        );
     }
 }
 
@@ -227,8 +260,17 @@ async fn a_forged_replayed_or_foreign_answer_is_refused_naming_the_step() {
     let state = query_param(&back, "state");
     let forged = back.replace(&state, "forged-state-0123456789abcdefghij");
     let page = browser.get(&forged);
-    refused_at(&page, 400, "matching the provider", "does not match a sign-in");
-    assert!(!page.body.contains(&query_param(&back, "code")), "{}", page.body);
+    refused_at(
+        &page,
+        400,
+        "matching the provider",
+        "does not match a sign-in",
+    );
+    assert!(
+        !page.body.contains(&query_param(&back, "code")),
+        "{}",
+        page.body
+    );
     assert!(browser.cookie("skiff_session").is_none());
     let home = browser.follow_all(&back, &ana);
     assert_eq!(home.status, 200, "{home:?}");
@@ -240,7 +282,12 @@ async fn a_forged_replayed_or_foreign_answer_is_refused_naming_the_step() {
     let mut victim = Browser::new();
     let planted = gw.callback_for(&mut Browser::new(), &ana);
     let page = victim.get(&planted);
-    refused_at(&page, 400, "matching the provider", "started in another browser");
+    refused_at(
+        &page,
+        400,
+        "matching the provider",
+        "started in another browser",
+    );
     assert!(victim.cookie("skiff_session").is_none());
 
     // A code issued for another nonce: the ID token it buys is refused.
@@ -255,7 +302,12 @@ async fn a_forged_replayed_or_foreign_answer_is_refused_naming_the_step() {
 
     // The person refuses at the provider.
     let page = gw.sign_in(&mut Browser::new(), &Choice::Refuse);
-    refused_at(&page, 403, "signing in at the identity provider", "access_denied");
+    refused_at(
+        &page,
+        403,
+        "signing in at the identity provider",
+        "access_denied",
+    );
 
     let rows = gw.stop().await;
     let denied = rows.iter().filter(|(d, _, _)| d == "denied").count();
@@ -269,20 +321,39 @@ async fn only_verified_people_of_allowed_domains_who_are_users_get_in() {
 
     let mut browser = Browser::new();
     let page = gw.sign_in(&mut browser, &Choice::Account("eve@elsewhere.test".into()));
-    refused_at(&page, 403, "checking who you are", "not in a domain allowed");
+    refused_at(
+        &page,
+        403,
+        "checking who you are",
+        "not in a domain allowed",
+    );
     assert!(page.body.contains("example.com"), "{}", page.body);
     assert!(browser.cookie("skiff_session").is_none());
 
-    let page = gw.sign_in(&mut Browser::new(), &Choice::Account("una@example.com".into()));
+    let page = gw.sign_in(
+        &mut Browser::new(),
+        &Choice::Account("una@example.com".into()),
+    );
     refused_at(&page, 403, "checking who you are", "verified");
 
     // Without a mapping that creates users, a stranger is told how to get in.
-    let page = gw.sign_in(&mut Browser::new(), &Choice::Account("bo@example.com".into()));
-    refused_at(&page, 403, "checking who you are", "skiff admin user add bo@example.com");
+    let page = gw.sign_in(
+        &mut Browser::new(),
+        &Choice::Account("bo@example.com".into()),
+    );
+    refused_at(
+        &page,
+        403,
+        "checking who you are",
+        "skiff admin user add bo@example.com",
+    );
 
     let rows = gw.stop().await;
     assert!(!rows.iter().any(|(d, _, _)| d == "applied"), "{rows:?}");
-    assert!(rows.iter().any(|(_, _, detail)| detail.contains("not in a domain allowed")));
+    assert!(
+        rows.iter()
+            .any(|(_, _, detail)| detail.contains("not in a domain allowed"))
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -303,8 +374,16 @@ async fn the_role_mapping_creates_new_users_and_leaves_existing_ones_alone() {
     assert_eq!(me["role"], "operator");
 
     // dora's group maps to nothing: not created.
-    let page = gw.sign_in(&mut Browser::new(), &Choice::Account("dora@example.com".into()));
-    refused_at(&page, 403, "checking who you are", "skiff admin user add dora@example.com");
+    let page = gw.sign_in(
+        &mut Browser::new(),
+        &Choice::Account("dora@example.com".into()),
+    );
+    refused_at(
+        &page,
+        403,
+        "checking who you are",
+        "skiff admin user add dora@example.com",
+    );
 
     // ana keeps the role an admin gave her.
     let mut ana = Browser::new();
@@ -312,7 +391,10 @@ async fn the_role_mapping_creates_new_users_and_leaves_existing_ones_alone() {
     assert_eq!(gw.me(&ana).await.1["role"], "member");
 
     let rows = gw.stop().await;
-    let added: Vec<_> = rows.iter().filter(|(_, _, d)| d.contains("\"by\":\"sso\"")).collect();
+    let added: Vec<_> = rows
+        .iter()
+        .filter(|(_, _, d)| d.contains("\"by\":\"sso\""))
+        .collect();
     assert_eq!(added.len(), 1, "{rows:?}");
 }
 
