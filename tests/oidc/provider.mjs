@@ -142,7 +142,7 @@ async function interaction(provider, url, req, res) {
       const links = [...accounts.keys()]
         .map((a) => `<li><a href="?account=${encodeURIComponent(a)}">${a}</a></li>`).join('');
       res.setHeader('content-type', 'text/html; charset=utf-8');
-      res.end(`<!doctype html><title>Sign in</title><ul>${links}</ul><a href="?deny=1">Refuse</a>`);
+      res.end(`<!doctype html><title>Sign in</title><link rel="icon" href="data:,"><ul>${links}</ul><a href="?deny=1">Refuse</a>`);
       return;
     }
     if (!accounts.has(id)) throw new Error(`no account ${id}`);

@@ -341,7 +341,8 @@ fn page(status: StatusCode, title: &str, what: &str, todo: &str) -> Response {
     let body = format!(
         "<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
          <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
-         <title>Skiff — {title}</title><link rel=\"stylesheet\" href=\"/assets/app.css\"></head>\
+         <title>Skiff — {title}</title><link rel=\"icon\" href=\"/assets/icon.svg\" type=\"image/svg+xml\">\
+         <link rel=\"stylesheet\" href=\"/assets/app.css\"></head>\
          <body><div class=\"login\"><main class=\"login-card\" id=\"sso-error\">\
          <h1>{title}</h1><p class=\"form-error\" role=\"alert\">{what}</p><p>{todo}</p>\
          <p><a class=\"button\" href=\"/auth/login\">Sign in with SSO again</a> \
