@@ -817,6 +817,23 @@ mod tests {
     }
 
     #[test]
+    fn an_expired_sign_in_says_to_sign_in_again_and_an_admin_token_to_ask_an_admin() {
+        let row = |label: &str| TokenRow {
+            id: "tok_x".into(),
+            hash: String::new(),
+            scope: Scope::new("usr_x", "t"),
+            label: label.into(),
+            cap: TokenScope::Admin,
+            created_at_ms: 0,
+            expires_at_ms: Some(0),
+        };
+        let sso = expired_message(&row("sso:ana@example.com"));
+        assert!(sso.contains("skiff login --gateway"), "{sso}");
+        let made = expired_message(&row("user:ana@example.com"));
+        assert!(made.contains("skiff admin token create"), "{made}");
+    }
+
+    #[test]
     fn the_access_table_has_one_rule_per_route() {
         let mut seen = std::collections::HashSet::new();
         for r in ACCESS {
