@@ -315,6 +315,12 @@ pub(crate) async fn open_core(
             message,
         })
     })?;
+    if config.auth.proxy.is_some() && config.auth.oidc.is_some() {
+        return Err(Error::Config(config::ConfigError::Invalid {
+            path: config_path.display().to_string(),
+            message: "at `auth`: `[auth.proxy]` and `[auth.oidc]` are both set; behind an identity-aware proxy its assertion alone signs people in, so remove one".into(),
+        }));
+    }
     let proxy = match &config.auth.proxy {
         Some(proxy) => Some(
             sso::proxy::Proxy::from_config(&config_path, proxy)
@@ -328,12 +334,6 @@ pub(crate) async fn open_core(
         ),
         None => None,
     };
-    if config.auth.proxy.is_some() && config.auth.oidc.is_some() {
-        return Err(Error::Config(config::ConfigError::Invalid {
-            path: config_path.display().to_string(),
-            message: "at `auth`: `[auth.proxy]` and `[auth.oidc]` are both set; behind an identity-aware proxy its assertion alone signs people in, so remove one".into(),
-        }));
-    }
     let config_dir = config_path.parent().map(PathBuf::from).unwrap_or_default();
     let store = Arc::new(Store::open(&state.database())?);
     let (audit_feed, _) = tokio::sync::watch::channel(0i64);

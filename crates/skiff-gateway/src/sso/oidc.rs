@@ -406,10 +406,14 @@ impl Oidc {
             tracing::error!(error = %e, "cannot look up the user an ID token names");
             SignInError::Internal("cannot look up your user; see the gateway log".into())
         };
-        match core.store.user_by_email(email, None) {
-            Ok(user) => return Ok(user),
-            Err(skiff_store::Error::NotFound { .. }) => {}
-            Err(e) => return Err(internal(e)),
+        // Providers keep the case a person typed; users are usually added in lower case.
+        let lower = email.to_ascii_lowercase();
+        for candidate in [email, lower.as_str()] {
+            match core.store.user_by_email(candidate, None) {
+                Ok(user) => return Ok(user),
+                Err(skiff_store::Error::NotFound { .. }) => {}
+                Err(e) => return Err(internal(e)),
+            }
         }
         let unknown = || {
             SignInError::NotAllowed(format!(

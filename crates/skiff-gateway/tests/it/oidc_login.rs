@@ -39,6 +39,7 @@ async fn provider() -> OidcProvider {
             account("una@example.com", false, &[]),
             account("carl@example.com", true, &["eng", "ops"]),
             account("dora@example.com", true, &["sales"]),
+            account("Ana@Example.COM", true, &["ops"]),
         ],
         ..OidcSetup::default()
     })
@@ -390,6 +391,14 @@ async fn the_role_mapping_creates_new_users_and_leaves_existing_ones_alone() {
     gw.sign_in(&mut ana, &Choice::Account("ana@example.com".into()));
     assert_eq!(gw.me(&ana).await.1["role"], "member");
 
+    // The provider keeps the case she typed: still ana, still a member, nobody created.
+    let mut shouting = Browser::new();
+    gw.sign_in(&mut shouting, &Choice::Account("Ana@Example.COM".into()));
+    let (status, me) = gw.me(&shouting).await;
+    assert_eq!(status, 200, "{me}");
+    assert_eq!(me["email"], "ana@example.com");
+    assert_eq!(me["role"], "member");
+
     let rows = gw.stop().await;
     let added: Vec<_> = rows
         .iter()
@@ -426,6 +435,11 @@ async fn bad_oidc_configuration_stops_the_start_naming_the_key() {
             format!("issuer = \"{}\"\nclient_id = \"x\"\nclient_secret = \"vault:x\"\nallowed_domains = [\"example.com\"]\n[auth.oidc.roles]\nclaim = \"groups\"\nmap = {{ eng = \"root\" }}", idp.issuer),
             "auth.oidc.roles.map",
             "root",
+        ),
+        (
+            format!("issuer = \"{}\"\nclient_id = \"x\"\nclient_secret = \"vault:x\"\nallowed_domains = [\"example.com\"]\n[auth.proxy]\njwks = \"keys.json\"\nissuer = \"i\"\naudience = \"a\"\nheader = \"X-A\"", idp.issuer),
+            "at `auth`",
+            "both set",
         ),
     ];
     for (section, key, why) in cases {
