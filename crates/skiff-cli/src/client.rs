@@ -88,12 +88,20 @@ impl Client {
         }
     }
 
-    /// `SKIFF_URL`/`SKIFF_TOKEN` win; otherwise `<state-dir>/gateway.json`.
+    /// `SKIFF_URL`/`SKIFF_TOKEN` win; then the sign-in of `skiff login` (`login.json`, for its
+    /// gateway, unless `SKIFF_URL` names another); otherwise `<state-dir>/gateway.json`.
     pub fn discover(state_dir: &Path) -> Result<Self> {
         let env_url = std::env::var("SKIFF_URL").ok().filter(|s| !s.is_empty());
         let env_token = std::env::var("SKIFF_TOKEN").ok().filter(|s| !s.is_empty());
         if let (Some(url), Some(token)) = (&env_url, &env_token) {
             return Ok(Self::new(url, token));
+        }
+        if let Some(login) = crate::login::LoginFile::read(state_dir)?
+            && env_url
+                .as_deref()
+                .is_none_or(|u| u.trim_end_matches('/') == login.gateway)
+        {
+            return Ok(Self::new(&login.gateway, &env_token.unwrap_or(login.token)));
         }
         let path = state_dir.join("gateway.json");
         let file: Option<skiff_gateway::GatewayFile> = match std::fs::read_to_string(&path) {

@@ -14,6 +14,7 @@ mod doctor;
 mod env;
 mod gateway;
 mod groups;
+mod login;
 mod render;
 mod results;
 mod secret;
@@ -36,7 +37,8 @@ const EXIT_CODES: &str = "Exit codes:
   7  the gateway's own fault (its log has the cause)
 
 Environment:
-  SKIFF_URL, SKIFF_TOKEN   the gateway to talk to (win over <state-dir>/gateway.json)
+  SKIFF_URL, SKIFF_TOKEN   the gateway to talk to (win over <state-dir>/login.json from `skiff login`,
+                           which wins over <state-dir>/gateway.json)
   SKIFF_VAULT_KEY          the gateway's vault key (base64 of 32 bytes) instead of <state-dir>/vault.key
   SKIFF_GRANT_KEY          the gateway's governed-action grant key (base64 of 32 bytes) instead of <state-dir>/grant.key";
 
@@ -92,6 +94,10 @@ enum Command {
     Approvals(approvals::ListArgs),
     /// Print a one-use login link for the Control UI in a browser
     Ui(ui::UiArgs),
+    /// Sign in to a gateway with single sign-on (a code to confirm at its identity provider); later commands use the token
+    Login(login::LoginArgs),
+    /// Forget the `skiff login` sign-in and revoke its token
+    Logout,
     /// The gateway's administration: users, tokens, usage against budgets
     #[command(subcommand)]
     Admin(admin::AdminCommand),
@@ -122,6 +128,8 @@ fn without_json_form(command: &Command) -> Option<&'static str> {
         | Command::Box(_)
         | Command::Demo(_)
         | Command::Ui(_)
+        | Command::Login(_)
+        | Command::Logout
         | Command::Secret(_)
         | Command::Agent(_)
         | Command::Approve(_)
@@ -213,6 +221,8 @@ fn main() -> ExitCode {
             Command::Env(cmd) => env::run(cmd, &state_dir, json).await,
             Command::Box(args) => boxes::run(args, &state_dir, json).await,
             Command::Ui(args) => ui::run(args, &state_dir, json).await,
+            Command::Login(args) => login::login(args, &state_dir, json).await,
+            Command::Logout => login::logout(&state_dir, json).await,
             Command::Secret(cmd) => secret::run(cmd, &state_dir, json).await,
             Command::Agent(cmd) => agent::run(cmd, &state_dir, json).await,
             Command::Approve(args) => approvals::approve(args, &state_dir, json).await,

@@ -75,6 +75,8 @@ pub(crate) fn router(core: Arc<Core>) -> Router {
         .route("/readyz", get(crate::metrics::readyz))
         // Slack signs its requests instead of presenting a token; absent unless configured.
         .merge(crate::ingress::routes(core.slack.is_some()))
+        // Single sign-on's own steps check for themselves (a login has no token yet).
+        .merge(crate::sso::public_routes())
         .merge(authenticated)
         .layer(middleware::from_fn(crate::ui::security_headers))
         .with_state(core)

@@ -42,6 +42,9 @@ pub enum Error {
     /// The request is malformed, or asks for what can never be done: the client's to fix.
     #[error("{0}")]
     BadRequest(String),
+    /// No valid credential: a token or sign-in that is missing, unknown or expired.
+    #[error("{0}")]
+    Unauthorized(String),
     /// The token may not do this.
     #[error("{0}")]
     Forbidden(String),
@@ -98,6 +101,7 @@ impl Error {
             Error::Remote(e) => remote_code(e),
             Error::Agent(e) => agent_code(e),
             Error::BadRequest(_) => ErrorCode::BadRequest,
+            Error::Unauthorized(_) => ErrorCode::Unauthorized,
             Error::Forbidden(_) => ErrorCode::Forbidden,
             Error::NotFound(_) => ErrorCode::NotFound,
             Error::Conflict(_) => ErrorCode::Conflict,
@@ -361,6 +365,11 @@ mod tests {
         let s = String::from;
         let cases: Vec<(Error, u16, &str)> = vec![
             (Error::BadRequest(s("empty prompt")), 400, "bad_request"),
+            (
+                Error::Unauthorized(s("expired sign-in")),
+                401,
+                "unauthorized",
+            ),
             (Error::Forbidden(s("admin only")), 403, "forbidden"),
             (Error::NotFound(s("no such path")), 404, "not_found"),
             (Error::Conflict(s("no running turn")), 409, "conflict"),

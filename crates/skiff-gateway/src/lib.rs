@@ -147,6 +147,8 @@ pub(crate) struct Core {
     /// `[auth.proxy]`, when configured: every request is authenticated by the proxy's
     /// assertion and nothing else.
     proxy: Option<sso::proxy::Proxy>,
+    /// `[auth.oidc]`, when configured: the Control UI's and `skiff login`'s single sign-on.
+    oidc: Option<Arc<sso::oidc::Oidc>>,
 }
 
 /// The state dir's lock and the signal that it was let go. Fields drop in order: the lock
@@ -317,6 +319,12 @@ pub(crate) async fn open_core(
             message,
         })
     })?;
+    if config.auth.proxy.is_some() && config.auth.oidc.is_some() {
+        return Err(Error::Config(config::ConfigError::Invalid {
+            path: config_path.display().to_string(),
+            message: "at `auth`: `[auth.proxy]` and `[auth.oidc]` are both set; behind an identity-aware proxy its assertion alone signs people in, so remove one".into(),
+        }));
+    }
     let proxy = match &config.auth.proxy {
         Some(proxy) => Some(
             sso::proxy::Proxy::from_config(&config_path, proxy)
@@ -343,6 +351,19 @@ pub(crate) async fn open_core(
         state.root(),
         std::env::var(vault::KEY_ENV).ok(),
     ));
+    let oidc = match &config.auth.oidc {
+        Some(oidc) => Some(Arc::new(
+            sso::oidc::Oidc::from_config(oidc, vault.clone())
+                .await
+                .map_err(|message| {
+                    Error::Config(config::ConfigError::Invalid {
+                        path: config_path.display().to_string(),
+                        message,
+                    })
+                })?,
+        )),
+        None => None,
+    };
     let catalog = skiff_llm::Catalog::new(
         config.providers,
         config.models.default,
@@ -478,6 +499,7 @@ pub(crate) async fn open_core(
             agents,
             slack,
             proxy,
+            oidc,
         }
     });
     core.envs

@@ -359,6 +359,12 @@ pub(crate) fn expired_message(row: &TokenRow) -> String {
         .expires_at_ms
         .map(crate::budgets::utc_day)
         .unwrap_or_default();
+    if row.label.starts_with(crate::sso::device::SSO_LABEL) {
+        return format!(
+            "your sign-in (token {}) expired on {day}: sign in again with `skiff login --gateway URL`",
+            row.id
+        );
+    }
     format!(
         "token {} expired on {day}: ask an admin for a new one (`skiff admin token create --user EMAIL --scope {} --expires 30d`)",
         row.id, row.cap
@@ -809,6 +815,23 @@ mod tests {
         assert_eq!(owned_row("/v1/snapshots/{id}"), Some(Owned::Snapshot));
         assert_eq!(owned_row("/v1/environments/sweep"), None);
         assert_eq!(owned_row("/v1/admin/tokens/{id}"), None);
+    }
+
+    #[test]
+    fn an_expired_sign_in_says_to_sign_in_again_and_an_admin_token_to_ask_an_admin() {
+        let row = |label: &str| TokenRow {
+            id: "tok_x".into(),
+            hash: String::new(),
+            scope: Scope::new("usr_x", "t"),
+            label: label.into(),
+            cap: TokenScope::Admin,
+            created_at_ms: 0,
+            expires_at_ms: Some(0),
+        };
+        let sso = expired_message(&row("sso:ana@example.com"));
+        assert!(sso.contains("skiff login --gateway"), "{sso}");
+        let made = expired_message(&row("user:ana@example.com"));
+        assert!(made.contains("skiff admin token create"), "{made}");
     }
 
     #[test]

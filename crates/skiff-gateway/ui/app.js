@@ -41,6 +41,17 @@ function showLogin(message) {
   note.hidden = !message;
   note.textContent = message || '';
   $('login-token').focus();
+  offerSso();
+}
+
+// "Sign in with SSO" when the gateway has an identity provider ([auth.oidc]).
+async function offerSso() {
+  try {
+    const resp = await fetch('/auth/methods', { credentials: 'same-origin' });
+    if (resp.ok) $('login-sso').hidden = !(await resp.json()).sso;
+  } catch {
+    // Without an answer the token form alone is offered.
+  }
 }
 
 async function submitLogin(e) {

@@ -17,6 +17,7 @@ pub mod event;
 pub mod grant;
 pub mod ids;
 pub mod lease;
+pub mod login;
 pub mod model;
 pub mod people;
 pub mod secrets;

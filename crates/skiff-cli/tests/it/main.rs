@@ -25,6 +25,7 @@ mod handoff;
 mod harness;
 mod homecoming;
 mod leftovers;
+mod login;
 mod mcp;
 mod newcomer;
 mod parking;

@@ -123,13 +123,18 @@ impl Cookies {
 
 /// The `skiff_session` value among a request's `Cookie` headers.
 pub(crate) fn from_headers(headers: &axum::http::HeaderMap) -> Option<String> {
+    named(headers, COOKIE_NAME)
+}
+
+/// The value of the cookie `name` among a request's `Cookie` headers.
+pub(crate) fn named(headers: &axum::http::HeaderMap, name: &str) -> Option<String> {
     headers
         .get_all(axum::http::header::COOKIE)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(';'))
         .filter_map(|pair| pair.trim().split_once('='))
-        .find(|(name, _)| *name == COOKIE_NAME)
+        .find(|(n, _)| *n == name)
         .map(|(_, value)| value.to_owned())
 }
 

@@ -151,6 +151,11 @@ fn same_origin(headers: &HeaderMap) -> Origin {
     }
 }
 
+/// The value of the cookie `name` among a request's `Cookie` headers.
+pub(crate) fn cookie_value(headers: &HeaderMap, name: &str) -> Option<String> {
+    cookie::named(headers, name)
+}
+
 fn refuse(code: ErrorCode, message: &str) -> Response {
     (
         crate::error::http_status(code),
@@ -169,7 +174,7 @@ fn anonymous() -> Scope {
 /// Whether the browser reached the gateway over HTTPS: a TLS-terminating proxy in front says so
 /// (`X-Forwarded-Proto: https`, or `Forwarded: proto=https`), or the page's `Origin` is https.
 /// A forged header costs nothing: `Secure` only keeps the cookie off plain HTTP.
-fn over_https(headers: &HeaderMap) -> bool {
+pub(crate) fn over_https(headers: &HeaderMap) -> bool {
     let first = |name: &str| {
         headers
             .get(name)
@@ -193,7 +198,7 @@ fn cookie_attributes(headers: &HeaderMap) -> &'static str {
 }
 
 /// `Set-Cookie` for a fresh browser session, or the answer explaining why there is none.
-fn session_cookie(
+pub(crate) fn session_cookie(
     core: &Core,
     scope: &Scope,
     headers: &HeaderMap,

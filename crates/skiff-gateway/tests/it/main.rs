@@ -17,6 +17,7 @@ mod harness;
 mod ingress;
 mod listing;
 mod mcp;
+mod oidc_login;
 mod operations;
 mod processes;
 mod proxy_auth;
