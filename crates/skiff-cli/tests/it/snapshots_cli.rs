@@ -176,6 +176,8 @@ fn top_level_help() {
           deny         Refuse a tool call that waits for approval; the agent reads the reason
           approvals    Tool calls that waited or wait for approval, newest first
           ui           Print a one-use login link for the Control UI in a browser
+          login        Sign in to a gateway with single sign-on (a code to confirm at its identity provider); later commands use the token
+          logout       Forget the `skiff login` sign-in and revoke its token
           admin        The gateway's administration: users, tokens, usage against budgets
           audit        Read and take away the audit trail (metadata only)
           doctor       Check this machine for what worker boxes need (root, sshd, rsync, namespaces…)
@@ -201,7 +203,8 @@ fn top_level_help() {
           7  the gateway's own fault (its log has the cause)
 
         Environment:
-          SKIFF_URL, SKIFF_TOKEN   the gateway to talk to (win over <state-dir>/gateway.json)
+          SKIFF_URL, SKIFF_TOKEN   the gateway to talk to (win over <state-dir>/login.json from `skiff login`,
+                                   which wins over <state-dir>/gateway.json)
           SKIFF_VAULT_KEY          the gateway's vault key (base64 of 32 bytes) instead of <state-dir>/vault.key
           SKIFF_GRANT_KEY          the gateway's governed-action grant key (base64 of 32 bytes) instead of <state-dir>/grant.key
 
