@@ -143,12 +143,32 @@ struct TurnChoices {
     switch: Option<AgentSwitch>,
 }
 
+impl TurnChoices {
+    /// What the session is set to: the message's own choices, else the new spec's; the pin
+    /// when it switches.
+    fn written(&self) -> skiff_store::SessionChoices<'_> {
+        let spec = self.switch.as_ref().map(|s| &s.spec);
+        skiff_store::SessionChoices {
+            reasoning: self
+                .reasoning
+                .or_else(|| spec.and_then(|s| s.reasoning))
+                .map(ReasoningEffort::as_str),
+            approval: self
+                .approval
+                .as_ref()
+                .or_else(|| spec.and_then(|s| s.approval.as_ref())),
+            agent: self
+                .switch
+                .as_ref()
+                .map(|s| (s.pin.name.as_str(), s.pin.digest.as_str())),
+        }
+    }
+}
+
 /// A checked switch to another agent spec version.
 struct AgentSwitch {
     pin: skiff_protocol::agent::AgentPin,
     spec: skiff_protocol::agent::AgentSpec,
-    chose_reasoning: bool,
-    chose_approval: bool,
 }
 
 impl Core {
@@ -177,41 +197,43 @@ impl Core {
             .map(|(name, digest)| skiff_protocol::agent::AgentPin { name, digest }))
     }
 
-    /// Re-pins an admitted turn's session to another spec version (no turn runs with the old
-    /// one now). The new spec's reasoning and approval become the session's unless the message
-    /// chose its own; the session keeps its model. Audited as `session.agent` with both
-    /// digests.
-    fn switch_agent(&self, scope: &Scope, id: &SessionId, switch: &AgentSwitch) -> Result<()> {
-        let AgentSwitch { pin, spec, .. } = switch;
-        let old = self.session_pin(scope, id)?;
-        if old.as_ref() == Some(pin) {
+    /// Writes what an admitted turn (or a switch between turns) makes the session's, in one
+    /// store transaction: the pin, the reasoning and the approval policy all change or none
+    /// does. A switch to the version the session already runs with is no switch (the spec's
+    /// settings are not taken again). The new spec's reasoning and approval become the
+    /// session's unless the message chose its own; the session keeps its model. A switch is
+    /// audited as `session.agent` with both digests.
+    fn write_choices(&self, scope: &Scope, id: &SessionId, mut choices: TurnChoices) -> Result<()> {
+        let old = match &choices.switch {
+            Some(_) => self.session_pin(scope, id)?,
+            None => None,
+        };
+        if choices
+            .switch
+            .as_ref()
+            .is_some_and(|s| old.as_ref() == Some(&s.pin))
+        {
+            choices.switch = None;
+        }
+        let written = choices.written();
+        if written.reasoning.is_none() && written.approval.is_none() && written.agent.is_none() {
             return Ok(());
         }
-        self.store
-            .pin_session_agent(scope, id, &pin.name, &pin.digest)?;
-        if !switch.chose_reasoning
-            && let Some(effort) = spec.reasoning
-        {
-            self.store
-                .set_session_reasoning(scope, id, Some(effort.as_str()))?;
+        self.store.set_session_choices(scope, id, &written)?;
+        if let Some(AgentSwitch { pin, .. }) = &choices.switch {
+            self.audit(
+                scope,
+                "session.agent",
+                id.as_str(),
+                "allowed",
+                json!({
+                    "from": old.as_ref().map(|p| p.short()),
+                    "from_digest": old.map(|p| p.digest),
+                    "agent": pin.short(),
+                    "agent_digest": pin.digest,
+                }),
+            );
         }
-        if !switch.chose_approval
-            && let Some(policy) = &spec.approval
-        {
-            self.store.set_session_approval(scope, id, policy)?;
-        }
-        self.audit(
-            scope,
-            "session.agent",
-            id.as_str(),
-            "allowed",
-            json!({
-                "from": old.as_ref().map(|p| p.short()),
-                "from_digest": old.map(|p| p.digest),
-                "agent": pin.short(),
-                "agent_digest": pin.digest,
-            }),
-        );
         Ok(())
     }
 
@@ -636,12 +658,7 @@ impl Core {
                 if let Some(run) = self.store.open_run(scope, id)? {
                     return Err(switch_while_running(id, &run.id));
                 }
-                Some(AgentSwitch {
-                    pin,
-                    spec,
-                    chose_reasoning: reasoning.is_some(),
-                    chose_approval: approval.is_some(),
-                })
+                Some(AgentSwitch { pin, spec })
             }
             None => None,
         };
@@ -725,13 +742,11 @@ impl Core {
         if let Some(run) = self.store.open_run(scope, id)? {
             return Err(switch_while_running(id, &run.id));
         }
-        let switch = AgentSwitch {
-            pin,
-            spec,
-            chose_reasoning: false,
-            chose_approval: false,
+        let choices = TurnChoices {
+            switch: Some(AgentSwitch { pin, spec }),
+            ..TurnChoices::default()
         };
-        self.switch_agent(scope, id, &switch)?;
+        self.write_choices(scope, id, choices)?;
         drop(admission);
         let row = self.store.session(scope, id)?;
         self.session_view(scope, row)
@@ -774,51 +789,18 @@ impl Core {
         choices: TurnChoices,
         admission: tokio::sync::OwnedMutexGuard<()>,
     ) -> Result<RunStarted> {
-        let TurnChoices {
-            reasoning,
-            approval,
-            switch,
-        } = choices;
         let model_ref = self.store.session(scope, id)?.model_ref;
         // Admission first: only the admitted turn may write the user's message.
         let run = self.admit_run(scope, id, &model_ref)?;
-        // Only an admitted turn changes the choice: a refused message leaves the session as
+        // Only an admitted turn changes the choices: a refused message leaves the session as
         // it was.
-        if let Some(effort) = reasoning
-            && let Err(e) = self
-                .store
-                .set_session_reasoning(scope, id, Some(effort.as_str()))
-        {
+        if let Err(e) = self.write_choices(scope, id, choices) {
             self.finish(
                 scope,
                 id,
                 &run.id,
                 RunStatus::Failed,
-                Some("the turn could not be started: its reasoning choice could not be recorded"),
-            );
-            return Err(e.into());
-        }
-        if let Some(policy) = &approval
-            && let Err(e) = self.store.set_session_approval(scope, id, policy)
-        {
-            self.finish(
-                scope,
-                id,
-                &run.id,
-                RunStatus::Failed,
-                Some("the turn could not be started: its approval policy could not be recorded"),
-            );
-            return Err(e.into());
-        }
-        if let Some(switch) = switch
-            && let Err(e) = self.switch_agent(scope, id, &switch)
-        {
-            self.finish(
-                scope,
-                id,
-                &run.id,
-                RunStatus::Failed,
-                Some("the turn could not be started: its agent spec could not be recorded"),
+                Some("the turn could not be started: its reasoning, approval policy or agent spec could not be recorded"),
             );
             return Err(e);
         }

@@ -66,7 +66,7 @@ pub use pg::PgStore;
 pub use placements::{CachedOp, IdlePlacement, PlacementChange, PlacementRow, WorkerSlots};
 pub use runs::{AttemptRow, AttemptStatus, Resume, RunRow};
 pub use secrets::{Resealed, SecretRow};
-pub use sessions::{NewSession, SessionRow};
+pub use sessions::{NewSession, SessionChoices, SessionRow};
 pub use sight::{Owned, Reach, Sight};
 pub use snapshots::{NewSnapshot, SnapshotRow};
 pub use tokens::AuditRow;
