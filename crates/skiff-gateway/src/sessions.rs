@@ -141,6 +141,39 @@ struct TurnChoices {
     reasoning: Option<ReasoningEffort>,
     approval: Option<skiff_protocol::approval::ApprovalPolicy>,
     switch: Option<AgentSwitch>,
+    /// The worker slot the turn claims with its run.
+    claim: Option<SlotClaim>,
+}
+
+/// A worker slot an admitted turn claims (`→ requested`), in the transaction that admits it.
+enum SlotClaim {
+    /// Dispatch to this profile at the turn boundary: a session never placed, or pulled back.
+    Dispatch(String),
+    /// Placed again on its profile: its placement holds no box (parked, reclaimed, failed
+    /// over, failed).
+    Again(skiff_store::PlacementRow),
+}
+
+impl SlotClaim {
+    fn profile(&self) -> &str {
+        match self {
+            SlotClaim::Dispatch(profile) => profile,
+            SlotClaim::Again(p) => &p.profile,
+        }
+    }
+
+    /// What followers are told the claim is.
+    fn detail(&self) -> String {
+        match self {
+            SlotClaim::Dispatch(profile) => {
+                format!("dispatching to profile {profile} with this message")
+            }
+            SlotClaim::Again(p) => format!(
+                "claimed a worker slot on profile {} (the placement was {})",
+                p.profile, p.state
+            ),
+        }
+    }
 }
 
 impl TurnChoices {
@@ -197,29 +230,47 @@ impl Core {
             .map(|(name, digest)| skiff_protocol::agent::AgentPin { name, digest }))
     }
 
-    /// Writes what an admitted turn (or a switch between turns) makes the session's, in one
-    /// store transaction: the pin, the reasoning and the approval policy all change or none
-    /// does. A switch to the version the session already runs with is no switch (the spec's
-    /// settings are not taken again). The new spec's reasoning and approval become the
-    /// session's unless the message chose its own; the session keeps its model. A switch is
-    /// audited as `session.agent` with both digests.
+    /// Writes what a switch between turns makes the session's, in one store transaction: the
+    /// pin, the reasoning and the approval policy all change or none does.
     fn write_choices(&self, scope: &Scope, id: &SessionId, mut choices: TurnChoices) -> Result<()> {
-        let old = match &choices.switch {
-            Some(_) => self.session_pin(scope, id)?,
-            None => None,
-        };
-        if choices
-            .switch
-            .as_ref()
-            .is_some_and(|s| old.as_ref() == Some(&s.pin))
-        {
-            choices.switch = None;
-        }
+        let old = self.pin_before_switch(scope, id, &mut choices)?;
         let written = choices.written();
         if written.reasoning.is_none() && written.approval.is_none() && written.agent.is_none() {
             return Ok(());
         }
         self.store.set_session_choices(scope, id, &written)?;
+        self.audit_switch(scope, id, old, &choices);
+        Ok(())
+    }
+
+    /// The pin a switch in `choices` replaces. A switch to the version the session already
+    /// runs with is no switch: it is dropped (the spec's settings are not taken again). The
+    /// new spec's reasoning and approval become the session's unless the message chose its
+    /// own; the session keeps its model.
+    fn pin_before_switch(
+        &self,
+        scope: &Scope,
+        id: &SessionId,
+        choices: &mut TurnChoices,
+    ) -> Result<Option<skiff_protocol::agent::AgentPin>> {
+        let Some(switch) = &choices.switch else {
+            return Ok(None);
+        };
+        let old = self.session_pin(scope, id)?;
+        if old.as_ref() == Some(&switch.pin) {
+            choices.switch = None;
+        }
+        Ok(old)
+    }
+
+    /// A switch written: audited as `session.agent` with both digests.
+    fn audit_switch(
+        &self,
+        scope: &Scope,
+        id: &SessionId,
+        old: Option<skiff_protocol::agent::AgentPin>,
+        choices: &TurnChoices,
+    ) {
         if let Some(AgentSwitch { pin, .. }) = &choices.switch {
             self.audit(
                 scope,
@@ -234,7 +285,6 @@ impl Core {
                 }),
             );
         }
-        Ok(())
     }
 
     /// The pinned spec a session's turn runs with, checked against its digest.
@@ -666,6 +716,11 @@ impl Core {
         // and the placement read here is the one the turn runs under.
         let admission = self.workers.live(id).admission.clone().lock_owned().await;
         let placement = self.store.placement(scope, id)?;
+        // A worker slot the turn claims with its run (parking a session idle on its box if
+        // that is what it takes): a gateway whose every slot runs a turn refuses at once
+        // (503) rather than admitting a run that then fails, and a refused turn claims
+        // nothing.
+        let mut claim = None;
         if let Some(profile) = profile {
             self.check_profile(profile)?;
             match &placement {
@@ -675,51 +730,28 @@ impl Core {
                     }
                 }
                 // Dispatch at the turn boundary (a session never placed, or pulled back).
-                _ => {
-                    let row = self.workers.claim_dispatch(scope, id, profile).await?;
-                    self.workers.publish_move(
-                        scope,
-                        id,
-                        &row,
-                        &format!("dispatching to profile {profile} with this message"),
-                    );
-                    let choices = TurnChoices {
-                        reasoning,
-                        approval,
-                        switch,
-                    };
-                    return self
-                        .admit_turn(scope, id, user_message(prompt), choices, admission)
-                        .await;
-                }
+                _ => claim = Some(SlotClaim::Dispatch(profile.to_owned())),
             }
         }
-        if let Some(p) = placement.filter(|p| {
-            matches!(
-                p.state,
-                PlacementState::Parked
-                    | PlacementState::Reclaimed
-                    | PlacementState::FailedOver
-                    | PlacementState::Failed
-            )
-        }) {
-            // The next message places it again: the slot is claimed now (parking a session
-            // idle on its box if that is what it takes), so a gateway whose every slot runs
-            // a turn refuses at once (503) rather than admitting a run that then fails. A
-            // session still busy claims nothing (the turn would be refused anyway).
-            if let Some(run) = self.store.open_run(scope, id)? {
-                return Err(skiff_store::Error::SessionBusy {
-                    session: id.to_string(),
-                    run: run.id.to_string(),
-                }
-                .into());
-            }
-            self.workers.claim_again(scope, &p).await?;
+        if claim.is_none()
+            && let Some(p) = placement.filter(|p| {
+                matches!(
+                    p.state,
+                    PlacementState::Parked
+                        | PlacementState::Reclaimed
+                        | PlacementState::FailedOver
+                        | PlacementState::Failed
+                )
+            })
+        {
+            // The next message places it again.
+            claim = Some(SlotClaim::Again(p));
         }
         let choices = TurnChoices {
             reasoning,
             approval,
             switch,
+            claim,
         };
         self.admit_turn(scope, id, user_message(prompt), choices, admission)
             .await
@@ -786,23 +818,35 @@ impl Core {
         scope: &Scope,
         id: &SessionId,
         first: EntryBody,
-        choices: TurnChoices,
+        mut choices: TurnChoices,
         admission: tokio::sync::OwnedMutexGuard<()>,
     ) -> Result<RunStarted> {
         let model_ref = self.store.session(scope, id)?.model_ref;
-        // Admission first: only the admitted turn may write the user's message.
-        let run = self.admit_run(scope, id, &model_ref)?;
-        // Only an admitted turn changes the choices: a refused message leaves the session as
-        // it was.
-        if let Err(e) = self.write_choices(scope, id, choices) {
-            self.finish(
+        let old_pin = self.pin_before_switch(scope, id, &mut choices)?;
+        // Admission first: only the admitted turn may write the user's message. Its run, its
+        // choices and the worker slot it claims are written together: a refused message
+        // leaves the session, its placement and the slots as they were.
+        let run = self
+            .admit_run(
                 scope,
                 id,
-                &run.id,
-                RunStatus::Failed,
-                Some("the turn could not be started: its reasoning, approval policy or agent spec could not be recorded"),
-            );
-            return Err(e);
+                &model_ref,
+                choices.written(),
+                choices.claim.as_ref().map(SlotClaim::profile),
+            )
+            .await?;
+        self.audit_switch(scope, id, old_pin, &choices);
+        if let Some(claim) = &choices.claim {
+            if let SlotClaim::Dispatch(profile) = claim {
+                self.workers.dispatched(scope, id, profile);
+            }
+            match self.store.placement(scope, id) {
+                Ok(Some(row)) => self.workers.publish_move(scope, id, &row, &claim.detail()),
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(session = %id, error = %e, "could not read the placement a turn claimed")
+                }
+            }
         }
         // Read after admission, so a move claimed before it is seen (one claimed after it
         // finds the run open and refuses or cancels it).

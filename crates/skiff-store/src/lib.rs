@@ -64,7 +64,7 @@ pub use metrics::{EgressTotals, Gauges};
 pub use people::{DEFAULT_TENANT, FIRST_ADMIN, TokenRow, UserRow};
 pub use pg::PgStore;
 pub use placements::{CachedOp, IdlePlacement, PlacementChange, PlacementRow, WorkerSlots};
-pub use runs::{AttemptRow, AttemptStatus, Resume, RunRow};
+pub use runs::{Admission, AttemptRow, AttemptStatus, Resume, RunRow};
 pub use secrets::{Resealed, SecretRow};
 pub use sessions::{NewSession, SessionChoices, SessionRow};
 pub use sight::{Owned, Reach, Sight};
