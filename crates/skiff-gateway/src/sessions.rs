@@ -598,6 +598,14 @@ impl Core {
                 skiff_protocol::approval::ApprovalPolicy::Never => "never",
             }),
         }));
+        // The slot claimed with the session's rows is its first move, as followers see it.
+        if let Some(profile) = &req.profile {
+            self.workers.publish_claim(
+                scope,
+                &id,
+                &format!("claimed a worker slot on profile {profile} for the new session"),
+            );
+        }
         // Before the first turn can change anything: what `diff` and `apply` compare with.
         match (fill, filling) {
             (Some(fill), Some(done)) => {
@@ -840,13 +848,7 @@ impl Core {
             if let SlotClaim::Dispatch(profile) = claim {
                 self.workers.dispatched(scope, id, profile);
             }
-            match self.store.placement(scope, id) {
-                Ok(Some(row)) => self.workers.publish_move(scope, id, &row, &claim.detail()),
-                Ok(None) => {}
-                Err(e) => {
-                    tracing::warn!(session = %id, error = %e, "could not read the placement a turn claimed")
-                }
-            }
+            self.workers.publish_claim(scope, id, &claim.detail());
         }
         // Read after admission, so a move claimed before it is seen (one claimed after it
         // finds the run open and refuses or cancels it).
