@@ -149,16 +149,19 @@ struct TurnChoices {
 enum SlotClaim {
     /// Dispatch to this profile at the turn boundary: a session never placed, or pulled back.
     Dispatch(String),
-    /// Placed again on its profile: its placement holds no box (parked, reclaimed, failed
-    /// over, failed).
-    Again(skiff_store::PlacementRow),
+    /// Placed again on its profile: its placement (`from`) holds no box (parked, reclaimed,
+    /// failed over, failed).
+    Again {
+        profile: String,
+        from: PlacementState,
+    },
 }
 
 impl SlotClaim {
     fn profile(&self) -> &str {
         match self {
             SlotClaim::Dispatch(profile) => profile,
-            SlotClaim::Again(p) => &p.profile,
+            SlotClaim::Again { profile, .. } => profile,
         }
     }
 
@@ -168,10 +171,9 @@ impl SlotClaim {
             SlotClaim::Dispatch(profile) => {
                 format!("dispatching to profile {profile} with this message")
             }
-            SlotClaim::Again(p) => format!(
-                "claimed a worker slot on profile {} (the placement was {})",
-                p.profile, p.state
-            ),
+            SlotClaim::Again { profile, from } => {
+                format!("claimed a worker slot on profile {profile} (the placement was {from})")
+            }
         }
     }
 }
@@ -753,7 +755,10 @@ impl Core {
             })
         {
             // The next message places it again.
-            claim = Some(SlotClaim::Again(p));
+            claim = Some(SlotClaim::Again {
+                profile: p.profile,
+                from: p.state,
+            });
         }
         let choices = TurnChoices {
             reasoning,

@@ -11,6 +11,7 @@
 //! and what to do, never quoting a code or a token; logins and refusals are audited (metadata).
 
 use super::oidc::{Oidc, SignInError, TokenAnswer, describe, random};
+use super::pending::{Full, make_room};
 use crate::Core;
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
@@ -20,7 +21,6 @@ use serde::Deserialize;
 use serde_json::json;
 use sha2::{Digest, Sha256};
 use skiff_store::{Scope, now_ms};
-use super::pending::{Full, make_room};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -140,7 +140,9 @@ fn start(oidc: &Oidc, headers: &HeaderMap) -> Result<(String, HeaderValue), Sign
         redirect_uri,
         at_ms: now_ms(),
     };
-    oidc.browsers.insert(state, started).map_err(SignInError::Busy)?;
+    oidc.browsers
+        .insert(state, started)
+        .map_err(SignInError::Busy)?;
     let cookie = format!(
         "{BINDING_COOKIE}={binding}; HttpOnly; SameSite=Lax; Path=/auth; Max-Age={}{}",
         PENDING_TTL_MS / 1000,

@@ -10,6 +10,7 @@
 //! Pending sign-ins live in memory: a gateway restart ends them (the CLI says to start again).
 
 use super::oidc::{Oidc, SignInError, TokenAnswer, describe, random};
+use super::pending::{Full, make_room};
 use crate::Core;
 use crate::error::Error;
 use axum::Json;
@@ -20,7 +21,6 @@ use serde_json::{Value, json};
 use skiff_protocol::login::{DeviceLoginStarted, DevicePoll, DevicePollRequest};
 use skiff_protocol::people::TokenScope;
 use skiff_store::{Scope, now_ms};
-use super::pending::{Full, make_room};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 

@@ -23,10 +23,8 @@ impl Full {
 
     /// Says on `resp` when to come back.
     pub(crate) fn retry_after(self, mut resp: Response) -> Response {
-        resp.headers_mut().insert(
-            header::RETRY_AFTER,
-            HeaderValue::from(self.retry_after_s),
-        );
+        resp.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(self.retry_after_s));
         resp
     }
 }
@@ -71,7 +69,11 @@ mod tests {
         let full = Full { retry_after_s: 9 };
         let resp = full.retry_after(Response::new(axum::body::Body::empty()));
         assert_eq!(resp.headers()[header::RETRY_AFTER], "9");
-        assert!(full.message().contains("try again in 9 s"), "{}", full.message());
+        assert!(
+            full.message().contains("try again in 9 s"),
+            "{}",
+            full.message()
+        );
         assert_eq!(make_room(&mut map, 3, 10_000, |e| *e), Ok(()));
         assert!(!map.contains_key("s0"), "{map:?}");
         assert_eq!(map.len(), 2);
