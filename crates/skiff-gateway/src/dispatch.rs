@@ -229,6 +229,14 @@ impl Core {
             "allowed",
             json!({ "parent": parent.id.as_str(), "profile": profile, "model": parent.model_ref }),
         );
+        self.workers.publish_claim(
+            scope,
+            &id,
+            &format!(
+                "claimed a worker slot on profile {profile} for a child of session {}",
+                parent.id
+            ),
+        );
         self.record_base(scope, &id, &workspace).await;
         self.start_run_with(
             scope,

@@ -130,21 +130,42 @@ impl Core {
         self.restoring.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Admits a turn (the store's one-open-run rule), unless the session's workspace is being
-    /// restored: both are decided under one lock, so a restore never runs beside a turn.
-    pub(crate) fn admit_run(
+    /// Admits a turn (the store's one-open-run rule) with what its admission writes — its
+    /// choices, and the worker slot on `claim`'s profile when it dispatches or places the
+    /// session again — unless the session's workspace is being restored: both are decided
+    /// under one lock, so a restore never runs beside a turn. The run, the choices and the
+    /// claim are one store transaction: a refused turn claims and changes nothing. When every
+    /// slot is taken, the session idle on its box the longest is parked first.
+    pub(crate) async fn admit_run(
         &self,
         scope: &Scope,
         id: &SessionId,
         model_ref: &str,
+        choices: skiff_store::SessionChoices<'_>,
+        claim: Option<&str>,
     ) -> Result<RunRow> {
-        let restoring = self.restoring_lock();
-        if restoring.contains(id) {
-            return Err(Error::Conflict(format!(
-                "session {id}'s workspace is being restored to a checkpoint; send the message again once that is done"
-            )));
+        // The store's refusals go to `claim_worker_slot` (it parks on a full gateway); the
+        // restore's is the inner result.
+        let admit = |claim: Option<(&str, u64)>| -> skiff_store::Result<Result<RunRow>> {
+            let restoring = self.restoring_lock();
+            if restoring.contains(id) {
+                return Ok(Err(Error::Conflict(format!(
+                    "session {id}'s workspace is being restored to a checkpoint; send the message again once that is done"
+                ))));
+            }
+            let admission = skiff_store::Admission { choices, claim };
+            self.store
+                .admit_run(scope, id, model_ref, &admission)
+                .map(Ok)
+        };
+        match claim {
+            None => admit(None)?,
+            Some(profile) => {
+                self.workers
+                    .claim_worker_slot(|max| admit(Some((profile, max))))
+                    .await?
+            }
         }
-        Ok(self.store.create_run(scope, id, model_ref)?)
     }
 
     /// Claims the session for a restore: refused while a run is open.

@@ -141,14 +141,69 @@ struct TurnChoices {
     reasoning: Option<ReasoningEffort>,
     approval: Option<skiff_protocol::approval::ApprovalPolicy>,
     switch: Option<AgentSwitch>,
+    /// The worker slot the turn claims with its run.
+    claim: Option<SlotClaim>,
+}
+
+/// A worker slot an admitted turn claims (`→ requested`), in the transaction that admits it.
+enum SlotClaim {
+    /// Dispatch to this profile at the turn boundary: a session never placed, or pulled back.
+    Dispatch(String),
+    /// Placed again on its profile: its placement (`from`) holds no box (parked, reclaimed,
+    /// failed over, failed).
+    Again {
+        profile: String,
+        from: PlacementState,
+    },
+}
+
+impl SlotClaim {
+    fn profile(&self) -> &str {
+        match self {
+            SlotClaim::Dispatch(profile) => profile,
+            SlotClaim::Again { profile, .. } => profile,
+        }
+    }
+
+    /// What followers are told the claim is.
+    fn detail(&self) -> String {
+        match self {
+            SlotClaim::Dispatch(profile) => {
+                format!("dispatching to profile {profile} with this message")
+            }
+            SlotClaim::Again { profile, from } => {
+                format!("claimed a worker slot on profile {profile} (the placement was {from})")
+            }
+        }
+    }
+}
+
+impl TurnChoices {
+    /// What the session is set to: the message's own choices, else the new spec's; the pin
+    /// when it switches.
+    fn written(&self) -> skiff_store::SessionChoices<'_> {
+        let spec = self.switch.as_ref().map(|s| &s.spec);
+        skiff_store::SessionChoices {
+            reasoning: self
+                .reasoning
+                .or_else(|| spec.and_then(|s| s.reasoning))
+                .map(ReasoningEffort::as_str),
+            approval: self
+                .approval
+                .as_ref()
+                .or_else(|| spec.and_then(|s| s.approval.as_ref())),
+            agent: self
+                .switch
+                .as_ref()
+                .map(|s| (s.pin.name.as_str(), s.pin.digest.as_str())),
+        }
+    }
 }
 
 /// A checked switch to another agent spec version.
 struct AgentSwitch {
     pin: skiff_protocol::agent::AgentPin,
     spec: skiff_protocol::agent::AgentSpec,
-    chose_reasoning: bool,
-    chose_approval: bool,
 }
 
 impl Core {
@@ -177,42 +232,61 @@ impl Core {
             .map(|(name, digest)| skiff_protocol::agent::AgentPin { name, digest }))
     }
 
-    /// Re-pins an admitted turn's session to another spec version (no turn runs with the old
-    /// one now). The new spec's reasoning and approval become the session's unless the message
-    /// chose its own; the session keeps its model. Audited as `session.agent` with both
-    /// digests.
-    fn switch_agent(&self, scope: &Scope, id: &SessionId, switch: &AgentSwitch) -> Result<()> {
-        let AgentSwitch { pin, spec, .. } = switch;
-        let old = self.session_pin(scope, id)?;
-        if old.as_ref() == Some(pin) {
+    /// Writes what a switch between turns makes the session's, in one store transaction: the
+    /// pin, the reasoning and the approval policy all change or none does.
+    fn write_choices(&self, scope: &Scope, id: &SessionId, mut choices: TurnChoices) -> Result<()> {
+        let old = self.pin_before_switch(scope, id, &mut choices)?;
+        let written = choices.written();
+        if written.reasoning.is_none() && written.approval.is_none() && written.agent.is_none() {
             return Ok(());
         }
-        self.store
-            .pin_session_agent(scope, id, &pin.name, &pin.digest)?;
-        if !switch.chose_reasoning
-            && let Some(effort) = spec.reasoning
-        {
-            self.store
-                .set_session_reasoning(scope, id, Some(effort.as_str()))?;
-        }
-        if !switch.chose_approval
-            && let Some(policy) = &spec.approval
-        {
-            self.store.set_session_approval(scope, id, policy)?;
-        }
-        self.audit(
-            scope,
-            "session.agent",
-            id.as_str(),
-            "allowed",
-            json!({
-                "from": old.as_ref().map(|p| p.short()),
-                "from_digest": old.map(|p| p.digest),
-                "agent": pin.short(),
-                "agent_digest": pin.digest,
-            }),
-        );
+        self.store.set_session_choices(scope, id, &written)?;
+        self.audit_switch(scope, id, old, &choices);
         Ok(())
+    }
+
+    /// The pin a switch in `choices` replaces. A switch to the version the session already
+    /// runs with is no switch: it is dropped (the spec's settings are not taken again). The
+    /// new spec's reasoning and approval become the session's unless the message chose its
+    /// own; the session keeps its model.
+    fn pin_before_switch(
+        &self,
+        scope: &Scope,
+        id: &SessionId,
+        choices: &mut TurnChoices,
+    ) -> Result<Option<skiff_protocol::agent::AgentPin>> {
+        let Some(switch) = &choices.switch else {
+            return Ok(None);
+        };
+        let old = self.session_pin(scope, id)?;
+        if old.as_ref() == Some(&switch.pin) {
+            choices.switch = None;
+        }
+        Ok(old)
+    }
+
+    /// A switch written: audited as `session.agent` with both digests.
+    fn audit_switch(
+        &self,
+        scope: &Scope,
+        id: &SessionId,
+        old: Option<skiff_protocol::agent::AgentPin>,
+        choices: &TurnChoices,
+    ) {
+        if let Some(AgentSwitch { pin, .. }) = &choices.switch {
+            self.audit(
+                scope,
+                "session.agent",
+                id.as_str(),
+                "allowed",
+                json!({
+                    "from": old.as_ref().map(|p| p.short()),
+                    "from_digest": old.map(|p| p.digest),
+                    "agent": pin.short(),
+                    "agent_digest": pin.digest,
+                }),
+            );
+        }
     }
 
     /// The pinned spec a session's turn runs with, checked against its digest.
@@ -526,6 +600,14 @@ impl Core {
                 skiff_protocol::approval::ApprovalPolicy::Never => "never",
             }),
         }));
+        // The slot claimed with the session's rows is its first move, as followers see it.
+        if let Some(profile) = &req.profile {
+            self.workers.publish_claim(
+                scope,
+                &id,
+                &format!("claimed a worker slot on profile {profile} for the new session"),
+            );
+        }
         // Before the first turn can change anything: what `diff` and `apply` compare with.
         match (fill, filling) {
             (Some(fill), Some(done)) => {
@@ -636,12 +718,7 @@ impl Core {
                 if let Some(run) = self.store.open_run(scope, id)? {
                     return Err(switch_while_running(id, &run.id));
                 }
-                Some(AgentSwitch {
-                    pin,
-                    spec,
-                    chose_reasoning: reasoning.is_some(),
-                    chose_approval: approval.is_some(),
-                })
+                Some(AgentSwitch { pin, spec })
             }
             None => None,
         };
@@ -649,6 +726,11 @@ impl Core {
         // and the placement read here is the one the turn runs under.
         let admission = self.workers.live(id).admission.clone().lock_owned().await;
         let placement = self.store.placement(scope, id)?;
+        // A worker slot the turn claims with its run (parking a session idle on its box if
+        // that is what it takes): a gateway whose every slot runs a turn refuses at once
+        // (503) rather than admitting a run that then fails, and a refused turn claims
+        // nothing.
+        let mut claim = None;
         if let Some(profile) = profile {
             self.check_profile(profile)?;
             match &placement {
@@ -658,51 +740,31 @@ impl Core {
                     }
                 }
                 // Dispatch at the turn boundary (a session never placed, or pulled back).
-                _ => {
-                    let row = self.workers.claim_dispatch(scope, id, profile).await?;
-                    self.workers.publish_move(
-                        scope,
-                        id,
-                        &row,
-                        &format!("dispatching to profile {profile} with this message"),
-                    );
-                    let choices = TurnChoices {
-                        reasoning,
-                        approval,
-                        switch,
-                    };
-                    return self
-                        .admit_turn(scope, id, user_message(prompt), choices, admission)
-                        .await;
-                }
+                _ => claim = Some(SlotClaim::Dispatch(profile.to_owned())),
             }
         }
-        if let Some(p) = placement.filter(|p| {
-            matches!(
-                p.state,
-                PlacementState::Parked
-                    | PlacementState::Reclaimed
-                    | PlacementState::FailedOver
-                    | PlacementState::Failed
-            )
-        }) {
-            // The next message places it again: the slot is claimed now (parking a session
-            // idle on its box if that is what it takes), so a gateway whose every slot runs
-            // a turn refuses at once (503) rather than admitting a run that then fails. A
-            // session still busy claims nothing (the turn would be refused anyway).
-            if let Some(run) = self.store.open_run(scope, id)? {
-                return Err(skiff_store::Error::SessionBusy {
-                    session: id.to_string(),
-                    run: run.id.to_string(),
-                }
-                .into());
-            }
-            self.workers.claim_again(scope, &p).await?;
+        if claim.is_none()
+            && let Some(p) = placement.filter(|p| {
+                matches!(
+                    p.state,
+                    PlacementState::Parked
+                        | PlacementState::Reclaimed
+                        | PlacementState::FailedOver
+                        | PlacementState::Failed
+                )
+            })
+        {
+            // The next message places it again.
+            claim = Some(SlotClaim::Again {
+                profile: p.profile,
+                from: p.state,
+            });
         }
         let choices = TurnChoices {
             reasoning,
             approval,
             switch,
+            claim,
         };
         self.admit_turn(scope, id, user_message(prompt), choices, admission)
             .await
@@ -725,13 +787,11 @@ impl Core {
         if let Some(run) = self.store.open_run(scope, id)? {
             return Err(switch_while_running(id, &run.id));
         }
-        let switch = AgentSwitch {
-            pin,
-            spec,
-            chose_reasoning: false,
-            chose_approval: false,
+        let choices = TurnChoices {
+            switch: Some(AgentSwitch { pin, spec }),
+            ..TurnChoices::default()
         };
-        self.switch_agent(scope, id, &switch)?;
+        self.write_choices(scope, id, choices)?;
         drop(admission);
         let row = self.store.session(scope, id)?;
         self.session_view(scope, row)
@@ -771,56 +831,29 @@ impl Core {
         scope: &Scope,
         id: &SessionId,
         first: EntryBody,
-        choices: TurnChoices,
+        mut choices: TurnChoices,
         admission: tokio::sync::OwnedMutexGuard<()>,
     ) -> Result<RunStarted> {
-        let TurnChoices {
-            reasoning,
-            approval,
-            switch,
-        } = choices;
         let model_ref = self.store.session(scope, id)?.model_ref;
-        // Admission first: only the admitted turn may write the user's message.
-        let run = self.admit_run(scope, id, &model_ref)?;
-        // Only an admitted turn changes the choice: a refused message leaves the session as
-        // it was.
-        if let Some(effort) = reasoning
-            && let Err(e) = self
-                .store
-                .set_session_reasoning(scope, id, Some(effort.as_str()))
-        {
-            self.finish(
+        let old_pin = self.pin_before_switch(scope, id, &mut choices)?;
+        // Admission first: only the admitted turn may write the user's message. Its run, its
+        // choices and the worker slot it claims are written together: a refused message
+        // leaves the session, its placement and the slots as they were.
+        let run = self
+            .admit_run(
                 scope,
                 id,
-                &run.id,
-                RunStatus::Failed,
-                Some("the turn could not be started: its reasoning choice could not be recorded"),
-            );
-            return Err(e.into());
-        }
-        if let Some(policy) = &approval
-            && let Err(e) = self.store.set_session_approval(scope, id, policy)
-        {
-            self.finish(
-                scope,
-                id,
-                &run.id,
-                RunStatus::Failed,
-                Some("the turn could not be started: its approval policy could not be recorded"),
-            );
-            return Err(e.into());
-        }
-        if let Some(switch) = switch
-            && let Err(e) = self.switch_agent(scope, id, &switch)
-        {
-            self.finish(
-                scope,
-                id,
-                &run.id,
-                RunStatus::Failed,
-                Some("the turn could not be started: its agent spec could not be recorded"),
-            );
-            return Err(e);
+                &model_ref,
+                choices.written(),
+                choices.claim.as_ref().map(SlotClaim::profile),
+            )
+            .await?;
+        self.audit_switch(scope, id, old_pin, &choices);
+        if let Some(claim) = &choices.claim {
+            if let SlotClaim::Dispatch(profile) = claim {
+                self.workers.dispatched(scope, id, profile);
+            }
+            self.workers.publish_claim(scope, id, &claim.detail());
         }
         // Read after admission, so a move claimed before it is seen (one claimed after it
         // finds the run open and refuses or cancels it).

@@ -103,21 +103,7 @@ impl Store {
         name: &str,
         digest: &str,
     ) -> Result<()> {
-        self.conn().execute(
-            "INSERT INTO session_agents (session_id, owner_id, tenant_id, name, digest)
-             VALUES (?1, ?2, ?3, ?4, ?5)
-             ON CONFLICT (session_id) DO UPDATE SET name = excluded.name, digest = excluded.digest
-             WHERE session_agents.owner_id = excluded.owner_id
-               AND session_agents.tenant_id = excluded.tenant_id",
-            params![
-                session.as_str(),
-                scope.owner_id,
-                scope.tenant_id,
-                name,
-                digest
-            ],
-        )?;
-        Ok(())
+        pin_in(&self.conn(), scope, session, name, digest)
     }
 
     /// The spec version a session runs with: `(name, digest)`, or `None` for none.
@@ -201,4 +187,29 @@ impl Store {
         )?;
         Ok(())
     }
+}
+
+/// Pins `session` to a spec version on `conn` (inside the caller's transaction, if any).
+pub(crate) fn pin_in(
+    conn: &rusqlite::Connection,
+    scope: &Scope,
+    session: &SessionId,
+    name: &str,
+    digest: &str,
+) -> Result<()> {
+    conn.execute(
+        "INSERT INTO session_agents (session_id, owner_id, tenant_id, name, digest)
+         VALUES (?1, ?2, ?3, ?4, ?5)
+         ON CONFLICT (session_id) DO UPDATE SET name = excluded.name, digest = excluded.digest
+         WHERE session_agents.owner_id = excluded.owner_id
+           AND session_agents.tenant_id = excluded.tenant_id",
+        params![
+            session.as_str(),
+            scope.owner_id,
+            scope.tenant_id,
+            name,
+            digest
+        ],
+    )?;
+    Ok(())
 }

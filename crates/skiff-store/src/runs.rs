@@ -24,6 +24,16 @@ pub struct RunRow {
 /// Status of an attempt. `Starting` and `Running` are active.
 pub use skiff_protocol::api::AttemptStatus;
 
+/// What admitting a turn writes with its run ([`Store::admit_run`]).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Admission<'a> {
+    /// What the session runs with from this turn on.
+    pub choices: crate::SessionChoices<'a>,
+    /// A worker slot claimed on this profile, of `max_live` (`→ requested`): the turn
+    /// dispatches the session, or places it again.
+    pub claim: Option<(&'a str, u64)>,
+}
+
 /// One attempt at a run, as stored.
 #[derive(Clone, Debug, PartialEq)]
 pub struct AttemptRow {
@@ -92,6 +102,20 @@ impl Store {
         session: &SessionId,
         model_ref: &str,
     ) -> Result<RunRow> {
+        self.admit_run(scope, session, model_ref, &Admission::default())
+    }
+
+    /// Admits a turn: creates its run (refused while another is open) and writes what the
+    /// admission carries — the session's new choices, the worker slot it claims — in one
+    /// immediate transaction. A refusal (the session busy, every slot taken, a write that
+    /// fails) leaves the session, its placement and the slots as they were.
+    pub fn admit_run(
+        &self,
+        scope: &Scope,
+        session: &SessionId,
+        model_ref: &str,
+        admission: &Admission<'_>,
+    ) -> Result<RunRow> {
         let id = RunId::from_suffix(&mint()?);
         let now = now_ms();
         {
@@ -113,7 +137,13 @@ impl Store {
                 params![id.as_str(), session.as_str(), scope.owner_id, scope.tenant_id, model_ref, now],
             );
             match inserted {
-                Ok(_) => tx.commit()?,
+                Ok(_) => {
+                    if let Some((profile, max_live)) = admission.claim {
+                        crate::placements::request_in(&tx, scope, session, profile, max_live)?;
+                    }
+                    crate::sessions::choose_in(&tx, scope, session, &admission.choices)?;
+                    tx.commit()?;
+                }
                 Err(e) if is_unique_violation(&e) => {
                     let open: String = tx.query_row(
                         &format!(

@@ -14,6 +14,54 @@ pub struct NewSession {
     pub model_ref: String,
 }
 
+/// What a session runs its turns with from now on, each part `None` where it stays as it is.
+/// Written whole or not at all ([`Store::set_session_choices`], or with the run a turn is
+/// admitted by).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SessionChoices<'a> {
+    /// How hard the model reasons (`off`, `low`, `medium`, `high`).
+    pub reasoning: Option<&'a str>,
+    pub approval: Option<&'a skiff_protocol::approval::ApprovalPolicy>,
+    /// The agent spec version, `(name, digest)`.
+    pub agent: Option<(&'a str, &'a str)>,
+}
+
+/// Writes `choices` inside the caller's transaction.
+pub(crate) fn choose_in(
+    conn: &rusqlite::Connection,
+    scope: &Scope,
+    id: &SessionId,
+    choices: &SessionChoices<'_>,
+) -> Result<()> {
+    let not_found = || Error::NotFound {
+        what: "session",
+        id: id.to_string(),
+    };
+    if let Some(reasoning) = choices.reasoning {
+        let changed = conn.execute(
+            "UPDATE sessions SET reasoning = ?1 WHERE id = ?2 AND owner_id = ?3 AND tenant_id = ?4",
+            params![reasoning, id.as_str(), scope.owner_id, scope.tenant_id],
+        )?;
+        if changed == 0 {
+            return Err(not_found());
+        }
+    }
+    if let Some(approval) = choices.approval {
+        let text = to_json("approval policy", approval)?;
+        let changed = conn.execute(
+            "UPDATE sessions SET approval = ?1 WHERE id = ?2 AND owner_id = ?3 AND tenant_id = ?4",
+            params![text, id.as_str(), scope.owner_id, scope.tenant_id],
+        )?;
+        if changed == 0 {
+            return Err(not_found());
+        }
+    }
+    if let Some((name, digest)) = choices.agent {
+        crate::agents::pin_in(conn, scope, id, name, digest)?;
+    }
+    Ok(())
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct SessionRow {
     pub id: SessionId,
@@ -197,6 +245,23 @@ impl Store {
             tx.commit()?;
         }
         self.session(scope, &new.id)
+    }
+
+    /// Sets what `choices` carries, whole or not at all (one transaction): a switch to
+    /// another agent spec never leaves the new pin with the old reasoning or approval.
+    pub fn set_session_choices(
+        &self,
+        scope: &Scope,
+        id: &SessionId,
+        choices: &SessionChoices<'_>,
+    ) -> Result<SessionRow> {
+        {
+            let mut conn = self.conn();
+            let tx = conn.transaction()?;
+            choose_in(&tx, scope, id, choices)?;
+            tx.commit()?;
+        }
+        self.session(scope, id)
     }
 
     /// Sets how hard the session's model reasons from its next turn on (`None`: as the

@@ -153,6 +153,17 @@ fn a_dispatched_child_runs_on_a_box_from_the_parents_state_and_reports_back() {
     let child_id = child["id"].as_str().unwrap();
     assert_eq!(child["worker"]["profile"], "local", "{child:#}");
     assert_eq!(child["last_run"]["status"], "succeeded", "{child:#}");
+    // The child's worker slot, claimed with its rows, is its first move followers see.
+    let steps = crate::worker::placement_steps(&rig, child_id);
+    assert_eq!(
+        steps[0],
+        (
+            "requested".to_owned(),
+            format!("claimed a worker slot on profile local for a child of session {parent}")
+        ),
+        "{steps:?}"
+    );
+    assert_eq!(steps[1].0, "provisioning", "{steps:?}");
 
     // The parent's tool result: status, branch, diffstat (the child's own change only) and
     // final message.

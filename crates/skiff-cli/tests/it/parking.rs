@@ -200,12 +200,14 @@ fn three_sessions_on_two_workers_each_get_a_box_and_the_parked_one_comes_back_wi
     );
 
     // A's next message places it again (B is parked for it now) and A sees its own files,
-    // and no other session's.
+    // and no other session's. The slot the message claims with its turn is in the turn's
+    // stream, first.
     let out = rig.session(&["send", "--json", &a, "read the notes"]);
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(
         placements(&out),
         [
+            "requested",
             "provisioning",
             "syncing",
             "starting",

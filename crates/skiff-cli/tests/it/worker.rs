@@ -208,6 +208,18 @@ fn a_worker_session_commits_back_and_matches_a_local_one() {
             "active"
         ]
     );
+    // The worker slot claimed with the session's rows is its first move (before the turn,
+    // so not in the turn's stream), then the box is leased.
+    let steps = placement_steps(&rig, &remote);
+    assert_eq!(
+        steps[0],
+        (
+            "requested".to_owned(),
+            "claimed a worker slot on profile local for the new session".to_owned()
+        ),
+        "{steps:?}"
+    );
+    assert_eq!(steps[1].0, "provisioning", "{steps:?}");
     let tools: Vec<(&str, bool)> = events
         .iter()
         .filter(|e| e["type"] == "tool_finished")

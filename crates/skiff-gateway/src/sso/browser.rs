@@ -11,6 +11,7 @@
 //! and what to do, never quoting a code or a token; logins and refusals are audited (metadata).
 
 use super::oidc::{Oidc, SignInError, TokenAnswer, describe, random};
+use super::pending::{Full, make_room};
 use crate::Core;
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
@@ -47,15 +48,13 @@ pub(crate) struct Pending {
 }
 
 impl Pending {
-    fn insert(&self, state: String, started: Started) -> bool {
+    fn insert(&self, state: String, started: Started) -> Result<(), Full> {
         let mut map = self.started.lock().unwrap_or_else(|p| p.into_inner());
-        let now = now_ms();
-        map.retain(|_, s| now - s.at_ms < PENDING_TTL_MS);
-        if map.len() >= MAX_PENDING {
-            return false;
-        }
+        make_room(&mut map, MAX_PENDING, now_ms(), |s| {
+            s.at_ms.saturating_add(PENDING_TTL_MS)
+        })?;
         map.insert(state, started);
-        true
+        Ok(())
     }
 
     /// Takes the sign-in `state` names, once, if it is not too old.
@@ -103,7 +102,13 @@ pub(crate) async fn login(State(core): State<Arc<Core>>, headers: HeaderMap) -> 
                 .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
             resp
         }
-        Err(e) => failure(&core, Step::Start, StatusCode::SERVICE_UNAVAILABLE, &e),
+        Err(e) => {
+            let resp = failure(&core, Step::Start, StatusCode::SERVICE_UNAVAILABLE, &e);
+            match e {
+                SignInError::Busy(full) => full.retry_after(resp),
+                _ => resp,
+            }
+        }
     }
 }
 
@@ -135,11 +140,9 @@ fn start(oidc: &Oidc, headers: &HeaderMap) -> Result<(String, HeaderValue), Sign
         redirect_uri,
         at_ms: now_ms(),
     };
-    if !oidc.browsers.insert(state, started) {
-        return Err(SignInError::Provider(
-            "too many sign-ins are under way; try again in a few minutes".into(),
-        ));
-    }
+    oidc.browsers
+        .insert(state, started)
+        .map_err(SignInError::Busy)?;
     let cookie = format!(
         "{BINDING_COOKIE}={binding}; HttpOnly; SameSite=Lax; Path=/auth; Max-Age={}{}",
         PENDING_TTL_MS / 1000,
@@ -327,6 +330,7 @@ fn failure(core: &Core, step: Step, status: StatusCode, e: &SignInError) -> Resp
         SignInError::Refused(_) | SignInError::Token(_) | SignInError::Provider(_) => {
             "Start the sign-in again; if it keeps failing, tell the gateway's admin."
         }
+        SignInError::Busy(_) => "Wait that long, then sign in again.",
     };
     page(
         status,

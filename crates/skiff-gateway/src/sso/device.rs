@@ -10,6 +10,7 @@
 //! Pending sign-ins live in memory: a gateway restart ends them (the CLI says to start again).
 
 use super::oidc::{Oidc, SignInError, TokenAnswer, describe, random};
+use super::pending::{Full, make_room};
 use crate::Core;
 use crate::error::Error;
 use axum::Json;
@@ -52,6 +53,16 @@ impl Pending {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Started>> {
         self.started.lock().unwrap_or_else(|p| p.into_inner())
     }
+
+    /// Evicts the expired sign-ins; `Full` when no place is free even so.
+    fn make_room(&self, now: i64) -> Result<(), Full> {
+        make_room(&mut self.lock(), MAX_PENDING, now, |s| s.expires_at_ms)
+    }
+}
+
+/// A start refused on a full table: 503, and when to come back.
+fn busy(full: Full) -> Response {
+    full.retry_after(Error::Unavailable(full.message()).into_response())
 }
 
 fn refused(code: skiff_protocol::api::ErrorCode, message: String) -> Error {
@@ -89,7 +100,8 @@ fn denied(core: &Core, step: &str, e: SignInError) -> Error {
         SignInError::Refused(_)
         | SignInError::Provider(_)
         | SignInError::Secret(_)
-        | SignInError::Internal(_) => C::Unavailable,
+        | SignInError::Internal(_)
+        | SignInError::Busy(_) => C::Unavailable,
     };
     refused(code, e.to_string())
 }
@@ -97,10 +109,9 @@ fn denied(core: &Core, step: &str, e: SignInError) -> Error {
 /// `POST /v1/auth/device`.
 pub(crate) async fn start(State(core): State<Arc<Core>>) -> Result<Response, Error> {
     let oidc = oidc_of(&core)?;
-    if oidc.devices.lock().len() >= MAX_PENDING {
-        return Err(Error::Unavailable(
-            "too many sign-ins are under way; try again in a few minutes".into(),
-        ));
+    // Before the provider is asked, and again when the sign-in is recorded.
+    if let Err(full) = oidc.devices.make_room(now_ms()) {
+        return Ok(busy(full));
     }
     let answer = oidc
         .device_authorization()
@@ -135,7 +146,9 @@ pub(crate) async fn start(State(core): State<Arc<Core>>) -> Result<Response, Err
     let login_id = random(2).map_err(|e| Error::Internal(e.to_string()))?;
     {
         let mut map = oidc.devices.lock();
-        map.retain(|_, s| s.expires_at_ms > now);
+        if let Err(full) = make_room(&mut map, MAX_PENDING, now, |s| s.expires_at_ms) {
+            return Ok(busy(full));
+        }
         map.insert(
             key(&login_id),
             Started {

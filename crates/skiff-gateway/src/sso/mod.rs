@@ -15,6 +15,7 @@ pub(crate) mod browser;
 pub(crate) mod device;
 pub(crate) mod jwks;
 pub(crate) mod oidc;
+mod pending;
 pub(crate) mod proxy;
 
 use crate::Core;

@@ -83,6 +83,9 @@ pub(crate) enum SignInError {
     /// The store failed.
     #[error("{0}")]
     Internal(String),
+    /// Too many sign-ins are under way to start another now.
+    #[error("{}", .0.message())]
+    Busy(super::pending::Full),
 }
 
 /// What the token endpoint answered.

@@ -603,6 +603,18 @@ impl super::WorkerSide {
         Ok(row)
     }
 
+    /// Tells the session's subscribers of a worker slot claimed with other rows (a new
+    /// session's, a child's, an admitted turn's run): the placement as it is now.
+    pub(crate) fn publish_claim(&self, scope: &Scope, session: &SessionId, detail: &str) {
+        match self.store.placement(scope, session) {
+            Ok(Some(row)) => self.publish_move(scope, session, &row, detail),
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!(%session, error = %e, "could not read the placement a claim made")
+            }
+        }
+    }
+
     /// Tells the session's subscribers the placement is now `row`'s state.
     pub(crate) fn publish_move(
         &self,

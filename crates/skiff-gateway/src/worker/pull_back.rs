@@ -381,6 +381,13 @@ impl super::WorkerSide {
         let row = self
             .claim_worker_slot(|max| self.store.request_placement(scope, id, profile, max))
             .await?;
+        self.dispatched(scope, id, profile);
+        Ok(row)
+    }
+
+    /// What follows a dispatch's claim of a worker slot (here, or with the run of the turn
+    /// that dispatches): approvals still pending are revoked, and the dispatch is audited.
+    pub(crate) fn dispatched(&self, scope: &Scope, id: &SessionId, profile: &str) {
         self.revoke_approvals(
             scope,
             id,
@@ -393,7 +400,6 @@ impl super::WorkerSide {
             "allowed",
             json!({ "profile": profile }),
         );
-        Ok(row)
     }
 
     /// Gives back the box a session came home from (`was`, as `come_home` left it), and says

@@ -315,3 +315,72 @@ async fn a_fan_out_with_a_bad_count_or_profile_is_refused_and_creates_nothing() 
     assert_eq!(status, 400);
     gw.shutdown().await;
 }
+
+/// A message that would dispatch the session (`send --profile`) but is refused — the session
+/// busy, or the turn's choices not recorded — claims no worker slot: the session stays on the
+/// gateway, the slots are as they were, no run is left behind and no dispatch is audited.
+#[tokio::test]
+async fn a_refused_dispatching_message_leaves_the_placement_and_the_slots_as_they_were() {
+    let gw = TestGateway::configured(
+        DONE,
+        "[profiles.local]\nprovider = \"local\"\n",
+        Some(vec![FakeResponse::stall()]),
+    )
+    .await;
+    let ws = gw.plain_dir("ws", &[("a.txt", "a\n")]);
+    let started = gw
+        .client
+        .create_session(&session_request(&ws, "http/m", "first"))
+        .await
+        .unwrap();
+    let id = started.session.id.clone();
+    gw.provider.as_ref().unwrap().wait_for_requests(1).await;
+    let store = skiff_store::Store::open(&gw.state_dir.join("skiff.db")).unwrap();
+    let slots = store.worker_slots().unwrap();
+    let dispatch = |approval| skiff_protocol::api::SendMessageRequest {
+        prompt: "on a box now".into(),
+        profile: Some("local".into()),
+        reasoning: None,
+        approval,
+        agent: None,
+    };
+    let as_it_was = |detail: &skiff_protocol::api::SessionDetail, runs: usize| {
+        assert_eq!(detail.session.placement, "local", "{:?}", detail.session);
+        assert!(detail.session.worker.is_none(), "{:?}", detail.session);
+        assert_eq!(detail.runs.len(), runs, "{:?}", detail.runs);
+        assert_eq!(store.worker_slots().unwrap(), slots);
+        let dispatches = store
+            .audit_rows()
+            .unwrap()
+            .into_iter()
+            .filter(|r| r.action == "session.dispatch")
+            .count();
+        assert_eq!(dispatches, 0);
+    };
+
+    let busy = gw.client.send(&id, &dispatch(None)).await.unwrap_err();
+    assert_eq!(busy.status, 409, "{busy:?}");
+    assert_eq!(busy.error.code, "session_busy");
+    as_it_was(&gw.client.session(&id).await.unwrap(), 1);
+    gw.client.cancel(&id).await.unwrap();
+    gw.client.follow_until_run_end(&id, 0).await;
+
+    // The turn's approval policy cannot be recorded: the turn is refused whole.
+    let db = rusqlite::Connection::open(gw.state_dir.join("skiff.db")).unwrap();
+    db.execute_batch(
+        "CREATE TRIGGER refuse_approval BEFORE UPDATE OF approval ON sessions
+         BEGIN SELECT RAISE(ABORT, 'injected: the approval policy cannot be written'); END",
+    )
+    .unwrap();
+    let policy = skiff_protocol::approval::ApprovalPolicy::OnRequest;
+    let refused = gw
+        .client
+        .send(&id, &dispatch(Some(policy)))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.status, 500, "{refused:?}");
+    let detail = gw.client.session(&id).await.unwrap();
+    as_it_was(&detail, 1);
+    assert_eq!(detail.session.approval, None);
+    gw.shutdown().await;
+}

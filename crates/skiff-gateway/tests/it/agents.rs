@@ -446,3 +446,72 @@ async fn a_message_switches_the_session_to_another_spec_between_turns() {
     );
     gw.shutdown().await;
 }
+
+/// A switch the database refuses part-way (here: the approval policy cannot be written)
+/// changes nothing, between turns and with a message: the pin, the reasoning and the approval
+/// policy stay as they were. Once the database takes the write, the same switch sets all
+/// three.
+#[tokio::test]
+async fn a_switch_the_database_refuses_part_way_changes_nothing() {
+    let gw = TestGateway::start(DONE).await;
+    write_spec(&gw, "reviewer", "instructions = \"Review only.\"\n");
+    write_spec(
+        &gw,
+        "builder",
+        "instructions = \"Build it.\"\nreasoning = \"high\"\napproval = \"on-request\"\n",
+    );
+    let ws = gw.plain_dir("ws", &[("a.txt", "a\n")]);
+    let mut request = session_request(&ws, "fake/x", "look");
+    request.agent = Some("reviewer".into());
+    let first = gw.client.create_session(&request).await.unwrap();
+    let id = first.session.id.clone();
+    let reviewer = first.session.agent.clone().unwrap();
+    gw.client.follow_until_run_end(&id, 0).await;
+
+    let db = rusqlite::Connection::open(gw.state_dir.join("skiff.db")).unwrap();
+    db.execute_batch(
+        "CREATE TRIGGER refuse_approval BEFORE UPDATE OF approval ON sessions
+         BEGIN SELECT RAISE(ABORT, 'injected: the approval policy cannot be written'); END",
+    )
+    .unwrap();
+    let unchanged = |shown: &skiff_protocol::api::SessionDetail| {
+        assert_eq!(shown.session.agent.as_ref(), Some(&reviewer));
+        assert_eq!(shown.session.reasoning, None);
+        assert_eq!(shown.session.approval, None);
+    };
+    let path = format!("/v1/sessions/{id}/agent");
+    let (status, body) = gw
+        .client
+        .raw(reqwest::Method::POST, &path, r#"{"agent":"builder"}"#)
+        .await;
+    assert_eq!(status, 500, "{body}");
+    unchanged(&gw.client.session(&id).await.unwrap());
+    let send = SendMessageRequest {
+        prompt: "build".into(),
+        profile: None,
+        reasoning: None,
+        approval: None,
+        agent: Some("builder".into()),
+    };
+    let refused = gw.client.send(&id, &send).await.unwrap_err();
+    assert_eq!(refused.status, 500, "{:?}", refused.error);
+    unchanged(&gw.client.session(&id).await.unwrap());
+
+    db.execute_batch("DROP TRIGGER refuse_approval").unwrap();
+    let (status, body) = gw
+        .client
+        .raw(reqwest::Method::POST, &path, r#"{"agent":"builder"}"#)
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let shown = gw.client.session(&id).await.unwrap().session;
+    assert_eq!(shown.agent.map(|p| p.name).as_deref(), Some("builder"));
+    assert_eq!(
+        shown.reasoning,
+        Some(skiff_protocol::model::ReasoningEffort::High)
+    );
+    assert_eq!(
+        shown.approval,
+        Some(skiff_protocol::approval::ApprovalPolicy::OnRequest)
+    );
+    gw.shutdown().await;
+}
