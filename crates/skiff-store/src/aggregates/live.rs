@@ -64,8 +64,12 @@ pub trait PlacementStore: Send + Sync {
         change: &PlacementChange<'_>,
     ) -> Result<PlacementRow>;
     fn mark_box_ahead(&self, scope: &Scope, session: &SessionId) -> Result<()>;
-    fn mark_box_in_step(&self, scope: &Scope, session: &SessionId, base_manifest: &str)
-    -> Result<()>;
+    fn mark_box_in_step(
+        &self,
+        scope: &Scope,
+        session: &SessionId,
+        base_manifest: &str,
+    ) -> Result<()>;
     fn set_placement_base_manifest(
         &self,
         scope: &Scope,
@@ -93,8 +97,7 @@ pub trait WorkerOpStore: Send + Sync {
         seq: u64,
         op: &CachedOp,
     ) -> Result<()>;
-    fn worker_cursors(&self, session: &SessionId, epoch: u64)
-    -> Result<BTreeMap<StreamKind, u64>>;
+    fn worker_cursors(&self, session: &SessionId, epoch: u64) -> Result<BTreeMap<StreamKind, u64>>;
     /// Moves a stream's ACK cursor forward, never back.
     fn advance_worker_cursor(
         &self,
@@ -309,11 +312,7 @@ impl WorkerOpStore for Store {
     ) -> Result<()> {
         Store::record_worker_op(self, session, epoch, stream, seq, op)
     }
-    fn worker_cursors(
-        &self,
-        session: &SessionId,
-        epoch: u64,
-    ) -> Result<BTreeMap<StreamKind, u64>> {
+    fn worker_cursors(&self, session: &SessionId, epoch: u64) -> Result<BTreeMap<StreamKind, u64>> {
         Store::worker_cursors(self, session, epoch)
     }
     fn advance_worker_cursor(

@@ -308,12 +308,7 @@ impl EnvironmentStore for PgStore {
     }
 
     fn touch_environment(&self, scope: &Scope, id: &EnvironmentId) -> Result<()> {
-        self.update_environment(
-            scope,
-            id,
-            "last_used_at_ms = $1",
-            vec![Box::new(now_ms())],
-        )
+        self.update_environment(scope, id, "last_used_at_ms = $1", vec![Box::new(now_ms())])
     }
 
     fn add_environment_egress(&self, env: &EnvironmentId, add: EgressAccounting) -> Result<()> {

@@ -676,11 +676,7 @@ impl WorkerOpStore for PgStore {
         })
     }
 
-    fn worker_cursors(
-        &self,
-        session: &SessionId,
-        epoch: u64,
-    ) -> Result<BTreeMap<StreamKind, u64>> {
+    fn worker_cursors(&self, session: &SessionId, epoch: u64) -> Result<BTreeMap<StreamKind, u64>> {
         let session = session.to_string();
         self.conn.run(move |conn| {
             let select = conn.statement(

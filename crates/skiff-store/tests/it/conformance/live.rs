@@ -3,10 +3,10 @@
 //! database, as two gateways would.
 
 use super::{Db, alice, new_session};
+use skiff_protocol::api::RunStatus;
 use skiff_protocol::environment::{
     EgressAccounting, EnvironmentState, PlacementState as P, SnapshotState,
 };
-use skiff_protocol::api::RunStatus;
 use skiff_protocol::worker::StreamKind;
 use skiff_protocol::{EnvironmentId, SessionId, SnapshotId};
 use skiff_store::{Backend, CachedOp, Error, NewSnapshot, PlacementChange, Scope, Sight};
@@ -73,7 +73,13 @@ fn a_placement_moves_by_the_state_machine_and_the_session_mirrors_it(db: &Db) {
         .transition_placement(&alice(), &s, P::Provisioning, &PlacementChange::default())
         .unwrap_err();
     assert!(
-        matches!(not_placed, Error::NotFound { what: "placement", .. }),
+        matches!(
+            not_placed,
+            Error::NotFound {
+                what: "placement",
+                ..
+            }
+        ),
         "{not_placed:?}"
     );
 
@@ -119,7 +125,10 @@ fn a_placement_moves_by_the_state_machine_and_the_session_mirrors_it(db: &Db) {
     assert_eq!(provisioning.bundle_hash.as_deref(), Some("b1"));
     assert_eq!(provisioning.worker_pid, Some(42));
     assert_eq!(provisioning.error.as_deref(), Some("slow provider"));
-    assert_eq!(store.sessions_on_environment(&env).unwrap(), [s.clone()]);
+    assert_eq!(
+        store.sessions_on_environment(&env).unwrap(),
+        std::slice::from_ref(&s)
+    );
 
     // What a change leaves out is kept; the error is replaced (here: cleared).
     let syncing = store
@@ -242,13 +251,13 @@ fn racing_slot_claims_never_exceed_the_cap(db: &Db) {
                 })
             })
             .collect();
-        racers
-            .into_iter()
-            .flat_map(|r| r.join().unwrap())
-            .collect()
+        racers.into_iter().flat_map(|r| r.join().unwrap()).collect()
     });
     let placed = outcomes.iter().filter(|o| o.is_ok()).count();
-    assert_eq!(placed as u64, MAX, "exactly the cap is placed: {outcomes:?}");
+    assert_eq!(
+        placed as u64, MAX,
+        "exactly the cap is placed: {outcomes:?}"
+    );
     for refused in outcomes.iter().filter_map(|o| o.as_ref().err()) {
         assert!(
             matches!(refused, Error::WorkersAtCapacity { max: MAX, .. }),
@@ -370,7 +379,11 @@ fn a_session_with_a_turn_open_is_neither_parked_nor_pulled_back(db: &Db) {
         (row.state, row.owner_epoch, row.environment_id),
         (P::Parked, epoch + 1, None)
     );
-    assert_eq!(a.worker_slots().unwrap().live, 0, "a parked session holds no slot");
+    assert_eq!(
+        a.worker_slots().unwrap().live,
+        0,
+        "a parked session holds no slot"
+    );
     // Parked twice: nothing to do.
     assert_eq!(a.park_placement(&alice(), &s).unwrap(), None);
 
@@ -418,7 +431,11 @@ fn a_failover_keeps_its_slot_and_a_live_dispatch_needs_its_run_open(db: &Db) {
         store
             .request_placement(&alice(), &other, "cloud", 1)
             .unwrap_err(),
-        Error::WorkersAtCapacity { max: 1, other: 1, running_turns: 0 }
+        Error::WorkersAtCapacity {
+            max: 1,
+            other: 1,
+            running_turns: 0
+        }
     ));
 
     // A live dispatch: only while its run is open.
@@ -468,15 +485,20 @@ fn worker_ops_keep_the_first_reply_and_cursors_never_go_back(db: &Db) {
         .unwrap();
     b.advance_worker_cursor(&s, 1, StreamKind::Transcript, 3)
         .unwrap();
-    a.advance_worker_cursor(&s, 1, StreamKind::Events, 9).unwrap();
-    a.advance_worker_cursor(&s, 2, StreamKind::Events, 1).unwrap();
+    a.advance_worker_cursor(&s, 1, StreamKind::Events, 9)
+        .unwrap();
+    a.advance_worker_cursor(&s, 2, StreamKind::Events, 1)
+        .unwrap();
     let cursors = b.worker_cursors(&s, 1).unwrap();
     assert_eq!(
         cursors.into_iter().collect::<Vec<_>>(),
         [(StreamKind::Transcript, 5), (StreamKind::Events, 9)]
     );
     assert_eq!(
-        a.worker_cursors(&s, 2).unwrap().into_iter().collect::<Vec<_>>(),
+        a.worker_cursors(&s, 2)
+            .unwrap()
+            .into_iter()
+            .collect::<Vec<_>>(),
         [(StreamKind::Events, 1)]
     );
     assert!(a.worker_cursors(&s, 3).unwrap().is_empty());
@@ -533,7 +555,10 @@ fn environments_move_by_the_state_machine_and_keep_their_lease_and_egress(db: &D
     );
     assert!(matches!(
         a.environment(&alice(), &env_id("env3")).unwrap_err(),
-        Error::NotFound { what: "environment", .. }
+        Error::NotFound {
+            what: "environment",
+            ..
+        }
     ));
 
     let refused = b
@@ -558,7 +583,10 @@ fn environments_move_by_the_state_machine_and_keep_their_lease_and_egress(db: &D
             Some("queued at the provider"),
         )
         .unwrap();
-    assert_eq!(provisioning.error.as_deref(), Some("queued at the provider"));
+    assert_eq!(
+        provisioning.error.as_deref(),
+        Some("queued at the provider")
+    );
     a.set_environment_lease(&alice(), &e1, "lbx_1", "{\"host\":\"h\"}", Some(1_000))
         .unwrap();
     a.set_environment_bundle(&alice(), &e1, "bundle1").unwrap();
@@ -606,16 +634,13 @@ fn environments_move_by_the_state_machine_and_keep_their_lease_and_egress(db: &D
             .map(|e| e.id)
             .collect()
     };
-    assert_eq!(listed(Sight::own(alice())), [e1.clone()]);
+    assert_eq!(listed(Sight::own(alice())), std::slice::from_ref(&e1));
     let mut wide = listed(Sight::tenant(alice()));
     wide.sort_by(|x, y| x.as_str().cmp(y.as_str()));
     assert_eq!(wide, [e1.clone(), e2.clone()]);
     assert!(listed(Sight::tenant(Scope::new("usr_alice", "ten_b"))).is_empty());
 
-    for to in [
-        EnvironmentState::Destroying,
-        EnvironmentState::Destroyed,
-    ] {
+    for to in [EnvironmentState::Destroying, EnvironmentState::Destroyed] {
         b.transition_environment(&carol, &e2, to, None).unwrap();
     }
     let live: Vec<EnvironmentId> = a
@@ -624,7 +649,11 @@ fn environments_move_by_the_state_machine_and_keep_their_lease_and_egress(db: &D
         .into_iter()
         .map(|e| e.id)
         .collect();
-    assert_eq!(live, [e1.clone()], "a destroyed box is not live");
+    assert_eq!(
+        live,
+        std::slice::from_ref(&e1),
+        "a destroyed box is not live"
+    );
     assert!(matches!(
         a.transition_environment(&carol, &e2, EnvironmentState::Destroying, None)
             .unwrap_err(),
@@ -656,10 +685,16 @@ fn snapshots_are_found_used_evicted_and_deleted(db: &Db) {
     let s2 = record(&*b, 2, "k2");
     let s3 = record(&*a, 3, "k3");
     assert_eq!(a.unsettled_snapshots().unwrap().len(), 3);
-    assert_eq!(a.find_ready_snapshot(&alice(), "cloud", "k1").unwrap(), None);
+    assert_eq!(
+        a.find_ready_snapshot(&alice(), "cloud", "k1").unwrap(),
+        None
+    );
     for (store, id, size) in [(&a, &s1, 100), (&b, &s2, 100), (&a, &s3, 100)] {
         let ready = store.snapshot_captured(&alice(), id, size).unwrap();
-        assert_eq!((ready.state, ready.size_bytes), (SnapshotState::Ready, size));
+        assert_eq!(
+            (ready.state, ready.size_bytes),
+            (SnapshotState::Ready, size)
+        );
     }
     assert!(a.unsettled_snapshots().unwrap().is_empty());
     // Uses from either connection are ordered: the least recently used goes first.
@@ -676,7 +711,7 @@ fn snapshots_are_found_used_evicted_and_deleted(db: &Db) {
         .into_iter()
         .map(|r| r.id)
         .collect();
-    assert_eq!(plan, [s3.clone()]);
+    assert_eq!(plan, std::slice::from_ref(&s3));
     let listed: Vec<SnapshotId> = a
         .snapshots(&Sight::own(alice()))
         .unwrap()
@@ -705,7 +740,10 @@ fn snapshots_are_found_used_evicted_and_deleted(db: &Db) {
     assert!(!b.snapshot_known(&s3).unwrap());
     assert!(matches!(
         b.snapshot(&alice(), &s3).unwrap_err(),
-        Error::NotFound { what: "snapshot", .. }
+        Error::NotFound {
+            what: "snapshot",
+            ..
+        }
     ));
 }
 
@@ -759,9 +797,7 @@ fn another_tenants_live_rows_are_not_found(db: &Db) {
         );
         assert_eq!(store.park_placement(&stranger, &s).unwrap(), None);
         not_found(
-            store
-                .mark_box_in_step(&stranger, &s, "{}")
-                .unwrap_err(),
+            store.mark_box_in_step(&stranger, &s, "{}").unwrap_err(),
             "placement",
         );
         not_found(
@@ -778,7 +814,12 @@ fn another_tenants_live_rows_are_not_found(db: &Db) {
             .set_environment_bundle(&stranger, &env, "theirs")
             .unwrap();
         store.mark_box_ahead(&stranger, &s).unwrap();
-        assert!(store.environments(&Sight::tenant(stranger.clone())).unwrap().is_empty());
+        assert!(
+            store
+                .environments(&Sight::tenant(stranger.clone()))
+                .unwrap()
+                .is_empty()
+        );
         not_found(store.snapshot(&stranger, &snap).unwrap_err(), "snapshot");
         not_found(
             store.touch_snapshot(&stranger, &snap).unwrap_err(),
@@ -792,7 +833,12 @@ fn another_tenants_live_rows_are_not_found(db: &Db) {
             store.find_ready_snapshot(&stranger, "cloud", "k").unwrap(),
             None
         );
-        assert!(store.snapshots(&Sight::tenant(stranger.clone())).unwrap().is_empty());
+        assert!(
+            store
+                .snapshots(&Sight::tenant(stranger.clone()))
+                .unwrap()
+                .is_empty()
+        );
     }
     // Nothing the strangers tried changed Alice's rows.
     let row = store.placement(&alice(), &s).unwrap().unwrap();
