@@ -11,8 +11,13 @@
 //! (partial unique indexes), and a scoped read of another owner's or tenant's row is "not
 //! found".
 //!
-//! Only these aggregates exist on PostgreSQL so far; everything else (placements,
-//! environments, artifacts, audit, tokens, …) is SQLite-only and stays on [`Store`].
+//! The live-work aggregates (placements and worker slots, the worker protocol's rows,
+//! environments, snapshots) are in `aggregates/live.rs`. Everything else (artifacts, audit, tokens, …) is
+//! SQLite-only so far and stays on [`Store`].
+
+mod live;
+
+pub use live::{EnvironmentStore, PlacementStore, SnapshotStore, WorkerOpStore};
 
 use crate::{AttemptRow, NewSession, Result, Resume, RunRow, Scope, SessionRow, Store};
 use skiff_protocol::api::RunStatus;
@@ -115,9 +120,27 @@ pub trait RunStore: Send + Sync {
 }
 
 /// Every aggregate that both backends implement.
-pub trait Backend: SessionStore + EventLog + RunStore {}
+pub trait Backend:
+    SessionStore
+    + EventLog
+    + RunStore
+    + PlacementStore
+    + WorkerOpStore
+    + EnvironmentStore
+    + SnapshotStore
+{
+}
 
-impl<T: SessionStore + EventLog + RunStore> Backend for T {}
+impl<T> Backend for T where
+    T: SessionStore
+        + EventLog
+        + RunStore
+        + PlacementStore
+        + WorkerOpStore
+        + EnvironmentStore
+        + SnapshotStore
+{
+}
 
 // The SQLite store implements each trait with its own methods (inherent methods win the
 // name lookup, so each line below calls the SQLite code, not itself).

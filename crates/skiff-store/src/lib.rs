@@ -18,8 +18,8 @@
 //!
 //! The store is becoming a set of per-aggregate traits ([`aggregates`]) with two
 //! implementations: this SQLite [`Store`] and [`PgStore`] on PostgreSQL (`pg`), held to one
-//! conformance suite. Only sessions and transcript, runs and attempts, and the event log are
-//! on both so far.
+//! conformance suite. Sessions and transcript, runs and attempts, the event log, placements
+//! and worker slots, the worker protocol's rows, environments and snapshots are on both so far.
 
 mod agents;
 pub mod aggregates;
@@ -50,7 +50,10 @@ pub mod transition;
 mod usage;
 
 pub use agents::AgentSpecRow;
-pub use aggregates::{Backend, EventLog, RunStore, SessionStore};
+pub use aggregates::{
+    Backend, EnvironmentStore, EventLog, PlacementStore, RunStore, SessionStore, SnapshotStore,
+    WorkerOpStore,
+};
 pub use approvals::NewApproval;
 pub use artifacts::{ArtifactRole, ArtifactRow, NewArtifact, Retention};
 pub use audit::DAY_MS;

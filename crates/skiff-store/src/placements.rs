@@ -208,10 +208,10 @@ fn claim_in(
 
 /// Placement states that hold no box: not counted against `max_workers`, not reconciled at
 /// start, not named on an environment.
-const SETTLED: &str = "('local','parked','reclaimed','failed')";
+pub(crate) const SETTLED: &str = "('local','parked','reclaimed','failed')";
 
 /// Run states of an unfinished run (the `runs_one_open_per_session` index's).
-const OPEN_RUN: &str =
+pub(crate) const OPEN_RUN: &str =
     "('queued','starting','running','waiting_input','waiting_approval','cancelling')";
 
 /// The worker slots in use: live placements (held or being placed), and how many of them have

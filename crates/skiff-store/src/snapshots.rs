@@ -34,7 +34,7 @@ pub struct NewSnapshot<'a> {
     pub lease_id: &'a str,
 }
 
-const COLUMNS: &str = "id, owner_id, tenant_id, profile, key, environment_id, lease_id, \
+pub(crate) const COLUMNS: &str = "id, owner_id, tenant_id, profile, key, environment_id, lease_id, \
     size_bytes, state, created_at_ms, last_used_at_ms";
 
 fn from_row(row: &Row<'_>) -> rusqlite::Result<SnapshotRow> {
@@ -69,7 +69,30 @@ fn next_use_ms(tx: &rusqlite::Transaction<'_>) -> Result<i64> {
     Ok(latest.map_or(now_ms(), |l| now_ms().max(l.saturating_add(1))))
 }
 
-fn not_found(id: &SnapshotId) -> Error {
+/// The eviction plan of [`Store::evict_plan`] from a profile's ready snapshots, most recently
+/// used first: the most recently used ones that fit together stay; everything older goes.
+pub(crate) fn eviction(rows: Vec<SnapshotRow>, budget_bytes: u64) -> Vec<SnapshotRow> {
+    let mut kept = 0u64;
+    let mut full = false;
+    let mut plan = Vec::new();
+    for row in rows {
+        if row.size_bytes > budget_bytes {
+            plan.push(row);
+            continue;
+        }
+        match kept.checked_add(row.size_bytes) {
+            Some(total) if !full && total <= budget_bytes => kept = total,
+            _ => {
+                full = true;
+                plan.push(row);
+            }
+        }
+    }
+    plan.reverse();
+    plan
+}
+
+pub(crate) fn not_found(id: &SnapshotId) -> Error {
     Error::NotFound {
         what: "snapshot",
         id: id.to_string(),
@@ -293,25 +316,7 @@ impl Store {
             stmt.query_map(params![profile], from_row)?
                 .collect::<rusqlite::Result<Vec<_>>>()?
         };
-        // The most recently used ones that fit together stay; everything older goes.
-        let mut kept = 0u64;
-        let mut full = false;
-        let mut plan = Vec::new();
-        for row in rows {
-            if row.size_bytes > budget_bytes {
-                plan.push(row);
-                continue;
-            }
-            match kept.checked_add(row.size_bytes) {
-                Some(total) if !full && total <= budget_bytes => kept = total,
-                _ => {
-                    full = true;
-                    plan.push(row);
-                }
-            }
-        }
-        plan.reverse();
-        Ok(plan)
+        Ok(eviction(rows, budget_bytes))
     }
 
     /// Snapshots, across scopes, whose capture or deletion did not finish (what restart

@@ -2,13 +2,16 @@
 //! is not portable SQL), applied in order and tracked in `skiff_schema`.
 //!
 //! It holds the aggregates both backends implement so far: sessions and their transcript,
-//! runs and attempts, and the event log. Columns keep the SQLite names and meanings (JSON as
+//! runs and attempts, the event log (version 1), and placements, the worker protocol's rows,
+//! environments and snapshots (version 2). Columns keep the SQLite names and meanings (JSON as
 //! text, times as Unix milliseconds) so rows copy across unchanged.
 
 use super::conn::PgConn;
 use crate::Result;
 
-const MIGRATIONS: &[&str] = &[r#"
+const MIGRATIONS: &[&str] = &[
+    // 1: sessions and transcript, runs and attempts, the event log.
+    r#"
 CREATE TABLE sessions (
     id                 TEXT PRIMARY KEY,
     owner_id           TEXT NOT NULL,
@@ -105,7 +108,111 @@ CREATE TABLE events (
     body       TEXT NOT NULL,  -- JSON EventKind
     PRIMARY KEY (session_id, seq)
 );
-"#];
+"#,
+    // 2: the live-work aggregates — placements, the worker protocol's rows, environments and
+    // snapshots.
+    r#"
+CREATE TABLE environments (
+    id                 TEXT PRIMARY KEY,
+    owner_id           TEXT NOT NULL,
+    tenant_id          TEXT NOT NULL,
+    profile            TEXT NOT NULL,
+    provider           TEXT NOT NULL,
+    state              TEXT NOT NULL,
+    -- Written before the provider is called; the lease id derives from it.
+    op_id              TEXT NOT NULL UNIQUE,
+    lease_id           TEXT,
+    lease              TEXT,            -- JSON: how to reach and trust the box
+    bundle_hash        TEXT,
+    error              TEXT,
+    created_at_ms      BIGINT NOT NULL,
+    updated_at_ms      BIGINT NOT NULL,
+    last_used_at_ms    BIGINT NOT NULL,
+    expires_at_ms      BIGINT,
+    model_requests     BIGINT NOT NULL DEFAULT 0,
+    input_tokens       BIGINT NOT NULL DEFAULT 0,
+    output_tokens      BIGINT NOT NULL DEFAULT 0,
+    bytes_in           BIGINT NOT NULL DEFAULT 0,
+    bytes_out          BIGINT NOT NULL DEFAULT 0,
+    gateway_tool_calls BIGINT NOT NULL DEFAULT 0,
+    snapshot_id        TEXT,
+    prepared_key       TEXT
+);
+CREATE INDEX environments_by_scope ON environments(owner_id, tenant_id, created_at_ms);
+CREATE INDEX environments_live ON environments(created_at_ms) WHERE state <> 'destroyed';
+
+-- Sessions placed on workers; `sessions.placement` mirrors `state`. A change locks the
+-- session's row first (then this one), so claims, transitions and turn admission on one
+-- session are ordered whichever gateway makes them.
+CREATE TABLE placements (
+    session_id     TEXT PRIMARY KEY REFERENCES sessions(id),
+    owner_id       TEXT NOT NULL,
+    tenant_id      TEXT NOT NULL,
+    state          TEXT NOT NULL,
+    profile        TEXT NOT NULL,
+    generation     BIGINT NOT NULL DEFAULT 0,
+    environment_id TEXT,
+    owner_epoch    BIGINT NOT NULL DEFAULT 0,
+    base_manifest  TEXT,
+    bundle_hash    TEXT,
+    worker_pid     BIGINT,
+    error          TEXT,
+    updated_at_ms  BIGINT NOT NULL,
+    left_out       TEXT,
+    box_in_step    BOOLEAN NOT NULL DEFAULT FALSE
+);
+CREATE INDEX placements_by_environment ON placements(environment_id);
+CREATE INDEX placements_live ON placements(state)
+    WHERE state NOT IN ('local','parked','reclaimed','failed');
+
+-- Terminal replies of worker operations: a duplicate gets the same answer.
+CREATE TABLE worker_ops (
+    session_id  TEXT NOT NULL,
+    owner_epoch BIGINT NOT NULL,
+    stream      TEXT NOT NULL,
+    seq         BIGINT NOT NULL,
+    method      TEXT NOT NULL,
+    call_hash   TEXT NOT NULL,  -- blake3 of the call: a sequence number is not reusable
+    reply       TEXT NOT NULL,  -- JSON Reply or model events; never credentials
+    at_ms       BIGINT NOT NULL,
+    PRIMARY KEY (session_id, owner_epoch, stream, seq)
+);
+
+-- ACK cursors: the last applied sequence number per stream and epoch.
+CREATE TABLE worker_cursors (
+    session_id  TEXT NOT NULL,
+    owner_epoch BIGINT NOT NULL,
+    stream      TEXT NOT NULL,
+    seq         BIGINT NOT NULL,
+    PRIMARY KEY (session_id, owner_epoch, stream)
+);
+
+-- Admitted credentials (by id only): the primary key admits each once.
+CREATE TABLE worker_credentials (
+    credential_id  TEXT PRIMARY KEY,
+    session_id     TEXT NOT NULL,
+    environment_id TEXT NOT NULL,
+    used_at_ms     BIGINT NOT NULL
+);
+
+-- Snapshots of prepared boxes (the copy lives with the provider).
+CREATE TABLE snapshots (
+    id              TEXT PRIMARY KEY,
+    owner_id        TEXT NOT NULL,
+    tenant_id       TEXT NOT NULL,
+    profile         TEXT NOT NULL,
+    key             TEXT NOT NULL,
+    environment_id  TEXT NOT NULL,
+    lease_id        TEXT NOT NULL,
+    size_bytes      BIGINT NOT NULL DEFAULT 0,
+    state           TEXT NOT NULL,    -- capturing | ready | deleting
+    created_at_ms   BIGINT NOT NULL,
+    last_used_at_ms BIGINT NOT NULL
+);
+CREATE INDEX snapshots_by_key ON snapshots(owner_id, tenant_id, profile, key, state);
+CREATE INDEX snapshots_by_profile ON snapshots(profile, state, last_used_at_ms);
+"#,
+];
 
 /// An arbitrary constant: the advisory lock two gateways starting at once take, so only one
 /// migrates and the other sees the result.

@@ -1,5 +1,6 @@
 //! The PostgreSQL implementation of the aggregates in [`crate::aggregates`] (sessions and
-//! transcript, runs and attempts, the event log) — what several gateways sharing one database
+//! transcript, runs and attempts, the event log; placements and worker slots, the worker
+//! protocol's rows, environments, snapshots) — what several gateways sharing one database
 //! will stand on. The rest of the store is SQLite-only so far, so this backend is not offered
 //! to users yet.
 //!
@@ -7,13 +8,17 @@
 //! per-session counter row, the transcript leaf moves by a conditional update, and one open
 //! run per session and one active attempt per run are partial unique indexes (inserts use
 //! `ON CONFLICT … DO NOTHING` on them), so two connections — or two gateways — racing get one
-//! winner and a clear refusal.
+//! winner and a clear refusal. A placement moves under its session's row lock, checked against
+//! the state read under it; worker-slot claims count under a gateway-wide advisory lock.
 
 mod conn;
+mod environments;
 mod events;
 mod migrations;
+mod placements;
 mod runs;
 mod sessions;
+mod snapshots;
 
 use crate::{Error, Result};
 

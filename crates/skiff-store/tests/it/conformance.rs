@@ -550,6 +550,9 @@ fn callable_from_inside_a_tokio_runtime(db: &Db) {
     drop(runtime);
 }
 
+/// Placements and worker slots, the worker protocol's rows, environments and snapshots.
+mod live;
+
 /// PostgreSQL alone: several gateways start against one database.
 mod postgres_only {
     use super::*;
