@@ -11,8 +11,12 @@
 //! (partial unique indexes), and a scoped read of another owner's or tenant's row is "not
 //! found".
 //!
-//! Only these aggregates exist on PostgreSQL so far; everything else (placements,
-//! environments, artifacts, audit, tokens, …) is SQLite-only and stays on [`Store`].
+//! The people and governance aggregates (users and tokens, audit, approvals, grants, the
+//! vault, agent specs, usage) are in [`people`]. Everything else (placements, environments,
+//! snapshots, artifacts, groups, …) is SQLite-only so far and stays on [`Store`].
+
+mod people;
+pub use people::{AgentSpecs, Approvals, AuditLog, Grants, People, UsageLedger, Vault};
 
 use crate::{AttemptRow, NewSession, Result, Resume, RunRow, Scope, SessionRow, Store};
 use skiff_protocol::api::RunStatus;
@@ -115,9 +119,33 @@ pub trait RunStore: Send + Sync {
 }
 
 /// Every aggregate that both backends implement.
-pub trait Backend: SessionStore + EventLog + RunStore {}
+pub trait Backend:
+    SessionStore
+    + EventLog
+    + RunStore
+    + People
+    + AuditLog
+    + Approvals
+    + Grants
+    + Vault
+    + AgentSpecs
+    + UsageLedger
+{
+}
 
-impl<T: SessionStore + EventLog + RunStore> Backend for T {}
+impl<T> Backend for T where
+    T: SessionStore
+        + EventLog
+        + RunStore
+        + People
+        + AuditLog
+        + Approvals
+        + Grants
+        + Vault
+        + AgentSpecs
+        + UsageLedger
+{
+}
 
 // The SQLite store implements each trait with its own methods (inherent methods win the
 // name lookup, so each line below calls the SQLite code, not itself).

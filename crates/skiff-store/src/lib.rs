@@ -50,7 +50,10 @@ pub mod transition;
 mod usage;
 
 pub use agents::AgentSpecRow;
-pub use aggregates::{Backend, EventLog, RunStore, SessionStore};
+pub use aggregates::{
+    AgentSpecs, Approvals, AuditLog, Backend, EventLog, Grants, People, RunStore, SessionStore,
+    UsageLedger, Vault,
+};
 pub use approvals::NewApproval;
 pub use artifacts::{ArtifactRole, ArtifactRow, NewArtifact, Retention};
 pub use audit::DAY_MS;

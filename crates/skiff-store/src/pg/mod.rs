@@ -1,7 +1,8 @@
 //! The PostgreSQL implementation of the aggregates in [`crate::aggregates`] (sessions and
-//! transcript, runs and attempts, the event log) — what several gateways sharing one database
-//! will stand on. The rest of the store is SQLite-only so far, so this backend is not offered
-//! to users yet.
+//! transcript, runs and attempts, the event log; users and tokens, audit, approvals, grants,
+//! the vault, agent specs, usage) — what several gateways sharing one database will stand
+//! on. The rest of the store is SQLite-only so far, so this backend is not offered to users
+//! yet.
 //!
 //! The invariants hold in the database, not in this process: the event cursor comes from a
 //! per-session counter row, the transcript leaf moves by a conditional update, and one open
@@ -9,11 +10,17 @@
 //! `ON CONFLICT … DO NOTHING` on them), so two connections — or two gateways — racing get one
 //! winner and a clear refusal.
 
+mod approvals;
+mod audit;
 mod conn;
 mod events;
 mod migrations;
+mod people;
 mod runs;
 mod sessions;
+mod specs;
+mod usage;
+mod vault;
 
 use crate::{Error, Result};
 
