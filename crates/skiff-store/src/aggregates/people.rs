@@ -117,8 +117,7 @@ pub trait Approvals: Send + Sync {
 pub trait Grants: Send + Sync {
     fn register_grant(&self, scope: &Scope, grant: &NewGrant) -> Result<()>;
     /// Consumes the grant once, whichever connection asks first.
-    fn consume_grant(&self, scope: &Scope, session: &SessionId, id: &GrantId)
-    -> Result<Consumed>;
+    fn consume_grant(&self, scope: &Scope, session: &SessionId, id: &GrantId) -> Result<Consumed>;
 }
 
 /// The vault's sealed rows (this store never sees a key or a plaintext).
@@ -157,8 +156,7 @@ pub trait AgentSpecs: Send + Sync {
     -> Result<Option<(String, String)>>;
     /// `false` when the event id was seen before (a replay).
     fn ingress_event_first_seen(&self, event_id: &str, forget_before_ms: i64) -> Result<bool>;
-    fn ingress_thread(&self, channel: &str, thread_ts: &str)
-    -> Result<Option<(Scope, SessionId)>>;
+    fn ingress_thread(&self, channel: &str, thread_ts: &str) -> Result<Option<(Scope, SessionId)>>;
     fn put_ingress_thread(
         &self,
         scope: &Scope,
@@ -171,8 +169,7 @@ pub trait AgentSpecs: Send + Sync {
 /// The usage ledger behind budgets.
 pub trait UsageLedger: Send + Sync {
     /// Adds a model response's usage to its run and a ledger row at its cost.
-    fn add_run_usage(&self, scope: &Scope, id: &RunId, usage: Usage, cost_usd: f64)
-    -> Result<()>;
+    fn add_run_usage(&self, scope: &Scope, id: &RunId, usage: Usage, cost_usd: f64) -> Result<()>;
     fn session_usage(&self, scope: &Scope, session: &SessionId) -> Result<Used>;
     fn user_usage(&self, scope: &Scope, since_ms: i64) -> Result<Used>;
     fn tenant_usage(&self, scope: &Scope, since_ms: i64) -> Result<Used>;
@@ -303,12 +300,7 @@ impl Grants for Store {
     fn register_grant(&self, scope: &Scope, grant: &NewGrant) -> Result<()> {
         Store::register_grant(self, scope, grant)
     }
-    fn consume_grant(
-        &self,
-        scope: &Scope,
-        session: &SessionId,
-        id: &GrantId,
-    ) -> Result<Consumed> {
+    fn consume_grant(&self, scope: &Scope, session: &SessionId, id: &GrantId) -> Result<Consumed> {
         Store::consume_grant(self, scope, session, id)
     }
 }
@@ -363,11 +355,7 @@ impl AgentSpecs for Store {
     fn ingress_event_first_seen(&self, event_id: &str, forget_before_ms: i64) -> Result<bool> {
         Store::ingress_event_first_seen(self, event_id, forget_before_ms)
     }
-    fn ingress_thread(
-        &self,
-        channel: &str,
-        thread_ts: &str,
-    ) -> Result<Option<(Scope, SessionId)>> {
+    fn ingress_thread(&self, channel: &str, thread_ts: &str) -> Result<Option<(Scope, SessionId)>> {
         Store::ingress_thread(self, channel, thread_ts)
     }
     fn put_ingress_thread(
@@ -382,13 +370,7 @@ impl AgentSpecs for Store {
 }
 
 impl UsageLedger for Store {
-    fn add_run_usage(
-        &self,
-        scope: &Scope,
-        id: &RunId,
-        usage: Usage,
-        cost_usd: f64,
-    ) -> Result<()> {
+    fn add_run_usage(&self, scope: &Scope, id: &RunId, usage: Usage, cost_usd: f64) -> Result<()> {
         Store::add_run_usage(self, scope, id, usage, cost_usd)
     }
     fn session_usage(&self, scope: &Scope, session: &SessionId) -> Result<Used> {

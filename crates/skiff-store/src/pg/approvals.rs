@@ -220,12 +220,7 @@ impl Grants for PgStore {
         })
     }
 
-    fn consume_grant(
-        &self,
-        scope: &Scope,
-        session: &SessionId,
-        id: &GrantId,
-    ) -> Result<Consumed> {
+    fn consume_grant(&self, scope: &Scope, session: &SessionId, id: &GrantId) -> Result<Consumed> {
         let args = (scope.clone(), session.to_string(), id.to_string());
         let now = now_ms();
         self.conn.run(move |conn| {

@@ -117,10 +117,7 @@ impl AuditLog for PgStore {
 
     fn audit_rows(&self) -> Result<Vec<AuditRow>> {
         Ok(self
-            .audit_query(
-                format!("SELECT {COLUMNS} FROM audit ORDER BY id"),
-                vec![],
-            )?
+            .audit_query(format!("SELECT {COLUMNS} FROM audit ORDER BY id"), vec![])?
             .into_iter()
             .map(|r| AuditRow {
                 at_ms: r.at_ms,

@@ -9,7 +9,8 @@
 use super::conn::PgConn;
 use crate::Result;
 
-const MIGRATIONS: &[&str] = &[r#"
+const MIGRATIONS: &[&str] = &[
+    r#"
 CREATE TABLE sessions (
     id                 TEXT PRIMARY KEY,
     owner_id           TEXT NOT NULL,

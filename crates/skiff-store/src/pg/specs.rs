@@ -113,13 +113,7 @@ impl AgentSpecs for PgStore {
                  digest = excluded.digest \
                  WHERE session_agents.owner_id = excluded.owner_id \
                    AND session_agents.tenant_id = excluded.tenant_id",
-                &[
-                    &session,
-                    &scope.owner_id,
-                    &scope.tenant_id,
-                    &name,
-                    &digest,
-                ],
+                &[&session, &scope.owner_id, &scope.tenant_id, &name, &digest],
             )?;
             Ok(())
         })
@@ -160,11 +154,7 @@ impl AgentSpecs for PgStore {
         })
     }
 
-    fn ingress_thread(
-        &self,
-        channel: &str,
-        thread_ts: &str,
-    ) -> Result<Option<(Scope, SessionId)>> {
+    fn ingress_thread(&self, channel: &str, thread_ts: &str) -> Result<Option<(Scope, SessionId)>> {
         let (channel, thread_ts) = (channel.to_owned(), thread_ts.to_owned());
         self.conn.run(move |conn| {
             conn.client
@@ -176,7 +166,11 @@ impl AgentSpecs for PgStore {
                 .map(|row| {
                     Ok((
                         Scope::new(row.try_get::<_, String>(0)?, row.try_get::<_, String>(1)?),
-                        id("ingress_threads.session_id", row.try_get(2)?, SessionId::parse)?,
+                        id(
+                            "ingress_threads.session_id",
+                            row.try_get(2)?,
+                            SessionId::parse,
+                        )?,
                     ))
                 })
                 .transpose()

@@ -8,7 +8,8 @@ use skiff_protocol::model::Usage;
 use skiff_protocol::{RunId, SessionId};
 
 /// The sums' columns, from the ledger rows a query selects.
-const SUMS: &str = "COALESCE(SUM(tokens), 0)::BIGINT, COALESCE(SUM(cost_usd), 0.0)::DOUBLE PRECISION";
+const SUMS: &str =
+    "COALESCE(SUM(tokens), 0)::BIGINT, COALESCE(SUM(cost_usd), 0.0)::DOUBLE PRECISION";
 
 fn used(row: &Row, at: usize) -> Result<Used> {
     Ok(Used {

@@ -43,7 +43,10 @@ fn an_email_is_one_persons_whatever_its_case(db: &Db) {
         other => panic!("a second Bob was added: {other:?}"),
     }
     assert_eq!(store.user_by_email("BOB@x.org", None).unwrap(), bob);
-    assert_eq!(store.user_by_email("bob@x.org", Some("ten_b")).unwrap(), bob);
+    assert_eq!(
+        store.user_by_email("bob@x.org", Some("ten_b")).unwrap(),
+        bob
+    );
     assert!(matches!(
         store.user_by_email("bob@x.org", Some("ten_default")),
         Err(Error::NotFound { what: "user", .. })
@@ -66,7 +69,9 @@ fn an_email_is_one_persons_whatever_its_case(db: &Db) {
     assert_eq!(store.users(Some("ten_default")).unwrap(), first);
     assert_eq!(store.user_of(&bob.scope()).unwrap(), Some(bob.clone()));
     assert_eq!(
-        store.user_of(&Scope::new(bob.id.clone(), "ten_default")).unwrap(),
+        store
+            .user_of(&Scope::new(bob.id.clone(), "ten_default"))
+            .unwrap(),
         None,
         "a user is theirs in their own tenant only"
     );
@@ -144,7 +149,13 @@ fn tokens_are_revoked_within_their_tenant_and_go_with_their_user(db: &Db) {
 
     assert_eq!(store.remove_user(&bob).unwrap(), vec![write.id]);
     assert_eq!(store.user_of(&bob.scope()).unwrap(), None);
-    assert!(store.token_rows().unwrap().iter().all(|t| t.scope != bob.scope()));
+    assert!(
+        store
+            .token_rows()
+            .unwrap()
+            .iter()
+            .all(|t| t.scope != bob.scope())
+    );
 }
 
 fn a_revoked_ui_cookie_stays_revoked_until_it_expires(db: &Db) {
@@ -194,7 +205,10 @@ fn audit_rows_keep_their_order_and_leave_a_day_at_a_time(db: &Db) {
         rows.iter().map(|r| r.action.as_str()).collect::<Vec<_>>(),
         ["first", "second", "next day", "session.create"]
     );
-    assert_eq!(rows[3].detail, serde_json::json!({"model": "scripted/demo"}));
+    assert_eq!(
+        rows[3].detail,
+        serde_json::json!({"model": "scripted/demo"})
+    );
     assert_eq!(rows[3].owner_id, scope.owner_id);
     assert_eq!(rows[3].decision, "applied");
 
@@ -265,7 +279,10 @@ fn audit_ids_from_two_connections_are_gapless_and_visible_in_order(db: &Db) {
             let mut seen: Vec<i64> = Vec::new();
             let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
             while seen.len() < 2 * EACH {
-                assert!(std::time::Instant::now() < deadline, "rows stopped arriving");
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "rows stopped arriving"
+                );
                 let after = seen.last().copied().unwrap_or(0);
                 for row in follower.audit_range(0, i64::MAX, after, 1000).unwrap() {
                     assert_eq!(row.id, seen.len() as i64 + 1, "the follower saw a gap");
@@ -309,7 +326,9 @@ fn an_approval_is_settled_once_and_seen_only_within_its_sight(db: &Db) {
     let carl = Scope::new("usr_carl", "ten_a");
     let s = new_session(&*a, &alice());
     let other = new_session(&*a, &alice());
-    let first = a.create_approval(&alice(), &approval(&s, "rm -rf build")).unwrap();
+    let first = a
+        .create_approval(&alice(), &approval(&s, "rm -rf build"))
+        .unwrap();
     assert_eq!(first.state, ApprovalState::Pending);
     assert_eq!(first.subject, "rm -rf build");
     assert_eq!(first.kind, ApprovalKind::Exec);
@@ -336,19 +355,35 @@ fn an_approval_is_settled_once_and_seen_only_within_its_sight(db: &Db) {
     );
     assert_eq!(
         ids(a.approvals(&mine, Some(&s), false).unwrap()),
-        [first.id.clone()]
+        std::slice::from_ref(&first.id)
     );
-    assert!(a.approvals(&Sight::own(carl.clone()), None, false).unwrap().is_empty());
-    assert_eq!(a.approvals(&Sight::tenant(carl.clone()), None, false).unwrap().len(), 2);
     assert!(
-        a.approvals(&Sight::tenant(Scope::new("usr_alice", "ten_b")), None, false)
+        a.approvals(&Sight::own(carl.clone()), None, false)
             .unwrap()
-            .is_empty(),
+            .is_empty()
+    );
+    assert_eq!(
+        a.approvals(&Sight::tenant(carl.clone()), None, false)
+            .unwrap()
+            .len(),
+        2
+    );
+    assert!(
+        a.approvals(
+            &Sight::tenant(Scope::new("usr_alice", "ten_b")),
+            None,
+            false
+        )
+        .unwrap()
+        .is_empty(),
         "another tenant never sees them"
     );
     assert!(matches!(
         a.approval(&carl, &first.id),
-        Err(Error::NotFound { what: "approval", .. })
+        Err(Error::NotFound {
+            what: "approval",
+            ..
+        })
     ));
 
     // A decision racing a timeout: one wins, the other reads the winner.
@@ -360,7 +395,9 @@ fn an_approval_is_settled_once_and_seen_only_within_its_sight(db: &Db) {
                 let (start, id) = (&start, &first.id);
                 threads.spawn(move || {
                     start.wait();
-                    store.settle_approval(&alice(), id, to, "someone", None).unwrap()
+                    store
+                        .settle_approval(&alice(), id, to, "someone", None)
+                        .unwrap()
                 })
             })
             .collect();
@@ -383,10 +420,14 @@ fn an_approval_is_settled_once_and_seen_only_within_its_sight(db: &Db) {
     ));
     assert_eq!(
         ids(a.approvals(&mine, None, true).unwrap()),
-        [second.id.clone()],
+        std::slice::from_ref(&second.id),
         "pending only"
     );
-    assert_eq!(a.expire_orphaned_approvals("the gateway restarted").unwrap(), 1);
+    assert_eq!(
+        a.expire_orphaned_approvals("the gateway restarted")
+            .unwrap(),
+        1
+    );
     let revoked = a.approval(&alice(), &second.id).unwrap();
     assert_eq!(revoked.state, ApprovalState::Revoked);
     assert_eq!(revoked.reason.as_deref(), Some("the gateway restarted"));
@@ -433,23 +474,34 @@ fn racing_redemptions_consume_each_grant_once(db: &Db) {
             .collect();
         racers.into_iter().map(|r| r.join().unwrap()).collect()
     });
-    for i in 0..GRANTS {
-        let pair = [outcomes[0][i], outcomes[1][i]];
+    for (i, (from_a, from_b)) in outcomes[0].iter().zip(&outcomes[1]).enumerate() {
+        let pair = [*from_a, *from_b];
         assert!(
-            pair == [Consumed::Now, Consumed::Already] || pair == [Consumed::Already, Consumed::Now],
+            pair == [Consumed::Now, Consumed::Already]
+                || pair == [Consumed::Already, Consumed::Now],
             "grant {i} was consumed {pair:?}"
         );
     }
-    assert_eq!(a.consume_grant(&alice(), &s, &ids[0]).unwrap(), Consumed::Already);
+    assert_eq!(
+        a.consume_grant(&alice(), &s, &ids[0]).unwrap(),
+        Consumed::Already
+    );
     // Another scope, another session, or an id never registered: unknown.
     let other = new_session(&*a, &alice());
     assert_eq!(
-        a.consume_grant(&Scope::new("usr_mallory", "ten_a"), &s, &ids[0]).unwrap(),
+        a.consume_grant(&Scope::new("usr_mallory", "ten_a"), &s, &ids[0])
+            .unwrap(),
         Consumed::Unknown
     );
-    assert_eq!(a.consume_grant(&alice(), &other, &ids[0]).unwrap(), Consumed::Unknown);
+    assert_eq!(
+        a.consume_grant(&alice(), &other, &ids[0]).unwrap(),
+        Consumed::Unknown
+    );
     let never = GrantId::from_suffix(&skiff_store::mint().unwrap());
-    assert_eq!(a.consume_grant(&alice(), &s, &never).unwrap(), Consumed::Unknown);
+    assert_eq!(
+        a.consume_grant(&alice(), &s, &never).unwrap(),
+        Consumed::Unknown
+    );
 }
 
 fn sealed(byte: u8, key: &str) -> Resealed {
@@ -469,7 +521,12 @@ fn a_replaced_secret_keeps_its_creation_date_and_a_failed_reseal_changes_nothing
     assert_eq!(second.nonce, vec![2; 12]);
     store.put_secret("L", &sealed(3, "a")).unwrap();
     assert_eq!(
-        store.secrets().unwrap().iter().map(|r| r.name.as_str()).collect::<Vec<_>>(),
+        store
+            .secrets()
+            .unwrap()
+            .iter()
+            .map(|r| r.name.as_str())
+            .collect::<Vec<_>>(),
         ["K", "L"]
     );
 
@@ -486,9 +543,15 @@ fn a_replaced_secret_keeps_its_creation_date_and_a_failed_reseal_changes_nothing
     assert!(failed.is_err());
     assert!(store.secrets().unwrap().iter().all(|r| r.key_id == "a"));
 
-    assert_eq!(store.reseal_secrets(&mut |_| Ok(sealed(9, "b"))).unwrap(), 2);
+    assert_eq!(
+        store.reseal_secrets(&mut |_| Ok(sealed(9, "b"))).unwrap(),
+        2
+    );
     let rows = store.secrets().unwrap();
-    assert!(rows.iter().all(|r| r.key_id == "b" && r.ciphertext == vec![9; 4]));
+    assert!(
+        rows.iter()
+            .all(|r| r.key_id == "b" && r.ciphertext == vec![9; 4])
+    );
     assert!(store.delete_secret("K").unwrap());
     assert!(!store.delete_secret("K").unwrap());
     assert_eq!(store.secret("K").unwrap(), None);
@@ -498,12 +561,18 @@ fn a_replaced_secret_keeps_its_creation_date_and_a_failed_reseal_changes_nothing
 fn agent_specs_pin_sessions_and_chat_replays_are_refused(db: &Db) {
     let (a, b) = (db.open(), db.open());
     assert!(a.put_agent_spec("reviewer", "d1", "{\"v\":1}").unwrap());
-    assert!(!b.put_agent_spec("reviewer", "d1", "{\"v\":1}").unwrap(), "seen, not new");
+    assert!(
+        !b.put_agent_spec("reviewer", "d1", "{\"v\":1}").unwrap(),
+        "seen, not new"
+    );
     assert!(b.put_agent_spec("reviewer", "d2", "{\"v\":2}").unwrap());
     assert!(a.put_agent_spec("author", "e1", "{}").unwrap());
     let versions = a.agent_spec_versions("reviewer").unwrap();
     assert_eq!(
-        versions.iter().map(|v| v.digest.as_str()).collect::<Vec<_>>(),
+        versions
+            .iter()
+            .map(|v| v.digest.as_str())
+            .collect::<Vec<_>>(),
         ["d2", "d1"]
     );
     assert!(versions[0].seen_at_ms > versions[1].seen_at_ms);
@@ -563,7 +632,10 @@ fn usage_is_summed_per_session_user_and_tenant(db: &Db) {
         cache_read_tokens: input / 2,
         cache_write_tokens: 0,
     };
-    let (s1, s2) = (new_session(&*store, &alice()), new_session(&*store, &alice()));
+    let (s1, s2) = (
+        new_session(&*store, &alice()),
+        new_session(&*store, &alice()),
+    );
     let (s3, s4) = (new_session(&*store, &carl), new_session(&*store, &bert));
     let mut runs = Vec::new();
     for (scope, s, usage, cost) in [
@@ -576,13 +648,20 @@ fn usage_is_summed_per_session_user_and_tenant(db: &Db) {
         let run = store.create_run(&scope, s, "scripted/demo").unwrap();
         store.add_run_usage(&scope, &run.id, usage, cost).unwrap();
         store
-            .transition_run(&scope, &run.id, skiff_protocol::api::RunStatus::Cancelled, None)
+            .transition_run(
+                &scope,
+                &run.id,
+                skiff_protocol::api::RunStatus::Cancelled,
+                None,
+            )
             .unwrap();
         runs.push(run.id);
     }
     // A response that used nothing writes no ledger row but is no error.
     let run = store.create_run(&alice(), &s2, "scripted/demo").unwrap();
-    store.add_run_usage(&alice(), &run.id, Usage::default(), 0.0).unwrap();
+    store
+        .add_run_usage(&alice(), &run.id, Usage::default(), 0.0)
+        .unwrap();
 
     let used = store.session_usage(&alice(), &s1).unwrap();
     assert_eq!((used.tokens, used.cost_usd), (330, 0.75));
