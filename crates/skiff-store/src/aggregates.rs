@@ -12,10 +12,13 @@
 //! found".
 //!
 //! The people and governance aggregates (users and tokens, audit, approvals, grants, the
-//! vault, agent specs, usage) are in [`people`]. Everything else (placements, environments,
-//! snapshots, artifacts, groups, …) is SQLite-only so far and stays on [`Store`].
+//! vault, agent specs, usage) are in [`people`], artifact rows in [`artifacts`]. Everything
+//! else (placements, environments, snapshots, groups, …) is SQLite-only so far and stays on
+//! [`Store`].
 
+mod artifacts;
 mod people;
+pub use artifacts::Artifacts;
 pub use people::{AgentSpecs, Approvals, AuditLog, Grants, People, UsageLedger, Vault};
 
 use crate::{AttemptRow, NewSession, Result, Resume, RunRow, Scope, SessionRow, Store};
@@ -130,6 +133,7 @@ pub trait Backend:
     + Vault
     + AgentSpecs
     + UsageLedger
+    + Artifacts
 {
 }
 
@@ -144,6 +148,7 @@ impl<T> Backend for T where
         + Vault
         + AgentSpecs
         + UsageLedger
+        + Artifacts
 {
 }
 

@@ -18,8 +18,9 @@
 //!
 //! The store is becoming a set of per-aggregate traits ([`aggregates`]) with two
 //! implementations: this SQLite [`Store`] and [`PgStore`] on PostgreSQL (`pg`), held to one
-//! conformance suite. Only sessions and transcript, runs and attempts, and the event log are
-//! on both so far.
+//! conformance suite. On both so far: sessions and transcript, runs and attempts, the event
+//! log, and the people and governance aggregates (users and tokens, audit, approvals, grants,
+//! the vault, agent specs, usage).
 
 mod agents;
 pub mod aggregates;
@@ -51,8 +52,8 @@ mod usage;
 
 pub use agents::AgentSpecRow;
 pub use aggregates::{
-    AgentSpecs, Approvals, AuditLog, Backend, EventLog, Grants, People, RunStore, SessionStore,
-    UsageLedger, Vault,
+    AgentSpecs, Approvals, Artifacts, AuditLog, Backend, EventLog, Grants, People, RunStore,
+    SessionStore, UsageLedger, Vault,
 };
 pub use approvals::NewApproval;
 pub use artifacts::{ArtifactRole, ArtifactRow, NewArtifact, Retention};

@@ -114,7 +114,7 @@ CREATE TABLE events (
     PEOPLE,
 ];
 
-/// Version 3: the people and governance aggregates (`aggregates::people`).
+/// Version 3: the people and governance aggregates (`aggregates::people`) and artifact rows.
 const PEOPLE: &str = r#"
 -- Emails are compared without case by SQLite's lower(), which folds ASCII letters only; the
 -- "C" collation makes PostgreSQL's lower() do exactly that, so a database copied across
@@ -257,6 +257,28 @@ CREATE TABLE usage (
 );
 CREATE INDEX usage_by_owner ON usage(tenant_id, owner_id, at_ms);
 CREATE INDEX usage_by_session ON usage(session_id);
+
+-- Metadata rows of content-addressed blobs. A checkpoint's `seq` is its session's next, taken
+-- under the session row's lock, so two gateways checkpointing one session never collide.
+CREATE TABLE artifacts (
+    id            TEXT PRIMARY KEY,
+    owner_id      TEXT NOT NULL,
+    tenant_id     TEXT NOT NULL,
+    session_id    TEXT,
+    run_id        TEXT,
+    role          TEXT NOT NULL,   -- checkpoint | manifest | result | log
+    retention     TEXT NOT NULL,   -- while_retryable | session | transient
+    hash          TEXT NOT NULL,   -- blake3 (hex) of the stored blob
+    size          BIGINT NOT NULL,
+    seq           BIGINT,          -- checkpoints: 1, 2, 3… per session
+    meta          TEXT NOT NULL DEFAULT '{}',  -- JSON metadata only (refs, counts), never content
+    created_at_ms BIGINT NOT NULL,
+    expires_at_ms BIGINT
+);
+CREATE INDEX artifacts_by_session ON artifacts(owner_id, tenant_id, session_id, role, seq);
+CREATE INDEX artifacts_by_hash ON artifacts(hash);
+CREATE UNIQUE INDEX artifacts_one_checkpoint_per_seq ON artifacts(session_id, seq)
+    WHERE role = 'checkpoint';
 "#;
 
 /// An arbitrary constant: the advisory lock two gateways starting at once take, so only one

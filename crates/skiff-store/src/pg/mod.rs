@@ -1,6 +1,6 @@
 //! The PostgreSQL implementation of the aggregates in [`crate::aggregates`] (sessions and
 //! transcript, runs and attempts, the event log; users and tokens, audit, approvals, grants,
-//! the vault, agent specs, usage) — what several gateways sharing one database will stand
+//! the vault, agent specs, usage; artifact rows) — what several gateways sharing one database will stand
 //! on. The rest of the store is SQLite-only so far, so this backend is not offered to users
 //! yet.
 //!
@@ -11,6 +11,7 @@
 //! winner and a clear refusal.
 
 mod approvals;
+mod artifacts;
 mod audit;
 mod conn;
 mod events;
