@@ -21,6 +21,7 @@ super::conformance::on_both_backends!(
     an_approval_is_settled_once_and_seen_only_within_its_sight,
     racing_redemptions_consume_each_grant_once,
     a_replaced_secret_keeps_its_creation_date_and_a_failed_reseal_changes_nothing,
+    a_rotation_racing_another_write_reseals_nothing_and_keeps_that_write,
     agent_specs_pin_sessions_and_chat_replays_are_refused,
     usage_is_summed_per_session_user_and_tenant,
 );
@@ -556,6 +557,34 @@ fn a_replaced_secret_keeps_its_creation_date_and_a_failed_reseal_changes_nothing
     assert!(!store.delete_secret("K").unwrap());
     assert_eq!(store.secret("K").unwrap(), None);
     assert_eq!(store.secret("L").unwrap().unwrap().key_id, "b");
+}
+
+fn a_rotation_racing_another_write_reseals_nothing_and_keeps_that_write(db: &Db) {
+    let (a, b) = (db.open(), db.open());
+    a.put_secret("K", &sealed(1, "a")).unwrap();
+    a.put_secret("L", &sealed(2, "a")).unwrap();
+    let mut wrote = false;
+    let rotated = a.reseal_secrets(&mut |_| {
+        if !wrote {
+            // Another gateway stores a secret while this one is resealing.
+            b.put_secret("K", &sealed(7, "a")).unwrap();
+            wrote = true;
+        }
+        Ok(sealed(9, "b"))
+    });
+    // Refused as something to run again: PostgreSQL says the vault changed; SQLite's write
+    // from a stale snapshot is refused as busy.
+    match &rotated {
+        Err(Error::VaultChanged) => {}
+        Err(e) if e.is_retryable() => {}
+        other => panic!("the rotation went ahead or failed for good: {other:?}"),
+    }
+    let rows = b.secrets().unwrap();
+    assert!(rows.iter().all(|r| r.key_id == "a"), "{rows:?}");
+    assert_eq!(b.secret("K").unwrap().unwrap().ciphertext, vec![7; 4]);
+    // Run again, it reseals everything, the other write included.
+    assert_eq!(a.reseal_secrets(&mut |_| Ok(sealed(9, "b"))).unwrap(), 2);
+    assert!(b.secrets().unwrap().iter().all(|r| r.key_id == "b"));
 }
 
 fn agent_specs_pin_sessions_and_chat_replays_are_refused(db: &Db) {
