@@ -170,6 +170,7 @@ fn raw_store_failure(e: &skiff_store::Error) -> bool {
         | S::AlreadyPicked { .. }
         | S::Retained { .. }
         | S::UserExists { .. }
+        | S::VaultChanged
         | S::EmailsCollide { .. }
         | S::Corrupt { .. } => false,
     }
@@ -190,7 +191,8 @@ fn store_code(e: &skiff_store::Error) -> ErrorCode {
         | S::TooManyChildren { .. }
         | S::AlreadyPicked { .. }
         | S::Retained { .. }
-        | S::UserExists { .. } => ErrorCode::Conflict,
+        | S::UserExists { .. }
+        | S::VaultChanged => ErrorCode::Conflict,
         S::WorkersAtCapacity { .. } | S::GroupAtCapacity { .. } => ErrorCode::AtCapacity,
         S::Open { .. } | S::Checkpointer(_) | S::Sqlite(_) | S::Postgres(_) if e.is_retryable() => {
             ErrorCode::Unavailable

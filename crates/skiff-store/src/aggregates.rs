@@ -12,12 +12,17 @@
 //! found".
 //!
 //! The live-work aggregates (placements and worker slots, the worker protocol's rows,
-//! environments, snapshots) are in `aggregates/live.rs`. Everything else (artifacts, audit, tokens, …) is
+//! environments, snapshots) are in `aggregates/live.rs`; the people and governance aggregates
+//! (users and tokens, audit, approvals, grants, the vault, agent specs, usage) in [`people`],
+//! artifact rows in [`artifacts`]. Everything else (groups, fork, the session list page, …) is
 //! SQLite-only so far and stays on [`Store`].
 
+mod artifacts;
 mod live;
-
+mod people;
+pub use artifacts::Artifacts;
 pub use live::{EnvironmentStore, PlacementStore, SnapshotStore, WorkerOpStore};
+pub use people::{AgentSpecs, Approvals, AuditLog, Grants, People, UsageLedger, Vault};
 
 use crate::{AttemptRow, NewSession, Result, Resume, RunRow, Scope, SessionRow, Store};
 use skiff_protocol::api::RunStatus;
@@ -128,6 +133,14 @@ pub trait Backend:
     + WorkerOpStore
     + EnvironmentStore
     + SnapshotStore
+    + People
+    + AuditLog
+    + Approvals
+    + Grants
+    + Vault
+    + AgentSpecs
+    + UsageLedger
+    + Artifacts
 {
 }
 
@@ -139,6 +152,14 @@ impl<T> Backend for T where
         + WorkerOpStore
         + EnvironmentStore
         + SnapshotStore
+        + People
+        + AuditLog
+        + Approvals
+        + Grants
+        + Vault
+        + AgentSpecs
+        + UsageLedger
+        + Artifacts
 {
 }
 

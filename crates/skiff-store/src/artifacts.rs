@@ -75,7 +75,7 @@ impl Retention {
 }
 
 /// Run statuses from which a run may still be retried (a new attempt from a checkpoint).
-const RETRYABLE: &str = "('queued','starting','running','waiting_input','waiting_approval',\
+pub(crate) const RETRYABLE: &str = "('queued','starting','running','waiting_input','waiting_approval',\
     'cancelling','failed','timed_out','orphaned')";
 
 #[derive(Clone, Debug, PartialEq)]
@@ -109,7 +109,7 @@ pub struct ArtifactRow {
     pub expires_at_ms: Option<i64>,
 }
 
-const COLUMNS: &str = "id, owner_id, tenant_id, session_id, run_id, role, retention, hash, size, \
+pub(crate) const COLUMNS: &str = "id, owner_id, tenant_id, session_id, run_id, role, retention, hash, size, \
     seq, meta, created_at_ms, expires_at_ms";
 
 fn conversion(idx: usize, message: String) -> rusqlite::Error {
@@ -192,7 +192,9 @@ impl Store {
     /// sequence number, in the same transaction.
     pub fn create_artifact(&self, scope: &Scope, new: &NewArtifact) -> Result<ArtifactRow> {
         let mut conn = self.conn();
-        let tx = conn.transaction()?;
+        // Immediate: the sequence number read is the one written, even against another
+        // connection checkpointing the same session.
+        let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
         let id = insert_artifact(&tx, scope, new)?;
         tx.commit()?;
         drop(conn);

@@ -92,6 +92,12 @@ pub enum Error {
         second: String,
         second_email: String,
     },
+    /// A rotation found a secret written by another gateway after it had read them: nothing
+    /// was resealed.
+    #[error(
+        "the vault's secrets changed while they were being resealed (another gateway wrote one); nothing was resealed, run the rotation again"
+    )]
+    VaultChanged,
     #[error("stored {what} is unreadable: {detail}")]
     Corrupt { what: &'static str, detail: String },
     #[error("could not start the database checkpoint thread: {0}")]

@@ -18,8 +18,10 @@
 //!
 //! The store is becoming a set of per-aggregate traits ([`aggregates`]) with two
 //! implementations: this SQLite [`Store`] and [`PgStore`] on PostgreSQL (`pg`), held to one
-//! conformance suite. Sessions and transcript, runs and attempts, the event log, placements
-//! and worker slots, the worker protocol's rows, environments and snapshots are on both so far.
+//! conformance suite. On both so far: sessions and transcript, runs and attempts, the event
+//! log, placements and worker slots, the worker protocol's rows, environments and snapshots,
+//! and the people and governance aggregates (users and tokens, audit, approvals, grants, the
+//! vault, agent specs, usage) and artifact rows.
 
 mod agents;
 pub mod aggregates;
@@ -51,7 +53,8 @@ mod usage;
 
 pub use agents::AgentSpecRow;
 pub use aggregates::{
-    Backend, EnvironmentStore, EventLog, PlacementStore, RunStore, SessionStore, SnapshotStore,
+    AgentSpecs, Approvals, Artifacts, AuditLog, Backend, EnvironmentStore, EventLog, Grants,
+    People, PlacementStore, RunStore, SessionStore, SnapshotStore, UsageLedger, Vault,
     WorkerOpStore,
 };
 pub use approvals::NewApproval;

@@ -87,24 +87,24 @@ impl Store {
         let id = format!("usr_{}", crate::mint()?);
         let now = now_ms();
         let conn = self.conn();
-        let taken: Option<String> = conn
-            .query_row(
+        // The unique index on the folded email decides, even against another connection
+        // adding the same person at the same moment.
+        let inserted = conn.execute(
+            "INSERT INTO users (id, owner_id, tenant_id, email, role, created_at_ms)
+             VALUES (?1, ?1, ?2, ?3, ?4, ?5) ON CONFLICT DO NOTHING",
+            params![id, tenant, email, role.as_str(), now],
+        )?;
+        if inserted == 0 {
+            let existing: String = conn.query_row(
                 "SELECT email FROM users WHERE lower(email) = lower(?1)",
                 params![email],
                 |r| r.get(0),
-            )
-            .optional()?;
-        if let Some(existing) = taken {
+            )?;
             return Err(Error::UserExists {
                 email: email.to_owned(),
                 existing,
             });
         }
-        conn.execute(
-            "INSERT INTO users (id, owner_id, tenant_id, email, role, created_at_ms)
-             VALUES (?1, ?1, ?2, ?3, ?4, ?5)",
-            params![id, tenant, email, role.as_str(), now],
-        )?;
         Ok(UserRow {
             id,
             tenant_id: tenant.to_owned(),

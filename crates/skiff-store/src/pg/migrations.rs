@@ -2,8 +2,9 @@
 //! is not portable SQL), applied in order and tracked in `skiff_schema`.
 //!
 //! It holds the aggregates both backends implement so far: sessions and their transcript,
-//! runs and attempts, the event log (version 1), and placements, the worker protocol's rows,
-//! environments and snapshots (version 2). Columns keep the SQLite names and meanings (JSON as
+//! runs and attempts, the event log (version 1), placements, the worker protocol's rows,
+//! environments and snapshots (version 2), and the people and governance aggregates with
+//! artifact rows (version 3). Columns keep the SQLite names and meanings (JSON as
 //! text, times as Unix milliseconds) so rows copy across unchanged.
 
 use super::conn::PgConn;
@@ -212,7 +213,176 @@ CREATE TABLE snapshots (
 CREATE INDEX snapshots_by_key ON snapshots(owner_id, tenant_id, profile, key, state);
 CREATE INDEX snapshots_by_profile ON snapshots(profile, state, last_used_at_ms);
 "#,
+    // 3: the people and governance aggregates and artifact rows.
+    PEOPLE,
 ];
+
+/// Version 3: the people and governance aggregates (`aggregates::people`) and artifact rows.
+const PEOPLE: &str = r#"
+-- Emails are compared without case by SQLite's lower(), which folds ASCII letters only; the
+-- "C" collation makes PostgreSQL's lower() do exactly that, so a database copied across
+-- holds the same people and refuses the same duplicates.
+CREATE TABLE users (
+    id            TEXT PRIMARY KEY,
+    owner_id      TEXT NOT NULL,
+    tenant_id     TEXT NOT NULL,
+    email         TEXT NOT NULL,
+    role          TEXT NOT NULL CHECK (role IN ('admin','operator','member','viewer')),
+    created_at_ms BIGINT NOT NULL
+);
+CREATE UNIQUE INDEX users_by_folded_email ON users ((lower(email COLLATE "C")));
+INSERT INTO users (id, owner_id, tenant_id, email, role, created_at_ms)
+    VALUES ('usr_admin', 'usr_admin', 'ten_default', 'admin', 'admin',
+            (EXTRACT(EPOCH FROM now()) * 1000)::BIGINT);
+
+CREATE TABLE tokens (
+    hash          TEXT PRIMARY KEY,
+    id            TEXT NOT NULL UNIQUE,
+    owner_id      TEXT NOT NULL,
+    tenant_id     TEXT NOT NULL,
+    label         TEXT NOT NULL,
+    scope         TEXT NOT NULL DEFAULT 'admin' CHECK (scope IN ('read','write','admin')),
+    created_at_ms BIGINT NOT NULL,
+    expires_at_ms BIGINT
+);
+
+CREATE TABLE ui_revoked_cookies (
+    nonce_hash    TEXT PRIMARY KEY,
+    owner_id      TEXT NOT NULL,
+    tenant_id     TEXT NOT NULL,
+    expires_at_ms BIGINT NOT NULL,
+    revoked_at_ms BIGINT NOT NULL
+);
+
+-- Audit ids come from a counter row, incremented by each write and locked until it commits
+-- (as event cursors are): ids become visible in order, so `audit tail --follow`, resuming
+-- after the last id it saw, never skips a row that committed late on another gateway.
+CREATE TABLE audit_next (
+    one  BOOLEAN PRIMARY KEY DEFAULT TRUE CHECK (one),
+    last BIGINT NOT NULL
+);
+INSERT INTO audit_next (last) VALUES (0);
+CREATE TABLE audit (
+    id        BIGINT PRIMARY KEY,
+    at_ms     BIGINT NOT NULL,
+    owner_id  TEXT NOT NULL,
+    tenant_id TEXT NOT NULL,
+    actor     TEXT NOT NULL,
+    action    TEXT NOT NULL,
+    target    TEXT NOT NULL,
+    decision  TEXT NOT NULL,
+    detail    TEXT NOT NULL  -- JSON metadata only: never prompts, completions or secrets
+);
+CREATE INDEX audit_by_time ON audit(at_ms);
+
+CREATE TABLE approvals (
+    id             TEXT PRIMARY KEY,
+    owner_id       TEXT NOT NULL,
+    tenant_id      TEXT NOT NULL,
+    session_id     TEXT NOT NULL REFERENCES sessions(id),
+    run_id         TEXT NOT NULL,
+    tool           TEXT NOT NULL,
+    kind           TEXT NOT NULL,
+    subject        TEXT NOT NULL,
+    requested_by   TEXT NOT NULL,
+    request_reason TEXT,
+    created_at_ms  BIGINT NOT NULL,
+    expires_at_ms  BIGINT NOT NULL,
+    state          TEXT NOT NULL CHECK (state IN ('pending','approved','denied','expired','revoked')),
+    decided_by     TEXT,
+    decided_at_ms  BIGINT,
+    reason         TEXT,
+    ord            BIGINT GENERATED ALWAYS AS IDENTITY
+);
+CREATE INDEX approvals_by_session ON approvals(session_id, created_at_ms);
+CREATE INDEX approvals_pending ON approvals(state) WHERE state = 'pending';
+
+CREATE TABLE grants (
+    id              TEXT PRIMARY KEY,
+    owner_id        TEXT NOT NULL,
+    tenant_id       TEXT NOT NULL,
+    session_id      TEXT NOT NULL,
+    capability      TEXT NOT NULL,
+    target          TEXT NOT NULL,
+    policy_revision TEXT NOT NULL,
+    issued_at_ms    BIGINT NOT NULL,
+    expires_at_ms   BIGINT NOT NULL,
+    consumed_at_ms  BIGINT
+);
+CREATE INDEX grants_by_session ON grants(session_id, issued_at_ms);
+
+CREATE TABLE secrets (
+    name          TEXT PRIMARY KEY,
+    ciphertext    BYTEA NOT NULL,
+    nonce         BYTEA NOT NULL,
+    key_id        TEXT NOT NULL,
+    created_at_ms BIGINT NOT NULL,
+    updated_at_ms BIGINT NOT NULL
+);
+
+CREATE TABLE agent_specs (
+    name          TEXT NOT NULL,
+    digest        TEXT NOT NULL,
+    content       TEXT NOT NULL,
+    created_at_ms BIGINT NOT NULL,
+    seen_at_ms    BIGINT NOT NULL,
+    PRIMARY KEY (name, digest)
+);
+CREATE TABLE session_agents (
+    session_id TEXT PRIMARY KEY REFERENCES sessions(id),
+    owner_id   TEXT NOT NULL,
+    tenant_id  TEXT NOT NULL,
+    name       TEXT NOT NULL,
+    digest     TEXT NOT NULL
+);
+CREATE TABLE ingress_events (
+    event_id   TEXT PRIMARY KEY,
+    seen_at_ms BIGINT NOT NULL
+);
+CREATE TABLE ingress_threads (
+    channel    TEXT NOT NULL,
+    thread_ts  TEXT NOT NULL,
+    owner_id   TEXT NOT NULL,
+    tenant_id  TEXT NOT NULL,
+    session_id TEXT NOT NULL REFERENCES sessions(id),
+    PRIMARY KEY (channel, thread_ts)
+);
+
+CREATE TABLE usage (
+    id         BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    at_ms      BIGINT NOT NULL,
+    owner_id   TEXT NOT NULL,
+    tenant_id  TEXT NOT NULL,
+    session_id TEXT NOT NULL,
+    run_id     TEXT NOT NULL,
+    tokens     BIGINT NOT NULL,
+    cost_usd   DOUBLE PRECISION NOT NULL
+);
+CREATE INDEX usage_by_owner ON usage(tenant_id, owner_id, at_ms);
+CREATE INDEX usage_by_session ON usage(session_id);
+
+-- Metadata rows of content-addressed blobs. A checkpoint's `seq` is its session's next, taken
+-- under the session row's lock, so two gateways checkpointing one session never collide.
+CREATE TABLE artifacts (
+    id            TEXT PRIMARY KEY,
+    owner_id      TEXT NOT NULL,
+    tenant_id     TEXT NOT NULL,
+    session_id    TEXT,
+    run_id        TEXT,
+    role          TEXT NOT NULL,   -- checkpoint | manifest | result | log
+    retention     TEXT NOT NULL,   -- while_retryable | session | transient
+    hash          TEXT NOT NULL,   -- blake3 (hex) of the stored blob
+    size          BIGINT NOT NULL,
+    seq           BIGINT,          -- checkpoints: 1, 2, 3… per session
+    meta          TEXT NOT NULL DEFAULT '{}',  -- JSON metadata only (refs, counts), never content
+    created_at_ms BIGINT NOT NULL,
+    expires_at_ms BIGINT
+);
+CREATE INDEX artifacts_by_session ON artifacts(owner_id, tenant_id, session_id, role, seq);
+CREATE INDEX artifacts_by_hash ON artifacts(hash);
+CREATE UNIQUE INDEX artifacts_one_checkpoint_per_seq ON artifacts(session_id, seq)
+    WHERE role = 'checkpoint';
+"#;
 
 /// An arbitrary constant: the advisory lock two gateways starting at once take, so only one
 /// migrates and the other sees the result.

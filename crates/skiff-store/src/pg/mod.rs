@@ -1,8 +1,9 @@
 //! The PostgreSQL implementation of the aggregates in [`crate::aggregates`] (sessions and
 //! transcript, runs and attempts, the event log; placements and worker slots, the worker
-//! protocol's rows, environments, snapshots) — what several gateways sharing one database
-//! will stand on. The rest of the store is SQLite-only so far, so this backend is not offered
-//! to users yet.
+//! protocol's rows, environments, snapshots; users and tokens, audit, approvals, grants, the
+//! vault, agent specs, usage; artifact rows) — what several gateways sharing one database will
+//! stand on. The rest of the store is SQLite-only so far, so this backend is not offered to
+//! users yet.
 //!
 //! The invariants hold in the database, not in this process: the event cursor comes from a
 //! per-session counter row, the transcript leaf moves by a conditional update, and one open
@@ -11,14 +12,21 @@
 //! winner and a clear refusal. A placement moves under its session's row lock, checked against
 //! the state read under it; worker-slot claims count under a gateway-wide advisory lock.
 
+mod approvals;
+mod artifacts;
+mod audit;
 mod conn;
 mod environments;
 mod events;
 mod migrations;
+mod people;
 mod placements;
 mod runs;
 mod sessions;
 mod snapshots;
+mod specs;
+mod usage;
+mod vault;
 
 use crate::{Error, Result};
 

@@ -1,7 +1,8 @@
 //! The store conformance suite: every test here runs against both backends — SQLite (a file in
 //! a temporary directory) and PostgreSQL (a throwaway cluster, a fresh database per test) —
 //! through the aggregate traits only (`skiff_store::Backend`). A test that needs two
-//! connections, as two gateways would have, opens the same database twice.
+//! connections, as two gateways would have, opens the same database twice. The people and
+//! governance aggregates' tests are in `conformance_people.rs`.
 
 use skiff_protocol::api::{RunStatus, WorkspaceView};
 use skiff_protocol::event::EventKind;
@@ -12,24 +13,24 @@ use skiff_test_support::postgres::PgCluster;
 use std::sync::Barrier;
 
 /// One database of one backend.
-enum Db {
+pub(crate) enum Db {
     Sqlite(tempfile::TempDir),
     Postgres { url: String, cluster: PgCluster },
 }
 
 impl Db {
-    fn sqlite() -> Self {
+    pub(crate) fn sqlite() -> Self {
         Db::Sqlite(tempfile::tempdir().unwrap())
     }
 
-    fn postgres() -> Self {
+    pub(crate) fn postgres() -> Self {
         let cluster = PgCluster::start();
         let url = cluster.fresh_database();
         Db::Postgres { url, cluster }
     }
 
     /// A new connection to the database (a new `Store`, as another gateway would open).
-    fn open(&self) -> Box<dyn Backend> {
+    pub(crate) fn open(&self) -> Box<dyn Backend> {
         match self {
             Db::Sqlite(dir) => Box::new(Store::open(&dir.path().join("skiff.db")).unwrap()),
             Db::Postgres { url, cluster } => Box::new(
@@ -52,6 +53,7 @@ macro_rules! on_both_backends {
         }
     };
 }
+pub(crate) use on_both_backends;
 
 on_both_backends!(
     events_read_back_in_order_with_cursors_the_database_assigns,
@@ -66,11 +68,11 @@ on_both_backends!(
     callable_from_inside_a_tokio_runtime,
 );
 
-fn alice() -> Scope {
+pub(crate) fn alice() -> Scope {
     Scope::new("usr_alice", "ten_a")
 }
 
-fn new_session(store: &dyn Backend, scope: &Scope) -> SessionId {
+pub(crate) fn new_session(store: &dyn Backend, scope: &Scope) -> SessionId {
     let id = SessionId::from_suffix(&skiff_store::mint().unwrap());
     let row = store
         .create_session(
