@@ -506,13 +506,14 @@ test('a worker session on the local profile shows where it runs, its placement s
   const workerId = page.url().split('#/s/')[1];
   assert.notEqual(workerId, sessionId);
 
-  // The box is leased, synced and started before the turn streams; each step is a quiet row.
+  // The slot is claimed, the box leased, synced and started before the turn streams; each
+  // step is a quiet row.
   await page.waitForSelector('.placement-step');
   await page.waitForSelector('.runend.rs-succeeded', { timeout: 120_000 });
   await page.waitForSelector('.streaming', { state: 'detached' });
   const steps = await page.locator('.placement-step .mono').allInnerTexts();
-  const order = ['provisioning', 'syncing', 'setup', 'starting', 'active'];
-  assert.deepEqual(steps.slice(0, 5), order, `placement steps: ${steps}`);
+  const order = ['requested', 'provisioning', 'syncing', 'setup', 'starting', 'active'];
+  assert.deepEqual(steps.slice(0, 6), order, `placement steps: ${steps}`);
   // The setup step holds its output, closed until asked for.
   const setupStep = page.locator('.placement-step:has(details.setup-output)');
   assert.equal(await setupStep.count(), 1);
