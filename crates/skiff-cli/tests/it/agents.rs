@@ -64,13 +64,8 @@ fn agent_list_show_and_a_pinned_session_read_well() {
     assert!(stderr(&unknown).contains("nobody"), "{}", stderr(&unknown));
 }
 
-#[test]
-fn session_send_agent_switches_the_spec_and_show_says_so() {
-    let gw = Gateway::start_with(
-        "[[turns]]\ntext = \"Looked.\"\n\n[[turns]]\ntext = \"Built.\"\n",
-        "[agents.reviewer]\ninstructions = \"Review only.\"\n\n[agents.builder]\ninstructions = \"Build it.\"\nreasoning = \"high\"\n",
-    );
-    let repo = TempGitRepo::new(&[("a.txt", "a\n")]);
+/// A session on the `reviewer` spec whose first turn ("look") has run; its id.
+fn reviewer_session(gw: &Gateway, repo: &TempGitRepo) -> String {
     let out = gw.run(&[
         "session",
         "new",
@@ -86,7 +81,17 @@ fn session_send_agent_switches_the_spec_and_show_says_so() {
     assert!(out.status.success(), "{}", stderr(&out));
     let first: serde_json::Value =
         serde_json::from_str(stdout(&out).lines().next().unwrap()).unwrap();
-    let id = first["session_id"].as_str().unwrap().to_owned();
+    first["session_id"].as_str().unwrap().to_owned()
+}
+
+#[test]
+fn session_send_agent_switches_the_spec_and_show_says_so() {
+    let gw = Gateway::start_with(
+        "[[turns]]\ntext = \"Looked.\"\n\n[[turns]]\ntext = \"Built.\"\n",
+        "[agents.reviewer]\ninstructions = \"Review only.\"\n\n[agents.builder]\ninstructions = \"Build it.\"\nreasoning = \"high\"\n",
+    );
+    let repo = TempGitRepo::new(&[("a.txt", "a\n")]);
+    let id = reviewer_session(&gw, &repo);
 
     let unknown = gw.run(&["session", "send", &id, "--agent", "nobody", "go"]);
     assert_eq!(unknown.status.code(), Some(4), "{}", stderr(&unknown));
@@ -113,22 +118,7 @@ fn session_send_agent_without_a_prompt_switches_between_turns_and_starts_none() 
         "[agents.reviewer]\ninstructions = \"Review only.\"\n\n[agents.builder]\ninstructions = \"Build it.\"\nreasoning = \"high\"\n",
     );
     let repo = TempGitRepo::new(&[("a.txt", "a\n")]);
-    let out = gw.run(&[
-        "session",
-        "new",
-        "--json",
-        "--workspace",
-        repo.path().to_str().unwrap(),
-        "--model",
-        "fake/x",
-        "--agent",
-        "reviewer",
-        "look",
-    ]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let first: serde_json::Value =
-        serde_json::from_str(stdout(&out).lines().next().unwrap()).unwrap();
-    let id = first["session_id"].as_str().unwrap().to_owned();
+    let id = reviewer_session(&gw, &repo);
     let runs = |gw: &Gateway| {
         gw.json(&["--json", "session", "show", &id])["runs"]
             .as_array()

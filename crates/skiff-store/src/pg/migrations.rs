@@ -4,7 +4,7 @@
 //! It holds the aggregates both backends implement so far: sessions and their transcript,
 //! runs and attempts, the event log (version 1), placements, the worker protocol's rows,
 //! environments and snapshots (version 2), and the people and governance aggregates with
-//! artifact rows (version 3). Columns keep the SQLite names and meanings (JSON as
+//! artifact rows (version 3), fan-out groups (version 4). Columns keep the SQLite names and meanings (JSON as
 //! text, times as Unix milliseconds) so rows copy across unchanged.
 
 use super::conn::PgConn;
@@ -27,7 +27,7 @@ CREATE TABLE sessions (
     updated_at_ms      BIGINT NOT NULL,
     parent_id          TEXT REFERENCES sessions(id),
     reasoning          TEXT,
-    group_id           TEXT,           -- fan-out groups are SQLite-only so far
+    group_id           TEXT,           -- session_groups (version 4)
     approval           TEXT,           -- JSON ApprovalPolicy
     -- Creation order, where SQLite breaks ties by rowid.
     ord                BIGINT GENERATED ALWAYS AS IDENTITY
@@ -215,6 +215,21 @@ CREATE INDEX snapshots_by_profile ON snapshots(profile, state, last_used_at_ms);
 "#,
     // 3: the people and governance aggregates and artifact rows.
     PEOPLE,
+    // 4: fan-out groups (the last table SQLite had alone).
+    r#"
+CREATE TABLE session_groups (
+    id                TEXT PRIMARY KEY,
+    owner_id          TEXT NOT NULL,
+    tenant_id         TEXT NOT NULL,
+    title             TEXT NOT NULL,
+    picked_session_id TEXT,
+    picked_at_ms      BIGINT,
+    created_at_ms     BIGINT NOT NULL
+);
+ALTER TABLE sessions
+    ADD CONSTRAINT sessions_group_fk FOREIGN KEY (group_id) REFERENCES session_groups(id);
+CREATE INDEX sessions_by_group ON sessions(group_id) WHERE group_id IS NOT NULL;
+"#,
 ];
 
 /// Version 3: the people and governance aggregates (`aggregates::people`) and artifact rows.
