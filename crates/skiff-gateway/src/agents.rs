@@ -7,7 +7,7 @@
 
 use sha2::{Digest, Sha256};
 use skiff_protocol::agent::{AgentPin, AgentSpec, AgentVersion, short_ref};
-use skiff_store::{AgentSpecRow, Store};
+use skiff_store::{AgentSpecRow, Backend};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -152,7 +152,7 @@ impl Agents {
 
     /// Reads the configured specs and stores each version not stored yet; the version the
     /// configuration names becomes its name's current one.
-    pub(crate) fn sync(&self, store: &Store) -> crate::Result<()> {
+    pub(crate) fn sync(&self, store: &dyn Backend) -> crate::Result<()> {
         for (name, spec) in self.configured()? {
             let content = spec.canonical(&name);
             let digest = digest_of(&content);
@@ -231,7 +231,7 @@ pub(crate) fn version(row: &AgentSpecRow, current: bool) -> Result<AgentVersion,
 
 /// `NAME` (the current version) or `NAME@DIGEST` (a digest or a prefix of at least 7 of
 /// its characters) to a checked stored version.
-pub(crate) fn resolve(store: &Store, reference: &str) -> crate::Result<(AgentPin, AgentSpec)> {
+pub(crate) fn resolve(store: &dyn Backend, reference: &str) -> crate::Result<(AgentPin, AgentSpec)> {
     let (name, digest) = match reference.split_once('@') {
         Some((name, digest)) => (name, Some(digest.to_ascii_lowercase())),
         None => (reference, None),
@@ -280,7 +280,7 @@ pub(crate) fn resolve(store: &Store, reference: &str) -> crate::Result<(AgentPin
 }
 
 /// The pinned version a session runs with, checked.
-pub(crate) fn pinned(store: &Store, pin: &AgentPin) -> crate::Result<AgentSpec> {
+pub(crate) fn pinned(store: &dyn Backend, pin: &AgentPin) -> crate::Result<AgentSpec> {
     let versions = store.agent_spec_versions(&pin.name)?;
     let row = versions
         .iter()
@@ -305,7 +305,7 @@ pub(crate) fn routes() -> crate::people::Routes {
 async fn list(
     axum::extract::State(core): axum::extract::State<std::sync::Arc<crate::Core>>,
 ) -> crate::Result<axum::Json<skiff_protocol::agent::AgentList>> {
-    core.agents.sync(&core.store)?;
+    core.agents.sync(&*core.store)?;
     let agents = core
         .store
         .agent_specs()?
@@ -320,7 +320,7 @@ async fn show(
     axum::extract::State(core): axum::extract::State<std::sync::Arc<crate::Core>>,
     axum::extract::Path(name): axum::extract::Path<String>,
 ) -> crate::Result<axum::Json<skiff_protocol::agent::AgentDetail>> {
-    core.agents.sync(&core.store)?;
+    core.agents.sync(&*core.store)?;
     let rows = core.store.agent_spec_versions(&name)?;
     if rows.is_empty() {
         return Err(AgentError::Unknown { name }.into());

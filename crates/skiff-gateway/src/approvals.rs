@@ -272,14 +272,14 @@ impl Core {
 /// barriers and failover): the store, the hub and the calls waiting, shared with the core.
 #[derive(Clone)]
 pub(crate) struct Revoker {
-    store: Arc<skiff_store::Store>,
+    store: Arc<dyn skiff_store::Backend>,
     hub: Arc<crate::Hub>,
     approvals: Arc<Approvals>,
 }
 
 impl Revoker {
     pub(crate) fn new(
-        store: Arc<skiff_store::Store>,
+        store: Arc<dyn skiff_store::Backend>,
         hub: Arc<crate::Hub>,
         approvals: Arc<Approvals>,
     ) -> Self {
@@ -304,7 +304,7 @@ impl Revoker {
             return Ok(None);
         };
         crate::sessions::audit_row(
-            &self.store,
+            &*self.store,
             scope,
             "approval.decide",
             id.as_str(),

@@ -18,7 +18,7 @@ use axum::routing::get;
 use axum::{Extension, Json};
 use serde::Deserialize;
 use skiff_protocol::audit::{AUDIT_PAGE_MAX, AuditPage, AuditRecord};
-use skiff_store::{DAY_MS, Scope, Store};
+use skiff_store::{Backend, DAY_MS, Scope};
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
@@ -155,7 +155,7 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> ArchiveError + '_ {
 /// One archive pass at `now_ms` (see the module docs). A day is archived once, the first pass
 /// after it ended; a day's rows leave the database only once its file exists.
 pub fn archive(
-    store: &Store,
+    store: &dyn Backend,
     dir: &Path,
     now_ms: i64,
     retention: Duration,
@@ -203,7 +203,7 @@ fn day_of(text: &str) -> Option<i64> {
 
 /// Writes a day's rows aside, syncs, and renames the file into place: a file under its final
 /// name is always whole.
-fn write_day(store: &Store, dir: &Path, path: &Path, day: i64) -> Result<(), ArchiveError> {
+fn write_day(store: &dyn Backend, dir: &Path, path: &Path, day: i64) -> Result<(), ArchiveError> {
     let staging = dir.join(format!(
         ".tmp-{}",
         path.file_name()
@@ -251,7 +251,7 @@ impl Core {
 
     fn archive_audit_now(&self) {
         match archive(
-            &self.store,
+            &*self.store,
             &self.audit_dir(),
             skiff_store::now_ms(),
             self.audit_retention,

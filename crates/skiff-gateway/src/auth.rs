@@ -3,7 +3,7 @@
 //! presented token and compares it with every known hash using blake3's constant-time equality,
 //! without an early exit, so timing reveals nothing about which bytes matched.
 
-use skiff_store::{Scope, Store, TokenRow};
+use skiff_store::{Backend, Scope, TokenRow};
 use std::sync::RwLock;
 
 /// The label of the admin token minted at first start.
@@ -43,7 +43,7 @@ pub struct Tokens {
 }
 
 impl Tokens {
-    pub fn load(store: &Store) -> Result<Self, skiff_store::Error> {
+    pub fn load(store: &dyn Backend) -> Result<Self, skiff_store::Error> {
         let known = store
             .token_rows()?
             .into_iter()
@@ -62,7 +62,7 @@ impl Tokens {
     /// never is) and from now on only it is accepted under that label.
     pub fn replace(
         &self,
-        store: &Store,
+        store: &dyn Backend,
         label: &str,
         token: &str,
         scope: Scope,

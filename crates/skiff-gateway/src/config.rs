@@ -30,7 +30,7 @@ pub struct Config {
     /// Governed actions (`git_push`, `open_pull_request`): off unless `[forge]` is present.
     #[serde(default)]
     pub forge: Option<ForgeConfig>,
-    /// Where sessions' workspaces live (`[store]`).
+    /// Where the database and sessions' workspaces live (`[store]`).
     #[serde(default)]
     pub store: StoreConfig,
     /// The gateway's own git credentials for remote repositories (`[git]`).
@@ -78,6 +78,84 @@ pub struct StoreConfig {
     /// user.
     #[serde(default)]
     pub workspaces: Option<PathBuf>,
+    /// The database: PostgreSQL, as a url (`"postgres://USER@HOST:PORT/DB"`) or a connection
+    /// string (`"host=/run/postgresql user=skiff dbname=skiff"`) [default: the embedded SQLite
+    /// database `skiff.db` in the state dir]. Keep the password out of it (`password`); one
+    /// left in is never shown in a message or a log.
+    #[serde(default)]
+    pub url: Option<StoreUrl>,
+    /// The database's password: `"env:VAR"` (the gateway's environment), never the password
+    /// itself. Not `vault:` — the vault is kept in this database.
+    #[serde(default)]
+    pub password: Option<String>,
+}
+
+/// `[store] url`: its `Debug` never shows it (it may hold a password).
+#[derive(Clone, Deserialize)]
+#[serde(transparent)]
+pub struct StoreUrl(pub String);
+
+impl std::fmt::Debug for StoreUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StoreUrl(…)")
+    }
+}
+
+/// `[store] url` and its password, checked.
+pub struct Postgres {
+    pub url: String,
+    pub password: Option<String>,
+}
+
+impl StoreConfig {
+    /// The PostgreSQL database `url` names, with the password `password` reads; `None` for
+    /// the embedded SQLite database. Messages never repeat the url or the password.
+    pub fn postgres(&self, config_path: &Path) -> Result<Option<Postgres>, ConfigError> {
+        let invalid = |message: String| ConfigError::Invalid {
+            path: config_path.display().to_string(),
+            message,
+        };
+        let Some(StoreUrl(url)) = &self.url else {
+            if self.password.is_some() {
+                return Err(invalid(
+                    "at `store.password`: there is no `[store] url` for it (the embedded SQLite database has no password)".into(),
+                ));
+            }
+            return Ok(None);
+        };
+        let url = url.trim();
+        let is_url = url.starts_with("postgres://") || url.starts_with("postgresql://");
+        if !is_url && !url.contains('=') {
+            return Err(invalid(
+                "at `store.url`: not a PostgreSQL url (`postgres://USER@HOST/DB`) or connection string (`host=… dbname=…`); leave `[store] url` out for the embedded SQLite database".into(),
+            ));
+        }
+        let password = match &self.password {
+            None => None,
+            Some(reference) => {
+                let Some(var) = reference
+                    .strip_prefix("env:")
+                    .filter(|var| !var.is_empty() && !var.contains('='))
+                else {
+                    return Err(invalid(
+                        "at `store.password`: must be \"env:VAR\" (a variable of the gateway's environment), never the password itself".into(),
+                    ));
+                };
+                match std::env::var(var) {
+                    Ok(password) => Some(password),
+                    Err(_) => {
+                        return Err(invalid(format!(
+                            "at `store.password`: the environment variable {var} is not set"
+                        )));
+                    }
+                }
+            }
+        };
+        Ok(Some(Postgres {
+            url: url.to_owned(),
+            password,
+        }))
+    }
 }
 
 /// `[git]`.

@@ -172,6 +172,7 @@ fn raw_store_failure(e: &skiff_store::Error) -> bool {
         | S::UserExists { .. }
         | S::VaultChanged
         | S::EmailsCollide { .. }
+        | S::PgSchemaNewer { .. }
         | S::Corrupt { .. } => false,
     }
 }
@@ -206,6 +207,7 @@ fn store_code(e: &skiff_store::Error) -> ErrorCode {
         | S::EmailsCollide { .. }
         | S::PgUrl(_)
         | S::PgThread(_)
+        | S::PgSchemaNewer { .. }
         | S::Postgres(_) => ErrorCode::Internal,
     }
 }

@@ -9,7 +9,7 @@ use crate::telemetry::{self, Telemetry};
 use futures_util::Stream;
 use skiff_protocol::event::{EventKind, SessionEvent};
 use skiff_protocol::{RunId, SessionId};
-use skiff_store::{Scope, Store};
+use skiff_store::{Backend, Scope};
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use tokio::sync::broadcast;
@@ -23,7 +23,7 @@ const CHANGES_CAPACITY: usize = 1024;
 const ORDER_STRIPES: usize = 64;
 
 pub struct Hub {
-    store: Arc<Store>,
+    store: Arc<dyn Backend>,
     telemetry: Arc<Telemetry>,
     /// INVARIANT: a session's stripe is held across append + send, so its broadcast order
     /// equals its cursor order. Striped rather than one lock, so sessions write side by side;
@@ -39,11 +39,11 @@ pub struct Hub {
 
 impl Hub {
     /// A hub whose measurements nobody reads (benchmarks and tests).
-    pub fn new(store: Arc<Store>) -> Self {
+    pub fn new(store: Arc<dyn Backend>) -> Self {
         Self::with_telemetry(store, Arc::default())
     }
 
-    pub(crate) fn with_telemetry(store: Arc<Store>, telemetry: Arc<Telemetry>) -> Self {
+    pub(crate) fn with_telemetry(store: Arc<dyn Backend>, telemetry: Arc<Telemetry>) -> Self {
         Self {
             store,
             telemetry,
@@ -163,7 +163,7 @@ impl Hub {
 }
 
 struct Follow {
-    store: Arc<Store>,
+    store: Arc<dyn Backend>,
     telemetry: Arc<Telemetry>,
     scope: Scope,
     session: SessionId,

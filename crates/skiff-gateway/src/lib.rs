@@ -58,13 +58,66 @@ use serde::{Deserialize, Serialize};
 use skiff_protocol::RunId;
 use skiff_protocol::api::RunStatus;
 use skiff_protocol::event::EventKind;
-use skiff_store::Store;
 use state_dir::StateDir;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use tokio_util::sync::CancellationToken;
+
+/// The store `[store] url` names (PostgreSQL), or the state dir's embedded SQLite database.
+/// A PostgreSQL store that cannot be opened — a malformed url, a server that does not
+/// answer, a database a newer Skiff migrated — is a configuration error naming the key, and
+/// never the password.
+fn open_store(
+    config_path: &std::path::Path,
+    postgres: Option<&config::Postgres>,
+    state: &StateDir,
+) -> Result<Arc<dyn skiff_store::Backend>> {
+    let Some(pg) = postgres else {
+        return Ok(skiff_store::open_backend(skiff_store::Location::Sqlite(
+            &state.database(),
+        ))?);
+    };
+    let opened = skiff_store::open_backend(skiff_store::Location::Postgres {
+        url: &pg.url,
+        password: pg.password.as_deref(),
+    });
+    match opened {
+        Ok(store) => {
+            tracing::info!("the store is PostgreSQL (`[store] url`)");
+            Ok(store)
+        }
+        Err(e) => {
+            let mut message = format!("at `store.url`: {e}");
+            // The store's messages leave the password out; this makes sure of it.
+            for secret in pg.password.iter().map(String::as_str).chain(url_password(&pg.url)) {
+                if !secret.is_empty() {
+                    message = message.replace(secret, "***");
+                }
+            }
+            Err(Error::Config(config::ConfigError::Invalid {
+                path: config_path.display().to_string(),
+                message,
+            }))
+        }
+    }
+}
+
+/// The password written into a `postgres://USER:PASSWORD@HOST/…` url, or a connection
+/// string's `password=…`, as written (for scrubbing it from messages).
+fn url_password(url: &str) -> Option<&str> {
+    if let Some(rest) = url
+        .strip_prefix("postgres://")
+        .or_else(|| url.strip_prefix("postgresql://"))
+    {
+        let userinfo = &rest[..rest.rfind('@')?];
+        return userinfo.split_once(':').map(|(_, password)| password);
+    }
+    let at = url.find("password=")? + "password=".len();
+    let value = url[at..].trim_start_matches('\'');
+    Some(value.split(['\'', ' ']).next().unwrap_or(value))
+}
 
 /// What `skiff gateway` is started with.
 #[derive(Clone, Debug)]
@@ -84,7 +137,7 @@ pub struct GatewayFile {
 
 /// Everything the API handlers and run tasks share.
 pub(crate) struct Core {
-    store: Arc<Store>,
+    store: Arc<dyn skiff_store::Backend>,
     hub: Arc<Hub>,
     catalog: skiff_llm::Catalog,
     state: StateDir,
@@ -301,6 +354,7 @@ pub(crate) async fn open_core(
     check_approval_policies(&config_path, &config)?;
     let budgets = budgets::Budgets::from_config(&config_path, &config.budgets, &config.profiles)?;
     let audit_retention = config.audit.retention(&config_path)?;
+    let postgres = config.store.postgres(&config_path)?;
     let barrier_fault = config.gateway.barrier_fault(&config_path)?;
     let local_sandbox = config.gateway.local_sandbox(&config_path)?;
     let local_sandbox_paths = config
@@ -339,7 +393,7 @@ pub(crate) async fn open_core(
         None => None,
     };
     let config_dir = config_path.parent().map(PathBuf::from).unwrap_or_default();
-    let store = Arc::new(Store::open(&state.database())?);
+    let store = open_store(&config_path, postgres.as_ref(), &state)?;
     let (audit_feed, _) = tokio::sync::watch::channel(0i64);
     let feed = audit_feed.clone();
     store.on_audit(Box::new(move |id| {
@@ -370,7 +424,7 @@ pub(crate) async fn open_core(
         &config_dir,
         Some(vault.clone() as Arc<dyn skiff_llm::Secrets>),
     )?;
-    let tokens = auth::Tokens::load(&store)?;
+    let tokens = auth::Tokens::load(&*store)?;
     // Read once, like the vault key: no child inherits it. Without `[forge]` nothing is ever
     // minted, and no key file is made.
     let grant_key = if forge.is_some() {
@@ -384,7 +438,7 @@ pub(crate) async fn open_core(
     };
     // Every configured spec version stored (and checked) before any session can name one.
     let agents = agents::Agents::new(&config_path);
-    agents.sync(&store)?;
+    agents.sync(&*store)?;
     let slack = match slack_config {
         Some((slack, secret, token)) => Some(Arc::new(ingress::Slack::new(
             slack,
@@ -674,7 +728,7 @@ impl Core {
             None => {
                 let token = auth::mint()?;
                 self.tokens
-                    .replace(&self.store, auth::ADMIN_LABEL, &token, auth::admin_scope())?;
+                    .replace(&*self.store, auth::ADMIN_LABEL, &token, auth::admin_scope())?;
                 self.audit(
                     &auth::admin_scope(),
                     "token.mint",

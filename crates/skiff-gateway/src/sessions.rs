@@ -296,7 +296,7 @@ impl Core {
         id: &SessionId,
     ) -> Result<Option<skiff_protocol::agent::AgentSpec>> {
         match self.session_pin(scope, id)? {
-            Some(pin) => Ok(Some(crate::agents::pinned(&self.store, &pin)?)),
+            Some(pin) => Ok(Some(crate::agents::pinned(&*self.store, &pin)?)),
             None => Ok(None),
         }
     }
@@ -466,8 +466,8 @@ impl Core {
         };
         let agent = match &agent_ref {
             Some(reference) => {
-                self.agents.sync(&self.store)?;
-                Some(crate::agents::resolve(&self.store, reference)?)
+                self.agents.sync(&*self.store)?;
+                Some(crate::agents::resolve(&*self.store, reference)?)
             }
             None => None,
         };
@@ -713,8 +713,8 @@ impl Core {
         // and a turn still running are refused with the session as it was.
         let switch = match agent {
             Some(reference) => {
-                self.agents.sync(&self.store)?;
-                let (pin, spec) = crate::agents::resolve(&self.store, reference)?;
+                self.agents.sync(&*self.store)?;
+                let (pin, spec) = crate::agents::resolve(&*self.store, reference)?;
                 if let Some(run) = self.store.open_run(scope, id)? {
                     return Err(switch_while_running(id, &run.id));
                 }
@@ -781,8 +781,8 @@ impl Core {
     ) -> Result<SessionView> {
         // Not found is said about the session first.
         self.store.session(scope, id)?;
-        self.agents.sync(&self.store)?;
-        let (pin, spec) = crate::agents::resolve(&self.store, reference)?;
+        self.agents.sync(&*self.store)?;
+        let (pin, spec) = crate::agents::resolve(&*self.store, reference)?;
         let admission = self.workers.live(id).admission.clone().lock_owned().await;
         if let Some(run) = self.store.open_run(scope, id)? {
             return Err(switch_while_running(id, &run.id));
@@ -1257,7 +1257,7 @@ impl Core {
         decision: &str,
         detail: serde_json::Value,
     ) {
-        audit_row(&self.store, scope, action, target, decision, detail);
+        audit_row(&*self.store, scope, action, target, decision, detail);
     }
 }
 
@@ -1288,7 +1288,7 @@ pub(crate) fn check_profile(envs: &crate::environments::Environments, profile: &
 
 /// Writes an audit row as the current actor; a failure is logged, never the caller's.
 pub(crate) fn audit_row(
-    store: &skiff_store::Store,
+    store: &dyn skiff_store::Backend,
     scope: &Scope,
     action: &str,
     target: &str,

@@ -11,7 +11,7 @@ use skiff_protocol::api::RunStatus;
 use skiff_protocol::event::EventKind;
 use skiff_protocol::transcript::{EntryBody, TranscriptEntry};
 use skiff_protocol::{EntryId, RunId, SessionId};
-use skiff_store::Store;
+use skiff_store::Backend;
 use skiff_store::{RunRow, Scope};
 
 /// How often an append at the leaf re-reads a leaf that moved under it.
@@ -21,7 +21,7 @@ impl Core {
     /// The transcript writes, on the core's store and hub.
     pub(crate) fn transcript(&self) -> Transcript<'_> {
         Transcript {
-            store: &self.store,
+            store: &*self.store,
             hub: &self.hub,
         }
     }
@@ -80,7 +80,7 @@ impl Core {
 /// side (which holds no core) both write through.
 #[derive(Clone, Copy)]
 pub(crate) struct Transcript<'a> {
-    pub(crate) store: &'a Store,
+    pub(crate) store: &'a dyn Backend,
     pub(crate) hub: &'a Hub,
 }
 

@@ -35,7 +35,7 @@ use axum::{Extension, Json};
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use skiff_protocol::secrets::{RotatedKey, SecretList, SecretView, SetSecretRequest};
-use skiff_store::{Resealed, Scope, SecretRow, Store};
+use skiff_store::{Backend, Resealed, Scope, SecretRow};
 use std::io::Write as _;
 use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
@@ -167,7 +167,7 @@ impl Keyring {
 }
 
 pub(crate) struct Vault {
-    store: Arc<Store>,
+    store: Arc<dyn Backend>,
     dir: PathBuf,
     /// `SKIFF_VAULT_KEY` as the gateway was started with it.
     env_key: Option<String>,
@@ -184,7 +184,7 @@ impl std::fmt::Debug for Vault {
 }
 
 impl Vault {
-    pub(crate) fn new(store: Arc<Store>, dir: &Path, env_key: Option<String>) -> Vault {
+    pub(crate) fn new(store: Arc<dyn Backend>, dir: &Path, env_key: Option<String>) -> Vault {
         Vault {
             store,
             dir: dir.to_path_buf(),
@@ -262,7 +262,7 @@ impl Vault {
     /// Finishes a rotation a crash cut short: rows still sealed with the previous key are
     /// sealed under the current one (one transaction), then the previous key file goes.
     fn settle(&self, keys: &Keyring) -> crate::Result<()> {
-        let resealed = self.store.reseal_secrets(|row| {
+        let resealed = reseal(&*self.store, |row| {
             if row.key_id == keys.current.id {
                 return Ok(Resealed {
                     ciphertext: row.ciphertext.clone(),
@@ -413,7 +413,7 @@ impl Vault {
             write_key_text(&self.dir, PREVIOUS_KEY_FILE, &text)?;
             write_key_file(&self.dir, KEY_FILE, &bytes)?;
         }
-        let resealed = self.store.reseal_secrets(|row| {
+        let resealed = reseal(&*self.store, |row| {
             let plain = self.open_row(&both, row)?;
             seal(&both.current, &row.name, &plain)
         });
@@ -679,6 +679,29 @@ async fn rotate(
         serde_json::json!({ "resealed": rotated.resealed, "key_source": rotated.key_source }),
     );
     Ok(Json(rotated).into_response())
+}
+
+/// The store's `reseal_secrets` with a reseal that fails with the gateway's errors: the first
+/// such failure is what the caller gets (and the store has written nothing).
+fn reseal(
+    store: &dyn Backend,
+    mut each: impl FnMut(&SecretRow) -> crate::Result<Resealed>,
+) -> crate::Result<usize> {
+    let mut failed = None;
+    let resealed = store.reseal_secrets(&mut |row| {
+        each(row).map_err(|e| {
+            let detail = e.to_string();
+            failed = Some(e);
+            skiff_store::Error::Corrupt {
+                what: "vault secret",
+                detail,
+            }
+        })
+    });
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(resealed?),
+    }
 }
 
 #[cfg(test)]

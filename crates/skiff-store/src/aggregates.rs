@@ -14,15 +14,24 @@
 //! The live-work aggregates (placements and worker slots, the worker protocol's rows,
 //! environments, snapshots) are in `aggregates/live.rs`; the people and governance aggregates
 //! (users and tokens, audit, approvals, grants, the vault, agent specs, usage) in [`people`],
-//! artifact rows in [`artifacts`]. Everything else (groups, fork, the session list page, …) is
-//! SQLite-only so far and stays on [`Store`].
+//! artifact rows in [`artifacts`]; sessions made from or with others (placed at creation,
+//! children, forks, fan-out groups) in [`lineage`]; turn admission, session choices, a
+//! worker's acknowledged events and the restart's reconciliation in [`turns`]; the session
+//! list page, `owner_of`, gauges, readiness and the audit listener in [`overview`]. The
+//! gateway holds every one of them as `dyn Backend` ([`crate::open_backend`]).
 
 mod artifacts;
+mod lineage;
 mod live;
+mod overview;
 mod people;
+mod turns;
 pub use artifacts::Artifacts;
+pub use lineage::Lineage;
 pub use live::{EnvironmentStore, PlacementStore, SnapshotStore, WorkerOpStore};
+pub use overview::Overview;
 pub use people::{AgentSpecs, Approvals, AuditLog, Grants, People, UsageLedger, Vault};
+pub use turns::Turns;
 
 use crate::{AttemptRow, NewSession, Result, Resume, RunRow, Scope, SessionRow, Store};
 use skiff_protocol::api::RunStatus;
@@ -141,6 +150,9 @@ pub trait Backend:
     + AgentSpecs
     + UsageLedger
     + Artifacts
+    + Lineage
+    + Turns
+    + Overview
 {
 }
 
@@ -160,6 +172,9 @@ impl<T> Backend for T where
         + AgentSpecs
         + UsageLedger
         + Artifacts
+        + Lineage
+        + Turns
+        + Overview
 {
 }
 

@@ -118,6 +118,11 @@ pub enum Error {
     PgThread(std::io::Error),
     #[error("the PostgreSQL connection has closed; restart the gateway to reconnect")]
     PgGone,
+    /// The database was migrated by a newer Skiff: this one would misread it.
+    #[error(
+        "the PostgreSQL database is at schema version {found}, newer than this Skiff knows ({known}); run a newer Skiff"
+    )]
+    PgSchemaNewer { found: usize, known: usize },
     #[error("PostgreSQL error: {0}")]
     Postgres(#[from] postgres::Error),
 }

@@ -127,21 +127,31 @@ impl Store {
                 scope.tenant_id
             ],
         )?;
-        let row = self.group(scope, group)?;
-        match &row.picked {
-            Some(picked) if picked == session => Ok(row),
-            Some(picked) => Err(Error::AlreadyPicked {
-                group: group.to_string(),
-                picked: picked.to_string(),
-            }),
-            None if changed == 0 => Err(Error::NotFound {
-                what: "session in group",
-                id: session.to_string(),
-            }),
-            None => Err(Error::Corrupt {
-                what: "group",
-                detail: format!("group {group}'s pick was written but does not read back"),
-            }),
-        }
+        picked(self.group(scope, group)?, group, session, changed > 0)
+    }
+}
+
+/// What a pick of `session` answers once the conditional update ran (`changed`: whether it
+/// wrote), from the group as it now reads.
+pub(crate) fn picked(
+    row: GroupRow,
+    group: &GroupId,
+    session: &SessionId,
+    changed: bool,
+) -> Result<GroupRow> {
+    match &row.picked {
+        Some(picked) if picked == session => Ok(row),
+        Some(picked) => Err(Error::AlreadyPicked {
+            group: group.to_string(),
+            picked: picked.to_string(),
+        }),
+        None if !changed => Err(Error::NotFound {
+            what: "session in group",
+            id: session.to_string(),
+        }),
+        None => Err(Error::Corrupt {
+            what: "group",
+            detail: format!("group {group}'s pick was written but does not read back"),
+        }),
     }
 }

@@ -1,6 +1,6 @@
-//! SQLite persistence for the gateway: sessions, the transcript tree, runs and their state
-//! machine, attempts, the per-session event log, environments, snapshots, tokens and audit
-//! rows, and the vault's sealed secrets.
+//! Persistence for the gateway, on SQLite (embedded, the default) or PostgreSQL: sessions, the
+//! transcript tree, runs and their state machine, attempts, the per-session event log,
+//! environments, snapshots, tokens and audit rows, and the vault's sealed secrets.
 //!
 //! This is the only crate that speaks SQL. Every table but the worker protocol's own
 //! (`worker_ops`, `worker_cursors`, `worker_credentials`) and the gateway-wide vault
@@ -16,12 +16,9 @@
 //! The connection is synchronous (rusqlite, WAL). Calls are short and serialized by one mutex;
 //! callers in async code call them directly.
 //!
-//! The store is becoming a set of per-aggregate traits ([`aggregates`]) with two
+//! The store is a set of per-aggregate traits ([`aggregates`], all in [`Backend`]) with two
 //! implementations: this SQLite [`Store`] and [`PgStore`] on PostgreSQL (`pg`), held to one
-//! conformance suite. On both so far: sessions and transcript, runs and attempts, the event
-//! log, placements and worker slots, the worker protocol's rows, environments and snapshots,
-//! and the people and governance aggregates (users and tokens, audit, approvals, grants, the
-//! vault, agent specs, usage) and artifact rows.
+//! conformance suite. The gateway holds whichever [`open_backend`] opened as `dyn Backend`.
 
 mod agents;
 pub mod aggregates;
@@ -54,8 +51,8 @@ mod usage;
 pub use agents::AgentSpecRow;
 pub use aggregates::{
     AgentSpecs, Approvals, Artifacts, AuditLog, Backend, EnvironmentStore, EventLog, Grants,
-    People, PlacementStore, RunStore, SessionStore, SnapshotStore, UsageLedger, Vault,
-    WorkerOpStore,
+    Lineage, Overview, People, PlacementStore, RunStore, SessionStore, SnapshotStore, Turns,
+    UsageLedger, Vault, WorkerOpStore,
 };
 pub use approvals::NewApproval;
 pub use artifacts::{ArtifactRole, ArtifactRow, NewArtifact, Retention};
@@ -174,6 +171,31 @@ fn start_checkpointer(path: &Path, store: &mut Store) -> Result<()> {
         .map_err(Error::Checkpointer)?;
     store._checkpointer = Some(stop);
     Ok(())
+}
+
+/// Where a gateway's store lives.
+#[derive(Clone, Copy)]
+pub enum Location<'a> {
+    /// The embedded SQLite database file (the default).
+    Sqlite(&'a Path),
+    /// A PostgreSQL database: a `postgres://` url or a `key=value` connection string, and the
+    /// password when it is kept out of the url.
+    Postgres {
+        url: &'a str,
+        password: Option<&'a str>,
+    },
+}
+
+/// Opens the store at `at` — creating and migrating SQLite's file, or connecting to
+/// PostgreSQL and bringing its schema up to date — as the backend the gateway holds.
+/// Errors name where the database is, never its password.
+pub fn open_backend(at: Location<'_>) -> Result<std::sync::Arc<dyn Backend>> {
+    Ok(match at {
+        Location::Sqlite(path) => std::sync::Arc::new(Store::open(path)?),
+        Location::Postgres { url, password } => {
+            std::sync::Arc::new(PgStore::connect_with(url, password)?)
+        }
+    })
 }
 
 /// Now, as the `*_at_ms` columns store it: Unix milliseconds.

@@ -16,7 +16,7 @@ pub struct SessionListRow {
 }
 
 /// `a, b, c` as `t.a, t.b, t.c`, for a join whose tables share column names.
-fn qualified(table: &str, columns: &str) -> String {
+pub(crate) fn qualified(table: &str, columns: &str) -> String {
     columns
         .split(',')
         .map(|c| format!("{table}.{}", c.trim()))
@@ -24,7 +24,7 @@ fn qualified(table: &str, columns: &str) -> String {
         .join(", ")
 }
 
-fn count(columns: &str) -> usize {
+pub(crate) fn count(columns: &str) -> usize {
     columns.split(',').count()
 }
 

@@ -60,7 +60,7 @@ pub enum Owned {
 }
 
 impl Owned {
-    fn table(self) -> &'static str {
+    pub(crate) fn table(self) -> &'static str {
         match self {
             Owned::Session => "sessions",
             Owned::Environment => "environments",

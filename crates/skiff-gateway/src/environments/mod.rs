@@ -22,7 +22,7 @@ use skiff_protocol::{EnvironmentId, SnapshotId};
 use skiff_providers::{Context, Lease, LeaseStatus, ProfileConfig, WorkerProvider};
 use skiff_ssh::{Ssh, Target};
 use skiff_store::now_ms;
-use skiff_store::{EnvironmentRow, Scope, Store};
+use skiff_store::{Backend, EnvironmentRow, Scope};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -47,7 +47,7 @@ struct Profile {
 }
 
 pub(crate) struct Environments {
-    store: Arc<Store>,
+    store: Arc<dyn Backend>,
     profiles: BTreeMap<String, Profile>,
     /// Per-environment SSH client state (pinned known_hosts, control sockets); 0700 via the
     /// state dir.
@@ -61,7 +61,7 @@ pub(crate) struct Environments {
 
 impl Environments {
     pub(crate) fn new(
-        store: Arc<Store>,
+        store: Arc<dyn Backend>,
         configured: BTreeMap<String, ProfileConfig>,
         ctx: &Context,
         ssh_root: PathBuf,

@@ -14,7 +14,7 @@ use serde::Serialize;
 use sha2::{Digest as _, Sha256};
 use skiff_protocol::grant::{Capability, GrantClaims};
 use skiff_protocol::{GrantId, SessionId};
-use skiff_store::{Consumed, NewGrant, Scope, Store};
+use skiff_store::{Backend, Consumed, NewGrant, Scope};
 use std::io::Write as _;
 use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
@@ -274,7 +274,7 @@ pub(crate) struct Proposal<'a> {
 
 /// Mints a grant at `now_ms` and registers its id; returns the signed token and its claims.
 pub(crate) fn mint(
-    store: &Store,
+    store: &dyn Backend,
     key: &GrantKey,
     scope: &Scope,
     proposal: Proposal<'_>,
@@ -317,7 +317,7 @@ pub(crate) fn mint(
     reason = "each is one thing the wrapper checks the grant against"
 )]
 pub(crate) fn redeem(
-    store: &Store,
+    store: &dyn Backend,
     key: &GrantKey,
     scope: &Scope,
     session: &SessionId,

@@ -283,7 +283,7 @@ impl Core {
             confirm: forge.confirm || every_call,
         };
         let (token, claims) = match grant::mint(
-            &self.store,
+            &*self.store,
             &self.governed.key,
             scope,
             proposal,
@@ -341,7 +341,7 @@ impl Core {
     ) -> ToolOutput {
         let capability = plan.capability();
         let redeemed = grant::redeem(
-            &self.store,
+            &*self.store,
             &self.governed.key,
             scope,
             session,

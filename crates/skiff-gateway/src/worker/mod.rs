@@ -294,7 +294,7 @@ impl Live {
 /// What the worker side is given when the gateway opens: the only parts of the gateway it
 /// reaches (never the HTTP API, never the gateway's core itself).
 pub(crate) struct Handles {
-    pub(crate) store: Arc<skiff_store::Store>,
+    pub(crate) store: Arc<dyn skiff_store::Backend>,
     pub(crate) hub: Arc<crate::Hub>,
     pub(crate) envs: Arc<crate::environments::Environments>,
     pub(crate) egress_dir: PathBuf,
@@ -327,7 +327,7 @@ pub(crate) type SessionProcesses = Arc<Mutex<HashMap<SessionId, skiff_agent::too
 /// turns on workers, pull-back, live handoff, recovery and failover — and reaches the rest of
 /// the gateway only through these handles (see [`handles`]).
 pub(crate) struct WorkerSide {
-    store: Arc<skiff_store::Store>,
+    store: Arc<dyn skiff_store::Backend>,
     hub: Arc<crate::Hub>,
     envs: Arc<crate::environments::Environments>,
     /// Where the per-environment egress proxy sockets live (inside the 0700 state dir).
@@ -556,7 +556,7 @@ impl WorkerSide {
         decision: &str,
         detail: serde_json::Value,
     ) {
-        crate::sessions::audit_row(&self.store, scope, action, target, decision, detail);
+        crate::sessions::audit_row(&*self.store, scope, action, target, decision, detail);
     }
 
     /// Revokes every pending approval of a session that moves or fails over: each waiting
@@ -573,7 +573,7 @@ impl WorkerSide {
     /// The transcript and run-status writes, on the worker side's store and hub.
     pub(crate) fn transcript(&self) -> crate::transcript::Transcript<'_> {
         crate::transcript::Transcript {
-            store: &self.store,
+            store: &*self.store,
             hub: &self.hub,
         }
     }

@@ -7,7 +7,7 @@ use crate::artifacts::{COLUMNS, RETRYABLE};
 use crate::{
     ArtifactRole, ArtifactRow, Error, NewArtifact, Result, Retention, Scope, mint, now_ms, to_json,
 };
-use postgres::Row;
+use postgres::{Row, Transaction};
 use skiff_protocol::ids::ArtifactId;
 use skiff_protocol::{AttemptId, RunId, SessionId};
 
@@ -103,49 +103,56 @@ fn retained_in(conn: &mut PgConn, scope: &Scope, row: &ArtifactRow) -> Result<Op
     }))
 }
 
+/// Records an artifact inside the caller's transaction; a checkpoint gets its session's next
+/// number.
+pub(super) fn insert_artifact(
+    tx: &mut Transaction<'_>,
+    scope: &Scope,
+    new: &NewArtifact,
+) -> Result<ArtifactRow> {
+    let artifact = ArtifactId::from_suffix(&mint()?).to_string();
+    let meta = to_json("artifact metadata", &new.meta)?;
+    let now = now_ms();
+    let session = new.session_id.as_ref().map(ToString::to_string);
+    if let (ArtifactRole::Checkpoint, Some(session)) = (new.role, &session) {
+        // Checkpoints of one session are numbered one at a time (the session row's lock,
+        // held until commit), so the next number is free when it is written.
+        tx.execute("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE", &[session])?;
+    }
+    let row = tx.query_one(
+        &format!(
+            "INSERT INTO artifacts ({COLUMNS}) \
+             SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, \
+             CASE WHEN $6 = 'checkpoint' AND $4::text IS NOT NULL THEN \
+                 (SELECT COALESCE(MAX(seq), 0) + 1 FROM artifacts \
+                  WHERE session_id = $4 AND role = 'checkpoint') END, \
+             $10, $11, $12 \
+             RETURNING {COLUMNS}"
+        ),
+        &[
+            &artifact,
+            &scope.owner_id,
+            &scope.tenant_id,
+            &session,
+            &new.run_id.as_ref().map(ToString::to_string),
+            &new.role.as_str(),
+            &new.retention.as_str(),
+            &new.hash,
+            &bigint(new.size),
+            &meta,
+            &now,
+            &new.expires_at_ms,
+        ],
+    )?;
+    artifact_from(&row)
+}
+
 impl Artifacts for PgStore {
     fn create_artifact(&self, scope: &Scope, new: &NewArtifact) -> Result<ArtifactRow> {
-        let artifact = ArtifactId::from_suffix(&mint()?).to_string();
-        let meta = to_json("artifact metadata", &new.meta)?;
         let (scope, new) = (scope.clone(), new.clone());
-        let now = now_ms();
         self.conn.run(move |conn| {
             let mut tx = conn.client.transaction()?;
-            let session = new.session_id.as_ref().map(ToString::to_string);
-            if let (ArtifactRole::Checkpoint, Some(session)) = (new.role, &session) {
-                // Checkpoints of one session are numbered one at a time (the session row's
-                // lock, held until commit), so the next number is free when it is written.
-                tx.execute(
-                    "SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE",
-                    &[session],
-                )?;
-            }
-            let row = tx.query_one(
-                &format!(
-                    "INSERT INTO artifacts ({COLUMNS}) \
-                     SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, \
-                     CASE WHEN $6 = 'checkpoint' AND $4::text IS NOT NULL THEN \
-                         (SELECT COALESCE(MAX(seq), 0) + 1 FROM artifacts \
-                          WHERE session_id = $4 AND role = 'checkpoint') END, \
-                     $10, $11, $12 \
-                     RETURNING {COLUMNS}"
-                ),
-                &[
-                    &artifact,
-                    &scope.owner_id,
-                    &scope.tenant_id,
-                    &session,
-                    &new.run_id.as_ref().map(ToString::to_string),
-                    &new.role.as_str(),
-                    &new.retention.as_str(),
-                    &new.hash,
-                    &bigint(new.size),
-                    &meta,
-                    &now,
-                    &new.expires_at_ms,
-                ],
-            )?;
-            let row = artifact_from(&row)?;
+            let row = insert_artifact(&mut tx, &scope, &new)?;
             tx.commit()?;
             Ok(row)
         })

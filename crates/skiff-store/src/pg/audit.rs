@@ -12,7 +12,8 @@ const APPEND: &str = "WITH next AS (
         UPDATE audit_next SET last = last + 1 RETURNING last
     )
     INSERT INTO audit (id, at_ms, owner_id, tenant_id, actor, action, target, decision, detail)
-    SELECT last, $1, $2, $3, $4, $5, $6, $7, $8 FROM next";
+    SELECT last, $1, $2, $3, $4, $5, $6, $7, $8 FROM next
+    RETURNING id";
 
 const COLUMNS: &str = "id, at_ms, owner_id, tenant_id, actor, action, target, decision, detail";
 
@@ -47,23 +48,29 @@ struct Written {
 
 impl PgStore {
     fn append_audit(&self, row: Written) -> Result<()> {
-        self.conn.run(move |conn| {
+        let id: i64 = self.conn.run(move |conn| {
             let append = conn.statement(APPEND)?;
-            conn.client.execute(
-                &append,
-                &[
-                    &row.at_ms,
-                    &row.scope.owner_id,
-                    &row.scope.tenant_id,
-                    &row.actor,
-                    &row.action,
-                    &row.target,
-                    &row.decision,
-                    &row.detail,
-                ],
-            )?;
-            Ok(())
-        })
+            Ok(conn
+                .client
+                .query_one(
+                    &append,
+                    &[
+                        &row.at_ms,
+                        &row.scope.owner_id,
+                        &row.scope.tenant_id,
+                        &row.actor,
+                        &row.action,
+                        &row.target,
+                        &row.decision,
+                        &row.detail,
+                    ],
+                )?
+                .try_get(0)?)
+        })?;
+        if let Some(listener) = self.audit_listener.get() {
+            listener(id);
+        }
+        Ok(())
     }
 
     /// Audit rows by `sql`, whose parameters are the integers `args`, in order.

@@ -8,7 +8,7 @@ use skiff_protocol::{RunId, SessionId};
 
 /// One statement, so one round trip: the counter row's increment (locked until commit) gives
 /// the cursor, and the event is written with it.
-const APPEND: &str = "WITH cursor AS (
+pub(super) const APPEND: &str = "WITH cursor AS (
         INSERT INTO event_cursors (session_id, last_seq) VALUES ($1, 1)
         ON CONFLICT (session_id) DO UPDATE SET last_seq = event_cursors.last_seq + 1
         RETURNING last_seq

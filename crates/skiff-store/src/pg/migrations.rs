@@ -418,12 +418,9 @@ pub(super) fn migrate(conn: &mut PgConn) -> Result<()> {
         .try_get(0)?;
     let current = usize::try_from(current).unwrap_or(0);
     if current > MIGRATIONS.len() {
-        return Err(crate::Error::Corrupt {
-            what: "PostgreSQL schema",
-            detail: format!(
-                "the database is at version {current}, newer than this Skiff knows ({}); run a newer Skiff",
-                MIGRATIONS.len()
-            ),
+        return Err(crate::Error::PgSchemaNewer {
+            found: current,
+            known: MIGRATIONS.len(),
         });
     }
     for (i, sql) in MIGRATIONS.iter().enumerate().skip(current) {

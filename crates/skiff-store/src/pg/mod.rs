@@ -1,9 +1,9 @@
 //! The PostgreSQL implementation of the aggregates in [`crate::aggregates`] (sessions and
 //! transcript, runs and attempts, the event log; placements and worker slots, the worker
 //! protocol's rows, environments, snapshots; users and tokens, audit, approvals, grants, the
-//! vault, agent specs, usage; artifact rows) — what several gateways sharing one database will
-//! stand on. The rest of the store is SQLite-only so far, so this backend is not offered to
-//! users yet.
+//! vault, agent specs, usage; artifact rows; sessions made from or with others, turn
+//! admission and choices, the session list page, gauges) — every aggregate the gateway uses,
+//! so `[store] url = "postgres://…"` runs a gateway on it.
 //!
 //! The invariants hold in the database, not in this process: the event cursor comes from a
 //! per-session counter row, the transcript leaf moves by a conditional update, and one open
@@ -18,13 +18,16 @@ mod audit;
 mod conn;
 mod environments;
 mod events;
+mod lineage;
 mod migrations;
+mod overview;
 mod people;
 mod placements;
 mod runs;
 mod sessions;
 mod snapshots;
 mod specs;
+mod turns;
 mod usage;
 mod vault;
 
@@ -34,15 +37,50 @@ use crate::{Error, Result};
 /// behind an `Arc`; calls are serialized on the connection like the SQLite store's.
 pub struct PgStore {
     conn: conn::Connection,
+    /// Told the id of each audit row this process writes (`on_audit`).
+    audit_listener: std::sync::OnceLock<Box<dyn Fn(i64) + Send + Sync>>,
 }
 
 impl PgStore {
     /// Connects to `url` (`postgres://user@host/db`, or `host=/run/pg dbname=…`) and brings
     /// the schema up to date. Errors name the host and database, never the password.
     pub fn connect(url: &str) -> Result<Self> {
-        let conn = conn::Connection::open(url)?;
+        Self::connect_with(url, None)
+    }
+
+    /// [`PgStore::connect`] with the password given apart from `url` (from wherever the
+    /// operator keeps it), which it then overrides.
+    pub fn connect_with(url: &str, password: Option<&str>) -> Result<Self> {
+        let url = match password {
+            Some(password) => with_password(url, password),
+            None => url.to_owned(),
+        };
+        let conn = conn::Connection::open(&url)?;
         conn.run(migrations::migrate)?;
-        Ok(Self { conn })
+        Ok(Self {
+            conn,
+            audit_listener: std::sync::OnceLock::new(),
+        })
+    }
+}
+
+/// `url` with `password` added: a `postgres://` url's `password` parameter (percent-encoded),
+/// or a `key=value` string's `password` key (quoted); the last one given wins in either.
+fn with_password(url: &str, password: &str) -> String {
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        let mut encoded = String::with_capacity(password.len() * 3);
+        for byte in password.bytes() {
+            if byte.is_ascii_alphanumeric() || b"-._~".contains(&byte) {
+                encoded.push(char::from(byte));
+            } else {
+                encoded.push_str(&format!("%{byte:02X}"));
+            }
+        }
+        let joint = if url.contains('?') { '&' } else { '?' };
+        format!("{url}{joint}password={encoded}")
+    } else {
+        let quoted = password.replace('\\', "\\\\").replace('\'', "\\'");
+        format!("{url} password='{quoted}'")
     }
 }
 
@@ -81,4 +119,24 @@ fn count(what: &'static str, value: i64) -> Result<u64> {
 /// A count as the BIGINT it is stored as.
 fn bigint(value: u64) -> i64 {
     i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::with_password;
+
+    #[test]
+    fn a_password_given_apart_reads_back_from_either_form_of_url() {
+        let tricky = "p@ss w:rd/'\\%?&=";
+        for url in [
+            "postgres://skiff@db.example/app",
+            "postgresql://skiff@db.example/app?sslmode=disable",
+            "host=/run/pg user=skiff dbname=app",
+        ] {
+            let config: postgres::Config = with_password(url, tricky).parse().unwrap();
+            assert_eq!(config.get_password(), Some(tricky.as_bytes()), "{url}");
+            assert_eq!(config.get_user(), Some("skiff"), "{url}");
+            assert_eq!(config.get_dbname(), Some("app"), "{url}");
+        }
+    }
 }

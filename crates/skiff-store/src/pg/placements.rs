@@ -34,23 +34,28 @@ fn state_from(text: &str) -> Result<PlacementState> {
 }
 
 fn placement_from(row: &Row) -> Result<PlacementRow> {
+    placement_at(row, 0)
+}
+
+/// [`placement_from`] for a row whose columns start at `o` (a join's).
+pub(super) fn placement_at(row: &Row, o: usize) -> Result<PlacementRow> {
     Ok(PlacementRow {
-        session_id: id("placement", row.try_get(0)?, SessionId::parse)?,
-        scope: Scope::new(row.try_get::<_, String>(1)?, row.try_get::<_, String>(2)?),
-        state: state_from(row.try_get(3)?)?,
-        profile: row.try_get(4)?,
-        generation: count("placement generation", row.try_get(5)?)?,
+        session_id: id("placement", row.try_get(o)?, SessionId::parse)?,
+        scope: Scope::new(row.try_get::<_, String>(o + 1)?, row.try_get::<_, String>(o + 2)?),
+        state: state_from(row.try_get(o + 3)?)?,
+        profile: row.try_get(o + 4)?,
+        generation: count("placement generation", row.try_get(o + 5)?)?,
         environment_id: row
-            .try_get::<_, Option<&str>>(6)?
+            .try_get::<_, Option<&str>>(o + 6)?
             .and_then(EnvironmentId::parse),
-        owner_epoch: count("placement epoch", row.try_get(7)?)?,
-        base_manifest: row.try_get(8)?,
-        bundle_hash: row.try_get(9)?,
-        worker_pid: row.try_get(10)?,
-        error: row.try_get(11)?,
-        updated_at_ms: row.try_get(12)?,
-        left_out: row.try_get(13)?,
-        box_in_step: row.try_get(14)?,
+        owner_epoch: count("placement epoch", row.try_get(o + 7)?)?,
+        base_manifest: row.try_get(o + 8)?,
+        bundle_hash: row.try_get(o + 9)?,
+        worker_pid: row.try_get(o + 10)?,
+        error: row.try_get(o + 11)?,
+        updated_at_ms: row.try_get(o + 12)?,
+        left_out: row.try_get(o + 13)?,
+        box_in_step: row.try_get(o + 14)?,
     })
 }
 
@@ -109,7 +114,7 @@ fn has_open_run(tx: &mut Transaction<'_>, session: &str) -> Result<Option<String
         .transpose()?)
 }
 
-fn slots_in(client: &mut impl postgres::GenericClient) -> Result<WorkerSlots> {
+pub(super) fn slots_in(client: &mut impl postgres::GenericClient) -> Result<WorkerSlots> {
     let row = client.query_one(
         &format!(
             "SELECT COUNT(*)::BIGINT, COALESCE(SUM(CASE WHEN EXISTS (SELECT 1 FROM runs r \
@@ -142,18 +147,34 @@ fn illegal(session: &str, from: PlacementState, to: PlacementState) -> Error {
 }
 
 /// What a claim needs, owned (it crosses to the connection's thread).
-struct Claim {
-    scope: Scope,
-    session: String,
-    profile: String,
-    max_live: u64,
-    to: PlacementState,
+pub(super) struct Claim {
+    pub(super) scope: Scope,
+    pub(super) session: String,
+    pub(super) profile: String,
+    pub(super) max_live: u64,
+    pub(super) to: PlacementState,
     /// A live dispatch: the run that must still be open.
-    open_run: Option<String>,
+    pub(super) open_run: Option<String>,
 }
 
 /// Claims a worker slot for the session, moving it to `claim.to`, in one transaction.
 fn claim(conn: &mut PgConn, claim: Claim) -> Result<PlacementRow> {
+    let mut tx = conn.client.transaction()?;
+    let placed = claim_in(&mut tx, claim)?;
+    tx.commit()?;
+    Ok(placed)
+}
+
+/// Takes the worker slots' advisory lock: claims are counted one at a time, gateway-wide, so
+/// a count sees every claim committed before it and none commits until its transaction has.
+/// Taken before any row lock by everything that claims, so lock order stays one way.
+pub(super) fn lock_worker_slots(tx: &mut Transaction<'_>) -> Result<()> {
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&WORKER_SLOTS_LOCK])?;
+    Ok(())
+}
+
+/// [`claim`] inside the caller's transaction (which commits it with what else it writes).
+pub(super) fn claim_in(tx: &mut Transaction<'_>, claim: Claim) -> Result<PlacementRow> {
     let Claim {
         scope,
         session,
@@ -162,11 +183,8 @@ fn claim(conn: &mut PgConn, claim: Claim) -> Result<PlacementRow> {
         to,
         open_run,
     } = claim;
-    let mut tx = conn.client.transaction()?;
-    // Claims are counted one at a time, gateway-wide: the count below sees every claim
-    // committed before this one, and none commits until this one has.
-    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&WORKER_SLOTS_LOCK])?;
-    let from = lock_session(&mut tx, &scope, &session)?.ok_or_else(|| Error::NotFound {
+    lock_worker_slots(tx)?;
+    let from = lock_session(tx, &scope, &session)?.ok_or_else(|| Error::NotFound {
         what: "session",
         id: session.clone(),
     })?;
@@ -186,7 +204,7 @@ fn claim(conn: &mut PgConn, claim: Claim) -> Result<PlacementRow> {
     }
     // A failover holds its slot while its new attempt is placed.
     if from != PlacementState::FailedOver
-        && let Some(refusal) = slots_in(&mut tx)?.refusal(max_live)
+        && let Some(refusal) = slots_in(tx)?.refusal(max_live)
     {
         return Err(refusal);
     }
@@ -211,8 +229,7 @@ fn claim(conn: &mut PgConn, claim: Claim) -> Result<PlacementRow> {
         ],
     )?;
     let placed = placement_from(&row)?;
-    mirror(&mut tx, &session, to, now)?;
-    tx.commit()?;
+    mirror(tx, &session, to, now)?;
     Ok(placed)
 }
 

@@ -2,10 +2,12 @@
 
 use super::conn::PgConn;
 use super::{PgStore, count, id, optional_id};
-use crate::aggregates::RunStore;
+use crate::aggregates::{RunStore, Turns};
 use crate::runs::COLUMNS;
 use crate::transition::run_allowed;
-use crate::{AttemptRow, AttemptStatus, Error, Result, Resume, RunRow, Scope, mint, now_ms};
+use crate::{
+    Admission, AttemptRow, AttemptStatus, Error, Result, Resume, RunRow, Scope, mint, now_ms,
+};
 use postgres::Row;
 use skiff_protocol::api::RunStatus;
 use skiff_protocol::model::Usage;
@@ -17,28 +19,33 @@ const BY_ID: &str = "SELECT id, session_id, status, model_ref, error, input_toke
      FROM runs WHERE id = $1 AND owner_id = $2 AND tenant_id = $3";
 
 /// Unfinished: the statuses the partial unique index `runs_one_open_per_session` covers.
-const OPEN: &str =
+pub(super) const OPEN: &str =
     "('queued','starting','running','waiting_input','waiting_approval','cancelling')";
 
 fn run_from(row: &Row) -> Result<RunRow> {
-    let status: &str = row.try_get(2)?;
+    run_at(row, 0)
+}
+
+/// [`run_from`] for a row whose columns start at `o` (a join's).
+pub(super) fn run_at(row: &Row, o: usize) -> Result<RunRow> {
+    let status: &str = row.try_get(o + 2)?;
     Ok(RunRow {
-        id: id("run", row.try_get(0)?, RunId::parse)?,
-        session_id: id("run", row.try_get(1)?, SessionId::parse)?,
+        id: id("run", row.try_get(o)?, RunId::parse)?,
+        session_id: id("run", row.try_get(o + 1)?, SessionId::parse)?,
         status: RunStatus::parse(status).ok_or_else(|| Error::Corrupt {
             what: "run",
             detail: format!("unknown run status {status:?}"),
         })?,
-        model_ref: row.try_get(3)?,
-        error: row.try_get(4)?,
+        model_ref: row.try_get(o + 3)?,
+        error: row.try_get(o + 4)?,
         usage: Usage {
-            input_tokens: count("run usage", row.try_get(5)?)?,
-            output_tokens: count("run usage", row.try_get(6)?)?,
-            cache_read_tokens: count("run usage", row.try_get(9)?)?,
-            cache_write_tokens: count("run usage", row.try_get(10)?)?,
+            input_tokens: count("run usage", row.try_get(o + 5)?)?,
+            output_tokens: count("run usage", row.try_get(o + 6)?)?,
+            cache_read_tokens: count("run usage", row.try_get(o + 9)?)?,
+            cache_write_tokens: count("run usage", row.try_get(o + 10)?)?,
         },
-        created_at_ms: row.try_get(7)?,
-        finished_at_ms: row.try_get(8)?,
+        created_at_ms: row.try_get(o + 7)?,
+        finished_at_ms: row.try_get(o + 8)?,
     })
 }
 
@@ -56,62 +63,7 @@ fn run_in(conn: &mut PgConn, scope: &Scope, run: &str) -> Result<RunRow> {
 
 impl RunStore for PgStore {
     fn create_run(&self, scope: &Scope, session: &SessionId, model_ref: &str) -> Result<RunRow> {
-        let id = RunId::from_suffix(&mint()?).to_string();
-        let now = now_ms();
-        let (scope, session, model_ref) =
-            (scope.clone(), session.to_string(), model_ref.to_string());
-        self.conn.run(move |conn| {
-            let mut tx = conn.client.transaction()?;
-            let touched = tx.execute(
-                "UPDATE sessions SET updated_at_ms = $1 \
-                 WHERE id = $2 AND owner_id = $3 AND tenant_id = $4",
-                &[&now, &session, &scope.owner_id, &scope.tenant_id],
-            )?;
-            if touched == 0 {
-                return Err(Error::NotFound {
-                    what: "session",
-                    id: session,
-                });
-            }
-            // The partial unique index decides: a second open run is not inserted (a racing
-            // admission waits for the first to commit, then finds the conflict).
-            let inserted = tx.query_opt(
-                &format!(
-                    "INSERT INTO runs (id, session_id, owner_id, tenant_id, status, model_ref, \
-                     created_at_ms) VALUES ($1, $2, $3, $4, 'queued', $5, $6) \
-                     ON CONFLICT (session_id) WHERE status IN {OPEN} DO NOTHING \
-                     RETURNING {COLUMNS}"
-                ),
-                &[
-                    &id,
-                    &session,
-                    &scope.owner_id,
-                    &scope.tenant_id,
-                    &model_ref,
-                    &now,
-                ],
-            )?;
-            match inserted {
-                Some(row) => {
-                    let run = run_from(&row)?;
-                    tx.commit()?;
-                    Ok(run)
-                }
-                None => {
-                    let open = tx.query_opt(
-                        &format!("SELECT id FROM runs WHERE session_id = $1 AND status IN {OPEN}"),
-                        &[&session],
-                    )?;
-                    Err(Error::SessionBusy {
-                        session,
-                        run: match open {
-                            Some(row) => row.try_get(0)?,
-                            None => "(one that has just finished; try again)".into(),
-                        },
-                    })
-                }
-            }
-        })
+        Turns::admit_run(self, scope, session, model_ref, &Admission::default())
     }
 
     fn run(&self, scope: &Scope, id: &RunId) -> Result<RunRow> {

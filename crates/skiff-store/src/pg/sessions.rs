@@ -9,24 +9,29 @@ use skiff_protocol::transcript::{EntryBody, TranscriptEntry};
 use skiff_protocol::{EntryId, GroupId, RunId, SessionId};
 
 fn session_from(row: &Row) -> Result<SessionRow> {
+    session_at(row, 0)
+}
+
+/// [`session_from`] for a row whose columns start at `o` (a join's).
+pub(super) fn session_at(row: &Row, o: usize) -> Result<SessionRow> {
     Ok(SessionRow {
-        id: id("session", row.try_get(0)?, SessionId::parse)?,
-        title: row.try_get(1)?,
-        workspace: json("session workspace", row.try_get(2)?)?,
-        model_ref: row.try_get(3)?,
-        placement: row.try_get(4)?,
-        lifecycle_revision: row.try_get(5)?,
-        leaf_entry_id: row.try_get(6)?,
-        created_at_ms: row.try_get(7)?,
-        updated_at_ms: row.try_get(8)?,
-        parent_id: optional_id("session parent", row.try_get(9)?, SessionId::parse)?,
-        reasoning: row.try_get(10)?,
-        group_id: optional_id("session group", row.try_get(11)?, GroupId::parse)?,
+        id: id("session", row.try_get(o)?, SessionId::parse)?,
+        title: row.try_get(o + 1)?,
+        workspace: json("session workspace", row.try_get(o + 2)?)?,
+        model_ref: row.try_get(o + 3)?,
+        placement: row.try_get(o + 4)?,
+        lifecycle_revision: row.try_get(o + 5)?,
+        leaf_entry_id: row.try_get(o + 6)?,
+        created_at_ms: row.try_get(o + 7)?,
+        updated_at_ms: row.try_get(o + 8)?,
+        parent_id: optional_id("session parent", row.try_get(o + 9)?, SessionId::parse)?,
+        reasoning: row.try_get(o + 10)?,
+        group_id: optional_id("session group", row.try_get(o + 11)?, GroupId::parse)?,
         approval: row
-            .try_get::<_, Option<&str>>(12)?
+            .try_get::<_, Option<&str>>(o + 12)?
             .map(|text| json("approval policy", text))
             .transpose()?,
-        owner: Scope::new(row.try_get::<_, String>(13)?, row.try_get::<_, String>(14)?),
+        owner: Scope::new(row.try_get::<_, String>(o + 13)?, row.try_get::<_, String>(o + 14)?),
     })
 }
 
