@@ -289,6 +289,7 @@ pub(crate) fn spawn_archiver(core: &Arc<Core>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use skiff_store::Store;
 
     fn names(dir: &Path) -> Vec<String> {
         let mut names: Vec<String> = std::fs::read_dir(dir)

@@ -214,6 +214,7 @@ impl Follow {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use skiff_store::Store;
     use futures_util::StreamExt;
     use skiff_protocol::api::WorkspaceView;
     use skiff_store::NewSession;

@@ -707,6 +707,7 @@ fn reseal(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use skiff_store::Store;
 
     const VALUE: &str = "sk-test-0123456789abcdef";
 

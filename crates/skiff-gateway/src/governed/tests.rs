@@ -277,7 +277,7 @@ async fn the_gateways_wrapper_refuses_and_audits_bad_grants() {
             confirm: false,
         };
         grant::mint(
-            &core.store,
+            &*core.store,
             &core.governed.key,
             &scope,
             proposal,

@@ -117,7 +117,10 @@ pub(super) fn insert_artifact(
     if let (ArtifactRole::Checkpoint, Some(session)) = (new.role, &session) {
         // Checkpoints of one session are numbered one at a time (the session row's lock,
         // held until commit), so the next number is free when it is written.
-        tx.execute("SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE", &[session])?;
+        tx.execute(
+            "SELECT 1 FROM sessions WHERE id = $1 FOR UPDATE",
+            &[session],
+        )?;
     }
     let row = tx.query_one(
         &format!(

@@ -151,7 +151,9 @@ impl Copied {
             let id = EntryId::from_suffix(&mint()?).to_string();
             copied.parents.push(copied.ids.last().cloned());
             copied.ids.push(id);
-            copied.runs.push(entry.run_id.as_ref().map(ToString::to_string));
+            copied
+                .runs
+                .push(entry.run_id.as_ref().map(ToString::to_string));
             copied.kinds.push(entry.body.kind().to_string());
             copied
                 .bodies

@@ -10,9 +10,7 @@ use super::{PgStore, count};
 use crate::aggregates::Overview;
 use crate::listing::{count as columns, qualified};
 use crate::metrics::{EgressTotals, Gauges};
-use crate::{
-    Error, Owned, Result, Scope, SessionListRow, Sight, placements, runs, sessions,
-};
+use crate::{Error, Owned, Result, Scope, SessionListRow, Sight, placements, runs, sessions};
 use skiff_protocol::SessionId;
 
 /// The page after the `$4`/`$5` mark (`updated_at_ms`, id; none for the first page). Ids
@@ -141,8 +139,7 @@ impl Overview for PgStore {
                 "SELECT COALESCE(p.state, 'local'), COUNT(*) FROM sessions s \
                  LEFT JOIN placements p ON p.session_id = s.id GROUP BY 1 ORDER BY 1",
             )?;
-            let runs =
-                pairs("SELECT status, COUNT(*) FROM runs GROUP BY status ORDER BY status")?;
+            let runs = pairs("SELECT status, COUNT(*) FROM runs GROUP BY status ORDER BY status")?;
             let environments = tx
                 .query(
                     "SELECT state, provider, COUNT(*) FROM environments \

@@ -41,7 +41,10 @@ fn placement_from(row: &Row) -> Result<PlacementRow> {
 pub(super) fn placement_at(row: &Row, o: usize) -> Result<PlacementRow> {
     Ok(PlacementRow {
         session_id: id("placement", row.try_get(o)?, SessionId::parse)?,
-        scope: Scope::new(row.try_get::<_, String>(o + 1)?, row.try_get::<_, String>(o + 2)?),
+        scope: Scope::new(
+            row.try_get::<_, String>(o + 1)?,
+            row.try_get::<_, String>(o + 2)?,
+        ),
         state: state_from(row.try_get(o + 3)?)?,
         profile: row.try_get(o + 4)?,
         generation: count("placement generation", row.try_get(o + 5)?)?,

@@ -31,7 +31,10 @@ pub(super) fn session_at(row: &Row, o: usize) -> Result<SessionRow> {
             .try_get::<_, Option<&str>>(o + 12)?
             .map(|text| json("approval policy", text))
             .transpose()?,
-        owner: Scope::new(row.try_get::<_, String>(o + 13)?, row.try_get::<_, String>(o + 14)?),
+        owner: Scope::new(
+            row.try_get::<_, String>(o + 13)?,
+            row.try_get::<_, String>(o + 14)?,
+        ),
     })
 }
 

@@ -309,7 +309,8 @@ impl Turns for PgStore {
             let mut orphaned = rows
                 .iter()
                 .map(|row| {
-                    let scope = Scope::new(row.try_get::<_, String>(0)?, row.try_get::<_, String>(1)?);
+                    let scope =
+                        Scope::new(row.try_get::<_, String>(0)?, row.try_get::<_, String>(1)?);
                     Ok((scope, run_at(row, 2)?))
                 })
                 .collect::<Result<Vec<_>>>()?;
