@@ -231,7 +231,10 @@ pub(crate) fn version(row: &AgentSpecRow, current: bool) -> Result<AgentVersion,
 
 /// `NAME` (the current version) or `NAME@DIGEST` (a digest or a prefix of at least 7 of
 /// its characters) to a checked stored version.
-pub(crate) fn resolve(store: &dyn Backend, reference: &str) -> crate::Result<(AgentPin, AgentSpec)> {
+pub(crate) fn resolve(
+    store: &dyn Backend,
+    reference: &str,
+) -> crate::Result<(AgentPin, AgentSpec)> {
     let (name, digest) = match reference.split_once('@') {
         Some((name, digest)) => (name, Some(digest.to_ascii_lowercase())),
         None => (reference, None),

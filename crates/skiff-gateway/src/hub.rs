@@ -214,10 +214,10 @@ impl Follow {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use skiff_store::Store;
     use futures_util::StreamExt;
     use skiff_protocol::api::WorkspaceView;
     use skiff_store::NewSession;
+    use skiff_store::Store;
 
     fn new_session(store: &Store, scope: &Scope, suffix: &str) -> SessionId {
         let id = SessionId::from_suffix(suffix);

@@ -91,7 +91,12 @@ fn open_store(
         Err(e) => {
             let mut message = format!("at `store.url`: {e}");
             // The store's messages leave the password out; this makes sure of it.
-            for secret in pg.password.iter().map(String::as_str).chain(url_password(&pg.url)) {
+            for secret in pg
+                .password
+                .iter()
+                .map(String::as_str)
+                .chain(url_password(&pg.url))
+            {
                 if !secret.is_empty() {
                     message = message.replace(secret, "***");
                 }
@@ -727,8 +732,12 @@ impl Core {
             Some(token) => token,
             None => {
                 let token = auth::mint()?;
-                self.tokens
-                    .replace(&*self.store, auth::ADMIN_LABEL, &token, auth::admin_scope())?;
+                self.tokens.replace(
+                    &*self.store,
+                    auth::ADMIN_LABEL,
+                    &token,
+                    auth::admin_scope(),
+                )?;
                 self.audit(
                     &auth::admin_scope(),
                     "token.mint",

@@ -573,10 +573,7 @@ fn the_session_page_is_one_query_scoped_ordered_and_paged(db: &Db) {
         "each row carries its placement"
     );
     assert!(carls.last_run.is_none());
-    assert_eq!(
-        page(&Sight::own(carl.clone()), 10, None),
-        [placed.id.clone()]
-    );
+    assert_eq!(page(&Sight::own(carl.clone()), 10, None), vec![placed.id]);
     assert_eq!(page(&Sight::tenant(bert.clone()), 10, None).len(), 1);
     assert!(
         matches!(
