@@ -30,6 +30,7 @@ mod mcp;
 mod newcomer;
 mod parking;
 mod people;
+mod postgres;
 mod pull_back;
 mod reasoning;
 mod restore;
