@@ -18,9 +18,11 @@
 //! SQLite-only so far and stays on [`Store`].
 
 mod artifacts;
+pub(crate) mod leases;
 mod live;
 mod people;
 pub use artifacts::Artifacts;
+pub use leases::{EventWakeups, Leases};
 pub use live::{EnvironmentStore, PlacementStore, SnapshotStore, WorkerOpStore};
 pub use people::{AgentSpecs, Approvals, AuditLog, Grants, People, UsageLedger, Vault};
 
@@ -141,6 +143,8 @@ pub trait Backend:
     + AgentSpecs
     + UsageLedger
     + Artifacts
+    + Leases
+    + EventWakeups
 {
 }
 
@@ -160,6 +164,8 @@ impl<T> Backend for T where
         + AgentSpecs
         + UsageLedger
         + Artifacts
+        + Leases
+        + EventWakeups
 {
 }
 
@@ -261,5 +267,11 @@ impl RunStore for Store {
     }
     fn attempts(&self, scope: &Scope, session: &SessionId) -> Result<Vec<AttemptRow>> {
         Store::attempts(self, scope, session)
+    }
+}
+
+impl EventWakeups for Store {
+    fn subscribe_events(&self, session: Option<&SessionId>) -> Result<crate::EventHints> {
+        Ok(self.wakeups.subscribe(session))
     }
 }

@@ -18,6 +18,8 @@ mod audit;
 mod conn;
 mod environments;
 mod events;
+mod leases;
+mod listen;
 mod migrations;
 mod people;
 mod placements;
@@ -28,21 +30,48 @@ mod specs;
 mod usage;
 mod vault;
 
+use crate::wakeups::Hub;
 use crate::{Error, Result};
+use std::sync::{Arc, Mutex};
 
 /// The PostgreSQL store: one connection on its own thread (see `conn`). Cheap to share
 /// behind an `Arc`; calls are serialized on the connection like the SQLite store's.
 pub struct PgStore {
     conn: conn::Connection,
+    /// Where the listener connects (the store's own connection settings).
+    config: postgres::Config,
+    /// Followers in this process, hinted by this store's appends and by the listener.
+    wakeups: Arc<Hub>,
+    /// The `LISTEN` connection, started by the first subscription.
+    listener: Mutex<Option<listen::Listener>>,
 }
 
 impl PgStore {
     /// Connects to `url` (`postgres://user@host/db`, or `host=/run/pg dbname=…`) and brings
     /// the schema up to date. Errors name the host and database, never the password.
     pub fn connect(url: &str) -> Result<Self> {
+        let config = url.parse().map_err(Error::PgUrl)?;
         let conn = conn::Connection::open(url)?;
         conn.run(migrations::migrate)?;
-        Ok(Self { conn })
+        Ok(Self {
+            conn,
+            config,
+            wakeups: Arc::new(Hub::default()),
+            listener: Mutex::new(None),
+        })
+    }
+
+    /// Starts the listener unless it runs already.
+    fn listen(&self) -> Result<()> {
+        // Starting it cannot leave the slot half-set; a poisoned lock is safe to keep using.
+        let mut listener = self.listener.lock().unwrap_or_else(|p| p.into_inner());
+        if listener.is_none() {
+            *listener = Some(listen::Listener::start(
+                self.config.clone(),
+                Arc::clone(&self.wakeups),
+            )?);
+        }
+        Ok(())
     }
 }
 
