@@ -14,7 +14,8 @@
 //! The live-work aggregates (placements and worker slots, the worker protocol's rows,
 //! environments, snapshots) are in `aggregates/live.rs`; the people and governance aggregates
 //! (users and tokens, audit, approvals, grants, the vault, agent specs, usage) in [`people`],
-//! artifact rows in [`artifacts`]. Everything else (groups, fork, the session list page, …) is
+//! artifact rows in [`artifacts`]; the gateway registry, leases, fenced writes and event
+//! wake-ups for several gateways on one database in [`leases`]. Everything else (groups, fork, the session list page, …) is
 //! SQLite-only so far and stays on [`Store`].
 
 mod artifacts;
