@@ -171,6 +171,7 @@ fn raw_store_failure(e: &skiff_store::Error) -> bool {
         | S::Retained { .. }
         | S::UserExists { .. }
         | S::VaultChanged
+        | S::LeaseLost { .. }
         | S::EmailsCollide { .. }
         | S::PgSchemaNewer { .. }
         | S::Corrupt { .. } => false,
@@ -193,7 +194,9 @@ fn store_code(e: &skiff_store::Error) -> ErrorCode {
         | S::AlreadyPicked { .. }
         | S::Retained { .. }
         | S::UserExists { .. }
-        | S::VaultChanged => ErrorCode::Conflict,
+        | S::VaultChanged
+        // Another gateway owns the session now: the request may be retried there.
+        | S::LeaseLost { .. } => ErrorCode::Conflict,
         S::WorkersAtCapacity { .. } | S::GroupAtCapacity { .. } => ErrorCode::AtCapacity,
         S::Open { .. } | S::Checkpointer(_) | S::Sqlite(_) | S::Postgres(_) if e.is_retryable() => {
             ErrorCode::Unavailable

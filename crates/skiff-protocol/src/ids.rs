@@ -86,6 +86,12 @@ id_type!(
     ArtifactId,
     "art_"
 );
+id_type!(
+    /// A gateway process sharing the database with others: the holder of session and
+    /// singleton leases (issue 17).
+    GatewayId,
+    "gw_"
+);
 
 /// A snapshot of a prepared box: `snap_` and 16 lowercase hex characters. Stricter than the
 /// other ids because providers use it as a directory name and a lease CLI's argument.

@@ -26,5 +26,6 @@ pub mod transcript;
 pub mod worker;
 
 pub use ids::{
-    ApprovalId, AttemptId, EntryId, EnvironmentId, GrantId, GroupId, RunId, SessionId, SnapshotId,
+    ApprovalId, AttemptId, EntryId, EnvironmentId, GatewayId, GrantId, GroupId, RunId, SessionId,
+    SnapshotId,
 };

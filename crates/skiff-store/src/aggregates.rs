@@ -17,16 +17,20 @@
 //! artifact rows in [`artifacts`]; sessions made from or with others (placed at creation,
 //! children, forks, fan-out groups) in [`lineage`]; turn admission, session choices, a
 //! worker's acknowledged events and the restart's reconciliation in [`turns`]; the session
-//! list page, `owner_of`, gauges, readiness and the audit listener in [`overview`]. The
-//! gateway holds every one of them as `dyn Backend` ([`crate::open_backend`]).
+//! list page, `owner_of`, gauges, readiness and the audit listener in [`overview`]; the
+//! gateway registry, leases, fenced writes and event wake-ups for several gateways on one
+//! database in [`leases`]. The gateway holds every one of them as `dyn Backend`
+//! ([`crate::open_backend`]).
 
 mod artifacts;
+pub(crate) mod leases;
 mod lineage;
 mod live;
 mod overview;
 mod people;
 mod turns;
 pub use artifacts::Artifacts;
+pub use leases::{EventWakeups, Leases};
 pub use lineage::Lineage;
 pub use live::{EnvironmentStore, PlacementStore, SnapshotStore, WorkerOpStore};
 pub use overview::Overview;
@@ -153,6 +157,8 @@ pub trait Backend:
     + Lineage
     + Turns
     + Overview
+    + Leases
+    + EventWakeups
 {
 }
 
@@ -175,6 +181,8 @@ impl<T> Backend for T where
         + Lineage
         + Turns
         + Overview
+        + Leases
+        + EventWakeups
 {
 }
 
@@ -276,5 +284,11 @@ impl RunStore for Store {
     }
     fn attempts(&self, scope: &Scope, session: &SessionId) -> Result<Vec<AttemptRow>> {
         Store::attempts(self, scope, session)
+    }
+}
+
+impl EventWakeups for Store {
+    fn subscribe_events(&self, session: Option<&SessionId>) -> Result<crate::EventHints> {
+        Ok(self.wakeups.subscribe(session))
     }
 }

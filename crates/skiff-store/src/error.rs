@@ -98,6 +98,17 @@ pub enum Error {
         "the vault's secrets changed while they were being resealed (another gateway wrote one); nothing was resealed, run the rotation again"
     )]
     VaultChanged,
+    /// A gateway wrote, renewed or released under a lease it no longer holds at that epoch
+    /// (another gateway took the session over): nothing was written.
+    #[error(
+        "gateway {gateway} no longer holds the lease on {lease} at epoch {epoch} (it is {now}); nothing was written — this gateway must stop that work"
+    )]
+    LeaseLost {
+        lease: String,
+        gateway: String,
+        epoch: i64,
+        now: String,
+    },
     #[error("stored {what} is unreadable: {detail}")]
     Corrupt { what: &'static str, detail: String },
     #[error("could not start the database checkpoint thread: {0}")]

@@ -1,8 +1,9 @@
 //! The per-session event log. Each event gets the next cursor of its session; readers resume
 //! from the last cursor they saw.
 
+use crate::aggregates::leases::Fence;
 use crate::{Error, Result, Scope, Store, id_col, json_col, now_ms, to_json};
-use rusqlite::params;
+use rusqlite::{TransactionBehavior, params};
 use skiff_protocol::event::{EventKind, SessionEvent};
 use skiff_protocol::{RunId, SessionId};
 
@@ -15,7 +16,7 @@ impl Store {
         run: Option<&RunId>,
         kind: EventKind,
     ) -> Result<SessionEvent> {
-        self.append_event_with(scope, session, run, kind, None)
+        self.append_event_with(None, scope, session, run, kind, None)
     }
 
     /// Appends a worker's live event and moves its ACK cursor (`epoch`, `seq`) in the same
@@ -29,11 +30,14 @@ impl Store {
         epoch: u64,
         seq: u64,
     ) -> Result<SessionEvent> {
-        self.append_event_with(scope, session, run, kind, Some((epoch, seq)))
+        self.append_event_with(None, scope, session, run, kind, Some((epoch, seq)))
     }
 
-    fn append_event_with(
+    /// The append, first checking `fence` (issue 17) in the same transaction when there is
+    /// one, then hinting this process's followers (`wakeups`).
+    pub(crate) fn append_event_with(
         &self,
+        fence: Option<&Fence>,
         scope: &Scope,
         session: &SessionId,
         run: Option<&RunId>,
@@ -43,7 +47,14 @@ impl Store {
         let body = to_json("event", &kind)?;
         let at_ms = now_ms();
         let mut conn = self.conn();
-        let tx = conn.transaction()?;
+        let tx = match fence {
+            // The write lock first: the check and the append see one state.
+            Some(_) => conn.transaction_with_behavior(TransactionBehavior::Immediate)?,
+            None => conn.transaction()?,
+        };
+        if let Some(fence) = fence {
+            crate::leases::check_fence(&tx, fence)?;
+        }
         if let Some((epoch, seq)) = cursor_of {
             tx.prepare_cached(
                 "INSERT INTO worker_cursors (session_id, owner_epoch, stream, seq) VALUES (?1, ?2, 'events', ?3) \
@@ -67,12 +78,15 @@ impl Store {
             |r| r.get(0),
         )?;
         tx.commit()?;
+        drop(conn);
+        let cursor = u64::try_from(cursor).map_err(|e| Error::Corrupt {
+            what: "event cursor",
+            detail: e.to_string(),
+        })?;
+        self.wakeups.appended(session, cursor);
         Ok(SessionEvent {
             session_id: session.clone(),
-            cursor: u64::try_from(cursor).map_err(|e| Error::Corrupt {
-                what: "event cursor",
-                detail: e.to_string(),
-            })?,
+            cursor,
             at_ms,
             run_id: run.cloned(),
             kind,

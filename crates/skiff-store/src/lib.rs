@@ -32,6 +32,7 @@ mod fork;
 mod grants;
 mod groups;
 mod ids;
+mod leases;
 mod listing;
 mod metrics;
 mod migrations;
@@ -47,12 +48,14 @@ mod tokens;
 mod transcript;
 pub mod transition;
 mod usage;
+mod wakeups;
 
 pub use agents::AgentSpecRow;
+pub use aggregates::leases::{Claim, Fence, GatewayRow, Lease, LeaseKey};
 pub use aggregates::{
-    AgentSpecs, Approvals, Artifacts, AuditLog, Backend, EnvironmentStore, EventLog, Grants,
-    Lineage, Overview, People, PlacementStore, RunStore, SessionStore, SnapshotStore, Turns,
-    UsageLedger, Vault, WorkerOpStore,
+    AgentSpecs, Approvals, Artifacts, AuditLog, Backend, EnvironmentStore, EventLog, EventWakeups,
+    Grants, Leases, Lineage, Overview, People, PlacementStore, RunStore, SessionStore,
+    SnapshotStore, Turns, UsageLedger, Vault, WorkerOpStore,
 };
 pub use approvals::NewApproval;
 pub use artifacts::{ArtifactRole, ArtifactRow, NewArtifact, Retention};
@@ -74,6 +77,7 @@ pub use sight::{Owned, Reach, Sight};
 pub use snapshots::{NewSnapshot, SnapshotRow};
 pub use tokens::AuditRow;
 pub use usage::{Used, UsedBy};
+pub use wakeups::{EventHints, Follower, Hint};
 
 use rusqlite::Connection;
 use std::path::Path;
@@ -102,6 +106,8 @@ pub struct Store {
     _checkpointer: Option<std::sync::mpsc::Sender<()>>,
     /// Told the id of each audit row written (`on_audit`).
     audit_listener: std::sync::OnceLock<Box<dyn Fn(i64) + Send + Sync>>,
+    /// This process's followers, hinted after each event append.
+    wakeups: wakeups::Hub,
 }
 
 impl Store {
@@ -138,6 +144,7 @@ impl Store {
             conn: Mutex::new(conn),
             _checkpointer: None,
             audit_listener: std::sync::OnceLock::new(),
+            wakeups: wakeups::Hub::default(),
         })
     }
 

@@ -430,6 +430,28 @@ CREATE TABLE ingress_threads (
     r#"
 CREATE UNIQUE INDEX users_by_folded_email ON users(lower(email));
 "#,
+    // wtf/leases (issue 17): gateways sharing a database, and leases (`aggregates/leases.rs`).
+    // Times are the database's own (`unixepoch('subsec')`), never a caller's.
+    r#"
+CREATE TABLE gateways (
+    id              TEXT PRIMARY KEY,
+    address         TEXT NOT NULL,
+    started_at_ms   INTEGER NOT NULL,
+    heartbeat_at_ms INTEGER NOT NULL
+);
+-- A session's live work, or a gateway-wide chore, owned by one gateway at a time. The row
+-- stays when released (holder NULL) so the epoch only ever grows.
+CREATE TABLE leases (
+    kind           TEXT NOT NULL CHECK (kind IN ('session','singleton')),
+    name           TEXT NOT NULL,
+    holder         TEXT,
+    epoch          INTEGER NOT NULL,
+    acquired_at_ms INTEGER NOT NULL,
+    expires_at_ms  INTEGER NOT NULL,
+    PRIMARY KEY (kind, name)
+);
+CREATE INDEX leases_by_expiry ON leases(expires_at_ms) WHERE holder IS NOT NULL;
+"#,
 ];
 
 /// The migration that makes emails unique without case (see `check_folded_emails`).

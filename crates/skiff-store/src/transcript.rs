@@ -1,6 +1,7 @@
 //! The transcript tree: batch appends with compare-and-swap on the session's leaf, and the
 //! path from the leaf to the root.
 
+use crate::aggregates::leases::Fence;
 use crate::{Error, Result, Scope, Store, id_col, json_col, mint, now_ms, to_json};
 use rusqlite::{OptionalExtension, TransactionBehavior, params};
 use skiff_protocol::transcript::{EntryBody, TranscriptEntry};
@@ -17,8 +18,24 @@ impl Store {
         run: Option<&RunId>,
         bodies: &[EntryBody],
     ) -> Result<Vec<TranscriptEntry>> {
+        self.append_entries_with(None, scope, session, base_leaf, run, bodies)
+    }
+
+    /// `append_entries`, first checking `fence` (issue 17) in the same transaction.
+    pub(crate) fn append_entries_with(
+        &self,
+        fence: Option<&Fence>,
+        scope: &Scope,
+        session: &SessionId,
+        base_leaf: Option<&EntryId>,
+        run: Option<&RunId>,
+        bodies: &[EntryBody],
+    ) -> Result<Vec<TranscriptEntry>> {
         let mut conn = self.conn();
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        if let Some(fence) = fence {
+            crate::leases::check_fence(&tx, fence)?;
+        }
         let leaf: Option<Option<String>> = tx
             .query_row(
                 "SELECT leaf_entry_id FROM sessions WHERE id = ?1 AND owner_id = ?2 AND tenant_id = ?3",

@@ -40,7 +40,7 @@ pub(crate) struct Connection {
 }
 
 /// How long connecting may take when the url does not say (`connect_timeout`).
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+pub(super) const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl Connection {
     /// Connects to `url` (a `postgres://` url or a `key=value` string) on a new thread.
@@ -101,6 +101,37 @@ impl Connection {
         .map_err(|_| Error::PgGone)?;
         // A job that panicked dropped `reply` with the thread: the connection is gone.
         answer.recv().map_err(|_| Error::PgGone)?
+    }
+}
+
+impl Connection {
+    /// `run`, inside a transaction that first checks `fence` (issue 17) under the lease row's
+    /// lock when there is one: the work commits only if the fence holds, and a refused fence
+    /// ([`Error::LeaseLost`]) writes nothing. For work that opens no transaction of its own
+    /// (a single statement, or a few); work with its own transaction calls
+    /// `leases::check_fence` in it instead.
+    pub(crate) fn run_fenced<T: Send + 'static>(
+        &self,
+        fence: Option<crate::Fence>,
+        work: impl FnOnce(&mut PgConn) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let Some(fence) = fence else {
+            return self.run(work);
+        };
+        self.run(move |conn| {
+            conn.client.batch_execute("BEGIN")?;
+            match super::leases::check_fence(&mut conn.client, &fence).and_then(|()| work(conn)) {
+                Ok(answer) => {
+                    conn.client.batch_execute("COMMIT")?;
+                    Ok(answer)
+                }
+                Err(refused) => {
+                    // A connection that cannot roll back is broken: say that instead.
+                    conn.client.batch_execute("ROLLBACK")?;
+                    Err(refused)
+                }
+            }
+        })
     }
 }
 

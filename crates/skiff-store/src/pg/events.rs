@@ -7,19 +7,27 @@ use skiff_protocol::event::{EventKind, SessionEvent};
 use skiff_protocol::{RunId, SessionId};
 
 /// One statement, so one round trip: the counter row's increment (locked until commit) gives
-/// the cursor, and the event is written with it.
+/// the cursor, and the event is written with it. Wake-up hook (issue 17, `pg/listen.rs`):
+/// the last line notifies `"<session> <cursor>"` in the append's transaction, so other
+/// processes hear of it when — and only if — it commits.
 pub(super) const APPEND: &str = "WITH cursor AS (
         INSERT INTO event_cursors (session_id, last_seq) VALUES ($1, 1)
         ON CONFLICT (session_id) DO UPDATE SET last_seq = event_cursors.last_seq + 1
         RETURNING last_seq
     )
-    INSERT INTO events (session_id, seq, owner_id, tenant_id, run_id, at_ms, body)
-    SELECT $1, last_seq, $2, $3, $4, $5, $6 FROM cursor
-    RETURNING seq";
+    , appended AS (
+        INSERT INTO events (session_id, seq, owner_id, tenant_id, run_id, at_ms, body)
+        SELECT $1, last_seq, $2, $3, $4, $5, $6 FROM cursor
+        RETURNING seq
+    )
+    SELECT seq, pg_notify('skiff_events', $1 || ' ' || seq) FROM appended";
 
-impl EventLog for PgStore {
-    fn append_event(
+impl PgStore {
+    /// The append, fenced when `fence` says so (`Leases::append_event_fenced`); hints this
+    /// process's followers at once, other processes' through the notification.
+    pub(super) fn append_event_with(
         &self,
+        fence: Option<&crate::Fence>,
         scope: &Scope,
         session: &SessionId,
         run: Option<&RunId>,
@@ -32,7 +40,7 @@ impl EventLog for PgStore {
             scope.clone(),
             run.map(ToString::to_string),
         );
-        let cursor: i64 = self.conn.run(move |conn| {
+        let cursor: i64 = self.conn.run_fenced(fence.cloned(), move |conn| {
             let (session, scope, run) = args;
             let append = conn.statement(APPEND)?;
             let row = conn.client.query_one(
@@ -48,13 +56,27 @@ impl EventLog for PgStore {
             )?;
             Ok(row.try_get(0)?)
         })?;
+        let cursor = count("event cursor", cursor)?;
+        self.wakeups.appended(session, cursor);
         Ok(SessionEvent {
             session_id: session.clone(),
-            cursor: count("event cursor", cursor)?,
+            cursor,
             at_ms,
             run_id: run.cloned(),
             kind,
         })
+    }
+}
+
+impl EventLog for PgStore {
+    fn append_event(
+        &self,
+        scope: &Scope,
+        session: &SessionId,
+        run: Option<&RunId>,
+        kind: EventKind,
+    ) -> Result<SessionEvent> {
+        self.append_event_with(None, scope, session, run, kind)
     }
 
     fn last_event_cursor(&self, scope: &Scope, session: &SessionId) -> Result<u64> {

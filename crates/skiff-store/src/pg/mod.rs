@@ -18,7 +18,9 @@ mod audit;
 mod conn;
 mod environments;
 mod events;
+mod leases;
 mod lineage;
+mod listen;
 mod migrations;
 mod overview;
 mod people;
@@ -31,7 +33,9 @@ mod turns;
 mod usage;
 mod vault;
 
+use crate::wakeups::Hub;
 use crate::{Error, Result};
+use std::sync::{Arc, Mutex};
 
 /// The PostgreSQL store: one connection on its own thread (see `conn`). Cheap to share
 /// behind an `Arc`; calls are serialized on the connection like the SQLite store's.
@@ -39,6 +43,12 @@ pub struct PgStore {
     conn: conn::Connection,
     /// Told the id of each audit row this process writes (`on_audit`).
     audit_listener: std::sync::OnceLock<Box<dyn Fn(i64) + Send + Sync>>,
+    /// Where the listener connects (the store's own connection settings).
+    config: postgres::Config,
+    /// Followers in this process, hinted by this store's appends and by the listener.
+    wakeups: Arc<Hub>,
+    /// The `LISTEN` connection, started by the first subscription.
+    listener: Mutex<Option<listen::Listener>>,
 }
 
 impl PgStore {
@@ -55,12 +65,29 @@ impl PgStore {
             Some(password) => with_password(url, password),
             None => url.to_owned(),
         };
+        let config = url.parse().map_err(Error::PgUrl)?;
         let conn = conn::Connection::open(&url)?;
         conn.run(migrations::migrate)?;
         Ok(Self {
             conn,
             audit_listener: std::sync::OnceLock::new(),
+            config,
+            wakeups: Arc::new(Hub::default()),
+            listener: Mutex::new(None),
         })
+    }
+
+    /// Starts the listener unless it runs already.
+    fn listen(&self) -> Result<()> {
+        // Starting it cannot leave the slot half-set; a poisoned lock is safe to keep using.
+        let mut listener = self.listener.lock().unwrap_or_else(|p| p.into_inner());
+        if listener.is_none() {
+            *listener = Some(listen::Listener::start(
+                self.config.clone(),
+                Arc::clone(&self.wakeups),
+            )?);
+        }
+        Ok(())
     }
 }
 

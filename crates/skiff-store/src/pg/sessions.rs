@@ -73,6 +73,97 @@ const APPEND: &str = "WITH swapped AS (
     )
     SELECT 1 FROM swapped";
 
+impl PgStore {
+    /// The append, fenced when `fence` says so (`Leases::append_entries_fenced`).
+    pub(super) fn append_entries_with(
+        &self,
+        fence: Option<&crate::Fence>,
+        scope: &Scope,
+        session: &SessionId,
+        base_leaf: Option<&EntryId>,
+        run: Option<&RunId>,
+        bodies: &[EntryBody],
+    ) -> Result<Vec<TranscriptEntry>> {
+        let now = now_ms();
+        // The chain, ids minted here: each entry's parent is the one before, the first's the
+        // base leaf.
+        let mut parent = base_leaf.cloned();
+        let mut committed = Vec::with_capacity(bodies.len());
+        for body in bodies {
+            let id = EntryId::from_suffix(&mint()?);
+            committed.push(TranscriptEntry {
+                id: id.clone(),
+                parent_id: parent.replace(id),
+                run_id: run.cloned(),
+                created_at_ms: now,
+                body: body.clone(),
+            });
+        }
+        let rows = Chain {
+            ids: committed.iter().map(|e| e.id.to_string()).collect(),
+            parents: committed
+                .iter()
+                .map(|e| e.parent_id.as_ref().map(ToString::to_string))
+                .collect(),
+            kinds: bodies.iter().map(|b| b.kind().to_string()).collect(),
+            bodies: bodies
+                .iter()
+                .map(|b| to_json("transcript entry", b))
+                .collect::<Result<_>>()?,
+        };
+        let args = (
+            scope.clone(),
+            session.to_string(),
+            base_leaf.map(ToString::to_string),
+            parent.map(|leaf| leaf.to_string()),
+            run.map(ToString::to_string),
+        );
+        self.conn.run_fenced(fence.cloned(), move |conn| {
+            let (scope, session, base, leaf, run) = args;
+            let append = conn.statement(APPEND)?;
+            let appended = conn.client.query_opt(
+                &append,
+                &[
+                    &leaf,
+                    &now,
+                    &session,
+                    &scope.owner_id,
+                    &scope.tenant_id,
+                    &base,
+                    &run,
+                    &rows.ids,
+                    &rows.parents,
+                    &rows.kinds,
+                    &rows.bodies,
+                ],
+            )?;
+            if appended.is_some() {
+                return Ok(());
+            }
+            // Nothing was written: say why.
+            let actual = conn.client.query_opt(
+                "SELECT leaf_entry_id FROM sessions \
+                 WHERE id = $1 AND owner_id = $2 AND tenant_id = $3",
+                &[&session, &scope.owner_id, &scope.tenant_id],
+            )?;
+            Err(match actual {
+                None => Error::NotFound {
+                    what: "session",
+                    id: session,
+                },
+                Some(row) => Error::LeafConflict {
+                    session,
+                    expected: base.unwrap_or_else(|| "(empty)".into()),
+                    actual: row
+                        .try_get::<_, Option<String>>(0)?
+                        .unwrap_or_else(|| "(empty)".into()),
+                },
+            })
+        })?;
+        Ok(committed)
+    }
+}
+
 impl SessionStore for PgStore {
     fn create_session(&self, scope: &Scope, new: &NewSession) -> Result<SessionRow> {
         let workspace = to_json("session workspace", &new.workspace)?;
@@ -129,83 +220,7 @@ impl SessionStore for PgStore {
         run: Option<&RunId>,
         bodies: &[EntryBody],
     ) -> Result<Vec<TranscriptEntry>> {
-        let now = now_ms();
-        // The chain, ids minted here: each entry's parent is the one before, the first's the
-        // base leaf.
-        let mut parent = base_leaf.cloned();
-        let mut committed = Vec::with_capacity(bodies.len());
-        for body in bodies {
-            let id = EntryId::from_suffix(&mint()?);
-            committed.push(TranscriptEntry {
-                id: id.clone(),
-                parent_id: parent.replace(id),
-                run_id: run.cloned(),
-                created_at_ms: now,
-                body: body.clone(),
-            });
-        }
-        let rows = Chain {
-            ids: committed.iter().map(|e| e.id.to_string()).collect(),
-            parents: committed
-                .iter()
-                .map(|e| e.parent_id.as_ref().map(ToString::to_string))
-                .collect(),
-            kinds: bodies.iter().map(|b| b.kind().to_string()).collect(),
-            bodies: bodies
-                .iter()
-                .map(|b| to_json("transcript entry", b))
-                .collect::<Result<_>>()?,
-        };
-        let args = (
-            scope.clone(),
-            session.to_string(),
-            base_leaf.map(ToString::to_string),
-            parent.map(|leaf| leaf.to_string()),
-            run.map(ToString::to_string),
-        );
-        self.conn.run(move |conn| {
-            let (scope, session, base, leaf, run) = args;
-            let append = conn.statement(APPEND)?;
-            let appended = conn.client.query_opt(
-                &append,
-                &[
-                    &leaf,
-                    &now,
-                    &session,
-                    &scope.owner_id,
-                    &scope.tenant_id,
-                    &base,
-                    &run,
-                    &rows.ids,
-                    &rows.parents,
-                    &rows.kinds,
-                    &rows.bodies,
-                ],
-            )?;
-            if appended.is_some() {
-                return Ok(());
-            }
-            // Nothing was written: say why.
-            let actual = conn.client.query_opt(
-                "SELECT leaf_entry_id FROM sessions \
-                 WHERE id = $1 AND owner_id = $2 AND tenant_id = $3",
-                &[&session, &scope.owner_id, &scope.tenant_id],
-            )?;
-            Err(match actual {
-                None => Error::NotFound {
-                    what: "session",
-                    id: session,
-                },
-                Some(row) => Error::LeafConflict {
-                    session,
-                    expected: base.unwrap_or_else(|| "(empty)".into()),
-                    actual: row
-                        .try_get::<_, Option<String>>(0)?
-                        .unwrap_or_else(|| "(empty)".into()),
-                },
-            })
-        })?;
-        Ok(committed)
+        self.append_entries_with(None, scope, session, base_leaf, run, bodies)
     }
 
     fn leaf(&self, scope: &Scope, session: &SessionId) -> Result<Option<EntryId>> {
