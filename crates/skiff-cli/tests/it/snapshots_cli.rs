@@ -178,7 +178,7 @@ fn top_level_help() {
           ui           Print a one-use login link for the Control UI in a browser
           login        Sign in to a gateway with single sign-on (a code to confirm at its identity provider); later commands use the token
           logout       Forget the `skiff login` sign-in and revoke its token
-          admin        The gateway's administration: users, tokens, usage against budgets
+          admin        The gateway's administration: users, tokens, usage against budgets, moving to PostgreSQL
           audit        Read and take away the audit trail (metadata only)
           doctor       Check this machine for what worker boxes need (root, sshd, rsync, namespaces…)
           completions  Print a shell completion script: `skiff completions bash > /etc/bash_completion.d/skiff`
