@@ -89,9 +89,8 @@ fn migrate(url: &str, state_dir: &Path, json: bool) -> Result<MigrationReport, R
     let target = skiff_store::copy::redact_url(url);
     if !json {
         eprintln!(
-            "copying {} into {target} (rows only: artifact blobs and key files stay in {})",
-            database.display(),
-            state.root().display()
+            "copying {} into {target} (database rows only: artifact blobs and key files are not copied)",
+            database.display()
         );
     }
     let url = url.to_owned();
@@ -204,7 +203,13 @@ fn print_report(report: &MigrationReport, json: bool) -> Result<()> {
     out!(
         "{}",
         render::table(
-            &["TABLE", "SQLITE ROWS", "POSTGRES ROWS", "CHECKSUM", "VERIFIED"],
+            &[
+                "TABLE",
+                "SQLITE ROWS",
+                "POSTGRES ROWS",
+                "CHECKSUM",
+                "VERIFIED"
+            ],
             &rows
         )
     )?;

@@ -240,8 +240,7 @@ fn decoded(part: &str) -> String {
 /// Parses `url` as the store will, with the reason (never the url) when it does not parse.
 pub fn parse_url(url: &str) -> Result<postgres::Config> {
     url.parse::<postgres::Config>().map_err(|e| CopyError::Url {
-        reason: std::error::Error::source(&e)
-            .map_or_else(|| e.to_string(), ToString::to_string),
+        reason: std::error::Error::source(&e).map_or_else(|| e.to_string(), ToString::to_string),
     })
 }
 
@@ -647,7 +646,11 @@ impl Checksum {
     }
 
     fn float(&mut self, f: f64) {
-        let bits = if f.is_nan() { f64::NAN.to_bits() } else { f.to_bits() };
+        let bits = if f.is_nan() {
+            f64::NAN.to_bits()
+        } else {
+            f.to_bits()
+        };
         self.hasher.update(&[2]);
         self.hasher.update(&bits.to_be_bytes());
     }
@@ -771,7 +774,9 @@ pub fn copy_to_postgres(
         elapsed_ms: 0,
     };
     for table in &tables {
-        report.tables.push(verify_table(&mut tx, &src, table, progress)?);
+        report
+            .tables
+            .push(verify_table(&mut tx, &src, table, progress)?);
     }
     report.elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
     if let Some(bad) = report.tables.iter().find(|t| !t.matches()) {
@@ -928,7 +933,7 @@ fn copy_table(
         let refs: Vec<&(dyn ToSql + Sync)> = values.iter().map(Value::as_sql).collect();
         sink.write(&refs).map_err(failed)?;
         done += 1;
-        if done % PROGRESS_EVERY == 0 {
+        if done.is_multiple_of(PROGRESS_EVERY) {
             tell(done);
         }
     }
@@ -1040,7 +1045,7 @@ fn verify_table(
             postgres.postgres(&row, i, *kind)?;
         }
         postgres.rows += 1;
-        if postgres.rows % PROGRESS_EVERY == 0 {
+        if postgres.rows.is_multiple_of(PROGRESS_EVERY) {
             tell(postgres.rows);
         }
     }

@@ -57,10 +57,24 @@ fn populated() -> (Gateway, Vec<String>) {
         gw.new_session(repo.path(), "fake/model", "look at the notes"),
         gw.new_session(repo.path(), "fake/model", "and again"),
     ];
-    let out = gw.run(&["admin", "user", "add", "ada@example.com", "--role", "member"]);
+    let out = gw.run(&[
+        "admin",
+        "user",
+        "add",
+        "ada@example.com",
+        "--role",
+        "member",
+    ]);
     assert!(out.status.success(), "{}", stderr(&out));
     let out = gw.run(&[
-        "admin", "token", "create", "--user", "ada@example.com", "--scope", "write", "--expires",
+        "admin",
+        "token",
+        "create",
+        "--user",
+        "ada@example.com",
+        "--scope",
+        "write",
+        "--expires",
         "1d",
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
@@ -74,7 +88,10 @@ fn migrate(gw: &Gateway, url: &str, json: bool) -> std::process::Output {
     }
     let out = gw.run(&args);
     for text in [stdout(&out), stderr(&out)] {
-        assert!(!text.contains(PASSWORD), "the password was printed:\n{text}");
+        assert!(
+            !text.contains(PASSWORD),
+            "the password was printed:\n{text}"
+        );
     }
     out
 }
@@ -113,11 +130,18 @@ fn a_stopped_gateways_state_moves_to_postgres_verified_and_reads_the_same() {
     // While the gateway runs: refused, and the target is not touched.
     let out = migrate(&gw, &url, false);
     assert_eq!(out.status.code(), Some(5), "{}", stderr(&out));
-    assert!(stderr(&out).contains("stop the gateway first"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("stop the gateway first"),
+        "{}",
+        stderr(&out)
+    );
     assert!(
         postgres::Client::connect(&url, postgres::NoTls)
             .unwrap()
-            .query("SELECT 1 FROM information_schema.tables WHERE table_name = 'sessions'", &[])
+            .query(
+                "SELECT 1 FROM information_schema.tables WHERE table_name = 'sessions'",
+                &[]
+            )
             .unwrap()
             .is_empty(),
         "the refused migration created tables"
@@ -141,40 +165,70 @@ fn a_stopped_gateways_state_moves_to_postgres_verified_and_reads_the_same() {
     let pg = PgStore::connect(&url).unwrap();
     let (sqlite, pg): (&dyn Backend, &dyn Backend) = (&sqlite, &pg);
     let admin = Scope::new("usr_admin", "ten_default");
-    assert_eq!(sqlite.sessions(&admin).unwrap(), pg.sessions(&admin).unwrap());
+    assert_eq!(
+        sqlite.sessions(&admin).unwrap(),
+        pg.sessions(&admin).unwrap()
+    );
     let mut last = 0;
     for id in &sessions {
         let id = SessionId::parse(id).unwrap();
         let transcript = pg.transcript(&admin, &id).unwrap();
         assert!(transcript.len() >= 3, "{transcript:?}");
         assert_eq!(sqlite.transcript(&admin, &id).unwrap(), transcript);
-        assert_eq!(sqlite.runs(&admin, &id).unwrap(), pg.runs(&admin, &id).unwrap());
-        assert_eq!(sqlite.attempts(&admin, &id).unwrap(), pg.attempts(&admin, &id).unwrap());
+        assert_eq!(
+            sqlite.runs(&admin, &id).unwrap(),
+            pg.runs(&admin, &id).unwrap()
+        );
+        assert_eq!(
+            sqlite.attempts(&admin, &id).unwrap(),
+            pg.attempts(&admin, &id).unwrap()
+        );
         let events = pg.events_after(&admin, &id, 2, 10_000).unwrap();
         assert!(!events.is_empty());
         assert_eq!(sqlite.events_after(&admin, &id, 2, 10_000).unwrap(), events);
         last = sqlite.last_event_cursor(&admin, &id).unwrap();
     }
     assert_eq!(sqlite.audit_rows().unwrap(), pg.audit_rows().unwrap());
-    assert_eq!(sqlite.audit_last(10_000).unwrap(), pg.audit_last(10_000).unwrap());
+    assert_eq!(
+        sqlite.audit_last(10_000).unwrap(),
+        pg.audit_last(10_000).unwrap()
+    );
     assert_eq!(sqlite.users(None).unwrap(), pg.users(None).unwrap());
     assert_eq!(sqlite.token_rows().unwrap(), pg.token_rows().unwrap());
 
     // New writes on PostgreSQL continue after the copied ones.
     let id = SessionId::parse(sessions.last().unwrap()).unwrap();
     let next = pg
-        .append_event(&admin, &id, None, EventKind::TextDelta { text: "more".into() })
+        .append_event(
+            &admin,
+            &id,
+            None,
+            EventKind::TextDelta {
+                text: "more".into(),
+            },
+        )
         .unwrap();
     assert_eq!(next.cursor, last + 1);
     let newest = pg.audit_last(1).unwrap()[0].id;
-    pg.audit(&admin, "usr_admin", "session.show", id.as_str(), "allowed", &serde_json::json!({}))
-        .unwrap();
+    pg.audit(
+        &admin,
+        "usr_admin",
+        "session.show",
+        id.as_str(),
+        "allowed",
+        &serde_json::json!({}),
+    )
+    .unwrap();
     assert_eq!(pg.audit_last(1).unwrap()[0].id, newest + 1);
 
     // Again into the same database: refused (it has rows), in JSON too.
     let out = migrate(&gw, &url, true);
     assert_eq!(out.status.code(), Some(5), "{}", stderr(&out));
-    assert!(stderr(&out).contains("the target database is not empty"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("the target database is not empty"),
+        "{}",
+        stderr(&out)
+    );
     assert!(stdout(&out).is_empty(), "{}", stdout(&out));
 
     // Into a fresh one with --json: the report, every table verified.
@@ -192,13 +246,21 @@ fn a_stopped_gateways_state_moves_to_postgres_verified_and_reads_the_same() {
 fn a_bad_url_is_refused_without_echoing_its_password() {
     let (mut gw, _) = populated();
     gw.stop();
-    let out = migrate(&gw, &format!("postgres://skiff:{PASSWORD}@host:notaport/db"), false);
+    let out = migrate(
+        &gw,
+        &format!("postgres://skiff:{PASSWORD}@host:notaport/db"),
+        false,
+    );
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
     assert!(stderr(&out).contains("malformed"), "{}", stderr(&out));
     assert!(stderr(&out).contains("port"), "{}", stderr(&out));
     let out = migrate(&gw, &format!("mysql://skiff:{PASSWORD}@host/db"), false);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
-    assert!(stderr(&out).contains("--to takes a PostgreSQL url"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("--to takes a PostgreSQL url"),
+        "{}",
+        stderr(&out)
+    );
     // Unreachable: exit 3, naming the host but not the password.
     let out = migrate(
         &gw,
@@ -206,7 +268,11 @@ fn a_bad_url_is_refused_without_echoing_its_password() {
         false,
     );
     assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
-    assert!(stderr(&out).contains("nonexistent-skiff-socket"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("nonexistent-skiff-socket"),
+        "{}",
+        stderr(&out)
+    );
 }
 
 #[test]
@@ -218,10 +284,10 @@ fn a_row_postgres_refuses_mid_copy_leaves_the_target_empty() {
     let raw = rusqlite::Connection::open(gw.state_dir.join("skiff.db")).unwrap();
     raw.pragma_update(None, "foreign_keys", "OFF").unwrap();
     raw.execute(
-            "INSERT INTO ingress_threads VALUES ('C1', '1.2', 'usr_admin', 'ten_default', 'ses_gone')",
-            [],
-        )
-        .unwrap();
+        "INSERT INTO ingress_threads VALUES ('C1', '1.2', 'usr_admin', 'ten_default', 'ses_gone')",
+        [],
+    )
+    .unwrap();
     let cluster = PgCluster::start();
     let url = url_of(&cluster);
     let out = migrate(&gw, &url, false);
@@ -229,6 +295,9 @@ fn a_row_postgres_refuses_mid_copy_leaves_the_target_empty() {
     let said = stderr(&out);
     assert!(said.contains("table ingress_threads"), "{said}");
     assert!(said.contains("nothing was copied"), "{said}");
-    assert!(said.contains("copied entries:"), "earlier tables were copied first: {said}");
+    assert!(
+        said.contains("copied entries:"),
+        "earlier tables were copied first: {said}"
+    );
     assert_eq!(target_rows(&url), 0, "the failed copy left rows behind");
 }

@@ -213,6 +213,27 @@ fn top_level_help() {
 }
 
 #[test]
+fn admin_migrate_help() {
+    let _guard = settings(&[]).bind_to_scope();
+    insta::assert_snapshot!(run(Command::new(SKIFF).args(["admin", "migrate", "--help"])), @r"
+        success: true
+        exit_code: 0
+        ----- stdout -----
+        Copy this state's database into an empty PostgreSQL database and verify it, with the gateway stopped: `skiff admin migrate --to postgres://skiff@db.example/skiff`
+
+        Usage: skiff admin migrate [OPTIONS] --to <URL>
+
+        Options:
+              --state-dir <DIR>  State directory [default: $XDG_STATE_HOME/skiff, else ~/.local/state/skiff]
+              --to <URL>         The empty PostgreSQL database: `postgres://USER[:PASSWORD]@HOST[:PORT]/DB` (a Unix socket as `%2Frun%2Fpostgresql` for HOST); the password is never printed
+              --json             Print JSON for scripts (one document, or JSON lines for streams)
+          -h, --help             Print help
+
+        ----- stderr -----
+    ");
+}
+
+#[test]
 fn doctor_json_shape() {
     let mut s = settings(&[]);
     // Details, verdicts and fixes depend on the machine (its paths, kernel, cgroups, python);

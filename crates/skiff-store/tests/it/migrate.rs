@@ -3,12 +3,12 @@
 //! failure leaves the target empty. (The CLI's `admin migrate`, on a gateway's real state, is
 //! in skiff-cli's `tests/it/migrate.rs`.)
 
+use skiff_protocol::SessionId;
 use skiff_protocol::api::{RunStatus, WorkspaceView};
 use skiff_protocol::event::EventKind;
 use skiff_protocol::model::Usage;
 use skiff_protocol::people::{Role, TokenScope};
 use skiff_protocol::transcript::EntryBody;
-use skiff_protocol::SessionId;
 use skiff_store::copy::{CopyError, Progress, copy_to_postgres};
 use skiff_store::{
     AttemptStatus, AuditLog, Backend, EventLog, NewSession, People, PgStore, Resealed, RunStore,
@@ -68,14 +68,28 @@ fn populate(store: &Store, sessions: usize, entries: usize) -> Vec<SessionId> {
             cache_read_tokens: 0,
             cache_write_tokens: 0,
         };
-        store.add_run_usage(&scope, &run.id, usage, 0.1 + n as f64 / 3.0).unwrap();
+        store
+            .add_run_usage(&scope, &run.id, usage, 0.1 + n as f64 / 3.0)
+            .unwrap();
         for text in ["a", "b", "c"] {
             store
-                .append_event(&scope, &id, Some(&run.id), EventKind::TextDelta { text: text.into() })
+                .append_event(
+                    &scope,
+                    &id,
+                    Some(&run.id),
+                    EventKind::TextDelta { text: text.into() },
+                )
                 .unwrap();
         }
         store
-            .audit(&scope, "usr_alice", "session.create", id.as_str(), "allowed", &serde_json::json!({"n": n}))
+            .audit(
+                &scope,
+                "usr_alice",
+                "session.create",
+                id.as_str(),
+                "allowed",
+                &serde_json::json!({"n": n}),
+            )
             .unwrap();
         ids.push(id);
     }
@@ -98,9 +112,17 @@ fn populate(store: &Store, sessions: usize, entries: usize) -> Vec<SessionId> {
         )
         .unwrap();
     ids.push(child);
-    let ada = store.add_user("ada@example.com", Role::Member, "ten_a").unwrap();
+    let ada = store
+        .add_user("ada@example.com", Role::Member, "ten_a")
+        .unwrap();
     store
-        .add_token(&ada.scope(), "hash-of-a-token", "laptop", TokenScope::Write, Some(4_102_444_800_000))
+        .add_token(
+            &ada.scope(),
+            "hash-of-a-token",
+            "laptop",
+            TokenScope::Write,
+            Some(4_102_444_800_000),
+        )
         .unwrap();
     store
         .put_secret(
@@ -146,17 +168,36 @@ fn rows_in(url: &str) -> Vec<(String, i64)> {
 
 /// Empty but for the first admin PostgreSQL's schema seeds.
 fn assert_empty(url: &str) {
-    assert_eq!(rows_in(url), [("users".to_owned(), 1)], "the target is not empty");
+    assert_eq!(
+        rows_in(url),
+        [("users".to_owned(), 1)],
+        "the target is not empty"
+    );
 }
 
 fn compare(sqlite: &dyn Backend, pg: &dyn Backend, sessions: &[SessionId]) {
     let scope = alice();
-    assert_eq!(sqlite.sessions(&scope).unwrap(), pg.sessions(&scope).unwrap());
+    assert_eq!(
+        sqlite.sessions(&scope).unwrap(),
+        pg.sessions(&scope).unwrap()
+    );
     for id in sessions {
-        assert_eq!(sqlite.session(&scope, id).unwrap(), pg.session(&scope, id).unwrap());
-        assert_eq!(sqlite.transcript(&scope, id).unwrap(), pg.transcript(&scope, id).unwrap());
-        assert_eq!(sqlite.runs(&scope, id).unwrap(), pg.runs(&scope, id).unwrap());
-        assert_eq!(sqlite.attempts(&scope, id).unwrap(), pg.attempts(&scope, id).unwrap());
+        assert_eq!(
+            sqlite.session(&scope, id).unwrap(),
+            pg.session(&scope, id).unwrap()
+        );
+        assert_eq!(
+            sqlite.transcript(&scope, id).unwrap(),
+            pg.transcript(&scope, id).unwrap()
+        );
+        assert_eq!(
+            sqlite.runs(&scope, id).unwrap(),
+            pg.runs(&scope, id).unwrap()
+        );
+        assert_eq!(
+            sqlite.attempts(&scope, id).unwrap(),
+            pg.attempts(&scope, id).unwrap()
+        );
         assert_eq!(
             sqlite.events_after(&scope, id, 1, 100).unwrap(),
             pg.events_after(&scope, id, 1, 100).unwrap()
@@ -167,7 +208,10 @@ fn compare(sqlite: &dyn Backend, pg: &dyn Backend, sessions: &[SessionId]) {
         );
     }
     assert_eq!(sqlite.audit_rows().unwrap(), pg.audit_rows().unwrap());
-    assert_eq!(sqlite.audit_last(10_000).unwrap(), pg.audit_last(10_000).unwrap());
+    assert_eq!(
+        sqlite.audit_last(10_000).unwrap(),
+        pg.audit_last(10_000).unwrap()
+    );
     assert_eq!(sqlite.users(None).unwrap(), pg.users(None).unwrap());
     assert_eq!(sqlite.token_rows().unwrap(), pg.token_rows().unwrap());
     assert_eq!(sqlite.secrets().unwrap(), pg.secrets().unwrap());
@@ -197,7 +241,10 @@ fn a_copied_state_reads_the_same_on_postgres_and_new_writes_continue_after_it() 
     // Parents first: sessions before the entries and runs that name them.
     let at = |name: &str| report.tables.iter().position(|t| t.table == name).unwrap();
     assert!(at("sessions") < at("entries") && at("runs") < at("attempts"));
-    assert!(seen.contains(&"entries".to_owned()), "no progress: {seen:?}");
+    assert!(
+        seen.contains(&"entries".to_owned()),
+        "no progress: {seen:?}"
+    );
 
     let pg = PgStore::connect(&url).unwrap();
     compare(&sqlite, &pg, &sessions);
@@ -209,8 +256,16 @@ fn a_copied_state_reads_the_same_on_postgres_and_new_writes_continue_after_it() 
         .unwrap();
     assert_eq!(next.cursor, 4);
     let last_audit = pg.audit_last(1).unwrap()[0].id;
-    AuditLog::audit(&pg, &alice(), "usr_alice", "session.show", s.as_str(), "allowed", &serde_json::json!({}))
-        .unwrap();
+    AuditLog::audit(
+        &pg,
+        &alice(),
+        "usr_alice",
+        "session.show",
+        s.as_str(),
+        "allowed",
+        &serde_json::json!({}),
+    )
+    .unwrap();
     assert_eq!(pg.audit_last(1).unwrap()[0].id, last_audit + 1);
     let fresh = SessionId::from_suffix(&skiff_store::mint().unwrap());
     pg.create_session(
@@ -254,7 +309,10 @@ fn a_target_with_rows_is_refused_naming_the_table() {
         .add_user("someone@example.com", Role::Viewer, "ten_b")
         .unwrap();
     let err = copy_to_postgres(&path, &url, &mut quiet).unwrap_err();
-    assert!(matches!(&err, CopyError::TargetNotEmpty { table, rows: 1 } if table == "users"), "{err}");
+    assert!(
+        matches!(&err, CopyError::TargetNotEmpty { table, rows: 1 } if table == "users"),
+        "{err}"
+    );
     assert!(err.to_string().contains("table users has 1 row"), "{err}");
 
     // A copy into a database already copied into is refused too, changing nothing.
@@ -283,20 +341,28 @@ fn a_row_postgres_refuses_mid_copy_leaves_the_target_empty() {
     let cluster = PgCluster::start();
     let url = cluster.fresh_database();
     let err = copy_to_postgres(&path, &url, &mut quiet).unwrap_err();
-    assert!(matches!(&err, CopyError::Copy { table, .. } if table == "ingress_threads"), "{err}");
+    assert!(
+        matches!(&err, CopyError::Copy { table, .. } if table == "ingress_threads"),
+        "{err}"
+    );
     assert!(err.to_string().contains("foreign key"), "{err}");
     assert_empty(&url);
 
     // A value of the wrong type is named with its row and column; still nothing copied.
     raw.execute("DELETE FROM ingress_threads", []).unwrap();
-    raw.execute("UPDATE audit SET at_ms = 'yesterday' WHERE id = 2", []).unwrap();
+    raw.execute("UPDATE audit SET at_ms = 'yesterday' WHERE id = 2", [])
+        .unwrap();
     let err = copy_to_postgres(&path, &url, &mut quiet).unwrap_err();
     let said = err.to_string();
-    assert!(said.contains("row id=2 of table audit: column at_ms holds text"), "{said}");
+    assert!(
+        said.contains("row id=2 of table audit: column at_ms holds text"),
+        "{said}"
+    );
     assert_empty(&url);
 
     // Corrected, the same target takes the copy.
-    raw.execute("UPDATE audit SET at_ms = 5 WHERE id = 2", []).unwrap();
+    raw.execute("UPDATE audit SET at_ms = 5 WHERE id = 2", [])
+        .unwrap();
     assert!(copy_to_postgres(&path, &url, &mut quiet).unwrap().committed);
 }
 
@@ -306,15 +372,25 @@ fn a_column_postgres_lacks_is_refused_naming_it() {
     let path = dir.path().join("skiff.db");
     populate(&Store::open(&path).unwrap(), 1, 1);
     let raw = rusqlite::Connection::open(&path).unwrap();
-    raw.execute("ALTER TABLE runs ADD COLUMN notes TEXT", []).unwrap();
+    raw.execute("ALTER TABLE runs ADD COLUMN notes TEXT", [])
+        .unwrap();
     let cluster = PgCluster::start();
     let url = cluster.fresh_database();
     let err = copy_to_postgres(&path, &url, &mut quiet).unwrap_err();
-    assert!(err.to_string().contains("PostgreSQL's table runs has no column notes"), "{err}");
-    raw.execute("CREATE TABLE scratch (id INTEGER PRIMARY KEY)", []).unwrap();
-    raw.execute("ALTER TABLE runs DROP COLUMN notes", []).unwrap();
+    assert!(
+        err.to_string()
+            .contains("PostgreSQL's table runs has no column notes"),
+        "{err}"
+    );
+    raw.execute("CREATE TABLE scratch (id INTEGER PRIMARY KEY)", [])
+        .unwrap();
+    raw.execute("ALTER TABLE runs DROP COLUMN notes", [])
+        .unwrap();
     let err = copy_to_postgres(&path, &url, &mut quiet).unwrap_err();
-    assert!(err.to_string().contains("PostgreSQL has no table scratch"), "{err}");
+    assert!(
+        err.to_string().contains("PostgreSQL has no table scratch"),
+        "{err}"
+    );
     assert_empty(&url);
 }
 
@@ -341,7 +417,12 @@ fn migrating_a_thousand_sessions_of_fifty_entries_prints_its_time() {
     );
     assert!(report.committed);
     assert_eq!(
-        report.tables.iter().find(|t| t.table == "entries").unwrap().postgres_rows,
+        report
+            .tables
+            .iter()
+            .find(|t| t.table == "entries")
+            .unwrap()
+            .postgres_rows,
         50_000
     );
 }
