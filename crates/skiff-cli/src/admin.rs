@@ -1,6 +1,7 @@
-//! `skiff admin usage|user|token`: what each user, tenant and session used against its
-//! budgets (the gateway's admins only), and the people who may use the gateway with the tokens
-//! they sign in with (an admin of their tenant).
+//! `skiff admin usage|user|token|migrate`: what each user, tenant and session used against its
+//! budgets (the gateway's admins only), the people who may use the gateway with the tokens
+//! they sign in with (an admin of their tenant), and moving a stopped gateway's state to
+//! PostgreSQL (`migrate.rs`, which works on the state dir, not through a gateway).
 
 use crate::client::Client;
 use crate::render::{self, ago, now_ms};
@@ -24,6 +25,8 @@ pub enum AdminCommand {
     /// The tokens people sign in with (shown once, stored as a hash)
     #[command(subcommand)]
     Token(TokenCommand),
+    /// Copy this state's database into an empty PostgreSQL database and verify it, with the gateway stopped: `skiff admin migrate --to postgres://skiff@db.example/skiff`
+    Migrate(crate::migrate::MigrateArgs),
 }
 
 #[derive(Subcommand)]
@@ -86,26 +89,28 @@ fn parse_expiry(s: &str) -> Result<std::time::Duration, String> {
 }
 
 pub async fn run(cmd: AdminCommand, state_dir: &Path, json: bool) -> Result<ExitCode> {
-    let client = Client::discover(state_dir)?;
     match cmd {
-        AdminCommand::Usage => {
-            let report: UsageReport = client.send(client.get("/v1/admin/usage")).await?;
-            if json {
-                outln!("{}", serde_json::to_string_pretty(&report)?)?;
-                return Ok(ExitCode::SUCCESS);
-            }
-            if report.lines.is_empty() {
-                outln!("no model was used on {} (UTC)", report.day)?;
-                return Ok(ExitCode::SUCCESS);
-            }
-            for line in &report.lines {
-                outln!("{}", render::usage_line(line))?;
-            }
-            Ok(ExitCode::SUCCESS)
-        }
-        AdminCommand::User(cmd) => user(&client, cmd, json).await,
-        AdminCommand::Token(cmd) => token(&client, cmd, json).await,
+        AdminCommand::Usage => usage(&Client::discover(state_dir)?, json).await,
+        AdminCommand::User(cmd) => user(&Client::discover(state_dir)?, cmd, json).await,
+        AdminCommand::Token(cmd) => token(&Client::discover(state_dir)?, cmd, json).await,
+        AdminCommand::Migrate(args) => crate::migrate::run(args, state_dir, json),
     }
+}
+
+async fn usage(client: &Client, json: bool) -> Result<ExitCode> {
+    let report: UsageReport = client.send(client.get("/v1/admin/usage")).await?;
+    if json {
+        outln!("{}", serde_json::to_string_pretty(&report)?)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    if report.lines.is_empty() {
+        outln!("no model was used on {} (UTC)", report.day)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    for line in &report.lines {
+        outln!("{}", render::usage_line(line))?;
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 async fn user(client: &Client, cmd: UserCommand, json: bool) -> Result<ExitCode> {

@@ -15,6 +15,7 @@ mod env;
 mod gateway;
 mod groups;
 mod login;
+mod migrate;
 mod render;
 mod results;
 mod secret;
@@ -98,7 +99,7 @@ enum Command {
     Login(login::LoginArgs),
     /// Forget the `skiff login` sign-in and revoke its token
     Logout,
-    /// The gateway's administration: users, tokens, usage against budgets
+    /// The gateway's administration: users, tokens, usage against budgets, moving to PostgreSQL
     #[command(subcommand)]
     Admin(admin::AdminCommand),
     /// Read and take away the audit trail (metadata only)

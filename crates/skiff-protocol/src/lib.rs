@@ -18,6 +18,7 @@ pub mod grant;
 pub mod ids;
 pub mod lease;
 pub mod login;
+pub mod migration;
 pub mod model;
 pub mod people;
 pub mod secrets;

@@ -25,6 +25,7 @@ pub mod aggregates;
 mod approvals;
 mod artifacts;
 mod audit;
+pub mod copy;
 mod environments;
 mod error;
 mod events;

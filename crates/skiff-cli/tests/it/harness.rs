@@ -110,6 +110,12 @@ impl Gateway {
         cmd
     }
 
+    /// Stops the gateway (killed, then reaped) and keeps its state dir for what comes next.
+    pub fn stop(&mut self) {
+        let _ = self.child.kill();
+        self.child.wait().unwrap();
+    }
+
     /// The gateway process's pid.
     pub fn pid(&self) -> u32 {
         self.child.id()

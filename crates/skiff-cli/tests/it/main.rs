@@ -27,6 +27,7 @@ mod homecoming;
 mod leftovers;
 mod login;
 mod mcp;
+mod migrate;
 mod newcomer;
 mod parking;
 mod people;

@@ -178,7 +178,7 @@ fn top_level_help() {
           ui           Print a one-use login link for the Control UI in a browser
           login        Sign in to a gateway with single sign-on (a code to confirm at its identity provider); later commands use the token
           logout       Forget the `skiff login` sign-in and revoke its token
-          admin        The gateway's administration: users, tokens, usage against budgets
+          admin        The gateway's administration: users, tokens, usage against budgets, moving to PostgreSQL
           audit        Read and take away the audit trail (metadata only)
           doctor       Check this machine for what worker boxes need (root, sshd, rsync, namespaces…)
           completions  Print a shell completion script: `skiff completions bash > /etc/bash_completion.d/skiff`
@@ -210,6 +210,27 @@ fn top_level_help() {
 
         ----- stderr -----
     "#);
+}
+
+#[test]
+fn admin_migrate_help() {
+    let _guard = settings(&[]).bind_to_scope();
+    insta::assert_snapshot!(run(Command::new(SKIFF).args(["admin", "migrate", "--help"])), @r"
+        success: true
+        exit_code: 0
+        ----- stdout -----
+        Copy this state's database into an empty PostgreSQL database and verify it, with the gateway stopped: `skiff admin migrate --to postgres://skiff@db.example/skiff`
+
+        Usage: skiff admin migrate [OPTIONS] --to <URL>
+
+        Options:
+              --state-dir <DIR>  State directory [default: $XDG_STATE_HOME/skiff, else ~/.local/state/skiff]
+              --to <URL>         The empty PostgreSQL database: `postgres://USER[:PASSWORD]@HOST[:PORT]/DB` (a Unix socket as `%2Frun%2Fpostgresql` for HOST); the password is never printed
+              --json             Print JSON for scripts (one document, or JSON lines for streams)
+          -h, --help             Print help
+
+        ----- stderr -----
+    ");
 }
 
 #[test]

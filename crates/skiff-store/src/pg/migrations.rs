@@ -4,7 +4,7 @@
 //! It holds the aggregates both backends implement so far: sessions and their transcript,
 //! runs and attempts, the event log (version 1), placements, the worker protocol's rows,
 //! environments and snapshots (version 2), and the people and governance aggregates with
-//! artifact rows (version 3), fan-out groups (version 4), gateways and leases (version 6). Columns keep the SQLite names and meanings (JSON as
+//! artifact rows (version 3), fan-out groups (version 4), gateways and leases (version 5). Columns keep the SQLite names and meanings (JSON as
 //! text, times as Unix milliseconds) so rows copy across unchanged.
 
 use super::conn::PgConn;
@@ -230,7 +230,7 @@ ALTER TABLE sessions
     ADD CONSTRAINT sessions_group_fk FOREIGN KEY (group_id) REFERENCES session_groups(id);
 CREATE INDEX sessions_by_group ON sessions(group_id) WHERE group_id IS NOT NULL;
 "#,
-    // 6 (issue 17; the lead orders it after 5): gateways sharing the database, and leases
+    // 5: gateways sharing the database, and leases
     // (`aggregates/leases.rs`). Every lease time is the database's clock, `skiff_now_ms()`.
     LEASES,
 ];
