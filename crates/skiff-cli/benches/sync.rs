@@ -22,7 +22,8 @@
 //!   of the session's box, over the gateway's own multiplexed transfer connection, then the
 //!   same command again (no change).
 //!
-//! Figures are medians of the rounds.
+//! Figures are medians of the rounds. Below them, a phase breakdown read from the gateway's
+//! debug log (packing, the box's checkout, listing, scans, reconciliation).
 //!
 //! `cargo bench -p skiff-cli --bench sync` (as root: boxes get users and namespaces)
 
@@ -176,6 +177,61 @@ fn make_repo(dir: &Path) -> u64 {
     total
 }
 
+/// The gateway's debug lines the phase breakdown reads (`SKIFF_BENCH_LOG` replaces it, and
+/// then the gateway's log is echoed too).
+const PHASE_LOG: &str = "warn,skiff_sync::outbound=debug,skiff_sync::manifest=debug,skiff_gateway::worker::turn=debug,skiff_gateway::workspace=debug";
+
+/// Phase timings from the gateway's debug log: the message, and what its `ms=` field means.
+const PHASES: [(&str, &str); 8] = [
+    ("worktree: filled", "worktree fill (background)"),
+    ("outbound: packed", "lay-down: base commit packed at"),
+    ("outbound: listed", "lay-down: workspace listed at"),
+    (
+        "outbound: the box checked the base commit out",
+        "lay-down: box checkout done at",
+    ),
+    ("outbound: files sent", "lay-down: done at"),
+    ("outbound: a kept workspace resumed", "re-sync: resumed in"),
+    ("manifest: scanned", "gateway scan (list + hash)"),
+    ("reconciled", "reconcile (turn end)"),
+];
+
+/// Every phase timing the gateway logged, by phase.
+#[derive(Clone, Default)]
+struct Phases(std::sync::Arc<std::sync::Mutex<std::collections::BTreeMap<usize, Vec<f64>>>>);
+
+impl Phases {
+    fn note(&self, line: &str) {
+        let Some(i) = PHASES.iter().position(|(msg, _)| line.contains(msg)) else {
+            return;
+        };
+        let Some(ms) = line
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("ms="))
+            .and_then(|v| v.parse::<f64>().ok())
+        else {
+            return;
+        };
+        self.0.lock().unwrap().entry(i).or_default().push(ms);
+    }
+
+    fn print(&self) {
+        let all = self.0.lock().unwrap();
+        if all.is_empty() {
+            return;
+        }
+        println!("phases (gateway debug log; median ms over every occurrence, n in brackets)");
+        for (i, v) in all.iter() {
+            println!(
+                "  {:<46}{:>8.0} ms   [n={}]",
+                PHASES[*i].1,
+                median(v.clone()),
+                v.len()
+            );
+        }
+    }
+}
+
 /// Tears down every box under the root when dropped.
 struct Cleanup(PathBuf);
 
@@ -199,6 +255,7 @@ struct Rig {
     url: String,
     token: String,
     repo: PathBuf,
+    phases: Phases,
     _fake: FakeProvider,
     _rt: tokio::runtime::Runtime,
     _cleanup: Cleanup,
@@ -249,13 +306,26 @@ impl Rig {
             .arg(&config)
             .env(
                 "RUST_LOG",
-                std::env::var("SKIFF_BENCH_LOG").unwrap_or_else(|_| "warn".into()),
+                std::env::var("SKIFF_BENCH_LOG").unwrap_or_else(|_| PHASE_LOG.into()),
             )
             .env("HOME", &home)
             .env("SKIFF_BENCH_PROVIDER_KEY", "sk-bench")
             .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
             .spawn()
             .unwrap();
+        let phases = Phases::default();
+        let log = BufReader::new(gateway.stderr.take().unwrap());
+        let seen = phases.clone();
+        let echo = std::env::var_os("SKIFF_BENCH_LOG").is_some();
+        std::thread::spawn(move || {
+            for line in log.lines().map_while(Result::ok) {
+                seen.note(&line);
+                if echo {
+                    eprintln!("{line}");
+                }
+            }
+        });
         let mut stdout = BufReader::new(gateway.stdout.take().unwrap());
         let mut line = String::new();
         stdout.read_line(&mut line).unwrap();
@@ -275,6 +345,7 @@ impl Rig {
             url,
             token: file["token"].as_str().unwrap().to_owned(),
             repo,
+            phases,
             _fake: fake,
             _rt: rt,
             _cleanup: cleanup,
@@ -587,4 +658,5 @@ fn main() {
         Some((raw_nc, "raw no-change", "<= 0.5×")),
     );
     println!("  targets: worktree <= 500 ms; turn tails <= 300 ms");
+    rig.phases.print();
 }

@@ -141,8 +141,9 @@ pub async fn list(
         Mode::Plain => plain_candidates(root, rules, &mut left_out)?,
     };
     let mut files = BTreeMap::new();
+    let mut matcher = rules.matcher();
     for path in candidates {
-        if rules.excluded(&path, false) {
+        if matcher.excluded(&path, false) {
             left_out.add(rules, &path, false);
             continue;
         }

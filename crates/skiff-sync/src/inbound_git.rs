@@ -263,6 +263,23 @@ pub async fn adopt_checked(
     remote: &Remote,
     cancel: &CancellationToken,
 ) -> Result<Adopted> {
+    // Path by path: what fails containment is refused by name (and kept by the caller), the
+    // rest goes on through every check below.
+    let screened = quarantine::screen(theirs, a.base, a.limits, a.rules)?;
+    adopt_screened(a, here, bundle, screened, remote, cancel).await
+}
+
+/// [`adopt_checked`] of a box's manifest the caller already screened against `a.base` with
+/// `a.limits` and `a.rules` ([`quarantine::screen`]): a reconciliation screens once, to keep
+/// what is refused before anything is adopted.
+pub async fn adopt_screened(
+    a: &Adoption<'_>,
+    here: Here,
+    bundle: Option<&Path>,
+    screened: quarantine::Screened,
+    remote: &Remote,
+    cancel: &CancellationToken,
+) -> Result<Adopted> {
     let diverged = |detail: String| Error::Diverged {
         worktree: a.worktree.display().to_string(),
         detail,
@@ -272,9 +289,6 @@ pub async fn adopt_checked(
         .base_commit
         .clone()
         .ok_or_else(|| diverged("the base manifest records no base commit".into()))?;
-    // Path by path: what fails containment is refused by name (and kept by the caller), the
-    // rest goes on through every check below.
-    let screened = quarantine::screen(theirs, a.base, a.limits, a.rules)?;
     let mut refused = screened.refused;
     let theirs = &screened.manifest;
     let Here { head, ours } = here;

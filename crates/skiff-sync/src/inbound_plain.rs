@@ -59,6 +59,17 @@ pub async fn mirror(
     cancel: &CancellationToken,
 ) -> Result<Mirrored> {
     let screened = crate::quarantine::screen(theirs, inb.base, inb.limits, inb.rules)?;
+    mirror_screened(inb, screened, remote, cancel).await
+}
+
+/// [`mirror`] of a box's manifest the caller already screened against `inb.base` with
+/// `inb.limits` and `inb.rules` ([`crate::quarantine::screen`]).
+pub async fn mirror_screened(
+    inb: &Inbound<'_>,
+    screened: crate::quarantine::Screened,
+    remote: &Remote,
+    cancel: &CancellationToken,
+) -> Result<Mirrored> {
     let theirs = &screened.manifest;
     check_drift(
         inb.target,

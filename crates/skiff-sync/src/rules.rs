@@ -125,6 +125,62 @@ impl Rule {
     }
 }
 
+/// [`Rules::excluded`] for many paths at once (see [`Rules::matcher`]).
+pub struct Matcher<'a> {
+    rules: &'a Rules,
+    /// Folder → the last rule its own segments match (as a folder), and whether one of them
+    /// is `.git`.
+    folders: std::collections::HashMap<String, (Option<usize>, bool)>,
+    hits: Vec<usize>,
+}
+
+impl Matcher<'_> {
+    /// [`Rules::excluded`] of `path`.
+    pub fn excluded(&mut self, path: &str, is_dir: bool) -> bool {
+        let rules = self.rules;
+        let (Some(index), Some((folder, name))) = (&rules.index, path.rsplit_once('/')) else {
+            return rules.excluded(path, is_dir);
+        };
+        // Every segment of the folder is matched as a folder whatever follows it: its
+        // decision is the folder's own (`last_match_in` of the folder as a directory).
+        let (mut best, git) = match self.folders.get(folder) {
+            Some(known) => *known,
+            None => {
+                let known = (
+                    rules.last_match_in(folder, true, rules.root.as_deref()),
+                    folder.split('/').any(|p| p == ".git"),
+                );
+                self.folders.insert(folder.to_owned(), known);
+                known
+            }
+        };
+        if git || name == ".git" {
+            return true;
+        }
+        // The last segment, as `last_match_in` asks it.
+        index.segments.matches_into(name, &mut self.hits);
+        let mut parent = None;
+        for &n in &self.hits {
+            let r = index.segment_rules[n];
+            let rule = &rules.rules[r];
+            if best.is_none_or(|b| r > b) && (is_dir || !rule.dir_only) {
+                let parts = parent.get_or_insert_with(|| folder.split('/').collect::<Vec<_>>());
+                if rule.is_beside_marker(rules.root.as_deref(), parts) {
+                    best = Some(r);
+                }
+            }
+        }
+        index.anchored.matches_into(path, &mut self.hits);
+        for &n in &self.hits {
+            let r = index.anchored_rules[n];
+            if best.is_none_or(|b| r > b) && (is_dir || !rules.rules[r].dir_only) {
+                best = Some(r);
+            }
+        }
+        best.is_some_and(|i| !rules.rules[i].negated)
+    }
+}
+
 /// An ordered rule list: built-ins first, then `.skiffignore`.
 #[derive(Clone, Debug)]
 pub struct Rules {
@@ -278,6 +334,18 @@ impl Rules {
             .is_some_and(|i| !self.rules[i].negated)
     }
 
+    /// A matcher for the many paths of one listing: what a folder's own segments decide is
+    /// worked out once per folder, and only each file's name is matched after that. It
+    /// decides exactly as [`Rules::excluded`] does (markers are looked for once per folder,
+    /// when the matcher first meets it).
+    pub fn matcher(&self) -> Matcher<'_> {
+        Matcher {
+            rules: self,
+            folders: std::collections::HashMap::new(),
+            hits: Vec::new(),
+        }
+    }
+
     /// Whether `path` syncs here only because a built-in rule's marker file is missing beside
     /// it (a source folder named `target/` with no `Cargo.toml` next to it): on a side that
     /// has the marker — a box that just made one — the same rules leave it out, so its absence
@@ -327,6 +395,34 @@ impl Rules {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn a_listing_matcher_looks_for_markers_per_folder() {
+        let root = tempfile::tempdir().unwrap();
+        for dir in ["crate/target", "src/target", "web/dist", "docs/dist"] {
+            std::fs::create_dir_all(root.path().join(dir)).unwrap();
+        }
+        std::fs::write(root.path().join("crate/Cargo.toml"), "").unwrap();
+        std::fs::write(root.path().join("web/package.json"), "").unwrap();
+        std::fs::write(root.path().join(".skiffignore"), "*.tmp\n!keep.tmp\n").unwrap();
+        let rules = Rules::load(root.path()).unwrap();
+        let mut matcher = rules.matcher();
+        for (path, out) in [
+            ("crate/target/debug/x", true),
+            ("crate/target/y", true),
+            ("src/target/lib.rs", false),
+            ("src/target/other.rs", false),
+            ("web/dist/app.js", true),
+            ("docs/dist/index.html", false),
+            ("crate/a.tmp", true),
+            ("crate/keep.tmp", false),
+            ("crate/.git/config", true),
+            ("top.tmp", true),
+        ] {
+            assert_eq!(matcher.excluded(path, false), out, "{path}");
+            assert_eq!(rules.excluded(path, false), out, "{path}");
+        }
+    }
 
     #[test]
     fn builtins_and_segments() {
@@ -460,6 +556,24 @@ mod tests {
             let once = Rules::parse(&base.join("\n")).unwrap();
             let twice = Rules::parse(&format!("{0}\n{0}", base.join("\n"))).unwrap();
             prop_assert_eq!(once.excluded(&path, is_dir), twice.excluded(&path, is_dir));
+        }
+
+        /// One matcher over many paths (folders shared, `.git` among them) decides each
+        /// as `excluded` does.
+        #[test]
+        fn a_listing_matcher_decides_as_excluded(
+            base in prop::collection::vec(pattern(), 0..6),
+            paths in prop::collection::vec(
+                prop_oneof![path(), path().prop_map(|p| format!("{p}/.git/x"))],
+                1..12,
+            ),
+            is_dir in any::<bool>(),
+        ) {
+            let rules = Rules::parse(&base.join("\n")).unwrap();
+            let mut matcher = rules.matcher();
+            for path in &paths {
+                prop_assert_eq!(matcher.excluded(path, is_dir), rules.excluded(path, is_dir), "{}", path);
+            }
         }
 
         /// The rules matched all at once decide as each rule asked in turn does.

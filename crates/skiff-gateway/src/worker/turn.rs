@@ -435,7 +435,9 @@ impl super::WorkerSide {
         let bundle_path = bundle.as_ref().map(|b| b.path());
         // What containment refuses is kept before anything is adopted (a failure here leaves
         // both sides as they were). A manifest refused as a whole is the adoption's error.
-        let mut kept = match quarantine::screen(&theirs, &base, &limits, &rules) {
+        // Screened once: the same split is what gets adopted below.
+        let screened = quarantine::screen(&theirs, &base, &limits, &rules);
+        let mut kept = match &screened {
             Ok(screened) if !screened.refused.is_empty() => Some(
                 self.quarantine(
                     scope,
@@ -454,12 +456,19 @@ impl super::WorkerSide {
         };
         let adopted = match (adoption, here) {
             (Some(a), Some(here)) => {
-                let adopted = match here {
-                    Ok(here) => {
-                        inbound_git::adopt_checked(&a, here, bundle_path, &theirs, &remote, &cancel)
-                            .await
+                let adopted = match (here, screened) {
+                    (Ok(here), Ok(screened)) => {
+                        inbound_git::adopt_screened(
+                            &a,
+                            here,
+                            bundle_path,
+                            screened,
+                            &remote,
+                            &cancel,
+                        )
+                        .await
                     }
-                    Err(e) => Err(e),
+                    (Err(e), _) | (_, Err(e)) => Err(e),
                 };
                 adopted.map(|adopted| {
                     self.audit(scope, "sync.inbound", session_id.as_str(), "applied", json!({
@@ -479,9 +488,13 @@ impl super::WorkerSide {
                     limits: &limits,
                     scratch: &scratch,
                 };
-                inbound_plain::mirror(&inb, &theirs, &remote, &cancel)
-                    .await
-                    .map(|m| {
+                let mirrored = match screened {
+                    Ok(screened) => {
+                        inbound_plain::mirror_screened(&inb, screened, &remote, &cancel).await
+                    }
+                    Err(e) => Err(e),
+                };
+                mirrored.map(|m| {
                         self.audit(scope, "sync.inbound", session_id.as_str(), "applied", json!({
                             "env": env.id.as_str(), "mode": "plain", "written": m.files.written.len(),
                             "deleted": m.files.deleted.len(), "refused": m.refused.len(),
