@@ -30,8 +30,8 @@ mod vault;
 
 use crate::{Error, Result};
 
-/// The PostgreSQL store: one connection on its own thread (see `conn`). Cheap to share
-/// behind an `Arc`; calls are serialized on the connection like the SQLite store's.
+/// The PostgreSQL store: a small pool of connections, each on its own thread, that reconnect
+/// after a restart (see `conn`). Cheap to share behind an `Arc`.
 pub struct PgStore {
     conn: conn::Connection,
 }
@@ -43,6 +43,19 @@ impl PgStore {
         let conn = conn::Connection::open(url)?;
         conn.run(migrations::migrate)?;
         Ok(Self { conn })
+    }
+
+    /// Whether the database answers a read of the tables every request needs (for
+    /// `/readyz`): an error — at once, not after a wait — while the server is down.
+    pub fn ready(&self) -> Result<()> {
+        self.conn.retry(|conn| {
+            let probe = conn.statement(
+                "SELECT (SELECT COUNT(*) FROM sessions WHERE false) \
+                      + (SELECT COUNT(*) FROM runs WHERE false)",
+            )?;
+            conn.client.query_one(&probe, &[])?;
+            Ok(())
+        })
     }
 }
 

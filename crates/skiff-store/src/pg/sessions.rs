@@ -93,12 +93,12 @@ impl SessionStore for PgStore {
 
     fn session(&self, scope: &Scope, id: &SessionId) -> Result<SessionRow> {
         let (scope, id) = (scope.clone(), id.to_string());
-        self.conn.run(move |conn| session_in(conn, &scope, &id))
+        self.conn.retry(move |conn| session_in(conn, &scope, &id))
     }
 
     fn sessions(&self, scope: &Scope) -> Result<Vec<SessionRow>> {
         let scope = scope.clone();
-        self.conn.run(move |conn| {
+        self.conn.retry(move |conn| {
             conn.client
                 .query(
                     &format!(
@@ -155,19 +155,21 @@ impl SessionStore for PgStore {
             parent.map(|leaf| leaf.to_string()),
             run.map(ToString::to_string),
         );
-        self.conn.run(move |conn| {
-            let (scope, session, base, leaf, run) = args;
+        // Safe to run again after a lost connection: if the first run committed, the leaf is
+        // already this chain's last entry, which the second run recognises.
+        self.conn.retry(move |conn| {
+            let (scope, session, base, leaf, run) = &args;
             let append = conn.statement(APPEND)?;
             let appended = conn.client.query_opt(
                 &append,
                 &[
-                    &leaf,
+                    leaf,
                     &now,
-                    &session,
+                    session,
                     &scope.owner_id,
                     &scope.tenant_id,
-                    &base,
-                    &run,
+                    base,
+                    run,
                     &rows.ids,
                     &rows.parents,
                     &rows.kinds,
@@ -181,20 +183,25 @@ impl SessionStore for PgStore {
             let actual = conn.client.query_opt(
                 "SELECT leaf_entry_id FROM sessions \
                  WHERE id = $1 AND owner_id = $2 AND tenant_id = $3",
-                &[&session, &scope.owner_id, &scope.tenant_id],
+                &[session, &scope.owner_id, &scope.tenant_id],
             )?;
-            Err(match actual {
-                None => Error::NotFound {
-                    what: "session",
-                    id: session,
-                },
-                Some(row) => Error::LeafConflict {
-                    session,
-                    expected: base.unwrap_or_else(|| "(empty)".into()),
-                    actual: row
-                        .try_get::<_, Option<String>>(0)?
-                        .unwrap_or_else(|| "(empty)".into()),
-                },
+            let actual = match actual {
+                None => {
+                    return Err(Error::NotFound {
+                        what: "session",
+                        id: session.clone(),
+                    });
+                }
+                Some(row) => row.try_get::<_, Option<String>>(0)?,
+            };
+            if actual.is_some() && actual == *leaf {
+                // This very chain, committed by a run whose answer the lost connection took.
+                return Ok(());
+            }
+            Err(Error::LeafConflict {
+                session: session.clone(),
+                expected: base.clone().unwrap_or_else(|| "(empty)".into()),
+                actual: actual.unwrap_or_else(|| "(empty)".into()),
             })
         })?;
         Ok(committed)
@@ -209,7 +216,7 @@ impl SessionStore for PgStore {
 
     fn transcript(&self, scope: &Scope, session: &SessionId) -> Result<Vec<TranscriptEntry>> {
         let (scope, session) = (scope.clone(), session.to_string());
-        self.conn.run(move |conn| {
+        self.conn.retry(move |conn| {
             let path = conn.statement(
                 "WITH RECURSIVE path(id, depth) AS (
                      SELECT leaf_entry_id, 0 FROM sessions

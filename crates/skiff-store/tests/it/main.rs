@@ -289,6 +289,7 @@ fn events_get_monotonic_cursors_per_session() {
 mod conformance;
 mod conformance_artifacts;
 mod conformance_people;
+mod pg_reconnect;
 mod snapshots;
 /// A worker session of profile `local`, placed on `env` with its worker admitted (`active`).
 fn active_worker_session(store: &Store, env: &skiff_protocol::EnvironmentId) -> SessionId {
