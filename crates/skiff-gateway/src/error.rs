@@ -155,6 +155,7 @@ fn raw_store_failure(e: &skiff_store::Error) -> bool {
     match e {
         S::Open { .. } | S::Checkpointer(_) | S::Sqlite(_) => true,
         S::PgUrl(_) | S::PgConnect { .. } | S::PgThread(_) | S::PgGone | S::Postgres(_) => true,
+        S::PgConnectionLost { .. } | S::PgUnavailable { .. } => true,
         S::NotFound { .. }
         | S::LeafConflict { .. }
         | S::SessionBusy { .. }
@@ -202,7 +203,9 @@ fn store_code(e: &skiff_store::Error) -> ErrorCode {
             ErrorCode::Unavailable
         }
         // The database cannot be reached now: a load balancer may send the request elsewhere.
-        S::PgConnect { .. } | S::PgGone => ErrorCode::Unavailable,
+        S::PgConnect { .. } | S::PgGone | S::PgConnectionLost { .. } | S::PgUnavailable { .. } => {
+            ErrorCode::Unavailable
+        }
         S::Open { .. }
         | S::Checkpointer(_)
         | S::Sqlite(_)

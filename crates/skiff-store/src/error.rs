@@ -127,13 +127,29 @@ pub enum Error {
     },
     #[error("could not start the PostgreSQL connection thread: {0}")]
     PgThread(std::io::Error),
-    #[error("the PostgreSQL connection has closed; restart the gateway to reconnect")]
+    /// The store was dropped, or a call panicked on its connection's thread.
+    #[error("the PostgreSQL connection's thread ended during this call")]
     PgGone,
     /// The database was migrated by a newer Skiff: this one would misread it.
     #[error(
         "the PostgreSQL database is at schema version {found}, newer than this Skiff knows ({known}); run a newer Skiff"
     )]
     PgSchemaNewer { found: usize, known: usize },
+    /// The connection broke during the call (the server restarted, the socket dropped). A
+    /// write's outcome is unknown; the next call reconnects.
+    #[error(
+        "the connection to PostgreSQL ({target}) was lost during this call ({detail}); a change it made may or may not have been saved — check before repeating it; the next call reconnects"
+    )]
+    PgConnectionLost { target: String, detail: String },
+    /// Reconnecting failed a moment ago; calls fail at once until the backoff has passed.
+    #[error(
+        "PostgreSQL ({target}) is unreachable: {detail}; the next attempt to reconnect is in {retry_in_ms} ms"
+    )]
+    PgUnavailable {
+        target: String,
+        detail: String,
+        retry_in_ms: u64,
+    },
     #[error("PostgreSQL error: {0}")]
     Postgres(#[from] postgres::Error),
 }

@@ -38,9 +38,10 @@ pub struct Startup {
 pub enum Durability {
     /// `fsync = off`: for tests, where a crashed machine loses nothing that matters.
     Tests,
-    /// `fsync = on`, `synchronous_commit = off`: what SQLite's WAL with `synchronous = NORMAL`
-    /// promises (an OS crash may lose the last commits, never corrupt) — for benchmarks that
-    /// compare the two.
+    /// `fsync = on` and the server's default `synchronous_commit = on`, as a production server
+    /// is configured — for benchmarks. `PgStore` sets `synchronous_commit = off` on its own
+    /// sessions, which is what SQLite's WAL with `synchronous = NORMAL` promises (an OS crash
+    /// may lose the last commits, never corrupt): the two compare like with like.
     LikeSqliteNormal,
 }
 
@@ -49,6 +50,7 @@ pub struct PgCluster {
     server: Child,
     bin: PathBuf,
     databases: AtomicUsize,
+    durability: Durability,
     startup: Startup,
 }
 
@@ -78,33 +80,13 @@ impl PgCluster {
             .status()
             .unwrap();
         assert!(copied.success(), "could not copy the PostgreSQL template");
-        let log = File::create(dir.path().join("server.log")).unwrap();
-        if let Some(user) = &user {
-            std::os::unix::fs::chown(dir.path().join("server.log"), Some(user.uid), None).unwrap();
-        }
-        let (fsync, synchronous_commit) = match durability {
-            Durability::Tests => ("off", "off"),
-            Durability::LikeSqliteNormal => ("on", "off"),
-        };
-        let mut server = as_server_user(user.as_ref(), &bin.join("postgres"));
-        server
-            .arg("-D")
-            .arg(&data)
-            .arg("-k")
-            .arg(dir.path())
-            .args(["-c", "listen_addresses="])
-            .args(["-c", &format!("fsync={fsync}")])
-            .args(["-c", &format!("synchronous_commit={synchronous_commit}")])
-            .args(["-c", "shared_buffers=32MB", "-c", "max_connections=40"])
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log);
-        let server = server.spawn().unwrap();
+        let server = spawn_server(&bin, user.as_ref(), dir.path(), durability);
         let mut cluster = Self {
             dir,
             server,
             bin,
             databases: AtomicUsize::new(0),
+            durability,
             startup: Startup {
                 initdb,
                 copy_and_start: Duration::ZERO,
@@ -144,6 +126,28 @@ impl PgCluster {
         )
     }
 
+    /// Stops the server the way an operator's restart does (a fast shutdown: open sessions
+    /// are ended, the data kept) and waits for it to exit. Its databases are back after
+    /// [`PgCluster::start_again`].
+    pub fn stop(&mut self) {
+        let pid = rustix::process::Pid::from_child(&self.server);
+        let _ = rustix::process::kill_process(pid, rustix::process::Signal::INT);
+        let _ = self.server.wait();
+    }
+
+    /// Starts the stopped server again on the same data and socket.
+    pub fn start_again(&mut self) {
+        let user = server_user();
+        self.server = spawn_server(&self.bin, user.as_ref(), self.dir.path(), self.durability);
+        self.wait_ready();
+    }
+
+    /// A restart: [`PgCluster::stop`], then [`PgCluster::start_again`].
+    pub fn restart(&mut self) {
+        self.stop();
+        self.start_again();
+    }
+
     /// The server's log so far, for a test's failure message.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("server.log")).unwrap_or_default()
@@ -174,6 +178,42 @@ impl PgCluster {
             std::thread::sleep(Duration::from_millis(5));
         }
     }
+}
+
+/// The server on the data directory in `dir`, listening on a socket there, logging to
+/// `server.log` there (appended to, so a restart keeps the earlier log).
+fn spawn_server(
+    bin: &Path,
+    user: Option<&ServerUser>,
+    dir: &Path,
+    durability: Durability,
+) -> Child {
+    let log = File::options()
+        .create(true)
+        .append(true)
+        .open(dir.join("server.log"))
+        .unwrap();
+    if let Some(user) = user {
+        std::os::unix::fs::chown(dir.join("server.log"), Some(user.uid), None).unwrap();
+    }
+    let (fsync, synchronous_commit) = match durability {
+        Durability::Tests => ("off", "off"),
+        Durability::LikeSqliteNormal => ("on", "on"),
+    };
+    let mut server = as_server_user(user, &bin.join("postgres"));
+    server
+        .arg("-D")
+        .arg(dir.join("data"))
+        .arg("-k")
+        .arg(dir)
+        .args(["-c", "listen_addresses="])
+        .args(["-c", &format!("fsync={fsync}")])
+        .args(["-c", &format!("synchronous_commit={synchronous_commit}")])
+        .args(["-c", "shared_buffers=32MB", "-c", "max_connections=40"])
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log);
+    server.spawn().unwrap()
 }
 
 impl Drop for PgCluster {

@@ -1,17 +1,40 @@
-//! One PostgreSQL connection, owned by a thread of its own.
+//! A small pool of PostgreSQL connections, each owned by a thread of its own, that reconnect
+//! after the server restarts or a connection drops.
 //!
 //! The `postgres` client is synchronous: it drives `tokio-postgres` on a private current-thread
 //! runtime and panics if called from a thread that is already inside a tokio runtime — which
-//! is every thread of the gateway. So the client lives on a dedicated thread, and callers send
-//! it work over a channel and wait for the answer: callable from anywhere, async code included,
-//! and blocking its caller exactly as long as the SQLite store's mutex and query do today.
+//! is every thread of the gateway. So each client lives on a dedicated thread, and callers send
+//! it work over a channel and wait for the answer: callable from anywhere, async code included.
+//! A caller takes the most recently used idle connection (so one caller at a time keeps using
+//! one warm connection) and waits only when all [`POOL_SIZE`] are busy: concurrent sessions do
+//! not queue behind one connection.
+//!
+//! **A lost connection** (the server restarted, the socket dropped) is noticed by the call that
+//! meets it, which fails with [`Error::PgConnectionLost`] — or, for work that may run twice
+//! ([`Connection::retry`]: reads, and writes whose second run changes nothing), runs once more
+//! on a new connection. The next call reconnects. Reconnecting is bounded: after a failed
+//! attempt, calls fail at once with [`Error::PgUnavailable`] until a backoff (100 ms doubling to
+//! 5 s) has passed, so a server that is down costs callers no waiting. A connection idle for
+//! more than [`IDLE_CHECK`] is checked (an empty query) before a write is sent on it, so a
+//! server restarted between calls costs no write its outcome.
 
 use crate::{Error, Result};
 use postgres::{Client, NoTls, Statement};
 use std::collections::HashMap;
 use std::sync::mpsc;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+/// Connections per store. A gateway serves many sessions at once; four lets their writes
+/// overlap in the server without holding many backends per gateway.
+pub(crate) const POOL_SIZE: usize = 4;
+/// How long connecting may take when the url does not say (`connect_timeout`).
+pub(super) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// A connection idle this long is checked before a write is sent on it.
+const IDLE_CHECK: Duration = Duration::from_secs(1);
+const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
 /// What a job gets: the client and the statements prepared on it so far.
 pub(crate) struct PgConn {
@@ -32,18 +55,153 @@ impl PgConn {
     }
 }
 
-type Job = Box<dyn FnOnce(&mut PgConn) + Send>;
-
-pub(crate) struct Connection {
-    jobs: Option<mpsc::Sender<Job>>,
-    thread: Option<JoinHandle<()>>,
+/// One connection's thread's state: the connection when there is one.
+struct Link {
+    shared: Arc<Shared>,
+    conn: Option<PgConn>,
+    last_used: Instant,
 }
 
-/// How long connecting may take when the url does not say (`connect_timeout`).
-pub(super) const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// What the pool's threads share: where to connect and the reconnect backoff.
+struct Shared {
+    config: postgres::Config,
+    target: String,
+    backoff: Mutex<Backoff>,
+}
+
+#[derive(Default)]
+struct Backoff {
+    failures: u32,
+    not_before: Option<Instant>,
+    last_error: String,
+}
+
+/// How a job may be run: once, or again on a new connection after a lost one.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Rerun {
+    Never,
+    Once,
+}
+
+impl Link {
+    /// The connection, connecting first when there is none (or it has closed); a write on a
+    /// connection idle for a while is preceded by a check that it still works.
+    fn conn(&mut self, rerun: Rerun) -> Result<&mut PgConn> {
+        let stale = match &mut self.conn {
+            Some(conn) if conn.client.is_closed() => true,
+            Some(conn) if rerun == Rerun::Never && self.last_used.elapsed() > IDLE_CHECK => {
+                conn.client.is_valid(CONNECT_TIMEOUT).is_err()
+            }
+            Some(_) => false,
+            None => true,
+        };
+        if stale {
+            self.conn = None;
+            self.conn = Some(self.shared.connect()?);
+        }
+        self.last_used = Instant::now();
+        self.conn.as_mut().ok_or(Error::PgGone)
+    }
+
+    fn attempt<T>(
+        &mut self,
+        rerun: Rerun,
+        work: impl FnOnce(&mut PgConn) -> Result<T>,
+    ) -> Result<T> {
+        let conn = self.conn(rerun)?;
+        let outcome = work(conn);
+        if let Err(error) = &outcome
+            && lost(conn, error)
+        {
+            // Dropped: the next call on this thread connects afresh.
+            self.conn = None;
+            return Err(Error::PgConnectionLost {
+                target: self.shared.target.clone(),
+                detail: error.to_string(),
+            });
+        }
+        outcome
+    }
+}
+
+/// Whether `error` means the connection is gone (rather than the statement failing on it).
+fn lost(conn: &PgConn, error: &Error) -> bool {
+    if conn.client.is_closed() {
+        return true;
+    }
+    let Error::Postgres(error) = error else {
+        return false;
+    };
+    if error.is_closed() {
+        return true;
+    }
+    // Class 08 (connection exception) and 57P01–57P03 (the server shutting down or
+    // restarting, or not accepting connections yet).
+    error.code().is_some_and(|code| {
+        let code = code.code();
+        code.starts_with("08") || matches!(code, "57P01" | "57P02" | "57P03")
+    })
+}
+
+impl Shared {
+    /// A new connection, unless the last attempt failed less than its backoff ago.
+    fn connect(&self) -> Result<PgConn> {
+        {
+            let backoff = lock(&self.backoff);
+            if let Some(not_before) = backoff.not_before
+                && let Some(wait) = not_before.checked_duration_since(Instant::now())
+            {
+                return Err(Error::PgUnavailable {
+                    target: self.target.clone(),
+                    detail: backoff.last_error.clone(),
+                    retry_in_ms: u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
+                });
+            }
+        }
+        match self.config.connect(NoTls) {
+            Ok(client) => {
+                *lock(&self.backoff) = Backoff::default();
+                Ok(PgConn {
+                    client,
+                    prepared: HashMap::new(),
+                })
+            }
+            Err(source) => {
+                let mut backoff = lock(&self.backoff);
+                backoff.failures = backoff.failures.saturating_add(1);
+                let delay = FIRST_BACKOFF
+                    .saturating_mul(1 << backoff.failures.saturating_sub(1).min(16))
+                    .min(MAX_BACKOFF);
+                backoff.not_before = Some(Instant::now() + delay);
+                backoff.last_error = source.to_string();
+                Err(Error::PgConnect {
+                    target: self.target.clone(),
+                    source,
+                })
+            }
+        }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Nothing held under these locks can be left half-changed by a panic.
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+type Job = Box<dyn FnOnce(&mut Link) + Send>;
+
+pub(crate) struct Connection {
+    /// One queue per connection thread.
+    queues: Vec<mpsc::Sender<Job>>,
+    /// The indexes of idle threads, the most recently used last.
+    idle: Idle,
+    threads: Vec<JoinHandle<()>>,
+}
 
 impl Connection {
-    /// Connects to `url` (a `postgres://` url or a `key=value` string) on a new thread.
+    /// Connects to `url` (a `postgres://` url or a `key=value` string): the first connection
+    /// now (so a wrong url or an unreachable server is an error here), the others on first
+    /// use.
     pub(crate) fn open(url: &str) -> Result<Self> {
         let mut config: postgres::Config = url.parse().map_err(Error::PgUrl)?;
         if config.get_connect_timeout().is_none() {
@@ -52,54 +210,107 @@ impl Connection {
         if config.get_application_name().is_none() {
             config.application_name("skiff");
         }
-        let target = describe(&config);
-        let (jobs, queue) = mpsc::channel::<Job>();
-        let (connected, outcome) = mpsc::sync_channel(1);
-        let thread = std::thread::Builder::new()
-            .name("skiff-store-pg".into())
-            .spawn(move || {
-                let client = match config.connect(NoTls) {
-                    Ok(client) => {
-                        let _ = connected.send(Ok(()));
-                        client
+        with_durability(&mut config);
+        let shared = Arc::new(Shared {
+            target: describe(&config),
+            config,
+            backoff: Mutex::new(Backoff::default()),
+        });
+        let first = shared.connect()?;
+        let idle = Arc::new((Mutex::new(Vec::with_capacity(POOL_SIZE)), Condvar::new()));
+        let mut queues = Vec::with_capacity(POOL_SIZE);
+        let mut threads = Vec::with_capacity(POOL_SIZE);
+        let mut first = Some(first);
+        // Pushed in reverse so that the connected thread (0) is the first one taken.
+        for index in (0..POOL_SIZE).rev() {
+            let (jobs, queue) = mpsc::channel::<Job>();
+            let mut link = Link {
+                shared: shared.clone(),
+                conn: if index == 0 { first.take() } else { None },
+                last_used: Instant::now(),
+            };
+            let idle_list = idle.clone();
+            let thread = std::thread::Builder::new()
+                .name(format!("skiff-store-pg-{index}"))
+                .spawn(move || {
+                    // Until the store is dropped (the sender goes away).
+                    while let Ok(job) = queue.recv() {
+                        let panicked =
+                            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                                job(&mut link)
+                            }))
+                            .is_err();
+                        if panicked {
+                            // Whatever the job left half-done on it goes with it.
+                            link.conn = None;
+                            release(&idle_list, index);
+                        }
                     }
-                    Err(e) => {
-                        let _ = connected.send(Err(e));
-                        return;
-                    }
-                };
-                let mut conn = PgConn {
-                    client,
-                    prepared: HashMap::new(),
-                };
-                // Until the store is dropped (the sender goes away).
-                while let Ok(job) = queue.recv() {
-                    job(&mut conn);
-                }
-            })
-            .map_err(Error::PgThread)?;
-        match outcome.recv() {
-            Ok(Ok(())) => Ok(Self {
-                jobs: Some(jobs),
-                thread: Some(thread),
-            }),
-            Ok(Err(source)) => Err(Error::PgConnect { target, source }),
-            Err(_) => Err(Error::PgGone),
+                })
+                .map_err(Error::PgThread)?;
+            queues.push(jobs);
+            threads.push(thread);
+            lock(&idle.0).push(index);
         }
+        queues.reverse();
+        threads.reverse();
+        Ok(Self {
+            queues,
+            idle,
+            threads,
+        })
     }
 
-    /// Runs `work` on the connection's thread and waits for its answer.
+    /// Runs `work` once on a connection and waits for its answer. A connection lost during it
+    /// is [`Error::PgConnectionLost`]: whether a write took effect is then unknown.
     pub(crate) fn run<T: Send + 'static>(
         &self,
         work: impl FnOnce(&mut PgConn) -> Result<T> + Send + 'static,
     ) -> Result<T> {
+        self.submit(move |link| link.attempt(Rerun::Never, work))
+    }
+
+    /// Runs `work`, and once more on a new connection if the connection was lost during it:
+    /// for reads, and for writes whose second run changes nothing (a compare-and-swap that
+    /// recognises its own earlier success).
+    pub(crate) fn retry<T: Send + 'static>(
+        &self,
+        mut work: impl FnMut(&mut PgConn) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        self.submit(move |link| match link.attempt(Rerun::Once, &mut work) {
+            Err(Error::PgConnectionLost { .. }) => link.attempt(Rerun::Once, &mut work),
+            outcome => outcome,
+        })
+    }
+
+    fn submit<T: Send + 'static>(
+        &self,
+        job: impl FnOnce(&mut Link) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let index = {
+            let (list, freed) = &*self.idle;
+            let mut idle = lock(list);
+            loop {
+                if let Some(index) = idle.pop() {
+                    break index;
+                }
+                idle = freed.wait(idle).unwrap_or_else(|p| p.into_inner());
+            }
+        };
         let (reply, answer) = mpsc::sync_channel(1);
-        let jobs = self.jobs.as_ref().ok_or(Error::PgGone)?;
-        jobs.send(Box::new(move |conn: &mut PgConn| {
-            let _ = reply.send(work(conn));
-        }))
-        .map_err(|_| Error::PgGone)?;
-        // A job that panicked dropped `reply` with the thread: the connection is gone.
+        let idle = self.idle.clone();
+        self.queues
+            .get(index)
+            .ok_or(Error::PgGone)?
+            .send(Box::new(move |link: &mut Link| {
+                let outcome = job(link);
+                // Idle again before the caller hears back, so its next call finds this
+                // (warm) connection first.
+                release(&idle, index);
+                let _ = reply.send(outcome);
+            }))
+            .map_err(|_| Error::PgGone)?;
+        // A job that panicked dropped `reply`.
         answer.recv().map_err(|_| Error::PgGone)?
     }
 }
@@ -135,13 +346,35 @@ impl Connection {
     }
 }
 
+type Idle = Arc<(Mutex<Vec<usize>>, Condvar)>;
+
+/// Thread `index` is idle: the most recently used, so the first taken.
+fn release(idle: &Idle, index: usize) {
+    let (list, freed) = &**idle;
+    lock(list).push(index);
+    freed.notify_one();
+}
+
 impl Drop for Connection {
     fn drop(&mut self) {
-        // Closing the queue ends the thread's loop, which closes the connection.
-        self.jobs.take();
-        if let Some(thread) = self.thread.take() {
+        // Closing the queues ends the threads' loops, which closes the connections.
+        self.queues.clear();
+        for thread in self.threads.drain(..) {
             let _ = thread.join();
         }
+    }
+}
+
+/// `synchronous_commit = off` for Skiff's own sessions, unless the url's `options` already
+/// set it: a commit returns once it is in the server's WAL buffers, and the WAL writer makes
+/// it durable within a fraction of a second — what SQLite's WAL with `synchronous = NORMAL`
+/// promises (see ARCHITECTURE.md, "Durability"). Never a corrupt or reordered database; the
+/// server or its machine crashing may lose the last moments of commits.
+fn with_durability(config: &mut postgres::Config) {
+    let options = config.get_options().unwrap_or_default().to_string();
+    if !options.contains("synchronous_commit") {
+        let joined = format!("{options} -c synchronous_commit=off");
+        config.options(joined.trim());
     }
 }
 

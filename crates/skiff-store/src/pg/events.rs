@@ -81,7 +81,7 @@ impl EventLog for PgStore {
 
     fn last_event_cursor(&self, scope: &Scope, session: &SessionId) -> Result<u64> {
         let (session, scope) = (session.to_string(), scope.clone());
-        let last: i64 = self.conn.run(move |conn| {
+        let last: i64 = self.conn.retry(move |conn| {
             let last = conn.statement(
                 "SELECT COALESCE(MAX(seq), 0) FROM events \
                  WHERE session_id = $1 AND owner_id = $2 AND tenant_id = $3",
@@ -104,7 +104,7 @@ impl EventLog for PgStore {
         let (session, scope) = (session.to_string(), scope.clone());
         let cursor = super::bigint(cursor);
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        self.conn.run(move |conn| {
+        self.conn.retry(move |conn| {
             let after = conn.statement(
                 "SELECT session_id, seq, at_ms, run_id, body FROM events \
                  WHERE session_id = $1 AND owner_id = $2 AND tenant_id = $3 AND seq > $4 \

@@ -235,7 +235,7 @@ CREATE INDEX sessions_by_group ON sessions(group_id) WHERE group_id IS NOT NULL;
     LEASES,
 ];
 
-/// Version 6: the gateway registry and leases. A lease row stays when released (holder NULL)
+/// Version 5: the gateway registry and leases. A lease row stays when released (holder NULL)
 /// so its epoch only ever grows.
 const LEASES: &str = r#"
 CREATE FUNCTION skiff_now_ms() RETURNS BIGINT LANGUAGE sql VOLATILE

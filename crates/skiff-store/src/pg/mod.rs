@@ -37,8 +37,8 @@ use crate::wakeups::Hub;
 use crate::{Error, Result};
 use std::sync::{Arc, Mutex};
 
-/// The PostgreSQL store: one connection on its own thread (see `conn`). Cheap to share
-/// behind an `Arc`; calls are serialized on the connection like the SQLite store's.
+/// The PostgreSQL store: a small pool of connections, each on its own thread, that reconnect
+/// after a restart (see `conn`). Cheap to share behind an `Arc`.
 pub struct PgStore {
     conn: conn::Connection,
     /// Told the id of each audit row this process writes (`on_audit`).

@@ -174,8 +174,9 @@ impl Overview for PgStore {
         })
     }
 
+    /// An error at once, not after a wait, while the server is down (`retry` reconnects).
     fn ready(&self) -> Result<()> {
-        self.conn.run(|conn| {
+        self.conn.retry(|conn| {
             conn.client.query_one(
                 "SELECT (SELECT COUNT(*) FROM sessions WHERE FALSE) \
                  + (SELECT COUNT(*) FROM runs WHERE FALSE)",

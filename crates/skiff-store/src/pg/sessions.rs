@@ -192,12 +192,12 @@ impl SessionStore for PgStore {
 
     fn session(&self, scope: &Scope, id: &SessionId) -> Result<SessionRow> {
         let (scope, id) = (scope.clone(), id.to_string());
-        self.conn.run(move |conn| session_in(conn, &scope, &id))
+        self.conn.retry(move |conn| session_in(conn, &scope, &id))
     }
 
     fn sessions(&self, scope: &Scope) -> Result<Vec<SessionRow>> {
         let scope = scope.clone();
-        self.conn.run(move |conn| {
+        self.conn.retry(move |conn| {
             conn.client
                 .query(
                     &format!(
@@ -232,7 +232,7 @@ impl SessionStore for PgStore {
 
     fn transcript(&self, scope: &Scope, session: &SessionId) -> Result<Vec<TranscriptEntry>> {
         let (scope, session) = (scope.clone(), session.to_string());
-        self.conn.run(move |conn| {
+        self.conn.retry(move |conn| {
             let path = conn.statement(
                 "WITH RECURSIVE path(id, depth) AS (
                      SELECT leaf_entry_id, 0 FROM sessions

@@ -292,6 +292,7 @@ mod conformance_gateway;
 mod conformance_leases;
 mod conformance_people;
 mod migrate;
+mod pg_reconnect;
 mod snapshots;
 /// A worker session of profile `local`, placed on `env` with its worker admitted (`active`).
 fn active_worker_session(store: &Store, env: &skiff_protocol::EnvironmentId) -> SessionId {
