@@ -216,7 +216,14 @@ impl Connection {
             config,
             backoff: Mutex::new(Backoff::default()),
         });
-        let first = shared.connect()?;
+        // On a thread of its own: the sync client runs a runtime of its own to connect, which
+        // panics on a thread that is already inside the gateway's tokio runtime.
+        let first = std::thread::scope(|scope| {
+            scope
+                .spawn(|| shared.connect())
+                .join()
+                .map_err(|_| Error::PgGone)
+        })??;
         let idle = Arc::new((Mutex::new(Vec::with_capacity(POOL_SIZE)), Condvar::new()));
         let mut queues = Vec::with_capacity(POOL_SIZE);
         let mut threads = Vec::with_capacity(POOL_SIZE);
