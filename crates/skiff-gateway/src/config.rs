@@ -250,6 +250,11 @@ pub struct GatewayConfig {
     /// and expired environments reclaimed and leases in use renewed (default `30s`).
     #[serde(default)]
     pub lifetime_tick: Option<String>,
+    /// How long a gateway's lease on a session's live work (or on a gateway-wide chore) lives
+    /// unless renewed; with several gateways on one database, another takes a dead gateway's
+    /// sessions over within it (default `10s`).
+    #[serde(default)]
+    pub lease_ttl: Option<String>,
     /// How many worker sessions may hold a worker at once (a parked one holds none). Past it
     /// the session idle on its box the longest is parked to make room; only when every worker
     /// runs a turn (or is being placed) are new ones refused ("at capacity") [default: 16].
@@ -322,6 +327,10 @@ impl GatewayConfig {
             self.lifetime_tick.as_deref(),
             "30s",
         )
+    }
+
+    pub fn lease_ttl(&self, config_path: &Path) -> Result<std::time::Duration, ConfigError> {
+        duration(config_path, "lease_ttl", self.lease_ttl.as_deref(), "10s")
     }
 
     pub fn worker_credential_ttl(

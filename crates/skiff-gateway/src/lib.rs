@@ -15,6 +15,7 @@ mod backend;
 mod budgets;
 pub mod bundle;
 mod checkpoints;
+mod cluster;
 mod compaction;
 pub mod config;
 mod dispatch;
@@ -207,6 +208,8 @@ pub(crate) struct Core {
     proxy: Option<sso::proxy::Proxy>,
     /// `[auth.oidc]`, when configured: the Control UI's and `skiff login`'s single sign-on.
     oidc: Option<Arc<sso::oidc::Oidc>>,
+    /// This gateway's id, registry row and heartbeat among the gateways on its database.
+    cluster: Arc<cluster::Cluster>,
 }
 
 /// The state dir's lock and the signal that it was let go. Fields drop in order: the lock
@@ -299,6 +302,7 @@ pub async fn start(options: Options) -> Result<Running> {
         source,
     })?;
     let url = format!("http://{addr}");
+    core.cluster.advertise(&addr.to_string())?;
     let token = core.admin_token(&url)?;
     core.ui.set_key(&token);
 
@@ -310,7 +314,8 @@ pub async fn start(options: Options) -> Result<Running> {
             .with_graceful_shutdown(async move { stop.cancelled().await })
             .await
     });
-    tracing::info!(%url, state_dir = %core.state.root().display(), "gateway listening");
+    tracing::info!(%url, state_dir = %core.state.root().display(), gateway = %core.cluster.id(),
+        lease_ttl = ?core.cluster.lease_ttl(), "gateway listening");
     Ok(Running {
         url,
         token,
@@ -399,6 +404,9 @@ pub(crate) async fn open_core(
     };
     let config_dir = config_path.parent().map(PathBuf::from).unwrap_or_default();
     let store = open_store(&config_path, postgres.as_ref(), &state)?;
+    let lease_ttl = config.gateway.lease_ttl(&config_path)?;
+    let cluster = Arc::new(cluster::Cluster::join(store.clone(), &state, lease_ttl)?);
+    cluster::spawn_heartbeat(&cluster);
     let (audit_feed, _) = tokio::sync::watch::channel(0i64);
     let feed = audit_feed.clone();
     store.on_audit(Box::new(move |id| {
@@ -559,6 +567,7 @@ pub(crate) async fn open_core(
             slack,
             proxy,
             oidc,
+            cluster,
         }
     });
     core.envs
