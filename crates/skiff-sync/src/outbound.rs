@@ -4,12 +4,12 @@
 //! session branch with [`History::Full`]) and its index, made here and dropped into the box's
 //! fresh repository, so the box neither re-indexes nor re-hashes it. The box checks the base
 //! commit out (every file written once) in a staging directory while the workspace here is
-//! still being written and checked (it needs only the repository's objects); once every check
-//! passed, the staged repository is moved into place, tracked files the user deleted are
-//! deleted, and only the files that differ from the base commit (edits, untracked files that
-//! are not ignored) travel, so `git status` on the box shows the user's uncommitted changes.
-//! A check that fails removes the staging directory: the session's directory on the box is
-//! never made. When a checkout
+//! still being written, checked and hashed (it needs only the repository's objects); once every
+//! check passed, only the files that differ from the base commit (edits, untracked files that
+//! are not ignored) travel into the staged repository, the tracked files the user deleted are
+//! deleted there, and it is renamed into place: the session's directory appears whole, and
+//! `git status` on the box shows the user's uncommitted changes. A check that fails removes
+//! the staging directory: the session's directory on the box is never made. When a checkout
 //! could write other bytes than the files here (attributes, line-ending or symlink settings),
 //! every listed file travels instead. Plain mode: the listed files are copied into a fresh
 //! directory.
@@ -553,8 +553,10 @@ async fn seed_repository(
     // The pack goes in before its index: git ignores a pack until its index is there. The
     // checkout reads no configuration or attributes of the box user's (a reused box may have
     // some): it must write the commit's bytes as they are. Its writes wait on the file system
-    // more than on the CPU: more parallel workers than cores. Whatever a failed lay-down left
-    // in the staging directory goes first.
+    // more than on the CPU: more parallel workers than cores. It yields the CPU (`nice`): the
+    // first model request waits for the gateway's side of a lay-down, not for this one, and a
+    // box on the gateway's machine shares its CPU. Whatever a failed lay-down left in the
+    // staging directory goes first.
     let script = format!(
         "set -e; export GIT_TERMINAL_PROMPT=0; {before}\
          if [ -e {dir} ] && [ -n \"$(ls -A {dir})\" ]; then echo taken; exit 0; fi; \
@@ -562,7 +564,7 @@ async fn seed_repository(
          mkdir -p \"$in\" .git/objects/pack; tar -C \"$in\" -xf -; \
          mv \"$in\"/pack-{hash}.pack .git/objects/pack/; mv \"$in\"/pack-{hash}.idx .git/objects/pack/; \
          {shallow}git update-ref {q} {c}; git symbolic-ref HEAD {q}; umask 022; \
-         GIT_CONFIG_GLOBAL=/dev/null GIT_CONFIG_NOSYSTEM=1 git -c core.hooksPath=/dev/null \
+         GIT_CONFIG_GLOBAL=/dev/null GIT_CONFIG_NOSYSTEM=1 nice -n 10 git -c core.hooksPath=/dev/null \
          -c core.attributesFile=/dev/null -c checkout.workers=8 reset -q --hard {c}; \
          rm -rf \"$in\"; {identity}{}",
         remote.method_probe()

@@ -198,11 +198,10 @@ impl super::WorkerSide {
         if p.state == PlacementState::Syncing {
             // Nothing runs on the box before the worker (no setup) and a turn waits: the turn's
             // first model call need not wait for the box's checkout.
-            let behind = match placing.take() {
-                Some(guard) if setup.is_none() && mode_of(&session.workspace) == Mode::Git => {
-                    Some(guard)
-                }
-                _ => None,
+            let behind = if setup.is_none() && mode_of(&session.workspace) == Mode::Git {
+                placing.take()
+            } else {
+                None
             };
             let synced = match behind {
                 Some(guard) => self.sync_behind(scope, session, &p, cancel, guard).await,
