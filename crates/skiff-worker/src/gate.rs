@@ -68,7 +68,10 @@ impl Gate {
 
     /// `inner` with every event but streamed text and reasoning held until the lay-down
     /// ended; a failed lay-down ends the stream with an error that says why.
-    pub(crate) fn hold(&self, inner: BoxStream<'static, ModelEvent>) -> BoxStream<'static, ModelEvent> {
+    pub(crate) fn hold(
+        &self,
+        inner: BoxStream<'static, ModelEvent>,
+    ) -> BoxStream<'static, ModelEvent> {
         let gate = self.clone();
         futures_util::stream::unfold(Some((inner, gate, false)), |state| async move {
             let (mut inner, gate, mut open) = state?;

@@ -88,7 +88,9 @@ impl Turns {
         tokio::spawn(async move {
             let run = turn.run_id.clone();
             tracing::info!(%run, "turn started");
-            let end = this.run(turn, workspace.clone(), gate.clone(), &cancel).await;
+            let end = this
+                .run(turn, workspace.clone(), gate.clone(), &cancel)
+                .await;
             // A workspace still being laid down is never scanned: the gateway would take the
             // missing files for deletions.
             let laid = match &gate {

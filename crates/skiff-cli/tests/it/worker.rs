@@ -1103,8 +1103,7 @@ fn the_first_model_call_does_not_wait_for_the_box_and_the_first_tool_sees_the_wh
     let branch = format!("skiff/{id}");
     let seen = git(repo.path(), &["show", &format!("{branch}:seen.txt")]);
     assert_eq!(
-        seen,
-        "edited by the user\n M edited.txt\n D gone.txt\n?? new.txt\n?? seen.txt\n",
+        seen, "edited by the user\n M edited.txt\n D gone.txt\n?? new.txt\n?? seen.txt\n",
         "the first tool saw another workspace"
     );
 }

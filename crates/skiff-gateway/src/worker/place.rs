@@ -384,7 +384,8 @@ impl super::WorkerSide {
     ) -> Result<(Synced, bool)> {
         let (planned_tx, planned) = oneshot::channel();
         let this = self.clone();
-        let (scope, session, p, cancel) = (scope.clone(), session.clone(), p.clone(), cancel.clone());
+        let (scope, session, p, cancel) =
+            (scope.clone(), session.clone(), p.clone(), cancel.clone());
         let task = tokio::spawn(async move {
             let _placing = placing;
             let live = this.live(&session.id);
@@ -399,13 +400,19 @@ impl super::WorkerSide {
                     Err(_) => false,
                 }
             };
-            let (synced, behind) =
-                tokio::join!(this.sync_out(&scope, &session, &p, &cancel, Some(early_tx)), forward);
+            let (synced, behind) = tokio::join!(
+                this.sync_out(&scope, &session, &p, &cancel, Some(early_tx)),
+                forward
+            );
             if behind {
                 let outcome = synced.as_ref().map(|_| ()).map_err(|e| e.to_string());
                 match &outcome {
-                    Ok(()) => tracing::debug!(session = %session.id, "the workspace is laid onto the box behind the worker's start"),
-                    Err(e) => tracing::warn!(session = %session.id, error = %e, "the workspace could not be laid onto the box behind the worker's start"),
+                    Ok(()) => {
+                        tracing::debug!(session = %session.id, "the workspace is laid onto the box behind the worker's start")
+                    }
+                    Err(e) => {
+                        tracing::warn!(session = %session.id, error = %e, "the workspace could not be laid onto the box behind the worker's start")
+                    }
                 }
                 live.set_lay_down(LayDown::Ended(outcome.clone()));
                 live.send(GatewayFrame::WorkspaceLaid {
