@@ -66,6 +66,20 @@ impl super::WorkerSide {
         cancel: &CancellationToken,
     ) -> Result<PlacementRow> {
         let placing = self.live(&session.id).placing.clone();
+        let _placing = placing.lock_owned().await;
+        self.drive_placement(scope, session, cancel, None).await
+    }
+
+    /// [`ensure_worker`](Self::ensure_worker) for a turn of `run_turn_on_worker`, which waits
+    /// for the worker's end of the turn: a git-mode lay-down without setup may run behind the
+    /// worker's start (see `drive_placement`).
+    pub(crate) async fn ensure_worker_for_turn(
+        self: &Arc<Self>,
+        scope: &Scope,
+        session: &SessionRow,
+        cancel: &CancellationToken,
+    ) -> Result<PlacementRow> {
+        let placing = self.live(&session.id).placing.clone();
         let placing = placing.lock_owned().await;
         self.drive_placement(scope, session, cancel, Some(placing))
             .await
@@ -81,8 +95,8 @@ impl super::WorkerSide {
         self.drive_placement(scope, session, cancel, None).await
     }
 
-    /// Drives the placement. With `placing` (the session's lock, held by a turn's
-    /// `ensure_worker`), a git-mode lay-down without setup runs behind the worker's start:
+    /// Drives the placement. With `placing` (the session's lock, held by
+    /// `ensure_worker_for_turn`), a git-mode lay-down without setup runs behind the worker's start:
     /// the lock goes with it, so nothing else drives or moves the placement (a recovery, a
     /// pull-back) before the box holds the whole workspace.
     async fn drive_placement(

@@ -59,7 +59,7 @@ impl super::WorkerSide {
         run: &RunRow,
         cancel: &CancellationToken,
     ) -> Result<skiff_agent::TurnOutcome> {
-        let mut p = self.ensure_worker(scope, session, cancel).await?;
+        let mut p = self.ensure_worker_for_turn(scope, session, cancel).await?;
         // Running already when a live move brought the turn here.
         if self.store.run(scope, &run.id)?.status != RunStatus::Running {
             self.set_run_status(scope, &session.id, &run.id, RunStatus::Running, None)?;
@@ -102,7 +102,7 @@ impl super::WorkerSide {
                     Err(e) => {
                         // Still on its box, its worker stopped: a new one takes the turn up.
                         tracing::warn!(session = %session.id, error = %e, "a live pull-back stopped; the turn goes on on its box");
-                        p = self.ensure_worker(scope, session, cancel).await?;
+                        p = self.ensure_worker_for_turn(scope, session, cancel).await?;
                         resume = Some((attempt, None));
                         continue;
                     }
@@ -140,7 +140,7 @@ impl super::WorkerSide {
                 if failovers < allowed {
                     failovers += 1;
                     let checkpoint = self.fail_over(scope, session, run, &p, failovers, allowed);
-                    p = self.ensure_worker(scope, session, cancel).await?;
+                    p = self.ensure_worker_for_turn(scope, session, cancel).await?;
                     resume = Some((attempt, checkpoint));
                     continue;
                 }
