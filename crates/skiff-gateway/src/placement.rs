@@ -143,6 +143,8 @@ impl TurnSpecs for Core {
             max_output_tokens: crate::sessions::MAX_OUTPUT_TOKENS,
             transcript: skiff_agent::compact::since_last_compaction(&transcript).to_vec(),
             gateway_tools: self.gateway_specs(),
+            // Set by whoever hands the turn over, which knows how the workspace's lay-down is.
+            wait_for_workspace: false,
         })
     }
 

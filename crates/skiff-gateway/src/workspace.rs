@@ -242,16 +242,10 @@ impl Fill {
         };
         // The checkout writes every file of the tree, and waits on the file system more than
         // on the CPU: more parallel workers than cores (8 writes 10,000 files in a quarter of
-        // the time of one worker per core, on two cores). It runs at a lower priority: a
-        // worker placement packs the base commit and has a box check it out meanwhile, which
-        // is what the session's first model request waits for (on an idle machine the fill
-        // is as fast as before).
-        Cmd::new("nice")
-            .args(["-n", "10", "git", "-C"])
-            .arg(&self.path)
-            .args(["-c", "core.hooksPath=/dev/null"])
-            .env("GIT_TERMINAL_PROMPT", "0")
-            .timeout(Duration::from_secs(300))
+        // the time of one worker per core, on two cores). A worker placement's first model
+        // request waits for it (the base manifest is made of its files), not for the box's
+        // checkout of the base commit, which yields to it on a shared machine instead.
+        git(&self.path)
             .args(["-c", "checkout.workers=8", "read-tree", "--reset", "-u"])
             .arg(&self.tree)
             .run_checked(&cancel)

@@ -375,6 +375,16 @@ pub struct TurnAssignment {
     /// The session's agent spec: the only tools the model is offered (absent: all).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tools_allowed: Option<Vec<String>>,
+    /// The workspace is still being laid onto the box (the placement started the worker
+    /// meanwhile, so the first model call does not wait for it): no tool runs, and the turn's
+    /// end is not scanned, before a [`GatewayFrame::WorkspaceLaid`] says how the lay-down
+    /// ended. The directory may not exist before then.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub wait_for_workspace: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 /// Frames the gateway sends.
@@ -427,6 +437,15 @@ pub enum GatewayFrame {
     /// The gateway is done with this worker: exit.
     Shutdown {
         reason: String,
+    },
+    /// The workspace's lay-down that a turn with `wait_for_workspace` waits for has ended:
+    /// the workspace is in place, whole, or (`error`) it is not and never will be on this
+    /// worker, so no tool runs and nothing of the box is brought back. Sent when the lay-down
+    /// ends and again after every hand-over of a turn (a frame sent while the connection was
+    /// down is lost); the first one a worker gets is the one it keeps.
+    WorkspaceLaid {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error: Option<String>,
     },
 }
 

@@ -4,12 +4,12 @@
 //! session branch with [`History::Full`]) and its index, made here and dropped into the box's
 //! fresh repository, so the box neither re-indexes nor re-hashes it. The box checks the base
 //! commit out (every file written once) in a staging directory while the workspace here is
-//! still being written and checked (it needs only the repository's objects); once every check
-//! passed, the staged repository is moved into place, tracked files the user deleted are
-//! deleted, and only the files that differ from the base commit (edits, untracked files that
-//! are not ignored) travel, so `git status` on the box shows the user's uncommitted changes.
-//! A check that fails removes the staging directory: the session's directory on the box is
-//! never made. When a checkout
+//! still being written, checked and hashed (it needs only the repository's objects); once every
+//! check passed, only the files that differ from the base commit (edits, untracked files that
+//! are not ignored) travel into the staged repository, the tracked files the user deleted are
+//! deleted there, and it is renamed into place: the session's directory appears whole, and
+//! `git status` on the box shows the user's uncommitted changes. A check that fails removes
+//! the staging directory: the session's directory on the box is never made. When a checkout
 //! could write other bytes than the files here (attributes, line-ending or symlink settings),
 //! every listed file travels instead. Plain mode: the listed files are copied into a fresh
 //! directory.
@@ -90,17 +90,36 @@ pub async fn push_when_ready(
     ready: impl std::future::Future<Output = std::result::Result<(), String>>,
     cancel: &CancellationToken,
 ) -> Result<Dispatched> {
-    push_after(out, remote, "true", ready, cancel).await
+    push_after(out, remote, "true", ready, None, cancel).await
+}
+
+/// What a git-mode lay-down will have put on the box, known here before the box holds it:
+/// everything passed its checks, and the base manifest is made.
+#[derive(Clone, Debug)]
+pub struct Planned {
+    pub manifest: Manifest,
+    pub files: usize,
+    pub bytes: u64,
+    pub left_out: filelist::LeftOut,
 }
 
 /// [`push_when_ready`] that first runs `before` (a shell command line that must succeed,
 /// run in a subshell from the box user's home) on the box, in the same round trip as the
 /// box's directory (git mode: its staged repository) is made.
+///
+/// `early` (git mode) gets the [`Planned`] result as soon as every check passed and the base
+/// manifest is made, while the box is still laying the workspace down: the caller may start
+/// using the box meanwhile, as long as nothing reads the session's directory before this
+/// returns. The directory appears whole, in one rename of the staging directory: the base
+/// commit checked out, the tracked files the user deleted deleted, the files that differ
+/// copied. Not sent when the workspace has a top-level `AGENTS.md` (a turn reads it before
+/// its first model call), nor in plain mode.
 pub async fn push_after(
     out: &Outbound<'_>,
     remote: &Remote,
     before: &str,
     ready: impl std::future::Future<Output = std::result::Result<(), String>>,
+    early: Option<tokio::sync::oneshot::Sender<Planned>>,
     cancel: &CancellationToken,
 ) -> Result<Dispatched> {
     let before =
@@ -114,7 +133,8 @@ pub async fn push_after(
     // Git mode: the pack of the base commit is made here and laid down by the box in a
     // staging directory of its own (its checkout is most of a lay-down) while the workspace
     // here is still being written and is checked; it becomes the session's directory only
-    // once every check passed, and is removed when one fails.
+    // once every check passed and the files that differ are in it, and is removed when one
+    // fails.
     let staging = Remote::new(remote.ssh().clone(), &format!("{}.incoming", remote.dir()))?;
     let seeding = async {
         match &base_commit {
@@ -134,8 +154,9 @@ pub async fn push_after(
     };
     // What is checked before anything reaches the session's directory on the box: the
     // listing (limits, and that a plain copy holds no private file) and the paths of the
-    // tracked files the user deleted.
-    let listing = async {
+    // tracked files the user deleted. Then the base manifest (hashing) and the files that
+    // differ from the base commit, still while the box checks the base commit out.
+    let preparing = async {
         ready.await.map_err(|detail| crate::Error::Invalid {
             what: format!("the workspace {}", out.local.display()),
             detail,
@@ -158,11 +179,57 @@ pub async fn push_after(
             files = list.files.len(),
             "outbound: listed"
         );
-        Ok::<_, crate::Error>((list, deleted))
+        let hashing = async {
+            let (root, list, commit) = (out.local.to_path_buf(), list.clone(), base_commit.clone());
+            tokio::task::spawn_blocking(move || manifest::build(&root, &list, commit))
+                .await
+                .map_err(|e| crate::Error::Invalid {
+                    what: format!("hashing {}", out.local.display()),
+                    detail: e.to_string(),
+                })?
+        };
+        let finding = async {
+            match &base_commit {
+                Some(commit) => differing(out.local, commit, &list, cancel).await,
+                None => Ok(list.paths().into_iter().collect()),
+            }
+        };
+        let (base, mut sent) = tokio::try_join!(hashing, finding)?;
+        if base_commit.is_some() {
+            // A checkout (umask 022 on the box) makes 0644 and 0755 files; others travel.
+            for (path, entry) in &base.entries {
+                if let crate::ManifestEntry::File { mode, .. } = entry
+                    && !matches!(mode, 0o644 | 0o755)
+                {
+                    sent.insert(path.clone());
+                }
+            }
+        }
+        tracing::debug!(ms = ms(started), "outbound: hashed");
+        Ok::<_, crate::Error>((list, deleted, base, sent))
     };
-    let (seeded, listed) = tokio::join!(seeding, listing);
-    let (seeded, (list, deleted)) = match (seeded, listed) {
-        (Ok(seeded), Ok(listed)) => (seeded, listed),
+    // The early word goes out as soon as this side is done, not when the box is.
+    let preparing = async {
+        let prepared = preparing.await?;
+        let (list, _, base, _) = &prepared;
+        if let Some(early) = early
+            && base_commit.is_some()
+            && !base.entries.contains_key(INSTRUCTIONS)
+        {
+            let planned = Planned {
+                manifest: base.clone(),
+                files: list.files.len(),
+                bytes: list.total_bytes,
+                left_out: list.left_out.clone(),
+            };
+            // A caller that stopped listening just waits for the end.
+            let _ = early.send(planned);
+        }
+        Ok(prepared)
+    };
+    let (seeded, prepared) = tokio::join!(seeding, preparing);
+    let (seeded, (list, deleted, base, sent)) = match (seeded, prepared) {
+        (Ok(seeded), Ok(prepared)) => (seeded, prepared),
         // The workspace's own refusal says most (the box's, when it is the only one).
         (Err(e), Ok(_)) | (_, Err(e)) => {
             if base_commit.is_some() {
@@ -171,57 +238,32 @@ pub async fn push_after(
             return Err(e);
         }
     };
-
-    // Every check passed: the box's directory is made (git: the staged repository moved into
-    // place, minus the tracked files the user deleted, in one round trip) while this side
-    // hashes (the base manifest) and finds the files that differ from the base commit.
-    let hashing = async {
-        let (root, list, commit) = (out.local.to_path_buf(), list.clone(), base_commit.clone());
-        tokio::task::spawn_blocking(move || manifest::build(&root, &list, commit))
-            .await
-            .map_err(|e| crate::Error::Invalid {
-                what: format!("hashing {}", out.local.display()),
-                detail: e.to_string(),
-            })?
-    };
-    let finding = async {
-        match &base_commit {
-            Some(commit) => differing(out.local, commit, &list, cancel).await,
-            None => Ok(list.paths().into_iter().collect()),
-        }
-    };
-    let placing = async {
-        match seeded {
-            Some(method) => {
-                let placed = move_into_place(remote, &staging, deleted, cancel).await;
-                if placed.is_err() {
-                    discard_staging(&staging, cancel).await;
-                }
-                placed.map(|()| method)
-            }
-            None => make_dir(remote, &before, cancel).await,
-        }
-    };
-    let (base, differ, method) = tokio::join!(hashing, finding, placing);
-    let (base, mut sent, method) = (base?, differ?, method?);
-    tracing::debug!(
-        ms = ms(started),
-        "outbound: hashed; the box's directory is made (git: the base commit checked out)"
-    );
-    if base_commit.is_some() {
-        // A checkout (umask 022 on the box) makes 0644 and 0755 files; others travel.
-        for (path, entry) in &base.entries {
-            if let crate::ManifestEntry::File { mode, .. } = entry
-                && !matches!(mode, 0o644 | 0o755)
-            {
-                sent.insert(path.clone());
-            }
-        }
-    }
     let sent: Vec<String> = sent.into_iter().collect();
-    remote
-        .push_files_by(out.local, &sent, method, cancel)
-        .await?;
+    let method = match seeded {
+        Some(method) => {
+            // Git: the files that differ go into the staged repository, then it moves into
+            // place minus the tracked files the user deleted: the session's directory
+            // appears whole or not at all.
+            let placed = async {
+                staging
+                    .push_files_by(out.local, &sent, method, cancel)
+                    .await?;
+                move_into_place(remote, &staging, deleted, cancel).await
+            };
+            if let Err(e) = placed.await {
+                discard_staging(&staging, cancel).await;
+                return Err(e);
+            }
+            method
+        }
+        None => {
+            let method = make_dir(remote, &before, cancel).await?;
+            remote
+                .push_files_by(out.local, &sent, method, cancel)
+                .await?;
+            method
+        }
+    };
     tracing::debug!(ms = ms(started), files = sent.len(), "outbound: files sent");
     Ok(Dispatched {
         manifest: base,
@@ -231,6 +273,9 @@ pub async fn push_after(
         left_out: list.left_out,
     })
 }
+
+/// The file a turn reads before its first model call (`skiff_agent::INSTRUCTIONS_FILE`).
+const INSTRUCTIONS: &str = "AGENTS.md";
 
 /// The commit of `refs/heads/skiff/<session>`, which must be what the worktree has checked out.
 pub(crate) async fn session_head(
@@ -508,8 +553,10 @@ async fn seed_repository(
     // The pack goes in before its index: git ignores a pack until its index is there. The
     // checkout reads no configuration or attributes of the box user's (a reused box may have
     // some): it must write the commit's bytes as they are. Its writes wait on the file system
-    // more than on the CPU: more parallel workers than cores. Whatever a failed lay-down left
-    // in the staging directory goes first.
+    // more than on the CPU: more parallel workers than cores. It yields the CPU (`nice`): the
+    // first model request waits for the gateway's side of a lay-down, not for this one, and a
+    // box on the gateway's machine shares its CPU. Whatever a failed lay-down left in the
+    // staging directory goes first.
     let script = format!(
         "set -e; export GIT_TERMINAL_PROMPT=0; {before}\
          if [ -e {dir} ] && [ -n \"$(ls -A {dir})\" ]; then echo taken; exit 0; fi; \
@@ -517,7 +564,7 @@ async fn seed_repository(
          mkdir -p \"$in\" .git/objects/pack; tar -C \"$in\" -xf -; \
          mv \"$in\"/pack-{hash}.pack .git/objects/pack/; mv \"$in\"/pack-{hash}.idx .git/objects/pack/; \
          {shallow}git update-ref {q} {c}; git symbolic-ref HEAD {q}; umask 022; \
-         GIT_CONFIG_GLOBAL=/dev/null GIT_CONFIG_NOSYSTEM=1 git -c core.hooksPath=/dev/null \
+         GIT_CONFIG_GLOBAL=/dev/null GIT_CONFIG_NOSYSTEM=1 nice -n 10 git -c core.hooksPath=/dev/null \
          -c core.attributesFile=/dev/null -c checkout.workers=8 reset -q --hard {c}; \
          rm -rf \"$in\"; {identity}{}",
         remote.method_probe()
@@ -555,10 +602,13 @@ async fn move_into_place(
     cancel: &CancellationToken,
 ) -> Result<()> {
     let (dir, stage) = (remote.quoted_dir(), staging.quoted_dir());
+    // The deletions are made in the staging directory, and the rename is the last step. A
+    // worker waiting for the workspace may have made its directory, empty: the rename
+    // replaces it (`-T`: never into it), and refuses one that is not empty.
     let script = format!(
-        "set -e; if [ -d {dir} ] && [ ! -L {dir} ] && [ -z \"$(ls -A {dir})\" ]; then rmdir {dir}; fi; \
-         if [ -e {dir} ] || [ -L {dir} ]; then echo taken; exit 0; fi; \
-         mv {stage} {dir}; cd {dir}; xargs -0 -r rm -f --; echo placed"
+        "set -e; if [ -L {dir} ] || {{ [ -e {dir} ] && [ ! -d {dir} ]; }} || \
+         {{ [ -d {dir} ] && [ -n \"$(ls -A {dir})\" ]; }}; then echo taken; exit 0; fi; \
+         (cd {stage} && xargs -0 -r rm -f --); mv -T {stage} {dir} || {{ echo taken; exit 0; }}; echo placed"
     );
     let done = remote.run(&script, deleted, cancel).await?;
     if done.lines().any(|l| l.trim() == "taken") {

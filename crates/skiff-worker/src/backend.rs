@@ -16,6 +16,9 @@ use tokio_util::sync::CancellationToken;
 pub(crate) struct RpcModel {
     pub link: Arc<Link>,
     pub run: Option<RunId>,
+    /// Set while the turn's workspace is still being laid onto the box: what leads to a tool
+    /// waits at it.
+    pub gate: Option<crate::gate::Gate>,
 }
 
 impl ModelClient for RpcModel {
@@ -24,7 +27,11 @@ impl ModelClient for RpcModel {
         request: ModelRequest,
         cancel: CancellationToken,
     ) -> BoxStream<'static, ModelEvent> {
-        self.link.model_stream(self.run.clone(), request, cancel)
+        let events = self.link.model_stream(self.run.clone(), request, cancel);
+        match &self.gate {
+            Some(gate) => gate.hold(events),
+            None => events,
+        }
     }
 }
 

@@ -13,6 +13,7 @@
 //! `skiff-llm`, `skiff-store` or `skiff-gateway`.
 
 mod backend;
+mod gate;
 mod link;
 mod turns;
 
@@ -207,6 +208,7 @@ async fn connect_once(
             GatewayFrame::CancelTurn { run_id } => turns.cancel(&run_id),
             GatewayFrame::Canary { nonce, model } => turns.canary(nonce, model),
             GatewayFrame::Shutdown { reason } => break Session::Shutdown(reason),
+            GatewayFrame::WorkspaceLaid { error } => turns.workspace_laid(error),
             GatewayFrame::Refused { code, message } => {
                 tracing::warn!(code = code.as_str(), message, "the gateway refused a frame");
             }

@@ -30,6 +30,8 @@ pub(crate) struct Turns {
     /// The session's background processes: a worker serves one session, so `keep` processes
     /// live across its turns and end with the worker (contained, they die with it).
     processes: Processes,
+    /// The lay-down a turn with `wait_for_workspace` waits for.
+    gate: crate::gate::Gate,
 }
 
 impl Turns {
@@ -41,6 +43,7 @@ impl Turns {
                 ..State::default()
             }),
             processes: Processes::for_session(),
+            gate: crate::gate::Gate::default(),
         }
     }
 
@@ -50,6 +53,12 @@ impl Turns {
 
     pub(crate) fn set_workspace(&self, workspace: PathBuf) {
         self.lock().workspace = workspace;
+    }
+
+    /// The gateway says how the workspace's lay-down ended.
+    pub(crate) fn workspace_laid(&self, error: Option<String>) {
+        tracing::info!(?error, "the workspace's lay-down ended");
+        self.gate.laid(error.map_or(Ok(()), Err));
     }
 
     pub(crate) fn start(self: &Arc<Self>, turn: TurnAssignment) {
@@ -63,13 +72,41 @@ impl Turns {
             state.running.insert(turn.run_id.clone(), cancel.clone());
             state.workspace.clone()
         };
+        let gate = self
+            .gate
+            .applies(turn.wait_for_workspace)
+            .then(|| self.gate.clone());
+        if gate.is_some() {
+            // The lay-down moves the whole workspace into place in one rename, onto this
+            // empty directory: the tools have a root to resolve paths against meanwhile, and
+            // nothing runs in it before the gate opens.
+            if let Err(e) = std::fs::create_dir_all(&workspace) {
+                tracing::warn!(error = %e, "could not make the workspace's directory");
+            }
+        }
         let this = self.clone();
         tokio::spawn(async move {
             let run = turn.run_id.clone();
             tracing::info!(%run, "turn started");
-            let end = this.run(turn, workspace.clone(), &cancel).await;
+            let end = this
+                .run(turn, workspace.clone(), gate.clone(), &cancel)
+                .await;
+            // A workspace still being laid down is never scanned: the gateway would take the
+            // missing files for deletions.
+            let laid = match &gate {
+                Some(gate) => tokio::select! {
+                    biased;
+                    laid = gate.wait() => laid,
+                    () = cancel.cancelled() => Err("the turn was cancelled before the workspace was laid onto the box".into()),
+                },
+                None => Ok(()),
+            };
             let scanned = std::time::Instant::now();
-            let (manifest, manifest_error) = match scan(&workspace).await {
+            let scanning = async {
+                laid?;
+                scan(&workspace).await
+            };
+            let (manifest, manifest_error) = match scanning.await {
                 Ok(m) => (Some(m), None),
                 Err(why) => (None, Some(why)),
             };
@@ -95,6 +132,7 @@ impl Turns {
         &self,
         turn: TurnAssignment,
         workspace: PathBuf,
+        gate: Option<crate::gate::Gate>,
         cancel: &CancellationToken,
     ) -> TurnEnd {
         let approvals = match skiff_agent::approval::Approvals::compile(&turn.approval) {
@@ -134,6 +172,7 @@ impl Turns {
         let model = RpcModel {
             link: self.link.clone(),
             run: Some(turn.run_id.clone()),
+            gate,
         };
         let backend = RpcBackend {
             link: self.link.clone(),
@@ -182,6 +221,7 @@ impl Turns {
             let model = RpcModel {
                 link: link.clone(),
                 run: None,
+                gate: None,
             };
             let mut stream =
                 skiff_agent::ModelClient::stream(&model, request, CancellationToken::new());

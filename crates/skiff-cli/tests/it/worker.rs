@@ -1063,3 +1063,47 @@ fn what_sync_leaves_behind_is_said_at_the_syncing_step_and_in_session_show() {
     assert!(box_ws.join("src/target/mod.rs").is_file());
     assert!(!box_ws.join("target").exists());
 }
+
+/// A git workspace without setup or `AGENTS.md` is laid onto the box behind the worker's
+/// start: the step says so, and the first tool (held until the box holds the whole workspace)
+/// sees the user's uncommitted edit, deletion and new file, as a sequential lay-down gives it.
+#[test]
+fn the_first_model_call_does_not_wait_for_the_box_and_the_first_tool_sees_the_whole_workspace() {
+    let rig = Rig::start(
+        vec![
+            tool_reply(
+                "call_1",
+                "exec",
+                r#"{"command":"{ cat edited.txt; git status --porcelain --untracked-files=all; } > seen.txt && git add seen.txt && git commit -q -m seen"}"#,
+            ),
+            text_reply(&["seen"]),
+        ],
+        "",
+    );
+    let repo = TempGitRepo::new(&[
+        ("edited.txt", "as committed\n"),
+        ("gone.txt", "deleted by the user\n"),
+        ("src/lib.rs", "pub fn f() {}\n"),
+    ]);
+    std::fs::write(repo.path().join("edited.txt"), "edited by the user\n").unwrap();
+    std::fs::remove_file(repo.path().join("gone.txt")).unwrap();
+    std::fs::write(repo.path().join("new.txt"), "new\n").unwrap();
+    let (out, id) = new_worker_session(&rig, repo.path(), "look");
+    assert!(out.status.success(), "{}", stderr(&out));
+    let steps = placement_steps(&rig, &id);
+    let starting = steps
+        .iter()
+        .find(|(state, _)| state == "starting")
+        .map(|(_, detail)| detail.as_str())
+        .unwrap_or_default();
+    assert!(
+        starting.contains("going onto the box") && starting.contains("the worker starts meanwhile"),
+        "{steps:?}"
+    );
+    let branch = format!("skiff/{id}");
+    let seen = git(repo.path(), &["show", &format!("{branch}:seen.txt")]);
+    assert_eq!(
+        seen, "edited by the user\n M edited.txt\n D gone.txt\n?? new.txt\n?? seen.txt\n",
+        "the first tool saw another workspace"
+    );
+}

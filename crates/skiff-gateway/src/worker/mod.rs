@@ -109,9 +109,39 @@ pub(crate) struct Live {
     /// The inference proxy held the worker's next model call for a live move home: the step
     /// before it is committed, and nothing after it will be.
     held_call: watch::Sender<bool>,
+    /// The placement's workspace lay-down, when it runs behind the worker's start.
+    lay_down: Mutex<LayDown>,
+}
+
+/// How the lay-down of the placement's workspace stands, as the worker's turns hear of it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) enum LayDown {
+    /// Done before the worker started (or no lay-down of this gateway's): nothing to wait for.
+    #[default]
+    Before,
+    /// Running on the box while the worker starts and its turn's first model call is made.
+    Running,
+    /// Ended after the worker started: how.
+    Ended(std::result::Result<(), String>),
 }
 
 impl Live {
+    pub(crate) fn lay_down(&self) -> LayDown {
+        lock(&self.lay_down).clone()
+    }
+
+    pub(crate) fn set_lay_down(&self, to: LayDown) {
+        *lock(&self.lay_down) = to;
+    }
+
+    /// `Before` → `Running`; a lay-down that ended already stays ended.
+    pub(crate) fn lay_down_running(&self) {
+        let mut now = lock(&self.lay_down);
+        if *now == LayDown::Before {
+            *now = LayDown::Running;
+        }
+    }
+
     fn bump(&self) {
         self.changes.send_modify(|n| *n += 1);
     }

@@ -3,6 +3,7 @@
 //! and wait for its admission and the readiness canary. Turns are in `turn.rs`, keeping the
 //! worker alive in `recover.rs`.
 
+use super::LayDown;
 use crate::environments::SnapshotKey;
 use crate::error::{Error, Result};
 use serde_json::json;
@@ -19,7 +20,12 @@ use skiff_sync::{Remote, Rules, manifest};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::{OwnedMutexGuard, oneshot};
 use tokio_util::sync::CancellationToken;
+
+/// What a lay-down put (or is putting) on the box: the base manifest (JSON), the files and
+/// bytes listed, and what the rules left out.
+type Synced = (String, usize, u64, skiff_sync::filelist::LeftOut);
 
 /// How long a started worker has to connect and pass the canary.
 const ADMISSION_TIMEOUT: Duration = Duration::from_secs(30);
@@ -61,7 +67,22 @@ impl super::WorkerSide {
     ) -> Result<PlacementRow> {
         let placing = self.live(&session.id).placing.clone();
         let _placing = placing.lock_owned().await;
-        self.ensure_worker_locked(scope, session, cancel).await
+        self.drive_placement(scope, session, cancel, None).await
+    }
+
+    /// [`ensure_worker`](Self::ensure_worker) for a turn of `run_turn_on_worker`, which waits
+    /// for the worker's end of the turn: a git-mode lay-down without setup may run behind the
+    /// worker's start (see `drive_placement`).
+    pub(crate) async fn ensure_worker_for_turn(
+        self: &Arc<Self>,
+        scope: &Scope,
+        session: &SessionRow,
+        cancel: &CancellationToken,
+    ) -> Result<PlacementRow> {
+        let placing = self.live(&session.id).placing.clone();
+        let placing = placing.lock_owned().await;
+        self.drive_placement(scope, session, cancel, Some(placing))
+            .await
     }
 
     /// [`WorkerSide::ensure_worker`](super::WorkerSide::ensure_worker) for a caller that holds the session's `placing` lock.
@@ -70,6 +91,20 @@ impl super::WorkerSide {
         scope: &Scope,
         session: &SessionRow,
         cancel: &CancellationToken,
+    ) -> Result<PlacementRow> {
+        self.drive_placement(scope, session, cancel, None).await
+    }
+
+    /// Drives the placement. With `placing` (the session's lock, held by
+    /// `ensure_worker_for_turn`), a git-mode lay-down without setup runs behind the worker's start:
+    /// the lock goes with it, so nothing else drives or moves the placement (a recovery, a
+    /// pull-back) before the box holds the whole workspace.
+    async fn drive_placement(
+        self: &Arc<Self>,
+        scope: &Scope,
+        session: &SessionRow,
+        cancel: &CancellationToken,
+        mut placing: Option<OwnedMutexGuard<()>>,
     ) -> Result<PlacementRow> {
         let id = &session.id;
         let mut p = self
@@ -175,8 +210,22 @@ impl super::WorkerSide {
             )?;
         }
         if p.state == PlacementState::Syncing {
-            match self.sync_out(scope, session, &p, cancel).await {
-                Ok((base, files, bytes, left_out)) => {
+            // Nothing runs on the box before the worker (no setup) and a turn waits: the turn's
+            // first model call need not wait for the box's checkout.
+            let behind = if setup.is_none() && mode_of(&session.workspace) == Mode::Git {
+                placing.take()
+            } else {
+                None
+            };
+            let synced = match behind {
+                Some(guard) => self.sync_behind(scope, session, &p, cancel, guard).await,
+                None => self
+                    .sync_out(scope, session, &p, cancel, None)
+                    .await
+                    .map(|synced| (synced, false)),
+            };
+            match synced {
+                Ok(((base, files, bytes, left_out), behind)) => {
                     let bundle = self.envs.bundle_hash_now();
                     // Nothing is left behind silently: the step says what the rules kept out.
                     let left_out = left_out
@@ -197,10 +246,14 @@ impl super::WorkerSide {
                         Some(_) => setup.and_then(super::setup::SetupPlan::maintenance),
                         None => setup,
                     };
-                    let on_box = format!(
-                        "{files} files ({}) on the box, {left_out}",
-                        skiff_sync::filelist::human(bytes)
-                    );
+                    let size = skiff_sync::filelist::human(bytes);
+                    let on_box = if behind {
+                        format!(
+                            "{files} files ({size}) going onto the box, {left_out}; the worker starts meanwhile and its tools wait for them"
+                        )
+                    } else {
+                        format!("{files} files ({size}) on the box, {left_out}")
+                    };
                     let (next, detail) = match &setup {
                         Some(plan) => (
                             PlacementState::Setup,
@@ -330,13 +383,80 @@ impl super::WorkerSide {
         )
     }
 
+    /// [`sync_out`](Self::sync_out) in a task of its own that holds `placing` until the box
+    /// holds the whole workspace. Returns as soon as the base manifest is made and every check
+    /// passed (`true`: the box is still laying the workspace down; the worker's turns hear how
+    /// that ends, see [`LayDown`]), or when the lay-down ended without that early word (`false`:
+    /// a kept workspace resumed, a top-level `AGENTS.md`, or a failure).
+    async fn sync_behind(
+        self: &Arc<Self>,
+        scope: &Scope,
+        session: &SessionRow,
+        p: &PlacementRow,
+        cancel: &CancellationToken,
+        placing: OwnedMutexGuard<()>,
+    ) -> Result<(Synced, bool)> {
+        let (planned_tx, planned) = oneshot::channel();
+        let this = self.clone();
+        let (scope, session, p, cancel) =
+            (scope.clone(), session.clone(), p.clone(), cancel.clone());
+        let task = tokio::spawn(async move {
+            let _placing = placing;
+            let live = this.live(&session.id);
+            let (early_tx, early) = oneshot::channel();
+            // The lay-down counts as running before anyone hears it may be used.
+            let forward = async {
+                match early.await {
+                    Ok(early) => {
+                        live.lay_down_running();
+                        planned_tx.send(early).is_ok()
+                    }
+                    Err(_) => false,
+                }
+            };
+            let (synced, behind) = tokio::join!(
+                this.sync_out(&scope, &session, &p, &cancel, Some(early_tx)),
+                forward
+            );
+            if behind {
+                let outcome = synced.as_ref().map(|_| ()).map_err(|e| e.to_string());
+                match &outcome {
+                    Ok(()) => {
+                        tracing::debug!(session = %session.id, "the workspace is laid onto the box behind the worker's start")
+                    }
+                    Err(e) => {
+                        tracing::warn!(session = %session.id, error = %e, "the workspace could not be laid onto the box behind the worker's start")
+                    }
+                }
+                live.set_lay_down(LayDown::Ended(outcome.clone()));
+                live.send(GatewayFrame::WorkspaceLaid {
+                    error: outcome.err(),
+                });
+            }
+            synced
+        });
+        match planned.await {
+            Ok(planned) => {
+                let base = manifest::to_json(&planned.manifest)?;
+                Ok(((base, planned.files, planned.bytes, planned.left_out), true))
+            }
+            Err(_) => match task.await {
+                Ok(synced) => synced.map(|synced| (synced, false)),
+                Err(e) => Err(Error::Internal(format!("the lay-down stopped: {e}"))),
+            },
+        }
+    }
+
     async fn sync_out(
         &self,
         scope: &Scope,
         session: &SessionRow,
         p: &PlacementRow,
         cancel: &CancellationToken,
-    ) -> Result<(String, usize, u64, skiff_sync::filelist::LeftOut)> {
+        early: Option<oneshot::Sender<outbound::Planned>>,
+    ) -> Result<Synced> {
+        // A new lay-down: whatever the last one of this session said is over.
+        self.live(&session.id).set_lay_down(LayDown::Before);
         let env = self.placement_env(scope, p)?;
         let ssh = self.envs.ssh(&env)?;
         let remote = Remote::new(ssh, &box_workspace(&session.id))?;
@@ -389,7 +509,8 @@ impl super::WorkerSide {
                 // the turn is handed over once it is).
                 let ready = self.fills.written(&session.id);
                 let clear = super::park::clear_kept_script();
-                let sent = outbound::push_after(&out, &remote, &clear, ready, cancel).await?;
+                let sent =
+                    outbound::push_after(&out, &remote, &clear, ready, early, cancel).await?;
                 (sent, "laid down")
             }
         };

@@ -2,6 +2,7 @@
 //! end awaited, and at `turn.finish` the box's work reconciled into the session's workspace
 //! (git: verified bundle + fast-forward; plain: checked mirror) and checkpointed.
 
+use super::LayDown;
 use super::place::box_workspace;
 use crate::error::Result;
 use crate::quarantine::Refused;
@@ -30,10 +31,20 @@ impl super::WorkerSide {
         if run.status != RunStatus::Running {
             return Ok(());
         }
-        let turn = self.lent.specs()?.assignment(scope, session, &run)?;
+        let mut turn = self.lent.specs()?.assignment(scope, session, &run)?;
         let live = self.live(session);
         live.set_open_run(Some(run.id.clone()));
+        // A workspace laid down behind the worker's start: the turn's tools wait for it, and
+        // the word of its end follows every hand-over (one sent while the worker was away is
+        // lost).
+        let laid = live.lay_down();
+        turn.wait_for_workspace = laid != LayDown::Before;
         live.send(GatewayFrame::Turn { turn });
+        if let LayDown::Ended(outcome) = laid {
+            live.send(GatewayFrame::WorkspaceLaid {
+                error: outcome.err(),
+            });
+        }
         Ok(())
     }
 
@@ -48,7 +59,7 @@ impl super::WorkerSide {
         run: &RunRow,
         cancel: &CancellationToken,
     ) -> Result<skiff_agent::TurnOutcome> {
-        let mut p = self.ensure_worker(scope, session, cancel).await?;
+        let mut p = self.ensure_worker_for_turn(scope, session, cancel).await?;
         // Running already when a live move brought the turn here.
         if self.store.run(scope, &run.id)?.status != RunStatus::Running {
             self.set_run_status(scope, &session.id, &run.id, RunStatus::Running, None)?;
@@ -91,12 +102,29 @@ impl super::WorkerSide {
                     Err(e) => {
                         // Still on its box, its worker stopped: a new one takes the turn up.
                         tracing::warn!(session = %session.id, error = %e, "a live pull-back stopped; the turn goes on on its box");
-                        p = self.ensure_worker(scope, session, cancel).await?;
+                        p = self.ensure_worker_for_turn(scope, session, cancel).await?;
                         resume = Some((attempt, None));
                         continue;
                     }
                 }
             };
+            if let LayDown::Ended(Err(why)) = self.live(&session.id).lay_down() {
+                // The box never held the whole workspace: nothing of it was brought back, and
+                // the box is given up so the next message places the session afresh.
+                let error = format!("the workspace could not be laid onto the box: {why}");
+                if let Err(e) = self.store.finish_attempt(
+                    scope,
+                    &attempt,
+                    skiff_store::AttemptStatus::Failed,
+                    Some(&error),
+                ) {
+                    tracing::warn!(run = %run.id, error = %e, "could not finish the attempt");
+                }
+                let e = crate::Error::BoxNotReady(error.clone());
+                let why = "the workspace could not be laid onto the box";
+                self.fail_placement(scope, &p, e, why).await;
+                return Ok(skiff_agent::TurnOutcome::Failed(error));
+            }
             if let TurnEnd::Failed { error } = &end
                 && !cancel.is_cancelled()
                 && self.box_died(scope, &session.id)
@@ -112,7 +140,7 @@ impl super::WorkerSide {
                 if failovers < allowed {
                     failovers += 1;
                     let checkpoint = self.fail_over(scope, session, run, &p, failovers, allowed);
-                    p = self.ensure_worker(scope, session, cancel).await?;
+                    p = self.ensure_worker_for_turn(scope, session, cancel).await?;
                     resume = Some((attempt, checkpoint));
                     continue;
                 }

@@ -666,3 +666,74 @@ async fn a_committed_symlink_out_of_the_workspace_is_data_and_never_strands_the_
         "the changed symlink was not written"
     );
 }
+
+/// The early word (what lets a placement start the worker while the box lays the workspace
+/// down) comes with the base manifest the lay-down ends with, and the session's directory is
+/// never seen half-made: it is empty (made by a waiting worker, and replaced by the rename) or
+/// whole. A workspace with a top-level `AGENTS.md` (read before a turn's first model call) gets
+/// no early word.
+#[tokio::test]
+async fn the_early_word_comes_before_a_directory_that_appears_whole() {
+    let tb = TestBox::new().await;
+    for agents in [false, true] {
+        let ws = Workspace::git(&files());
+        dirty(&ws);
+        if agents {
+            ws.write("AGENTS.md", "be brief\n");
+        }
+        let dir = if agents { "with-agents" } else { "plain-tree" };
+        // A worker waiting for the workspace made its directory.
+        tb.sh(&format!("mkdir -p {dir}")).await;
+        let rules = Rules::load(&ws.worktree).unwrap();
+        let out = Outbound {
+            local: &ws.worktree,
+            mode: Mode::Git,
+            session: &ws.session,
+            rules: &rules,
+            limits: &Limits::default(),
+            scratch: ws.scratch.path(),
+            identity: None,
+            history: Default::default(),
+        };
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let remote = tb.remote(dir);
+        let cancel = cancel();
+        let pushing = outbound::push_after(
+            &out,
+            &remote,
+            "true",
+            std::future::ready(Ok(())),
+            Some(tx),
+            &cancel,
+        );
+        let watching = async {
+            let planned = rx.await.ok()?;
+            // Seen at the early word: nothing, or everything.
+            Some((planned, snapshot(&tb.path(dir))))
+        };
+        let (sent, early) = tokio::join!(pushing, watching);
+        let sent = sent.unwrap();
+        let whole = snapshot(&tb.path(dir));
+        match early {
+            Some((planned, seen)) => {
+                assert!(!agents, "an AGENTS.md workspace got the early word");
+                assert_eq!(planned.manifest, sent.manifest);
+                assert_eq!((planned.files, planned.bytes), (sent.files, sent.bytes));
+                assert!(seen.is_empty() || seen == whole, "seen half-made: {seen:?}");
+            }
+            None => assert!(agents, "no early word for a plain tree"),
+        }
+        // Whole: the user's edits, deletions and new files are there, and git agrees.
+        assert_eq!(
+            std::fs::read_to_string(tb.path(dir).join("a.txt")).unwrap(),
+            "alpha, edited\n"
+        );
+        assert!(!tb.path(dir).join("del.txt").exists());
+        assert!(tb.path(dir).join("new.txt").exists());
+        assert!(!tb.path(&format!("{dir}.incoming")).exists());
+        for (path, entry) in &sent.manifest.entries {
+            let there = skiff_sync::manifest::entry_of(&tb.path(dir), path).unwrap();
+            assert_eq!(&there, entry, "{dir}/{path}");
+        }
+    }
+}
