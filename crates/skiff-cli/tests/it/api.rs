@@ -150,7 +150,9 @@ fn the_gateway_keeps_its_secrets_private_and_out_of_the_audit_log() {
     // The database holds only the token's hash (SQLite's file and WAL, or PostgreSQL's rows).
     let bytes = gw.database_bytes();
     assert!(
-        bytes.windows(b"token.mint".len()).any(|w| w == b"token.mint"),
+        bytes
+            .windows(b"token.mint".len())
+            .any(|w| w == b"token.mint"),
         "the database's bytes were read"
     );
     assert!(

@@ -144,7 +144,12 @@ fn a_stopped_gateways_state_moves_to_postgres_verified_and_reads_the_same() {
 
     gw.stop();
     let out = migrate(&gw, &url, false);
-    assert!(out.status.success(), "{}\n{}", stderr(&out), db.server_log());
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        stderr(&out),
+        db.server_log()
+    );
     let shown = stdout(&out);
     assert!(shown.contains("counts and checksums match"), "{shown}");
     assert!(shown.contains("postgres://skiff:***@"), "{shown}");

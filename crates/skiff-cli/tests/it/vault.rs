@@ -251,7 +251,9 @@ fn a_secret_piped_in_is_the_providers_key_survives_rotation_and_appears_nowhere_
     // The database holds the value only sealed; no other file of the state dir holds it.
     let database = gw.store.raw_bytes(&gw.state());
     assert!(
-        database.windows(b"secret.set".len()).any(|w| w == b"secret.set"),
+        database
+            .windows(b"secret.set".len())
+            .any(|w| w == b"secret.set"),
         "the database's bytes were read"
     );
     assert!(

@@ -4,6 +4,8 @@
 //! socket directory — so every test process makes its database there instead of starting a
 //! server of its own — stops the cluster when COMMAND ends, and exits with COMMAND's status.
 //! Killed outright, it takes the server with it (the server's parent-death signal).
+//! `SKIFF_TEST_PG_LOG=FILE` keeps the server's log there (every statement that failed, with
+//! its error: what to read when a test passes on SQLite only).
 
 #![allow(
     clippy::unwrap_used,
@@ -38,6 +40,14 @@ fn main() -> ExitCode {
         .env("SKIFF_TEST_STORE", "postgres")
         .env(SHARED_HOST_ENV, cluster.socket_dir())
         .status();
+    if let Some(path) = std::env::var_os("SKIFF_TEST_PG_LOG")
+        && let Err(e) = std::fs::write(&path, cluster.log())
+    {
+        eprintln!(
+            "skiff-test-pg: could not keep the server's log in {}: {e}",
+            path.to_string_lossy()
+        );
+    }
     drop(cluster);
     match status {
         Ok(status) => ExitCode::from(status.code().map_or(1, |c| u8::try_from(c).unwrap_or(1))),
