@@ -10,6 +10,10 @@
 //! The server gets a parent-death signal, so a test process killed outright does not leave it
 //! running. Linux sends it when the *thread* that started the server ends: keep a cluster on
 //! the thread that started it (a test's own), never in a static another test's thread uses.
+//!
+//! A whole test run can share one cluster instead: `skiff-test-pg COMMAND…` (this crate's
+//! binary) starts one and runs the command with [`SHARED_HOST_ENV`] naming its socket
+//! directory; each [`TestDatabase`] is then a database in it, made and dropped by its test.
 
 use std::fs::File;
 use std::os::unix::fs::MetadataExt;
@@ -24,6 +28,13 @@ const SERVER_USER: &str = "skiff-pgtest";
 const SUPERUSER: &str = "skiff";
 /// How long a server may take to accept connections.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
+/// Connections a cluster of one test's own accepts.
+const OWN_CONNECTIONS: u32 = 40;
+/// Connections the run's shared cluster accepts: every gateway of the tests running at once
+/// (a pool of a few each, and its listener), and their tests' own stores.
+const SHARED_CONNECTIONS: u32 = 300;
+/// The socket directory of a cluster shared by a whole test run (set by `skiff-test-pg`).
+pub const SHARED_HOST_ENV: &str = "SKIFF_TEST_PG_HOST";
 
 /// How long starting took: `initdb` (only when this process made the template) and the copy
 /// and start of the server.
@@ -51,6 +62,7 @@ pub struct PgCluster {
     bin: PathBuf,
     databases: AtomicUsize,
     durability: Durability,
+    max_connections: u32,
     startup: Startup,
 }
 
@@ -61,6 +73,16 @@ impl PgCluster {
     }
 
     pub fn start_with(durability: Durability) -> Self {
+        Self::start_full(durability, OWN_CONNECTIONS)
+    }
+
+    /// A cluster for a whole test run's processes (`skiff-test-pg`): as [`PgCluster::start`],
+    /// with room for the connections of every test running at once.
+    pub fn start_shared() -> Self {
+        Self::start_full(Durability::Tests, SHARED_CONNECTIONS)
+    }
+
+    fn start_full(durability: Durability, max_connections: u32) -> Self {
         let bin = bin_dir();
         let user = server_user();
         let (template, initdb) = template(&bin, user.as_ref());
@@ -80,13 +102,14 @@ impl PgCluster {
             .status()
             .unwrap();
         assert!(copied.success(), "could not copy the PostgreSQL template");
-        let server = spawn_server(&bin, user.as_ref(), dir.path(), durability);
+        let server = spawn_server(&bin, user.as_ref(), dir.path(), durability, max_connections);
         let mut cluster = Self {
             dir,
             server,
             bin,
             databases: AtomicUsize::new(0),
             durability,
+            max_connections,
             startup: Startup {
                 initdb,
                 copy_and_start: Duration::ZERO,
@@ -109,21 +132,8 @@ impl PgCluster {
     /// A new, empty database; returns its connection string (`host=… user=… dbname=…`).
     pub fn fresh_database(&self) -> String {
         let name = format!("db{}", self.databases.fetch_add(1, Ordering::Relaxed) + 1);
-        let out = Command::new(self.bin.join("createdb"))
-            .arg("-h")
-            .arg(self.socket_dir())
-            .args(["-U", SUPERUSER, &name])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "createdb {name} failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        format!(
-            "host={} user={SUPERUSER} dbname={name}",
-            self.socket_dir().display()
-        )
+        createdb(&self.bin, self.socket_dir(), &name);
+        connection_string(self.socket_dir(), &name)
     }
 
     /// Stops the server the way an operator's restart does (a fast shutdown: open sessions
@@ -138,7 +148,13 @@ impl PgCluster {
     /// Starts the stopped server again on the same data and socket.
     pub fn start_again(&mut self) {
         let user = server_user();
-        self.server = spawn_server(&self.bin, user.as_ref(), self.dir.path(), self.durability);
+        self.server = spawn_server(
+            &self.bin,
+            user.as_ref(),
+            self.dir.path(),
+            self.durability,
+            self.max_connections,
+        );
         self.wait_ready();
     }
 
@@ -180,6 +196,133 @@ impl PgCluster {
     }
 }
 
+/// `createdb NAME` on the server whose socket is in `host`.
+fn createdb(bin: &Path, host: &Path, name: &str) {
+    let out = Command::new(bin.join("createdb"))
+        .arg("-h")
+        .arg(host)
+        .args(["-U", SUPERUSER, name])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "createdb {name} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn connection_string(host: &Path, name: &str) -> String {
+    format!("host={} user={SUPERUSER} dbname={name}", host.display())
+}
+
+/// A fresh, empty database for one test: in the run's shared cluster when [`SHARED_HOST_ENV`]
+/// names one, else in a cluster of the test's own (keep it on the test's thread, as a
+/// [`PgCluster`]). Dropped at the end (`dropdb --force`, ending the connections left), or
+/// with its own cluster.
+pub struct TestDatabase {
+    host: PathBuf,
+    name: String,
+    bin: PathBuf,
+    /// The cluster of this database alone, when no shared one was named.
+    own: Option<PgCluster>,
+}
+
+impl TestDatabase {
+    pub fn new() -> Self {
+        let bin = bin_dir();
+        match std::env::var_os(SHARED_HOST_ENV).filter(|h| !h.is_empty()) {
+            Some(host) => {
+                let host = PathBuf::from(host);
+                // Unique across the run's test processes, and across runs sharing a cluster
+                // whose earlier test was killed before it dropped its database.
+                static MADE: AtomicUsize = AtomicUsize::new(0);
+                let nanos = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.subsec_nanos());
+                let name = format!(
+                    "t{}_{}_{nanos}",
+                    std::process::id(),
+                    MADE.fetch_add(1, Ordering::Relaxed)
+                );
+                createdb(&bin, &host, &name);
+                Self {
+                    host,
+                    name,
+                    bin,
+                    own: None,
+                }
+            }
+            None => {
+                let cluster = PgCluster::start();
+                let name = "db1".to_owned();
+                createdb(&bin, cluster.socket_dir(), &name);
+                Self {
+                    host: cluster.socket_dir().to_path_buf(),
+                    name,
+                    bin,
+                    own: Some(cluster),
+                }
+            }
+        }
+    }
+
+    /// Its connection string (`host=… user=… dbname=…`), as `[store] url` takes it.
+    pub fn url(&self) -> String {
+        connection_string(&self.host, &self.name)
+    }
+
+    /// The directory the server's socket is in.
+    pub fn host(&self) -> &Path {
+        &self.host
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Its server's log so far, for a test's failure message.
+    pub fn server_log(&self) -> String {
+        std::fs::read_to_string(self.host.join("server.log")).unwrap_or_default()
+    }
+
+    /// Every row of the database as `pg_dump` writes it (data only, as text): what a test
+    /// searches for a value that must never be stored in the clear.
+    pub fn dump(&self) -> Vec<u8> {
+        let out = Command::new(self.bin.join("pg_dump"))
+            .arg("-h")
+            .arg(&self.host)
+            .args(["-U", SUPERUSER, "--data-only", &self.name])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "pg_dump {} failed: {}",
+            self.name,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out.stdout
+    }
+}
+
+impl Default for TestDatabase {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for TestDatabase {
+    fn drop(&mut self) {
+        if self.own.is_none() {
+            // Best effort: the shared cluster goes away with its run anyway.
+            let _ = Command::new(self.bin.join("dropdb"))
+                .arg("-h")
+                .arg(&self.host)
+                .args(["-U", SUPERUSER, "--force", &self.name])
+                .output();
+        }
+    }
+}
+
 /// The server on the data directory in `dir`, listening on a socket there, logging to
 /// `server.log` there (appended to, so a restart keeps the earlier log).
 fn spawn_server(
@@ -187,6 +330,7 @@ fn spawn_server(
     user: Option<&ServerUser>,
     dir: &Path,
     durability: Durability,
+    max_connections: u32,
 ) -> Child {
     let log = File::options()
         .create(true)
@@ -209,7 +353,8 @@ fn spawn_server(
         .args(["-c", "listen_addresses="])
         .args(["-c", &format!("fsync={fsync}")])
         .args(["-c", &format!("synchronous_commit={synchronous_commit}")])
-        .args(["-c", "shared_buffers=32MB", "-c", "max_connections=40"])
+        .args(["-c", "shared_buffers=32MB"])
+        .args(["-c", &format!("max_connections={max_connections}")])
         .stdin(Stdio::null())
         .stdout(log.try_clone().unwrap())
         .stderr(log);

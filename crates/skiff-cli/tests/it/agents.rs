@@ -138,7 +138,7 @@ fn session_send_agent_without_a_prompt_switches_between_turns_and_starts_none() 
     assert!(show.contains("agent      builder@"), "{show}");
     assert!(show.contains("reasoning  high"), "{show}");
     assert_eq!(runs(&gw), 1, "a switch without a prompt started a turn");
-    let store = skiff_store::Store::open(&gw.state_dir.join("skiff.db")).unwrap();
+    let store = gw.store();
     let audited: Vec<String> = store
         .audit_rows()
         .unwrap()

@@ -129,7 +129,7 @@ fn the_gateway_keeps_its_secrets_private_and_out_of_the_audit_log() {
         .send()
         .unwrap();
 
-    let store = skiff_store::Store::open(&gw.state_dir.join("skiff.db")).unwrap();
+    let store = gw.store();
     let rows = store.audit_rows().unwrap();
     let actions: Vec<&str> = rows.iter().map(|r| r.action.as_str()).collect();
     for action in ["token.mint", "session.create", "run.start", "auth"] {
@@ -147,17 +147,20 @@ fn the_gateway_keeps_its_secrets_private_and_out_of_the_audit_log() {
         "the audit log holds a token"
     );
 
-    // The database holds only the token's hash.
-    let db = std::fs::read(gw.state_dir.join("skiff.db")).unwrap();
-    let wal = std::fs::read(gw.state_dir.join("skiff.db-wal")).unwrap_or_default();
-    for bytes in [db, wal] {
-        assert!(
-            !bytes
-                .windows(gw.token.len())
-                .any(|w| w == gw.token.as_bytes()),
-            "the token is stored in plaintext"
-        );
-    }
+    // The database holds only the token's hash (SQLite's file and WAL, or PostgreSQL's rows).
+    let bytes = gw.database_bytes();
+    assert!(
+        bytes
+            .windows(b"token.mint".len())
+            .any(|w| w == b"token.mint"),
+        "the database's bytes were read"
+    );
+    assert!(
+        !bytes
+            .windows(gw.token.len())
+            .any(|w| w == gw.token.as_bytes()),
+        "the token is stored in plaintext"
+    );
 }
 
 #[test]

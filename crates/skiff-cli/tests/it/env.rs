@@ -152,7 +152,7 @@ pub fn exec(gw: &Gateway, id: &str, command: &str) -> String {
 }
 
 fn audit_decisions(gw: &Gateway, action: &str) -> Vec<String> {
-    let store = skiff_store::Store::open(&gw.state_dir.join("skiff.db")).unwrap();
+    let store = gw.store();
     store
         .audit_rows()
         .unwrap()
@@ -384,7 +384,7 @@ fn an_orphaned_lease_is_swept() {
         .find(|u| u["email"] == "ada@example.test")
         .unwrap()["id"]
         .clone();
-    let store = skiff_store::Store::open(&gw.state_dir.join("skiff.db")).unwrap();
+    let store = gw.store();
     let owners: Vec<String> = store
         .audit_rows()
         .unwrap()

@@ -1,10 +1,96 @@
 //! A gateway process for one test, and helpers to run the CLI against it.
+//!
+//! `SKIFF_TEST_STORE=postgres` runs every gateway of the suite on PostgreSQL (a fresh
+//! database each, [`TestStore`]); unset or `sqlite`, on the state dir's SQLite file.
 
+use skiff_test_support::postgres::TestDatabase;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
+use std::sync::{Arc, OnceLock};
 
 pub const SKIFF: &str = env!("CARGO_BIN_EXE_skiff");
+
+/// Which store the suite's gateways run on: `SKIFF_TEST_STORE` (`sqlite`, the default, or
+/// `postgres`). Anything else fails the test naming the choices.
+pub fn on_postgres() -> bool {
+    match std::env::var("SKIFF_TEST_STORE").as_deref() {
+        Err(_) | Ok("" | "sqlite") => false,
+        Ok("postgres") => true,
+        Ok(other) => panic!("SKIFF_TEST_STORE={other:?}: use `sqlite` or `postgres`"),
+    }
+}
+
+/// The database one test's gateway runs on: the state dir's SQLite `skiff.db`, or a fresh
+/// PostgreSQL database (in the run's shared cluster under `skiff-test-pg`, else in one of the
+/// test's own), dropped with it.
+pub enum TestStore {
+    Sqlite,
+    Postgres(TestDatabase),
+}
+
+impl TestStore {
+    /// What `SKIFF_TEST_STORE` asks for.
+    pub fn from_env() -> TestStore {
+        if on_postgres() {
+            TestStore::Postgres(TestDatabase::new())
+        } else {
+            TestStore::Sqlite
+        }
+    }
+
+    /// The `[store]` table to put in the gateway's skiff.toml (none for SQLite).
+    pub fn config(&self) -> String {
+        match self {
+            TestStore::Sqlite => String::new(),
+            TestStore::Postgres(db) => format!("[store]\nurl = \"{}\"\n", db.url()),
+        }
+    }
+
+    /// `extra_config` with this store's `url` added (into its `[store]` table when it has one).
+    fn with_config(&self, extra_config: &str) -> String {
+        let table = self.config();
+        if table.is_empty() {
+            return extra_config.to_owned();
+        }
+        if extra_config.contains("[store]\n") {
+            extra_config.replacen("[store]\n", &table, 1)
+        } else {
+            format!("{extra_config}\n{table}")
+        }
+    }
+
+    /// Opens the store the gateway on `state_dir` runs on, as the gateway does.
+    pub fn open(&self, state_dir: &Path) -> Arc<dyn skiff_store::Backend> {
+        let at = match self {
+            TestStore::Sqlite => {
+                return skiff_store::open_backend(skiff_store::Location::Sqlite(
+                    &state_dir.join("skiff.db"),
+                ))
+                .unwrap();
+            }
+            TestStore::Postgres(db) => db.url(),
+        };
+        skiff_store::open_backend(skiff_store::Location::Postgres {
+            url: &at,
+            password: None,
+        })
+        .unwrap()
+    }
+
+    /// Every byte the database keeps: the SQLite file and its WAL, or a `pg_dump` of the
+    /// PostgreSQL database — for tests that a value is never stored in the clear.
+    pub fn raw_bytes(&self, state_dir: &Path) -> Vec<u8> {
+        match self {
+            TestStore::Sqlite => {
+                let mut bytes = std::fs::read(state_dir.join("skiff.db")).unwrap();
+                bytes.extend(std::fs::read(state_dir.join("skiff.db-wal")).unwrap_or_default());
+                bytes
+            }
+            TestStore::Postgres(db) => db.dump(),
+        }
+    }
+}
 
 pub struct Gateway {
     pub state_dir: PathBuf,
@@ -13,6 +99,10 @@ pub struct Gateway {
     config: PathBuf,
     env: Vec<(String, String)>,
     child: Child,
+    /// The test's own connection to the store ([`Gateway::store`]); closed before the
+    /// database is dropped (fields drop in order).
+    opened: OnceLock<Arc<dyn skiff_store::Backend>>,
+    store: TestStore,
     _dir: tempfile::TempDir,
 }
 
@@ -31,6 +121,28 @@ impl Gateway {
     /// Like [`Gateway::start_with`], with environment variables for the gateway process
     /// (provider keys), kept across restarts.
     pub fn start_full(script: &str, extra_config: &str, env: &[(&str, &str)]) -> Gateway {
+        // A test that names its own database keeps it.
+        let store = if extra_config.contains("[store]\nurl") {
+            TestStore::Sqlite
+        } else {
+            TestStore::from_env()
+        };
+        Self::start_on(store, script, extra_config, env)
+    }
+
+    /// Like [`Gateway::start`], on the state dir's SQLite file whatever `SKIFF_TEST_STORE`
+    /// says: for tests about that file itself.
+    pub fn start_sqlite(script: &str) -> Gateway {
+        Self::start_on(TestStore::Sqlite, script, "", &[])
+    }
+
+    fn start_on(
+        store: TestStore,
+        script: &str,
+        extra_config: &str,
+        env: &[(&str, &str)],
+    ) -> Gateway {
+        let extra_config = store.with_config(extra_config);
         let env: Vec<(String, String)> = env
             .iter()
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
@@ -48,6 +160,12 @@ impl Gateway {
         .unwrap();
         let (child, url) = spawn(&state_dir, &config, &env);
         let token = read_token(&state_dir);
+        if let TestStore::Postgres(_) = store {
+            assert!(
+                !state_dir.join("skiff.db").exists(),
+                "a gateway started on PostgreSQL wrote SQLite's skiff.db"
+            );
+        }
         Gateway {
             state_dir,
             url,
@@ -55,8 +173,23 @@ impl Gateway {
             config,
             env,
             child,
+            opened: OnceLock::new(),
+            store,
             _dir: dir,
         }
+    }
+
+    /// The store this gateway runs on, opened by the test (once, then shared): what the
+    /// gateway wrote, read through the same aggregates, on SQLite or PostgreSQL alike.
+    pub fn store(&self) -> Arc<dyn skiff_store::Backend> {
+        self.opened
+            .get_or_init(|| self.store.open(&self.state_dir))
+            .clone()
+    }
+
+    /// Every byte the gateway's database keeps ([`TestStore::raw_bytes`]).
+    pub fn database_bytes(&self) -> Vec<u8> {
+        self.store.raw_bytes(&self.state_dir)
     }
 
     /// Kills the gateway without warning (no shutdown path runs) and starts a new one on the

@@ -226,7 +226,7 @@ fn apply_refuses_a_directory_that_changed_where_the_session_changed_it() {
     );
 
     // Both attempts are audited; the routes need a token like every other.
-    let store = skiff_store::Store::open(&gw.state_dir.join("skiff.db")).unwrap();
+    let store = gw.store();
     let decisions: Vec<String> = store
         .audit_rows()
         .unwrap()

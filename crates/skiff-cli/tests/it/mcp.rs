@@ -117,7 +117,7 @@ fn a_worker_sessions_mcp_call_runs_on_the_gateway_and_never_on_the_box() {
         .to_owned();
     let shown = rig.gw.json(&["env", "show", "--json", &env]);
     assert_eq!(shown["accounting"]["gateway_tool_calls"], 1, "{shown}");
-    let store = skiff_store::Store::open(&rig.gw.state_dir.join("skiff.db")).unwrap();
+    let store = rig.gw.store();
     let calls: Vec<Value> = store
         .audit_rows()
         .unwrap()

@@ -9,7 +9,7 @@ use skiff_protocol::event::EventKind;
 use skiff_protocol::migration::MigrationReport;
 use skiff_store::{Backend, PgStore, Scope, Store};
 use skiff_test_support::TempGitRepo;
-use skiff_test_support::postgres::PgCluster;
+use skiff_test_support::postgres::TestDatabase;
 
 const PASSWORD: &str = "hunter2-pg-Secret";
 
@@ -24,16 +24,10 @@ arguments = { command = "cat notes.txt" }
 text = "The notes are fine."
 "#;
 
-/// A url with a password for a fresh database of `cluster` (trust authentication ignores it).
-fn url_of(cluster: &PgCluster) -> String {
-    let conn = cluster.fresh_database();
-    let db = conn
-        .split_whitespace()
-        .find_map(|kv| kv.strip_prefix("dbname="))
-        .unwrap()
-        .to_owned();
-    let host: String = cluster
-        .socket_dir()
+/// A url with a password for `db` (trust authentication ignores it).
+fn url_of(db: &TestDatabase) -> String {
+    let host: String = db
+        .host()
         .display()
         .to_string()
         .bytes()
@@ -45,13 +39,14 @@ fn url_of(cluster: &PgCluster) -> String {
             }
         })
         .collect();
-    format!("postgres://skiff:{PASSWORD}@{host}/{db}")
+    format!("postgres://skiff:{PASSWORD}@{host}/{}", db.name())
 }
 
 /// A gateway's state with two sessions that ran turns (transcripts, runs, attempts, events,
-/// audit), a child user and their token; the gateway still running.
+/// audit), a child user and their token; the gateway still running. On SQLite whatever
+/// `SKIFF_TEST_STORE` says: the migration's source is the state dir's SQLite file.
 fn populated() -> (Gateway, Vec<String>) {
-    let gw = Gateway::start(SCRIPT);
+    let gw = Gateway::start_sqlite(SCRIPT);
     let repo = TempGitRepo::new(&[("notes.txt", "draft notes\n")]);
     let sessions = vec![
         gw.new_session(repo.path(), "fake/model", "look at the notes"),
@@ -124,8 +119,8 @@ fn target_rows(url: &str) -> i64 {
 #[test]
 fn a_stopped_gateways_state_moves_to_postgres_verified_and_reads_the_same() {
     let (mut gw, sessions) = populated();
-    let cluster = PgCluster::start();
-    let url = url_of(&cluster);
+    let db = TestDatabase::new();
+    let url = url_of(&db);
 
     // While the gateway runs: refused, and the target is not touched.
     let out = migrate(&gw, &url, false);
@@ -149,7 +144,12 @@ fn a_stopped_gateways_state_moves_to_postgres_verified_and_reads_the_same() {
 
     gw.stop();
     let out = migrate(&gw, &url, false);
-    assert!(out.status.success(), "{}\n{}", stderr(&out), cluster.log());
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        stderr(&out),
+        db.server_log()
+    );
     let shown = stdout(&out);
     assert!(shown.contains("counts and checksums match"), "{shown}");
     assert!(shown.contains("postgres://skiff:***@"), "{shown}");
@@ -232,7 +232,8 @@ fn a_stopped_gateways_state_moves_to_postgres_verified_and_reads_the_same() {
     assert!(stdout(&out).is_empty(), "{}", stdout(&out));
 
     // Into a fresh one with --json: the report, every table verified.
-    let fresh = url_of(&cluster);
+    let fresh_db = TestDatabase::new();
+    let fresh = url_of(&fresh_db);
     let out = migrate(&gw, &fresh, true);
     assert!(out.status.success(), "{}", stderr(&out));
     let report: MigrationReport = serde_json::from_str(&stdout(&out)).unwrap();
@@ -288,8 +289,8 @@ fn a_row_postgres_refuses_mid_copy_leaves_the_target_empty() {
         [],
     )
     .unwrap();
-    let cluster = PgCluster::start();
-    let url = url_of(&cluster);
+    let db = TestDatabase::new();
+    let url = url_of(&db);
     let out = migrate(&gw, &url, false);
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     let said = stderr(&out);

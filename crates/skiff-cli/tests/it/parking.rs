@@ -183,7 +183,7 @@ fn three_sessions_on_two_workers_each_get_a_box_and_the_parked_one_comes_back_wi
         "{shown}"
     );
     // The park is audited, metadata only: which box, why, where it went.
-    let store = skiff_store::Store::open(&rig.gw.state_dir.join("skiff.db")).unwrap();
+    let store = rig.gw.store();
     let parks: Vec<_> = store
         .audit_rows()
         .unwrap()
@@ -254,7 +254,7 @@ fn an_idle_session_parks_itself_after_keep_attached_and_its_box_serves_the_next_
         "A's files are out of sight"
     );
     assert_eq!(kept_on(&dir), std::slice::from_ref(&a), "kept for A alone");
-    let store = skiff_store::Store::open(&rig.gw.state_dir.join("skiff.db")).unwrap();
+    let store = rig.gw.store();
     let park = store
         .audit_rows()
         .unwrap()
@@ -366,7 +366,7 @@ fn a_parked_session_comes_back_to_its_own_box_and_sees_what_changed_on_the_gatew
     let listed: Vec<&str> = result.lines().filter(|l| l.starts_with("ses_")).collect();
     assert_eq!(listed, [a.as_str()], "{result}");
     assert_eq!(kept_on(&dir), Vec::<String>::new());
-    let store = skiff_store::Store::open(&rig.gw.state_dir.join("skiff.db")).unwrap();
+    let store = rig.gw.store();
     let outbound: Vec<_> = store
         .audit_rows()
         .unwrap()

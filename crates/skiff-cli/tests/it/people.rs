@@ -1017,7 +1017,7 @@ fn a_members_worker_session_runs_with_the_members_scope_their_budget_and_audit()
     assert_eq!(shown["session"]["worker"]["environment_id"], json!(env));
 
     // The worker was admitted, and its calls audited, as Carl's: never the first admin's.
-    let store = skiff_store::Store::open(&gw.state_dir.join("skiff.db")).unwrap();
+    let store = gw.store();
     let rows: Vec<_> = store
         .audit_rows()
         .unwrap()

@@ -1,8 +1,10 @@
-//! The gateway on PostgreSQL (`[store] url`): a real throwaway cluster, the real binary.
+//! The gateway on PostgreSQL (`[store] url`): a real throwaway cluster, the real binary. These
+//! name their own database, whatever `SKIFF_TEST_STORE` says (the rest of the suite runs on
+//! PostgreSQL too with `SKIFF_TEST_STORE=postgres`).
 
 use crate::harness::{Gateway, SKIFF, git, stderr, stdout};
 use skiff_test_support::TempGitRepo;
-use skiff_test_support::postgres::PgCluster;
+use skiff_test_support::postgres::TestDatabase;
 use std::os::unix::fs::PermissionsExt;
 use std::process::Command;
 
@@ -25,8 +27,8 @@ text = "All done."
 
 #[test]
 fn a_gateway_on_postgres_runs_a_session_and_keeps_it_across_a_restart() {
-    let cluster = PgCluster::start();
-    let url = cluster.fresh_database();
+    let db = TestDatabase::new();
+    let url = db.url();
     let mut gw = Gateway::start_with(EDIT_AND_COMMIT, &format!("[store]\nurl = \"{url}\"\n"));
     let repo = TempGitRepo::new(&[("notes.txt", "draft notes\n")]);
     let id = gw.new_session(repo.path(), "fake/e2e", "finalize the notes");
@@ -78,8 +80,8 @@ fn refused_start(config: &str, env: &[(&str, &str)]) -> (Option<i32>, String) {
 
 #[test]
 fn a_store_that_cannot_be_opened_stops_the_start_naming_the_key_never_the_password() {
-    let cluster = PgCluster::start();
-    let socket = cluster.socket_dir().display().to_string();
+    let db = TestDatabase::new();
+    let socket = db.host().display().to_string();
     let cases = [
         // Nothing listens on port 1.
         (

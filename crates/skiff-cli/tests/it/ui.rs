@@ -158,7 +158,7 @@ fn a_cookie_authenticated_change_needs_this_gateways_origin() {
     assert_eq!(read.status(), StatusCode::FORBIDDEN);
 
     // The refusals are audited, with their reason.
-    let store = skiff_store::Store::open(&gw.state_dir.join("skiff.db")).unwrap();
+    let store = gw.store();
     let refused = store
         .audit_rows()
         .unwrap()

@@ -2,7 +2,7 @@
 //! `api_key = "vault:NAME"` sending it as its key, rotation, and the value nowhere else — not
 //! in the gateway's log (at debug level), the audit rows, the state dir's files or a message.
 
-use crate::harness::{SKIFF, stderr, stdout};
+use crate::harness::{SKIFF, TestStore, stderr, stdout};
 use skiff_test_support::{FakeProvider, FakeResponse, TempGitRepo, openai_sse};
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::PermissionsExt;
@@ -13,22 +13,25 @@ const VALUE: &str = "sk-vault-test-7f3a9c1e5b2d4068";
 
 /// A gateway whose stderr (its log, at debug level) goes to a file the test reads.
 struct LoggedGateway {
-    dir: tempfile::TempDir,
     child: Child,
+    store: TestStore,
+    dir: tempfile::TempDir,
 }
 
 impl LoggedGateway {
     fn start(provider_url: &str, env: &[(&str, &str)]) -> LoggedGateway {
         let dir = tempfile::tempdir().unwrap();
+        let store = TestStore::from_env();
         std::fs::write(
             dir.path().join("skiff.toml"),
             format!(
-                "[providers.openai]\napi = \"openai-completions\"\nbase_url = \"{provider_url}/v1\"\napi_key = \"vault:openai\"\n"
+                "[providers.openai]\napi = \"openai-completions\"\nbase_url = \"{provider_url}/v1\"\napi_key = \"vault:openai\"\n{}",
+                store.config()
             ),
         )
         .unwrap();
         let child = spawn(dir.path(), env);
-        LoggedGateway { dir, child }
+        LoggedGateway { child, store, dir }
     }
 
     fn restart(&mut self, env: &[(&str, &str)]) {
@@ -221,7 +224,7 @@ fn a_secret_piped_in_is_the_providers_key_survives_rotation_and_appears_nowhere_
     );
     assert!(messages.iter().all(|m| !m.contains(VALUE)), "{messages:?}");
 
-    let store = skiff_store::Store::open(&gw.state().join("skiff.db")).unwrap();
+    let store = gw.store.open(&gw.state());
     let audit = store.audit_rows().unwrap();
     let actions: Vec<(&str, &str)> = audit
         .iter()
@@ -246,6 +249,17 @@ fn a_secret_piped_in_is_the_providers_key_survives_rotation_and_appears_nowhere_
         "the value reached the gateway's log"
     );
     // The database holds the value only sealed; no other file of the state dir holds it.
+    let database = gw.store.raw_bytes(&gw.state());
+    assert!(
+        database
+            .windows(b"secret.set".len())
+            .any(|w| w == b"secret.set"),
+        "the database's bytes were read"
+    );
+    assert!(
+        !database.windows(VALUE.len()).any(|w| w == VALUE.as_bytes()),
+        "the database holds the value in the clear"
+    );
     assert_eq!(
         files_containing(&gw.state(), VALUE.as_bytes()),
         Vec::<PathBuf>::new()

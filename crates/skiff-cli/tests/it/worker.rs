@@ -314,7 +314,7 @@ fn a_worker_session_commits_back_and_matches_a_local_one() {
 /// Every placement step the session's event stream holds, oldest first: its state and what
 /// it said (read from the store, so steps no run carries are there too).
 pub fn placement_steps(rig: &Rig, id: &str) -> Vec<(String, String)> {
-    let store = skiff_store::Store::open(&rig.gw.state_dir.join("skiff.db")).unwrap();
+    let store = rig.gw.store();
     let scope = skiff_store::Scope::new(skiff_store::FIRST_ADMIN, skiff_store::DEFAULT_TENANT);
     let session = skiff_protocol::SessionId::parse(id).unwrap();
     store

@@ -46,7 +46,7 @@ struct Target {
     /// Where the rig's boxes live (the worker's command line names its home under it).
     box_root: String,
     key: [u8; 32],
-    store: skiff_store::Store,
+    store: std::sync::Arc<dyn skiff_store::Backend>,
     scope: skiff_store::Scope,
     /// Audit rows already looked at.
     audited: usize,
@@ -59,7 +59,7 @@ impl Target {
             .as_str()
             .unwrap()
             .to_owned();
-        let store = skiff_store::Store::open(&rig.gw.state_dir.join("skiff.db")).unwrap();
+        let store = rig.gw.store();
         let row = store
             .live_environments()
             .unwrap()

@@ -128,8 +128,8 @@ impl super::WorkerSide {
                 Ok(_) => {}
                 Err(e) => {
                     if !self.envs.box_alive(&env).await || started.elapsed() > RECOVERY_DEADLINE {
-                        self.reclaim(scope, session, &format!("its box cannot be reached: {e}"))
-                            .await;
+                        let reason = format!("its box cannot be reached: {e}");
+                        self.reclaim_on(scope, session, &env.id, &reason).await;
                         return;
                     }
                     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -165,8 +165,8 @@ impl super::WorkerSide {
                 }
                 Err(e) => {
                     if !self.envs.box_alive(&env).await {
-                        self.reclaim(scope, session, &format!("its box stopped: {e}"))
-                            .await;
+                        let reason = format!("its box stopped: {e}");
+                        self.reclaim_on(scope, session, &env.id, &reason).await;
                         return;
                     }
                 }
@@ -195,8 +195,8 @@ impl super::WorkerSide {
             tracing::warn!(%session, attempt, error = %last, "a replacement worker did not start");
             let answers = ssh.run("true", &CancellationToken::new()).await.is_ok();
             if !answers && !self.envs.box_alive(env).await {
-                self.reclaim(scope, session, &format!("its box stopped: {last}"))
-                    .await;
+                let reason = format!("its box stopped: {last}");
+                self.reclaim_on(scope, session, &env.id, &reason).await;
                 return;
             }
             if attempt == REPLACE_ATTEMPTS {
@@ -225,9 +225,10 @@ impl super::WorkerSide {
             Ok(()) => "its work was brought back first".to_owned(),
             Err(e) => format!("bringing its work back failed too: {e}"),
         };
-        self.reclaim(
+        self.reclaim_on(
             scope,
             session,
+            &env.id,
             &format!("no new worker could start after {REPLACE_ATTEMPTS} attempts on a box that still answers ({last}); {captured}"),
         )
         .await;
@@ -526,6 +527,30 @@ impl super::WorkerSide {
     /// The session's box is gone: keep the conversation, mark the placement reclaimed, tell
     /// the user what was lost, and end the turn that was running there.
     pub(crate) async fn reclaim(&self, scope: &Scope, session: &SessionId, reason: &str) {
+        self.reclaim_at(scope, session, None, reason).await;
+    }
+
+    /// [`Self::reclaim`], only while the placement is still on the box `dead`: a recovery
+    /// reaches its verdict on one box after seconds of SSH attempts, and by then the session
+    /// may have been reclaimed and placed on a fresh box — which must not be given up for the
+    /// old box's death.
+    pub(super) async fn reclaim_on(
+        &self,
+        scope: &Scope,
+        session: &SessionId,
+        dead: &EnvironmentId,
+        reason: &str,
+    ) {
+        self.reclaim_at(scope, session, Some(dead), reason).await;
+    }
+
+    async fn reclaim_at(
+        &self,
+        scope: &Scope,
+        session: &SessionId,
+        dead: Option<&EnvironmentId>,
+        reason: &str,
+    ) {
         let p = self.store.placement(scope, session).ok().flatten();
         if p.as_ref().is_some_and(|p| {
             matches!(
@@ -539,6 +564,12 @@ impl super::WorkerSide {
         }) {
             // Already settled (a second path found the same dead box, or the session gave its
             // box back before it died): one notice, or none, not two.
+            return;
+        }
+        if let (Some(p), Some(dead)) = (&p, dead)
+            && p.environment_id.as_ref() != Some(dead)
+        {
+            tracing::debug!(%session, %dead, "the session moved to another box before: {reason}");
             return;
         }
         let live = self.live(session);

@@ -453,6 +453,48 @@ async fn admission_on_a_database_error_says_so_rather_than_that_the_box_is_gone(
     assert!(r.message.contains("try again"), "{}", r.message);
 }
 
+/// A recovery's verdict on a box comes seconds after it began; a session reclaimed and placed
+/// on a fresh box meanwhile keeps that box (found by the CLI suite on PostgreSQL, where the
+/// timing made the old box's recovery give up the new one).
+#[tokio::test]
+async fn a_late_verdict_on_an_old_box_leaves_the_sessions_new_box_alone() {
+    let h = Harness::new().await.unwrap();
+    let (scope, session) = (&h.a.scope, &h.a.claims.session_id);
+    let entries = h.transcript_len().unwrap();
+    let old = EnvironmentId::from_suffix("box0");
+    h.core
+        .workers
+        .reclaim_on(
+            scope,
+            session,
+            &old,
+            "its box stopped: `(connect)` on box0 failed",
+        )
+        .await;
+    let p = h.core.store.placement(scope, session).unwrap().unwrap();
+    assert_eq!(p.state, PlacementState::Active);
+    assert_eq!(p.environment_id, Some(EnvironmentId::from_suffix("box1")));
+    assert_eq!(
+        h.transcript_len().unwrap(),
+        entries,
+        "no notice for the old box"
+    );
+
+    // The verdict on the box it is on still reclaims it, with the notice.
+    h.core
+        .workers
+        .reclaim_on(
+            scope,
+            session,
+            &EnvironmentId::from_suffix("box1"),
+            "its box stopped",
+        )
+        .await;
+    let p = h.core.store.placement(scope, session).unwrap().unwrap();
+    assert_eq!(p.state, PlacementState::Reclaimed);
+    assert_eq!(h.transcript_len().unwrap(), entries + 1);
+}
+
 #[tokio::test]
 async fn a_lost_work_notice_that_cannot_be_written_is_audited() {
     let h = Harness::new().await.unwrap();
