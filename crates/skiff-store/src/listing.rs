@@ -66,14 +66,21 @@ impl Store {
                 })?,
             ),
         };
+        // The page's sessions first (an index walk in list order from the mark:
+        // `sessions_by_tenant`, or `sessions_by_scope`), then each one's placement and newest
+        // run: only the page's rows are joined, however many sessions the sight has. The
+        // `<=` bound repeats the mark so the walk can start there.
         let sql = format!(
-            "SELECT {s}, {p}, {r} FROM sessions s \
+            "SELECT {s}, {p}, {r} FROM \
+               (SELECT * FROM sessions s WHERE {seen} \
+                  AND s.updated_at_ms <= COALESCE(?4, 9223372036854775807) \
+                  AND (?4 IS NULL OR s.updated_at_ms < ?4 \
+                       OR (s.updated_at_ms = ?4 AND s.id > ?5)) \
+                ORDER BY s.updated_at_ms DESC, s.id LIMIT ?6) s \
              LEFT JOIN placements p ON p.session_id = s.id \
              LEFT JOIN runs r ON r.rowid = (SELECT rowid FROM runs WHERE session_id = s.id \
                                             ORDER BY created_at_ms DESC, rowid DESC LIMIT 1) \
-             WHERE {seen} \
-               AND (?4 IS NULL OR s.updated_at_ms < ?4 OR (s.updated_at_ms = ?4 AND s.id > ?5)) \
-             ORDER BY s.updated_at_ms DESC, s.id LIMIT ?6",
+             ORDER BY s.updated_at_ms DESC, s.id",
             seen = seen("s", 1),
             s = qualified("s", sessions::COLUMNS),
             p = qualified("p", placements::COLUMNS),

@@ -14,17 +14,23 @@ use crate::{Error, Owned, Result, Scope, SessionListRow, Sight, placements, runs
 use skiff_protocol::SessionId;
 
 /// The page after the `$4`/`$5` mark (`updated_at_ms`, id; none for the first page). Ids
-/// compare bytewise (`COLLATE "C"`), as on SQLite, whatever the database's collation.
+/// compare bytewise (`COLLATE "C"`), as on SQLite, whatever the database's collation. The
+/// page's sessions are picked first (an index walk in list order from the mark:
+/// `sessions_by_tenant`, or `sessions_by_scope`), then joined with their placement and newest
+/// run, so only the page's rows are joined however many sessions the sight has; the `<=`
+/// bound repeats the mark so the walk can start there.
 fn page_sql() -> String {
     format!(
-        "SELECT {s}, {p}, {r} FROM sessions s \
+        "SELECT {s}, {p}, {r} FROM \
+           (SELECT * FROM sessions s WHERE s.tenant_id = $2 AND (s.owner_id = $1 OR $3) \
+              AND s.updated_at_ms <= COALESCE($4::BIGINT, 9223372036854775807) \
+              AND ($4::BIGINT IS NULL OR s.updated_at_ms < $4 \
+                   OR (s.updated_at_ms = $4 AND s.id COLLATE \"C\" > $5::TEXT)) \
+            ORDER BY s.updated_at_ms DESC, s.id COLLATE \"C\" LIMIT $6) s \
          LEFT JOIN placements p ON p.session_id = s.id \
          LEFT JOIN LATERAL (SELECT {runs} FROM runs WHERE runs.session_id = s.id \
                             ORDER BY created_at_ms DESC, ord DESC LIMIT 1) r ON TRUE \
-         WHERE s.tenant_id = $2 AND (s.owner_id = $1 OR $3) \
-           AND ($4::BIGINT IS NULL OR s.updated_at_ms < $4 \
-                OR (s.updated_at_ms = $4 AND s.id COLLATE \"C\" > $5::TEXT)) \
-         ORDER BY s.updated_at_ms DESC, s.id COLLATE \"C\" LIMIT $6",
+         ORDER BY s.updated_at_ms DESC, s.id COLLATE \"C\"",
         s = qualified("s", sessions::COLUMNS),
         p = qualified("p", placements::COLUMNS),
         r = qualified("r", runs::COLUMNS),
