@@ -1,6 +1,6 @@
 //! The gateway's views across sessions on PostgreSQL: the session list a page at a time (one
-//! query: each session with its placement and newest run by joins, never a lookup per
-//! session), whose row an id names, the operator's gauges and readiness; and the audit
+//! query: each session with its placement, newest run and agent pin by joins, never a lookup
+//! per session), whose row an id names, the operator's gauges and readiness; and the audit
 //! listener's registration (`pg/audit.rs` tells it).
 
 use super::placements::placement_at;
@@ -21,7 +21,7 @@ use skiff_protocol::SessionId;
 /// bound repeats the mark so the walk can start there.
 fn page_sql() -> String {
     format!(
-        "SELECT {s}, {p}, {r} FROM \
+        "SELECT {s}, {p}, {r}, a.name, a.digest FROM \
            (SELECT * FROM sessions s WHERE s.tenant_id = $2 AND (s.owner_id = $1 OR $3) \
               AND s.updated_at_ms <= COALESCE($4::BIGINT, 9223372036854775807) \
               AND ($4::BIGINT IS NULL OR s.updated_at_ms < $4 \
@@ -30,6 +30,8 @@ fn page_sql() -> String {
          LEFT JOIN placements p ON p.session_id = s.id \
          LEFT JOIN LATERAL (SELECT {runs} FROM runs WHERE runs.session_id = s.id \
                             ORDER BY created_at_ms DESC, ord DESC LIMIT 1) r ON TRUE \
+         LEFT JOIN session_agents a ON a.session_id = s.id AND a.owner_id = s.owner_id \
+                                   AND a.tenant_id = s.tenant_id \
          ORDER BY s.updated_at_ms DESC, s.id COLLATE \"C\"",
         s = qualified("s", sessions::COLUMNS),
         p = qualified("p", placements::COLUMNS),
@@ -71,6 +73,7 @@ impl Overview for PgStore {
             };
             let at_placement = columns(sessions::COLUMNS);
             let at_run = at_placement + columns(placements::COLUMNS);
+            let at_agent = at_run + columns(runs::COLUMNS);
             conn.client
                 .query(
                     page_sql().as_str(),
@@ -94,10 +97,15 @@ impl Overview for PgStore {
                         Some(_) => Some(run_at(row, at_run)?),
                         None => None,
                     };
+                    let agent = match row.try_get::<_, Option<String>>(at_agent)? {
+                        Some(name) => Some((name, row.try_get(at_agent + 1)?)),
+                        None => None,
+                    };
                     Ok(SessionListRow {
                         session: session_at(row, 0)?,
                         placement,
                         last_run,
+                        agent,
                     })
                 })
                 .collect()
