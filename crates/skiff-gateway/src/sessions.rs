@@ -360,7 +360,10 @@ impl Core {
             .into_iter()
             .map(|r| {
                 let owner = &r.session.owner;
-                let agent = self.session_pin(owner, &r.session.id)?;
+                // In the page's own query: no lookup per session.
+                let agent = r
+                    .agent
+                    .map(|(name, digest)| skiff_protocol::agent::AgentPin { name, digest });
                 let email = match emails.get(&owner.owner_id) {
                     Some(email) => Option::clone(email),
                     None => {

@@ -202,6 +202,116 @@ fn direct_events(url: &str) -> f64 {
     rates[ROUNDS / 2]
 }
 
+/// Calls per second on a plain client of `call` (given the client and the round's fresh
+/// session), median of `ROUNDS` rounds of `APPENDS` after one warm-up round.
+fn direct(client: &mut postgres::Client, mut call: impl FnMut(&mut postgres::Client, &str)) -> f64 {
+    let mut rates: Vec<f64> = (0..=ROUNDS)
+        .map(|_| {
+            let id = SessionId::from_suffix(&skiff_store::mint().unwrap()).to_string();
+            client
+                .execute(
+                    "INSERT INTO sessions (id, owner_id, tenant_id, title, workspace, model_ref, \
+                     created_at_ms, updated_at_ms) VALUES ($1, 'usr_bench', 'ten_bench', 'bench', \
+                     '{}', 'scripted/demo', 0, 0)",
+                    &[&id],
+                )
+                .unwrap();
+            let started = Instant::now();
+            for _ in 0..APPENDS {
+                call(client, &id);
+            }
+            APPENDS as f64 / started.elapsed().as_secs_f64()
+        })
+        .skip(1)
+        .collect();
+    rates.sort_by(f64::total_cmp);
+    rates[ROUNDS / 2]
+}
+
+/// A plain client with the store's own session setting, so it differs from the store only by
+/// the hop to the connection thread.
+fn plain_client(url: &str) -> postgres::Client {
+    let url = format!("{url} options='-c synchronous_commit=off'");
+    postgres::Client::connect(&url, postgres::NoTls).unwrap()
+}
+
+/// The store's transcript append (exactly the text of `pg/sessions.rs`), one entry whose parent
+/// is the leaf, from a plain client on the caller's thread; and a round trip alone.
+fn direct_transcript(url: &str) -> (f64, f64) {
+    let mut client = plain_client(url);
+    let append = client.prepare(APPEND).unwrap();
+    let body = r#"{"type":"user_message","text":"a line of about the length a short model message has, give or take"}"#;
+    let mut leaf: Option<String> = None;
+    let mut last_session = String::new();
+    let appends = direct(&mut client, |client, session| {
+        if session != last_session {
+            (leaf, last_session) = (None, session.to_owned());
+        }
+        let id = format!("ent_{}", skiff_store::mint().unwrap());
+        client
+            .query_one(
+                &append,
+                &[
+                    &id,
+                    &0i64,
+                    &session,
+                    &"usr_bench",
+                    &"ten_bench",
+                    &leaf,
+                    &None::<String>,
+                    &vec![id.clone()],
+                    &vec![leaf.clone()],
+                    &vec!["user_message"],
+                    &vec![body],
+                ],
+            )
+            .unwrap();
+        leaf = Some(id);
+    });
+    let select_one = client.prepare("SELECT 1").unwrap();
+    let round_trips = direct(&mut client, |client, _| {
+        client.query_one(&select_one, &[]).unwrap();
+    });
+    (appends, round_trips)
+}
+
+/// `pg/sessions.rs`'s transcript append, word for word.
+const APPEND: &str = "WITH swapped AS (
+        UPDATE sessions SET leaf_entry_id = $1, updated_at_ms = $2
+         WHERE id = $3 AND owner_id = $4 AND tenant_id = $5
+           AND leaf_entry_id IS NOT DISTINCT FROM $6
+        RETURNING id
+    ), chain AS (
+        INSERT INTO entries (id, session_id, owner_id, tenant_id, parent_id, run_id, kind, body,
+                             created_at_ms)
+        SELECT c.id, $3, $4, $5, c.parent_id, $7, c.kind, c.body, $2
+          FROM swapped, UNNEST($8::text[], $9::text[], $10::text[], $11::text[])
+               AS c(id, parent_id, kind, body)
+    )
+    SELECT 1 FROM swapped";
+
+/// Per statement run at least `APPENDS` times on the server, from `pg_stat_statements`: calls,
+/// mean execution and planning time (µs) and how many times it was planned, busiest first.
+fn server_time(url: &str) -> Vec<(i64, f64, f64, i64, String)> {
+    let mut client = postgres::Client::connect(url, postgres::NoTls).unwrap();
+    client
+        .batch_execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        .unwrap();
+    client
+        .query(
+            "SELECT calls, mean_exec_time * 1000, mean_plan_time * 1000, plans, \
+             left(regexp_replace(query, '\\s+', ' ', 'g'), 70) FROM pg_stat_statements \
+             WHERE calls >= $1 AND dbid = (SELECT oid FROM pg_database \
+                                           WHERE datname = current_database()) \
+             ORDER BY total_exec_time DESC",
+            &[&(APPENDS as i64)],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4)))
+        .collect()
+}
+
 fn median(store: &dyn Backend, round: fn(&dyn Backend, &Scope) -> f64) -> f64 {
     let scope = Scope::new("usr_bench", "ten_bench");
     round(store, &scope); // warm-up: caches, prepared statements
@@ -227,6 +337,8 @@ fn main() {
     let postgres_concurrent = concurrent_median(&postgres, append_entry);
     let postgres_concurrent_events = concurrent_median(&postgres, append_event);
     let direct = direct_events(&url);
+    let (direct_transcript, direct_round_trip) = direct_transcript(&url);
+    let server = server_time(&url);
 
     let initdb = skiff_test_support::postgres::time_initdb();
     println!(
@@ -245,6 +357,10 @@ fn main() {
         "  ratio PostgreSQL/SQLite {:.2} (goal ≥ 0.5)",
         postgres_rate / sqlite_rate
     );
+    println!(
+        "  PostgreSQL, the same statement without the connection thread {direct_transcript:>8.0} \
+         entries/s"
+    );
     println!("event append, {APPENDS} appends, median of {ROUNDS} rounds:");
     println!("  SQLite      {sqlite_events:>8.0} events/s");
     println!("  PostgreSQL  {postgres_events:>8.0} events/s");
@@ -255,6 +371,26 @@ fn main() {
         "  ratio PostgreSQL/SQLite {:.2}",
         postgres_events / sqlite_events
     );
+    let us = |rate: f64| 1e6 / rate;
+    println!("where a serial PostgreSQL call's time goes (µs per call):");
+    println!(
+        "  transcript append through the store {:6.0}; the statement from a plain client {:6.0}",
+        us(postgres_rate),
+        us(direct_transcript)
+    );
+    println!(
+        "  event append through the store {:6.0}; the statement from a plain client {:6.0}",
+        us(postgres_events),
+        us(direct)
+    );
+    println!(
+        "  a round trip (SELECT 1 from a plain client) {:6.0}",
+        us(direct_round_trip)
+    );
+    println!("  in the server (pg_stat_statements: calls, mean execution, mean planning, plans):");
+    for (calls, exec, plan, plans, query) in &server {
+        println!("    {calls:>7} {exec:7.1} {plan:7.1} {plans:>6}  {query}");
+    }
     println!(
         "{THREADS} threads at once, each appending to its own session ({APPENDS} in all), \
          median of {ROUNDS} rounds:"

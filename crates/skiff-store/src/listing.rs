@@ -1,5 +1,5 @@
-//! The session list: each session with its placement and its newest run, in one query and a
-//! page at a time, most recently active first.
+//! The session list: each session with its placement, its newest run and its agent pin, in
+//! one query and a page at a time, most recently active first.
 
 use crate::error::{Error, Result};
 use crate::sight::seen;
@@ -13,6 +13,8 @@ pub struct SessionListRow {
     pub session: SessionRow,
     pub placement: Option<PlacementRow>,
     pub last_run: Option<RunRow>,
+    /// The agent spec version the session is pinned to (name, digest), if any.
+    pub agent: Option<(String, String)>,
 }
 
 /// `a, b, c` as `t.a, t.b, t.c`, for a join whose tables share column names.
@@ -66,14 +68,23 @@ impl Store {
                 })?,
             ),
         };
+        // The page's sessions first (an index walk in list order from the mark:
+        // `sessions_by_tenant`, or `sessions_by_scope`), then each one's placement and newest
+        // run: only the page's rows are joined, however many sessions the sight has. The
+        // `<=` bound repeats the mark so the walk can start there.
         let sql = format!(
-            "SELECT {s}, {p}, {r} FROM sessions s \
+            "SELECT {s}, {p}, {r}, a.name, a.digest FROM \
+               (SELECT * FROM sessions s WHERE {seen} \
+                  AND s.updated_at_ms <= COALESCE(?4, 9223372036854775807) \
+                  AND (?4 IS NULL OR s.updated_at_ms < ?4 \
+                       OR (s.updated_at_ms = ?4 AND s.id > ?5)) \
+                ORDER BY s.updated_at_ms DESC, s.id LIMIT ?6) s \
              LEFT JOIN placements p ON p.session_id = s.id \
              LEFT JOIN runs r ON r.rowid = (SELECT rowid FROM runs WHERE session_id = s.id \
                                             ORDER BY created_at_ms DESC, rowid DESC LIMIT 1) \
-             WHERE {seen} \
-               AND (?4 IS NULL OR s.updated_at_ms < ?4 OR (s.updated_at_ms = ?4 AND s.id > ?5)) \
-             ORDER BY s.updated_at_ms DESC, s.id LIMIT ?6",
+             LEFT JOIN session_agents a ON a.session_id = s.id AND a.owner_id = s.owner_id \
+                                       AND a.tenant_id = s.tenant_id \
+             ORDER BY s.updated_at_ms DESC, s.id",
             seen = seen("s", 1),
             s = qualified("s", sessions::COLUMNS),
             p = qualified("p", placements::COLUMNS),
@@ -81,6 +92,7 @@ impl Store {
         );
         let at_placement = count(sessions::COLUMNS);
         let at_run = at_placement + count(placements::COLUMNS);
+        let at_agent = at_run + count(runs::COLUMNS);
         let mut stmt = conn.prepare_cached(&sql)?;
         let rows = stmt
             .query_map(
@@ -102,10 +114,15 @@ impl Store {
                         Some(_) => Some(runs::from_row_at(row, at_run)?),
                         None => None,
                     };
+                    let agent = match row.get::<_, Option<String>>(at_agent)? {
+                        Some(name) => Some((name, row.get(at_agent + 1)?)),
+                        None => None,
+                    };
                     Ok(SessionListRow {
                         session: sessions::from_row_at(row, 0)?,
                         placement,
                         last_run,
+                        agent,
                     })
                 },
             )?

@@ -452,6 +452,11 @@ CREATE TABLE leases (
 );
 CREATE INDEX leases_by_expiry ON leases(expires_at_ms) WHERE holder IS NOT NULL;
 "#,
+    // wth3 (issue 17): the session list of a whole tenant (what admins, operators and viewers
+    // see) in its order, so a page reads its own rows instead of sorting every session.
+    r#"
+CREATE INDEX sessions_by_tenant ON sessions(tenant_id, updated_at_ms DESC, id);
+"#,
 ];
 
 /// The migration that makes emails unique without case (see `check_folded_emails`).

@@ -52,7 +52,9 @@ pub enum Durability {
     /// `fsync = on` and the server's default `synchronous_commit = on`, as a production server
     /// is configured — for benchmarks. `PgStore` sets `synchronous_commit = off` on its own
     /// sessions, which is what SQLite's WAL with `synchronous = NORMAL` promises (an OS crash
-    /// may lose the last commits, never corrupt): the two compare like with like.
+    /// may lose the last commits, never corrupt): the two compare like with like. The server
+    /// also loads `pg_stat_statements` (planning tracked too), so a benchmark can print where
+    /// the server's time went (`CREATE EXTENSION pg_stat_statements` to read it).
     LikeSqliteNormal,
 }
 
@@ -355,6 +357,15 @@ fn spawn_server(
         .args(["-c", &format!("synchronous_commit={synchronous_commit}")])
         .args(["-c", "shared_buffers=32MB"])
         .args(["-c", &format!("max_connections={max_connections}")])
+        .args(match durability {
+            Durability::Tests => &[][..],
+            Durability::LikeSqliteNormal => &[
+                "-c",
+                "shared_preload_libraries=pg_stat_statements",
+                "-c",
+                "pg_stat_statements.track_planning=on",
+            ][..],
+        })
         .stdin(Stdio::null())
         .stdout(log.try_clone().unwrap())
         .stderr(log);

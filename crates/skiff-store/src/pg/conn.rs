@@ -406,3 +406,88 @@ fn describe(config: &postgres::Config) -> String {
         }
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{Connection, POOL_SIZE};
+    use skiff_test_support::postgres::{Durability, PgCluster};
+    use std::sync::{Arc, Barrier};
+
+    /// `SHOW synchronous_commit` on every connection of the pool at once (so each thread
+    /// answers, not just the warm one).
+    fn settings(conn: &Arc<Connection>) -> Vec<String> {
+        let together = Arc::new(Barrier::new(POOL_SIZE));
+        let askers: Vec<_> = (0..POOL_SIZE)
+            .map(|_| {
+                let (conn, together) = (Arc::clone(conn), Arc::clone(&together));
+                std::thread::spawn(move || {
+                    conn.retry(move |pg| {
+                        // Every connection holds its job until all four are busy.
+                        together.wait();
+                        let row = pg.client.query_one("SHOW synchronous_commit", &[])?;
+                        let pid: i32 = pg.client.query_one("SELECT pg_backend_pid()", &[])?.get(0);
+                        Ok((row.get::<_, String>(0), pid))
+                    })
+                    .unwrap()
+                })
+            })
+            .collect();
+        let answers: Vec<(String, i32)> = askers.into_iter().map(|a| a.join().unwrap()).collect();
+        let mut pids: Vec<i32> = answers.iter().map(|a| a.1).collect();
+        pids.sort_unstable();
+        pids.dedup();
+        assert_eq!(pids.len(), POOL_SIZE, "each answer from its own backend");
+        answers.into_iter().map(|a| a.0).collect()
+    }
+
+    /// How many times the server has flushed its WAL to disk so far, after `commits` one-row
+    /// commits through the pool.
+    fn wal_flushes_after(conn: &Connection, commits: usize) -> i64 {
+        conn.run(move |pg| {
+            for n in 0..commits {
+                let n = i64::try_from(n).unwrap_or_default();
+                pg.client
+                    .execute("INSERT INTO written (n) VALUES ($1)", &[&n])?;
+            }
+            // This backend's counts reach the shared statistics once it is idle again.
+            pg.client
+                .batch_execute("SELECT pg_stat_force_next_flush()")?;
+            Ok(())
+        })
+        .unwrap();
+        conn.run(|pg| {
+            Ok(pg
+                .client
+                .query_one("SELECT wal_sync FROM pg_stat_wal", &[])?
+                .get(0))
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn every_pooled_connection_commits_asynchronously_also_after_a_restart() {
+        // A server whose own default is `on`, as in production.
+        let mut cluster = PgCluster::start_with(Durability::LikeSqliteNormal);
+        let conn = Arc::new(Connection::open(&cluster.fresh_database()).unwrap());
+        assert_eq!(settings(&conn), vec!["off"; POOL_SIZE]);
+        cluster.restart();
+        assert_eq!(
+            settings(&conn),
+            vec!["off"; POOL_SIZE],
+            "after reconnecting"
+        );
+
+        // And it takes effect: a hundred commits do not wait for a hundred flushes (with
+        // `synchronous_commit = on` each would; off, the WAL writer flushes a few times a
+        // second whatever the number of commits).
+        conn.run(|pg| Ok(pg.client.batch_execute("CREATE TABLE written (n BIGINT)")?))
+            .unwrap();
+        let before = wal_flushes_after(&conn, 0);
+        let after = wal_flushes_after(&conn, 100);
+        assert!(
+            after - before < 50,
+            "100 commits flushed the WAL {} times",
+            after - before
+        );
+    }
+}

@@ -4,7 +4,8 @@
 //! It holds the aggregates both backends implement so far: sessions and their transcript,
 //! runs and attempts, the event log (version 1), placements, the worker protocol's rows,
 //! environments and snapshots (version 2), and the people and governance aggregates with
-//! artifact rows (version 3), fan-out groups (version 4), gateways and leases (version 5). Columns keep the SQLite names and meanings (JSON as
+//! artifact rows (version 3), fan-out groups (version 4), gateways and leases (version 5), the
+//! tenant-wide session list's index (version 6). Columns keep the SQLite names and meanings (JSON as
 //! text, times as Unix milliseconds) so rows copy across unchanged.
 
 use super::conn::PgConn;
@@ -233,6 +234,12 @@ CREATE INDEX sessions_by_group ON sessions(group_id) WHERE group_id IS NOT NULL;
     // 5: gateways sharing the database, and leases
     // (`aggregates/leases.rs`). Every lease time is the database's clock, `skiff_now_ms()`.
     LEASES,
+    // 6: the session list of a whole tenant (what admins, operators and viewers see) in its
+    // order, ids bytewise as the list compares them, so a page reads its own rows instead of
+    // sorting every session.
+    r#"
+CREATE INDEX sessions_by_tenant ON sessions(tenant_id, updated_at_ms DESC, id COLLATE "C");
+"#,
 ];
 
 /// Version 5: the gateway registry and leases. A lease row stays when released (holder NULL)

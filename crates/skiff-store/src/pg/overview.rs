@@ -1,6 +1,6 @@
 //! The gateway's views across sessions on PostgreSQL: the session list a page at a time (one
-//! query: each session with its placement and newest run by joins, never a lookup per
-//! session), whose row an id names, the operator's gauges and readiness; and the audit
+//! query: each session with its placement, newest run and agent pin by joins, never a lookup
+//! per session), whose row an id names, the operator's gauges and readiness; and the audit
 //! listener's registration (`pg/audit.rs` tells it).
 
 use super::placements::placement_at;
@@ -14,17 +14,25 @@ use crate::{Error, Owned, Result, Scope, SessionListRow, Sight, placements, runs
 use skiff_protocol::SessionId;
 
 /// The page after the `$4`/`$5` mark (`updated_at_ms`, id; none for the first page). Ids
-/// compare bytewise (`COLLATE "C"`), as on SQLite, whatever the database's collation.
+/// compare bytewise (`COLLATE "C"`), as on SQLite, whatever the database's collation. The
+/// page's sessions are picked first (an index walk in list order from the mark:
+/// `sessions_by_tenant`, or `sessions_by_scope`), then joined with their placement and newest
+/// run, so only the page's rows are joined however many sessions the sight has; the `<=`
+/// bound repeats the mark so the walk can start there.
 fn page_sql() -> String {
     format!(
-        "SELECT {s}, {p}, {r} FROM sessions s \
+        "SELECT {s}, {p}, {r}, a.name, a.digest FROM \
+           (SELECT * FROM sessions s WHERE s.tenant_id = $2 AND (s.owner_id = $1 OR $3) \
+              AND s.updated_at_ms <= COALESCE($4::BIGINT, 9223372036854775807) \
+              AND ($4::BIGINT IS NULL OR s.updated_at_ms < $4 \
+                   OR (s.updated_at_ms = $4 AND s.id COLLATE \"C\" > $5::TEXT)) \
+            ORDER BY s.updated_at_ms DESC, s.id COLLATE \"C\" LIMIT $6) s \
          LEFT JOIN placements p ON p.session_id = s.id \
          LEFT JOIN LATERAL (SELECT {runs} FROM runs WHERE runs.session_id = s.id \
                             ORDER BY created_at_ms DESC, ord DESC LIMIT 1) r ON TRUE \
-         WHERE s.tenant_id = $2 AND (s.owner_id = $1 OR $3) \
-           AND ($4::BIGINT IS NULL OR s.updated_at_ms < $4 \
-                OR (s.updated_at_ms = $4 AND s.id COLLATE \"C\" > $5::TEXT)) \
-         ORDER BY s.updated_at_ms DESC, s.id COLLATE \"C\" LIMIT $6",
+         LEFT JOIN session_agents a ON a.session_id = s.id AND a.owner_id = s.owner_id \
+                                   AND a.tenant_id = s.tenant_id \
+         ORDER BY s.updated_at_ms DESC, s.id COLLATE \"C\"",
         s = qualified("s", sessions::COLUMNS),
         p = qualified("p", placements::COLUMNS),
         r = qualified("r", runs::COLUMNS),
@@ -65,6 +73,7 @@ impl Overview for PgStore {
             };
             let at_placement = columns(sessions::COLUMNS);
             let at_run = at_placement + columns(placements::COLUMNS);
+            let at_agent = at_run + columns(runs::COLUMNS);
             conn.client
                 .query(
                     page_sql().as_str(),
@@ -88,10 +97,15 @@ impl Overview for PgStore {
                         Some(_) => Some(run_at(row, at_run)?),
                         None => None,
                     };
+                    let agent = match row.try_get::<_, Option<String>>(at_agent)? {
+                        Some(name) => Some((name, row.try_get(at_agent + 1)?)),
+                        None => None,
+                    };
                     Ok(SessionListRow {
                         session: session_at(row, 0)?,
                         placement,
                         last_run,
+                        agent,
                     })
                 })
                 .collect()

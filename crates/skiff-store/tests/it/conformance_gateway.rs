@@ -519,6 +519,9 @@ fn the_session_page_is_one_query_scoped_ordered_and_paged(db: &Db) {
         .transition_run(&ana, &first_run.id, RunStatus::Cancelled, None)
         .unwrap();
     let newest_run = store.create_run(&ana, &anas[0], "scripted/demo").unwrap();
+    store
+        .pin_session_agent(&ana, &anas[1], "reviewer", "blake3:abc")
+        .unwrap();
 
     let page = |sight: &Sight, limit, after: Option<&SessionId>| {
         store
@@ -552,6 +555,17 @@ fn the_session_page_is_one_query_scoped_ordered_and_paged(db: &Db) {
         "each row carries its newest run"
     );
     assert!(with_runs.placement.is_none());
+    let pinned = rows.iter().find(|r| r.session.id == anas[1]).unwrap();
+    assert_eq!(
+        pinned.agent,
+        Some(("reviewer".to_owned(), "blake3:abc".to_owned())),
+        "each row carries its agent pin"
+    );
+    assert!(
+        rows.iter()
+            .filter(|r| r.session.id != anas[1])
+            .all(|r| r.agent.is_none())
+    );
     assert!(
         rows.iter()
             .filter(|r| r.session.id != anas[0])
