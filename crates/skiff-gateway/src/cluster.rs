@@ -176,10 +176,10 @@ impl Cluster {
     /// Held session leases past their expiry, held by others or by this gateway before a
     /// restart (the leases this process holds are renewed, not taken over).
     pub(crate) fn expired_sessions(&self) -> Result<Vec<Lease>> {
+        let expired = self.store.expired_leases()?;
+        // Read after the query: the hub reads this map on every publish.
         let mine = self.leases.lock();
-        Ok(self
-            .store
-            .expired_leases()?
+        Ok(expired
             .into_iter()
             .filter(|l| match &l.key {
                 LeaseKey::Session(s) => !mine.contains_key(s),
