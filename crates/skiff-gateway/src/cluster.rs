@@ -7,14 +7,23 @@
 //! instead of waiting out their expiry. Two gateways never share a state dir (its lock).
 //!
 //! Every lease time is the database's; this module only passes durations.
+//!
+//! **Session leases.** A session's live work (an open run) is this gateway's while it holds
+//! the session's lease: acquired at a turn's admission, renewed with the heartbeat, released
+//! when the turn ends. Every write of the run is fenced by it ([`SessionLeases::fence`], read
+//! by the hub and the transcript writes). A renewal refused with `LeaseLost` marks the lease
+//! lost: its token cancels the turn, and the stale fence stays in place until the turn is
+//! gone, so whatever the turn still tries to write is refused by the database.
 
 use crate::state_dir::StateDir;
 use crate::{Error, Result};
-use skiff_protocol::GatewayId;
-use skiff_store::Backend;
+use skiff_protocol::{GatewayId, SessionId};
+use skiff_store::{Backend, Claim, Fence, Lease, LeaseKey};
+use std::collections::HashMap;
 use std::path::Path;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
 
 /// The name of the file in the state dir that keeps this gateway's id.
 const ID_FILE: &str = "gateway-id";
@@ -26,6 +35,94 @@ pub(crate) struct Cluster {
     /// `[gateway] lease_ttl`: how long a lease lives unless renewed; a dead gateway's sessions
     /// are taken over by another within it.
     lease_ttl: Duration,
+    /// The session leases this gateway holds (shared with the hub, which fences by them).
+    leases: Arc<SessionLeases>,
+    /// When the lease loop last finished a round (heartbeat and renewals answered).
+    last_round: Mutex<Instant>,
+}
+
+/// A session lease this gateway holds, or held until a renewal found it lost.
+struct Held {
+    lease: Lease,
+    /// Cancelled when the lease is lost: the session's work stops at once.
+    lost: CancellationToken,
+}
+
+/// The session leases this gateway holds, by session.
+#[derive(Default)]
+pub(crate) struct SessionLeases {
+    held: Mutex<HashMap<SessionId, Held>>,
+}
+
+impl SessionLeases {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<SessionId, Held>> {
+        self.held.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The fence on `session`'s writes while this gateway holds (or held, until its work
+    /// ends) the session's lease; `None` for a session whose live work is not here.
+    pub(crate) fn fence(&self, session: &SessionId) -> Option<Fence> {
+        self.lock().get(session).and_then(|h| h.lease.fence())
+    }
+
+    /// Whether this gateway lost `session`'s lease to another while its work was running.
+    pub(crate) fn is_lost(&self, session: &SessionId) -> bool {
+        self.lock()
+            .get(session)
+            .is_some_and(|h| h.lost.is_cancelled())
+    }
+
+    /// Keeps `lease` (just won): a new holder's token unless it is the same holding renewed.
+    fn hold(&self, lease: Lease) -> CancellationToken {
+        let LeaseKey::Session(session) = lease.key.clone() else {
+            return CancellationToken::new();
+        };
+        let mut held = self.lock();
+        match held.get_mut(&session) {
+            Some(h) if h.lease.epoch == lease.epoch && !h.lost.is_cancelled() => {
+                h.lease = lease;
+                h.lost.clone()
+            }
+            _ => {
+                let lost = CancellationToken::new();
+                held.insert(
+                    session,
+                    Held {
+                        lease,
+                        lost: lost.clone(),
+                    },
+                );
+                lost
+            }
+        }
+    }
+
+    /// The held leases a renewal round renews.
+    fn live(&self) -> Vec<Lease> {
+        self.lock()
+            .values()
+            .filter(|h| !h.lost.is_cancelled())
+            .map(|h| h.lease.clone())
+            .collect()
+    }
+}
+
+/// What a renewal round did.
+#[derive(Debug, Default)]
+pub(crate) struct Round {
+    pub renewed: u64,
+    /// Sessions whose lease another gateway took over: their work was stopped.
+    pub lost: Vec<SessionId>,
+    /// Whether every call was answered (the database was reachable).
+    pub complete: bool,
+}
+
+/// Whose a session's lease is, when it is not this gateway's.
+#[derive(Debug)]
+pub(crate) struct Owner {
+    pub gateway: GatewayId,
+    /// Where the owner is reached (`host:port`), empty before it bound its listener.
+    pub address: String,
 }
 
 impl Cluster {
@@ -42,7 +139,131 @@ impl Cluster {
             id,
             store,
             lease_ttl,
+            leases: Arc::default(),
+            last_round: Mutex::new(Instant::now()),
         })
+    }
+
+    /// The leases this gateway holds, for the hub's fenced writes.
+    pub(crate) fn leases(&self) -> &Arc<SessionLeases> {
+        &self.leases
+    }
+
+    /// Claims `session`'s lease for a turn (free, expired or already this gateway's). On
+    /// success, the token cancelled if the lease is later lost; otherwise who holds it.
+    pub(crate) fn acquire(
+        &self,
+        session: &SessionId,
+    ) -> Result<std::result::Result<CancellationToken, Owner>> {
+        let key = LeaseKey::Session(session.clone());
+        match self.store.acquire_lease(&key, &self.id, self.lease_ttl)? {
+            Claim::Won(lease) => Ok(Ok(self.leases.hold(lease))),
+            Claim::Held(lease) => Ok(Err(self.owner(lease.holder)?)),
+        }
+    }
+
+    /// Takes over `expired` (as `expired_leases` listed it); `Some(token)` when won.
+    pub(crate) fn take_over(&self, expired: &Lease) -> Result<Option<CancellationToken>> {
+        match self
+            .store
+            .take_over_lease(expired, &self.id, self.lease_ttl)?
+        {
+            Claim::Won(lease) => Ok(Some(self.leases.hold(lease))),
+            Claim::Held(_) => Ok(None),
+        }
+    }
+
+    /// Held session leases past their expiry, held by others or by this gateway before a
+    /// restart (the leases this process holds are renewed, not taken over).
+    pub(crate) fn expired_sessions(&self) -> Result<Vec<Lease>> {
+        let expired = self.store.expired_leases()?;
+        // Read after the query: the hub reads this map on every publish.
+        let mine = self.leases.lock();
+        Ok(expired
+            .into_iter()
+            .filter(|l| match &l.key {
+                LeaseKey::Session(s) => !mine.contains_key(s),
+                LeaseKey::Singleton(_) => false,
+            })
+            .collect())
+    }
+
+    /// Lets `session`'s lease go (its work here ended); a lease already lost is only
+    /// forgotten. A release the database refuses is logged: the lease then expires.
+    pub(crate) fn release(&self, session: &SessionId) {
+        let Some(held) = self.leases.lock().remove(session) else {
+            return;
+        };
+        if held.lost.is_cancelled() {
+            return;
+        }
+        if let Err(e) = self.store.release_lease(&held.lease) {
+            tracing::warn!(%session, error = %e, "could not release the session's lease; it expires on its own");
+        }
+    }
+
+    /// Renews every lease held; a renewal refused with `LeaseLost` cancels that session's
+    /// token (its work stops) and keeps the stale fence until the work is gone.
+    pub(crate) fn renew_all(&self) -> Round {
+        let mut round = Round {
+            complete: true,
+            ..Round::default()
+        };
+        for lease in self.leases.live() {
+            let LeaseKey::Session(session) = lease.key.clone() else {
+                continue;
+            };
+            match self.store.renew_lease(&lease, self.lease_ttl) {
+                Ok(renewed) => {
+                    let mut held = self.leases.lock();
+                    if let Some(h) = held.get_mut(&session)
+                        && h.lease.epoch == renewed.epoch
+                    {
+                        h.lease = renewed;
+                    }
+                    round.renewed += 1;
+                }
+                Err(skiff_store::Error::LeaseLost { now, .. }) => {
+                    tracing::warn!(%session, now = %now, "this gateway lost the session's lease; its work here stops");
+                    if let Some(h) = self.leases.lock().get(&session) {
+                        h.lost.cancel();
+                    }
+                    round.lost.push(session);
+                }
+                Err(e) => {
+                    tracing::warn!(%session, error = %e, "could not renew the session's lease");
+                    round.complete = false;
+                }
+            }
+        }
+        round
+    }
+
+    /// The lease loop finished a round now.
+    pub(crate) fn round_done(&self) {
+        *self.last_round.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+    }
+
+    /// Whether the lease loop finished a round within the lease's life: otherwise this
+    /// gateway's leases may be lapsing (`/readyz` fails).
+    pub(crate) fn lease_loop_healthy(&self) -> bool {
+        self.last_round
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .elapsed()
+            <= self.lease_ttl
+    }
+
+    /// The holder `gateway` with its registered address.
+    fn owner(&self, gateway: GatewayId) -> Result<Owner> {
+        let address = self
+            .store
+            .gateways(self.lease_ttl)?
+            .into_iter()
+            .find(|g| g.id == gateway)
+            .map(|g| g.address)
+            .unwrap_or_default();
+        Ok(Owner { gateway, address })
     }
 
     /// Records where other gateways reach this one (`host:port`).
@@ -70,31 +291,6 @@ impl Cluster {
         self.store.heartbeat(&self.id)?;
         Ok(())
     }
-}
-
-/// Starts the heartbeat: every [`Cluster::beat_every`] while the gateway lives. A beat that
-/// fails is logged and tried again at the next tick (the store reconnects on its own).
-pub(crate) fn spawn_heartbeat(cluster: &Arc<Cluster>) {
-    // Weak: the heartbeat keeps no gateway alive.
-    let weak = Arc::downgrade(cluster);
-    let every = cluster.beat_every();
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(every);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        tick.tick().await;
-        loop {
-            tick.tick().await;
-            let Some(cluster) = weak.upgrade() else {
-                return;
-            };
-            let beat = tokio::task::spawn_blocking(move || cluster.beat()).await;
-            match beat {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => tracing::warn!(error = %e, "the gateway's heartbeat failed"),
-                Err(e) => tracing::warn!(error = %e, "the gateway's heartbeat task failed"),
-            }
-        }
-    });
 }
 
 /// The id kept in `path`, or a new one written there (mode 0600, through a temporary file so a

@@ -35,16 +35,24 @@ pub struct Hub {
     /// "This session's runs or transcript changed": what a session list follows (ids only;
     /// followers filter by scope and read the session themselves).
     changes: broadcast::Sender<(Scope, SessionId)>,
+    /// The session leases this gateway holds: a session's events are appended under its
+    /// lease's fence while the lease is (or was, until its work ends) this gateway's.
+    leases: Arc<crate::cluster::SessionLeases>,
 }
 
 impl Hub {
     /// A hub whose measurements nobody reads (benchmarks and tests).
     pub fn new(store: Arc<dyn Backend>) -> Self {
-        Self::with_telemetry(store, Arc::default())
+        Self::with_telemetry(store, Arc::default(), Arc::default())
     }
 
-    pub(crate) fn with_telemetry(store: Arc<dyn Backend>, telemetry: Arc<Telemetry>) -> Self {
+    pub(crate) fn with_telemetry(
+        store: Arc<dyn Backend>,
+        telemetry: Arc<Telemetry>,
+        leases: Arc<crate::cluster::SessionLeases>,
+    ) -> Self {
         Self {
+            leases,
             store,
             telemetry,
             order: std::array::from_fn(|_| Mutex::new(())),
@@ -65,7 +73,9 @@ impl Hub {
         self.channels.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Persists and broadcasts an event.
+    /// Persists and broadcasts an event — fenced by the session's lease while this gateway
+    /// holds it, so a gateway that lost the session writes nothing more
+    /// ([`skiff_store::Error::LeaseLost`]).
     pub fn publish(
         &self,
         scope: &Scope,
@@ -73,9 +83,16 @@ impl Hub {
         run: Option<&RunId>,
         kind: EventKind,
     ) -> Result<Arc<SessionEvent>, skiff_store::Error> {
-        self.publish_with(scope, session, || {
-            self.store.append_event(scope, session, run, kind)
+        let fence = self.leases.fence(session);
+        self.publish_with(scope, session, || match &fence {
+            Some(fence) => self.store.append_event_fenced(fence, scope, run, kind),
+            None => self.store.append_event(scope, session, run, kind),
         })
+    }
+
+    /// The fence on `session`'s writes while its live work is this gateway's.
+    pub(crate) fn fence(&self, session: &SessionId) -> Option<skiff_store::Fence> {
+        self.leases.fence(session)
     }
 
     /// Persists an event with `append` (which may record more in the same transaction) and

@@ -30,6 +30,7 @@ mod hub;
 mod ingress;
 mod mcp;
 mod metrics;
+mod ownership;
 mod people;
 mod placement;
 mod quarantine;
@@ -210,6 +211,8 @@ pub(crate) struct Core {
     oidc: Option<Arc<sso::oidc::Oidc>>,
     /// This gateway's id, registry row and heartbeat among the gateways on its database.
     cluster: Arc<cluster::Cluster>,
+    /// Runs taken over from a gateway that died, with the attempt their next one follows.
+    resumes: Mutex<HashMap<RunId, skiff_protocol::AttemptId>>,
 }
 
 /// The state dir's lock and the signal that it was let go. Fields drop in order: the lock
@@ -406,7 +409,6 @@ pub(crate) async fn open_core(
     let store = open_store(&config_path, postgres.as_ref(), &state)?;
     let lease_ttl = config.gateway.lease_ttl(&config_path)?;
     let cluster = Arc::new(cluster::Cluster::join(store.clone(), &state, lease_ttl)?);
-    cluster::spawn_heartbeat(&cluster);
     let (audit_feed, _) = tokio::sync::watch::channel(0i64);
     let feed = audit_feed.clone();
     store.on_audit(Box::new(move |id| {
@@ -479,7 +481,11 @@ pub(crate) async fn open_core(
         )),
         None => telemetry::Telemetry::default(),
     });
-    let hub = Arc::new(Hub::with_telemetry(store.clone(), telemetry.clone()));
+    let hub = Arc::new(Hub::with_telemetry(
+        store.clone(),
+        telemetry.clone(),
+        cluster.leases().clone(),
+    ));
     let envs = Arc::new(environments::Environments::new(
         store.clone(),
         config.profiles,
@@ -568,6 +574,7 @@ pub(crate) async fn open_core(
             proxy,
             oidc,
             cluster,
+            resumes: Mutex::default(),
         }
     });
     core.envs
@@ -586,6 +593,7 @@ pub(crate) async fn open_core(
         );
     }
     core.reconcile_on_start()?;
+    ownership::spawn_lease_loop(&core);
     // Before anything can read a workspace: a worktree a killed gateway was filling is
     // written whole again.
     core.recover_fills().await;
@@ -703,12 +711,14 @@ fn spawn_lifetime_enforcer(core: &Arc<Core>, every: std::time::Duration) {
 }
 
 impl Core {
-    /// Runs left unfinished by a previous process cannot be continuing: mark them (and their
-    /// attempts) orphaned and tell anyone watching.
+    /// Runs left unfinished by a previous process on this gateway cannot be continuing: mark
+    /// them (and their attempts) orphaned and tell anyone watching. So are runs of sessions
+    /// whose lease is free or expired; never those of a session another live gateway holds.
     fn reconcile_on_start(&self) -> Result<()> {
-        let orphaned = self
-            .store
-            .orphan_active_on_start("the gateway stopped while this run was active")?;
+        let orphaned = self.store.orphan_unleased_on_start(
+            self.cluster.id(),
+            "the gateway stopped while this run was active",
+        )?;
         for (scope, run) in orphaned {
             tracing::warn!(run = %run.id, session = %run.session_id, "orphaned a run left active by a previous gateway");
             let event = EventKind::RunStatus {

@@ -19,6 +19,14 @@ pub(crate) async fn healthz() -> &'static str {
 }
 
 pub(crate) async fn readyz(State(core): State<Arc<Core>>) -> Response {
+    if !core.cluster.lease_loop_healthy() {
+        tracing::error!(lease_ttl = ?core.cluster.lease_ttl(), "readiness check failed: the lease loop has not finished a round within the lease's life");
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready: the gateway has not renewed its session leases within [gateway] lease_ttl (see the gateway's log)\n",
+        )
+            .into_response();
+    }
     match core.store.ready() {
         Ok(()) => (StatusCode::OK, "ready\n").into_response(),
         Err(e) => {

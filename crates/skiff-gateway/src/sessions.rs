@@ -25,8 +25,6 @@ use tokio_util::sync::CancellationToken;
 pub(crate) const MAX_STEPS: usize = 50;
 pub(crate) const MAX_OUTPUT_TOKENS: u32 = 8192;
 const MAX_PROMPT_BYTES: usize = 256 * 1024;
-/// This process, as a runtime node of attempts.
-const RUNTIME_NODE: &str = "gateway";
 
 /// The longest a turn may run, and the setting that says so.
 struct TurnDeadline {
@@ -838,11 +836,20 @@ impl Core {
         admission: tokio::sync::OwnedMutexGuard<()>,
     ) -> Result<RunStarted> {
         let model_ref = self.store.session(scope, id)?.model_ref;
-        let old_pin = self.pin_before_switch(scope, id, &mut choices)?;
+        // The session's live work becomes this gateway's first: every write of the turn is
+        // fenced by the lease, and a session another gateway is running is refused here.
+        let lost = self.own_session(id)?;
+        let old_pin = match self.pin_before_switch(scope, id, &mut choices) {
+            Ok(pin) => pin,
+            Err(e) => {
+                self.disown_if_idle(scope, id);
+                return Err(e);
+            }
+        };
         // Admission first: only the admitted turn may write the user's message. Its run, its
         // choices and the worker slot it claims are written together: a refused message
         // leaves the session, its placement and the slots as they were.
-        let run = self
+        let run = match self
             .admit_run(
                 scope,
                 id,
@@ -850,7 +857,14 @@ impl Core {
                 choices.written(),
                 choices.claim.as_ref().map(SlotClaim::profile),
             )
-            .await?;
+            .await
+        {
+            Ok(run) => run,
+            Err(e) => {
+                self.disown_if_idle(scope, id);
+                return Err(e);
+            }
+        };
         self.audit_switch(scope, id, old_pin, &choices);
         if let Some(claim) = &choices.claim {
             if let SlotClaim::Dispatch(profile) = claim {
@@ -898,10 +912,27 @@ impl Core {
             })
         });
 
-        let cancel = CancellationToken::new();
+        self.spawn_turn(scope, session, run.clone(), &lost);
+        let session = self.store.session(scope, id)?;
+        Ok(RunStarted {
+            session: self.session_view(scope, session)?,
+            run: run_view(&run, &self.catalog),
+        })
+    }
+
+    /// Runs the turn of `run` in a task of its own, stopped when the session's lease is
+    /// `lost`; the lease is let go when the turn is over.
+    pub(crate) fn spawn_turn(
+        self: &Arc<Self>,
+        scope: &Scope,
+        session: SessionRow,
+        run: RunRow,
+        lost: &CancellationToken,
+    ) {
+        let cancel = lost.child_token();
         self.running_lock().insert(run.id.clone(), cancel.clone());
         let core = self.clone();
-        let (scope2, run2) = (scope.clone(), run.clone());
+        let (scope2, run2) = (scope.clone(), run);
         tokio::spawn(async move {
             let (run_id, session_id) = (run2.id.clone(), session.id.clone());
             let turn = tokio::spawn({
@@ -914,12 +945,8 @@ impl Core {
                 core.finish(&scope2, &session_id, &run_id, RunStatus::Failed, Some(&why));
             }
             core.running_lock().remove(&run_id);
+            core.disown(&session_id);
         });
-        let session = self.store.session(scope, id)?;
-        Ok(RunStarted {
-            session: self.session_view(scope, session)?,
-            run: run_view(&run, &self.catalog),
-        })
     }
 
     /// Asks the session's unfinished run to stop. The model call and any running tool stop
@@ -1002,6 +1029,12 @@ impl Core {
         if matches!(status.0, RunStatus::Cancelled | RunStatus::TimedOut) {
             self.cancel_children(&scope, &session.id);
         }
+        // A gateway that lost the session to another writes nothing more: not the workspace's
+        // checkpoint (the new owner's), not the run's end (the new owner's attempt goes on).
+        if self.cluster.leases().is_lost(&session.id) {
+            tracing::warn!(session = %session.id, run = %run.id, "the turn stopped here: another gateway took the session over");
+            return;
+        }
         // Worker sessions checkpoint after reconciling each turn (in `turn.finish`).
         if ended_here {
             self.checkpoint_turn(&scope, &session, &run.id, None).await;
@@ -1058,12 +1091,19 @@ impl Core {
         cancel: &CancellationToken,
         here: &mut bool,
     ) -> Result<TurnOutcome> {
-        if *here {
-            for status in [RunStatus::Starting, RunStatus::Running] {
-                self.set_run_status(scope, &session.id, &run.id, status, None)?;
-            }
+        // A run taken over from a gateway that died is already past some of these.
+        let passed = |status: RunStatus| match run.status {
+            RunStatus::Queued => false,
+            RunStatus::Starting => status == RunStatus::Starting,
+            _ => true,
+        };
+        let statuses: &[RunStatus] = if *here {
+            &[RunStatus::Starting, RunStatus::Running]
         } else {
-            self.set_run_status(scope, &session.id, &run.id, RunStatus::Starting, None)?;
+            &[RunStatus::Starting]
+        };
+        for &status in statuses.iter().filter(|&&s| !passed(s)) {
+            self.set_run_status(scope, &session.id, &run.id, status, None)?;
         }
         loop {
             let outcome = if *here {
@@ -1172,7 +1212,7 @@ impl Core {
             session: session.id.clone(),
             run: run.id.clone(),
         };
-        let attempt = self.store.start_attempt(scope, run, RUNTIME_NODE, 1)?;
+        let attempt = self.start_gateway_attempt(scope, run)?;
         let outcome = run_turn(
             &CatalogClient::for_session(self.clone(), scope, &session.id),
             &backend,
@@ -1187,8 +1227,16 @@ impl Core {
             (TurnOutcome::Completed, _) => (AttemptStatus::Succeeded, None),
             (TurnOutcome::Failed(e), _) => (AttemptStatus::Failed, Some(e.as_str())),
         };
-        self.store
-            .finish_attempt(scope, &attempt, attempt_status, error)?;
+        match self.hub.fence(&session.id) {
+            Some(fence) => {
+                self.store
+                    .finish_attempt_fenced(&fence, scope, &attempt, attempt_status, error)?;
+            }
+            None => {
+                self.store
+                    .finish_attempt(scope, &attempt, attempt_status, error)?;
+            }
+        }
         Ok(outcome)
     }
 
@@ -1218,10 +1266,13 @@ impl Core {
                 RunStatus::Cancelled
             }
             (Ok(RunStatus::Starting | RunStatus::Running), RunStatus::Cancelled) => {
-                if let Err(e) = self
-                    .store
-                    .transition_run(scope, run, RunStatus::Cancelling, None)
-                {
+                if let Err(e) = self.transcript().transition_run(
+                    scope,
+                    session,
+                    run,
+                    RunStatus::Cancelling,
+                    None,
+                ) {
                     tracing::warn!(%run, error = %e, "could not mark the run cancelling");
                 }
                 RunStatus::Cancelled

@@ -40,9 +40,12 @@ pub(crate) const MODEL_REQUESTS: &str = "skiff_model_requests_total";
 pub(crate) const MODEL_TOKENS: &str = "skiff_model_tokens_total";
 pub(crate) const EVENT_APPEND: &str = "skiff_event_append_seconds";
 pub(crate) const EVENT_FANOUT: &str = "skiff_event_fanout_lag_seconds";
+pub(crate) const LEASE_RENEWALS: &str = "skiff_lease_renewals_total";
+pub(crate) const LEASE_TAKEOVERS: &str = "skiff_lease_takeovers_total";
+pub(crate) const LEASE_LOST: &str = "skiff_lease_lost_total";
 
 /// Every family this module keeps, in the order `/metrics` prints them.
-pub(crate) const FAMILIES: [Family; 7] = [
+pub(crate) const FAMILIES: [Family; 10] = [
     Family {
         name: PLACEMENT_STEP,
         help: "Time a worker placement spent in each step (provisioning, syncing, setup, starting, reconciling, draining), by step.",
@@ -77,6 +80,21 @@ pub(crate) const FAMILIES: [Family; 7] = [
         name: EVENT_FANOUT,
         help: "From a live event's write to its delivery to a follower's stream (millisecond resolution).",
         histogram: true,
+    },
+    Family {
+        name: LEASE_RENEWALS,
+        help: "Session leases this gateway renewed (each lease, each round of its lease loop).",
+        histogram: false,
+    },
+    Family {
+        name: LEASE_TAKEOVERS,
+        help: "Sessions this gateway took over from a gateway that stopped renewing their lease.",
+        histogram: false,
+    },
+    Family {
+        name: LEASE_LOST,
+        help: "Session leases this gateway lost to another gateway; their work here was stopped.",
+        histogram: false,
     },
 ];
 

@@ -97,9 +97,16 @@ impl Transcript<'_> {
         run: Option<&RunId>,
         bodies: &[EntryBody],
     ) -> std::result::Result<Vec<TranscriptEntry>, skiff_store::Error> {
-        let entries = self
-            .store
-            .append_entries(scope, session, base, run, bodies)?;
+        // Fenced while this gateway holds the session's lease: a gateway that lost it
+        // appends nothing more.
+        let entries = match self.hub.fence(session) {
+            Some(fence) => self
+                .store
+                .append_entries_fenced(&fence, scope, base, run, bodies)?,
+            None => self
+                .store
+                .append_entries(scope, session, base, run, bodies)?,
+        };
         for entry in &entries {
             let event = EventKind::Entry {
                 entry: entry.clone(),
@@ -157,6 +164,24 @@ impl Transcript<'_> {
         }
     }
 
+    /// Moves a run through the store's checked state machine, fenced by the session's lease
+    /// while this gateway holds it; announces nothing.
+    pub(crate) fn transition_run(
+        &self,
+        scope: &Scope,
+        session: &SessionId,
+        run: &RunId,
+        status: RunStatus,
+        error: Option<&str>,
+    ) -> std::result::Result<RunRow, skiff_store::Error> {
+        match self.hub.fence(session) {
+            Some(fence) => self
+                .store
+                .transition_run_fenced(&fence, scope, run, status, error),
+            None => self.store.transition_run(scope, run, status, error),
+        }
+    }
+
     /// Moves a run to `status` through the store's checked state machine and announces the
     /// new status to the session's followers.
     pub(crate) fn set_run_status(
@@ -167,7 +192,7 @@ impl Transcript<'_> {
         status: RunStatus,
         error: Option<&str>,
     ) -> Result<RunRow> {
-        let row = self.store.transition_run(scope, run, status, error)?;
+        let row = self.transition_run(scope, session, run, status, error)?;
         self.hub.publish(
             scope,
             session,

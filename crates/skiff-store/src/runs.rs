@@ -3,7 +3,7 @@
 //! hold even if two callers race.
 
 use crate::transition::run_allowed;
-use crate::{Error, Result, Scope, Store, id_col, mint, now_ms};
+use crate::{Error, Fence, Result, Scope, Store, id_col, mint, now_ms};
 use rusqlite::{ErrorCode, OptionalExtension, Row, TransactionBehavior, params};
 use skiff_protocol::api::RunStatus;
 use skiff_protocol::model::Usage;
@@ -195,6 +195,30 @@ impl Store {
         Ok(rows)
     }
 
+    /// The session's unfinished run with its scope, whoever owns it: what a gateway that
+    /// took the session's lease over goes on with.
+    pub(crate) fn open_run_of(&self, session: &SessionId) -> Result<Option<(Scope, RunRow)>> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare_cached(&format!(
+            "SELECT owner_id, tenant_id FROM runs WHERE session_id = ?1 \
+             AND status IN ({OPEN_STATUSES})"
+        ))?;
+        let scope = stmt
+            .query_row(params![session.as_str()], |row| {
+                Ok(Scope::new(
+                    row.get::<_, String>(0)?,
+                    row.get::<_, String>(1)?,
+                ))
+            })
+            .optional()?;
+        drop(stmt);
+        drop(conn);
+        let Some(scope) = scope else {
+            return Ok(None);
+        };
+        Ok(self.open_run(&scope, session)?.map(|run| (scope, run)))
+    }
+
     /// The session's unfinished run, if any.
     pub fn open_run(&self, scope: &Scope, session: &SessionId) -> Result<Option<RunRow>> {
         // The partial unique index `runs_one_open_per_session` answers this directly.
@@ -219,9 +243,24 @@ impl Store {
         to: RunStatus,
         error: Option<&str>,
     ) -> Result<RunRow> {
+        self.transition_run_with(None, scope, id, to, error)
+    }
+
+    /// [`Store::transition_run`], first checking `fence` in the same transaction when given.
+    pub(crate) fn transition_run_with(
+        &self,
+        fence: Option<&Fence>,
+        scope: &Scope,
+        id: &RunId,
+        to: RunStatus,
+        error: Option<&str>,
+    ) -> Result<RunRow> {
         {
             let mut conn = self.conn();
             let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            if let Some(fence) = fence {
+                crate::leases::check_fence(&tx, fence)?;
+            }
             let from: Option<String> = tx
                 .query_row(
                     "SELECT status FROM runs WHERE id = ?1 AND owner_id = ?2 AND tenant_id = ?3",
@@ -320,8 +359,26 @@ impl Store {
         owner_epoch: i64,
         resume: Resume<'_>,
     ) -> Result<AttemptId> {
+        self.resume_attempt_with(None, scope, run, runtime_node, owner_epoch, resume)
+    }
+
+    /// [`Store::resume_attempt`], first checking `fence` in the same transaction when given.
+    pub(crate) fn resume_attempt_with(
+        &self,
+        fence: Option<&Fence>,
+        scope: &Scope,
+        run: &RunRow,
+        runtime_node: &str,
+        owner_epoch: i64,
+        resume: Resume<'_>,
+    ) -> Result<AttemptId> {
         let id = AttemptId::from_suffix(&mint()?);
-        let inserted = self.conn().execute(
+        let mut conn = self.conn();
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        if let Some(fence) = fence {
+            crate::leases::check_fence(&tx, fence)?;
+        }
+        let inserted = tx.execute(
             "INSERT INTO attempts (id, run_id, session_id, owner_id, tenant_id, runtime_node, \
              owner_epoch, status, started_at_ms, resume_from_attempt_id, checkpoint_artifact_id) \
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'running', ?8, ?9, ?10)",
@@ -339,7 +396,10 @@ impl Store {
             ],
         );
         match inserted {
-            Ok(_) => Ok(id),
+            Ok(_) => {
+                tx.commit()?;
+                Ok(id)
+            }
             Err(e) if is_unique_violation(&e) => Err(Error::AttemptActive {
                 run: run.id.to_string(),
             }),
@@ -355,7 +415,24 @@ impl Store {
         status: AttemptStatus,
         error: Option<&str>,
     ) -> Result<()> {
-        self.conn().execute(
+        self.finish_attempt_with(None, scope, id, status, error)
+    }
+
+    /// [`Store::finish_attempt`], first checking `fence` in the same transaction when given.
+    pub(crate) fn finish_attempt_with(
+        &self,
+        fence: Option<&Fence>,
+        scope: &Scope,
+        id: &AttemptId,
+        status: AttemptStatus,
+        error: Option<&str>,
+    ) -> Result<()> {
+        let mut conn = self.conn();
+        let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        if let Some(fence) = fence {
+            crate::leases::check_fence(&tx, fence)?;
+        }
+        tx.execute(
             "UPDATE attempts SET status = ?1, finished_at_ms = ?2, error = ?6 \
              WHERE id = ?3 AND owner_id = ?4 AND tenant_id = ?5 AND status IN ('starting','running')",
             params![
@@ -367,6 +444,7 @@ impl Store {
                 error
             ],
         )?;
+        tx.commit()?;
         Ok(())
     }
 
@@ -436,19 +514,35 @@ impl Store {
     /// belonged to a process that is gone, so it and its run become `orphaned` (never
     /// `succeeded`). Returns the orphaned runs so the caller can tell their sessions.
     pub fn orphan_active_on_start(&self, reason: &str) -> Result<Vec<(Scope, RunRow)>> {
+        self.orphan_with(None, reason)
+    }
+
+    /// [`Store::orphan_active_on_start`], sparing (with `Some(gateway)`) the runs of sessions
+    /// whose lease another gateway holds and has not let expire: that gateway is running them.
+    pub(crate) fn orphan_with(
+        &self,
+        gateway: Option<&skiff_protocol::GatewayId>,
+        reason: &str,
+    ) -> Result<Vec<(Scope, RunRow)>> {
+        let gateway = gateway.map(skiff_protocol::GatewayId::as_str);
         let now = now_ms();
         let mut conn = self.conn();
         let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
         tx.execute(
-            "UPDATE attempts SET status = 'orphaned', finished_at_ms = ?1 \
-             WHERE status IN ('starting','running')",
-            params![now],
+            &format!(
+                "UPDATE attempts SET status = 'orphaned', finished_at_ms = ?1 \
+                 WHERE status IN ('starting','running') AND {}",
+                unleased("attempts", 2)
+            ),
+            params![now, gateway],
         )?;
         let orphaned = {
             let mut stmt = tx.prepare(&format!(
-                "SELECT owner_id, tenant_id, {COLUMNS} FROM runs WHERE status IN ({OPEN_STATUSES})"
+                "SELECT owner_id, tenant_id, {COLUMNS} FROM runs WHERE status IN ({OPEN_STATUSES}) \
+                 AND {}",
+                unleased("runs", 1)
             ))?;
-            stmt.query_map([], |row| {
+            stmt.query_map(params![gateway], |row| {
                 let scope = Scope::new(row.get::<_, String>(0)?, row.get::<_, String>(1)?);
                 // Columns of the run follow the two scope columns.
                 let run = RunRow {
@@ -473,11 +567,22 @@ impl Store {
         tx.execute(
             &format!(
                 "UPDATE runs SET status = 'orphaned', error = ?1, finished_at_ms = ?2 \
-                 WHERE status IN ({OPEN_STATUSES})"
+                 WHERE status IN ({OPEN_STATUSES}) AND {}",
+                unleased("runs", 3)
             ),
-            params![reason, now],
+            params![reason, now, gateway],
         )?;
         tx.commit()?;
         Ok(orphaned)
     }
+}
+
+/// "No gateway other than `?{param}` holds `{table}`'s session lease unexpired" (always true
+/// when `?{param}` is NULL), by the database's clock.
+fn unleased(table: &str, param: usize) -> String {
+    format!(
+        "(?{param} IS NULL OR NOT EXISTS (SELECT 1 FROM leases l WHERE l.kind = 'session' \
+         AND l.name = {table}.session_id AND l.holder IS NOT NULL AND l.holder <> ?{param} \
+         AND l.expires_at_ms > CAST(unixepoch('subsec') * 1000 AS INTEGER)))"
+    )
 }

@@ -19,6 +19,7 @@ mod budgets;
 mod deadlines;
 mod dispatch;
 mod egress;
+mod gateways;
 mod env;
 mod fanout;
 mod handoff;

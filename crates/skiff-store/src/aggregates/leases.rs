@@ -15,9 +15,10 @@
 //! whose lease merely expired, with nobody taking it over, may renew it and go on.
 
 use crate::{Error, Result, Scope};
+use skiff_protocol::api::RunStatus;
 use skiff_protocol::event::{EventKind, SessionEvent};
 use skiff_protocol::transcript::{EntryBody, TranscriptEntry};
-use skiff_protocol::{EntryId, GatewayId, RunId, SessionId};
+use skiff_protocol::{AttemptId, EntryId, GatewayId, RunId, SessionId};
 use std::fmt;
 use std::time::Duration;
 
@@ -253,6 +254,45 @@ pub trait Leases: Send + Sync {
         run: Option<&RunId>,
         kind: EventKind,
     ) -> Result<SessionEvent>;
+    /// [`RunStore::transition_run`](crate::RunStore::transition_run), fenced the same way.
+    fn transition_run_fenced(
+        &self,
+        fence: &Fence,
+        scope: &Scope,
+        id: &RunId,
+        to: RunStatus,
+        error: Option<&str>,
+    ) -> Result<crate::RunRow>;
+    /// [`RunStore::resume_attempt`](crate::RunStore::resume_attempt) (a fresh attempt with
+    /// the default `resume`), fenced the same way.
+    fn resume_attempt_fenced(
+        &self,
+        fence: &Fence,
+        scope: &Scope,
+        run: &crate::RunRow,
+        runtime_node: &str,
+        resume: crate::Resume<'_>,
+    ) -> Result<AttemptId>;
+    /// [`RunStore::finish_attempt`](crate::RunStore::finish_attempt), fenced the same way.
+    fn finish_attempt_fenced(
+        &self,
+        fence: &Fence,
+        scope: &Scope,
+        id: &AttemptId,
+        status: crate::AttemptStatus,
+        error: Option<&str>,
+    ) -> Result<()>;
+    /// The session's unfinished run with its scope, whoever owns it: what a gateway that
+    /// took the session's lease over goes on with.
+    fn open_run_of(&self, session: &SessionId) -> Result<Option<(Scope, crate::RunRow)>>;
+    /// At a gateway's start: [`Turns::orphan_active_on_start`](crate::Turns::orphan_active_on_start)
+    /// for the runs of sessions whose lease is free, expired or `gateway`'s own — never the
+    /// runs of a session another gateway holds unexpired (it is running them).
+    fn orphan_unleased_on_start(
+        &self,
+        gateway: &GatewayId,
+        reason: &str,
+    ) -> Result<Vec<(Scope, crate::RunRow)>>;
 }
 
 /// Hints that events were appended, possibly by another process. See [`crate::Follower`]:

@@ -11,11 +11,12 @@ use crate::aggregates::EventWakeups;
 use crate::aggregates::leases::{
     Claim, Fence, GatewayRow, Lease, LeaseKey, Leases, gateway_id, lease_lost, ttl_ms,
 };
-use crate::{Error, Result, Scope};
+use crate::{AttemptStatus, Error, Result, Resume, RunRow, Scope};
 use postgres::{GenericClient, Row};
+use skiff_protocol::api::RunStatus;
 use skiff_protocol::event::{EventKind, SessionEvent};
 use skiff_protocol::transcript::{EntryBody, TranscriptEntry};
-use skiff_protocol::{EntryId, GatewayId, RunId, SessionId};
+use skiff_protocol::{AttemptId, EntryId, GatewayId, RunId, SessionId};
 use std::time::Duration;
 
 const GATEWAY_COLUMNS: &str = "id, address, started_at_ms, heartbeat_at_ms";
@@ -322,6 +323,51 @@ impl Leases for PgStore {
         kind: EventKind,
     ) -> Result<SessionEvent> {
         self.append_event_with(Some(fence), scope, &fence.session, run, kind)
+    }
+
+    fn transition_run_fenced(
+        &self,
+        fence: &Fence,
+        scope: &Scope,
+        id: &RunId,
+        to: RunStatus,
+        error: Option<&str>,
+    ) -> Result<RunRow> {
+        self.transition_run_with(Some(fence), scope, id, to, error)
+    }
+
+    fn resume_attempt_fenced(
+        &self,
+        fence: &Fence,
+        scope: &Scope,
+        run: &RunRow,
+        runtime_node: &str,
+        resume: Resume<'_>,
+    ) -> Result<AttemptId> {
+        self.resume_attempt_with(Some(fence), scope, run, runtime_node, fence.epoch, resume)
+    }
+
+    fn finish_attempt_fenced(
+        &self,
+        fence: &Fence,
+        scope: &Scope,
+        id: &AttemptId,
+        status: AttemptStatus,
+        error: Option<&str>,
+    ) -> Result<()> {
+        self.finish_attempt_with(Some(fence), scope, id, status, error)
+    }
+
+    fn open_run_of(&self, session: &SessionId) -> Result<Option<(Scope, RunRow)>> {
+        PgStore::open_run_of(self, session)
+    }
+
+    fn orphan_unleased_on_start(
+        &self,
+        gateway: &GatewayId,
+        reason: &str,
+    ) -> Result<Vec<(Scope, RunRow)>> {
+        self.orphan_with(Some(gateway), reason)
     }
 }
 

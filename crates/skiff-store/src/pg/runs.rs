@@ -114,41 +114,7 @@ impl RunStore for PgStore {
         to: RunStatus,
         error: Option<&str>,
     ) -> Result<RunRow> {
-        let (scope, id, error) = (scope.clone(), id.to_string(), error.map(str::to_string));
-        self.conn.run(move |conn| {
-            let mut tx = conn.client.transaction()?;
-            // The row lock orders concurrent moves: each sees the status the one before left.
-            let from = tx
-                .query_opt(
-                    "SELECT status FROM runs WHERE id = $1 AND owner_id = $2 AND tenant_id = $3 \
-                     FOR UPDATE",
-                    &[&id, &scope.owner_id, &scope.tenant_id],
-                )?
-                .map(|row| row.try_get::<_, String>(0))
-                .transpose()?;
-            let from =
-                from.as_deref()
-                    .and_then(RunStatus::parse)
-                    .ok_or_else(|| Error::NotFound {
-                        what: "run",
-                        id: id.clone(),
-                    })?;
-            if !run_allowed(from, to) {
-                return Err(Error::IllegalRunTransition { run: id, from, to });
-            }
-            let finished = to.is_terminal().then(now_ms);
-            let row = tx.query_one(
-                &format!(
-                    "UPDATE runs SET status = $1, error = COALESCE($2, error), \
-                     finished_at_ms = COALESCE($3, finished_at_ms) WHERE id = $4 \
-                     RETURNING {COLUMNS}"
-                ),
-                &[&to.as_str(), &error, &finished, &id],
-            )?;
-            let run = run_from(&row)?;
-            tx.commit()?;
-            Ok(run)
-        })
+        self.transition_run_with(None, scope, id, to, error)
     }
 
     fn resume_attempt(
@@ -159,48 +125,7 @@ impl RunStore for PgStore {
         owner_epoch: i64,
         resume: Resume<'_>,
     ) -> Result<AttemptId> {
-        let attempt = AttemptId::from_suffix(&mint()?);
-        let args = (
-            attempt.to_string(),
-            run.id.to_string(),
-            run.session_id.to_string(),
-            scope.clone(),
-            runtime_node.to_string(),
-            resume.after.map(ToString::to_string),
-            resume.checkpoint_artifact_id.map(str::to_string),
-        );
-        let started = now_ms();
-        let inserted = self.conn.run(move |conn| {
-            let (attempt, run, session, scope, node, after, checkpoint) = args;
-            let insert = conn.statement(
-                "INSERT INTO attempts (id, run_id, session_id, owner_id, tenant_id, runtime_node, \
-                 owner_epoch, status, started_at_ms, resume_from_attempt_id, \
-                 checkpoint_artifact_id) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, 'running', $8, $9, $10) \
-                 ON CONFLICT (run_id) WHERE status IN ('starting','running') DO NOTHING",
-            )?;
-            Ok(conn.client.execute(
-                &insert,
-                &[
-                    &attempt,
-                    &run,
-                    &session,
-                    &scope.owner_id,
-                    &scope.tenant_id,
-                    &node,
-                    &owner_epoch,
-                    &started,
-                    &after,
-                    &checkpoint,
-                ],
-            )?)
-        })?;
-        if inserted == 0 {
-            return Err(Error::AttemptActive {
-                run: run.id.to_string(),
-            });
-        }
-        Ok(attempt)
+        self.resume_attempt_with(None, scope, run, runtime_node, owner_epoch, resume)
     }
 
     fn finish_attempt(
@@ -210,30 +135,7 @@ impl RunStore for PgStore {
         status: AttemptStatus,
         error: Option<&str>,
     ) -> Result<()> {
-        let args = (
-            scope.clone(),
-            id.to_string(),
-            status.as_str().to_string(),
-            error.map(str::to_string),
-        );
-        let finished = now_ms();
-        self.conn.run(move |conn| {
-            let (scope, id, status, error) = args;
-            conn.client.execute(
-                "UPDATE attempts SET status = $1, finished_at_ms = $2, error = $3 \
-                 WHERE id = $4 AND owner_id = $5 AND tenant_id = $6 \
-                 AND status IN ('starting','running')",
-                &[
-                    &status,
-                    &finished,
-                    &error,
-                    &id,
-                    &scope.owner_id,
-                    &scope.tenant_id,
-                ],
-            )?;
-            Ok(())
-        })
+        self.finish_attempt_with(None, scope, id, status, error)
     }
 
     fn attempts(&self, scope: &Scope, session: &SessionId) -> Result<Vec<AttemptRow>> {
@@ -268,6 +170,170 @@ impl RunStore for PgStore {
                     })
                 })
                 .collect()
+        })
+    }
+}
+
+/// The fenced variants' bodies (the trait methods pass no fence), and the unscoped reads a
+/// gateway taking a session over needs.
+impl PgStore {
+    /// `transition_run`, first checking `fence` in the same transaction when given.
+    pub(super) fn transition_run_with(
+        &self,
+        fence: Option<&crate::Fence>,
+        scope: &Scope,
+        id: &RunId,
+        to: RunStatus,
+        error: Option<&str>,
+    ) -> Result<RunRow> {
+        let (scope, id, error) = (scope.clone(), id.to_string(), error.map(str::to_string));
+        let fence = fence.cloned();
+        self.conn.run(move |conn| {
+            let mut tx = conn.client.transaction()?;
+            if let Some(fence) = &fence {
+                super::leases::check_fence(&mut tx, fence)?;
+            }
+            // The row lock orders concurrent moves: each sees the status the one before left.
+            let from = tx
+                .query_opt(
+                    "SELECT status FROM runs WHERE id = $1 AND owner_id = $2 AND tenant_id = $3 \
+                     FOR UPDATE",
+                    &[&id, &scope.owner_id, &scope.tenant_id],
+                )?
+                .map(|row| row.try_get::<_, String>(0))
+                .transpose()?;
+            let from =
+                from.as_deref()
+                    .and_then(RunStatus::parse)
+                    .ok_or_else(|| Error::NotFound {
+                        what: "run",
+                        id: id.clone(),
+                    })?;
+            if !run_allowed(from, to) {
+                return Err(Error::IllegalRunTransition { run: id, from, to });
+            }
+            let finished = to.is_terminal().then(now_ms);
+            let row = tx.query_one(
+                &format!(
+                    "UPDATE runs SET status = $1, error = COALESCE($2, error), \
+                     finished_at_ms = COALESCE($3, finished_at_ms) WHERE id = $4 \
+                     RETURNING {COLUMNS}"
+                ),
+                &[&to.as_str(), &error, &finished, &id],
+            )?;
+            let run = run_from(&row)?;
+            tx.commit()?;
+            Ok(run)
+        })
+    }
+
+    /// `resume_attempt`, first checking `fence` in the same transaction when given.
+    pub(super) fn resume_attempt_with(
+        &self,
+        fence: Option<&crate::Fence>,
+        scope: &Scope,
+        run: &RunRow,
+        runtime_node: &str,
+        owner_epoch: i64,
+        resume: Resume<'_>,
+    ) -> Result<AttemptId> {
+        let attempt = AttemptId::from_suffix(&mint()?);
+        let args = (
+            attempt.to_string(),
+            run.id.to_string(),
+            run.session_id.to_string(),
+            scope.clone(),
+            runtime_node.to_string(),
+            resume.after.map(ToString::to_string),
+            resume.checkpoint_artifact_id.map(str::to_string),
+        );
+        let started = now_ms();
+        let inserted = self.conn.run_fenced(fence.cloned(), move |conn| {
+            let (attempt, run, session, scope, node, after, checkpoint) = args;
+            let insert = conn.statement(
+                "INSERT INTO attempts (id, run_id, session_id, owner_id, tenant_id, runtime_node, \
+                 owner_epoch, status, started_at_ms, resume_from_attempt_id, \
+                 checkpoint_artifact_id) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, 'running', $8, $9, $10) \
+                 ON CONFLICT (run_id) WHERE status IN ('starting','running') DO NOTHING",
+            )?;
+            Ok(conn.client.execute(
+                &insert,
+                &[
+                    &attempt,
+                    &run,
+                    &session,
+                    &scope.owner_id,
+                    &scope.tenant_id,
+                    &node,
+                    &owner_epoch,
+                    &started,
+                    &after,
+                    &checkpoint,
+                ],
+            )?)
+        })?;
+        if inserted == 0 {
+            return Err(Error::AttemptActive {
+                run: run.id.to_string(),
+            });
+        }
+        Ok(attempt)
+    }
+
+    /// `finish_attempt`, first checking `fence` in the same transaction when given.
+    pub(super) fn finish_attempt_with(
+        &self,
+        fence: Option<&crate::Fence>,
+        scope: &Scope,
+        id: &AttemptId,
+        status: AttemptStatus,
+        error: Option<&str>,
+    ) -> Result<()> {
+        let args = (
+            scope.clone(),
+            id.to_string(),
+            status.as_str().to_string(),
+            error.map(str::to_string),
+        );
+        let finished = now_ms();
+        self.conn.run_fenced(fence.cloned(), move |conn| {
+            let (scope, id, status, error) = args;
+            conn.client.execute(
+                "UPDATE attempts SET status = $1, finished_at_ms = $2, error = $3 \
+                 WHERE id = $4 AND owner_id = $5 AND tenant_id = $6 \
+                 AND status IN ('starting','running')",
+                &[
+                    &status,
+                    &finished,
+                    &error,
+                    &id,
+                    &scope.owner_id,
+                    &scope.tenant_id,
+                ],
+            )?;
+            Ok(())
+        })
+    }
+
+    /// The session's unfinished run with its scope, whoever owns it.
+    pub(super) fn open_run_of(&self, session: &SessionId) -> Result<Option<(Scope, RunRow)>> {
+        let session = session.to_string();
+        self.conn.run(move |conn| {
+            conn.client
+                .query_opt(
+                    &format!(
+                        "SELECT owner_id, tenant_id, {COLUMNS} FROM runs \
+                         WHERE session_id = $1 AND status IN {OPEN}"
+                    ),
+                    &[&session],
+                )?
+                .map(|row| {
+                    let scope =
+                        Scope::new(row.try_get::<_, String>(0)?, row.try_get::<_, String>(1)?);
+                    Ok((scope, run_at(&row, 2)?))
+                })
+                .transpose()
         })
     }
 }

@@ -289,22 +289,40 @@ impl Turns for PgStore {
     }
 
     fn orphan_active_on_start(&self, reason: &str) -> Result<Vec<(Scope, RunRow)>> {
+        self.orphan_with(None, reason)
+    }
+}
+
+/// Orphaning on start, and the filter that spares another live gateway's runs.
+impl PgStore {
+    /// `orphan_active_on_start`, sparing (with `Some(gateway)`) the runs of sessions whose
+    /// lease another gateway holds unexpired (by the database's clock).
+    pub(super) fn orphan_with(
+        &self,
+        gateway: Option<&skiff_protocol::GatewayId>,
+        reason: &str,
+    ) -> Result<Vec<(Scope, RunRow)>> {
         let reason = reason.to_owned();
+        let gateway = gateway.map(ToString::to_string);
         let now = now_ms();
         self.conn.run(move |conn| {
             let mut tx = conn.client.transaction()?;
             tx.execute(
-                "UPDATE attempts SET status = 'orphaned', finished_at_ms = $1 \
-                 WHERE status IN ('starting','running')",
-                &[&now],
+                &format!(
+                    "UPDATE attempts SET status = 'orphaned', finished_at_ms = $1 \
+                     WHERE status IN ('starting','running') AND {}",
+                    unleased("attempts", 2)
+                ),
+                &[&now, &gateway],
             )?;
             let rows = tx.query(
                 &format!(
                     "UPDATE runs SET status = 'orphaned', error = $1, finished_at_ms = $2 \
-                     WHERE status IN {OPEN} RETURNING owner_id, tenant_id, {}",
+                     WHERE status IN {OPEN} AND {} RETURNING owner_id, tenant_id, {}",
+                    unleased("runs", 3),
                     crate::runs::COLUMNS
                 ),
-                &[&reason, &now],
+                &[&reason, &now, &gateway],
             )?;
             let mut orphaned = rows
                 .iter()
@@ -319,4 +337,14 @@ impl Turns for PgStore {
             Ok(orphaned)
         })
     }
+}
+
+/// "No gateway other than `${param}` holds `{table}`'s session lease unexpired" (always true
+/// when `${param}` is NULL), by the database's clock.
+fn unleased(table: &str, param: usize) -> String {
+    format!(
+        "(${param}::text IS NULL OR NOT EXISTS (SELECT 1 FROM leases l WHERE l.kind = 'session' \
+         AND l.name = {table}.session_id AND l.holder IS NOT NULL AND l.holder <> ${param} \
+         AND l.expires_at_ms > skiff_now_ms()))"
+    )
 }

@@ -5,9 +5,10 @@
 
 use super::conformance::{Db, alice, new_session};
 use skiff_protocol::GatewayId;
+use skiff_protocol::api::{AttemptStatus, RunStatus};
 use skiff_protocol::event::EventKind;
 use skiff_protocol::transcript::EntryBody;
-use skiff_store::{Claim, Error, EventLog, Follower, Lease, LeaseKey, Leases, PgStore};
+use skiff_store::{Claim, Error, EventLog, Follower, Lease, LeaseKey, Leases, PgStore, Resume};
 use skiff_test_support::postgres::PgCluster;
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
@@ -16,6 +17,8 @@ super::conformance::on_both_backends!(
     racing_claims_of_one_lease_have_one_winner,
     a_renewal_or_release_at_a_stale_epoch_is_refused,
     a_taken_over_session_refuses_the_old_holders_fenced_writes_and_keeps_nothing_of_them,
+    a_stale_owner_cannot_move_its_run_or_its_attempts_and_the_new_owner_goes_on_as_a_new_attempt,
+    a_restarting_gateway_spares_the_runs_of_a_session_another_gateway_holds,
     singleton_leases_follow_the_same_rules,
     gateways_register_beat_and_name_the_leases_of_dead_ones,
     lease_expiry_is_reckoned_on_the_databases_clock,
@@ -212,6 +215,128 @@ fn a_taken_over_session_refuses_the_old_holders_fenced_writes_and_keeps_nothing_
         .unwrap_err();
     assert!(err.to_string().contains("held by nobody"), "{err}");
     assert_eq!(a.last_event_cursor(&alice(), &other).unwrap(), 0);
+}
+
+fn a_stale_owner_cannot_move_its_run_or_its_attempts_and_the_new_owner_goes_on_as_a_new_attempt(
+    db: &Db,
+) {
+    let (a, b) = (db.open(), db.open());
+    let s = new_session(&*a, &alice());
+    let key = LeaseKey::Session(s.clone());
+    let fence_a = won(a.acquire_lease(&key, &gw("a"), EXPIRED).unwrap())
+        .fence()
+        .unwrap();
+    let run = a.create_run(&alice(), &s, "fake/m").unwrap();
+    for status in [RunStatus::Starting, RunStatus::Running] {
+        a.transition_run_fenced(&fence_a, &alice(), &run.id, status, None)
+            .unwrap();
+    }
+    let first = a
+        .resume_attempt_fenced(&fence_a, &alice(), &run, "gateway", Resume::default())
+        .unwrap();
+
+    let expired = b.expired_leases().unwrap();
+    let fence_b = won(b.take_over_lease(&expired[0], &gw("b"), LIVE).unwrap())
+        .fence()
+        .unwrap();
+
+    // The old owner wakes up: every write of its run is refused, naming the new holder.
+    let err = a
+        .transition_run_fenced(&fence_a, &alice(), &run.id, RunStatus::Succeeded, None)
+        .unwrap_err();
+    assert!(err.to_string().contains("held by gw_b at epoch 2"), "{err}");
+    let err = a
+        .finish_attempt_fenced(&fence_a, &alice(), &first, AttemptStatus::Succeeded, None)
+        .unwrap_err();
+    assert!(matches!(err, Error::LeaseLost { .. }), "{err:?}");
+    let err = a
+        .resume_attempt_fenced(&fence_a, &alice(), &run, "gateway", Resume::default())
+        .unwrap_err();
+    assert!(matches!(err, Error::LeaseLost { .. }), "{err:?}");
+    // ... and nothing of them is kept.
+    assert_eq!(a.run(&alice(), &run.id).unwrap().status, RunStatus::Running);
+    let attempts = a.attempts(&alice(), &s).unwrap();
+    assert_eq!(attempts.len(), 1);
+    assert_eq!(
+        (attempts[0].status, attempts[0].owner_epoch),
+        (AttemptStatus::Running, 1)
+    );
+
+    // The new owner finds the run (unscoped, with its scope) and goes on as a new attempt.
+    let (scope, open) = b.open_run_of(&s).unwrap().unwrap();
+    assert_eq!((scope, open.id.clone()), (alice(), run.id.clone()));
+    b.finish_attempt_fenced(
+        &fence_b,
+        &alice(),
+        &first,
+        AttemptStatus::Orphaned,
+        Some("gateway gw_a stopped"),
+    )
+    .unwrap();
+    let resume = Resume {
+        after: Some(&first),
+        checkpoint_artifact_id: None,
+    };
+    let second = b
+        .resume_attempt_fenced(&fence_b, &alice(), &open, "gateway", resume)
+        .unwrap();
+    b.transition_run_fenced(&fence_b, &alice(), &run.id, RunStatus::Succeeded, None)
+        .unwrap();
+    let attempts = b.attempts(&alice(), &s).unwrap();
+    let seen: Vec<_> = attempts
+        .iter()
+        .map(|a| (a.status, a.owner_epoch, a.resume_from.clone()))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            (AttemptStatus::Orphaned, 1, None),
+            (AttemptStatus::Running, 2, Some(first.clone())),
+        ]
+    );
+    assert_eq!(attempts[1].id, second);
+    assert!(b.open_run_of(&s).unwrap().is_none());
+}
+
+fn a_restarting_gateway_spares_the_runs_of_a_session_another_gateway_holds(db: &Db) {
+    let (a, b) = (db.open(), db.open());
+    let theirs = new_session(&*a, &alice());
+    let mine = new_session(&*a, &alice());
+    let lapsed = new_session(&*a, &alice());
+    let free = new_session(&*a, &alice());
+    let lease = |s: &skiff_protocol::SessionId, holder: &str, ttl: Duration| {
+        won(b
+            .acquire_lease(&LeaseKey::Session(s.clone()), &gw(holder), ttl)
+            .unwrap())
+    };
+    lease(&theirs, "b", LIVE);
+    lease(&mine, "a", LIVE);
+    lease(&lapsed, "b", EXPIRED);
+    let mut runs = Vec::new();
+    for s in [&theirs, &mine, &lapsed, &free] {
+        let run = b.create_run(&alice(), s, "fake/m").unwrap();
+        b.start_attempt(&alice(), &run, "gateway", 1).unwrap();
+        runs.push(run.id);
+    }
+    // Gateway a restarts: its own run, the lapsed one and the free one are orphaned; the run
+    // of the session gateway b holds goes on.
+    let mut orphaned: Vec<_> = a
+        .orphan_unleased_on_start(&gw("a"), "the gateway restarted")
+        .unwrap()
+        .into_iter()
+        .map(|(_, run)| run.id)
+        .collect();
+    orphaned.sort_by(|x, y| x.as_str().cmp(y.as_str()));
+    let mut expected = runs[1..].to_vec();
+    expected.sort_by(|x, y| x.as_str().cmp(y.as_str()));
+    assert_eq!(orphaned, expected);
+    assert_eq!(a.run(&alice(), &runs[0]).unwrap().status, RunStatus::Queued);
+    let attempts = a.attempts(&alice(), &theirs).unwrap();
+    assert_eq!(attempts[0].status, AttemptStatus::Running);
+    assert_eq!(
+        a.attempts(&alice(), &free).unwrap()[0].status,
+        AttemptStatus::Orphaned
+    );
 }
 
 fn user(text: &str) -> EntryBody {

@@ -1,0 +1,265 @@
+//! Which gateway runs a session's live work (issue 17), on top of [`crate::cluster`]: a turn
+//! owns its session's lease from admission to its end, the lease loop keeps what is held
+//! alive and stops what was lost, and takes over the sessions of gateways that died — a
+//! running turn goes on here as a new attempt of the same run.
+//!
+//! **Routing.** A turn for a session another live gateway is running is refused `409`, naming
+//! that gateway and its address, rather than forwarded: the refusal is one answer a client can
+//! act on (its events can be followed through any gateway meanwhile), where a forwarded turn
+//! would tie the request to two gateways' lives and credentials. Between turns a session has
+//! no owner, so its next message is run by whichever gateway receives it.
+
+use crate::telemetry::{LEASE_LOST, LEASE_RENEWALS, LEASE_TAKEOVERS};
+use crate::{Core, Error, Result};
+use serde_json::json;
+use skiff_protocol::api::{AttemptStatus, RunStatus};
+use skiff_protocol::environment::PlacementState;
+use skiff_protocol::{AttemptId, GatewayId, SessionId};
+use skiff_store::{Lease, LeaseKey, RunRow, Scope};
+use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
+
+/// The runtime node an attempt on the gateway's own loop records.
+const RUNTIME_NODE: &str = "gateway";
+
+impl Core {
+    /// Makes `session`'s live work this gateway's for a turn. The token is cancelled if the
+    /// lease is later lost to another gateway. A session another gateway is running is a
+    /// conflict naming it.
+    pub(crate) fn own_session(&self, session: &SessionId) -> Result<CancellationToken> {
+        match self.cluster.acquire(session)? {
+            Ok(lost) => Ok(lost),
+            Err(owner) => {
+                let at = if owner.address.is_empty() {
+                    String::new()
+                } else {
+                    format!(" at {}", owner.address)
+                };
+                Err(Error::Conflict(format!(
+                    "session {session} is being run by gateway {}{at}: send the message there, or \
+                     again once its turn has ended (its events can be followed through any gateway)",
+                    owner.gateway
+                )))
+            }
+        }
+    }
+
+    /// Lets `session`'s lease go after a refused admission, unless a turn of it runs here.
+    pub(crate) fn disown_if_idle(&self, scope: &Scope, session: &SessionId) {
+        let running_here = match self.store.open_run(scope, session) {
+            Ok(Some(run)) => self.run_cancel_token(&run.id).is_some(),
+            Ok(None) => false,
+            // Unknown: keep it; the turn's end or the lease's expiry lets it go.
+            Err(_) => true,
+        };
+        if !running_here {
+            self.disown(session);
+        }
+    }
+
+    /// Lets `session`'s lease go: its live work here ended.
+    pub(crate) fn disown(&self, session: &SessionId) {
+        self.cluster.release(session);
+    }
+
+    /// Starts the attempt of a run on the gateway's own loop: a new attempt after the one a
+    /// dead gateway left when the run was taken over, else a fresh one. Fenced by the
+    /// session's lease while this gateway holds it.
+    pub(crate) fn start_gateway_attempt(&self, scope: &Scope, run: &RunRow) -> Result<AttemptId> {
+        let after = self
+            .resumes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&run.id);
+        let resume = skiff_store::Resume {
+            after: after.as_ref(),
+            checkpoint_artifact_id: None,
+        };
+        Ok(match self.hub.fence(&run.session_id) {
+            Some(fence) => {
+                self.store
+                    .resume_attempt_fenced(&fence, scope, run, RUNTIME_NODE, resume)?
+            }
+            None => self
+                .store
+                .resume_attempt(scope, run, RUNTIME_NODE, 1, resume)?,
+        })
+    }
+
+    /// One round of the lease loop: the heartbeat, every held lease renewed (a lost one
+    /// stops its session's work), then the sessions of dead gateways taken over.
+    async fn lease_round(self: &Arc<Self>) {
+        let core = self.clone();
+        let renewed = tokio::task::spawn_blocking(move || {
+            let beat = core.cluster.beat();
+            (beat, core.cluster.renew_all())
+        })
+        .await;
+        let (beat, round) = match renewed {
+            Ok(answer) => answer,
+            Err(e) => {
+                tracing::warn!(error = %e, "the lease loop's round failed");
+                return;
+            }
+        };
+        if let Err(e) = &beat {
+            tracing::warn!(error = %e, "the gateway's heartbeat failed");
+        }
+        self.telemetry
+            .add(LEASE_RENEWALS, Vec::new(), round.renewed);
+        self.telemetry
+            .add(LEASE_LOST, Vec::new(), round.lost.len() as u64);
+        for session in &round.lost {
+            // Its turn was cancelled with the lease; its worker (if any) is the new owner's.
+            self.workers.live(session).close();
+        }
+        let took_over = self.take_over_round().await;
+        if beat.is_ok() && round.complete && took_over {
+            self.cluster.round_done();
+        }
+    }
+
+    /// Takes over every session lease that expired (its holder died, or stopped renewing);
+    /// whether every call was answered.
+    async fn take_over_round(self: &Arc<Self>) -> bool {
+        let core = self.clone();
+        let expired =
+            match tokio::task::spawn_blocking(move || core.cluster.expired_sessions()).await {
+                Ok(Ok(expired)) => expired,
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "could not list expired session leases");
+                    return false;
+                }
+                Err(_) => return false,
+            };
+        let mut complete = true;
+        for lease in expired {
+            if let Err(e) = self.take_over(&lease).await {
+                tracing::warn!(lease = %lease.key, error = %e, "could not take a session over");
+                complete = false;
+            }
+        }
+        complete
+    }
+
+    /// Takes `expired` over and goes on with what its session was doing: a running turn on
+    /// the gateway becomes a new attempt here; a session with nothing running is let go.
+    async fn take_over(self: &Arc<Self>, expired: &Lease) -> Result<()> {
+        let LeaseKey::Session(session) = expired.key.clone() else {
+            return Ok(());
+        };
+        let Some(lost) = self.cluster.take_over(expired)? else {
+            return Ok(());
+        };
+        self.telemetry.add(LEASE_TAKEOVERS, Vec::new(), 1);
+        tracing::warn!(%session, from = %expired.holder, epoch = expired.epoch + 1,
+            "took a session over from a gateway that stopped renewing its lease");
+        match self.go_on_with(&session, &expired.holder, &lost) {
+            Ok(true) => Ok(()),
+            Ok(false) => {
+                self.disown(&session);
+                Ok(())
+            }
+            Err(e) => {
+                self.disown(&session);
+                Err(e)
+            }
+        }
+    }
+
+    /// Goes on with `session`'s open run after taking it over from `from`; whether a turn
+    /// now runs here (which then lets the lease go when it ends).
+    fn go_on_with(
+        self: &Arc<Self>,
+        session: &SessionId,
+        from: &GatewayId,
+        lost: &CancellationToken,
+    ) -> Result<bool> {
+        let Some((scope, run)) = self.store.open_run_of(session)? else {
+            return Ok(false);
+        };
+        let fence = self
+            .hub
+            .fence(session)
+            .ok_or_else(|| Error::Internal(format!("no fence on session {session} taken over")))?;
+        let reason = format!(
+            "gateway {from} stopped while running this attempt; gateway {} took the run over",
+            self.cluster.id()
+        );
+        // The old attempt ends; whatever its tool calls did is in the workspace, and a call
+        // whose result was never recorded gets one saying so when the turn goes on.
+        let mut after = None;
+        for attempt in self.store.attempts(&scope, session)? {
+            if attempt.run_id == run.id
+                && matches!(
+                    attempt.status,
+                    AttemptStatus::Starting | AttemptStatus::Running
+                )
+            {
+                self.store.finish_attempt_fenced(
+                    &fence,
+                    &scope,
+                    &attempt.id,
+                    AttemptStatus::Orphaned,
+                    Some(&reason),
+                )?;
+                after = Some(attempt.id);
+            }
+        }
+        let row = self.store.session(&scope, session)?;
+        self.audit(
+            &scope,
+            "run.takeover",
+            run.id.as_str(),
+            "applied",
+            json!({ "session": session.as_str(), "from": from.as_str(), "placement": row.placement }),
+        );
+        if row.placement != PlacementState::Local.as_str() || run.status == RunStatus::Cancelling {
+            // A worker's turn is not re-adopted from here: the run ends orphaned, and the
+            // worker's next message finds its placement as the worker side left it.
+            let why = if run.status == RunStatus::Cancelling {
+                format!("{reason}; it was being cancelled")
+            } else {
+                format!("{reason}; the turn ran on a worker, which this gateway does not re-adopt")
+            };
+            self.set_run_status(&scope, session, &run.id, RunStatus::Orphaned, Some(&why))?;
+            return Ok(false);
+        }
+        if let Some(after) = after {
+            self.resumes
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(run.id.clone(), after);
+        }
+        self.transcript().notify(
+            &scope,
+            session,
+            Some(&run.id),
+            &format!(
+                "Gateway {from} stopped during this turn; gateway {} goes on with it.",
+                self.cluster.id()
+            ),
+        );
+        self.spawn_turn(&scope, row, run, lost);
+        Ok(true)
+    }
+}
+
+/// Starts the lease loop: every [`crate::cluster::Cluster::beat_every`] while the gateway
+/// lives — the heartbeat, renewals, take-overs.
+pub(crate) fn spawn_lease_loop(core: &Arc<Core>) {
+    // Weak: the loop keeps no gateway alive.
+    let weak = Arc::downgrade(core);
+    let every = core.cluster.beat_every();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let Some(core) = weak.upgrade() else {
+                return;
+            };
+            core.lease_round().await;
+        }
+    });
+}
