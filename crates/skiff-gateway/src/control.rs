@@ -63,12 +63,8 @@ impl Core {
         cancel: &CancellationToken,
     ) -> DropGuard {
         let stop = CancellationToken::new();
-        let (core, scope, session, run) = (
-            self.clone(),
-            scope.clone(),
-            session.clone(),
-            run.clone(),
-        );
+        let (core, scope, session, run) =
+            (self.clone(), scope.clone(), session.clone(), run.clone());
         let (watching, cancel) = (stop.clone(), cancel.clone());
         tokio::spawn(async move {
             let watch = async {
@@ -81,11 +77,7 @@ impl Core {
                         return;
                     }
                 };
-                if core
-                    .store
-                    .run(&scope, &run)
-                    .is_ok_and(|r| stops(r.status))
-                {
+                if core.store.run(&scope, &run).is_ok_and(|r| stops(r.status)) {
                     cancel.cancel();
                     return;
                 }

@@ -41,7 +41,10 @@ impl Core {
         let artifacts_mine = self.state.workspaces_root() == self.state.root()
             || (self.holds_chore(crate::chores::SWEEPER, crate::chores::START_ROUND)
                 && !self.others_alive());
-        for entry in entries(&self.state.artifacts()).into_iter().filter(|_| artifacts_mine) {
+        for entry in entries(&self.state.artifacts())
+            .into_iter()
+            .filter(|_| artifacts_mine)
+        {
             let partial = entry
                 .file_name()
                 .and_then(|n| n.to_str())

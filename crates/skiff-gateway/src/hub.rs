@@ -188,9 +188,7 @@ impl Shared {
         use std::hash::{BuildHasher, BuildHasherDefault};
         let hasher = BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default();
         let stripe = hasher.hash_one(session) as usize % ORDER_STRIPES;
-        self.order[stripe]
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+        self.order[stripe].lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<SessionId, Channel>> {
@@ -270,10 +268,7 @@ impl Shared {
                 (channel.scope.clone(), channel.sent)
             };
             self.pump_reads.fetch_add(1, Ordering::Relaxed);
-            let batch = match self
-                .store
-                .events_after(&scope, session, sent, REPLAY_BATCH)
-            {
+            let batch = match self.store.events_after(&scope, session, sent, REPLAY_BATCH) {
                 Ok(batch) => batch,
                 Err(e) => {
                     // The next wake-up or poll reads again; subscribers lose nothing.
@@ -537,7 +532,9 @@ mod tests {
         }
         assert_eq!(hub.reads(), (0, FOLLOWERS as u64));
         for i in 0..EVENTS {
-            store.append_event(&scope, &id, None, delta(i as usize)).unwrap();
+            store
+                .append_event(&scope, &id, None, delta(i as usize))
+                .unwrap();
         }
         for stream in &mut streams {
             for expected in 1..=EVENTS {
@@ -575,9 +572,12 @@ mod tests {
         tokio::task::spawn_blocking(move || {
             for i in 0..EVENTS {
                 if i % 3 == 0 {
-                    store.append_event(&scope2, &id2, None, delta(i as usize)).unwrap();
+                    store
+                        .append_event(&scope2, &id2, None, delta(i as usize))
+                        .unwrap();
                 } else {
-                    hub2.publish(&scope2, &id2, None, delta(i as usize)).unwrap();
+                    hub2.publish(&scope2, &id2, None, delta(i as usize))
+                        .unwrap();
                 }
             }
         })

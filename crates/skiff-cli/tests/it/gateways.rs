@@ -57,7 +57,10 @@ impl Pair {
         let one = GatewayId::parse(text.trim()).unwrap();
         let key = LeaseKey::Session(SessionId::parse(session).unwrap());
         let claim = store.acquire_lease(&key, &one, PATIENCE).unwrap();
-        assert!(claim.won().is_some(), "gateway one could not claim {session}");
+        assert!(
+            claim.won().is_some(),
+            "gateway one could not claim {session}"
+        );
     }
 }
 
@@ -290,7 +293,11 @@ fn an_approval_answered_through_one_gateway_releases_the_call_waiting_on_the_oth
         &["--approval", r#"{ exec = ["rm *"] }"#],
     );
     pair.one_owns(&id);
-    let asked = until(&new_lines, r#""state":"pending""#, "session new on gateway one");
+    let asked = until(
+        &new_lines,
+        r#""state":"pending""#,
+        "session new on gateway one",
+    );
     let approval: serde_json::Value = serde_json::from_str(asked.last().unwrap()).unwrap();
     let approval_id = approval["approval"]["id"].as_str().unwrap().to_owned();
 
@@ -327,5 +334,10 @@ fn only_one_of_two_gateways_takes_the_sweeper_and_the_audit_says_which() {
         })
         .collect();
     // The first to start swept; the second found the sweeper alive and left it alone.
-    assert_eq!(takers, vec![one.trim().to_owned()], "second was {}", two.trim());
+    assert_eq!(
+        takers,
+        vec![one.trim().to_owned()],
+        "second was {}",
+        two.trim()
+    );
 }
