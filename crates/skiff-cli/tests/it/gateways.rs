@@ -10,7 +10,7 @@ use skiff_protocol::{GatewayId, SessionId};
 use skiff_store::LeaseKey;
 use skiff_test_support::postgres::PgCluster;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::process::{Child, Output, Stdio};
+use std::process::{Child, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
