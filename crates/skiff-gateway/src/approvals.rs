@@ -3,7 +3,8 @@
 //! The waiting call ([`Core::ask_approval`], from a gateway-placed loop's backend or a
 //! worker's `approval.request`) writes a `pending` row, moves its run to `waiting_approval`,
 //! publishes an `approval` event and waits for one of: a decision (`skiff approve|deny`, the
-//! UI's card), `approval_timeout` (expired: denied), or a revocation (the turn cancelled, the
+//! UI's card — through this gateway or another on the database, whose settled row it learns
+//! from the session's events, `control.rs`), `approval_timeout` (expired: denied), or a revocation (the turn cancelled, the
 //! session dispatched, pulled back or failed over). The row leaves `pending` once, by a
 //! compare-and-swap in the store, so whichever comes first wins and the call reads the row.
 //! Every settlement is published and audited, with ids, states and who decided, never the
@@ -125,6 +126,11 @@ impl Core {
             request_reason: ask.reason.clone(),
             expires_at_ms,
         };
+        // Before the row exists: its settlement through another gateway is announced after.
+        let from = self
+            .store
+            .last_event_cursor(scope, session)
+            .map_err(|e| refused(&e))?;
         let notify = Arc::new(Notify::new());
         // Registered before the row exists, so a decision right after it wakes this call.
         self.approvals
@@ -154,6 +160,8 @@ impl Core {
         self.revoker().publish_approval(scope, &row);
         let timed_out = tokio::select! {
             () = notify.notified() => None,
+            // Decided (or revoked) through another gateway: the row says how.
+            () = self.approval_settled(scope, session, &id, from) => None,
             () = tokio::time::sleep(timeout) => Some((
                 ApprovalState::Expired,
                 format!(

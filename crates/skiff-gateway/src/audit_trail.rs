@@ -278,8 +278,13 @@ pub(crate) fn spawn_archiver(core: &Arc<Core>) {
             let Some(core) = core.upgrade() else {
                 return;
             };
-            // Files and SQLite: off the async threads.
-            if let Err(e) = tokio::task::spawn_blocking(move || core.archive_audit_now()).await {
+            // Files and the database: off the async threads. One gateway at a time.
+            let archive = move || {
+                if core.holds_chore(crate::chores::AUDIT_ARCHIVE, ARCHIVE_EVERY) {
+                    core.archive_audit_now();
+                }
+            };
+            if let Err(e) = tokio::task::spawn_blocking(archive).await {
                 tracing::warn!(error = %e, "the audit archiver stopped");
             }
         }

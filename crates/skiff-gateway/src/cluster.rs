@@ -333,6 +333,23 @@ fn write_new(path: &Path, text: &str) -> std::io::Result<()> {
     std::fs::rename(&tmp, path)
 }
 
+impl Cluster {
+    /// Whether another gateway holds `session`'s lease now: its running turn is that
+    /// gateway's to end. A lease that cannot be read counts as this gateway's (as with one
+    /// gateway), with a warning.
+    pub(crate) fn owns_elsewhere(&self, session: &skiff_protocol::SessionId) -> bool {
+        let key = skiff_store::LeaseKey::Session(session.clone());
+        match self.store.lease(&key) {
+            Ok(Some(lease)) => !lease.expired && lease.holder != self.id,
+            Ok(None) => false,
+            Err(e) => {
+                tracing::warn!(%session, error = %e, "cannot read the session's lease");
+                false
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -7,7 +7,9 @@
 //! for what a killed process could not.
 //!
 //! It runs before this process uses any of them (before restart reconciliation), and the state
-//! dir belongs to one gateway, so nothing here can be in use. Deliberately absent: anything
+//! dir belongs to one gateway, so nothing here can be in use — except blobs in a shared
+//! `[store] workspaces` (several gateways), swept only by the `sweeper` lease's holder while
+//! no other gateway is alive (`chores.rs`). Deliberately absent: anything
 //! outside the state dir but the box roots this gateway's profiles name, and any failure that
 //! stops the gateway — a leftover that cannot be removed is logged and left.
 
@@ -34,7 +36,15 @@ impl Core {
                 swept.staging += 1;
             }
         }
-        for entry in entries(&self.state.artifacts()) {
+        // Artifacts in a shared workspaces directory may be another gateway's blob being
+        // written: swept only by the sweeper, and only while no other gateway is alive.
+        let artifacts_mine = self.state.workspaces_root() == self.state.root()
+            || (self.holds_chore(crate::chores::SWEEPER, crate::chores::START_ROUND)
+                && !self.others_alive());
+        for entry in entries(&self.state.artifacts())
+            .into_iter()
+            .filter(|_| artifacts_mine)
+        {
             let partial = entry
                 .file_name()
                 .and_then(|n| n.to_str())

@@ -15,9 +15,11 @@ mod backend;
 mod budgets;
 pub mod bundle;
 mod checkpoints;
+mod chores;
 mod cluster;
 mod compaction;
 pub mod config;
+mod control;
 mod dispatch;
 mod egress;
 mod env_api;
@@ -598,6 +600,11 @@ pub(crate) async fn open_core(
     // written whole again.
     core.recover_fills().await;
     core.envs.reconcile_on_start().await?;
+    // Destroying what no environment owns is one gateway's at a time: never a box another
+    // gateway's session holds (its environment row owns it).
+    if core.holds_chore(chores::SWEEPER, lifetime_tick) {
+        core.envs.sweep_orphans().await?;
+    }
     // Workers that re-attach are admitted against the bundle hash; without any, it is
     // computed at the first bring-up instead of delaying every start.
     if !core.store.live_placements()?.is_empty() {
@@ -688,8 +695,9 @@ fn default_box_root(state: &StateDir) -> PathBuf {
     }
 }
 
-/// Every `gateway.lifetime_tick`: park worker sessions idle on their boxes past
-/// `keep_attached`, reclaim idle or expired environments, renew leases in use.
+/// Every `gateway.lifetime_tick`: park this gateway's worker sessions idle on their boxes
+/// past `keep_attached`; and, on the gateway holding the `sweeper` lease, reclaim idle or
+/// expired environments and renew leases in use.
 fn spawn_lifetime_enforcer(core: &Arc<Core>, every: std::time::Duration) {
     // Weak: the tick keeps no gateway alive.
     let core = Arc::downgrade(core);
@@ -703,9 +711,12 @@ fn spawn_lifetime_enforcer(core: &Arc<Core>, every: std::time::Duration) {
                 return;
             };
             // Parking first: a box it gives back counts as used just now, so the reclaim
-            // below never takes a box in the moment it is being given back.
+            // below never takes a box in the moment it is being given back. Parking is each
+            // owner's (its own sessions); reclaim is one gateway's at a time.
             core.workers.park_idle_sessions().await;
-            core.envs.enforce_lifetimes().await;
+            if core.holds_chore(chores::SWEEPER, every) {
+                core.envs.enforce_lifetimes().await;
+            }
         }
     });
 }

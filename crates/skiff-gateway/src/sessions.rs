@@ -931,9 +931,12 @@ impl Core {
     ) {
         let cancel = lost.child_token();
         self.running_lock().insert(run.id.clone(), cancel.clone());
+        // A cancel through another gateway reaches this turn as the run's status.
+        let watch = self.watch_for_cancel(scope, id, &run.id, &cancel);
         let core = self.clone();
         let (scope2, run2) = (scope.clone(), run);
         tokio::spawn(async move {
+            let _watch = watch;
             let (run_id, session_id) = (run2.id.clone(), session.id.clone());
             let turn = tokio::spawn({
                 let (core, scope) = (core.clone(), scope2.clone());
@@ -978,8 +981,9 @@ impl Core {
         );
         self.cancel_children(scope, id);
         self.revoke_approvals(scope, id, "the turn was cancelled");
-        // No task owns it (it never started): finish it here. Otherwise the task ends it.
-        if token.is_none() {
+        // No task owns it (it never started): finish it here. Otherwise the task ends it —
+        // also when it runs on another gateway, which learns of the cancel from the status.
+        if token.is_none() && !self.cluster.owns_elsewhere(id) {
             self.finish(scope, id, &run.id, RunStatus::Cancelled, None);
         }
         Ok(run_view(&self.store.run(scope, &run.id)?, &self.catalog))

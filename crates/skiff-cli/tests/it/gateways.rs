@@ -1,136 +1,343 @@
-//! Several gateways on one PostgreSQL database (issue 17): a session's turn is run by the
-//! gateway that admitted it and followed through any other; when that gateway is killed, the
-//! other takes the session over and the turn finishes there as a new attempt.
+//! Two gateways on one PostgreSQL (issue 17), each with its own state dir, sharing the
+//! database and `[store] workspaces`: what one gateway's turn writes reaches a follower on the
+//! other live, and a cancel or an approval given through the other reaches the turn.
+//!
+//! Session leases are taken here the way the owner's admission takes them (H1's work wires
+//! that into the gateway): the test claims the session for the gateway that runs its turn.
 
-use crate::harness::{Gateway, stderr};
-use skiff_test_support::TempGitRepo;
+use crate::harness::{Gateway, stderr, stdout};
+use skiff_protocol::{GatewayId, SessionId};
+use skiff_store::LeaseKey;
 use skiff_test_support::postgres::PgCluster;
-use std::io::{BufRead, BufReader, Read};
-use std::process::Stdio;
-use std::time::Instant;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::process::{Child, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
 
-#[test]
-fn a_killed_owners_turn_is_taken_over_by_another_gateway_and_finishes_as_a_new_attempt() {
+/// How long anything here may take before the test fails instead of hanging.
+const PATIENCE: Duration = Duration::from_secs(90);
+
+struct Pair {
+    one: Gateway,
+    two: Gateway,
+    url: String,
+    _shared: tempfile::TempDir,
+    _cluster: PgCluster,
+}
+
+/// Two gateways started with `script` on one fresh database and one workspaces directory.
+fn two_gateways(script: &str) -> Pair {
     let cluster = PgCluster::start();
     let url = cluster.fresh_database();
     let shared = tempfile::tempdir().unwrap();
-    let workspaces = shared.path().join("workspaces");
-    let signals = shared.path().join("signals");
-    std::fs::create_dir_all(&signals).unwrap();
-    let fifo = signals.join("started");
-    let ran = signals.join("ran.log");
+    let config = format!(
+        "[gateway]\nlocal_sandbox = \"off\"\n[store]\nurl = \"{url}\"\nworkspaces = \"{}\"\n",
+        shared.path().display()
+    );
+    let one = Gateway::start_with(script, &config);
+    let two = Gateway::start_with(script, &config);
+    Pair {
+        one,
+        two,
+        url,
+        _shared: shared,
+        _cluster: cluster,
+    }
+}
+
+impl Pair {
+    /// Claims `session`'s lease for gateway one, as its admission does for the turns it runs.
+    fn one_owns(&self, session: &str) {
+        let store = skiff_store::open_backend(skiff_store::Location::Postgres {
+            url: &self.url,
+            password: None,
+        })
+        .unwrap();
+        let text = std::fs::read_to_string(self.one.state_dir.join("gateway-id")).unwrap();
+        let one = GatewayId::parse(text.trim()).unwrap();
+        let key = LeaseKey::Session(SessionId::parse(session).unwrap());
+        let claim = store.acquire_lease(&key, &one, PATIENCE).unwrap();
+        assert!(
+            claim.won().is_some(),
+            "gateway one could not claim {session}"
+        );
+    }
+}
+
+/// A named pipe: a command that reads it waits until the test writes.
+fn gate() -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("go");
     let made = std::process::Command::new("mkfifo")
         .arg(&fifo)
         .status()
         .unwrap();
     assert!(made.success());
-    // Turn 1 runs a command that says it started and then outlives its gateway; turn 2 is
-    // what the model answers once the lost call's result is recorded.
-    let script = format!(
-        "[[turns]]\ntext = \"Running a long command.\"\n[[turns.tool_calls]]\nname = \"exec\"\n\
-         arguments = {{ command = \"echo ran >> {ran}; sleep 31452 & echo started > {fifo}; wait\" }}\n\
-         [[turns]]\ntext = \"Finished after the takeover.\"\n",
-        ran = ran.display(),
-        fifo = fifo.display(),
-    );
-    let config = format!(
-        "[gateway]\nlease_ttl = \"2s\"\nlocal_sandbox_paths = [\"{}\"]\n\
-         [store]\nurl = \"{url}\"\nworkspaces = \"{}\"\n",
-        signals.display(),
-        workspaces.display(),
-    );
-    let mut first = Gateway::start_with(&script, &config);
-    let second = Gateway::start_with(&script, &config);
-    let repo = TempGitRepo::new(&[("a.txt", "a\n")]);
+    (dir, fifo)
+}
 
-    // Created and run through the first gateway, followed through the second.
-    let started = first.json(&[
-        "session",
-        "new",
-        "--detach",
-        "--json",
-        "--workspace",
-        repo.path().to_str().unwrap(),
-        "--model",
-        "fake/slow",
-        "run it",
-    ]);
-    let id = started["session"]["id"].as_str().unwrap().to_owned();
-    let mut watch = second
+/// A turn whose command waits at `fifo`, then one that ends the session's turn.
+fn waiting_script(fifo: &std::path::Path) -> String {
+    format!(
+        r#"
+[[turns]]
+text = "Waiting for the go."
+[[turns.tool_calls]]
+name = "exec"
+arguments = {{ command = "read x < {} && echo released-$x" }}
+
+[[turns]]
+text = "All done."
+"#,
+        fifo.display()
+    )
+}
+
+/// Lines of a child's stdout as they come, each within [`PATIENCE`].
+fn lines(out: impl Read + Send + 'static) -> mpsc::Receiver<String> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines() {
+            let Ok(line) = line else { return };
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+fn next_line(rx: &mpsc::Receiver<String>, what: &str) -> Option<String> {
+    match rx.recv_timeout(PATIENCE) {
+        Ok(line) => Some(line),
+        Err(mpsc::RecvTimeoutError::Disconnected) => None,
+        Err(mpsc::RecvTimeoutError::Timeout) => panic!("no line of {what} within {PATIENCE:?}"),
+    }
+}
+
+/// Lines until one contains `needle` (which is returned last).
+fn until(rx: &mpsc::Receiver<String>, needle: &str, what: &str) -> Vec<String> {
+    let mut seen = Vec::new();
+    loop {
+        let Some(line) = next_line(rx, what) else {
+            panic!("{what} ended before {needle:?}: {seen:#?}")
+        };
+        let found = line.contains(needle);
+        seen.push(line);
+        if found {
+            return seen;
+        }
+    }
+}
+
+/// The child's exit, within [`PATIENCE`] (killed and failed otherwise).
+fn exit_of(mut child: Child, what: &str) -> std::process::ExitStatus {
+    let pid = child.id();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait());
+    });
+    match rx.recv_timeout(PATIENCE) {
+        Ok(status) => status.unwrap(),
+        Err(_) => {
+            let _ = std::process::Command::new("kill")
+                .args(["-9", &pid.to_string()])
+                .status();
+            panic!("{what} did not end within {PATIENCE:?}")
+        }
+    }
+}
+
+/// `skiff session new --json` through `gw`, left running: the child, its stdout lines, and
+/// the session id (its first line).
+fn start_session(
+    gw: &Gateway,
+    ws: &std::path::Path,
+    extra: &[&str],
+) -> (Child, mpsc::Receiver<String>, String) {
+    let mut child = gw
         .cli()
-        .args(["session", "watch", &id, "--json"])
+        .args(["session", "new", "--json", "--workspace"])
+        .arg(ws)
+        .args(["--model", "fake/e2e"])
+        .args(extra)
+        .arg("go ahead")
         .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    let rx = lines(child.stdout.take().unwrap());
+    let first = next_line(&rx, "session new").expect("session new printed nothing");
+    let first: serde_json::Value = serde_json::from_str(&first).unwrap();
+    let id = first["session_id"].as_str().unwrap().to_owned();
+    (child, rx, id)
+}
 
-    // The owner is mid-turn once its command says it started.
-    let mut said = String::new();
-    std::fs::File::open(&fifo)
-        .unwrap()
-        .read_to_string(&mut said)
+fn cursors(lines: &[String]) -> Vec<u64> {
+    lines
+        .iter()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| v["cursor"].as_u64())
+        .collect()
+}
+
+#[test]
+fn a_follower_on_one_gateway_sees_a_turn_on_the_other_live_in_order_none_lost_or_doubled() {
+    let (_gate_dir, fifo) = gate();
+    let pair = two_gateways(&waiting_script(&fifo));
+    let ws = tempfile::tempdir().unwrap();
+    std::fs::write(ws.path().join("notes.txt"), "draft\n").unwrap();
+    let (new, _new_lines, id) = start_session(&pair.one, ws.path(), &[]);
+
+    let mut watch = pair
+        .two
+        .cli()
+        .args(["session", "watch", "--json", &id])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .unwrap();
-    // A turn sent to the other gateway meanwhile is refused, naming the owner.
-    let refused = second.run(&["session", "send", &id, "again"]);
-    assert!(!refused.status.success());
-    let err = stderr(&refused);
-    assert!(err.contains("is being run by gateway gw_"), "{err}");
-
-    let killed = Instant::now();
-    first.stop();
-
-    // The follower on the second gateway sees the turn through to its end.
-    let lines: Vec<serde_json::Value> = BufReader::new(watch.stdout.take().unwrap())
-        .lines()
-        .map(|l| serde_json::from_str(&l.unwrap()).unwrap())
-        .collect();
-    let status = watch.wait().unwrap();
-    eprintln!(
-        "takeover: killed owner → turn finished on the other gateway in {} ms (lease_ttl 2s)",
-        killed.elapsed().as_millis()
+    let watched = lines(watch.stdout.take().unwrap());
+    // The turn on gateway one has reached its command, and the follower on gateway two
+    // has it: what comes next is written only after the test opens the gate.
+    let mut seen = until(&watched, "read x <", "the watch on gateway two");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&fifo)
+        .unwrap()
+        .write_all(b"go\n")
+        .unwrap();
+    while let Some(line) = next_line(&watched, "the watch on gateway two") {
+        seen.push(line);
+    }
+    assert!(
+        exit_of(watch, "the watch on gateway two").success(),
+        "the turn did not end well: {seen:#?}"
     );
-    assert!(status.success(), "the watch ended: {lines:?}");
-    assert_eq!(lines.last().unwrap()["status"], "succeeded");
+    assert!(exit_of(new, "session new on gateway one").success());
+    let text = seen.join("\n");
+    assert!(
+        text.contains("released-go") && text.contains("All done."),
+        "the follower on gateway two missed what gateway one wrote after the gate: {text}"
+    );
 
-    let detail = second.json(&["session", "show", &id, "--json"]);
-    assert_eq!(detail["runs"].as_array().unwrap().len(), 1);
-    assert_eq!(detail["runs"][0]["status"], "succeeded");
-    let attempts = detail["attempts"].as_array().unwrap();
-    let statuses: Vec<&str> = attempts
-        .iter()
-        .map(|a| a["status"].as_str().unwrap())
-        .collect();
-    assert_eq!(statuses, ["orphaned", "succeeded"], "{attempts:?}");
+    // Every event once, in cursor order, the same as gateway one's own log.
+    let live = cursors(&seen);
+    let all = pair.one.run(&["session", "watch", "--json", &id]);
+    assert!(all.status.success(), "{}", stderr(&all));
+    let logged: Vec<String> = stdout(&all).lines().map(str::to_owned).collect();
+    let logged_cursors = cursors(&logged);
+    assert!(!live.is_empty());
+    assert_eq!(
+        live,
+        (live[0]..live[0] + live.len() as u64).collect::<Vec<_>>(),
+        "lost, doubled or reordered"
+    );
+    assert_eq!(
+        live.last(),
+        logged_cursors.last(),
+        "the follower stopped short of the log"
+    );
+}
 
-    // Nothing lost or doubled: the user's message, the first step and its call once, the
-    // lost call's result, the notice of the takeover, and the answer.
-    let kinds: Vec<(String, String)> = detail["transcript"]
-        .as_array()
+#[test]
+fn a_cancel_through_one_gateway_stops_the_turn_running_on_the_other() {
+    let (_gate_dir, fifo) = gate();
+    let pair = two_gateways(&waiting_script(&fifo));
+    let ws = tempfile::tempdir().unwrap();
+    std::fs::write(ws.path().join("notes.txt"), "draft\n").unwrap();
+    let (new, new_lines, id) = start_session(&pair.one, ws.path(), &[]);
+    pair.one_owns(&id);
+    // The command is running on gateway one.
+    until(&new_lines, "read x <", "session new on gateway one");
+
+    let out = pair.two.run(&["session", "cancel", &id]);
+    assert!(out.status.success(), "cancel: {}", stderr(&out));
+    let mut rest = Vec::new();
+    while let Some(line) = next_line(&new_lines, "session new on gateway one") {
+        rest.push(line);
+    }
+    // Gateway one stopped its turn: its follower saw the run end cancelled.
+    assert!(!exit_of(new, "session new on gateway one").success());
+    let text = rest.join("\n");
+    assert!(text.contains(r#""cancelled""#), "{text}");
+    assert!(
+        text.contains("the command and everything it started were killed"),
+        "the command on gateway one was not stopped: {text}"
+    );
+    let show = pair.two.json(&["session", "show", "--json", &id]);
+    let status = show["runs"].as_array().unwrap().last().unwrap()["status"].clone();
+    assert_eq!(status, "cancelled", "{show}");
+}
+
+const APPROVAL_SCRIPT: &str = r#"
+[[turns]]
+text = "Cleaning up."
+[[turns.tool_calls]]
+name = "exec"
+arguments = { command = "rm -rf build && echo cleaned-up" }
+
+[[turns]]
+text = "All done."
+"#;
+
+#[test]
+fn an_approval_answered_through_one_gateway_releases_the_call_waiting_on_the_other() {
+    let pair = two_gateways(APPROVAL_SCRIPT);
+    let ws = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(ws.path().join("build")).unwrap();
+    std::fs::write(ws.path().join("build/x.o"), "x").unwrap();
+    let (new, new_lines, id) = start_session(
+        &pair.one,
+        ws.path(),
+        &["--approval", r#"{ exec = ["rm *"] }"#],
+    );
+    pair.one_owns(&id);
+    let asked = until(
+        &new_lines,
+        r#""state":"pending""#,
+        "session new on gateway one",
+    );
+    let approval: serde_json::Value = serde_json::from_str(asked.last().unwrap()).unwrap();
+    let approval_id = approval["approval"]["id"].as_str().unwrap().to_owned();
+
+    let out = pair.two.run(&["approve", &approval_id]);
+    assert!(out.status.success(), "approve: {}", stderr(&out));
+    let mut rest = Vec::new();
+    while let Some(line) = next_line(&new_lines, "session new on gateway one") {
+        rest.push(line);
+    }
+    assert!(exit_of(new, "session new on gateway one").success());
+    let text = rest.join("\n");
+    assert!(
+        text.contains("cleaned-up") && text.contains("All done."),
+        "the call on gateway one was not released: {text}"
+    );
+}
+
+#[test]
+fn only_one_of_two_gateways_takes_the_sweeper_and_the_audit_says_which() {
+    let pair = two_gateways("");
+    let one = std::fs::read_to_string(pair.one.state_dir.join("gateway-id")).unwrap();
+    let two = std::fs::read_to_string(pair.two.state_dir.join("gateway-id")).unwrap();
+    let mut db = postgres::Client::connect(&pair.url, postgres::NoTls).unwrap();
+    let takers: Vec<String> = db
+        .query(
+            "SELECT detail FROM audit WHERE action = 'chore.take' AND target = 'sweeper'",
+            &[],
+        )
         .unwrap()
         .iter()
-        .map(|e| {
-            let body = &e["body"];
-            let text = body["text"]
-                .as_str()
-                .or(body["content"].as_str())
-                .unwrap_or_default();
-            (body["kind"].as_str().unwrap().to_owned(), text.to_owned())
+        .map(|row| {
+            let detail: serde_json::Value = serde_json::from_str(row.get::<_, &str>(0)).unwrap();
+            detail["gateway"].as_str().unwrap().to_owned()
         })
         .collect();
-    let only: Vec<&str> = kinds.iter().map(|(k, _)| k.as_str()).collect();
+    // The first to start swept; the second found the sweeper alive and left it alone.
     assert_eq!(
-        only,
-        [
-            "user_message",
-            "assistant_message",
-            "notice",
-            "tool_result",
-            "assistant_message"
-        ],
-        "{kinds:?}"
+        takers,
+        vec![one.trim().to_owned()],
+        "second was {}",
+        two.trim()
     );
-    assert!(kinds[2].1.contains("goes on with it"), "{kinds:?}");
-    assert!(kinds[3].1.contains("no result was recorded"), "{kinds:?}");
-    assert_eq!(kinds[4].1, "Finished after the takeover.");
-    // The command ran once: the new owner did not run it again.
-    assert_eq!(std::fs::read_to_string(&ran).unwrap(), "ran\n");
 }

@@ -63,7 +63,8 @@ impl Environments {
     }
 
     /// At gateway start: finish or fail what a previous process left in flight, and check that
-    /// every box believed alive still is. Then sweep orphans; the same for snapshots.
+    /// every box believed alive still is; the same for snapshots. (Sweeping orphans is
+    /// [`Self::sweep_orphans`], one gateway's at a time.)
     pub(crate) async fn reconcile_on_start(&self) -> Result<()> {
         for row in self.store.live_environments()? {
             let result = match row.state {
@@ -87,13 +88,18 @@ impl Environments {
                 tracing::warn!(env = %row.id, error = %e, "reconciling the environment failed");
             }
         }
+        self.reconcile_snapshots_on_start().await
+    }
+
+    /// At the start of the gateway holding the `sweeper` lease (`chores.rs`): destroy
+    /// provider leases no environment owns, and snapshots no row knows.
+    pub(crate) async fn sweep_orphans(&self) -> Result<()> {
         // The gateway's own work at start: nobody asked, so no one's rows.
         let nobody = crate::auth::unattributed_scope();
         let swept = self.sweep(&nobody).await?;
         if !swept.is_empty() {
             tracing::warn!(?swept, "destroyed orphaned leases");
         }
-        self.reconcile_snapshots_on_start().await?;
         let swept = self.sweep_snapshots(&nobody).await?;
         if !swept.is_empty() {
             tracing::warn!(?swept, "deleted orphaned snapshots");
