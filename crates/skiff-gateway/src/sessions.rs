@@ -932,7 +932,7 @@ impl Core {
         let cancel = lost.child_token();
         self.running_lock().insert(run.id.clone(), cancel.clone());
         // A cancel through another gateway reaches this turn as the run's status.
-        let watch = self.watch_for_cancel(scope, id, &run.id, &cancel);
+        let watch = self.watch_for_cancel(scope, &session.id, &run.id, &cancel);
         let core = self.clone();
         let (scope2, run2) = (scope.clone(), run);
         tokio::spawn(async move {

@@ -7,7 +7,9 @@
 //! `synchronous_commit = on`), where `PgStore` sets `synchronous_commit = off` on its own
 //! sessions — the same promise as SQLite's (an OS crash may lose the last commits, never
 //! corrupt), so the two compare like with like. Also printed: how long the throwaway cluster
-//! took to start, and the event append from a plain client without the connection thread.
+//! took to start, and where a serial PostgreSQL call's time goes — the transcript and event
+//! statements from a plain client without the connection thread (the hop), a bare round trip,
+//! and the server's own execution and planning time per statement (`pg_stat_statements`).
 //!
 //! `cargo bench -p skiff-store --bench backends`
 
