@@ -65,6 +65,28 @@ impl SessionLeases {
         self.lock().get(session).and_then(|h| h.lease.fence())
     }
 
+    /// Makes one of `session`'s writes: `write(Some(fence))` while this gateway holds the
+    /// session's lease, `write(None)` when its live work is not here. A fenced write refused
+    /// because this gateway let the lease go itself meanwhile (its turn ended between reading
+    /// the fence and writing — a pull-back's placement step, say) is made again unfenced, as
+    /// any write outside a turn is; a lease lost to another gateway keeps its stale fence
+    /// until the work ends, so that refusal stands.
+    pub(crate) fn write<T>(
+        &self,
+        session: &SessionId,
+        mut write: impl FnMut(Option<&Fence>) -> std::result::Result<T, skiff_store::Error>,
+    ) -> std::result::Result<T, skiff_store::Error> {
+        let Some(fence) = self.fence(session) else {
+            return write(None);
+        };
+        match write(Some(&fence)) {
+            Err(skiff_store::Error::LeaseLost { .. }) if self.fence(session).is_none() => {
+                write(None)
+            }
+            outcome => outcome,
+        }
+    }
+
     /// Whether this gateway lost `session`'s lease to another while its work was running.
     pub(crate) fn is_lost(&self, session: &SessionId) -> bool {
         self.lock()

@@ -252,7 +252,7 @@ pub struct GatewayConfig {
     pub lifetime_tick: Option<String>,
     /// How long a gateway's lease on a session's live work (or on a gateway-wide chore) lives
     /// unless renewed; with several gateways on one database, another takes a dead gateway's
-    /// sessions over within it (default `10s`).
+    /// sessions over within it (default `5s`: a dead gateway's turns go on elsewhere within about 5–7 s).
     #[serde(default)]
     pub lease_ttl: Option<String>,
     /// How many worker sessions may hold a worker at once (a parked one holds none). Past it
@@ -330,7 +330,7 @@ impl GatewayConfig {
     }
 
     pub fn lease_ttl(&self, config_path: &Path) -> Result<std::time::Duration, ConfigError> {
-        duration(config_path, "lease_ttl", self.lease_ttl.as_deref(), "10s")
+        duration(config_path, "lease_ttl", self.lease_ttl.as_deref(), "5s")
     }
 
     pub fn worker_credential_ttl(

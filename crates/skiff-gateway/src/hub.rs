@@ -115,17 +115,28 @@ impl Hub {
         run: Option<&RunId>,
         kind: EventKind,
     ) -> Result<Arc<SessionEvent>, skiff_store::Error> {
-        let fence = self.leases.fence(session);
         let store = &self.shared.store;
-        self.publish_with(scope, session, || match &fence {
-            Some(fence) => store.append_event_fenced(fence, scope, run, kind),
-            None => store.append_event(scope, session, run, kind),
+        self.publish_with(scope, session, || {
+            self.leases.write(session, |fence| match fence {
+                Some(fence) => store.append_event_fenced(fence, scope, run, kind.clone()),
+                None => store.append_event(scope, session, run, kind.clone()),
+            })
         })
     }
 
     /// The fence on `session`'s writes while its live work is this gateway's.
     pub(crate) fn fence(&self, session: &SessionId) -> Option<skiff_store::Fence> {
         self.leases.fence(session)
+    }
+
+    /// Makes one of `session`'s writes, fenced while its live work is this gateway's
+    /// ([`crate::cluster::SessionLeases::write`]).
+    pub(crate) fn fenced_write<T>(
+        &self,
+        session: &SessionId,
+        write: impl FnMut(Option<&skiff_store::Fence>) -> Result<T, skiff_store::Error>,
+    ) -> Result<T, skiff_store::Error> {
+        self.leases.write(session, write)
     }
 
     /// Persists an event with `append` (which may record more in the same transaction) and

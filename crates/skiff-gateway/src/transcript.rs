@@ -99,14 +99,12 @@ impl Transcript<'_> {
     ) -> std::result::Result<Vec<TranscriptEntry>, skiff_store::Error> {
         // Fenced while this gateway holds the session's lease: a gateway that lost it
         // appends nothing more.
-        let entries = match self.hub.fence(session) {
+        let entries = self.hub.fenced_write(session, |fence| match fence {
             Some(fence) => self
                 .store
-                .append_entries_fenced(&fence, scope, base, run, bodies)?,
-            None => self
-                .store
-                .append_entries(scope, session, base, run, bodies)?,
-        };
+                .append_entries_fenced(fence, scope, base, run, bodies),
+            None => self.store.append_entries(scope, session, base, run, bodies),
+        })?;
         for entry in &entries {
             let event = EventKind::Entry {
                 entry: entry.clone(),
@@ -174,12 +172,12 @@ impl Transcript<'_> {
         status: RunStatus,
         error: Option<&str>,
     ) -> std::result::Result<RunRow, skiff_store::Error> {
-        match self.hub.fence(session) {
+        self.hub.fenced_write(session, |fence| match fence {
             Some(fence) => self
                 .store
-                .transition_run_fenced(&fence, scope, run, status, error),
+                .transition_run_fenced(fence, scope, run, status, error),
             None => self.store.transition_run(scope, run, status, error),
-        }
+        })
     }
 
     /// Moves a run to `status` through the store's checked state machine and announces the

@@ -387,7 +387,7 @@ fn demo_fixes_the_typo_on_a_local_box() {
 
             ◦ provisioning leasing a box from profile local
             ◦ syncing      laying the workspace onto env_xxxxxxxxxxxxxxxx
-            ◦ starting     3 files (314 B) on the box, nothing left out; starting the worker
+            ◦ starting     3 files (314 B) going onto the box, nothing left out; the worker starts meanwhile and its tools wait for them; starting the worker
             ◦ active       worker ready on env_xxxxxxxxxxxxxxxx (epoch 1)
             ◦ reconciling  bringing the box's work back
             ◦ active       the box's work is in the session's workspace
