@@ -583,6 +583,12 @@ impl super::WorkerSide {
         if let Some(env) = &env {
             self.close_worker_endpoint(env);
         }
+        // The notice goes in before the placement says `reclaimed`, so whoever sees the
+        // reclaim (a follower, the CLI) finds what was lost already in the transcript.
+        let open = self.store.open_run(scope, session).ok().flatten();
+        let notice = self.lost_work_notice(scope, session, env.as_ref(), reason);
+        self.transcript()
+            .notify(scope, session, open.as_ref().map(|r| &r.id), &notice);
         if let Err(e) = self.place(
             scope,
             session,
@@ -602,10 +608,6 @@ impl super::WorkerSide {
             "applied",
             json!({ "env": env.as_ref().map(|e| e.as_str()), "reason": reason }),
         );
-        let open = self.store.open_run(scope, session).ok().flatten();
-        let notice = self.lost_work_notice(scope, session, env.as_ref(), reason);
-        self.transcript()
-            .notify(scope, session, open.as_ref().map(|r| &r.id), &notice);
         live.end_all_turns(&format!("the session's box stopped ({reason})"));
         if let Some(env) = env {
             self.envs.abandon(scope, &env, reason).await;
