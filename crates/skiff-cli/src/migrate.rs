@@ -18,8 +18,9 @@ use std::process::ExitCode;
 
 #[derive(Args)]
 pub struct MigrateArgs {
-    /// The empty PostgreSQL database: `postgres://USER[:PASSWORD]@HOST[:PORT]/DB` (a Unix
-    /// socket as `%2Frun%2Fpostgresql` for HOST); the password is never printed
+    /// The empty PostgreSQL database: `postgres://USER@HOST[:PORT]/DB` (a Unix socket as
+    /// `%2Frun%2Fpostgresql` for HOST). Give the password in `PGPASSWORD` rather than the url,
+    /// where every user of the machine could read it in the process list; it is never printed
     #[arg(long, value_name = "URL")]
     pub to: String,
 }
@@ -42,7 +43,8 @@ impl Refusal {
 }
 
 pub fn run(args: MigrateArgs, state_dir: &Path, json: bool) -> Result<ExitCode> {
-    match migrate(&args.to, state_dir, json) {
+    let url = with_env_password(&args.to);
+    match migrate(&url, state_dir, json) {
         Ok(report) => {
             print_report(&report, json)?;
             Ok(ExitCode::SUCCESS)
@@ -54,6 +56,17 @@ pub fn run(args: MigrateArgs, state_dir: &Path, json: bool) -> Result<ExitCode> 
             eprintln!("error: {}", refusal.message);
             Ok(ExitCode::from(refusal.code))
         }
+    }
+}
+
+/// `url`, with `PGPASSWORD`'s password when the url holds none (as `psql` does).
+fn with_env_password(url: &str) -> String {
+    let has_password = skiff_store::copy::parse_url(url).is_ok_and(|c| c.get_password().is_some());
+    match std::env::var("PGPASSWORD") {
+        Ok(password) if !has_password && !password.is_empty() => {
+            skiff_store::pg_url_with_password(url, &password)
+        }
+        _ => url.to_owned(),
     }
 }
 

@@ -119,7 +119,7 @@ pub enum Error {
     #[error("the PostgreSQL url is malformed: {0}")]
     PgUrl(#[source] postgres::Error),
     /// `target` names the user, host and database, never the password.
-    #[error("could not connect to PostgreSQL ({target}): {source}")]
+    #[error("could not connect to PostgreSQL ({target}): {}", pg_connect_message(.source))]
     PgConnect {
         target: String,
         #[source]
@@ -150,7 +150,7 @@ pub enum Error {
         detail: String,
         retry_in_ms: u64,
     },
-    #[error("PostgreSQL error: {0}")]
+    #[error("PostgreSQL error: {}", pg_message(.0))]
     Postgres(#[from] postgres::Error),
 }
 
@@ -175,6 +175,30 @@ impl Error {
             sqlite.sqlite_error_code(),
             Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
         )
+    }
+}
+
+/// What PostgreSQL said, not the client library's bare "db error": the server's message and
+/// its SQLSTATE. The server's detail line is left out: it can quote the row's values.
+fn pg_message(e: &postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{} (SQLSTATE {})", db.message(), db.code().code()),
+        None => match std::error::Error::source(e) {
+            Some(source) => format!("{e}: {source}"),
+            None => e.to_string(),
+        },
+    }
+}
+
+/// Why a connection failed; a server that wants a password not given says where to give it.
+fn pg_connect_message(e: &postgres::Error) -> String {
+    let said = pg_message(e);
+    if said.contains("password missing") {
+        format!(
+            "{said}: the server asks for a password (the gateway takes it from `[store] password = \"env:VAR\"`, `skiff admin migrate` from PGPASSWORD)"
+        )
+    } else {
+        said
     }
 }
 

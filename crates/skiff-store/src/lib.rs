@@ -69,7 +69,7 @@ pub use ids::mint;
 pub use listing::SessionListRow;
 pub use metrics::{EgressTotals, Gauges};
 pub use people::{DEFAULT_TENANT, FIRST_ADMIN, TokenRow, UserRow};
-pub use pg::PgStore;
+pub use pg::{PgStore, with_password as pg_url_with_password};
 pub use placements::{CachedOp, IdlePlacement, PlacementChange, PlacementRow, WorkerSlots};
 pub use runs::{Admission, AttemptRow, AttemptStatus, Resume, RunRow};
 pub use secrets::{Resealed, SecretRow};

@@ -138,6 +138,65 @@ impl PgCluster {
         connection_string(self.socket_dir(), &name)
     }
 
+    /// A login role `role` that must give `password` over the socket (SCRAM; everyone else
+    /// keeps trust authentication), owning a new database of its name; returns that
+    /// database's name. For tests of a password kept out of a url.
+    pub fn role_with_password(&self, role: &str, password: &str) -> String {
+        let sql = format!("CREATE ROLE {role} LOGIN PASSWORD '{password}'");
+        let out = Command::new(self.bin.join("psql"))
+            .arg("-h")
+            .arg(self.socket_dir())
+            .args([
+                "-U",
+                SUPERUSER,
+                "-d",
+                "postgres",
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-c",
+                &sql,
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "creating role {role} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let out = Command::new(self.bin.join("createdb"))
+            .arg("-h")
+            .arg(self.socket_dir())
+            .args(["-U", SUPERUSER, "-O", role, role])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // The first matching line wins: the role's own line goes in front of trust.
+        let hba = self.dir.path().join("data").join("pg_hba.conf");
+        let rest = std::fs::read_to_string(&hba).unwrap();
+        std::fs::write(&hba, format!("local all {role} scram-sha-256\n{rest}")).unwrap();
+        let pid = rustix::process::Pid::from_child(&self.server);
+        rustix::process::kill_process(pid, rustix::process::Signal::HUP).unwrap();
+        // The reload is done once a connection without the password is refused.
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            let out = Command::new(self.bin.join("psql"))
+                .arg("-h")
+                .arg(self.socket_dir())
+                .args(["-U", role, "-d", role, "-w", "-c", "SELECT 1"])
+                .output()
+                .unwrap();
+            if !out.status.success() {
+                return role.to_owned();
+            }
+            assert!(Instant::now() < deadline, "pg_hba.conf was not reloaded");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Stops the server the way an operator's restart does (a fast shutdown: open sessions
     /// are ended, the data kept) and waits for it to exit. Its databases are back after
     /// [`PgCluster::start_again`].

@@ -26,19 +26,7 @@ text = "The notes are fine."
 
 /// A url with a password for `db` (trust authentication ignores it).
 fn url_of(db: &TestDatabase) -> String {
-    let host: String = db
-        .host()
-        .display()
-        .to_string()
-        .bytes()
-        .map(|b| {
-            if b.is_ascii_alphanumeric() || b"-._".contains(&b) {
-                char::from(b).to_string()
-            } else {
-                format!("%{b:02X}")
-            }
-        })
-        .collect();
+    let host = url_encode(&db.host().display().to_string());
     format!("postgres://skiff:{PASSWORD}@{host}/{}", db.name())
 }
 
@@ -301,4 +289,57 @@ fn a_row_postgres_refuses_mid_copy_leaves_the_target_empty() {
         "earlier tables were copied first: {said}"
     );
     assert_eq!(target_rows(&url), 0, "the failed copy left rows behind");
+}
+
+#[test]
+fn the_password_can_stay_out_of_the_url_and_the_process_list() {
+    let (mut gw, _) = populated();
+    gw.stop();
+    let cluster = skiff_test_support::postgres::PgCluster::start();
+    let db = cluster.role_with_password("migrator", PASSWORD);
+    let host = url_encode(&cluster.socket_dir().display().to_string());
+    let url = format!("postgres://migrator@{host}/{db}");
+
+    // Without the password the server refuses, and the error says so.
+    let out = gw
+        .cli()
+        .args(["admin", "migrate", "--to", &url])
+        .env_remove("PGPASSWORD")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("password"), "{}", stderr(&out));
+
+    // `PGPASSWORD` gives it, as to `psql`; the copy is verified and nothing prints it.
+    let out = gw
+        .cli()
+        .args(["admin", "migrate", "--to", &url])
+        .env("PGPASSWORD", PASSWORD)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    for text in [stdout(&out), stderr(&out)] {
+        assert!(
+            !text.contains(PASSWORD),
+            "the password was printed:\n{text}"
+        );
+    }
+    assert!(
+        stdout(&out).contains("counts and checksums match"),
+        "{}",
+        stdout(&out)
+    );
+}
+
+/// `text` percent-encoded for a url's host part (a socket directory).
+fn url_encode(text: &str) -> String {
+    text.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-._".contains(&b) {
+                char::from(b).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
 }

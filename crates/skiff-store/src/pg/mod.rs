@@ -93,7 +93,8 @@ impl PgStore {
 
 /// `url` with `password` added: a `postgres://` url's `password` parameter (percent-encoded),
 /// or a `key=value` string's `password` key (quoted); the last one given wins in either.
-fn with_password(url: &str, password: &str) -> String {
+/// `url` with `password` added (percent-encoded), for a password kept out of the url.
+pub fn with_password(url: &str, password: &str) -> String {
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
         let mut encoded = String::with_capacity(password.len() * 3);
         for byte in password.bytes() {

@@ -109,3 +109,24 @@ fn a_store_works_again_after_its_server_restarts_and_fails_fast_while_it_is_down
         "nothing written while the server was down"
     );
 }
+
+#[test]
+fn an_error_from_the_server_says_what_the_server_said() {
+    let cluster = PgCluster::start();
+    let url = cluster.fresh_database();
+    let store = PgStore::connect(&url).unwrap();
+    let s = new_session(&store, &alice());
+    // An operator's mistake outside Skiff: the transcript table is gone.
+    let mut admin = ::postgres::Client::connect(&url, ::postgres::NoTls).unwrap();
+    admin.batch_execute("DROP TABLE entries CASCADE").unwrap();
+
+    let err = store
+        .append_entries(&alice(), &s, None, None, &[user("lost?")])
+        .unwrap_err();
+    let said = err.to_string();
+    assert!(
+        said.contains("relation \"entries\" does not exist") && said.contains("42P01"),
+        "{said}"
+    );
+    assert!(!said.contains("db error"), "{said}");
+}
