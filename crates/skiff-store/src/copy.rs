@@ -788,6 +788,10 @@ pub fn copy_to_postgres(
     }
     tx.commit().map_err(refused("committing the copy"))?;
     report.committed = true;
+    // Freshly loaded tables have no planner statistics until autovacuum comes round; the
+    // gateway's first queries would be planned blind. The copy stands whether this works or
+    // not, so a failure here is not one of the migration's.
+    let _ = client.batch_execute("ANALYZE");
     report.elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
     Ok(report)
 }

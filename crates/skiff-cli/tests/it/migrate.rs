@@ -147,6 +147,16 @@ fn a_stopped_gateways_state_moves_to_postgres_verified_and_reads_the_same() {
         .unwrap_or_else(|| panic!("no entries row:\n{shown}"));
     assert!(entries.ends_with("ok"), "{entries}");
     assert!(stderr(&out).contains("copied entries:"), "{}", stderr(&out));
+    // The loaded tables have planner statistics (ANALYZE ran): `reltuples` is -1 until then.
+    let planned: f32 = postgres::Client::connect(&url, postgres::NoTls)
+        .unwrap()
+        .query_one(
+            "SELECT reltuples FROM pg_class WHERE relname = 'entries'",
+            &[],
+        )
+        .unwrap()
+        .get(0);
+    assert!(planned > 0.0, "entries has no statistics: {planned}");
 
     // Through the store: the same sessions, transcripts, runs, attempts, events and audit.
     let sqlite = Store::open(&gw.state_dir.join("skiff.db")).unwrap();
