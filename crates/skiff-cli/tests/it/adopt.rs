@@ -7,9 +7,10 @@
 //! Which path these tests exercise: a local box runs in a session of its own (`setsid`), so
 //! killing its gateway with SIGKILL leaves the box and its sshd running — the re-adopt path.
 //! Both gateways name the same box root, so the second one's provider sees the box alive.
+//! The reclaim path is exercised by killing the box too, while its gateway is frozen.
 
 use crate::env::BoxRoot;
-use crate::harness::{Gateway, git, stderr};
+use crate::harness::{Gateway, SKIFF, git, stderr};
 use skiff_test_support::TempGitRepo;
 use skiff_test_support::postgres::PgCluster;
 use std::io::{BufRead, BufReader};
@@ -24,7 +25,7 @@ struct Pair {
     first: Gateway,
     second: Gateway,
     repo: TempGitRepo,
-    _boxes: BoxRoot,
+    boxes: BoxRoot,
     _shared: tempfile::TempDir,
     _cluster: PgCluster,
 }
@@ -49,7 +50,7 @@ impl Pair {
             first,
             second,
             repo: TempGitRepo::new(&[("a.txt", "a\n")]),
-            _boxes: boxes,
+            boxes,
             _shared: shared,
             _cluster: cluster,
         }
@@ -116,14 +117,16 @@ fn refused_naming_the_owner(gw: &Gateway, id: &str) {
     assert!(err.contains("is being run by gateway gw_"), "{err}");
 }
 
-#[test]
-fn a_killed_gateways_worker_turn_finishes_on_its_readopted_box() {
-    // Turn 1 commits on the box and then outlives its gateway; turn 2 is what the model
-    // answers once the lost call's result is recorded.
-    let script = "[[turns]]\ntext = \"Running a long command.\"\n[[turns.tool_calls]]\nname = \"exec\"\n\
+/// Turn 1 commits on the box and then outlives its gateway; turn 2 is what the model answers
+/// once the lost call's result is recorded.
+const LONG_COMMAND: &str = "[[turns]]\ntext = \"Running a long command.\"\n[[turns.tool_calls]]\nname = \"exec\"\n\
          arguments = { command = \"echo ran >> ran.log && git add ran.log && git commit -qm ran && sleep 31461\" }\n\
          [[turns]]\ntext = \"Finished on the re-adopted box.\"\n";
-    let mut pair = Pair::start(script);
+
+/// Starts a worker session through the first gateway and follows it through the second
+/// until the box's worker started the long command: the session id, the box it runs on and
+/// the event stream.
+fn mid_command(pair: &Pair) -> (String, String, Child, BufReader<std::process::ChildStdout>) {
     let started = pair.first.json(&[
         "session",
         "new",
@@ -138,8 +141,7 @@ fn a_killed_gateways_worker_turn_finishes_on_its_readopted_box() {
         "run it",
     ]);
     let id = started["session"]["id"].as_str().unwrap().to_owned();
-    let (mut stream, mut events) = follow(&pair.second, &id);
-
+    let (stream, mut events) = follow(&pair.second, &id);
     // The owner is mid-turn once the box's worker started the command.
     let before = read_until(&mut events, |e| {
         e["type"] == "tool_started" && e["name"] == "exec"
@@ -150,6 +152,18 @@ fn a_killed_gateways_worker_turn_finishes_on_its_readopted_box() {
         .find_map(|e| e["environment_id"].as_str())
         .expect("the session was placed on a box")
         .to_owned();
+    (id, placed, stream, events)
+}
+
+fn until_run_ends(e: &serde_json::Value) -> bool {
+    e["type"] == "run_status"
+        && ["succeeded", "failed", "cancelled"].contains(&e["status"].as_str().unwrap())
+}
+
+#[test]
+fn a_killed_gateways_worker_turn_finishes_on_its_readopted_box() {
+    let mut pair = Pair::start(LONG_COMMAND);
+    let (id, placed, mut stream, mut events) = mid_command(&pair);
     refused_naming_the_owner(&pair.second, &id);
     pair.first.stop();
 
@@ -303,5 +317,101 @@ fn an_attached_session_is_owned_between_turns_and_readopted_after_its_gateway_di
         !String::from_utf8_lossy(&listed.stdout).contains("box-key"),
         "{}",
         String::from_utf8_lossy(&listed.stdout)
+    );
+}
+
+#[test]
+fn a_killed_gateways_worker_turn_whose_box_died_too_fails_over_to_a_fresh_box() {
+    let mut pair = Pair::start(LONG_COMMAND);
+    let (id, placed, mut stream, mut events) = mid_command(&pair);
+    // The box dies with its gateway: the gateway frozen first, so it never sees the box go.
+    let frozen = std::process::Command::new("kill")
+        .args(["-STOP", &pair.first.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(frozen.success());
+    let boxes = skiff_providers::local::Boxes::new(pair.boxes.path().to_path_buf(), SKIFF.into());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    for lease in pair.boxes.boxes() {
+        rt.block_on(boxes.destroy(&lease)).unwrap();
+    }
+    pair.first.stop();
+
+    // The other gateway takes the session over, cannot reach the box and reclaims it; the
+    // turn's new attempt runs on a fresh box.
+    let after = read_until(&mut events, until_run_ends);
+    let _ = stream.kill();
+    let _ = stream.wait();
+    assert_eq!(after.last().unwrap()["status"], "succeeded", "{after:?}");
+    assert!(
+        after
+            .iter()
+            .any(|e| e["type"] == "placement" && e["state"] == "reclaimed"),
+        "no reclaim: {after:?}"
+    );
+
+    let detail = pair.second.json(&["session", "show", "--json", &id]);
+    assert_eq!(detail["session"]["placement"], "active", "{detail}");
+    let attempts = detail["attempts"].as_array().unwrap();
+    let summary: Vec<(&str, &str)> = attempts
+        .iter()
+        .map(|a| (a["status"].as_str().unwrap(), a["node"].as_str().unwrap()))
+        .collect();
+    assert_eq!(summary.len(), 2, "{attempts:?}");
+    assert_eq!(summary[0], ("orphaned", placed.as_str()));
+    assert_eq!(summary[1].0, "succeeded");
+    assert!(
+        summary[1].1.starts_with("env_") && summary[1].1 != placed,
+        "{summary:?}"
+    );
+    assert_eq!(attempts[1]["resumed_from"], attempts[0]["id"]);
+
+    // The conversation is whole; what the dead box held is named as lost, and the command
+    // is not run again.
+    let kinds = kinds(&detail);
+    let count = |kind: &str| kinds.iter().filter(|(k, _)| k == kind).count();
+    assert_eq!(
+        (
+            count("user_message"),
+            count("assistant_message"),
+            count("tool_result")
+        ),
+        (1, 2, 1),
+        "{kinds:?}"
+    );
+    let notices: Vec<&str> = kinds
+        .iter()
+        .filter(|(k, _)| k == "notice")
+        .map(|(_, t)| t.as_str())
+        .collect();
+    assert!(
+        notices.iter().any(|t| t.contains("goes on with it")),
+        "{notices:?}"
+    );
+    assert!(
+        notices
+            .iter()
+            .any(|t| t.contains(&format!("The worker box {placed} stopped"))
+                && t.contains("were lost: exec")),
+        "{notices:?}"
+    );
+    assert!(
+        kinds
+            .iter()
+            .any(|(k, t)| k == "tool_result" && t.contains("no result was recorded")),
+        "{kinds:?}"
+    );
+    let shown = std::process::Command::new("git")
+        .arg("-C")
+        .arg(pair.repo.path())
+        .args(["cat-file", "-e", &format!("skiff/{id}:ran.log")])
+        .output()
+        .unwrap();
+    assert!(
+        !shown.status.success(),
+        "the dead box's commit cannot have come home"
     );
 }
