@@ -119,6 +119,12 @@ impl SessionLeases {
         }
     }
 
+    /// The sessions whose lease this gateway holds (lost ones included, until their work
+    /// ends).
+    pub(crate) fn sessions(&self) -> Vec<SessionId> {
+        self.lock().keys().cloned().collect()
+    }
+
     /// The held leases a renewal round renews.
     fn live(&self) -> Vec<Lease> {
         self.lock()

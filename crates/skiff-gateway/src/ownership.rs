@@ -7,7 +7,11 @@
 //! that gateway and its address, rather than forwarded: the refusal is one answer a client can
 //! act on (its events can be followed through any gateway meanwhile), where a forwarded turn
 //! would tie the request to two gateways' lives and credentials. Between turns a session has
-//! no owner, so its next message is run by whichever gateway receives it.
+//! no owner, so its next message is run by whichever gateway receives it — unless its worker
+//! is attached to a gateway: that gateway keeps the lease between turns (its box's SSH
+//! masters and the worker's connection are there), and lets it go once the worker is
+//! detached (pull-back, park, reclaim, session end). A gateway that takes over such a session
+//! re-adopts its box (`worker/adopt.rs`).
 
 use crate::telemetry::{LEASE_LOST, LEASE_RENEWALS, LEASE_TAKEOVERS};
 use crate::{Core, Error, Result};
@@ -57,9 +61,45 @@ impl Core {
         }
     }
 
-    /// Lets `session`'s lease go: its live work here ended.
+    /// Lets `session`'s lease go: its live work here ended — unless its worker is attached
+    /// here, which keeps the session this gateway's between turns.
     pub(crate) fn disown(&self, session: &SessionId) {
-        self.cluster.release(session);
+        if !self.workers.attached_here(session) {
+            self.cluster.release(session);
+        }
+    }
+
+    /// Keeps the lease of every session whose worker is attached here (a dispatch without a
+    /// message attaches one outside any turn), and lets go of held leases whose session has
+    /// neither a worker here nor a turn (its worker was detached between turns).
+    fn own_attached(&self) {
+        for session in self.workers.connected_sessions() {
+            if self.cluster.leases().fence(&session).is_some() {
+                continue;
+            }
+            match self.cluster.acquire(&session) {
+                Ok(Ok(_)) => {}
+                Ok(Err(owner)) => {
+                    tracing::warn!(%session, owner = %owner.gateway, "a worker is attached here to a session another gateway owns");
+                }
+                Err(e) => {
+                    tracing::warn!(%session, error = %e, "could not take the lease of a session attached here")
+                }
+            }
+        }
+        for session in self.cluster.leases().sessions() {
+            if self.workers.attached_here(&session) {
+                continue;
+            }
+            // A turn being admitted holds this lock from its lease to its run.
+            let admission = self.workers.live(&session).admission.clone();
+            let Ok(_admitting) = admission.try_lock() else {
+                continue;
+            };
+            if matches!(self.store.open_run_of(&session), Ok(None)) {
+                self.cluster.release(&session);
+            }
+        }
     }
 
     /// Starts the attempt of a run on the gateway's own loop: a new attempt after the one a
@@ -113,6 +153,10 @@ impl Core {
             // Its turn was cancelled with the lease; its worker (if any) is the new owner's.
             self.workers.live(session).close();
         }
+        let core = self.clone();
+        if let Err(e) = tokio::task::spawn_blocking(move || core.own_attached()).await {
+            tracing::warn!(error = %e, "the lease loop's ownership of attached workers failed");
+        }
         let took_over = self.take_over_round().await;
         if beat.is_ok() && round.complete && took_over {
             self.cluster.round_done();
@@ -156,6 +200,7 @@ impl Core {
             "took a session over from a gateway that stopped renewing its lease");
         match self.go_on_with(&session, &expired.holder, &lost) {
             Ok(true) => Ok(()),
+            Ok(false) if self.adopt_box(&session, &expired.holder)? => Ok(()),
             Ok(false) => {
                 self.disown(&session);
                 Ok(())
@@ -214,17 +259,12 @@ impl Core {
             "applied",
             json!({ "session": session.as_str(), "from": from.as_str(), "placement": row.placement }),
         );
-        if row.placement != PlacementState::Local.as_str() || run.status == RunStatus::Cancelling {
-            // A worker's turn is not re-adopted from here: the run ends orphaned, and the
-            // worker's next message finds its placement as the worker side left it.
-            let why = if run.status == RunStatus::Cancelling {
-                format!("{reason}; it was being cancelled")
-            } else {
-                format!("{reason}; the turn ran on a worker, which this gateway does not re-adopt")
-            };
+        if run.status == RunStatus::Cancelling {
+            let why = format!("{reason}; it was being cancelled");
             self.set_run_status(&scope, session, &run.id, RunStatus::Orphaned, Some(&why))?;
             return Ok(false);
         }
+        let on_box = row.placement != PlacementState::Local.as_str();
         if let Some(after) = after {
             self.resumes
                 .lock()
@@ -240,7 +280,64 @@ impl Core {
                 self.cluster.id()
             ),
         );
-        self.spawn_turn(&scope, row, run, lost);
+        if !on_box || !self.workers.claim_adoption(session) {
+            self.spawn_turn(&scope, row, run, lost);
+            return Ok(true);
+        }
+        // The box first (re-adopted, or reclaimed so the turn fails over to a fresh one),
+        // then the turn's new attempt on it.
+        let (core, session, from, lost) = (
+            self.clone(),
+            session.clone(),
+            from.to_string(),
+            lost.clone(),
+        );
+        tokio::spawn(async move {
+            core.workers.adopt(&scope, &session, &from).await;
+            match core.store.session(&scope, &session) {
+                Ok(row) => core.spawn_turn(&scope, row, run, &lost),
+                Err(e) => {
+                    let why =
+                        format!("the run taken over from gateway {from} could not go on: {e}");
+                    if let Err(e) = core.set_run_status(
+                        &scope,
+                        &session,
+                        &run.id,
+                        RunStatus::Failed,
+                        Some(&why),
+                    ) {
+                        tracing::warn!(%session, error = %e, "could not end the taken-over run");
+                    }
+                    core.disown(&session);
+                }
+            }
+        });
+        Ok(true)
+    }
+
+    /// After taking over `session` with no turn running: re-adopts its box when it is on one
+    /// (in the background, the lease kept meanwhile); whether it is.
+    fn adopt_box(self: &Arc<Self>, session: &SessionId, from: &GatewayId) -> Result<bool> {
+        // Placements holding or getting a box; a settled one (home, parked, reclaimed) has
+        // nothing to adopt.
+        let Some(scope) = self
+            .store
+            .live_placements()?
+            .into_iter()
+            .find(|p| &p.session_id == session)
+            .map(|p| p.scope)
+        else {
+            return Ok(false);
+        };
+        if !self.workers.claim_adoption(session) {
+            return Ok(false);
+        }
+        let (core, session, from) = (self.clone(), session.clone(), from.to_string());
+        tokio::spawn(async move {
+            core.workers.adopt(&scope, &session, &from).await;
+            // Detached after all (reclaimed, or failed mid-placement): the lease goes.
+            core.disown(&session);
+        });
         Ok(true)
     }
 }

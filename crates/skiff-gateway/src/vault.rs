@@ -48,6 +48,9 @@ const PREVIOUS_KEY_FILE: &str = "vault.key.previous";
 const KEY_LEN: usize = 32;
 const NONCE_LEN: usize = 12;
 const MAX_NAME_LEN: usize = 128;
+/// The names the gateway seals for itself (a box's SSH key, see `worker/adopt.rs`): never
+/// listed by `secret list`, refused to `secret set`.
+pub(crate) const INTERNAL_PREFIX: &str = "_skiff.";
 
 /// What can go wrong with the vault's key or a secret, written for the operator.
 #[derive(Debug, thiserror::Error)]
@@ -314,6 +317,42 @@ impl Vault {
     /// Seals `value` as secret `name`, replacing any value it had.
     pub(crate) fn set(&self, name: &str, value: &str) -> crate::Result<SecretView> {
         check_name(name)?;
+        if name.starts_with(INTERNAL_PREFIX) {
+            return Err(VaultError::InvalidName {
+                name: name.to_owned(),
+            }
+            .into());
+        }
+        self.seal_put(name, value)
+    }
+
+    /// Whether the key is `SKIFF_VAULT_KEY`: the one every gateway of a deployment is given,
+    /// so what one seals another opens.
+    pub(crate) fn key_is_shared(&self) -> bool {
+        self.env_key.is_some()
+    }
+
+    /// Seals `value` under one of the gateway's own names ([`INTERNAL_PREFIX`]`suffix`).
+    pub(crate) fn keep_internal(&self, suffix: &str, value: &str) -> crate::Result<()> {
+        let name = format!("{INTERNAL_PREFIX}{suffix}");
+        check_name(&name)?;
+        self.seal_put(&name, value).map(drop)
+    }
+
+    /// Whether the gateway's own secret `suffix` is sealed in the vault.
+    pub(crate) fn has_internal(&self, suffix: &str) -> crate::Result<bool> {
+        Ok(self
+            .store
+            .secret(&format!("{INTERNAL_PREFIX}{suffix}"))?
+            .is_some())
+    }
+
+    /// The plaintext of the gateway's own secret `suffix`.
+    pub(crate) fn open_internal(&self, suffix: &str) -> crate::Result<String> {
+        self.open(&format!("{INTERNAL_PREFIX}{suffix}"))
+    }
+
+    fn seal_put(&self, name: &str, value: &str) -> crate::Result<SecretView> {
         if value.is_empty() {
             return Err(VaultError::EmptyValue {
                 name: name.to_owned(),
@@ -348,7 +387,13 @@ impl Vault {
     }
 
     pub(crate) fn list(&self) -> crate::Result<Vec<SecretView>> {
-        Ok(self.store.secrets()?.iter().map(view).collect())
+        Ok(self
+            .store
+            .secrets()?
+            .iter()
+            .filter(|row| !row.name.starts_with(INTERNAL_PREFIX))
+            .map(view)
+            .collect())
     }
 
     /// Removes `name`; what it was (name and dates).

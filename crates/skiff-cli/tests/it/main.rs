@@ -8,6 +8,7 @@
     reason = "test helpers fail loudly; clippy.toml only covers #[test] functions"
 )]
 
+mod adopt;
 mod agents;
 mod api;
 mod approvals;

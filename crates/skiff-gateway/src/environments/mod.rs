@@ -472,19 +472,35 @@ impl Environments {
         let _ = self.readiness.set(readiness);
     }
 
-    /// The pinned SSH client of an environment.
-    pub(crate) fn ssh(&self, row: &EnvironmentRow) -> Result<Ssh> {
-        let lease: Lease = row
-            .lease
+    /// The lease recorded for an environment.
+    pub(crate) fn lease(&self, row: &EnvironmentRow) -> Result<Lease> {
+        row.lease
             .as_deref()
             .and_then(|l| serde_json::from_str(l).ok())
-            .ok_or_else(|| Error::Conflict(format!("environment {} has no lease yet", row.id)))?;
+            .ok_or_else(|| Error::Conflict(format!("environment {} has no lease yet", row.id)))
+    }
+
+    /// Where this gateway keeps the SSH key of a box another gateway leased, once it opened
+    /// it from the vault to adopt the box (`worker/adopt.rs`); preferred over the lease's own
+    /// path, which is the leasing gateway's.
+    pub(crate) fn adopted_identity(&self, id: &EnvironmentId) -> PathBuf {
+        self.ssh_root.join(id.as_str()).join("identity")
+    }
+
+    /// The pinned SSH client of an environment.
+    pub(crate) fn ssh(&self, row: &EnvironmentRow) -> Result<Ssh> {
+        let lease = self.lease(row)?;
+        let adopted = self.adopted_identity(&row.id);
         let target = Target {
             alias: row.id.to_string(),
             host: lease.host,
             port: lease.port,
             user: lease.user,
-            identity_file: lease.identity_file,
+            identity_file: if adopted.exists() {
+                adopted
+            } else {
+                lease.identity_file
+            },
             host_key: lease.host_key,
             proxy_command: lease.proxy_command,
         };

@@ -17,6 +17,9 @@
 //! - [`handoff`]: the same moves with the turn running (`--live`): the old owner's current
 //!   step finishes and is committed, the old owner is stopped and fenced, the workspace
 //!   reconciled, and the same run goes on at the new owner as a new attempt.
+//! - [`adopt`]: a session taken over from a gateway that died gets its box back — the old
+//!   worker fenced by a replacement under a higher epoch — or reclaimed when it cannot be
+//!   reached; a box's SSH key sealed in the vault so every gateway can reach it.
 //! - [`handles`]: what the worker side reaches of the rest of the gateway — runs,
 //!   checkpoints, turn specs, gateway tools — through narrow traits the core lends it.
 //!
@@ -24,6 +27,7 @@
 //! to supply transcript ids, or to pick a model endpoint; and any reference to the gateway's
 //! core from this module (it owns the worker side, never the other way round).
 
+mod adopt;
 pub(crate) mod credential;
 mod egress_gate;
 mod endpoint;
@@ -283,6 +287,11 @@ impl Live {
         let (tx, rx) = oneshot::channel();
         lock(&self.turns).insert(run.clone(), tx);
         rx
+    }
+
+    /// Whether a turn here waits for its end from the worker.
+    pub(crate) fn attending(&self) -> bool {
+        !lock(&self.turns).is_empty()
     }
 
     pub(crate) fn end_turn(&self, run: &RunId, end: TurnEnd) -> bool {

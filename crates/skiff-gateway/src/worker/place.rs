@@ -574,7 +574,11 @@ impl super::WorkerSide {
         self.store.touch_environment(scope, &env.id)?;
         // What the session starts from is recorded before its turn can change anything.
         self.workspace_ready(session).await?;
-        self.hand_over_turn(scope, session)?;
+        // Only to a turn attended here: a run taken over from a gateway that died is handed
+        // over by its new attempt, which must be waiting for its end first.
+        if self.live(session).attending() {
+            self.hand_over_turn(scope, session)?;
+        }
         Ok(p)
     }
 

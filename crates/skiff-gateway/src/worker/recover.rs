@@ -30,6 +30,8 @@ impl super::WorkerSide {
     /// turn was orphaned by a gateway restart gets it retried as a new turn.
     pub(super) async fn after_admission(self: &Arc<Self>, a: &super::endpoint::Admitted) {
         let session = &a.claims.session_id;
+        // Every gateway of the deployment can reach the box from now on (`adopt.rs`).
+        self.share_box_key(&a.scope, &a.claims.environment_id);
         if let Err(e) = self.resume_admitted(a).await {
             // Nothing is decided on a guess: the worker is sent away and, reconnecting, is
             // admitted again and gets this decision made again.
@@ -178,7 +180,7 @@ impl super::WorkerSide {
     /// replacement that died before admission says nothing about the box. The placement is
     /// reclaimed only on evidence — the box no longer answers and its provider no longer
     /// reports it running — or when every attempt failed on a box that still answers.
-    async fn replace_with_retries(
+    pub(super) async fn replace_with_retries(
         self: &Arc<Self>,
         scope: &Scope,
         session: &SessionId,
@@ -616,7 +618,7 @@ impl super::WorkerSide {
 }
 
 impl super::Live {
-    fn begin_recovery(&self) -> bool {
+    pub(super) fn begin_recovery(&self) -> bool {
         let mut r = lock(&self.recovering);
         if *r {
             return false;
@@ -625,7 +627,7 @@ impl super::Live {
         true
     }
 
-    fn end_recovery(&self) {
+    pub(super) fn end_recovery(&self) {
         *lock(&self.recovering) = false;
     }
 }

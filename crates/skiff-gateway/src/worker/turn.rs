@@ -66,7 +66,14 @@ impl super::WorkerSide {
         }
         let allowed = self.envs.failovers_allowed(&p.profile);
         let mut failovers = 0;
-        let mut resume: Option<(AttemptId, Option<String>)> = None;
+        // A run taken over from a gateway that died goes on after the attempt it left.
+        let mut resume: Option<(AttemptId, Option<String>)> = self
+            .store
+            .attempts(scope, &session.id)?
+            .into_iter()
+            .rfind(|a| a.run_id == run.id)
+            .filter(|a| a.status == skiff_store::AttemptStatus::Orphaned)
+            .map(|a| (a.id, None));
         loop {
             let env = p
                 .environment_id
