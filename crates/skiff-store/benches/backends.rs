@@ -11,17 +11,23 @@
 //! statements from a plain client without the connection thread (the hop), a bare round trip,
 //! and the server's own execution and planning time per statement (`pg_stat_statements`).
 //!
+//! The appends a turn makes in a gateway are fenced (issue 17: the session's lease must still
+//! be this gateway's), so those are measured too, on both backends. A store call is made from
+//! a plain thread here; the gateway makes most of its calls from inside its tokio runtime,
+//! where `PgStore` hands the work to a connection thread and waits (the hop), so the fenced
+//! transcript append is also measured from inside a runtime.
+//!
 //! `cargo bench -p skiff-store --bench backends`
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use skiff_protocol::SessionId;
 use skiff_protocol::api::WorkspaceView;
 use skiff_protocol::event::EventKind;
 use skiff_protocol::transcript::EntryBody;
-use skiff_store::{Backend, NewSession, PgStore, Scope, Store};
+use skiff_protocol::{GatewayId, SessionId};
+use skiff_store::{Backend, Fence, LeaseKey, NewSession, PgStore, Scope, Store};
 use skiff_test_support::postgres::{Durability, PgCluster};
-use std::sync::Barrier;
+use std::sync::{Arc, Barrier};
 use std::time::Instant;
 
 const APPENDS: usize = 2_000;
@@ -137,6 +143,95 @@ fn round(store: &dyn Backend, scope: &Scope) -> f64 {
         leaf = entries.last().map(|e| e.id.clone());
     }
     APPENDS as f64 / started.elapsed().as_secs_f64()
+}
+
+/// A fresh session whose lease `usr_bench`'s gateway holds: the fence a turn's writes carry.
+fn leased_session(store: &dyn Backend, scope: &Scope) -> Fence {
+    let id = new_session(store, scope);
+    let gateway = GatewayId::from_suffix("bench");
+    store.register_gateway(&gateway, "127.0.0.1:1").unwrap();
+    store
+        .acquire_lease(
+            &LeaseKey::Session(id),
+            &gateway,
+            std::time::Duration::from_secs(600),
+        )
+        .unwrap()
+        .won()
+        .and_then(|lease| lease.fence())
+        .expect("a fresh session's lease is free")
+}
+
+/// [`round`] with each append fenced, as a turn's are.
+fn fenced_round(store: &dyn Backend, scope: &Scope) -> f64 {
+    let fence = leased_session(store, scope);
+    let body = entry();
+    let started = Instant::now();
+    let mut leaf = None;
+    for _ in 0..APPENDS {
+        let entries = store
+            .append_entries_fenced(
+                &fence,
+                scope,
+                leaf.as_ref(),
+                None,
+                std::slice::from_ref(&body),
+            )
+            .unwrap();
+        leaf = entries.last().map(|e| e.id.clone());
+    }
+    APPENDS as f64 / started.elapsed().as_secs_f64()
+}
+
+/// [`events_round`] with each append fenced, as the hub's are during a turn.
+fn fenced_events_round(store: &dyn Backend, scope: &Scope) -> f64 {
+    let fence = leased_session(store, scope);
+    let started = Instant::now();
+    for _ in 0..APPENDS {
+        store
+            .append_event_fenced(
+                &fence,
+                scope,
+                None,
+                EventKind::TextDelta {
+                    text: "a few streamed words".into(),
+                },
+            )
+            .unwrap();
+    }
+    APPENDS as f64 / started.elapsed().as_secs_f64()
+}
+
+/// [`fenced_round`]s called from a task of a multi-threaded tokio runtime (as the gateway's
+/// handlers call the store: `PgStore` leaves the runtime for the call), or from a
+/// single-threaded runtime (tests' runtimes: the work hops to a connection thread and back);
+/// median of `ROUNDS` after a warm-up.
+fn runtime_median(store: &Arc<dyn Backend>, multi_threaded: bool) -> f64 {
+    let rt = if multi_threaded {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .build()
+            .unwrap()
+    } else {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+    };
+    let mut rates: Vec<f64> = (0..=ROUNDS)
+        .map(|_| {
+            let store = Arc::clone(store);
+            rt.block_on(async move {
+                tokio::spawn(
+                    async move { fenced_round(&*store, &Scope::new("usr_bench", "ten_bench")) },
+                )
+                .await
+                .unwrap()
+            })
+        })
+        .skip(1)
+        .collect();
+    rates.sort_by(f64::total_cmp);
+    rates[ROUNDS / 2]
 }
 
 /// Events per second of one round: `APPENDS` event appends on a fresh session.
@@ -314,19 +409,34 @@ fn server_time(url: &str) -> Vec<(i64, f64, f64, i64, String)> {
         .collect()
 }
 
-fn median(store: &dyn Backend, round: fn(&dyn Backend, &Scope) -> f64) -> f64 {
+/// `round` on SQLite and on PostgreSQL, one warm-up each, then `ROUNDS` pairs taken in turn
+/// so that a busy spell of the machine weighs on both alike: (SQLite's median, PostgreSQL's
+/// median, the median of the pairs' ratios PostgreSQL/SQLite).
+fn paired(
+    sqlite: &dyn Backend,
+    postgres: &dyn Backend,
+    round: fn(&dyn Backend, &Scope) -> f64,
+) -> (f64, f64, f64) {
     let scope = Scope::new("usr_bench", "ten_bench");
-    round(store, &scope); // warm-up: caches, prepared statements
-    let mut rates: Vec<f64> = (0..ROUNDS).map(|_| round(store, &scope)).collect();
-    rates.sort_by(f64::total_cmp);
-    rates[ROUNDS / 2]
+    round(sqlite, &scope);
+    round(postgres, &scope);
+    let pairs: Vec<(f64, f64)> = (0..ROUNDS)
+        .map(|_| (round(sqlite, &scope), round(postgres, &scope)))
+        .collect();
+    let mid = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[ROUNDS / 2]
+    };
+    (
+        mid(pairs.iter().map(|p| p.0).collect()),
+        mid(pairs.iter().map(|p| p.1).collect()),
+        mid(pairs.iter().map(|p| p.1 / p.0).collect()),
+    )
 }
 
 fn main() {
     let dir = tempfile::tempdir().unwrap();
     let sqlite = Store::open(&dir.path().join("bench.db")).unwrap();
-    let sqlite_rate = median(&sqlite, round);
-    let sqlite_events = median(&sqlite, events_round);
     let sqlite_concurrent = concurrent_median(&sqlite, append_entry);
     let sqlite_concurrent_events = concurrent_median(&sqlite, append_event);
 
@@ -334,8 +444,15 @@ fn main() {
     let startup = cluster.startup();
     let url = cluster.fresh_database();
     let postgres = PgStore::connect(&url).unwrap();
-    let postgres_rate = median(&postgres, round);
-    let postgres_events = median(&postgres, events_round);
+    let (sqlite_rate, postgres_rate, ratio) = paired(&sqlite, &postgres, round);
+    let (sqlite_events, postgres_events, events_ratio) = paired(&sqlite, &postgres, events_round);
+    let (sqlite_fenced, postgres_fenced, fenced_ratio) = paired(&sqlite, &postgres, fenced_round);
+    let (sqlite_fenced_events, postgres_fenced_events, fenced_events_ratio) =
+        paired(&sqlite, &postgres, fenced_events_round);
+    let shared: Arc<dyn Backend> = Arc::new(PgStore::connect(&url).unwrap());
+    let postgres_fenced_in_runtime = runtime_median(&shared, true);
+    let postgres_fenced_hop = runtime_median(&shared, false);
+    drop(shared);
     let postgres_concurrent = concurrent_median(&postgres, append_entry);
     let postgres_concurrent_events = concurrent_median(&postgres, append_event);
     let direct = direct_events(&url);
@@ -352,27 +469,41 @@ fn main() {
         "durability: SQLite WAL, synchronous=NORMAL; PostgreSQL fsync=on, the store's sessions \
          synchronous_commit=off (both: an OS crash may lose the last commits, never corrupt)"
     );
-    println!("transcript append, {APPENDS} single-entry appends, median of {ROUNDS} rounds:");
+    println!(
+        "transcript append, {APPENDS} single-entry appends, median of {ROUNDS} rounds taken in turn:"
+    );
     println!("  SQLite      {sqlite_rate:>8.0} entries/s");
     println!("  PostgreSQL  {postgres_rate:>8.0} entries/s");
-    println!(
-        "  ratio PostgreSQL/SQLite {:.2} (goal ≥ 0.5)",
-        postgres_rate / sqlite_rate
-    );
+    println!("  ratio PostgreSQL/SQLite {ratio:.2} (goal ≥ 0.5; median of the rounds' ratios)");
     println!(
         "  PostgreSQL, the same statement without the connection thread {direct_transcript:>8.0} \
          entries/s"
     );
+    println!("fenced transcript append (a turn's: the session lease checked in the write):");
+    println!("  SQLite      {sqlite_fenced:>8.0} entries/s");
+    println!("  PostgreSQL  {postgres_fenced:>8.0} entries/s");
+    println!("  ratio PostgreSQL/SQLite {fenced_ratio:.2} (goal ≥ 0.5)");
+    println!(
+        "  PostgreSQL called from a multi-threaded tokio runtime (the gateway's case) \
+         {postgres_fenced_in_runtime:>8.0} entries/s, ratio {:.2}",
+        postgres_fenced_in_runtime / sqlite_fenced
+    );
+    println!(
+        "  PostgreSQL called from a single-threaded runtime (the hop to a connection thread \
+         and back) {postgres_fenced_hop:>8.0} entries/s, ratio {:.2}",
+        postgres_fenced_hop / sqlite_fenced
+    );
+    println!("fenced event append (the hub's during a turn):");
+    println!("  SQLite      {sqlite_fenced_events:>8.0} events/s");
+    println!("  PostgreSQL  {postgres_fenced_events:>8.0} events/s");
+    println!("  ratio PostgreSQL/SQLite {fenced_events_ratio:.2}");
     println!("event append, {APPENDS} appends, median of {ROUNDS} rounds:");
     println!("  SQLite      {sqlite_events:>8.0} events/s");
     println!("  PostgreSQL  {postgres_events:>8.0} events/s");
     println!(
         "  PostgreSQL, the same statement without the connection thread {direct:>8.0} events/s"
     );
-    println!(
-        "  ratio PostgreSQL/SQLite {:.2}",
-        postgres_events / sqlite_events
-    );
+    println!("  ratio PostgreSQL/SQLite {events_ratio:.2}");
     let us = |rate: f64| 1e6 / rate;
     println!("where a serial PostgreSQL call's time goes (µs per call):");
     println!(

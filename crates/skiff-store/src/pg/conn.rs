@@ -7,7 +7,11 @@
 //! it work over a channel and wait for the answer: callable from anywhere, async code included.
 //! A caller takes the most recently used idle connection (so one caller at a time keeps using
 //! one warm connection) and waits only when all [`POOL_SIZE`] are busy: concurrent sessions do
-//! not queue behind one connection.
+//! not queue behind one connection. A caller outside any tokio runtime, or on a multi-threaded
+//! one (the gateway's, left for the call with `block_in_place`), runs its work on that
+//! connection itself instead: the hop to the connection's thread and back is two thread
+//! wake-ups, each of which waits for a free core on a busy machine (`benches/backends.rs`
+//! prints the difference). Only a single-threaded runtime's callers (tests) keep the hop.
 //!
 //! **A lost connection** (the server restarted, the socket dropped) is noticed by the call that
 //! meets it, which fails with [`Error::PgConnectionLost`] — or, for work that may run twice
@@ -190,7 +194,13 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 
 type Job = Box<dyn FnOnce(&mut Link) + Send>;
 
+/// The pool's connections, by index: locked by the connection's thread for a job sent to it,
+/// or by a caller running its work inline. Only the caller that took the index from the idle
+/// list uses it, so the lock is never contended.
+type Links = Arc<Vec<Mutex<Link>>>;
+
 pub(crate) struct Connection {
+    links: Links,
     /// One queue per connection thread.
     queues: Vec<mpsc::Sender<Job>>,
     /// The indexes of idle threads, the most recently used last.
@@ -225,32 +235,31 @@ impl Connection {
                 .map_err(|_| Error::PgGone)
         })??;
         let idle = Arc::new((Mutex::new(Vec::with_capacity(POOL_SIZE)), Condvar::new()));
+        let mut first = Some(first);
+        let links: Links = Arc::new(
+            (0..POOL_SIZE)
+                .map(|index| {
+                    Mutex::new(Link {
+                        shared: shared.clone(),
+                        conn: if index == 0 { first.take() } else { None },
+                        last_used: Instant::now(),
+                    })
+                })
+                .collect(),
+        );
         let mut queues = Vec::with_capacity(POOL_SIZE);
         let mut threads = Vec::with_capacity(POOL_SIZE);
-        let mut first = Some(first);
-        // Pushed in reverse so that the connected thread (0) is the first one taken.
+        // Pushed in reverse so that the connected link (0) is the first one taken.
         for index in (0..POOL_SIZE).rev() {
             let (jobs, queue) = mpsc::channel::<Job>();
-            let mut link = Link {
-                shared: shared.clone(),
-                conn: if index == 0 { first.take() } else { None },
-                last_used: Instant::now(),
-            };
-            let idle_list = idle.clone();
+            let links = links.clone();
             let thread = std::thread::Builder::new()
                 .name(format!("skiff-store-pg-{index}"))
                 .spawn(move || {
                     // Until the store is dropped (the sender goes away).
                     while let Ok(job) = queue.recv() {
-                        let panicked =
-                            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                                job(&mut link)
-                            }))
-                            .is_err();
-                        if panicked {
-                            // Whatever the job left half-done on it goes with it.
-                            link.conn = None;
-                            release(&idle_list, index);
+                        if let Some(link) = links.get(index) {
+                            job(&mut lock(link));
                         }
                     }
                 })
@@ -262,6 +271,7 @@ impl Connection {
         queues.reverse();
         threads.reverse();
         Ok(Self {
+            links,
             queues,
             idle,
             threads,
@@ -304,21 +314,49 @@ impl Connection {
                 idle = freed.wait(idle).unwrap_or_else(|p| p.into_inner());
             }
         };
+        let inline = |job| {
+            let link = self.links.get(index).ok_or(Error::PgGone)?;
+            let outcome = guarded(&mut lock(link), job);
+            release(&self.idle, index);
+            outcome
+        };
+        match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+            // No runtime here, so the client's own may run on this thread.
+            Err(_) => return inline(job),
+            // The gateway's: this thread leaves the runtime for the call (its other tasks go
+            // on on another thread meanwhile), as when it waited for a connection thread.
+            Ok(tokio::runtime::RuntimeFlavor::MultiThread) => {
+                return tokio::task::block_in_place(|| inline(job));
+            }
+            // A single-threaded runtime cannot be left: its thread waits for the hop.
+            Ok(_) => {}
+        }
         let (reply, answer) = mpsc::sync_channel(1);
         let idle = self.idle.clone();
         self.queues
             .get(index)
             .ok_or(Error::PgGone)?
             .send(Box::new(move |link: &mut Link| {
-                let outcome = job(link);
+                let outcome = guarded(link, job);
                 // Idle again before the caller hears back, so its next call finds this
                 // (warm) connection first.
                 release(&idle, index);
                 let _ = reply.send(outcome);
             }))
             .map_err(|_| Error::PgGone)?;
-        // A job that panicked dropped `reply`.
         answer.recv().map_err(|_| Error::PgGone)?
+    }
+}
+
+/// `job` on `link`; a job that panics is [`Error::PgGone`], and whatever it left half-done on
+/// the connection goes with the connection.
+fn guarded<T>(link: &mut Link, job: impl FnOnce(&mut Link) -> Result<T>) -> Result<T> {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(link))) {
+        Ok(outcome) => outcome,
+        Err(_) => {
+            link.conn = None;
+            Err(Error::PgGone)
+        }
     }
 }
 
@@ -462,6 +500,46 @@ mod tests {
                 .get(0))
         })
         .unwrap()
+    }
+
+    fn backend_pid(conn: &Connection) -> i32 {
+        conn.run(|pg| Ok(pg.client.query_one("SELECT pg_backend_pid()", &[])?.get(0)))
+            .unwrap()
+    }
+
+    #[test]
+    fn a_call_works_from_a_plain_thread_and_from_either_kind_of_runtime_and_survives_a_panic() {
+        let cluster = PgCluster::start();
+        let conn = Arc::new(Connection::open(&cluster.fresh_database()).unwrap());
+        let plain = backend_pid(&conn);
+        // The gateway's: a task of a multi-threaded runtime (the call leaves the runtime).
+        let multi = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .build()
+            .unwrap();
+        let shared = Arc::clone(&conn);
+        let from_task = multi
+            .block_on(async move { tokio::spawn(async move { backend_pid(&shared) }).await })
+            .unwrap();
+        // A test's: a single-threaded runtime, which cannot be left (the call hops).
+        let single = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let from_single = single.block_on(async { backend_pid(&conn) });
+        // One caller at a time keeps the warm connection, whichever way it was reached.
+        assert_eq!((from_task, from_single), (plain, plain));
+
+        // A job that panics on the caller's thread costs its connection, not the pool.
+        let panicked = conn.run(|_| -> crate::Result<()> { panic!("a bug in a job") });
+        assert!(
+            matches!(panicked, Err(crate::Error::PgGone)),
+            "{panicked:?}"
+        );
+        assert_ne!(
+            backend_pid(&conn),
+            plain,
+            "a fresh connection after the panic"
+        );
     }
 
     #[test]

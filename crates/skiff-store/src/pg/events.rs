@@ -22,6 +22,26 @@ pub(super) const APPEND: &str = "WITH cursor AS (
     )
     SELECT seq, pg_notify('skiff_events', $1 || ' ' || seq) FROM appended";
 
+/// [`APPEND`] fenced (issue 17), still one statement: the counter moves, and so the event is
+/// written, only while the session lease is held by `$7` at epoch `$8`, read under a share lock
+/// on the lease row (a takeover waits for this append, or one that committed first leaves the
+/// fence empty and nothing is written).
+const APPEND_FENCED: &str = "WITH fence AS (
+        SELECT 1 FROM leases
+         WHERE kind = 'session' AND name = $1 AND holder = $7 AND epoch = $8
+        FOR SHARE
+    ), cursor AS (
+        INSERT INTO event_cursors (session_id, last_seq) SELECT $1, 1 FROM fence
+        ON CONFLICT (session_id) DO UPDATE SET last_seq = event_cursors.last_seq + 1
+        RETURNING last_seq
+    )
+    , appended AS (
+        INSERT INTO events (session_id, seq, owner_id, tenant_id, run_id, at_ms, body)
+        SELECT $1, last_seq, $2, $3, $4, $5, $6 FROM cursor
+        RETURNING seq
+    )
+    SELECT seq, pg_notify('skiff_events', $1 || ' ' || seq) FROM appended";
+
 impl PgStore {
     /// The append, fenced when `fence` says so (`Leases::append_event_fenced`); hints this
     /// process's followers at once, other processes' through the notification.
@@ -40,21 +60,38 @@ impl PgStore {
             scope.clone(),
             run.map(ToString::to_string),
         );
-        let cursor: i64 = self.conn.run_fenced(fence.cloned(), move |conn| {
+        let fence = fence.cloned();
+        let cursor: i64 = self.conn.run(move |conn| {
             let (session, scope, run) = args;
-            let append = conn.statement(APPEND)?;
-            let row = conn.client.query_one(
-                &append,
-                &[
-                    &session,
-                    &scope.owner_id,
-                    &scope.tenant_id,
-                    &run,
-                    &at_ms,
-                    &body,
-                ],
-            )?;
-            Ok(row.try_get(0)?)
+            let params: [&(dyn postgres::types::ToSql + Sync); 6] = [
+                &session,
+                &scope.owner_id,
+                &scope.tenant_id,
+                &run,
+                &at_ms,
+                &body,
+            ];
+            let Some(fence) = &fence else {
+                let append = conn.statement(APPEND)?;
+                return Ok(conn.client.query_one(&append, &params)?.try_get(0)?);
+            };
+            let append = conn.statement(APPEND_FENCED)?;
+            let (gateway, epoch) = (fence.gateway.as_str(), fence.epoch);
+            let mut fenced = params.to_vec();
+            fenced.extend::<[&(dyn postgres::types::ToSql + Sync); 2]>([&gateway, &epoch]);
+            match conn.client.query_opt(&append, &fenced)? {
+                Some(row) => Ok(row.try_get(0)?),
+                // Nothing was written: the fence did not hold (the check says how).
+                None => {
+                    super::leases::check_fence(&mut conn.client, fence)?;
+                    Err(crate::aggregates::leases::lease_lost(
+                        &crate::LeaseKey::Session(fence.session.clone()),
+                        &fence.gateway,
+                        fence.epoch,
+                        None,
+                    ))
+                }
+            }
         })?;
         let cursor = count("event cursor", cursor)?;
         self.wakeups.appended(session, cursor);

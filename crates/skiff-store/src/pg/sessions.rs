@@ -73,6 +73,29 @@ const APPEND: &str = "WITH swapped AS (
     )
     SELECT 1 FROM swapped";
 
+/// [`APPEND`] fenced (issue 17), still one statement: the swap happens only while the session
+/// lease is held by `$12` at epoch `$13`, read under a share lock on the lease row, so a
+/// takeover (which updates that row) waits for this append to commit — and a takeover that
+/// committed first makes the fence match nothing, so nothing is written.
+const APPEND_FENCED: &str = "WITH fence AS (
+        SELECT 1 FROM leases
+         WHERE kind = 'session' AND name = $3 AND holder = $12 AND epoch = $13
+        FOR SHARE
+    ), swapped AS (
+        UPDATE sessions SET leaf_entry_id = $1, updated_at_ms = $2
+          FROM fence
+         WHERE id = $3 AND owner_id = $4 AND tenant_id = $5
+           AND leaf_entry_id IS NOT DISTINCT FROM $6
+        RETURNING id
+    ), chain AS (
+        INSERT INTO entries (id, session_id, owner_id, tenant_id, parent_id, run_id, kind, body,
+                             created_at_ms)
+        SELECT c.id, $3, $4, $5, c.parent_id, $7, c.kind, c.body, $2
+          FROM swapped, UNNEST($8::text[], $9::text[], $10::text[], $11::text[])
+               AS c(id, parent_id, kind, body)
+    )
+    SELECT 1 FROM swapped";
+
 impl PgStore {
     /// The append, fenced when `fence` says so (`Leases::append_entries_fenced`).
     pub(super) fn append_entries_with(
@@ -118,29 +141,42 @@ impl PgStore {
             parent.map(|leaf| leaf.to_string()),
             run.map(ToString::to_string),
         );
-        self.conn.run_fenced(fence.cloned(), move |conn| {
+        let fence = fence.cloned();
+        self.conn.run(move |conn| {
             let (scope, session, base, leaf, run) = args;
-            let append = conn.statement(APPEND)?;
-            let appended = conn.client.query_opt(
-                &append,
-                &[
-                    &leaf,
-                    &now,
-                    &session,
-                    &scope.owner_id,
-                    &scope.tenant_id,
-                    &base,
-                    &run,
-                    &rows.ids,
-                    &rows.parents,
-                    &rows.kinds,
-                    &rows.bodies,
-                ],
-            )?;
+            let params: [&(dyn postgres::types::ToSql + Sync); 11] = [
+                &leaf,
+                &now,
+                &session,
+                &scope.owner_id,
+                &scope.tenant_id,
+                &base,
+                &run,
+                &rows.ids,
+                &rows.parents,
+                &rows.kinds,
+                &rows.bodies,
+            ];
+            let appended = match &fence {
+                None => {
+                    let append = conn.statement(APPEND)?;
+                    conn.client.query_opt(&append, &params)?
+                }
+                Some(fence) => {
+                    let append = conn.statement(APPEND_FENCED)?;
+                    let (gateway, epoch) = (fence.gateway.as_str(), fence.epoch);
+                    let mut fenced = params.to_vec();
+                    fenced.extend::<[&(dyn postgres::types::ToSql + Sync); 2]>([&gateway, &epoch]);
+                    conn.client.query_opt(&append, &fenced)?
+                }
+            };
             if appended.is_some() {
                 return Ok(());
             }
-            // Nothing was written: say why.
+            // Nothing was written: say why — the fence first, as when it was checked first.
+            if let Some(fence) = &fence {
+                super::leases::check_fence(&mut conn.client, fence)?;
+            }
             let actual = conn.client.query_opt(
                 "SELECT leaf_entry_id FROM sessions \
                  WHERE id = $1 AND owner_id = $2 AND tenant_id = $3",
