@@ -27,6 +27,13 @@ impl Core {
     /// lease is later lost to another gateway. A session another gateway is running is a
     /// conflict naming it.
     pub(crate) fn own_session(&self, session: &SessionId) -> Result<CancellationToken> {
+        if self.cluster.is_draining() {
+            return Err(Error::Unavailable(format!(
+                "gateway {} is draining and starts no more turns: send the message to another \
+                 gateway (none other is running, or it would have been forwarded there)",
+                self.cluster.id()
+            )));
+        }
         match self.cluster.acquire(session)? {
             Ok(lost) => Ok(lost),
             Err(owner) => {
@@ -122,17 +129,33 @@ impl Core {
     /// Takes over every session lease that expired (its holder died, or stopped renewing);
     /// whether every call was answered.
     async fn take_over_round(self: &Arc<Self>) -> bool {
+        // A draining gateway is handing its sessions to the others, not taking theirs.
+        if self.cluster.is_draining() {
+            return true;
+        }
         let core = self.clone();
-        let expired =
-            match tokio::task::spawn_blocking(move || core.cluster.expired_sessions()).await {
-                Ok(Ok(expired)) => expired,
-                Ok(Err(e)) => {
-                    tracing::warn!(error = %e, "could not list expired session leases");
-                    return false;
-                }
-                Err(_) => return false,
-            };
+        let listed = tokio::task::spawn_blocking(move || {
+            Ok::<_, Error>((
+                core.cluster.expired_sessions()?,
+                core.store.released_open_sessions()?,
+            ))
+        })
+        .await;
+        let (expired, released) = match listed {
+            Ok(Ok(listed)) => listed,
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "could not list the session leases to take over");
+                return false;
+            }
+            Err(_) => return false,
+        };
         let mut complete = true;
+        for session in released {
+            if let Err(e) = self.take_over_handed(&session).await {
+                tracing::warn!(%session, error = %e, "could not take a handed-over session over");
+                complete = false;
+            }
+        }
         for lease in expired {
             if let Err(e) = self.take_over(&lease).await {
                 tracing::warn!(lease = %lease.key, error = %e, "could not take a session over");
@@ -154,7 +177,7 @@ impl Core {
         self.telemetry.add(LEASE_TAKEOVERS, Vec::new(), 1);
         tracing::warn!(%session, from = %expired.holder, epoch = expired.epoch + 1,
             "took a session over from a gateway that stopped renewing its lease");
-        match self.go_on_with(&session, &expired.holder, &lost) {
+        match self.go_on_with(&session, Some(&expired.holder), &lost) {
             Ok(true) => Ok(()),
             Ok(false) => {
                 self.disown(&session);
@@ -167,12 +190,34 @@ impl Core {
         }
     }
 
-    /// Goes on with `session`'s open run after taking it over from `from`; whether a turn
+    /// Claims `session`, whose lease a draining gateway released during a turn, and goes on
+    /// with its run as a new attempt (another gateway may claim it first: then nothing).
+    async fn take_over_handed(self: &Arc<Self>, session: &SessionId) -> Result<()> {
+        let Ok(lost) = self.cluster.acquire(session)? else {
+            return Ok(());
+        };
+        self.telemetry.add(LEASE_TAKEOVERS, Vec::new(), 1);
+        tracing::info!(%session, "took over a session a draining gateway handed over");
+        match self.go_on_with(session, None, &lost) {
+            Ok(true) => Ok(()),
+            Ok(false) => {
+                self.disown(session);
+                Ok(())
+            }
+            Err(e) => {
+                self.disown(session);
+                Err(e)
+            }
+        }
+    }
+
+    /// Goes on with `session`'s open run after taking it over from `from` (`None`: a
+    /// draining gateway handed it over); whether a turn
     /// now runs here (which then lets the lease go when it ends).
     fn go_on_with(
         self: &Arc<Self>,
         session: &SessionId,
-        from: &GatewayId,
+        from: Option<&GatewayId>,
         lost: &CancellationToken,
     ) -> Result<bool> {
         let Some((scope, run)) = self.store.open_run_of(session)? else {
@@ -182,10 +227,17 @@ impl Core {
             .hub
             .fence(session)
             .ok_or_else(|| Error::Internal(format!("no fence on session {session} taken over")))?;
-        let reason = format!(
-            "gateway {from} stopped while running this attempt; gateway {} took the run over",
-            self.cluster.id()
-        );
+        let me = self.cluster.id();
+        let (reason, notice) = match from {
+            Some(from) => (
+                format!("gateway {from} stopped while running this attempt; gateway {me} took the run over"),
+                format!("Gateway {from} stopped during this turn; gateway {me} goes on with it."),
+            ),
+            None => (
+                format!("a draining gateway handed this attempt over; gateway {me} took the run over"),
+                format!("A draining gateway handed this turn over; gateway {me} goes on with it."),
+            ),
+        };
         // The old attempt ends; whatever its tool calls did is in the workspace, and a call
         // whose result was never recorded gets one saying so when the turn goes on.
         let mut after = None;
@@ -212,7 +264,12 @@ impl Core {
             "run.takeover",
             run.id.as_str(),
             "applied",
-            json!({ "session": session.as_str(), "from": from.as_str(), "placement": row.placement }),
+            json!({
+                "session": session.as_str(),
+                "from": from.map(GatewayId::as_str),
+                "handed_over": from.is_none(),
+                "placement": row.placement,
+            }),
         );
         if row.placement != PlacementState::Local.as_str() || run.status == RunStatus::Cancelling {
             // A worker's turn is not re-adopted from here: the run ends orphaned, and the
@@ -231,15 +288,8 @@ impl Core {
                 .unwrap_or_else(|p| p.into_inner())
                 .insert(run.id.clone(), after);
         }
-        self.transcript().notify(
-            &scope,
-            session,
-            Some(&run.id),
-            &format!(
-                "Gateway {from} stopped during this turn; gateway {} goes on with it.",
-                self.cluster.id()
-            ),
-        );
+        self.transcript()
+            .notify(&scope, session, Some(&run.id), &notice);
         self.spawn_turn(&scope, row, run, lost);
         Ok(true)
     }
