@@ -121,7 +121,9 @@ enum Command {
 /// ignoring it) keeps a script from parsing a log or a shell script as a document.
 fn without_json_form(command: &Command) -> Option<&'static str> {
     match command {
-        Command::Gateway(args) if !args.is_drain() => Some("gateway (its log has --log-format json)"),
+        Command::Gateway(args) if !args.is_drain() => {
+            Some("gateway (its log has --log-format json)")
+        }
         Command::Worker(_) => Some("worker"),
         Command::Completions { .. } => Some("completions"),
         Command::Env(env::EnvCommand::Exec(_)) => Some("env exec (it prints the box's own output)"),

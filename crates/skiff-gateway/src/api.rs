@@ -259,13 +259,27 @@ async fn send_message(
     State(core): Shared,
     Extension(scope): Extension<Scope>,
     Path(id): Path<String>,
+    headers: HeaderMap,
+    uri: axum::http::Uri,
     body: Result<Json<SendMessageRequest>, axum::extract::rejection::JsonRejection>,
 ) -> Result<Response, Error> {
     let Json(req) = body.map_err(|e| Error::BadRequest(e.body_text()))?;
+    let session = session_id(&id)?;
+    // Another scope's session is "not found" here, never forwarded.
+    core.store.session(&scope, &session)?;
+    if let crate::forward::Route::There { gateway, address } =
+        core.route_turn(&scope, &session, &headers)?
+    {
+        let path = uri.path_and_query().map_or(uri.path(), |p| p.as_str());
+        let body = serde_json::to_vec(&req).map_err(|e| Error::Internal(e.to_string()))?;
+        return core
+            .forward(&scope, &session, (&gateway, &address), path, &headers, body)
+            .await;
+    }
     let started = core
         .send(
             &scope,
-            &session_id(&id)?,
+            &session,
             crate::sessions::Message {
                 prompt: &req.prompt,
                 profile: req.profile.as_deref(),

@@ -107,7 +107,11 @@ impl Core {
                 break;
             }
             if Instant::now() >= deadline {
-                tracing::warn!(left, "stopped turns did not let go within {} s; leaving without them", LET_GO.as_secs());
+                tracing::warn!(
+                    left,
+                    "stopped turns did not let go within {} s; leaving without them",
+                    LET_GO.as_secs()
+                );
                 break;
             }
             tokio::time::sleep(LOOK_EVERY).await;
@@ -198,7 +202,10 @@ mod tests {
         // A turn that has not let go yet holds the drain at its wait.
         let run = skiff_protocol::RunId::parse("run_0000000000000001").unwrap();
         let turn = CancellationToken::new();
-        core.running.lock().unwrap().insert(run.clone(), turn.clone());
+        core.running
+            .lock()
+            .unwrap()
+            .insert(run.clone(), turn.clone());
         let mut lines = core.drain(true).await?;
         assert_eq!(
             lines.recv().await,

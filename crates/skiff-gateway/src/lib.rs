@@ -26,6 +26,7 @@ mod egress;
 mod env_api;
 mod environments;
 mod error;
+mod forward;
 mod governed;
 mod groups;
 mod housekeeping;

@@ -3,11 +3,17 @@
 //! alive and stops what was lost, and takes over the sessions of gateways that died — a
 //! running turn goes on here as a new attempt of the same run.
 //!
-//! **Routing.** A turn for a session another live gateway is running is refused `409`, naming
-//! that gateway and its address, rather than forwarded: the refusal is one answer a client can
-//! act on (its events can be followed through any gateway meanwhile), where a forwarded turn
-//! would tie the request to two gateways' lives and credentials. Between turns a session has
-//! no owner, so its next message is run by whichever gateway receives it.
+//! **Routing** (`forward.rs`). A turn for a session whose lease another live gateway holds
+//! between turns (one with the session's worker box attached keeps it) is forwarded to that
+//! gateway with the caller's credentials, and its answer relayed. A turn for a session
+//! another gateway is *running* a turn of is refused `409`, naming that gateway and its
+//! address — what one gateway answers a second turn too (its events can be followed through
+//! any gateway meanwhile). A session nobody holds is run by whichever gateway receives it.
+//!
+//! **Hand-over** (`drain.rs`). A draining gateway releases its leases while their turns run;
+//! the lease loop claims a released lease of a session with an unfinished run at its next
+//! round (no expiry to wait out) and goes on with the run as a new attempt, as on a takeover.
+//! A draining gateway takes nothing over.
 
 use crate::telemetry::{LEASE_LOST, LEASE_RENEWALS, LEASE_TAKEOVERS};
 use crate::{Core, Error, Result};
@@ -230,11 +236,15 @@ impl Core {
         let me = self.cluster.id();
         let (reason, notice) = match from {
             Some(from) => (
-                format!("gateway {from} stopped while running this attempt; gateway {me} took the run over"),
+                format!(
+                    "gateway {from} stopped while running this attempt; gateway {me} took the run over"
+                ),
                 format!("Gateway {from} stopped during this turn; gateway {me} goes on with it."),
             ),
             None => (
-                format!("a draining gateway handed this attempt over; gateway {me} took the run over"),
+                format!(
+                    "a draining gateway handed this attempt over; gateway {me} took the run over"
+                ),
                 format!("A draining gateway handed this turn over; gateway {me} goes on with it."),
             ),
         };

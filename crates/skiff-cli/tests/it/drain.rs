@@ -84,7 +84,10 @@ fn a_drained_gateways_running_turn_finishes_on_the_other_as_a_new_attempt_and_it
         .lines()
         .map(|l| serde_json::from_str(&l.unwrap()).unwrap())
         .collect();
-    assert!(watch.wait().unwrap().success(), "the watch ended: {lines:?}");
+    assert!(
+        watch.wait().unwrap().success(),
+        "the watch ended: {lines:?}"
+    );
     eprintln!(
         "drain: asked → turn finished on the other gateway in {} ms (lease_ttl 15s)",
         asked.elapsed().as_millis()
@@ -126,7 +129,12 @@ fn a_drained_gateways_running_turn_finishes_on_the_other_as_a_new_attempt_and_it
         ],
         "{kinds:?}"
     );
-    assert!(kinds[2].1.contains("draining gateway handed this turn over"), "{kinds:?}");
+    assert!(
+        kinds[2]
+            .1
+            .contains("draining gateway handed this turn over"),
+        "{kinds:?}"
+    );
     assert!(kinds[3].1.contains("no result was recorded"), "{kinds:?}");
     assert_eq!(kinds[4].1, "Finished after the hand-over.");
     // The command ran once: the second gateway did not run it again.
@@ -142,4 +150,70 @@ fn a_drained_gateways_running_turn_finishes_on_the_other_as_a_new_attempt_and_it
     );
     let listed = second.run(&["session", "show", &id]);
     assert!(listed.status.success(), "{}", stderr(&listed));
+}
+
+/// A session whose lease gateway one holds between turns (as a gateway with the session's
+/// worker box attached does) gets its next message through gateway two: the request is
+/// forwarded with the caller's token, the turn runs on gateway one, and the forward is
+/// audited without the token.
+#[test]
+fn a_message_through_another_gateway_runs_on_the_gateway_holding_the_session() {
+    let cluster = PgCluster::start();
+    let url = cluster.fresh_database();
+    let shared = tempfile::tempdir().unwrap();
+    let script = "[[turns]]\ntext = \"First.\"\n[[turns]]\ntext = \"Second, on its owner.\"\n";
+    let config = format!(
+        "[gateway]\nlocal_sandbox = \"off\"\n[store]\nurl = \"{url}\"\nworkspaces = \"{}\"\n",
+        shared.path().display()
+    );
+    let first = Gateway::start_with(script, &config);
+    let second = Gateway::start_with(script, &config);
+    let repo = TempGitRepo::new(&[("a.txt", "a\n")]);
+    let id = first.new_session(repo.path(), "fake/m", "one");
+
+    // Gateway one keeps the session between turns.
+    let one = std::fs::read_to_string(first.state_dir.join("gateway-id")).unwrap();
+    let one = skiff_protocol::GatewayId::parse(one.trim()).unwrap();
+    let session = skiff_protocol::SessionId::parse(&id).unwrap();
+    let key = skiff_store::LeaseKey::Session(session);
+    // The gateways' own database (the harness's `store()` is the state dir's file).
+    let store = skiff_store::open_backend(skiff_store::Location::Postgres {
+        url: &url,
+        password: None,
+    })
+    .unwrap();
+    let kept = store
+        .acquire_lease(&key, &one, std::time::Duration::from_secs(300))
+        .unwrap();
+    assert!(matches!(kept, skiff_store::Claim::Won(_)), "{kept:?}");
+
+    let sent = second.run(&["session", "send", &id, "--json", "two"]);
+    assert!(sent.status.success(), "{}", stderr(&sent));
+    let detail = second.json(&["session", "show", &id, "--json"]);
+    let runs = detail["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 2, "{detail}");
+    assert_eq!(runs[1]["status"], "succeeded", "{detail}");
+    let texts: Vec<&str> = detail["transcript"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["body"]["text"].as_str())
+        .collect();
+    assert_eq!(texts, ["one", "First.", "two", "Second, on its owner."]);
+    // Gateway two never held the session: gateway one ran the turn (and lets go at its end).
+    let lease = store.lease(&key).unwrap();
+    assert!(lease.as_ref().is_none_or(|l| l.holder == one), "{lease:?}");
+
+    let audit = second.run(&["audit", "tail", "-n", "200", "--json"]);
+    assert!(audit.status.success(), "{}", stderr(&audit));
+    let rows = stdout(&audit);
+    let forward = rows
+        .lines()
+        .find(|l| l.contains("request.forward"))
+        .unwrap_or_else(|| panic!("no forward audited: {rows}"));
+    assert!(forward.contains(one.as_str()), "{forward}");
+    assert!(
+        !rows.contains(&second.token),
+        "the token reached the audit trail"
+    );
 }
