@@ -127,6 +127,68 @@ impl Client {
         &self.url
     }
 
+    /// The same credentials for the gateway at `url` (gateways on one database share tokens).
+    pub fn at(self, url: &str) -> Self {
+        Self {
+            url: url.trim_end_matches('/').to_owned(),
+            ..self
+        }
+    }
+
+    /// `POST /v1/gateway/drain`: its lines as they come, the last one the report.
+    pub async fn drain(
+        &self,
+        force: bool,
+    ) -> Result<impl Stream<Item = Result<skiff_protocol::drain::DrainLine>> + use<>> {
+        let body = skiff_protocol::drain::DrainRequest { force };
+        let resp = self
+            .post("/v1/gateway/drain", &body)
+            .bearer_auth(&self.token)
+            .send()
+            .await
+            .map_err(|e| self.unreachable(e))?;
+        if !resp.status().is_success() {
+            let status = resp.status();
+            let err = resp.json::<ApiError>().await.unwrap_or_else(|_| ApiError {
+                code: status.as_u16().to_string(),
+                message: format!("the drain was refused ({status})"),
+            });
+            return Err(Failure::Refused(err).into());
+        }
+        let url = self.url.clone();
+        let mut pending = Vec::new();
+        Ok(resp.bytes_stream().flat_map(move |chunk| {
+            let items: Vec<Result<skiff_protocol::drain::DrainLine>> = match chunk {
+                Ok(bytes) => {
+                    pending.extend_from_slice(&bytes);
+                    let mut lines = Vec::new();
+                    while let Some(end) = pending.iter().position(|b| *b == b'\n') {
+                        let line: Vec<u8> = pending.drain(..=end).collect();
+                        lines.push(
+                            serde_json::from_slice(&line)
+                                .context("malformed drain progress from the gateway"),
+                        );
+                    }
+                    lines
+                }
+                Err(e) => vec![Err(anyhow!(Failure::Unreachable(format!(
+                    "lost the drain's progress from {url}: {e}"
+                ))))],
+            };
+            futures_util::stream::iter(items)
+        }))
+    }
+
+    /// Whether the gateway answers at all (`GET /healthz`, no token).
+    pub async fn alive(&self) -> bool {
+        self.http
+            .get(format!("{}/healthz", self.url))
+            .timeout(std::time::Duration::from_secs(2))
+            .send()
+            .await
+            .is_ok()
+    }
+
     fn unreachable(&self, e: reqwest::Error) -> anyhow::Error {
         Failure::Unreachable(format!(
             "cannot reach the gateway at {}: {e}. Is `skiff gateway` running?",

@@ -1,12 +1,15 @@
 //! `skiff gateway`
 
 use anyhow::Result;
-use clap::{Args, ValueEnum};
+use clap::{Args, Subcommand, ValueEnum};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Args)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct GatewayArgs {
+    #[command(subcommand)]
+    action: Option<GatewayAction>,
     /// Address of the HTTP+WebSocket API
     #[arg(long, default_value = "127.0.0.1:7777", value_name = "ADDR")]
     listen: String,
@@ -16,6 +19,19 @@ pub struct GatewayArgs {
     /// Log format on stderr
     #[arg(long, value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
+}
+
+#[derive(Subcommand)]
+enum GatewayAction {
+    /// Hand this gateway's sessions to the other gateways on its database and exit (rolling upgrades)
+    Drain(crate::drain::DrainArgs),
+}
+
+impl GatewayArgs {
+    /// Whether this is `skiff gateway drain` (which has a JSON form) rather than a gateway.
+    pub fn is_drain(&self) -> bool {
+        matches!(self.action, Some(GatewayAction::Drain(_)))
+    }
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -40,7 +56,10 @@ fn init_logging(format: LogFormat) {
     }
 }
 
-pub async fn run(args: GatewayArgs, state_dir: PathBuf) -> Result<ExitCode> {
+pub async fn run(args: GatewayArgs, state_dir: PathBuf, json: bool) -> Result<ExitCode> {
+    if let Some(GatewayAction::Drain(drain)) = args.action {
+        return crate::drain::run(drain, &state_dir, json).await;
+    }
     init_logging(args.log_format);
     let mut running = skiff_gateway::start(skiff_gateway::Options {
         state_dir: state_dir.clone(),
@@ -64,9 +83,12 @@ pub async fn run(args: GatewayArgs, state_dir: PathBuf) -> Result<ExitCode> {
         "token and URL written to {} (mode 0600); the CLI finds them there",
         state_dir.join("gateway.json").display()
     );
+    let drained = running.drained();
     let stopped = tokio::select! {
         result = running.wait() => Some(result),
         () = shutdown_signal() => None,
+        // `skiff gateway drain` handed everything over: stop as at a signal, and exit 0.
+        () = drained => None,
     };
     match stopped {
         Some(result) => result?,

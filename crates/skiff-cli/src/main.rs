@@ -11,6 +11,7 @@ mod boxes;
 mod client;
 mod demo;
 mod doctor;
+mod drain;
 mod env;
 mod gateway;
 mod groups;
@@ -120,11 +121,14 @@ enum Command {
 /// ignoring it) keeps a script from parsing a log or a shell script as a document.
 fn without_json_form(command: &Command) -> Option<&'static str> {
     match command {
-        Command::Gateway(_) => Some("gateway (its log has --log-format json)"),
+        Command::Gateway(args) if !args.is_drain() => {
+            Some("gateway (its log has --log-format json)")
+        }
         Command::Worker(_) => Some("worker"),
         Command::Completions { .. } => Some("completions"),
         Command::Env(env::EnvCommand::Exec(_)) => Some("env exec (it prints the box's own output)"),
-        Command::Session(_)
+        Command::Gateway(_)
+        | Command::Session(_)
         | Command::Env(_)
         | Command::Box(_)
         | Command::Demo(_)
@@ -216,7 +220,7 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async move {
         match command {
-            Command::Gateway(args) => gateway::run(args, state_dir).await,
+            Command::Gateway(args) => gateway::run(args, state_dir, json).await,
             Command::Session(cmd) => session::run(cmd, &state_dir, json).await,
             Command::Demo(args) => demo::run(args, &state_dir, json).await,
             Command::Env(cmd) => env::run(cmd, &state_dir, json).await,

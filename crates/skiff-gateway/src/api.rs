@@ -41,6 +41,7 @@ pub(crate) fn routes_table() -> crate::people::Routes {
         .route("/v1/sessions/{id}/events", get(events_sse))
         .route("/v1/sessions/{id}/events/ws", get(events_ws))
         .route("/v1/events", get(session_changes))
+        .route("/v1/gateway/drain", post(drain))
         .merge(crate::people::routes())
         .merge(crate::ui::api_routes())
         .merge(crate::env_api::routes())
@@ -258,13 +259,27 @@ async fn send_message(
     State(core): Shared,
     Extension(scope): Extension<Scope>,
     Path(id): Path<String>,
+    headers: HeaderMap,
+    uri: axum::http::Uri,
     body: Result<Json<SendMessageRequest>, axum::extract::rejection::JsonRejection>,
 ) -> Result<Response, Error> {
     let Json(req) = body.map_err(|e| Error::BadRequest(e.body_text()))?;
+    let session = session_id(&id)?;
+    // Another scope's session is "not found" here, never forwarded.
+    core.store.session(&scope, &session)?;
+    if let crate::forward::Route::There { gateway, address } =
+        core.route_turn(&scope, &session, &headers)?
+    {
+        let path = uri.path_and_query().map_or(uri.path(), |p| p.as_str());
+        let body = serde_json::to_vec(&req).map_err(|e| Error::Internal(e.to_string()))?;
+        return core
+            .forward(&scope, &session, (&gateway, &address), path, &headers, body)
+            .await;
+    }
     let started = core
         .send(
             &scope,
-            &session_id(&id)?,
+            &session,
             crate::sessions::Message {
                 prompt: &req.prompt,
                 profile: req.profile.as_deref(),
@@ -325,6 +340,30 @@ async fn dispatch(
         .dispatch(&scope, &session_id(&id)?, &req.profile, req.live)
         .await?;
     Ok((StatusCode::ACCEPTED, Json(done)).into_response())
+}
+
+/// `POST /v1/gateway/drain`: answers as the drain goes, one JSON line per step
+/// (`application/x-ndjson`: progress, then the report); the gateway exits after the last.
+async fn drain(
+    State(core): Shared,
+    body: Result<
+        Json<skiff_protocol::drain::DrainRequest>,
+        axum::extract::rejection::JsonRejection,
+    >,
+) -> Result<Response, Error> {
+    let Json(req) = body.map_err(|e| Error::BadRequest(e.body_text()))?;
+    let lines = core.drain(req.force).await?;
+    let body = futures_util::stream::unfold(lines, |mut lines| async move {
+        let line = lines.recv().await?;
+        let mut text = serde_json::to_vec(&line).ok()?;
+        text.push(b'\n');
+        Some((Ok::<_, std::convert::Infallible>(text), lines))
+    });
+    Ok((
+        [(header::CONTENT_TYPE, "application/x-ndjson")],
+        axum::body::Body::from_stream(body),
+    )
+        .into_response())
 }
 
 #[derive(Deserialize)]

@@ -88,14 +88,18 @@ impl SessionBackend for StoreBackend {
         bodies: Vec<EntryBody>,
     ) -> Result<Vec<TranscriptEntry>, BackendError> {
         let store = &self.core.store;
-        let entries = store
-            .append_entries(
-                &self.scope,
-                &self.session,
-                base_leaf.as_ref(),
-                Some(&self.run),
-                &bodies,
-            )
+        // Fenced by the session's lease: a turn whose session was taken over or handed over
+        // (a drain) commits nothing more beside the new owner's attempt.
+        let (scope, session, run) = (&self.scope, &self.session, Some(&self.run));
+        let entries = self
+            .core
+            .hub
+            .fenced_write(session, |fence| match fence {
+                Some(fence) => {
+                    store.append_entries_fenced(fence, scope, base_leaf.as_ref(), run, &bodies)
+                }
+                None => store.append_entries(scope, session, base_leaf.as_ref(), run, &bodies),
+            })
             .map_err(|e| BackendError(e.to_string()))?;
         for body in &bodies {
             if let EntryBody::AssistantMessage { usage, .. } | EntryBody::Compaction { usage, .. } =

@@ -21,6 +21,7 @@ use skiff_protocol::{GatewayId, SessionId};
 use skiff_store::{Backend, Claim, Fence, Lease, LeaseKey};
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
@@ -39,6 +40,8 @@ pub(crate) struct Cluster {
     leases: Arc<SessionLeases>,
     /// When the lease loop last finished a round (heartbeat and renewals answered).
     last_round: Mutex<Instant>,
+    /// Set by `skiff gateway drain`: this gateway admits and takes over nothing more.
+    draining: AtomicBool,
 }
 
 /// A session lease this gateway holds, or held until a renewal found it lost.
@@ -46,6 +49,15 @@ struct Held {
     lease: Lease,
     /// Cancelled when the lease is lost: the session's work stops at once.
     lost: CancellationToken,
+    /// Released for another gateway to take over (a drain): like a lost lease, its fence
+    /// stays until the work is gone, and it is neither renewed nor released again.
+    handed: bool,
+}
+
+impl Held {
+    fn gone(&self) -> bool {
+        self.handed || self.lost.is_cancelled()
+    }
 }
 
 /// The session leases this gateway holds, by session.
@@ -87,11 +99,10 @@ impl SessionLeases {
         }
     }
 
-    /// Whether this gateway lost `session`'s lease to another while its work was running.
+    /// Whether this gateway lost `session`'s lease to another, or handed it over, while its
+    /// work was running.
     pub(crate) fn is_lost(&self, session: &SessionId) -> bool {
-        self.lock()
-            .get(session)
-            .is_some_and(|h| h.lost.is_cancelled())
+        self.lock().get(session).is_some_and(Held::gone)
     }
 
     /// Keeps `lease` (just won): a new holder's token unless it is the same holding renewed.
@@ -101,7 +112,7 @@ impl SessionLeases {
         };
         let mut held = self.lock();
         match held.get_mut(&session) {
-            Some(h) if h.lease.epoch == lease.epoch && !h.lost.is_cancelled() => {
+            Some(h) if h.lease.epoch == lease.epoch && !h.gone() => {
                 h.lease = lease;
                 h.lost.clone()
             }
@@ -112,6 +123,7 @@ impl SessionLeases {
                     Held {
                         lease,
                         lost: lost.clone(),
+                        handed: false,
                     },
                 );
                 lost
@@ -129,8 +141,22 @@ impl SessionLeases {
     fn live(&self) -> Vec<Lease> {
         self.lock()
             .values()
-            .filter(|h| !h.lost.is_cancelled())
+            .filter(|h| !h.gone())
             .map(|h| h.lease.clone())
+            .collect()
+    }
+
+    /// Marks every lease held as handed over and returns them with their tokens: from here
+    /// their sessions' work counts as lost ([`SessionLeases::is_lost`]) and writes nothing
+    /// more of its own accord.
+    fn hand_over_all(&self) -> Vec<(Lease, CancellationToken)> {
+        let mut held = self.lock();
+        held.values_mut()
+            .filter(|h| !h.gone())
+            .map(|h| {
+                h.handed = true;
+                (h.lease.clone(), h.lost.clone())
+            })
             .collect()
     }
 }
@@ -169,6 +195,7 @@ impl Cluster {
             lease_ttl,
             leases: Arc::default(),
             last_round: Mutex::new(Instant::now()),
+            draining: AtomicBool::new(false),
         })
     }
 
@@ -222,12 +249,62 @@ impl Cluster {
         let Some(held) = self.leases.lock().remove(session) else {
             return;
         };
-        if held.lost.is_cancelled() {
+        if held.gone() {
             return;
         }
         if let Err(e) = self.store.release_lease(&held.lease) {
             tracing::warn!(%session, error = %e, "could not release the session's lease; it expires on its own");
         }
+    }
+
+    /// Lets every session lease held go so that other gateways take the sessions over at
+    /// their next round (a drain). Each is released in the database *before* its work is
+    /// stopped: from the release on, the database refuses the work's fenced writes, so
+    /// nothing it does while stopping lands beside the new owner's. The sessions handed over.
+    pub(crate) fn hand_over_all(&self) -> Vec<SessionId> {
+        let mut handed = Vec::new();
+        for (lease, lost) in self.leases.hand_over_all() {
+            let LeaseKey::Session(session) = lease.key.clone() else {
+                continue;
+            };
+            match self.store.release_lease(&lease) {
+                Ok(()) => {}
+                // Taken over already: the work stops all the same.
+                Err(skiff_store::Error::LeaseLost { .. }) => {}
+                Err(e) => {
+                    tracing::warn!(%session, error = %e, "could not release the session's lease for a hand-over; it expires on its own and is taken over then");
+                }
+            }
+            lost.cancel();
+            handed.push(session);
+        }
+        handed
+    }
+
+    /// This gateway is draining: it admits no turn and takes no session over.
+    pub(crate) fn start_draining(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+    }
+
+    pub(crate) fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
+    }
+
+    /// The other live gateways, with their addresses: where a draining gateway's sessions and
+    /// requests go.
+    pub(crate) fn others(&self) -> Result<Vec<skiff_store::GatewayRow>> {
+        Ok(self
+            .store
+            .gateways(self.lease_ttl)?
+            .into_iter()
+            .filter(|g| g.alive && g.id != self.id && !g.address.is_empty())
+            .collect())
+    }
+
+    /// Leaves the registry for good (the end of a drain).
+    pub(crate) fn deregister(&self) -> Result<()> {
+        self.store.deregister_gateway(&self.id)?;
+        Ok(())
     }
 
     /// Renews every lease held; a renewal refused with `LeaseLost` cancels that session's

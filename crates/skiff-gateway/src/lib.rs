@@ -21,10 +21,12 @@ mod compaction;
 pub mod config;
 mod control;
 mod dispatch;
+mod drain;
 mod egress;
 mod env_api;
 mod environments;
 mod error;
+mod forward;
 mod governed;
 mod groups;
 mod housekeeping;
@@ -215,6 +217,8 @@ pub(crate) struct Core {
     cluster: Arc<cluster::Cluster>,
     /// Runs taken over from a gateway that died, with the attempt their next one follows.
     resumes: Mutex<HashMap<RunId, skiff_protocol::AttemptId>>,
+    /// Cancelled when `skiff gateway drain` is done: the process is to exit.
+    drained: CancellationToken,
 }
 
 /// The state dir's lock and the signal that it was let go. Fields drop in order: the lock
@@ -281,6 +285,12 @@ impl Running {
     /// are then refused).
     pub fn sandbox_warning(&self) -> Option<&str> {
         self.core.sandbox_warning.as_deref()
+    }
+
+    /// Resolves once `skiff gateway drain` handed this gateway's sessions over: the caller
+    /// then shuts it down and exits.
+    pub fn drained(&self) -> tokio_util::sync::WaitForCancellationFutureOwned {
+        self.core.drained.clone().cancelled_owned()
     }
 
     /// Waits until the server stops (it stops on its own only on an I/O error).
@@ -577,6 +587,7 @@ pub(crate) async fn open_core(
             oidc,
             cluster,
             resumes: Mutex::default(),
+            drained: CancellationToken::new(),
         }
     });
     core.envs

@@ -19,6 +19,14 @@ pub(crate) async fn healthz() -> &'static str {
 }
 
 pub(crate) async fn readyz(State(core): State<Arc<Core>>) -> Response {
+    // Load balancers stop sending here; what still arrives is forwarded (`drain.rs`).
+    if core.cluster.is_draining() {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "draining: this gateway is handing its sessions to the others and exits\n",
+        )
+            .into_response();
+    }
     if !core.cluster.lease_loop_healthy() {
         tracing::error!(lease_ttl = ?core.cluster.lease_ttl(), "readiness check failed: the lease loop has not finished a round within the lease's life");
         return (

@@ -3,15 +3,21 @@
 //! alive and stops what was lost, and takes over the sessions of gateways that died — a
 //! running turn goes on here as a new attempt of the same run.
 //!
-//! **Routing.** A turn for a session another live gateway is running is refused `409`, naming
-//! that gateway and its address, rather than forwarded: the refusal is one answer a client can
-//! act on (its events can be followed through any gateway meanwhile), where a forwarded turn
-//! would tie the request to two gateways' lives and credentials. Between turns a session has
-//! no owner, so its next message is run by whichever gateway receives it — unless its worker
-//! is attached to a gateway: that gateway keeps the lease between turns (its box's SSH
-//! masters and the worker's connection are there), and lets it go once the worker is
-//! detached (pull-back, park, reclaim, session end). A gateway that takes over such a session
-//! re-adopts its box (`worker/adopt.rs`).
+//! **Routing** (`forward.rs`). A turn for a session whose lease another live gateway holds
+//! between turns is forwarded to that gateway with the caller's credentials, and its answer
+//! relayed. A gateway holds a session's lease between turns while the session's worker is
+//! attached there (its box's SSH masters and the worker's connection are there), and lets it
+//! go once the worker is detached (pull-back, park, reclaim, session end). A turn for a
+//! session another gateway is *running* a turn of is refused `409`, naming that gateway and
+//! its address — what one gateway answers a second turn too (its events can be followed
+//! through any gateway meanwhile). A session nobody holds is run by whichever gateway
+//! receives it. A gateway that takes over a session on a box re-adopts the box
+//! (`worker/adopt.rs`).
+//!
+//! **Hand-over** (`drain.rs`). A draining gateway releases its leases while their turns run;
+//! the lease loop claims a released lease of a session with an unfinished run at its next
+//! round (no expiry to wait out) and goes on with the run as a new attempt, as on a takeover.
+//! A draining gateway takes nothing over.
 
 use crate::telemetry::{LEASE_LOST, LEASE_RENEWALS, LEASE_TAKEOVERS};
 use crate::{Core, Error, Result};
@@ -31,6 +37,13 @@ impl Core {
     /// lease is later lost to another gateway. A session another gateway is running is a
     /// conflict naming it.
     pub(crate) fn own_session(&self, session: &SessionId) -> Result<CancellationToken> {
+        if self.cluster.is_draining() {
+            return Err(Error::Unavailable(format!(
+                "gateway {} is draining and starts no more turns: send the message to another \
+                 gateway (none other is running, or it would have been forwarded there)",
+                self.cluster.id()
+            )));
+        }
         match self.cluster.acquire(session)? {
             Ok(lost) => Ok(lost),
             Err(owner) => {
@@ -166,17 +179,33 @@ impl Core {
     /// Takes over every session lease that expired (its holder died, or stopped renewing);
     /// whether every call was answered.
     async fn take_over_round(self: &Arc<Self>) -> bool {
+        // A draining gateway is handing its sessions to the others, not taking theirs.
+        if self.cluster.is_draining() {
+            return true;
+        }
         let core = self.clone();
-        let expired =
-            match tokio::task::spawn_blocking(move || core.cluster.expired_sessions()).await {
-                Ok(Ok(expired)) => expired,
-                Ok(Err(e)) => {
-                    tracing::warn!(error = %e, "could not list expired session leases");
-                    return false;
-                }
-                Err(_) => return false,
-            };
+        let listed = tokio::task::spawn_blocking(move || {
+            Ok::<_, Error>((
+                core.cluster.expired_sessions()?,
+                core.store.released_open_sessions()?,
+            ))
+        })
+        .await;
+        let (expired, released) = match listed {
+            Ok(Ok(listed)) => listed,
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "could not list the session leases to take over");
+                return false;
+            }
+            Err(_) => return false,
+        };
         let mut complete = true;
+        for session in released {
+            if let Err(e) = self.take_over_handed(&session).await {
+                tracing::warn!(%session, error = %e, "could not take a handed-over session over");
+                complete = false;
+            }
+        }
         for lease in expired {
             if let Err(e) = self.take_over(&lease).await {
                 tracing::warn!(lease = %lease.key, error = %e, "could not take a session over");
@@ -198,7 +227,7 @@ impl Core {
         self.telemetry.add(LEASE_TAKEOVERS, Vec::new(), 1);
         tracing::warn!(%session, from = %expired.holder, epoch = expired.epoch + 1,
             "took a session over from a gateway that stopped renewing its lease");
-        match self.go_on_with(&session, &expired.holder, &lost) {
+        match self.go_on_with(&session, Some(&expired.holder), &lost) {
             Ok(true) => Ok(()),
             Ok(false) if self.adopt_box(&session, &expired.holder)? => Ok(()),
             Ok(false) => {
@@ -212,12 +241,34 @@ impl Core {
         }
     }
 
-    /// Goes on with `session`'s open run after taking it over from `from`; whether a turn
+    /// Claims `session`, whose lease a draining gateway released during a turn, and goes on
+    /// with its run as a new attempt (another gateway may claim it first: then nothing).
+    async fn take_over_handed(self: &Arc<Self>, session: &SessionId) -> Result<()> {
+        let Ok(lost) = self.cluster.acquire(session)? else {
+            return Ok(());
+        };
+        self.telemetry.add(LEASE_TAKEOVERS, Vec::new(), 1);
+        tracing::info!(%session, "took over a session a draining gateway handed over");
+        match self.go_on_with(session, None, &lost) {
+            Ok(true) => Ok(()),
+            Ok(false) => {
+                self.disown(session);
+                Ok(())
+            }
+            Err(e) => {
+                self.disown(session);
+                Err(e)
+            }
+        }
+    }
+
+    /// Goes on with `session`'s open run after taking it over from `from` (`None`: a
+    /// draining gateway handed it over); whether a turn
     /// now runs here (which then lets the lease go when it ends).
     fn go_on_with(
         self: &Arc<Self>,
         session: &SessionId,
-        from: &GatewayId,
+        from: Option<&GatewayId>,
         lost: &CancellationToken,
     ) -> Result<bool> {
         let Some((scope, run)) = self.store.open_run_of(session)? else {
@@ -227,10 +278,21 @@ impl Core {
             .hub
             .fence(session)
             .ok_or_else(|| Error::Internal(format!("no fence on session {session} taken over")))?;
-        let reason = format!(
-            "gateway {from} stopped while running this attempt; gateway {} took the run over",
-            self.cluster.id()
-        );
+        let me = self.cluster.id();
+        let (reason, notice) = match from {
+            Some(from) => (
+                format!(
+                    "gateway {from} stopped while running this attempt; gateway {me} took the run over"
+                ),
+                format!("Gateway {from} stopped during this turn; gateway {me} goes on with it."),
+            ),
+            None => (
+                format!(
+                    "a draining gateway handed this attempt over; gateway {me} took the run over"
+                ),
+                format!("A draining gateway handed this turn over; gateway {me} goes on with it."),
+            ),
+        };
         // The old attempt ends; whatever its tool calls did is in the workspace, and a call
         // whose result was never recorded gets one saying so when the turn goes on.
         let mut after = None;
@@ -257,7 +319,12 @@ impl Core {
             "run.takeover",
             run.id.as_str(),
             "applied",
-            json!({ "session": session.as_str(), "from": from.as_str(), "placement": row.placement }),
+            json!({
+                "session": session.as_str(),
+                "from": from.map(GatewayId::as_str),
+                "handed_over": from.is_none(),
+                "placement": row.placement,
+            }),
         );
         if run.status == RunStatus::Cancelling {
             let why = format!("{reason}; it was being cancelled");
@@ -271,27 +338,16 @@ impl Core {
                 .unwrap_or_else(|p| p.into_inner())
                 .insert(run.id.clone(), after);
         }
-        self.transcript().notify(
-            &scope,
-            session,
-            Some(&run.id),
-            &format!(
-                "Gateway {from} stopped during this turn; gateway {} goes on with it.",
-                self.cluster.id()
-            ),
-        );
+        self.transcript()
+            .notify(&scope, session, Some(&run.id), &notice);
         if !on_box || !self.workers.claim_adoption(session) {
             self.spawn_turn(&scope, row, run, lost);
             return Ok(true);
         }
         // The box first (re-adopted, or reclaimed so the turn fails over to a fresh one),
         // then the turn's new attempt on it.
-        let (core, session, from, lost) = (
-            self.clone(),
-            session.clone(),
-            from.to_string(),
-            lost.clone(),
-        );
+        let from = from.map_or_else(|| "a draining gateway".to_owned(), ToString::to_string);
+        let (core, session, lost) = (self.clone(), session.clone(), lost.clone());
         tokio::spawn(async move {
             core.workers.adopt(&scope, &session, &from).await;
             match core.store.session(&scope, &session) {

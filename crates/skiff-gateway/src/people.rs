@@ -131,6 +131,7 @@ pub const ACCESS: &[Rule] = &[
     rule("GET", "/v1/health", Read, Own),
     rule("GET", "/v1/me", Read, Own),
     rule("GET", "/metrics", Gateway, Wide),
+    rule("POST", "/v1/gateway/drain", Gateway, Wide),
     rule("GET", "/v1/sessions", Read, Collection),
     rule("POST", "/v1/sessions", Write, Create),
     rule("GET", "/v1/sessions/{id}", Read, Row),

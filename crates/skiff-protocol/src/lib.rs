@@ -1,6 +1,6 @@
 //! Types that cross a process boundary: ids, API payloads (sessions, environments, sync),
 //! approvals (policies and the rows of waiting calls), governed actions' one-time grants and results, the vault's secrets (names and dates; a value only as a request body), live events,
-//! transcript entries, the normalized model conversation, the lease-CLI contract
+//! transcript entries, the normalized model conversation, the lease-CLI contract, a gateway's drain
 //! and the worker protocol.
 //!
 //! This crate is serde types only. It deliberately has no tokio, no I/O and no behaviour beyond
@@ -12,6 +12,7 @@ pub mod api;
 pub mod approval;
 pub mod audit;
 pub mod budget;
+pub mod drain;
 pub mod environment;
 pub mod event;
 pub mod grant;

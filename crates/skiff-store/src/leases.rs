@@ -176,6 +176,14 @@ impl Leases for Store {
             .query_row(concat!("SELECT ", now!()), [], |r| r.get(0))?)
     }
 
+    fn deregister_gateway(&self, id: &GatewayId) -> Result<()> {
+        self.immediate(|tx| {
+            tx.prepare_cached("DELETE FROM gateways WHERE id = ?1")?
+                .execute(params![id.as_str()])?;
+            Ok(())
+        })
+    }
+
     fn acquire_lease(&self, key: &LeaseKey, gateway: &GatewayId, ttl: Duration) -> Result<Claim> {
         self.immediate(|tx| claim(tx, key, gateway, ttl))
     }
@@ -243,6 +251,20 @@ impl Leases for Store {
             .query_map([], raw)?
             .collect::<rusqlite::Result<Vec<_>>>()?;
         rows.into_iter().map(held).collect()
+    }
+
+    fn released_open_sessions(&self) -> Result<Vec<SessionId>> {
+        let conn = self.conn();
+        let names = conn
+            .prepare_cached(&format!(
+                "SELECT l.name FROM leases l JOIN runs r ON r.session_id = l.name \
+                  WHERE l.kind = 'session' AND l.holder IS NULL \
+                    AND r.status IN ({}) ORDER BY l.expires_at_ms, l.name",
+                crate::runs::OPEN_STATUSES
+            ))?
+            .query_map([], |r| r.get::<_, String>(0))?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        names.iter().map(|name| session_of(name)).collect()
     }
 
     fn leases_of_dead_gateways(&self, alive_within: Duration) -> Result<Vec<Lease>> {
@@ -365,6 +387,14 @@ impl Leases for Store {
     ) -> Result<Vec<(Scope, RunRow)>> {
         self.orphan_with(Some(gateway), reason)
     }
+}
+
+/// A session lease's name as its session.
+pub(crate) fn session_of(name: &str) -> Result<SessionId> {
+    SessionId::parse(name).ok_or_else(|| Error::Corrupt {
+        what: "lease",
+        detail: format!("malformed session id {name:?}"),
+    })
 }
 
 /// The claim: free, expired or already the caller's → the caller's (a new holder: epoch + 1).

@@ -58,7 +58,7 @@ pub struct Resume<'a> {
 
 pub(crate) const COLUMNS: &str = "id, session_id, status, model_ref, error, input_tokens, output_tokens, \
                        created_at_ms, finished_at_ms, cache_read_tokens, cache_write_tokens";
-const OPEN_STATUSES: &str =
+pub(crate) const OPEN_STATUSES: &str =
     "'queued','starting','running','waiting_input','waiting_approval','cancelling'";
 
 fn from_row(row: &Row<'_>) -> rusqlite::Result<RunRow> {

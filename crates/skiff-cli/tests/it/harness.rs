@@ -249,6 +249,11 @@ impl Gateway {
         self.child.wait().unwrap();
     }
 
+    /// Waits for the gateway process to exit on its own (a drain) and reaps it.
+    pub fn wait_exit(&mut self) -> std::process::ExitStatus {
+        self.child.wait().unwrap()
+    }
+
     /// The gateway process's pid.
     pub fn pid(&self) -> u32 {
         self.child.id()

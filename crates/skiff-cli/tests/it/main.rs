@@ -19,6 +19,7 @@ mod box_isolation;
 mod budgets;
 mod deadlines;
 mod dispatch;
+mod drain;
 mod egress;
 mod env;
 mod fanout;

@@ -213,6 +213,9 @@ pub trait Leases: Send + Sync {
     fn gateways(&self, alive_within: Duration) -> Result<Vec<GatewayRow>>;
     /// The database's clock, in Unix milliseconds.
     fn database_now_ms(&self) -> Result<i64>;
+    /// Forgets a gateway that is leaving for good (`skiff gateway drain`): it is no longer
+    /// listed, and no request is routed to it. Its leases are not touched.
+    fn deregister_gateway(&self, id: &GatewayId) -> Result<()>;
 
     /// Claims `key` for `gateway` until `ttl` from now if it is free, expired, or already
     /// the caller's (then only extended, same epoch). A change of holder adds one to the
@@ -228,6 +231,10 @@ pub trait Leases: Send + Sync {
     fn lease(&self, key: &LeaseKey) -> Result<Option<Lease>>;
     /// Held leases past their expiry, oldest expiry first: what another gateway takes over.
     fn expired_leases(&self) -> Result<Vec<Lease>>;
+    /// Sessions with an unfinished run whose lease nobody holds: a draining gateway released
+    /// it while the turn ran (a turn's own end releases the lease only after its run ended),
+    /// so another gateway claims it at once and goes on with the run.
+    fn released_open_sessions(&self) -> Result<Vec<SessionId>>;
     /// Held leases whose holder did not beat within `alive_within` (or never registered).
     fn leases_of_dead_gateways(&self, alive_within: Duration) -> Result<Vec<Lease>>;
     /// Takes over `expired` (as listed) for `gateway`, epoch + 1, if it is still that lease

@@ -54,6 +54,11 @@ const EXPIRED: &str = "SELECT kind, name, holder, epoch, expires_at_ms, true FRO
       WHERE holder IS NOT NULL AND expires_at_ms <= skiff_now_ms()
       ORDER BY expires_at_ms, name";
 
+const RELEASED_OPEN: &str = "SELECT l.name FROM leases l JOIN runs r ON r.session_id = l.name
+      WHERE l.kind = 'session' AND l.holder IS NULL
+        AND r.status IN ('queued','starting','running','waiting_input','waiting_approval','cancelling')
+      ORDER BY l.expires_at_ms, l.name";
+
 const OF_DEAD_GATEWAYS: &str = "SELECT l.kind, l.name, l.holder, l.epoch, l.expires_at_ms,
             l.expires_at_ms <= skiff_now_ms()
        FROM leases l LEFT JOIN gateways g ON g.id = l.holder
@@ -194,6 +199,15 @@ impl Leases for PgStore {
         })
     }
 
+    fn deregister_gateway(&self, id: &GatewayId) -> Result<()> {
+        let id = id.to_string();
+        self.conn.run(move |conn| {
+            conn.client
+                .execute("DELETE FROM gateways WHERE id = $1", &[&id])?;
+            Ok(())
+        })
+    }
+
     fn database_now_ms(&self) -> Result<i64> {
         self.conn.run(|conn| {
             Ok(conn
@@ -258,6 +272,18 @@ impl Leases for PgStore {
         self.conn.run(|conn| {
             let expired = conn.statement(EXPIRED)?;
             conn.client.query(&expired, &[])?.iter().map(held).collect()
+        })
+    }
+
+    fn released_open_sessions(&self) -> Result<Vec<SessionId>> {
+        self.conn.run(|conn| {
+            // The statuses of `runs::OPEN`, the partial unique index's.
+            let released = conn.statement(RELEASED_OPEN)?;
+            conn.client
+                .query(&released, &[])?
+                .iter()
+                .map(|row| crate::leases::session_of(row.try_get(0)?))
+                .collect()
         })
     }
 

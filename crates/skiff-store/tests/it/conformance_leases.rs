@@ -8,7 +8,9 @@ use skiff_protocol::GatewayId;
 use skiff_protocol::api::{AttemptStatus, RunStatus};
 use skiff_protocol::event::EventKind;
 use skiff_protocol::transcript::EntryBody;
-use skiff_store::{Claim, Error, EventLog, Follower, Lease, LeaseKey, Leases, PgStore, Resume};
+use skiff_store::{
+    Claim, Error, EventLog, Fence, Follower, Lease, LeaseKey, Leases, PgStore, Resume,
+};
 use skiff_test_support::postgres::PgCluster;
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
@@ -21,6 +23,8 @@ super::conformance::on_both_backends!(
     a_restarting_gateway_spares_the_runs_of_a_session_another_gateway_holds,
     singleton_leases_follow_the_same_rules,
     gateways_register_beat_and_name_the_leases_of_dead_ones,
+    a_released_lease_of_an_unfinished_run_is_listed_for_a_claim_at_once,
+    a_deregistered_gateway_is_no_longer_listed,
     lease_expiry_is_reckoned_on_the_databases_clock,
     a_follower_is_woken_by_appends_through_its_own_store,
     a_follower_reads_appends_it_was_never_hinted_of_by_polling,
@@ -641,4 +645,57 @@ mod postgres_only {
         assert_eq!(read_until(&mut follower, 1), ["e80"]);
         assert_eq!(follower.cursor(), 81);
     }
+}
+
+/// A draining gateway lets go of a running turn's lease: the session is listed at once (no
+/// expiry to wait out), claimed by one gateway at the next epoch, and the draining holder's
+/// fence is refused from the release on.
+fn a_released_lease_of_an_unfinished_run_is_listed_for_a_claim_at_once(db: &Db) {
+    let (a, b) = (db.open(), db.open());
+    let running = new_session(&*a, &alice());
+    let ended = new_session(&*a, &alice());
+    let held = new_session(&*a, &alice());
+    for s in [&running, &ended, &held] {
+        let lease = won(a
+            .acquire_lease(&LeaseKey::Session(s.clone()), &gw("a"), LIVE)
+            .unwrap());
+        let run = a.create_run(&alice(), s, "fake/m").unwrap();
+        if s == &ended {
+            a.transition_run(&alice(), &run.id, RunStatus::Cancelled, None)
+                .unwrap();
+        }
+        if s != &held {
+            a.release_lease(&lease).unwrap();
+        }
+    }
+    assert_eq!(b.released_open_sessions().unwrap(), vec![running.clone()]);
+    let key = LeaseKey::Session(running.clone());
+    let fence_a = Fence {
+        session: running.clone(),
+        gateway: gw("a"),
+        epoch: 1,
+    };
+    let err = a
+        .append_event_fenced(&fence_a, &alice(), None, text("late"))
+        .unwrap_err();
+    assert!(matches!(err, Error::LeaseLost { .. }), "{err:?}");
+    let taken = won(b.acquire_lease(&key, &gw("b"), LIVE).unwrap());
+    assert_eq!((taken.holder.clone(), taken.epoch), (gw("b"), 2));
+    assert!(b.released_open_sessions().unwrap().is_empty());
+}
+
+fn a_deregistered_gateway_is_no_longer_listed(db: &Db) {
+    let a = db.open();
+    a.register_gateway(&gw("one"), "10.0.0.1:7070").unwrap();
+    a.register_gateway(&gw("two"), "10.0.0.2:7070").unwrap();
+    a.deregister_gateway(&gw("one")).unwrap();
+    let ids: Vec<String> = a
+        .gateways(LIVE)
+        .unwrap()
+        .iter()
+        .map(|g| g.id.to_string())
+        .collect();
+    assert_eq!(ids, ["gw_two"]);
+    // Leaving twice is no error: a drain that was interrupted may run again.
+    a.deregister_gateway(&gw("one")).unwrap();
 }
