@@ -21,6 +21,7 @@ mod dispatch;
 mod egress;
 mod env;
 mod fanout;
+mod gateway_trust;
 mod gateways;
 mod handoff;
 mod harness;

@@ -42,6 +42,11 @@ pub trait People: Send + Sync {
     ) -> Result<TokenRow>;
     /// Every stored token, oldest first.
     fn token_rows(&self) -> Result<Vec<TokenRow>>;
+    /// The token stored with this hash, if any.
+    fn token_by_hash(&self, hash: &str) -> Result<Option<TokenRow>>;
+    /// Stores admin token `tok_<label>` with this hash unless it exists; `true` when this
+    /// call stored it.
+    fn add_token_if_absent(&self, label: &str, hash: &str, scope: &Scope) -> Result<bool>;
     /// Removes token `id` within `tenant` (any with `None`).
     fn revoke_token(&self, id: &str, tenant: Option<&str>) -> Result<TokenRow>;
     /// Replaces every token labelled `label` by one admin token with this hash.
@@ -207,6 +212,12 @@ impl People for Store {
     }
     fn token_rows(&self) -> Result<Vec<TokenRow>> {
         Store::token_rows(self)
+    }
+    fn token_by_hash(&self, hash: &str) -> Result<Option<TokenRow>> {
+        Store::token_by_hash(self, hash)
+    }
+    fn add_token_if_absent(&self, label: &str, hash: &str, scope: &Scope) -> Result<bool> {
+        Store::add_token_if_absent(self, label, hash, scope)
     }
     fn revoke_token(&self, id: &str, tenant: Option<&str>) -> Result<TokenRow> {
         Store::revoke_token(self, id, tenant)
