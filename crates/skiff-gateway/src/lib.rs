@@ -609,10 +609,12 @@ pub(crate) async fn open_core(
             &core.workers,
         ))));
     core.sweep_leftovers_on_start();
-    // Nothing waits for an approval a previous process recorded.
-    let orphaned = core
-        .store
-        .expire_orphaned_approvals("the gateway restarted while the call waited")?;
+    // Nothing waits for an approval a previous process recorded — unless the session's turn
+    // is another live gateway's, whose call still waits for its person.
+    let orphaned = core.store.expire_orphaned_approvals(
+        Some(core.cluster.id()),
+        "the gateway restarted while the call waited",
+    )?;
     if orphaned > 0 {
         tracing::info!(
             orphaned,
@@ -624,11 +626,24 @@ pub(crate) async fn open_core(
     // Before anything can read a workspace: a worktree a killed gateway was filling is
     // written whole again.
     core.recover_fills().await;
-    core.envs.reconcile_on_start().await?;
-    // Destroying what no environment owns is one gateway's at a time: never a box another
-    // gateway's session holds (its environment row owns it).
+    // Adopting or failing environments left in flight, and destroying what no environment
+    // owns, is one gateway's at a time (the sweeper's): a gateway joining a live one never
+    // touches the boxes that one is placing; and even the sweeper leaves alone the boxes of
+    // sessions another live gateway runs a turn of.
     if core.holds_chore(chores::SWEEPER, lifetime_tick) {
+        let elsewhere = core
+            .store
+            .live_placements()?
+            .into_iter()
+            .filter(|p| core.cluster.owns_elsewhere(&p.session_id))
+            .filter_map(|p| p.environment_id)
+            .collect();
+        core.envs.reconcile_on_start(&elsewhere).await?;
         core.envs.sweep_orphans().await?;
+    } else {
+        tracing::info!(
+            "another gateway holds the sweeper: environments left in flight are its to reconcile"
+        );
     }
     // Workers that re-attach are admitted against the bundle hash; without any, it is
     // computed at the first bring-up instead of delaying every start.

@@ -338,3 +338,82 @@ fn a_gateway_whose_vault_key_does_not_open_the_databases_secrets_refuses_to_star
     let listed = one.json(&["--json", "secret", "list"]);
     assert!(listed.to_string().contains("openai"), "{listed}");
 }
+
+const APPROVAL_SCRIPT: &str = r#"
+[[turns]]
+text = "Cleaning up."
+[[turns.tool_calls]]
+name = "exec"
+arguments = { command = "rm -rf build && echo cleaned-up" }
+
+[[turns]]
+text = "All done."
+"#;
+
+/// Lines of `out` as they come.
+fn lines_of(out: impl std::io::Read + Send + 'static) -> mpsc::Receiver<String> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines() {
+            let Ok(line) = line else { return };
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+#[test]
+fn a_gateway_starting_while_another_waits_on_an_approval_leaves_it_pending_and_answerable() {
+    let cluster = PgCluster::start();
+    let config = shared_config(&cluster.fresh_database());
+    let one = Gateway::start_with(APPROVAL_SCRIPT, &config);
+    let ws = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(ws.path().join("build")).unwrap();
+    std::fs::write(ws.path().join("build/x.o"), "x").unwrap();
+    let mut new = one
+        .cli()
+        .args(["session", "new", "--json", "--workspace"])
+        .arg(ws.path())
+        .args(["--model", "fake/e2e", "--approval", r#"{ exec = ["rm *"] }"#])
+        .arg("go ahead")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = lines_of(new.stdout.take().unwrap());
+    let approval_id = loop {
+        let line = out
+            .recv_timeout(PATIENCE)
+            .expect("no pending approval from session new");
+        if line.contains(r#""state":"pending""#) {
+            let v: Value = serde_json::from_str(&line).unwrap();
+            break v["approval"]["id"].as_str().unwrap().to_owned();
+        }
+    };
+
+    // Gateway two starts while gateway one's turn waits for a person.
+    let two = Gateway::join(&one, APPROVAL_SCRIPT, &config);
+    let listed = two.json(&["--json", "approvals", "--pending"]);
+    assert!(
+        listed["approvals"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|a| a["id"] == approval_id.as_str()),
+        "gateway two's start revoked gateway one's pending approval: {listed}"
+    );
+    let done = two.run(&["approve", &approval_id]);
+    assert!(done.status.success(), "approve: {}", stderr(&done));
+    let mut rest = Vec::new();
+    while let Ok(line) = out.recv_timeout(PATIENCE) {
+        rest.push(line);
+    }
+    assert!(new.wait().unwrap().success());
+    let text = rest.join("\n");
+    assert!(
+        text.contains("cleaned-up") && text.contains("All done."),
+        "the call on gateway one was not released: {text}"
+    );
+}

@@ -114,8 +114,13 @@ pub trait Approvals: Send + Sync {
         decided_by: &str,
         reason: Option<&str>,
     ) -> Result<Option<ApprovalView>>;
-    /// Revokes every pending approval, across scopes; how many.
-    fn expire_orphaned_approvals(&self, reason: &str) -> Result<usize>;
+    /// Revokes the pending approvals of sessions no gateway but `gateway` holds the lease of
+    /// unexpired (every pending one with `None`), across scopes; how many.
+    fn expire_orphaned_approvals(
+        &self,
+        gateway: Option<&skiff_protocol::GatewayId>,
+        reason: &str,
+    ) -> Result<usize>;
 }
 
 /// One-time invocation grants.
@@ -302,8 +307,12 @@ impl Approvals for Store {
     ) -> Result<Option<ApprovalView>> {
         Store::settle_approval(self, scope, id, to, decided_by, reason)
     }
-    fn expire_orphaned_approvals(&self, reason: &str) -> Result<usize> {
-        Store::expire_orphaned_approvals(self, reason)
+    fn expire_orphaned_approvals(
+        &self,
+        gateway: Option<&skiff_protocol::GatewayId>,
+        reason: &str,
+    ) -> Result<usize> {
+        Store::expire_orphaned_approvals(self, gateway, reason)
     }
 }
 

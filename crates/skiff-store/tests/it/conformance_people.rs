@@ -21,6 +21,7 @@ super::conformance::on_both_backends!(
     audit_rows_keep_their_order_and_leave_a_day_at_a_time,
     audit_ids_from_two_connections_are_gapless_and_visible_in_order,
     an_approval_is_settled_once_and_seen_only_within_its_sight,
+    a_starting_gateway_spares_the_approvals_of_a_session_another_gateway_holds,
     racing_redemptions_consume_each_grant_once,
     a_replaced_secret_keeps_its_creation_date_and_a_failed_reseal_changes_nothing,
     a_rotation_racing_another_write_reseals_nothing_and_keeps_that_write,
@@ -481,7 +482,7 @@ fn an_approval_is_settled_once_and_seen_only_within_its_sight(db: &Db) {
         "pending only"
     );
     assert_eq!(
-        a.expire_orphaned_approvals("the gateway restarted")
+        a.expire_orphaned_approvals(None, "the gateway restarted")
             .unwrap(),
         1
     );
@@ -489,7 +490,53 @@ fn an_approval_is_settled_once_and_seen_only_within_its_sight(db: &Db) {
     assert_eq!(revoked.state, ApprovalState::Revoked);
     assert_eq!(revoked.reason.as_deref(), Some("the gateway restarted"));
     assert_eq!(revoked.request_reason.as_deref(), Some("to deploy"));
-    assert_eq!(a.expire_orphaned_approvals("again").unwrap(), 0);
+    assert_eq!(a.expire_orphaned_approvals(None, "again").unwrap(), 0);
+}
+
+fn a_starting_gateway_spares_the_approvals_of_a_session_another_gateway_holds(db: &Db) {
+    use skiff_store::{Claim, LeaseKey};
+    let (a, b) = (db.open(), db.open());
+    let gw = skiff_protocol::GatewayId::from_suffix;
+    let lease = |s: &SessionId, holder: &str, ttl: std::time::Duration| {
+        let claim = b
+            .acquire_lease(&LeaseKey::Session(s.clone()), &gw(holder), ttl)
+            .unwrap();
+        assert!(matches!(claim, Claim::Won(_)), "{claim:?}");
+    };
+    let live = std::time::Duration::from_secs(60);
+    let (theirs, mine, lapsed, free) = (
+        new_session(&*a, &alice()),
+        new_session(&*a, &alice()),
+        new_session(&*a, &alice()),
+        new_session(&*a, &alice()),
+    );
+    lease(&theirs, "b", live);
+    lease(&mine, "a", live);
+    lease(&lapsed, "b", std::time::Duration::ZERO);
+    let pending: Vec<_> = [&theirs, &mine, &lapsed, &free]
+        .into_iter()
+        .map(|s| a.create_approval(&alice(), &approval(s, "make")).unwrap())
+        .collect();
+    // Gateway a starts: what its own sessions, a lapsed lease's and a free session's turns
+    // waited for is revoked; gateway b's live turn still waits for its person.
+    assert_eq!(
+        a.expire_orphaned_approvals(Some(&gw("a")), "the gateway restarted")
+            .unwrap(),
+        3
+    );
+    let states: Vec<_> = pending
+        .iter()
+        .map(|p| a.approval(&alice(), &p.id).unwrap().state)
+        .collect();
+    assert_eq!(
+        states,
+        [
+            ApprovalState::Pending,
+            ApprovalState::Revoked,
+            ApprovalState::Revoked,
+            ApprovalState::Revoked
+        ]
+    );
 }
 
 fn racing_redemptions_consume_each_grant_once(db: &Db) {
