@@ -814,8 +814,11 @@ impl Core {
                 let token = auth::mint()?;
                 let hash = blake3::hash(token.as_bytes()).to_hex();
                 let minted = if self.shared_database {
-                    self.store
-                        .add_token_if_absent(auth::ADMIN_LABEL, &hash, &auth::admin_scope())?
+                    self.store.add_token_if_absent(
+                        auth::ADMIN_LABEL,
+                        &hash,
+                        &auth::admin_scope(),
+                    )?
                 } else {
                     self.store
                         .replace_token(auth::ADMIN_LABEL, &hash, &auth::admin_scope())?;
@@ -832,7 +835,9 @@ impl Core {
                     Some(token)
                 } else {
                     // `skiff gateway` tells the operator what to do, once, on stderr.
-                    tracing::info!("joined a shared database whose admin token another gateway minted; gateway.json gets no token");
+                    tracing::info!(
+                        "joined a shared database whose admin token another gateway minted; gateway.json gets no token"
+                    );
                     None
                 }
             }

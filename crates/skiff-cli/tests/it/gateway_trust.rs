@@ -56,7 +56,15 @@ fn person(gw: &Gateway, email: &str, scope: &str) -> String {
     let out = gw.run(&["admin", "user", "add", email, "--role", "member"]);
     assert!(out.status.success(), "user add {email}: {}", stderr(&out));
     let out = gw.run(&[
-        "admin", "token", "create", "--user", email, "--scope", scope, "--expires", "1d",
+        "admin",
+        "token",
+        "create",
+        "--user",
+        email,
+        "--scope",
+        scope,
+        "--expires",
+        "1d",
     ]);
     assert!(out.status.success(), "token create: {}", stderr(&out));
     let secret = stdout(&out).trim().to_owned();
@@ -105,7 +113,12 @@ fn a_token_made_revoked_or_taken_with_its_user_on_one_gateway_counts_on_the_othe
         &token_id(&one, "bob@example.test"),
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
-    await_status(&two, &bob, 401, "a token revoked on gateway one, used on two");
+    await_status(
+        &two,
+        &bob,
+        401,
+        "a token revoked on gateway one, used on two",
+    );
 
     // Its user removed through gateway two: gateway one refuses their token.
     let cara = person(&one, "cara@example.test", "read");
@@ -212,13 +225,21 @@ fn a_gateway_joining_a_database_leaves_the_first_ones_admin_token_working() {
             && told.contains("skiff admin token create"),
         "{said:#?}"
     );
-    assert_eq!(status(&one, &one.token, "/v1/me"), 200, "gateway one's token");
+    assert_eq!(
+        status(&one, &one.token, "/v1/me"),
+        200,
+        "gateway one's token"
+    );
     let on_two = Client::new()
         .get(format!("{url}/v1/me"))
         .bearer_auth(&one.token)
         .send()
         .unwrap();
-    assert_eq!(on_two.status().as_u16(), 200, "the same token on gateway two");
+    assert_eq!(
+        on_two.status().as_u16(),
+        200,
+        "the same token on gateway two"
+    );
 
     // The CLI on the second state dir finds no token and says what to do.
     let out = Command::new(SKIFF)
@@ -245,7 +266,11 @@ fn a_gateway_joining_a_database_leaves_the_first_ones_admin_token_working() {
         0,
         "said once: {said:#?}\n{text}"
     );
-    std::fs::copy(one.state_dir.join("gateway.json"), state.join("gateway.json")).unwrap();
+    std::fs::copy(
+        one.state_dir.join("gateway.json"),
+        state.join("gateway.json"),
+    )
+    .unwrap();
     let (mut two, url, _errors) = spawn_gateway(&state, &config_path, &[]);
     assert!(url.is_some(), "restarts");
     let file: Value =
@@ -316,7 +341,13 @@ fn a_gateway_whose_vault_key_does_not_open_the_databases_secrets_refuses_to_star
             child.kill().unwrap();
         }
         let code = child.wait().unwrap().code();
-        (url, code, rest(&errors), state.join("vault.key").exists(), dir)
+        (
+            url,
+            code,
+            rest(&errors),
+            state.join("vault.key").exists(),
+            dir,
+        )
     };
     // Another key: refused, naming the variable to set, never a key.
     let (url, code, said, _, _dir) = attempt(&[("SKIFF_VAULT_KEY", KEY_B)]);
@@ -376,7 +407,12 @@ fn a_gateway_starting_while_another_waits_on_an_approval_leaves_it_pending_and_a
         .cli()
         .args(["session", "new", "--json", "--workspace"])
         .arg(ws.path())
-        .args(["--model", "fake/e2e", "--approval", r#"{ exec = ["rm *"] }"#])
+        .args([
+            "--model",
+            "fake/e2e",
+            "--approval",
+            r#"{ exec = ["rm *"] }"#,
+        ])
         .arg("go ahead")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -178,7 +178,11 @@ fn a_token_is_found_by_its_hash_from_any_connection_until_revoked(db: &Db) {
         .add_token(&bob.scope(), "hash-c", "ci", TokenScope::Read, None)
         .unwrap();
     one.remove_user(&bob).unwrap();
-    assert_eq!(two.token_by_hash(&again.hash).unwrap(), None, "user removed");
+    assert_eq!(
+        two.token_by_hash(&again.hash).unwrap(),
+        None,
+        "user removed"
+    );
 }
 
 fn racing_first_starts_store_one_admin_token(db: &Db) {
