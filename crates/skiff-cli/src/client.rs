@@ -112,9 +112,18 @@ impl Client {
             Err(_) => None,
         };
         let url = env_url.or_else(|| file.as_ref().map(|f| f.url.clone()));
-        let token = env_token.or_else(|| file.map(|f| f.token));
+        let token = env_token.or_else(|| file.as_ref().and_then(|f| f.token.clone()));
         match (url, token) {
             (Some(url), Some(token)) => Ok(Self::new(&url, &token)),
+            (Some(_), None) if file.is_some() => Err(Failure::Refused(ApiError {
+                code: ErrorCode::Unauthorized.as_str().to_owned(),
+                message: format!(
+                    "{} has the gateway's URL but no token: {}",
+                    path.display(),
+                    skiff_gateway::JOINED_WITHOUT_TOKEN
+                ),
+            })
+            .into()),
             _ => Err(Failure::Unreachable(format!(
                 "no gateway found: {} does not exist. Start one with `skiff gateway`, or set SKIFF_URL and SKIFF_TOKEN",
                 path.display()

@@ -105,7 +105,11 @@ pub async fn run(args: DemoArgs, user_state_dir: &Path, json: bool) -> Result<Ex
         config,
     })
     .await?;
-    let client = Client::new(&gateway.url, &gateway.token);
+    // The demo's state dir holds its own SQLite database, whose admin token it always has.
+    let Some(token) = gateway.token.clone() else {
+        anyhow::bail!("the demo gateway wrote no admin token to its gateway.json");
+    };
+    let client = Client::new(&gateway.url, &token);
 
     let outcome = async {
         let started_run = client

@@ -79,10 +79,17 @@ pub async fn run(args: GatewayArgs, state_dir: PathBuf, json: bool) -> Result<Ex
     if let Err(e) = outln!("skiff gateway listening on {}", running.url) {
         tracing::warn!(error = %e, "could not print the listening line on stdout");
     }
-    eprintln!(
-        "token and URL written to {} (mode 0600); the CLI finds them there",
-        state_dir.join("gateway.json").display()
-    );
+    match running.token {
+        Some(_) => eprintln!(
+            "token and URL written to {} (mode 0600); the CLI finds them there",
+            state_dir.join("gateway.json").display()
+        ),
+        None => eprintln!(
+            "URL written to {} without a token: {}",
+            state_dir.join("gateway.json").display(),
+            skiff_gateway::JOINED_WITHOUT_TOKEN
+        ),
+    }
     let drained = running.drained();
     let stopped = tokio::select! {
         result = running.wait() => Some(result),

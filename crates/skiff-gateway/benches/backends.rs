@@ -154,8 +154,13 @@ fn listing(
         .unwrap();
         let client = reqwest::Client::new();
         let base = format!("{}/v1/sessions?limit={PAGE}", gateway.url);
-        let first = timed_gets(&client, &base, &gateway.token).await;
-        let deep = timed_gets(&client, &format!("{base}&before={mark}"), &gateway.token).await;
+        let first = timed_gets(&client, &base, gateway.token.as_deref().unwrap_or_default()).await;
+        let deep = timed_gets(
+            &client,
+            &format!("{base}&before={mark}"),
+            gateway.token.as_deref().unwrap_or_default(),
+        )
+        .await;
         gateway.shutdown().await;
         Listing {
             seeding,

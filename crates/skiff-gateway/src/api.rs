@@ -119,8 +119,9 @@ async fn authenticate(State(core): Shared, mut req: Request, next: Next) -> Resp
     // A bearer token, when present, decides alone; otherwise the UI's session cookie may.
     let principal = match presented {
         Some(token) => match core.tokens.verify(token) {
-            crate::auth::Verified::Valid(row) => crate::people::principal_of_token(&core, &row),
-            crate::auth::Verified::Expired(row) => {
+            Err(e) => return crate::Error::from(e).into_response(),
+            Ok(crate::auth::Verified::Valid(row)) => crate::people::principal_of_token(&core, &row),
+            Ok(crate::auth::Verified::Expired(row)) => {
                 core.audit(
                     &row.scope,
                     "auth",
@@ -133,7 +134,7 @@ async fn authenticate(State(core): Shared, mut req: Request, next: Next) -> Resp
                     crate::people::expired_message(&row),
                 );
             }
-            crate::auth::Verified::Unknown => Ok(None),
+            Ok(crate::auth::Verified::Unknown) => Ok(None),
         },
         None => match crate::ui::cookie_auth(&core, &req) {
             crate::ui::CookieAuth::Scope(scope) => crate::people::principal_of_scope(&core, &scope),

@@ -1,10 +1,10 @@
 //! API tokens. Tokens are random, shown once (the first admin's in `gateway.json`, a user's by
 //! `skiff admin token create`), and stored only as blake3 hashes. Verification hashes the
-//! presented token and compares it with every known hash using blake3's constant-time equality,
-//! without an early exit, so timing reveals nothing about which bytes matched.
+//! presented token and looks the hash up in the store (it is the key of the token's row): what
+//! an index lookup's timing could reveal is how much of a hash matched, which says nothing
+//! about the token that would produce it.
 
 use skiff_store::{Backend, Scope, TokenRow};
-use std::sync::RwLock;
 
 /// The label of the admin token minted at first start.
 pub const ADMIN_LABEL: &str = "admin";
@@ -37,68 +37,24 @@ pub enum Verified {
     Unknown,
 }
 
-/// The known token hashes, loaded from the store at start and kept in step with it.
+/// Verifies presented tokens against the store on every request: the hash of the presented
+/// token is the key of its row, so a lookup is one indexed read. Nothing is cached in this
+/// process, so a token created, revoked or expired — or a user removed — through any gateway
+/// on the same database counts on every gateway at its next request, revocation as fast as
+/// creation.
 pub struct Tokens {
-    known: RwLock<Vec<(blake3::Hash, TokenRow)>>,
+    store: std::sync::Arc<dyn Backend>,
 }
 
 impl Tokens {
-    pub fn load(store: &dyn Backend) -> Result<Self, skiff_store::Error> {
-        let known = store
-            .token_rows()?
-            .into_iter()
-            .filter_map(|row| Some((blake3::Hash::from_hex(&row.hash).ok()?, row)))
-            .collect();
-        Ok(Self {
-            known: RwLock::new(known),
-        })
+    pub fn new(store: std::sync::Arc<dyn Backend>) -> Self {
+        Self { store }
     }
 
-    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Vec<(blake3::Hash, TokenRow)>> {
-        self.known.write().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Replaces every token labelled `label` with `token`: its hash is stored (the plaintext
-    /// never is) and from now on only it is accepted under that label.
-    pub fn replace(
-        &self,
-        store: &dyn Backend,
-        label: &str,
-        token: &str,
-        scope: Scope,
-    ) -> Result<(), skiff_store::Error> {
-        let hash = blake3::hash(token.as_bytes());
-        store.replace_token(label, &hash.to_hex(), &scope)?;
-        // Reload rather than rebuild the row by hand: the store assigns its id.
-        let fresh = Tokens::load(store)?;
-        let rows = std::mem::take(&mut *fresh.write());
-        *self.write() = rows;
-        Ok(())
-    }
-
-    /// Starts accepting a token just stored.
-    pub fn add(&self, row: TokenRow) {
-        if let Ok(hash) = blake3::Hash::from_hex(&row.hash) {
-            self.write().push((hash, row));
-        }
-    }
-
-    /// Stops accepting these tokens (revoked, or their user removed).
-    pub fn remove(&self, ids: &[String]) {
-        self.write().retain(|(_, row)| !ids.contains(&row.id));
-    }
-
-    /// What a presented token is.
-    pub fn verify(&self, presented: &str) -> Verified {
-        let presented = blake3::hash(presented.as_bytes());
-        let known = self.known.read().unwrap_or_else(|p| p.into_inner());
-        let mut found = None;
-        for (hash, row) in known.iter() {
-            if *hash == presented {
-                found = Some(row.clone());
-            }
-        }
-        match found {
+    /// What a presented token is. A store that cannot answer is an error, never a pass.
+    pub fn verify(&self, presented: &str) -> Result<Verified, skiff_store::Error> {
+        let hash = blake3::hash(presented.as_bytes()).to_hex();
+        Ok(match self.store.token_by_hash(&hash)? {
             Some(row)
                 if row
                     .expires_at_ms
@@ -108,6 +64,6 @@ impl Tokens {
             }
             Some(row) => Verified::Valid(row),
             None => Verified::Unknown,
-        }
+        })
     }
 }

@@ -336,6 +336,9 @@ fn vault_code(e: &crate::vault::VaultError) -> ErrorCode {
         | V::KeyFile { .. }
         | V::WrongKey { .. }
         | V::NoKey { .. }
+        | V::NotTheDatabasesKey { .. }
+        | V::NoKeyForDatabase { .. }
+        | V::WouldSplitKeys { .. }
         | V::Tampered { .. }
         | V::Seal { .. } => ErrorCode::Internal,
     }

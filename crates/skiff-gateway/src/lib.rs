@@ -143,8 +143,20 @@ pub struct Options {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct GatewayFile {
     pub url: String,
-    pub token: String,
+    /// The deployment's admin token; absent when this gateway joined a shared database whose
+    /// admin token another gateway minted ([`JOINED_WITHOUT_TOKEN`] says what to do).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
 }
+
+/// What a gateway that joined a shared database without its admin token, and a CLI that finds
+/// no token in `gateway.json`, tell the operator.
+pub const JOINED_WITHOUT_TOKEN: &str = "this database's admin token was minted by the first \
+    gateway started on it, and a gateway joining it never mints or replaces it: copy the first \
+    gateway's gateway.json into this state dir and restart this gateway (the URL is rewritten \
+    at start; the shared token also lets every gateway accept the same Control UI sign-ins), or \
+    create a token with `skiff admin token create --user EMAIL --scope admin` through a gateway \
+    you can use and set SKIFF_URL and SKIFF_TOKEN";
 
 /// Everything the API handlers and run tasks share.
 pub(crate) struct Core {
@@ -153,6 +165,9 @@ pub(crate) struct Core {
     catalog: skiff_llm::Catalog,
     state: StateDir,
     tokens: auth::Tokens,
+    /// Whether the database is `[store] url`'s, which other gateways may share: then the
+    /// admin token is minted once per database, never replaced by a starting gateway.
+    shared_database: bool,
     running: Mutex<HashMap<RunId, CancellationToken>>,
     /// The Control UI's login tickets and cookie key.
     ui: ui::UiState,
@@ -235,7 +250,9 @@ const RELEASE_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
 /// A started gateway.
 pub struct Running {
     pub url: String,
-    pub token: String,
+    /// The admin token in `gateway.json`; `None` when this gateway joined a shared database
+    /// without it.
+    pub token: Option<String>,
     pub addr: SocketAddr,
     shutdown: CancellationToken,
     server: tokio::task::JoinHandle<std::io::Result<()>>,
@@ -319,7 +336,9 @@ pub async fn start(options: Options) -> Result<Running> {
     let url = format!("http://{addr}");
     core.cluster.advertise(&addr.to_string())?;
     let token = core.admin_token(&url)?;
-    core.ui.set_key(&token);
+    if let Some(token) = &token {
+        core.ui.set_key(token);
+    }
 
     let shutdown = CancellationToken::new();
     let app = api::router(core.clone());
@@ -432,6 +451,11 @@ pub(crate) async fn open_core(
         state.root(),
         std::env::var(vault::KEY_ENV).ok(),
     ));
+    // Before anything opens or seals a secret: on a shared database every gateway must hold
+    // the key that sealed what is there (never a key of its own beside it).
+    if postgres.is_some() {
+        vault.check_shared_database()?;
+    }
     let oidc = match &config.auth.oidc {
         Some(oidc) => Some(Arc::new(
             sso::oidc::Oidc::from_config(oidc, vault.clone())
@@ -451,7 +475,7 @@ pub(crate) async fn open_core(
         &config_dir,
         Some(vault.clone() as Arc<dyn skiff_llm::Secrets>),
     )?;
-    let tokens = auth::Tokens::load(&*store)?;
+    let tokens = auth::Tokens::new(store.clone());
     // Read once, like the vault key: no child inherits it. Without `[forge]` nothing is ever
     // minted, and no key file is made.
     let grant_key = if forge.is_some() {
@@ -552,6 +576,7 @@ pub(crate) async fn open_core(
             catalog,
             state,
             tokens,
+            shared_database: postgres.is_some(),
             running: Mutex::new(HashMap::new()),
             ui: ui::UiState::default(),
             envs,
@@ -595,10 +620,12 @@ pub(crate) async fn open_core(
             &core.workers,
         ))));
     core.sweep_leftovers_on_start();
-    // Nothing waits for an approval a previous process recorded.
-    let orphaned = core
-        .store
-        .expire_orphaned_approvals("the gateway restarted while the call waited")?;
+    // Nothing waits for an approval a previous process recorded — unless the session's turn
+    // is another live gateway's, whose call still waits for its person.
+    let orphaned = core.store.expire_orphaned_approvals(
+        Some(core.cluster.id()),
+        "the gateway restarted while the call waited",
+    )?;
     if orphaned > 0 {
         tracing::info!(
             orphaned,
@@ -610,11 +637,24 @@ pub(crate) async fn open_core(
     // Before anything can read a workspace: a worktree a killed gateway was filling is
     // written whole again.
     core.recover_fills().await;
-    core.envs.reconcile_on_start().await?;
-    // Destroying what no environment owns is one gateway's at a time: never a box another
-    // gateway's session holds (its environment row owns it).
+    // Adopting or failing environments left in flight, and destroying what no environment
+    // owns, is one gateway's at a time (the sweeper's): a gateway joining a live one never
+    // touches the boxes that one is placing; and even the sweeper leaves alone the boxes of
+    // sessions another live gateway runs a turn of.
     if core.holds_chore(chores::SWEEPER, lifetime_tick) {
+        let elsewhere = core
+            .store
+            .live_placements()?
+            .into_iter()
+            .filter(|p| core.cluster.owns_elsewhere(&p.session_id))
+            .filter_map(|p| p.environment_id)
+            .collect();
+        core.envs.reconcile_on_start(&elsewhere).await?;
         core.envs.sweep_orphans().await?;
+    } else {
+        tracing::info!(
+            "another gateway holds the sweeper: environments left in flight are its to reconcile"
+        );
     }
     // Workers that re-attach are admitted against the bundle hash; without any, it is
     // computed at the first bring-up instead of delaying every start.
@@ -761,32 +801,56 @@ impl Core {
     }
 
     /// The admin token for `gateway.json`: reused when the file holds a token this database
-    /// knows, otherwise minted (and only its hash stored). The file always gets the current URL.
-    fn admin_token(&self, url: &str) -> Result<String> {
+    /// knows. Otherwise a new one is minted (only its hash stored) — on the state dir's own
+    /// SQLite database replacing the old (deleting `gateway.json` is how it is rotated); on a
+    /// shared database only when it has none yet, so a gateway joining one never invalidates
+    /// the token the others' operators hold, and gets `None` instead. The file always gets
+    /// the current URL.
+    fn admin_token(&self, url: &str) -> Result<Option<String>> {
         let path = self.state.gateway_file();
-        let existing = std::fs::read_to_string(&path)
+        let written = std::fs::read_to_string(&path)
             .ok()
             .and_then(|text| serde_json::from_str::<GatewayFile>(&text).ok())
-            .map(|f| f.token)
-            .filter(|t| matches!(self.tokens.verify(t), auth::Verified::Valid(_)));
+            .and_then(|f| f.token);
+        let existing = match written {
+            Some(token) => match self.tokens.verify(&token)? {
+                auth::Verified::Valid(_) => Some(token),
+                auth::Verified::Expired(_) | auth::Verified::Unknown => None,
+            },
+            None => None,
+        };
         let token = match existing {
-            Some(token) => token,
+            Some(token) => Some(token),
             None => {
                 let token = auth::mint()?;
-                self.tokens.replace(
-                    &*self.store,
-                    auth::ADMIN_LABEL,
-                    &token,
-                    auth::admin_scope(),
-                )?;
-                self.audit(
-                    &auth::admin_scope(),
-                    "token.mint",
-                    auth::ADMIN_LABEL,
-                    "applied",
-                    serde_json::json!({}),
-                );
-                token
+                let hash = blake3::hash(token.as_bytes()).to_hex();
+                let minted = if self.shared_database {
+                    self.store.add_token_if_absent(
+                        auth::ADMIN_LABEL,
+                        &hash,
+                        &auth::admin_scope(),
+                    )?
+                } else {
+                    self.store
+                        .replace_token(auth::ADMIN_LABEL, &hash, &auth::admin_scope())?;
+                    true
+                };
+                if minted {
+                    self.audit(
+                        &auth::admin_scope(),
+                        "token.mint",
+                        auth::ADMIN_LABEL,
+                        "applied",
+                        serde_json::json!({}),
+                    );
+                    Some(token)
+                } else {
+                    // `skiff gateway` tells the operator what to do, once, on stderr.
+                    tracing::info!(
+                        "joined a shared database whose admin token another gateway minted; gateway.json gets no token"
+                    );
+                    None
+                }
             }
         };
         let file = GatewayFile {

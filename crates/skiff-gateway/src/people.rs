@@ -639,7 +639,6 @@ async fn remove_user(
         ));
     }
     let tokens = core.store.remove_user(&user)?;
-    core.tokens.remove(&tokens);
     core.audit(
         &p.scope(),
         "user.remove",
@@ -715,7 +714,6 @@ async fn create_token(
         body.scope,
         Some(expires_at_ms),
     )?;
-    core.tokens.add(row.clone());
     core.audit(
         &p.scope(),
         "token.create",
@@ -738,7 +736,6 @@ async fn revoke_token(
         ));
     }
     let row = core.store.revoke_token(&id, p.tenant_filter())?;
-    core.tokens.remove(std::slice::from_ref(&row.id));
     let view = token_view(&core, &row)?;
     core.audit(&p.scope(), "token.revoke", &row.id, "applied", json!({}));
     Ok(Json(view).into_response())

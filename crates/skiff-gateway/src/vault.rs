@@ -105,6 +105,23 @@ pub enum VaultError {
     )]
     NoKey { path: PathBuf },
     #[error(
+        "this gateway's vault key (from {source_name}, id {current}) is not the one that sealed the secrets in its shared database (key id {sealed_with}): start it with the same {KEY_ENV} as the other gateways on this database"
+    )]
+    NotTheDatabasesKey {
+        source_name: String,
+        current: String,
+        sealed_with: String,
+    },
+    #[error(
+        "the shared database holds secrets sealed by another gateway (key id {sealed_with}) and this gateway has no vault key: start it with the same {KEY_ENV} as the other gateways on this database"
+    )]
+    NoKeyForDatabase { sealed_with: String },
+    #[error(
+        "the vault holds secrets sealed with another key (id {sealed_with}) than any this gateway has, so it will not make a new key beside them: restore {} or set {KEY_ENV} to the key that sealed them (on a shared database: the other gateways' {KEY_ENV})",
+        path.display()
+    )]
+    WouldSplitKeys { path: PathBuf, sealed_with: String },
+    #[error(
         "secret `{name}` does not open with the vault key from {source_name}: its sealed bytes were altered or belong to another secret; set it again"
     )]
     Tampered { name: String, source_name: String },
@@ -243,6 +260,16 @@ impl Vault {
         let current = match read_key_file(&path)? {
             Some(key) => key,
             None if create => {
+                // A key made beside secrets sealed under another (this state dir's lost file,
+                // or another gateway's key on a shared database) could never open them, and
+                // what it sealed the others could not open.
+                if let Some(row) = self.store.secrets()?.first() {
+                    return Err(VaultError::WouldSplitKeys {
+                        path,
+                        sealed_with: row.key_id.clone(),
+                    }
+                    .into());
+                }
                 let bytes = random::<KEY_LEN>()?;
                 write_key_file(&self.dir, KEY_FILE, &bytes)?;
                 Key::from_bytes(&bytes, &self.source_name())?
@@ -312,6 +339,32 @@ impl Vault {
             )
             .map_err(|_| tampered())?;
         String::from_utf8(plain).map_err(|_| tampered().into())
+    }
+
+    /// On a database other gateways share: refuses a key that does not open what is sealed
+    /// there, so that no gateway seals what the others cannot open. Names key ids, never a key.
+    pub(crate) fn check_shared_database(&self) -> crate::Result<()> {
+        // The keyring first: loading it may finish a rotation, which reseals the rows.
+        let keys = self.keyring(&mut self.slot(), false)?;
+        let rows = self.store.secrets()?;
+        let Some(keys) = keys else {
+            return match rows.first() {
+                Some(row) => Err(VaultError::NoKeyForDatabase {
+                    sealed_with: row.key_id.clone(),
+                }
+                .into()),
+                None => Ok(()),
+            };
+        };
+        match rows.iter().find(|row| keys.find(&row.key_id).is_none()) {
+            Some(row) => Err(VaultError::NotTheDatabasesKey {
+                source_name: self.source_name(),
+                current: keys.current.id.clone(),
+                sealed_with: row.key_id.clone(),
+            }
+            .into()),
+            None => Ok(()),
+        }
     }
 
     /// Seals `value` as secret `name`, replacing any value it had.

@@ -165,13 +165,22 @@ impl Store {
         self.approval(scope, id).map(Some)
     }
 
-    /// Expires every approval still pending, across scopes: at gateway start nothing waits
-    /// for them any more. Returns how many.
-    pub fn expire_orphaned_approvals(&self, reason: &str) -> Result<usize> {
+    /// Expires the approvals still pending that nothing waits for any more, across scopes:
+    /// at a gateway's start, those of sessions no other gateway (than `gateway`) holds the
+    /// lease of unexpired — never a live gateway's turn waiting for a person. `None`: all.
+    /// Returns how many.
+    pub fn expire_orphaned_approvals(
+        &self,
+        gateway: Option<&skiff_protocol::GatewayId>,
+        reason: &str,
+    ) -> Result<usize> {
         Ok(self.conn().execute(
-            "UPDATE approvals SET state = 'revoked', decided_by = 'gateway', decided_at_ms = ?1, \
-             reason = ?2 WHERE state = 'pending'",
-            params![now_ms(), reason],
+            &format!(
+                "UPDATE approvals SET state = 'revoked', decided_by = 'gateway', decided_at_ms = ?1, \
+                 reason = ?2 WHERE state = 'pending' AND {}",
+                crate::runs::unleased("approvals", 3)
+            ),
+            params![now_ms(), reason, gateway.map(skiff_protocol::GatewayId::as_str)],
         )?)
     }
 }

@@ -219,6 +219,32 @@ impl Store {
         Ok(rows)
     }
 
+    /// The token stored with this hash (the primary key), if any: what a presented token is,
+    /// read from the database on every request so that a token created, revoked or removed
+    /// through any gateway counts at once on every other.
+    pub fn token_by_hash(&self, hash: &str) -> Result<Option<TokenRow>> {
+        Ok(self
+            .conn()
+            .query_row(
+                &format!("SELECT {TOKEN_COLUMNS} FROM tokens WHERE hash = ?1"),
+                params![hash],
+                token_row,
+            )
+            .optional()?)
+    }
+
+    /// Stores the admin token labelled `label` (id `tok_<label>`) with this hash unless one
+    /// is stored already; `true` only for the caller whose insert made it. Two gateways
+    /// starting on one empty database at once mint one admin token between them.
+    pub fn add_token_if_absent(&self, label: &str, hash: &str, scope: &Scope) -> Result<bool> {
+        let inserted = self.conn().execute(
+            "INSERT INTO tokens (id, hash, owner_id, tenant_id, label, scope, created_at_ms)
+             VALUES ('tok_' || ?4, ?1, ?2, ?3, ?4, 'admin', ?5) ON CONFLICT DO NOTHING",
+            params![hash, scope.owner_id, scope.tenant_id, label, now_ms()],
+        )?;
+        Ok(inserted == 1)
+    }
+
     /// Removes the token `id` within `tenant` (any tenant with `None`).
     pub fn revoke_token(&self, id: &str, tenant: Option<&str>) -> Result<TokenRow> {
         let mut conn = self.conn();

@@ -579,7 +579,7 @@ impl Store {
 
 /// "No gateway other than `?{param}` holds `{table}`'s session lease unexpired" (always true
 /// when `?{param}` is NULL), by the database's clock.
-fn unleased(table: &str, param: usize) -> String {
+pub(crate) fn unleased(table: &str, param: usize) -> String {
     format!(
         "(?{param} IS NULL OR NOT EXISTS (SELECT 1 FROM leases l WHERE l.kind = 'session' \
          AND l.name = {table}.session_id AND l.holder IS NOT NULL AND l.holder <> ?{param} \

@@ -31,7 +31,7 @@ fn two_gateways(script: &str) -> Pair {
         shared.path().display()
     );
     let one = Gateway::start_with(script, &config);
-    let two = Gateway::start_with(script, &config);
+    let two = Gateway::join(&one, script, &config);
     Pair {
         one,
         two,

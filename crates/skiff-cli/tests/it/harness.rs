@@ -130,6 +130,25 @@ impl Gateway {
         Self::start_on(store, script, extra_config, env)
     }
 
+    /// Another gateway on `first`'s shared database (an `extra_config` naming its `[store]
+    /// url`), joined the way the README says: `first`'s `gateway.json` copied into the new
+    /// state dir before it starts, so both hold the deployment's one admin token.
+    pub fn join(first: &Gateway, script: &str, extra_config: &str) -> Gateway {
+        assert!(
+            extra_config.contains("[store]\nurl"),
+            "a gateway joins a shared database only"
+        );
+        let joined = Self::start_seeded(
+            TestStore::Sqlite,
+            script,
+            extra_config,
+            &[],
+            Some(&first.state_dir.join("gateway.json")),
+        );
+        assert_eq!(joined.token, first.token, "the admin token is shared");
+        joined
+    }
+
     /// Like [`Gateway::start`], on the state dir's SQLite file whatever `SKIFF_TEST_STORE`
     /// says: for tests about that file itself.
     pub fn start_sqlite(script: &str) -> Gateway {
@@ -142,6 +161,17 @@ impl Gateway {
         extra_config: &str,
         env: &[(&str, &str)],
     ) -> Gateway {
+        Self::start_seeded(store, script, extra_config, env, None)
+    }
+
+    /// [`Gateway::start_on`], with `gateway_file` copied into the state dir first.
+    fn start_seeded(
+        store: TestStore,
+        script: &str,
+        extra_config: &str,
+        env: &[(&str, &str)],
+        gateway_file: Option<&Path>,
+    ) -> Gateway {
         let extra_config = store.with_config(extra_config);
         let env: Vec<(String, String)> = env
             .iter()
@@ -150,6 +180,14 @@ impl Gateway {
         let dir = tempfile::tempdir().unwrap();
         let state_dir = dir.path().join("state");
         std::fs::write(dir.path().join("script.toml"), script).unwrap();
+        if let Some(file) = gateway_file {
+            use std::os::unix::fs::DirBuilderExt as _;
+            std::fs::DirBuilder::new()
+                .mode(0o700)
+                .create(&state_dir)
+                .unwrap();
+            std::fs::copy(file, state_dir.join("gateway.json")).unwrap();
+        }
         let config = dir.path().join("skiff.toml");
         std::fs::write(
             &config,
@@ -350,11 +388,13 @@ pub fn gateway_once(state_dir: &Path, listen: &str) -> (Option<i32>, String, Str
     (status.code(), first, err)
 }
 
+/// The admin token in the state dir's `gateway.json`; empty when the gateway joined a shared
+/// database without one.
 fn read_token(state_dir: &Path) -> String {
     let file: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(state_dir.join("gateway.json")).unwrap())
             .unwrap();
-    file["token"].as_str().unwrap().to_owned()
+    file["token"].as_str().unwrap_or_default().to_owned()
 }
 
 impl Drop for Gateway {

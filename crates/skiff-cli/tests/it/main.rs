@@ -23,6 +23,7 @@ mod drain;
 mod egress;
 mod env;
 mod fanout;
+mod gateway_trust;
 mod gateways;
 mod handoff;
 mod harness;

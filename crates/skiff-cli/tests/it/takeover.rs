@@ -40,7 +40,7 @@ fn a_killed_owners_turn_is_taken_over_by_another_gateway_and_finishes_as_a_new_a
         workspaces.display(),
     );
     let mut first = Gateway::start_with(&script, &config);
-    let second = Gateway::start_with(&script, &config);
+    let second = Gateway::join(&first, &script, &config);
     let repo = TempGitRepo::new(&[("a.txt", "a\n")]);
 
     // Created and run through the first gateway, followed through the second.

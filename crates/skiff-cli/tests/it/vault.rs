@@ -20,8 +20,11 @@ struct LoggedGateway {
 
 impl LoggedGateway {
     fn start(provider_url: &str, env: &[(&str, &str)]) -> LoggedGateway {
+        Self::start_on(TestStore::from_env(), provider_url, env)
+    }
+
+    fn start_on(store: TestStore, provider_url: &str, env: &[(&str, &str)]) -> LoggedGateway {
         let dir = tempfile::tempdir().unwrap();
-        let store = TestStore::from_env();
         std::fs::write(
             dir.path().join("skiff.toml"),
             format!(
@@ -288,7 +291,13 @@ fn a_wrong_vault_key_or_one_others_can_read_is_refused_with_a_clear_error() {
     let (_rt, fake) = provider();
     let key_a = "QUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUFBQUE=";
     let key_b = "QkJCQkJCQkJCQkJCQkJCQkJCQkJCQkJCQkJCQkJCQkI=";
-    let mut gw = LoggedGateway::start(&fake.base_url(), &[("SKIFF_VAULT_KEY", key_a)]);
+    // On its own database a gateway with the wrong key starts and says so when a secret is
+    // used; on a shared one it refuses to start (`gateway_trust.rs`).
+    let mut gw = LoggedGateway::start_on(
+        TestStore::Sqlite,
+        &fake.base_url(),
+        &[("SKIFF_VAULT_KEY", key_a)],
+    );
     let repo = TempGitRepo::new(&[("README.md", "a repo\n")]);
     let out = gw.cli(&["secret", "set", "openai"], Some(VALUE));
     assert!(out.status.success(), "{}", said(&out));
@@ -326,7 +335,7 @@ fn a_wrong_vault_key_or_one_others_can_read_is_refused_with_a_clear_error() {
     assert!(out.status.success(), "{}", said(&out));
 
     // A key file that others may read is refused, naming the fix.
-    let mut gw = LoggedGateway::start(&fake.base_url(), &[]);
+    let mut gw = LoggedGateway::start_on(TestStore::Sqlite, &fake.base_url(), &[]);
     let out = gw.cli(&["secret", "set", "openai"], Some(VALUE));
     assert!(out.status.success(), "{}", said(&out));
     let key_file = gw.state().join("vault.key");

@@ -62,11 +62,21 @@ impl Environments {
         Ok(())
     }
 
-    /// At gateway start: finish or fail what a previous process left in flight, and check that
-    /// every box believed alive still is; the same for snapshots. (Sweeping orphans is
-    /// [`Self::sweep_orphans`], one gateway's at a time.)
-    pub(crate) async fn reconcile_on_start(&self) -> Result<()> {
+    /// At the start of the gateway holding the `sweeper` lease (one at a time, so a gateway
+    /// joining a live one never adopts or fails the boxes that one is placing): finish or fail
+    /// what a previous process left in flight, and check that every box believed alive still
+    /// is; the same for snapshots. `elsewhere` are the environments of sessions another live
+    /// gateway holds the lease of (a turn placing or using its box there): left alone.
+    /// (Sweeping orphans is [`Self::sweep_orphans`].)
+    pub(crate) async fn reconcile_on_start(
+        &self,
+        elsewhere: &std::collections::HashSet<skiff_protocol::EnvironmentId>,
+    ) -> Result<()> {
         for row in self.store.live_environments()? {
+            if elsewhere.contains(&row.id) {
+                tracing::info!(env = %row.id, state = %row.state, "left to the gateway running its session");
+                continue;
+            }
             let result = match row.state {
                 EnvironmentState::Requested
                 | EnvironmentState::Provisioning

@@ -284,7 +284,6 @@ pub(crate) async fn poll(
         TokenScope::Admin,
         Some(expires_at_ms),
     )?;
-    core.tokens.add(row.clone());
     crate::people::ACTOR.sync_scope(user.email.clone(), || {
         core.audit(
             &user.scope(),
@@ -320,7 +319,7 @@ pub(crate) async fn logout(
         .ok_or_else(|| {
             Error::Unauthorized("send the token to revoke as `Authorization: Bearer`".into())
         })?;
-    let row = match core.tokens.verify(presented) {
+    let row = match core.tokens.verify(presented)? {
         crate::auth::Verified::Valid(row) | crate::auth::Verified::Expired(row) => row,
         crate::auth::Verified::Unknown => {
             return Err(Error::Unauthorized(
@@ -334,7 +333,6 @@ pub(crate) async fn logout(
         ));
     }
     let row = core.store.revoke_token(&row.id, None)?;
-    core.tokens.remove(std::slice::from_ref(&row.id));
     core.audit(
         &row.scope,
         "cli.logout",

@@ -19,7 +19,9 @@ const KEY_CONTEXT: &str = "skiff-gateway 2025 ui session cookie v1";
 
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum CookieError {
-    #[error("the gateway has no cookie key yet (it is still starting)")]
+    #[error(
+        "this gateway has no Control UI cookie key: it is still starting, or it joined a shared database without the admin token the key is derived from (copy the first gateway's gateway.json into its state dir and restart it)"
+    )]
     NoKey,
     #[error("scope {0:?} cannot be carried in a cookie")]
     Scope(String),

@@ -324,8 +324,12 @@ async fn login_with_token(
     let scope = serde_json::from_slice::<UiLoginRequest>(&body)
         .ok()
         .and_then(|p| match core.tokens.verify(p.token.trim()) {
-            crate::auth::Verified::Valid(row) => Some(row),
-            crate::auth::Verified::Expired(_) | crate::auth::Verified::Unknown => None,
+            Ok(crate::auth::Verified::Valid(row)) => Some(row),
+            Ok(crate::auth::Verified::Expired(_) | crate::auth::Verified::Unknown) => None,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot check a login token against the store; refusing it");
+                None
+            }
         });
     let narrow = match &scope {
         Some(row) => matches!(

@@ -85,7 +85,7 @@ impl TestGateway {
         })
         .await
         .unwrap();
-        let client = Client::new(&running.url, &running.token);
+        let client = Client::new(&running.url, running.token.as_deref().unwrap());
         TestGateway {
             running: Some(running),
             client,
@@ -120,7 +120,7 @@ impl TestGateway {
         })
         .await
         .unwrap_or_else(|e| panic!("the gateway did not start again on its state dir: {e}"));
-        self.client = Client::new(&running.url, &running.token);
+        self.client = Client::new(&running.url, running.token.as_deref().unwrap());
         self.running = Some(running);
         self
     }

@@ -85,7 +85,7 @@ async fn gateway(idp: &OidcProvider, extra: &str) -> Setup {
     .unwrap();
     let resp = reqwest::Client::new()
         .put(format!("{}/v1/secrets/oidc-client", running.url))
-        .bearer_auth(&running.token)
+        .bearer_auth(running.token.as_deref().unwrap())
         .json(&json!({ "value": CLIENT_SECRET }))
         .send()
         .await

@@ -187,7 +187,7 @@ impl Setup {
         let mut req = self
             .http
             .get(format!("{}{path}", self.running.url))
-            .bearer_auth(&self.running.token);
+            .bearer_auth(self.running.token.as_deref().unwrap());
         if let Some(a) = assertion {
             req = req.header(HEADER, a);
         }

@@ -42,6 +42,11 @@ pub trait People: Send + Sync {
     ) -> Result<TokenRow>;
     /// Every stored token, oldest first.
     fn token_rows(&self) -> Result<Vec<TokenRow>>;
+    /// The token stored with this hash, if any.
+    fn token_by_hash(&self, hash: &str) -> Result<Option<TokenRow>>;
+    /// Stores admin token `tok_<label>` with this hash unless it exists; `true` when this
+    /// call stored it.
+    fn add_token_if_absent(&self, label: &str, hash: &str, scope: &Scope) -> Result<bool>;
     /// Removes token `id` within `tenant` (any with `None`).
     fn revoke_token(&self, id: &str, tenant: Option<&str>) -> Result<TokenRow>;
     /// Replaces every token labelled `label` by one admin token with this hash.
@@ -109,8 +114,13 @@ pub trait Approvals: Send + Sync {
         decided_by: &str,
         reason: Option<&str>,
     ) -> Result<Option<ApprovalView>>;
-    /// Revokes every pending approval, across scopes; how many.
-    fn expire_orphaned_approvals(&self, reason: &str) -> Result<usize>;
+    /// Revokes the pending approvals of sessions no gateway but `gateway` holds the lease of
+    /// unexpired (every pending one with `None`), across scopes; how many.
+    fn expire_orphaned_approvals(
+        &self,
+        gateway: Option<&skiff_protocol::GatewayId>,
+        reason: &str,
+    ) -> Result<usize>;
 }
 
 /// One-time invocation grants.
@@ -208,6 +218,12 @@ impl People for Store {
     fn token_rows(&self) -> Result<Vec<TokenRow>> {
         Store::token_rows(self)
     }
+    fn token_by_hash(&self, hash: &str) -> Result<Option<TokenRow>> {
+        Store::token_by_hash(self, hash)
+    }
+    fn add_token_if_absent(&self, label: &str, hash: &str, scope: &Scope) -> Result<bool> {
+        Store::add_token_if_absent(self, label, hash, scope)
+    }
     fn revoke_token(&self, id: &str, tenant: Option<&str>) -> Result<TokenRow> {
         Store::revoke_token(self, id, tenant)
     }
@@ -291,8 +307,12 @@ impl Approvals for Store {
     ) -> Result<Option<ApprovalView>> {
         Store::settle_approval(self, scope, id, to, decided_by, reason)
     }
-    fn expire_orphaned_approvals(&self, reason: &str) -> Result<usize> {
-        Store::expire_orphaned_approvals(self, reason)
+    fn expire_orphaned_approvals(
+        &self,
+        gateway: Option<&skiff_protocol::GatewayId>,
+        reason: &str,
+    ) -> Result<usize> {
+        Store::expire_orphaned_approvals(self, gateway, reason)
     }
 }
 

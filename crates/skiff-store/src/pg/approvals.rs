@@ -182,14 +182,22 @@ impl Approvals for PgStore {
         })
     }
 
-    fn expire_orphaned_approvals(&self, reason: &str) -> Result<usize> {
+    fn expire_orphaned_approvals(
+        &self,
+        gateway: Option<&skiff_protocol::GatewayId>,
+        reason: &str,
+    ) -> Result<usize> {
         let reason = reason.to_owned();
+        let gateway = gateway.map(|g| g.as_str().to_owned());
         let now = now_ms();
         self.conn.run(move |conn| {
             let n = conn.client.execute(
-                "UPDATE approvals SET state = 'revoked', decided_by = 'gateway', \
-                 decided_at_ms = $1, reason = $2 WHERE state = 'pending'",
-                &[&now, &reason],
+                &format!(
+                    "UPDATE approvals SET state = 'revoked', decided_by = 'gateway', \
+                     decided_at_ms = $1, reason = $2 WHERE state = 'pending' AND {}",
+                    super::turns::unleased("approvals", 3)
+                ),
+                &[&now, &reason, &gateway],
             )?;
             Ok(usize::try_from(n).unwrap_or(usize::MAX))
         })

@@ -201,6 +201,33 @@ impl People for PgStore {
         })
     }
 
+    fn token_by_hash(&self, hash: &str) -> Result<Option<TokenRow>> {
+        let hash = hash.to_owned();
+        self.conn.run(move |conn| {
+            conn.client
+                .query_opt(
+                    &format!("SELECT {TOKEN_COLUMNS} FROM tokens WHERE hash = $1"),
+                    &[&hash],
+                )?
+                .as_ref()
+                .map(token_from)
+                .transpose()
+        })
+    }
+
+    fn add_token_if_absent(&self, label: &str, hash: &str, scope: &Scope) -> Result<bool> {
+        let (label, hash, scope) = (label.to_owned(), hash.to_owned(), scope.clone());
+        let now = now_ms();
+        self.conn.run(move |conn| {
+            let inserted = conn.client.execute(
+                "INSERT INTO tokens (id, hash, owner_id, tenant_id, label, scope, created_at_ms) \
+                 VALUES ('tok_' || $4, $1, $2, $3, $4, 'admin', $5) ON CONFLICT DO NOTHING",
+                &[&hash, &scope.owner_id, &scope.tenant_id, &label, &now],
+            )?;
+            Ok(inserted == 1)
+        })
+    }
+
     fn revoke_token(&self, id: &str, tenant: Option<&str>) -> Result<TokenRow> {
         let (id, tenant) = (id.to_owned(), tenant.map(str::to_owned));
         self.conn.run(move |conn| {

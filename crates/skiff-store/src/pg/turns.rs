@@ -341,7 +341,7 @@ impl PgStore {
 
 /// "No gateway other than `${param}` holds `{table}`'s session lease unexpired" (always true
 /// when `${param}` is NULL), by the database's clock.
-fn unleased(table: &str, param: usize) -> String {
+pub(crate) fn unleased(table: &str, param: usize) -> String {
     format!(
         "(${param}::text IS NULL OR NOT EXISTS (SELECT 1 FROM leases l WHERE l.kind = 'session' \
          AND l.name = {table}.session_id AND l.holder IS NOT NULL AND l.holder <> ${param} \

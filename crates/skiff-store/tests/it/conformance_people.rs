@@ -15,10 +15,13 @@ super::conformance::on_both_backends!(
     an_email_is_one_persons_whatever_its_case,
     racing_adds_of_one_email_add_one_user,
     tokens_are_revoked_within_their_tenant_and_go_with_their_user,
+    a_token_is_found_by_its_hash_from_any_connection_until_revoked,
+    racing_first_starts_store_one_admin_token,
     a_revoked_ui_cookie_stays_revoked_until_it_expires,
     audit_rows_keep_their_order_and_leave_a_day_at_a_time,
     audit_ids_from_two_connections_are_gapless_and_visible_in_order,
     an_approval_is_settled_once_and_seen_only_within_its_sight,
+    a_starting_gateway_spares_the_approvals_of_a_session_another_gateway_holds,
     racing_redemptions_consume_each_grant_once,
     a_replaced_secret_keeps_its_creation_date_and_a_failed_reseal_changes_nothing,
     a_rotation_racing_another_write_reseals_nothing_and_keeps_that_write,
@@ -157,6 +160,64 @@ fn tokens_are_revoked_within_their_tenant_and_go_with_their_user(db: &Db) {
             .iter()
             .all(|t| t.scope != bob.scope())
     );
+}
+
+fn a_token_is_found_by_its_hash_from_any_connection_until_revoked(db: &Db) {
+    // Two connections stand for two gateways: what one writes, the other's next lookup sees.
+    let (one, two) = (db.open(), db.open());
+    let bob = one.add_user("bob@x", Role::Member, "ten_b").unwrap();
+    assert_eq!(two.token_by_hash("hash-b").unwrap(), None);
+    let row = one
+        .add_token(&bob.scope(), "hash-b", "laptop", TokenScope::Write, Some(9))
+        .unwrap();
+    assert_eq!(two.token_by_hash("hash-b").unwrap(), Some(row.clone()));
+    assert_eq!(two.token_by_hash("hash-other").unwrap(), None);
+    one.revoke_token(&row.id, None).unwrap();
+    assert_eq!(two.token_by_hash("hash-b").unwrap(), None, "revoked");
+    let again = one
+        .add_token(&bob.scope(), "hash-c", "ci", TokenScope::Read, None)
+        .unwrap();
+    one.remove_user(&bob).unwrap();
+    assert_eq!(
+        two.token_by_hash(&again.hash).unwrap(),
+        None,
+        "user removed"
+    );
+}
+
+fn racing_first_starts_store_one_admin_token(db: &Db) {
+    let (a, b) = (db.open(), db.open());
+    let admin = Scope::new(FIRST_ADMIN, "ten_default");
+    for round in 0..10 {
+        let label = format!("admin{round}");
+        let start = Barrier::new(2);
+        let won: Vec<bool> = std::thread::scope(|threads| {
+            let racers: Vec<_> = [(&a, "hash-a"), (&b, "hash-b")]
+                .into_iter()
+                .map(|(store, hash)| {
+                    let (start, label, admin) = (&start, &label, &admin);
+                    threads.spawn(move || {
+                        start.wait();
+                        store
+                            .add_token_if_absent(label, &format!("{hash}{round}"), admin)
+                            .unwrap()
+                    })
+                })
+                .collect();
+            racers.into_iter().map(|r| r.join().unwrap()).collect()
+        });
+        assert_eq!(won.iter().filter(|w| **w).count(), 1, "{won:?}");
+        let stored: Vec<_> = a
+            .token_rows()
+            .unwrap()
+            .into_iter()
+            .filter(|t| t.label == label)
+            .collect();
+        assert_eq!(stored.len(), 1, "{stored:?}");
+        let winner = if won[0] { "hash-a" } else { "hash-b" };
+        assert_eq!(stored[0].hash, format!("{winner}{round}"), "the winner's");
+        assert_eq!(stored[0].id, format!("tok_{label}"));
+    }
 }
 
 fn a_revoked_ui_cookie_stays_revoked_until_it_expires(db: &Db) {
@@ -425,7 +486,7 @@ fn an_approval_is_settled_once_and_seen_only_within_its_sight(db: &Db) {
         "pending only"
     );
     assert_eq!(
-        a.expire_orphaned_approvals("the gateway restarted")
+        a.expire_orphaned_approvals(None, "the gateway restarted")
             .unwrap(),
         1
     );
@@ -433,7 +494,53 @@ fn an_approval_is_settled_once_and_seen_only_within_its_sight(db: &Db) {
     assert_eq!(revoked.state, ApprovalState::Revoked);
     assert_eq!(revoked.reason.as_deref(), Some("the gateway restarted"));
     assert_eq!(revoked.request_reason.as_deref(), Some("to deploy"));
-    assert_eq!(a.expire_orphaned_approvals("again").unwrap(), 0);
+    assert_eq!(a.expire_orphaned_approvals(None, "again").unwrap(), 0);
+}
+
+fn a_starting_gateway_spares_the_approvals_of_a_session_another_gateway_holds(db: &Db) {
+    use skiff_store::{Claim, LeaseKey};
+    let (a, b) = (db.open(), db.open());
+    let gw = skiff_protocol::GatewayId::from_suffix;
+    let lease = |s: &SessionId, holder: &str, ttl: std::time::Duration| {
+        let claim = b
+            .acquire_lease(&LeaseKey::Session(s.clone()), &gw(holder), ttl)
+            .unwrap();
+        assert!(matches!(claim, Claim::Won(_)), "{claim:?}");
+    };
+    let live = std::time::Duration::from_secs(60);
+    let (theirs, mine, lapsed, free) = (
+        new_session(&*a, &alice()),
+        new_session(&*a, &alice()),
+        new_session(&*a, &alice()),
+        new_session(&*a, &alice()),
+    );
+    lease(&theirs, "b", live);
+    lease(&mine, "a", live);
+    lease(&lapsed, "b", std::time::Duration::ZERO);
+    let pending: Vec<_> = [&theirs, &mine, &lapsed, &free]
+        .into_iter()
+        .map(|s| a.create_approval(&alice(), &approval(s, "make")).unwrap())
+        .collect();
+    // Gateway a starts: what its own sessions, a lapsed lease's and a free session's turns
+    // waited for is revoked; gateway b's live turn still waits for its person.
+    assert_eq!(
+        a.expire_orphaned_approvals(Some(&gw("a")), "the gateway restarted")
+            .unwrap(),
+        3
+    );
+    let states: Vec<_> = pending
+        .iter()
+        .map(|p| a.approval(&alice(), &p.id).unwrap().state)
+        .collect();
+    assert_eq!(
+        states,
+        [
+            ApprovalState::Pending,
+            ApprovalState::Revoked,
+            ApprovalState::Revoked,
+            ApprovalState::Revoked
+        ]
+    );
 }
 
 fn racing_redemptions_consume_each_grant_once(db: &Db) {
