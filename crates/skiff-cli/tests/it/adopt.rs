@@ -45,7 +45,7 @@ impl Pair {
         );
         let env = [("SKIFF_VAULT_KEY", VAULT_KEY)];
         let first = Gateway::start_full(script, &config, &env);
-        let second = Gateway::start_full(script, &config, &env);
+        let second = Gateway::join_full(&first, script, &config, &env);
         Pair {
             first,
             second,

@@ -39,7 +39,7 @@ fn a_drained_gateways_running_turn_finishes_on_the_other_as_a_new_attempt_and_it
         workspaces.display(),
     );
     let mut first = Gateway::start_with(&script, &config);
-    let second = Gateway::start_with(&script, &config);
+    let second = Gateway::join(&first, &script, &config);
     let repo = TempGitRepo::new(&[("a.txt", "a\n")]);
 
     let started = first.json(&[
@@ -167,9 +167,7 @@ fn a_message_through_another_gateway_runs_on_the_gateway_holding_the_session() {
         shared.path().display()
     );
     let first = Gateway::start_with(script, &config);
-    // A person's token, made before gateway two starts so that both gateways know it (each
-    // gateway reads the tokens at its start, and each one's own admin token replaces the
-    // other's).
+    // A person's token, made on gateway one: every gateway checks tokens in the database.
     let added = first.run(&[
         "admin",
         "user",
@@ -194,7 +192,7 @@ fn a_message_through_another_gateway_runs_on_the_gateway_holding_the_session() {
     ]);
     assert!(made.status.success(), "{}", stderr(&made));
     let token = stdout(&made).trim().to_owned();
-    let second = Gateway::start_with(script, &config);
+    let second = Gateway::join(&first, script, &config);
     let as_dana = |gw: &Gateway, args: &[&str]| {
         gw.cli()
             .env("SKIFF_URL", &gw.url)

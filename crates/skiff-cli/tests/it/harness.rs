@@ -134,6 +134,17 @@ impl Gateway {
     /// url`), joined the way the README says: `first`'s `gateway.json` copied into the new
     /// state dir before it starts, so both hold the deployment's one admin token.
     pub fn join(first: &Gateway, script: &str, extra_config: &str) -> Gateway {
+        Self::join_full(first, script, extra_config, &[])
+    }
+
+    /// [`Gateway::join`] with environment variables for the gateway process (the deployment's
+    /// `SKIFF_VAULT_KEY`), kept across restarts.
+    pub fn join_full(
+        first: &Gateway,
+        script: &str,
+        extra_config: &str,
+        env: &[(&str, &str)],
+    ) -> Gateway {
         assert!(
             extra_config.contains("[store]\nurl"),
             "a gateway joins a shared database only"
@@ -142,7 +153,7 @@ impl Gateway {
             TestStore::Sqlite,
             script,
             extra_config,
-            &[],
+            env,
             Some(&first.state_dir.join("gateway.json")),
         );
         assert_eq!(joined.token, first.token, "the admin token is shared");
