@@ -641,13 +641,19 @@ pub(crate) async fn open_core(
     // owns, is one gateway's at a time (the sweeper's): a gateway joining a live one never
     // touches the boxes that one is placing; and even the sweeper leaves alone the boxes of
     // sessions another live gateway runs a turn of.
-    if core.holds_chore(chores::SWEEPER, lifetime_tick) {
-        let elsewhere = core
-            .store
-            .live_placements()?
-            .into_iter()
-            .filter(|p| core.cluster.owns_elsewhere(&p.session_id))
-            .filter_map(|p| p.environment_id)
+    let sweeper = core.holds_chore(chores::SWEEPER, lifetime_tick);
+    // Placements of sessions another live gateway holds (a turn, or an attached worker):
+    // theirs to keep, never reconciled here.
+    let held_elsewhere: Vec<_> = core
+        .store
+        .live_placements()?
+        .into_iter()
+        .filter(|p| core.cluster.owns_elsewhere(&p.session_id))
+        .collect();
+    if sweeper {
+        let elsewhere = held_elsewhere
+            .iter()
+            .filter_map(|p| p.environment_id.clone())
             .collect();
         core.envs.reconcile_on_start(&elsewhere).await?;
         core.envs.sweep_orphans().await?;
@@ -661,7 +667,16 @@ pub(crate) async fn open_core(
     if !core.store.live_placements()?.is_empty() {
         core.envs.warm_bundle().await;
     }
-    core.workers.reconcile_placements_on_start().await?;
+    let held_elsewhere = held_elsewhere.into_iter().map(|p| p.session_id).collect();
+    core.workers
+        .reconcile_placements_on_start(&held_elsewhere)
+        .await?;
+    // Boxes attached to no live placement now (a crash between attaching a box and recording
+    // it, or mid-sync) are given up, never renewed for ever — by the sweeper only: another
+    // gateway may be between attaching a box and recording it.
+    if sweeper {
+        core.envs.release_unowned_on_start().await?;
+    }
     Ok((core, lifetime_tick, released))
 }
 

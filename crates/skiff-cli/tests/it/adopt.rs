@@ -1,5 +1,6 @@
 //! A worker session's box survives its gateway (issue 17): while its worker is attached, the
-//! session is its gateway's (a message through another is refused, naming the owner); when
+//! session is its gateway's (a message through another is forwarded to it; one while its turn
+//! runs is refused, naming the owner); when
 //! that gateway is killed, another takes the session over, reaches the box over SSH with the
 //! key sealed in the shared vault, fences the old worker with a replacement of a higher
 //! epoch, and the session goes on on the same box.
@@ -26,6 +27,9 @@ struct Pair {
     second: Gateway,
     repo: TempGitRepo,
     boxes: BoxRoot,
+    /// The config both were started with, for a third to join.
+    config: String,
+    script: String,
     _shared: tempfile::TempDir,
     _cluster: PgCluster,
 }
@@ -51,6 +55,8 @@ impl Pair {
             second,
             repo: TempGitRepo::new(&[("a.txt", "a\n")]),
             boxes,
+            config,
+            script: script.to_owned(),
             _shared: shared,
             _cluster: cluster,
         }
@@ -262,8 +268,8 @@ fn an_attached_session_is_owned_between_turns_and_readopted_after_its_gateway_di
     let placed = detail["attempts"][0]["node"].as_str().unwrap().to_owned();
     assert!(placed.starts_with("env_"), "{detail}");
 
-    // Between turns the attached worker keeps the session its gateway's.
-    refused_naming_the_owner(&pair.second, &id);
+    // Between turns the attached worker keeps the session its gateway's (a message through
+    // another gateway is forwarded to it: see the next test).
 
     let (mut stream, mut events) = follow(&pair.second, &id);
     pair.first.stop();
@@ -414,4 +420,50 @@ fn a_killed_gateways_worker_turn_whose_box_died_too_fails_over_to_a_fresh_box() 
         !shown.status.success(),
         "the dead box's commit cannot have come home"
     );
+}
+
+#[test]
+fn a_gateway_starting_beside_one_with_an_attached_worker_leaves_it_alone_and_forwards_to_it() {
+    let script = "[[turns]]\ntext = \"First.\"\n[[turns]]\ntext = \"Second.\"\n";
+    let pair = Pair::start(script);
+    let out = pair.first.run(&[
+        "session",
+        "new",
+        "--json",
+        "--profile",
+        "local",
+        "--workspace",
+        pair.repo.path().to_str().unwrap(),
+        "--model",
+        "fake/any",
+        "hello",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let first_line: serde_json::Value =
+        serde_json::from_str(String::from_utf8_lossy(&out.stdout).lines().next().unwrap()).unwrap();
+    let id = first_line["session_id"].as_str().unwrap().to_owned();
+
+    // A third gateway starts while gateway one holds the session's attached worker: its
+    // start-up reconciles only what no live gateway holds.
+    let env = [("SKIFF_VAULT_KEY", VAULT_KEY)];
+    let third = Gateway::join_full(&pair.first, &pair.script, &pair.config, &env);
+
+    // A message through the third is forwarded to the gateway holding the session, whose
+    // worker runs it on the same box under the same epoch.
+    let out = third.run(&["session", "send", &id, "again"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let detail = pair.first.json(&["session", "show", "--json", &id]);
+    let attempts = detail["attempts"].as_array().unwrap();
+    assert_eq!(attempts.len(), 2, "{attempts:?}");
+    assert_eq!(attempts[1]["node"], attempts[0]["node"], "{attempts:?}");
+    assert_eq!(
+        attempts[1]["owner_epoch"], attempts[0]["owner_epoch"],
+        "the worker was never replaced: {attempts:?}"
+    );
+    let placements: Vec<String> = kinds(&detail)
+        .into_iter()
+        .filter(|(k, _)| k == "notice")
+        .map(|(_, t)| t)
+        .collect();
+    assert!(placements.is_empty(), "{placements:?}");
 }

@@ -350,8 +350,15 @@ impl super::WorkerSide {
 
     /// At gateway start: placements caught mid-placement failed; active ones get their
     /// endpoint back and wait for their worker to re-attach (repairing the tunnel if needed).
-    pub(crate) async fn reconcile_placements_on_start(self: &Arc<Self>) -> Result<()> {
+    /// Sessions another live gateway holds are that gateway's and left alone.
+    pub(crate) async fn reconcile_placements_on_start(
+        self: &Arc<Self>,
+        held_elsewhere: &std::collections::HashSet<SessionId>,
+    ) -> Result<()> {
         for p in self.store.live_placements()? {
+            if held_elsewhere.contains(&p.session_id) {
+                continue;
+            }
             if p.state == PlacementState::HandingOff && p.environment_id.is_none() {
                 // A live dispatch cut short: its turn was on the gateway, which restarted.
                 self.store.come_home(&p.scope, &p.session_id)?;
@@ -412,9 +419,7 @@ impl super::WorkerSide {
                 }
             }
         }
-        // Boxes attached to no live placement now (a crash between attaching a box and
-        // recording it, or mid-sync above) are given up, never renewed for ever.
-        self.envs.release_unowned_on_start().await
+        Ok(())
     }
 
     /// The failover of a run whose box died under it: `reclaimed → failed_over` (the dead
