@@ -349,10 +349,32 @@ impl super::WorkerSide {
     /// At gateway start: placements caught mid-placement failed; active ones get their
     /// endpoint back and wait for their worker to re-attach (repairing the tunnel if needed).
     pub(crate) async fn reconcile_placements_on_start(self: &Arc<Self>) -> Result<()> {
+        let laying = self.unfinished_lay_downs();
         for p in self.store.live_placements()? {
             if p.state == PlacementState::HandingOff && p.environment_id.is_none() {
                 // A live dispatch cut short: its turn was on the gateway, which restarted.
                 self.store.come_home(&p.scope, &p.session_id)?;
+                continue;
+            }
+            if let Some(env) = laying.get(&p.session_id)
+                && p.environment_id.as_ref() == Some(env)
+            {
+                // Its worker started while the box was still being laid, and nobody saw that
+                // end: the box may lack the workspace. Like a placement cut short, it fails;
+                // its box, attached to nothing now, is given up below.
+                let why = format!(
+                    "the gateway restarted while the workspace was being laid onto {env}; that box is given up. Send a message to place the session afresh"
+                );
+                self.place(
+                    &p.scope,
+                    &p.session_id,
+                    PlacementState::Failed,
+                    &PlacementChange {
+                        error: Some(&why),
+                        ..Default::default()
+                    },
+                    &why,
+                )?;
                 continue;
             }
             match p.state {
@@ -410,6 +432,7 @@ impl super::WorkerSide {
                 }
             }
         }
+        self.forget_lay_downs();
         // Boxes attached to no live placement now (a crash between attaching a box and
         // recording it, or mid-sync above) are given up, never renewed for ever.
         self.envs.release_unowned_on_start().await
