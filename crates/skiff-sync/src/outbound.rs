@@ -468,7 +468,7 @@ async fn checkout_may_convert(
 /// leaves to configuration) `text`, `eol`, `crlf`, `ident`, `filter` or
 /// `working-tree-encoding`, or defines a macro. A file that cannot be read counts as
 /// converting; a missing one does not.
-fn converts_at(path: &Path) -> bool {
+pub(crate) fn converts_at(path: &Path) -> bool {
     match std::fs::read(path) {
         Ok(bytes) => attributes_convert(&String::from_utf8_lossy(&bytes)),
         Err(e) => e.kind() != std::io::ErrorKind::NotFound,
