@@ -5,7 +5,9 @@
 //! Only files the snapshot and the base commit agree on are copied, and only when the user's
 //! file provably did not change since before the snapshot was taken: its ctime and mtime lie
 //! a settle window before the snapshot began (as in [`crate::statcache`]), and its stat data
-//! is the same after the copy as before. The worktree's index is written here for the base
+//! is the same after the copy as before. The user's tree is read without following a symlink
+//! below its root (as git reads it): a directory swapped for a symlink after the snapshot
+//! never makes the gateway read where it points. The worktree's index is written here for the base
 //! commit, with the copies' own stat data (so git hashes nothing to trust them); the
 //! user's changes are then written by git itself (`read-tree -m -u HEAD <snapshot>`), and any
 //! file that could not be copied by `checkout-index` from the snapshot. The result is what a
@@ -18,8 +20,11 @@
 use crate::git::{git, split_z};
 use crate::{Error, Result};
 use sha1::Digest as _;
-use std::collections::{BTreeMap, HashSet};
+use rustix::fs::{AtFlags, FileType, Mode, OFlags, Stat};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::Write;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -244,14 +249,18 @@ fn copy_all(source: &Path, worktree: &Path, files: &[(String, u32)], since: Syst
                 let unmade = &unmade;
                 scope.spawn(move || {
                     let mut out = Copies::default();
+                    let mut from = Source::open(source);
                     for (path, mode) in part {
                         let dir_made = path
                             .rsplit_once('/')
                             .is_none_or(|(dir, _)| !unmade.contains(dir));
-                        match dir_made
-                            .then(|| copy_one(source, worktree, path, *mode, since))
-                            .flatten()
-                        {
+                        let copied = match from.as_mut() {
+                            Some(from) if dir_made => {
+                                copy_one(from, worktree, path, *mode, since)
+                            }
+                            _ => None,
+                        };
+                        match copied {
                             Some(meta) => {
                                 out.stats.insert(path.clone(), meta);
                             }
@@ -275,36 +284,98 @@ fn copy_all(source: &Path, worktree: &Path, files: &[(String, u32)], since: Syst
     all
 }
 
+/// The user's working tree, read without following a symlink anywhere below its root: a
+/// directory swapped for a symlink since the snapshot makes its files not copied (git writes
+/// them), never read from wherever it points.
+struct Source {
+    root: OwnedFd,
+    dirs: HashMap<String, OwnedFd>,
+}
+
+impl Source {
+    fn open(root: &Path) -> Option<Source> {
+        let root = rustix::fs::open(
+            root,
+            OFlags::DIRECTORY | OFlags::RDONLY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .ok()?;
+        Some(Source {
+            root,
+            dirs: HashMap::new(),
+        })
+    }
+
+    /// The directory `dir` (relative, `/`-separated; empty: the root), each component opened
+    /// as a real directory.
+    fn dir(&mut self, dir: &str) -> Option<BorrowedFd<'_>> {
+        if dir.is_empty() {
+            return Some(self.root.as_fd());
+        }
+        if !self.dirs.contains_key(dir) {
+            let (parent, name) = dir.rsplit_once('/').unwrap_or(("", dir));
+            let fd = rustix::fs::openat(
+                self.dir(parent)?,
+                name,
+                OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::RDONLY | OFlags::CLOEXEC,
+                Mode::empty(),
+            )
+            .ok()?;
+            self.dirs.insert(dir.to_owned(), fd);
+        }
+        self.dirs.get(dir).map(AsFd::as_fd)
+    }
+}
+
 /// Copies one file (or symlink) of mode `mode` when the user's copy is provably the one the
 /// snapshot holds; returns the copy's stat data. `None`: nothing usable was left behind.
 fn copy_one(
-    source: &Path,
+    from: &mut Source,
     worktree: &Path,
     path: &str,
     mode: u32,
     since: i128,
 ) -> Option<std::fs::Metadata> {
-    let from = source.join(path);
+    let (dir, name) = path.rsplit_once('/').unwrap_or(("", path));
+    let dir = from.dir(dir)?;
     let to = worktree.join(path);
-    let before = std::fs::symlink_metadata(&from).ok()?;
+    let before = rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW).ok()?;
+    let kind = FileType::from_raw_mode(before.st_mode);
     let symlink = mode == 0o120000;
-    if before.file_type().is_symlink() != symlink || !(symlink || before.is_file()) {
-        return None;
-    }
-    if !settled(&before, since) {
+    let expected = if symlink {
+        FileType::Symlink
+    } else {
+        FileType::RegularFile
+    };
+    if kind != expected || !settled(&before, since) {
         return None;
     }
     let copied = if symlink {
-        std::fs::read_link(&from)
-            .and_then(|target| std::os::unix::fs::symlink(target, &to))
-            .is_ok()
+        rustix::fs::readlinkat(dir, name, Vec::new())
+            .ok()
+            .and_then(|target| {
+                std::os::unix::fs::symlink(std::ffi::OsStr::from_bytes(target.as_bytes()), &to)
+                    .ok()
+            })
+            .and_then(|()| rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW).ok())
     } else {
-        copy_bytes(&from, &to, mode).is_ok()
+        rustix::fs::openat(
+            dir,
+            name,
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .ok()
+        .and_then(|fd| {
+            let mut input = std::fs::File::from(fd);
+            copy_bytes(&mut input, &to, mode).ok()?;
+            // The file read is the one looked at before, unchanged.
+            rustix::fs::fstat(&input).ok()
+        })
     };
-    let after = std::fs::symlink_metadata(&from).ok();
-    let unchanged = after.is_some_and(|a| same_stat(&before, &a));
+    let unchanged = copied.is_some_and(|after| same_stat(&before, &after));
     let made = std::fs::symlink_metadata(&to).ok();
-    match (copied && unchanged, made) {
+    match (unchanged, made) {
         (true, Some(made)) => Some(made),
         (_, made) => {
             if made.is_some() {
@@ -316,31 +387,41 @@ fn copy_one(
 }
 
 /// Copies a file's bytes into a new file with the permissions a checkout gives `mode`.
-fn copy_bytes(from: &Path, to: &Path, mode: u32) -> std::io::Result<()> {
-    let mut input = std::fs::File::open(from)?;
+fn copy_bytes(input: &mut std::fs::File, to: &Path, mode: u32) -> std::io::Result<()> {
     let perm = if mode == 0o100755 { 0o777 } else { 0o666 };
     let mut output = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(perm)
         .open(to)?;
-    std::io::copy(&mut input, &mut output)?;
+    std::io::copy(input, &mut output)?;
     Ok(())
 }
 
-/// Whether `meta`'s ctime and mtime lie the settle window before `since` (nanoseconds).
-fn settled(meta: &std::fs::Metadata, since: i128) -> bool {
-    let coarse = meta.mtime_nsec() == 0 && meta.ctime_nsec() == 0;
+/// Whether `st`'s ctime and mtime lie the settle window before `since` (nanoseconds).
+fn settled(st: &Stat, since: i128) -> bool {
+    let coarse = st.st_mtime_nsec == 0 && st.st_ctime_nsec == 0;
     let window = if coarse { SETTLE_COARSE } else { SETTLE };
     let limit = since - window.as_nanos() as i128;
     let at = |s: i64, ns: i64| i128::from(s) * 1_000_000_000 + i128::from(ns);
-    at(meta.mtime(), meta.mtime_nsec()) < limit && at(meta.ctime(), meta.ctime_nsec()) < limit
+    at(st.st_mtime as i64, st.st_mtime_nsec as i64) < limit
+        && at(st.st_ctime as i64, st.st_ctime_nsec as i64) < limit
 }
 
-fn same_stat(a: &std::fs::Metadata, b: &std::fs::Metadata) -> bool {
-    (a.dev(), a.ino(), a.size(), a.mode()) == (b.dev(), b.ino(), b.size(), b.mode())
-        && (a.mtime(), a.mtime_nsec(), a.ctime(), a.ctime_nsec())
-            == (b.mtime(), b.mtime_nsec(), b.ctime(), b.ctime_nsec())
+fn same_stat(a: &Stat, b: &Stat) -> bool {
+    let key = |s: &Stat| {
+        (
+            s.st_dev,
+            s.st_ino,
+            s.st_size,
+            s.st_mode,
+            s.st_mtime,
+            s.st_mtime_nsec,
+            s.st_ctime,
+            s.st_ctime_nsec,
+        )
+    };
+    key(a) == key(b)
 }
 
 /// Writes a version 2 index of `entries` at `path` (through `index.lock`, as git does), with

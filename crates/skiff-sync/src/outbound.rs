@@ -302,19 +302,22 @@ pub(crate) async fn session_head(
     cancel: &CancellationToken,
 ) -> Result<String> {
     let branch = format!("refs/heads/skiff/{session}");
-    let head = git(worktree)
-        .args(["rev-parse", "--verify", "--quiet", "HEAD^{commit}"])
-        .run_checked(cancel)
-        .await?
-        .trim()
-        .to_owned();
-    let tip = git(worktree)
-        .args(["rev-parse", "--verify", "--quiet"])
+    // Both in one git call (a lay-down's and a resume's first step).
+    let revs = git(worktree)
+        .args(["rev-parse", "--quiet", "HEAD^{commit}"])
         .arg(format!("{branch}^{{commit}}"))
         .run_checked(cancel)
-        .await?
-        .trim()
-        .to_owned();
+        .await?;
+    let mut revs = revs.lines().map(str::trim);
+    let (head, tip) = match (revs.next(), revs.next(), revs.next()) {
+        (Some(head), Some(tip), None) => (head.to_owned(), tip.to_owned()),
+        _ => {
+            return Err(crate::Error::Invalid {
+                what: format!("the managed worktree {}", worktree.display()),
+                detail: format!("cannot read HEAD and the session branch {branch}"),
+            });
+        }
+    };
     if head != tip {
         return Err(crate::Error::Invalid {
             what: format!("the managed worktree {}", worktree.display()),

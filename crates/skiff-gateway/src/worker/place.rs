@@ -403,20 +403,23 @@ impl super::WorkerSide {
         let task = tokio::spawn(async move {
             let _placing = placing;
             let live = this.live(&session.id);
-            // Until the box holds the whole workspace, a restart must not trust the placement.
-            let env = p.environment_id.clone();
-            if let Some(env) = &env {
-                this.record_lay_down(&session.id, env)?;
-            }
             let (early_tx, early) = oneshot::channel();
-            // The lay-down counts as running before anyone hears it may be used.
+            // The lay-down counts as running before anyone hears it may be used, and is
+            // recorded for a restart first (the placement may go `active` before it ends). One
+            // that cannot be recorded is not used early: the placement waits for its end.
             let forward = async {
-                match early.await {
-                    Ok(early) => {
-                        live.lay_down_running();
-                        planned_tx.send(early).is_ok()
-                    }
-                    Err(_) => false,
+                match (early.await, p.environment_id.as_ref()) {
+                    (Ok(early), Some(env)) => match this.record_lay_down(&session.id, env) {
+                        Ok(()) => {
+                            live.lay_down_running();
+                            planned_tx.send(early).is_ok()
+                        }
+                        Err(e) => {
+                            tracing::warn!(session = %session.id, error = %e, "the lay-down goes on before the worker starts");
+                            false
+                        }
+                    },
+                    _ => false,
                 }
             };
             let (synced, behind) = tokio::join!(
@@ -886,8 +889,8 @@ impl super::WorkerSide {
 }
 
 /// Lay-downs running behind their worker's start, one file per session in `<state>/laying/`
-/// naming the box, written before the placement can go `active` and removed once the box
-/// holds the whole workspace. A gateway killed in between finds the record at its next start
+/// naming the box, written (as a fill's record is) before the placement can go `active` and
+/// removed once the box holds the whole workspace. A gateway killed in between finds the record at its next start
 /// (see `reconcile_placements_on_start`): that placement's box lacks its workspace.
 impl super::WorkerSide {
     fn lay_downs_dir(&self) -> std::path::PathBuf {
@@ -909,8 +912,7 @@ impl super::WorkerSide {
             let mut file = std::fs::File::create(&part)?;
             file.write_all(env.as_str().as_bytes())?;
             file.sync_all()?;
-            std::fs::rename(&part, &path)?;
-            std::fs::File::open(&dir)?.sync_all()
+            std::fs::rename(&part, &path)
         };
         write().map_err(|e| {
             Error::Internal(format!(

@@ -138,3 +138,43 @@ async fn a_repository_with_attributes_is_not_filled_by_copy() {
     assert_eq!(filled, None);
     assert!(!worktree.join("a.txt").exists());
 }
+
+/// A directory the user swaps for a symlink after the snapshot (here to a folder outside the
+/// repository holding a file of the same name) is never read through: its files are written
+/// from the snapshot by git, and the worktree holds what the snapshot holds.
+#[tokio::test]
+async fn a_directory_swapped_for_a_symlink_is_not_read_through() {
+    let dir = tempfile::tempdir().unwrap();
+    let (repo, tree) = repo(dir.path());
+    let outside = dir.path().join("outside");
+    std::fs::create_dir_all(outside.join("deep")).unwrap();
+    std::fs::write(outside.join("b.txt"), "secret\n").unwrap();
+    std::fs::write(outside.join("deep/c.txt"), "secret\n").unwrap();
+    std::fs::rename(repo.join("dir"), dir.path().join("moved")).unwrap();
+    std::os::unix::fs::symlink(&outside, repo.join("dir")).unwrap();
+    let worktree = dir.path().join("wt");
+    git(
+        &repo,
+        &["worktree", "add", "-q", "--no-checkout", "-b", "wt", worktree.to_str().unwrap(), "HEAD"],
+    );
+    let fill = CopyFill {
+        source: &repo,
+        worktree: &worktree,
+        tree: &tree,
+        since: SystemTime::now() + Duration::from_secs(60),
+    };
+    let filled = fill_by_copy(&fill, &CancellationToken::new())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(filled.copied, 2, "only run.sh and link are copied");
+    assert_eq!(std::fs::read_to_string(worktree.join("dir/b.txt")).unwrap(), "beta\n");
+    assert_eq!(
+        std::fs::read_to_string(worktree.join("dir/deep/c.txt")).unwrap(),
+        "gamma\n"
+    );
+    assert_eq!(
+        git(&worktree, &["status", "--porcelain"]),
+        " M a.txt\n D del.txt\n?? new.txt\n"
+    );
+}
