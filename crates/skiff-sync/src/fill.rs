@@ -19,8 +19,8 @@
 
 use crate::git::{git, split_z};
 use crate::{Error, Result};
-use sha1::Digest as _;
 use rustix::fs::{AtFlags, FileType, Mode, OFlags, Stat};
+use sha1::Digest as _;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::Write;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -96,11 +96,7 @@ pub async fn fill_by_copy(f: &CopyFill<'_>, cancel: &CancellationToken) -> Resul
         .filter(|(path, entry)| head.get(*path) == Some(entry))
         .map(|(path, entry)| (path.clone(), entry.mode))
         .collect();
-    let (source, worktree, since) = (
-        f.source.to_path_buf(),
-        f.worktree.to_path_buf(),
-        f.since,
-    );
+    let (source, worktree, since) = (f.source.to_path_buf(), f.worktree.to_path_buf(), f.since);
     let copies = tokio::task::spawn_blocking(move || copy_all(&source, &worktree, &same, since))
         .await
         .map_err(|e| Error::Invalid {
@@ -115,7 +111,15 @@ pub async fn fill_by_copy(f: &CopyFill<'_>, cancel: &CancellationToken) -> Resul
     let index = f.worktree.join(index.trim());
     write_index(&index, &head, &copies.stats)?;
     git(f.worktree)
-        .args(["-c", "checkout.workers=8", "read-tree", "-m", "-u", "HEAD", f.tree])
+        .args([
+            "-c",
+            "checkout.workers=8",
+            "read-tree",
+            "-m",
+            "-u",
+            "HEAD",
+            f.tree,
+        ])
         .run_checked(cancel)
         .await?;
     if !copies.missed.is_empty() {
@@ -255,9 +259,7 @@ fn copy_all(source: &Path, worktree: &Path, files: &[(String, u32)], since: Syst
                             .rsplit_once('/')
                             .is_none_or(|(dir, _)| !unmade.contains(dir));
                         let copied = match from.as_mut() {
-                            Some(from) if dir_made => {
-                                copy_one(from, worktree, path, *mode, since)
-                            }
+                            Some(from) if dir_made => copy_one(from, worktree, path, *mode, since),
                             _ => None,
                         };
                         match copied {
@@ -354,8 +356,7 @@ fn copy_one(
         rustix::fs::readlinkat(dir, name, Vec::new())
             .ok()
             .and_then(|target| {
-                std::os::unix::fs::symlink(std::ffi::OsStr::from_bytes(target.as_bytes()), &to)
-                    .ok()
+                std::os::unix::fs::symlink(std::ffi::OsStr::from_bytes(target.as_bytes()), &to).ok()
             })
             .and_then(|()| rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW).ok())
     } else {
@@ -485,7 +486,8 @@ fn write_index(
         .create_new(true)
         .open(&lock)
         .map_err(io(&lock))?;
-    let written = file.write_all(&out).and_then(|()| file.sync_all());
+    // Not synced, as git's own index writes are not (`core.fsync`'s default).
+    let written = file.write_all(&out);
     if let Err(e) = written {
         let _ = std::fs::remove_file(&lock);
         return Err(io(&lock)(e));

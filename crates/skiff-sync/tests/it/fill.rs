@@ -71,7 +71,16 @@ async fn a_copied_worktree_is_what_a_checkout_of_the_snapshot_leaves() {
         let worktree = dir.path().join(name);
         git(
             &repo,
-            &["worktree", "add", "-q", "--no-checkout", "-b", name, worktree.to_str().unwrap(), "HEAD"],
+            &[
+                "worktree",
+                "add",
+                "-q",
+                "--no-checkout",
+                "-b",
+                name,
+                worktree.to_str().unwrap(),
+                "HEAD",
+            ],
         );
         let fill = CopyFill {
             source: &repo,
@@ -83,7 +92,11 @@ async fn a_copied_worktree_is_what_a_checkout_of_the_snapshot_leaves() {
             .await
             .unwrap()
             .expect("a plain repository is filled by copy");
-        assert_eq!((filled.copied, filled.copied + filled.written), (copied, 6), "{name}");
+        assert_eq!(
+            (filled.copied, filled.copied + filled.written),
+            (copied, 6),
+            "{name}"
+        );
         assert_eq!(
             git(&worktree, &["status", "--porcelain"]),
             " M a.txt\n D del.txt\n?? new.txt\n",
@@ -96,15 +109,26 @@ async fn a_copied_worktree_is_what_a_checkout_of_the_snapshot_leaves() {
                 "{name}: {path}"
             );
         }
-        let mode = std::fs::metadata(worktree.join("run.sh")).unwrap().permissions().mode();
-        assert_eq!(mode & 0o100, 0o100, "{name}: run.sh lost its executable bit");
+        let mode = std::fs::metadata(worktree.join("run.sh"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(
+            mode & 0o100,
+            0o100,
+            "{name}: run.sh lost its executable bit"
+        );
         assert_eq!(
             std::fs::read_link(worktree.join("link")).unwrap(),
             Path::new("dir/b.txt")
         );
         // The index git reads back holds the base commit, and the copies' stat data is
         // valid: nothing unchanged is listed as modified even without a refresh.
-        assert_eq!(git(&worktree, &["ls-files", "-m"]), "a.txt\ndel.txt\n", "{name}");
+        assert_eq!(
+            git(&worktree, &["ls-files", "-m"]),
+            "a.txt\ndel.txt\n",
+            "{name}"
+        );
         assert_eq!(
             git(&worktree, &["diff-files", "--name-only"]),
             "a.txt\ndel.txt\n",
@@ -126,7 +150,16 @@ async fn a_repository_with_attributes_is_not_filled_by_copy() {
     let worktree = dir.path().join("wt");
     git(
         &repo,
-        &["worktree", "add", "-q", "--no-checkout", "-b", "wt", worktree.to_str().unwrap(), "HEAD"],
+        &[
+            "worktree",
+            "add",
+            "-q",
+            "--no-checkout",
+            "-b",
+            "wt",
+            worktree.to_str().unwrap(),
+            "HEAD",
+        ],
     );
     let fill = CopyFill {
         source: &repo,
@@ -134,7 +167,9 @@ async fn a_repository_with_attributes_is_not_filled_by_copy() {
         tree: &tree,
         since: SystemTime::now() + Duration::from_secs(60),
     };
-    let filled = fill_by_copy(&fill, &CancellationToken::new()).await.unwrap();
+    let filled = fill_by_copy(&fill, &CancellationToken::new())
+        .await
+        .unwrap();
     assert_eq!(filled, None);
     assert!(!worktree.join("a.txt").exists());
 }
@@ -155,7 +190,16 @@ async fn a_directory_swapped_for_a_symlink_is_not_read_through() {
     let worktree = dir.path().join("wt");
     git(
         &repo,
-        &["worktree", "add", "-q", "--no-checkout", "-b", "wt", worktree.to_str().unwrap(), "HEAD"],
+        &[
+            "worktree",
+            "add",
+            "-q",
+            "--no-checkout",
+            "-b",
+            "wt",
+            worktree.to_str().unwrap(),
+            "HEAD",
+        ],
     );
     let fill = CopyFill {
         source: &repo,
@@ -168,7 +212,10 @@ async fn a_directory_swapped_for_a_symlink_is_not_read_through() {
         .unwrap()
         .unwrap();
     assert_eq!(filled.copied, 2, "only run.sh and link are copied");
-    assert_eq!(std::fs::read_to_string(worktree.join("dir/b.txt")).unwrap(), "beta\n");
+    assert_eq!(
+        std::fs::read_to_string(worktree.join("dir/b.txt")).unwrap(),
+        "beta\n"
+    );
     assert_eq!(
         std::fs::read_to_string(worktree.join("dir/deep/c.txt")).unwrap(),
         "gamma\n"
