@@ -404,9 +404,9 @@ fn settled(st: &Stat, since: i128) -> bool {
     let coarse = st.st_mtime_nsec == 0 && st.st_ctime_nsec == 0;
     let window = if coarse { SETTLE_COARSE } else { SETTLE };
     let limit = since - window.as_nanos() as i128;
-    let at = |s: i64, ns: i64| i128::from(s) * 1_000_000_000 + i128::from(ns);
-    at(st.st_mtime as i64, st.st_mtime_nsec as i64) < limit
-        && at(st.st_ctime as i64, st.st_ctime_nsec as i64) < limit
+    let at = |s: i128, ns: i128| s * 1_000_000_000 + ns;
+    at(i128::from(st.st_mtime), i128::from(st.st_mtime_nsec)) < limit
+        && at(i128::from(st.st_ctime), i128::from(st.st_ctime_nsec)) < limit
 }
 
 fn same_stat(a: &Stat, b: &Stat) -> bool {
