@@ -112,6 +112,8 @@ async fn worktree_deferred(
         source,
     };
     let started = std::time::Instant::now();
+    // What the user's files were before the snapshot looked at them is what a fill may copy.
+    let since = std::time::SystemTime::now();
     let head = git(repo)
         .args(["rev-parse", "--verify", "--quiet", "HEAD^{commit}"])
         .run_checked(cancel)
@@ -201,6 +203,12 @@ async fn worktree_deferred(
         path,
         base_commit: head,
         tree,
+        copy_from: Some(CopySource {
+            dir: repo.to_path_buf(),
+            since_ms: since
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
+        }),
     };
     Ok((view, fill))
 }
@@ -218,6 +226,18 @@ pub struct Fill {
     pub path: PathBuf,
     pub base_commit: String,
     pub tree: String,
+    /// The user's working tree the snapshot was taken of, when the fill may copy its files
+    /// instead of checking them out (`None`: a remote repository's clone).
+    #[serde(default)]
+    pub copy_from: Option<CopySource>,
+}
+
+/// Where a fill may copy the snapshot's files from (see [`skiff_sync::fill`]).
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct CopySource {
+    pub dir: PathBuf,
+    /// When the snapshot began (ms since the epoch): files changed since are not copied.
+    pub since_ms: u64,
 }
 
 /// A fill as recorded in `<state>/filling/`: with the session's scope, so a restart finds the
@@ -234,8 +254,32 @@ impl Fill {
     /// that was cut short: every file of the snapshot is written again (whatever a killed
     /// fill left in its place is overwritten), and files the snapshot lacks are not touched.
     pub async fn run(&self) -> Result<(), WorkspaceError> {
+        self.write(self.copy_from.as_ref()).await
+    }
+
+    async fn write(&self, copy_from: Option<&CopySource>) -> Result<(), WorkspaceError> {
         let cancel = CancellationToken::new();
         let started = std::time::Instant::now();
+        if let Some(from) = copy_from {
+            let copy = skiff_sync::fill::CopyFill {
+                source: &from.dir,
+                worktree: &self.path,
+                tree: &self.tree,
+                since: std::time::UNIX_EPOCH + Duration::from_millis(from.since_ms),
+            };
+            match skiff_sync::fill::fill_by_copy(&copy, &cancel).await {
+                Ok(Some(filled)) => {
+                    tracing::debug!(session = %self.session, copied = filled.copied, written = filled.written,
+                        ms = started.elapsed().as_millis() as u64, "worktree: filled");
+                    return Ok(());
+                }
+                Ok(None) => {}
+                // The checkout below writes every file and the index again.
+                Err(e) => {
+                    tracing::warn!(session = %self.session, error = %e, "worktree: copying the user's files failed; checking the snapshot out instead")
+                }
+            }
+        }
         let failed = |source| WorkspaceError::Prepare {
             path: self.path.display().to_string(),
             source,
@@ -296,7 +340,9 @@ impl Fill {
                 source,
             });
         }
-        self.run().await
+        // Whatever the killed fill left is overwritten: a checkout, not a copy (which writes
+        // only new files).
+        self.write(None).await
     }
 
     fn record_path(state: &StateDir, session: &str) -> PathBuf {
@@ -604,6 +650,7 @@ pub async fn remote_worktree_deferred(
         path: path.clone(),
         base_commit: commit.to_owned(),
         tree,
+        copy_from: None,
     };
     Ok((fill.view(), fill))
 }

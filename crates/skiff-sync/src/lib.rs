@@ -1,6 +1,7 @@
 //! Workspace sync between the gateway's session workspace and a box: which files take part
 //! ([`rules`], [`filelist`]), what they are ([`manifest`]), how bytes move over the pinned SSH
-//! transfer connection ([`transfer`]), laying a workspace onto a box ([`outbound`]), bringing
+//! transfer connection ([`transfer`]), laying a workspace onto a box ([`outbound`]), filling a new managed worktree by copy
+//! ([`fill`]), bringing
 //! work back ([`inbound_git`], [`inbound_plain`]) under containment checks ([`contain`]), and
 //! end-of-turn checkpoints ([`checkpoint`]) with their content-addressed blobs ([`cas`]), putting
 //! a workspace back to one ([`rewind`]), and a
@@ -18,6 +19,7 @@ pub mod cas;
 pub mod checkpoint;
 pub mod contain;
 pub mod filelist;
+pub mod fill;
 mod git;
 pub mod inbound_git;
 pub mod inbound_plain;

@@ -103,6 +103,21 @@ pub struct Planned {
     pub left_out: filelist::LeftOut,
 }
 
+/// Who hears a git-mode lay-down's early word ([`push_after`]), and what the lay-down waits
+/// for after it, before the session's directory appears on the box.
+pub struct Early {
+    pub to: tokio::sync::oneshot::Sender<Planned>,
+    /// `None`: nothing. The fault tests hold a lay-down here, so a gateway can be killed
+    /// while its worker runs and the box lacks the workspace (`[gateway] barrier_fault`).
+    pub hold: Option<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>>,
+}
+
+impl From<tokio::sync::oneshot::Sender<Planned>> for Early {
+    fn from(to: tokio::sync::oneshot::Sender<Planned>) -> Early {
+        Early { to, hold: None }
+    }
+}
+
 /// [`push_when_ready`] that first runs `before` (a shell command line that must succeed,
 /// run in a subshell from the box user's home) on the box, in the same round trip as the
 /// box's directory (git mode: its staged repository) is made.
@@ -119,7 +134,7 @@ pub async fn push_after(
     remote: &Remote,
     before: &str,
     ready: impl std::future::Future<Output = std::result::Result<(), String>>,
-    early: Option<tokio::sync::oneshot::Sender<Planned>>,
+    early: Option<Early>,
     cancel: &CancellationToken,
 ) -> Result<Dispatched> {
     let before =
@@ -223,7 +238,10 @@ pub async fn push_after(
                 left_out: list.left_out.clone(),
             };
             // A caller that stopped listening just waits for the end.
-            let _ = early.send(planned);
+            let _ = early.to.send(planned);
+            if let Some(hold) = early.hold {
+                hold.await;
+            }
         }
         Ok(prepared)
     };
@@ -284,19 +302,22 @@ pub(crate) async fn session_head(
     cancel: &CancellationToken,
 ) -> Result<String> {
     let branch = format!("refs/heads/skiff/{session}");
-    let head = git(worktree)
-        .args(["rev-parse", "--verify", "--quiet", "HEAD^{commit}"])
-        .run_checked(cancel)
-        .await?
-        .trim()
-        .to_owned();
-    let tip = git(worktree)
-        .args(["rev-parse", "--verify", "--quiet"])
+    // Both in one git call (a lay-down's and a resume's first step).
+    let revs = git(worktree)
+        .args(["rev-parse", "--quiet", "HEAD^{commit}"])
         .arg(format!("{branch}^{{commit}}"))
         .run_checked(cancel)
-        .await?
-        .trim()
-        .to_owned();
+        .await?;
+    let mut revs = revs.lines().map(str::trim);
+    let (head, tip) = match (revs.next(), revs.next(), revs.next()) {
+        (Some(head), Some(tip), None) => (head.to_owned(), tip.to_owned()),
+        _ => {
+            return Err(crate::Error::Invalid {
+                what: format!("the managed worktree {}", worktree.display()),
+                detail: format!("cannot read HEAD and the session branch {branch}"),
+            });
+        }
+    };
     if head != tip {
         return Err(crate::Error::Invalid {
             what: format!("the managed worktree {}", worktree.display()),
@@ -450,7 +471,7 @@ async fn checkout_may_convert(
 /// leaves to configuration) `text`, `eol`, `crlf`, `ident`, `filter` or
 /// `working-tree-encoding`, or defines a macro. A file that cannot be read counts as
 /// converting; a missing one does not.
-fn converts_at(path: &Path) -> bool {
+pub(crate) fn converts_at(path: &Path) -> bool {
     match std::fs::read(path) {
         Ok(bytes) => attributes_convert(&String::from_utf8_lossy(&bytes)),
         Err(e) => e.kind() != std::io::ErrorKind::NotFound,

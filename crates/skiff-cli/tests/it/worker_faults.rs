@@ -1056,3 +1056,77 @@ fn a_run_fails_over_twice_then_the_third_box_death_fails_it_naming_the_cap() {
     // No model call was made twice: 3 for turn 1, then one per attempt after the exec.
     assert_eq!(rig.fake.requests().len(), 7);
 }
+
+/// A gateway killed (kill -9) while its worker runs and the box is still being laid (held
+/// there by `barrier_fault = "laying:hold"`: the early word is out, the workspace not yet on
+/// the box) leaves no session on a box without its workspace: the restarted gateway fails
+/// that placement, saying why, and gives the box up; the next message places the session
+/// afresh and its tools see the workspace.
+#[test]
+fn a_gateway_killed_while_the_box_is_laid_places_the_session_afresh_at_the_next_message() {
+    let fault = "barrier_fault = \"laying:hold\"\n";
+    // The first turn's call (it may or may not be made before the kill) says "held"; the
+    // next message's reads the README, then answers.
+    let responder = |requests: &[skiff_test_support::RecordedRequest]| {
+        let body: Value = serde_json::from_slice(&requests[requests.len() - 1].body).unwrap();
+        let messages = body["messages"].as_array().unwrap();
+        let last = &messages[messages.len() - 1];
+        if last["role"] == "tool" {
+            text_reply(&["read ", "it"])
+        } else if last.to_string().contains("again") {
+            tool_reply("c1", "exec", r#"{"command":"cat README.md"}"#)
+        } else {
+            text_reply(&["held"])
+        }
+    };
+    let mut rig = Rig::start_with_responder(responder, &format!("[gateway]\n{fault}"));
+    let repo = TempGitRepo::new(&[("README.md", "a repo\n")]);
+    let mut f = new_following(&rig, repo.path(), "first");
+    f.until("the placement going active", |e, _| {
+        e["type"] == "placement" && e["state"] == "active"
+    });
+    let id = f.session_id();
+    let first_env = show(&rig, &id)["session"]["worker"]["environment_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    // The restarted gateway holds nothing.
+    let config = std::fs::read_to_string(rig.gw.config_path()).unwrap();
+    std::fs::write(rig.gw.config_path(), config.replace(fault, "")).unwrap();
+    rig.gw.crash_and_restart();
+    let _ = f.finish();
+
+    let detail = show(&rig, &id);
+    assert_eq!(detail["session"]["placement"], "failed", "{detail:#}");
+    let error = detail["session"]["worker"]["error"].as_str().unwrap_or("");
+    assert!(
+        error.contains("restarted while the workspace was being laid onto")
+            && error.contains(&first_env),
+        "{detail:#}"
+    );
+
+    let out = rig.session(&["send", "--json", &id, "again"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let detail = show(&rig, &id);
+    assert_eq!(detail["session"]["placement"], "active");
+    assert_ne!(
+        detail["session"]["worker"]["environment_id"].as_str(),
+        Some(first_env.as_str())
+    );
+    let cat = detail["transcript"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .rev()
+        .find(|e| e["body"]["kind"] == "tool_result")
+        .map(|e| e["body"]["content"].as_str().unwrap().to_owned())
+        .unwrap();
+    assert!(cat.contains("a repo"), "{cat}");
+    assert_eq!(last_text(&detail), "read it");
+    // The box that lacked the workspace was given up.
+    let old = rig.gw.json(&["env", "show", "--json", &first_env]);
+    assert!(
+        ["destroyed", "failed", "destroying"].contains(&old["state"].as_str().unwrap()),
+        "{old:#}"
+    );
+}

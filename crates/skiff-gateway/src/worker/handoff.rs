@@ -66,6 +66,9 @@ pub(crate) enum BarrierStep {
     /// Home from a box: the box's work is back (or was already here); the session is not
     /// home yet. A move to a box reconciles nothing inbound and has no such step.
     Reconciled,
+    /// Not a move's: a placement's lay-down running behind the worker's start, once the early
+    /// word is out and before the workspace appears on the box. Only `hold` strikes here.
+    Laying,
 }
 
 /// What [`BarrierFault`] does.
@@ -79,6 +82,8 @@ pub(crate) enum FaultAction {
     KillGateway,
     /// The box dies: its provider kills its processes and sshd, unknown to the gateway.
     KillBox,
+    /// The lay-down waits there for ever (until the test kills the gateway): `laying` only.
+    Hold,
 }
 
 /// `[gateway] barrier_fault`: a fault injected at one step of a move's barrier.
@@ -94,6 +99,11 @@ pub(crate) struct BarrierFault {
 }
 
 impl BarrierFault {
+    /// Whether it holds a lay-down behind the worker's start (`laying:hold`).
+    pub(crate) fn holds_lay_down(self) -> bool {
+        self.step == BarrierStep::Laying
+    }
+
     /// Parses `STEP:ACTION`.
     pub(crate) fn parse(text: &str) -> std::result::Result<BarrierFault, String> {
         let (step, action) = text
@@ -103,9 +113,10 @@ impl BarrierFault {
             "drained" => BarrierStep::Drained,
             "fenced" => BarrierStep::Fenced,
             "reconciled" => BarrierStep::Reconciled,
+            "laying" => BarrierStep::Laying,
             other => {
                 return Err(format!(
-                    "no barrier step {other:?}; steps are drained, fenced, reconciled"
+                    "no barrier step {other:?}; steps are drained, fenced, reconciled, laying"
                 ));
             }
         };
@@ -114,12 +125,18 @@ impl BarrierFault {
             "cut-tunnel" => FaultAction::CutTunnel,
             "kill-gateway" => FaultAction::KillGateway,
             "kill-box" => FaultAction::KillBox,
+            "hold" => FaultAction::Hold,
             other => {
                 return Err(format!(
-                    "no fault {other:?}; faults are kill-worker, cut-tunnel, kill-gateway, kill-box"
+                    "no fault {other:?}; faults are kill-worker, cut-tunnel, kill-gateway, kill-box, hold"
                 ));
             }
         };
+        if (step == BarrierStep::Laying) != (action == FaultAction::Hold) {
+            return Err(format!(
+                "{text:?}: `hold` is the only fault at `laying`, and strikes nowhere else"
+            ));
+        }
         Ok(BarrierFault { step, action })
     }
 }
@@ -646,7 +663,7 @@ impl super::WorkerSide {
                 }
             }
             FaultAction::CutTunnel => ssh.close().await,
-            FaultAction::KillGateway | FaultAction::KillBox => {}
+            FaultAction::KillGateway | FaultAction::KillBox | FaultAction::Hold => {}
         }
     }
 

@@ -404,20 +404,31 @@ impl super::WorkerSide {
             let _placing = placing;
             let live = this.live(&session.id);
             let (early_tx, early) = oneshot::channel();
-            // The lay-down counts as running before anyone hears it may be used.
+            // The lay-down counts as running before anyone hears it may be used, and is
+            // recorded for a restart first (the placement may go `active` before it ends). One
+            // that cannot be recorded is not used early: the placement waits for its end.
             let forward = async {
-                match early.await {
-                    Ok(early) => {
-                        live.lay_down_running();
-                        planned_tx.send(early).is_ok()
-                    }
-                    Err(_) => false,
+                match (early.await, p.environment_id.as_ref()) {
+                    (Ok(early), Some(env)) => match this.record_lay_down(&session.id, env) {
+                        Ok(()) => {
+                            live.lay_down_running();
+                            planned_tx.send(early).is_ok()
+                        }
+                        Err(e) => {
+                            tracing::warn!(session = %session.id, error = %e, "the lay-down goes on before the worker starts");
+                            false
+                        }
+                    },
+                    _ => false,
                 }
             };
             let (synced, behind) = tokio::join!(
                 this.sync_out(&scope, &session, &p, &cancel, Some(early_tx)),
                 forward
             );
+            if synced.is_ok() {
+                this.forget_lay_down(&session.id);
+            }
             if behind {
                 let outcome = synced.as_ref().map(|_| ()).map_err(|e| e.to_string());
                 match &outcome {
@@ -455,6 +466,13 @@ impl super::WorkerSide {
         cancel: &CancellationToken,
         early: Option<oneshot::Sender<outbound::Planned>>,
     ) -> Result<Synced> {
+        let early = early.map(|to| outbound::Early {
+            to,
+            hold: self
+                .barrier_fault
+                .is_some_and(|f| f.holds_lay_down())
+                .then(|| Box::pin(std::future::pending()) as _),
+        });
         // A new lay-down: whatever the last one of this session said is over.
         self.live(&session.id).set_lay_down(LayDown::Before);
         let env = self.placement_env(scope, p)?;
@@ -871,6 +889,83 @@ impl super::WorkerSide {
             }
         }
         Ok((self.envs.acquire(scope, profile).await?, None))
+    }
+}
+
+/// Lay-downs running behind their worker's start, one file per session in `<state>/laying/`
+/// naming the box, written (as a fill's record is) before the placement can go `active` and
+/// removed once the box holds the whole workspace. A gateway killed in between finds the record at its next start
+/// (see `reconcile_placements_on_start`): that placement's box lacks its workspace.
+impl super::WorkerSide {
+    fn lay_downs_dir(&self) -> std::path::PathBuf {
+        // A sibling of `<state>/tmp`, which every start sweeps.
+        self.tmp_dir.with_file_name("laying")
+    }
+
+    fn record_lay_down(
+        &self,
+        session: &SessionId,
+        env: &skiff_protocol::EnvironmentId,
+    ) -> Result<()> {
+        let dir = self.lay_downs_dir();
+        let path = dir.join(session.as_str());
+        let write = || -> std::io::Result<()> {
+            use std::io::Write;
+            std::fs::create_dir_all(&dir)?;
+            let part = path.with_extension("part");
+            let mut file = std::fs::File::create(&part)?;
+            file.write_all(env.as_str().as_bytes())?;
+            file.sync_all()?;
+            std::fs::rename(&part, &path)
+        };
+        write().map_err(|e| {
+            Error::Internal(format!(
+                "cannot record the lay-down in {}: {e}",
+                path.display()
+            ))
+        })
+    }
+
+    fn forget_lay_down(&self, session: &SessionId) {
+        let path = self.lay_downs_dir().join(session.as_str());
+        if let Err(e) = std::fs::remove_file(&path)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(path = %path.display(), error = %e, "could not remove a lay-down record");
+        }
+    }
+
+    /// The lay-downs a previous gateway on this state dir did not see finish (session → box).
+    pub(super) fn unfinished_lay_downs(
+        &self,
+    ) -> std::collections::HashMap<SessionId, skiff_protocol::EnvironmentId> {
+        let mut out = std::collections::HashMap::new();
+        let Ok(dir) = std::fs::read_dir(self.lay_downs_dir()) else {
+            return out;
+        };
+        for entry in dir.flatten() {
+            let path = entry.path();
+            let session = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .and_then(SessionId::parse);
+            let env = std::fs::read_to_string(&path)
+                .ok()
+                .and_then(|t| skiff_protocol::EnvironmentId::parse(t.trim()));
+            if let (Some(session), Some(env)) = (session, env) {
+                out.insert(session, env);
+            }
+        }
+        out
+    }
+
+    /// Forgets every lay-down record, once a start settled the placements they were about.
+    pub(super) fn forget_lay_downs(&self) {
+        if let Ok(dir) = std::fs::read_dir(self.lay_downs_dir()) {
+            for entry in dir.flatten() {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
     }
 }
 

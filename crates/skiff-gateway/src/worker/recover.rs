@@ -355,6 +355,7 @@ impl super::WorkerSide {
         self: &Arc<Self>,
         held_elsewhere: &std::collections::HashSet<SessionId>,
     ) -> Result<()> {
+        let laying = self.unfinished_lay_downs();
         for p in self.store.live_placements()? {
             if held_elsewhere.contains(&p.session_id) {
                 continue;
@@ -362,6 +363,27 @@ impl super::WorkerSide {
             if p.state == PlacementState::HandingOff && p.environment_id.is_none() {
                 // A live dispatch cut short: its turn was on the gateway, which restarted.
                 self.store.come_home(&p.scope, &p.session_id)?;
+                continue;
+            }
+            if let Some(env) = laying.get(&p.session_id)
+                && p.environment_id.as_ref() == Some(env)
+            {
+                // Its worker started while the box was still being laid, and nobody saw that
+                // end: the box may lack the workspace. Like a placement cut short, it fails;
+                // its box, attached to nothing now, is given up after this pass (lib.rs).
+                let why = format!(
+                    "the gateway restarted while the workspace was being laid onto {env}; that box is given up. Send a message to place the session afresh"
+                );
+                self.place(
+                    &p.scope,
+                    &p.session_id,
+                    PlacementState::Failed,
+                    &PlacementChange {
+                        error: Some(&why),
+                        ..Default::default()
+                    },
+                    &why,
+                )?;
                 continue;
             }
             match p.state {
@@ -419,6 +441,7 @@ impl super::WorkerSide {
                 }
             }
         }
+        self.forget_lay_downs();
         Ok(())
     }
 

@@ -703,7 +703,7 @@ async fn the_early_word_comes_before_a_directory_that_appears_whole() {
             &remote,
             "true",
             std::future::ready(Ok(())),
-            Some(tx),
+            Some(tx.into()),
             &cancel,
         );
         let watching = async {

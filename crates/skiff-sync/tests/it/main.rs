@@ -11,6 +11,7 @@
 mod awkward;
 mod checkpoints;
 mod containment;
+mod fill;
 mod fixture;
 mod git_mode;
 mod plain_mode;
