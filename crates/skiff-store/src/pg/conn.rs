@@ -407,6 +407,17 @@ impl Drop for Connection {
         for thread in self.threads.drain(..) {
             let _ = thread.join();
         }
+        // A client closes through a runtime of its own, which cannot start on a thread of the
+        // gateway's runtime — where the store may well be dropped (a refused start, a drain's
+        // exit): the clients are closed on a plain thread.
+        let clients: Vec<PgConn> = self
+            .links
+            .iter()
+            .filter_map(|link| lock(link).conn.take())
+            .collect();
+        if !clients.is_empty() {
+            let _ = std::thread::spawn(move || drop(clients)).join();
+        }
     }
 }
 
