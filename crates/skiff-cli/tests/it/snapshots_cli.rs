@@ -225,7 +225,7 @@ fn admin_migrate_help() {
 
         Options:
               --state-dir <DIR>  State directory [default: $XDG_STATE_HOME/skiff, else ~/.local/state/skiff]
-              --to <URL>         The empty PostgreSQL database: `postgres://USER[:PASSWORD]@HOST[:PORT]/DB` (a Unix socket as `%2Frun%2Fpostgresql` for HOST); the password is never printed
+              --to <URL>         The empty PostgreSQL database: `postgres://USER@HOST[:PORT]/DB` (a Unix socket as `%2Frun%2Fpostgresql` for HOST). Give the password in `PGPASSWORD` rather than the url, where every user of the machine could read it in the process list; it is never printed
               --json             Print JSON for scripts (one document, or JSON lines for streams)
           -h, --help             Print help
 
