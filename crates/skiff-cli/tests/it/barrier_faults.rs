@@ -134,18 +134,44 @@ fn case(direction: Direction, step: &str, action: &str) {
         // However the moved turn ended (a fault may fail it), its follower ends.
         let _ = turn.finish();
     }
-    // The fault struck at its step (audited before it strikes, so a killed gateway's too).
+    // The fault struck at its step (audited before it strikes, so a killed gateway's too). A
+    // move without `--live` goes on after its command returned: its row is awaited.
+    let struck = await_fault_row(&rig, &id, &what);
+    assert_eq!(struck["detail"]["step"], step, "{what}");
     let out = rig.gw.run(&["audit", "tail", "--json", "-n", "1000"]);
-    let struck: Vec<Value> = crate::harness::stdout(&out)
+    let rows = crate::harness::stdout(&out)
         .lines()
         .map(|l| serde_json::from_str::<Value>(l).unwrap())
         .filter(|r| r["action"] == "barrier.fault" && r["target"] == id.as_str())
-        .collect();
-    assert_eq!(struck.len(), 1, "{what}: {struck:#?}");
-    assert_eq!(struck[0]["detail"]["step"], step, "{what}");
+        .count();
+    assert_eq!(rows, 1, "{what}: the fault struck once");
     // A message afterwards runs to its end wherever the session is: one owner took it.
     let after = send_when_idle(&rig, &id, &what);
     check_consistent(&rig, &id, &what, &after);
+}
+
+/// The session's `barrier.fault` audit row, followed on `audit tail --follow` until it is
+/// written.
+fn await_fault_row(rig: &Rig, id: &str, what: &str) -> Value {
+    let mut tail = rig
+        .gw
+        .cli()
+        .args(["audit", "tail", "--json", "-n", "1000", "--follow"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let lines = BufReader::new(tail.stdout.take().unwrap()).lines();
+    let mut found = None;
+    for line in lines {
+        let row: Value = serde_json::from_str(&line.unwrap()).unwrap();
+        if row["action"] == "barrier.fault" && row["target"] == id {
+            found = Some(row);
+            break;
+        }
+    }
+    let _ = tail.kill();
+    let _ = tail.wait();
+    found.unwrap_or_else(|| panic!("{what}: the audit tail ended with no barrier.fault row"))
 }
 
 /// Sends a last message once no turn is open (a turn retried after a restart may hold the
