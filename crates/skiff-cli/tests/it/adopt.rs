@@ -61,6 +61,28 @@ impl Pair {
             _cluster: cluster,
         }
     }
+
+    /// A worker session on the `local` profile through the first gateway, its first turn
+    /// finished; its id.
+    fn new_local_session(&self) -> String {
+        let out = self.first.run(&[
+            "session",
+            "new",
+            "--json",
+            "--profile",
+            "local",
+            "--workspace",
+            self.repo.path().to_str().unwrap(),
+            "--model",
+            "fake/any",
+            "hello",
+        ]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let first_line: serde_json::Value =
+            serde_json::from_str(String::from_utf8_lossy(&out.stdout).lines().next().unwrap())
+                .unwrap();
+        first_line["session_id"].as_str().unwrap().to_owned()
+    }
 }
 
 /// The session's live events through `gw`, from the start, as JSON lines of its SSE stream.
@@ -248,22 +270,7 @@ fn a_killed_gateways_worker_turn_finishes_on_its_readopted_box() {
 fn an_attached_session_is_owned_between_turns_and_readopted_after_its_gateway_dies() {
     let script = "[[turns]]\ntext = \"First.\"\n[[turns]]\ntext = \"Second.\"\n";
     let mut pair = Pair::start(script);
-    let out = pair.first.run(&[
-        "session",
-        "new",
-        "--json",
-        "--profile",
-        "local",
-        "--workspace",
-        pair.repo.path().to_str().unwrap(),
-        "--model",
-        "fake/any",
-        "hello",
-    ]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let first_line: serde_json::Value =
-        serde_json::from_str(String::from_utf8_lossy(&out.stdout).lines().next().unwrap()).unwrap();
-    let id = first_line["session_id"].as_str().unwrap().to_owned();
+    let id = pair.new_local_session();
     let detail = pair.first.json(&["session", "show", "--json", &id]);
     let placed = detail["attempts"][0]["node"].as_str().unwrap().to_owned();
     assert!(placed.starts_with("env_"), "{detail}");
@@ -426,22 +433,7 @@ fn a_killed_gateways_worker_turn_whose_box_died_too_fails_over_to_a_fresh_box() 
 fn a_gateway_starting_beside_one_with_an_attached_worker_leaves_it_alone_and_forwards_to_it() {
     let script = "[[turns]]\ntext = \"First.\"\n[[turns]]\ntext = \"Second.\"\n";
     let pair = Pair::start(script);
-    let out = pair.first.run(&[
-        "session",
-        "new",
-        "--json",
-        "--profile",
-        "local",
-        "--workspace",
-        pair.repo.path().to_str().unwrap(),
-        "--model",
-        "fake/any",
-        "hello",
-    ]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let first_line: serde_json::Value =
-        serde_json::from_str(String::from_utf8_lossy(&out.stdout).lines().next().unwrap()).unwrap();
-    let id = first_line["session_id"].as_str().unwrap().to_owned();
+    let id = pair.new_local_session();
 
     // A third gateway starts while gateway one holds the session's attached worker: its
     // start-up reconciles only what no live gateway holds.
